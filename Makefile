@@ -1,0 +1,36 @@
+# The two commands of the README's quick start: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/strata demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check stratastore numba_kernels tests fuzz tools
+	$(BIN)/ruff format --check stratastore numba_kernels tests fuzz tools
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q --benchmark-skip
+
+# The full suite, with the benchmarks run once each (they print their ratios, never assert time).
+test: lint typecheck $(STAMP)
+	$(BIN)/python -m pytest -q --benchmark-disable
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest tests/bench -q -s --benchmark-only
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -1,0 +1,43 @@
+"""stratastore: durable, tiered, validated storage for LLM conversation state.
+
+Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesystem code) ->
+``store`` (content-addressed segments with an LMDB index). See format-spec/SPEC.md.
+"""
+
+from .errors import ConfigError, StrataError
+from .format import (
+    ChecksumMismatch,
+    Codec,
+    DType,
+    FormatError,
+    IncompatibleFingerprint,
+    Kind,
+    Level,
+    ModelFingerprint,
+    UnsupportedVersion,
+)
+from .io import StrataIOError
+from .store import PutResult, SegmentNotFound, SegmentStore, StoreError, StoreStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChecksumMismatch",
+    "Codec",
+    "ConfigError",
+    "DType",
+    "FormatError",
+    "IncompatibleFingerprint",
+    "Kind",
+    "Level",
+    "ModelFingerprint",
+    "PutResult",
+    "SegmentNotFound",
+    "SegmentStore",
+    "StoreError",
+    "StoreStats",
+    "StrataError",
+    "StrataIOError",
+    "UnsupportedVersion",
+    "__version__",
+]

@@ -1,0 +1,39 @@
+"""Pure encode/decode of every on-disk structure (format-spec/SPEC.md). No I/O, no policy."""
+
+from .errors import ChecksumMismatch, FormatError, IncompatibleFingerprint, UnsupportedVersion
+from .fingerprint import DType, KVLayout, ModelFingerprint
+from .index_record import INDEX_SCHEMA, IndexRecord
+from .keys import KEY_BYTES, MediaRef, chain_keys, segment_key, state_key
+from .naming import data_name, parse_name, sidecar_name
+from .segment import DATA_OFFSET, SegmentHeader, decode_segment_header, encode_segment_header
+from .sidecar import Codec, Kind, Level, Sidecar, decode_sidecar, encode_sidecar
+
+__all__ = [
+    "DATA_OFFSET",
+    "INDEX_SCHEMA",
+    "KEY_BYTES",
+    "ChecksumMismatch",
+    "Codec",
+    "DType",
+    "FormatError",
+    "IncompatibleFingerprint",
+    "IndexRecord",
+    "KVLayout",
+    "Kind",
+    "Level",
+    "MediaRef",
+    "ModelFingerprint",
+    "SegmentHeader",
+    "Sidecar",
+    "UnsupportedVersion",
+    "chain_keys",
+    "data_name",
+    "decode_segment_header",
+    "decode_sidecar",
+    "encode_segment_header",
+    "encode_sidecar",
+    "parse_name",
+    "segment_key",
+    "sidecar_name",
+    "state_key",
+]

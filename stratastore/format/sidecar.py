@@ -1,0 +1,279 @@
+"""The sidecar: a segment's identity and commit record (spec F-SC).
+
+Layout (little-endian), in file order::
+
+    head        SIDECAR_HEAD, 224 bytes in v1.0 (``head_bytes`` says how many; a newer minor
+                version may append fields that an older reader skips)
+    hashes      page_count x 32 bytes, BLAKE3-256 of each *uncompressed* page
+    lengths     page_count x u32, stored (compressed) length of each page; only if codec != RAW
+    media       media_count x (u32 token offset, 32-byte digest)
+    trailer     32 bytes, BLAKE3-256 of every byte before it
+
+A sidecar is written after its data file and is the commit record: a data file without a valid
+sidecar is invisible (spec F-DUR-3). :func:`decode_sidecar` refuses truncated, oversized or
+garbage input with a typed error and allocates nothing sized by an unchecked field.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import blake3
+
+from .errors import ChecksumMismatch, FormatError, UnsupportedVersion
+from .fingerprint import FINGERPRINT, MAX_PAGE_BYTES, ModelFingerprint
+from .keys import KEY_BYTES, MediaRef
+
+__all__ = [
+    "MAX_MEDIA",
+    "MAX_PAGES",
+    "MAX_SIDECAR_BYTES",
+    "SIDECAR_HEAD",
+    "SIDECAR_MAGIC",
+    "Codec",
+    "Kind",
+    "Level",
+    "Sidecar",
+    "decode_sidecar",
+    "encode_sidecar",
+]
+
+SIDECAR_MAGIC = b"STRASIDE"
+MAJOR, MINOR = 1, 0
+#: bits of ``required_features`` this reader understands (none in v1: any set bit is refused)
+KNOWN_REQUIRED_FEATURES = 0
+
+# magic, major, minor, head_bytes, reserved, required_features, optional_features,
+# kind, codec, level, reserved, fingerprint, key, parent_key, token_start, token_end,
+# page_count, page_bytes, last_page_bytes, media_count, stored_bytes, sealed_at_ns
+SIDECAR_HEAD = struct.Struct(f"<8sHHHHIIBBBx{FINGERPRINT.size}s32s32sQQIIIIQQ")
+assert SIDECAR_HEAD.size == 224
+_PREFIX = struct.Struct("<8sHH")
+_U32 = struct.Struct("<I")
+_MEDIA = struct.Struct("<I32s")
+TRAILER_BYTES = 32
+
+MAX_PAGES = 1 << 20
+MAX_MEDIA = 1 << 16
+MAX_SIDECAR_BYTES = SIDECAR_HEAD.size + 4096 + MAX_PAGES * 36 + MAX_MEDIA * 36 + TRAILER_BYTES
+MAX_STORED_PAGE_BYTES = MAX_PAGE_BYTES + (MAX_PAGE_BYTES >> 7) + 4096
+
+
+class Kind(IntEnum):
+    """What a segment holds (spec F-SC-4)."""
+
+    KV = 1  #: K/V pages of a token range
+    STATE = 2  #: the running state of a recurrent/hybrid model at a checkpoint
+
+
+class Codec(IntEnum):
+    """How pages are stored in the data file (spec F-SEG-5)."""
+
+    RAW = 0
+    ZSTD = 1  #: each page one zstd frame; lengths in the sidecar
+
+
+class Level(IntEnum):
+    """The disk level that sealed the sidecar (spec F-SC-5)."""
+
+    WARM = 1
+    COLD = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Sidecar:
+    """A decoded, validated sidecar. ``page_hashes`` is ``page_count * 32`` bytes."""
+
+    kind: Kind
+    codec: Codec
+    level: Level
+    fingerprint: ModelFingerprint
+    key: bytes
+    parent_key: bytes
+    token_start: int
+    token_end: int
+    page_bytes: int
+    last_page_bytes: int
+    page_hashes: bytes
+    stored_bytes: int
+    sealed_at_ns: int
+    stored_lengths: tuple[int, ...] = ()
+    media: tuple[MediaRef, ...] = ()
+    minor: int = MINOR
+    optional_features: int = 0
+    extra_head: bytes = field(default=b"", repr=False)
+
+    @property
+    def page_count(self) -> int:
+        return len(self.page_hashes) // 32
+
+    @property
+    def payload_bytes(self) -> int:
+        """Uncompressed bytes of all pages."""
+        return (self.page_count - 1) * self.page_bytes + self.last_page_bytes
+
+    @property
+    def n_tokens(self) -> int:
+        return self.token_end - self.token_start
+
+    def page_hash(self, i: int) -> bytes:
+        return self.page_hashes[32 * i : 32 * i + 32]
+
+    def page_len(self, i: int) -> int:
+        """Uncompressed length of page ``i``."""
+        return self.last_page_bytes if i == self.page_count - 1 else self.page_bytes
+
+    def stored_offsets(self) -> list[int]:
+        """Offset of each page inside the payload (relative to the data offset)."""
+        if self.codec is Codec.RAW:
+            return [i * self.page_bytes for i in range(self.page_count)]
+        offs, pos = [], 0
+        for n in self.stored_lengths:
+            offs.append(pos)
+            pos += n
+        return offs
+
+    def validate(self, obj: str = "sidecar") -> None:
+        """Check every semantic rule of spec F-SC-6; raise :class:`FormatError` naming ``obj``."""
+        _validate(self, obj)
+
+
+def _bad(obj: str, what: str) -> FormatError:
+    return FormatError(f"{obj}: {what}; the file is not a valid v1 sidecar (spec F-SC)")
+
+
+def _validate(sc: Sidecar, obj: str) -> None:
+    pc = sc.page_count
+    if len(sc.page_hashes) % 32 or not 1 <= pc <= MAX_PAGES:
+        raise _bad(obj, f"page count {pc} is outside 1..{MAX_PAGES}")
+    if len(sc.key) != KEY_BYTES or len(sc.parent_key) != KEY_BYTES:
+        raise _bad(obj, "key and parent key must be 32 bytes")
+    if not 1 <= sc.page_bytes <= MAX_PAGE_BYTES or not 1 <= sc.last_page_bytes <= sc.page_bytes:
+        raise _bad(obj, f"page size {sc.page_bytes} / last page {sc.last_page_bytes} is invalid")
+    if sc.token_end < sc.token_start or sc.token_end >= 2**63:
+        raise _bad(obj, f"token range [{sc.token_start}, {sc.token_end}) is invalid")
+    if sc.kind is Kind.KV:
+        fp = sc.fingerprint
+        n = sc.n_tokens
+        want_pages = -(-n // fp.page_tokens)
+        want_last = (n - (want_pages - 1) * fp.page_tokens) * fp.token_bytes if n else 0
+        if sc.page_bytes != fp.page_bytes or pc != want_pages or sc.last_page_bytes != want_last:
+            raise _bad(
+                obj,
+                f"{n} tokens of {fp.describe()} need {want_pages} pages of {fp.page_bytes} bytes "
+                f"(last {want_last}), the sidecar says {pc} of {sc.page_bytes} "
+                f"(last {sc.last_page_bytes})",
+            )
+    elif sc.token_start != sc.token_end:
+        raise _bad(obj, "a STATE segment must have an empty token range (its checkpoint)")
+    if sc.codec is Codec.RAW:
+        if sc.stored_lengths:
+            raise _bad(obj, "a RAW segment has no stored lengths")
+        if sc.stored_bytes != sc.payload_bytes:
+            raise _bad(obj, f"stored bytes {sc.stored_bytes} != payload {sc.payload_bytes}")
+    else:
+        if len(sc.stored_lengths) != pc:
+            raise _bad(obj, "a compressed segment needs one stored length per page")
+        if any(not 1 <= n <= MAX_STORED_PAGE_BYTES for n in sc.stored_lengths):
+            raise _bad(obj, "a stored page length is out of range")
+        if sum(sc.stored_lengths) != sc.stored_bytes:
+            raise _bad(obj, "stored lengths do not add up to stored bytes")
+    if len(sc.media) > MAX_MEDIA:
+        raise _bad(obj, f"more than {MAX_MEDIA} media refs")
+    last = -1
+    for off, digest in sc.media:
+        if off < last or off >= max(sc.n_tokens, 1) or len(digest) != 32:
+            raise _bad(obj, "media refs must ascend within the token range")
+        last = off
+
+
+def encode_sidecar(sc: Sidecar) -> bytes:
+    """Serialise a sidecar (v1.0 head) after validating it."""
+    sc.validate("sidecar to encode")
+    head = SIDECAR_HEAD.pack(
+        SIDECAR_MAGIC, MAJOR, sc.minor, SIDECAR_HEAD.size + len(sc.extra_head), 0,
+        0, sc.optional_features, int(sc.kind), int(sc.codec), int(sc.level),
+        sc.fingerprint.pack(), sc.key, sc.parent_key, sc.token_start, sc.token_end,
+        sc.page_count, sc.page_bytes, sc.last_page_bytes, len(sc.media),
+        sc.stored_bytes, sc.sealed_at_ns,
+    )  # fmt: skip
+    parts = [head, sc.extra_head, sc.page_hashes]
+    if sc.codec is not Codec.RAW:
+        parts.append(struct.pack(f"<{len(sc.stored_lengths)}I", *sc.stored_lengths))
+    parts.extend(_MEDIA.pack(off, d) for off, d in sc.media)
+    body = b"".join(parts)
+    return body + blake3.blake3(body).digest()
+
+
+def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
+    """Parse and validate a sidecar; every failure is a typed error naming ``obj``.
+
+    Raises :class:`UnsupportedVersion` for a newer major version or an unknown required
+    feature (spec F-COMPAT-1), :class:`ChecksumMismatch` for a damaged trailer and
+    :class:`FormatError` for anything else.
+    """
+    if len(data) > MAX_SIDECAR_BYTES:
+        raise _bad(obj, f"{len(data)} bytes is over the {MAX_SIDECAR_BYTES}-byte limit")
+    if len(data) < _PREFIX.size:
+        raise _bad(obj, f"truncated at {len(data)} bytes")
+    magic, major, minor = _PREFIX.unpack_from(data)
+    if magic != SIDECAR_MAGIC:
+        raise _bad(obj, f"bad magic {magic!r}")
+    if major != MAJOR:
+        raise UnsupportedVersion(
+            f"{obj}: format version {major}.{minor} is not readable by this version "
+            f"(reads {MAJOR}.x); upgrade stratastore to read it"
+        )
+    if len(data) < SIDECAR_HEAD.size + TRAILER_BYTES:
+        raise _bad(obj, f"truncated at {len(data)} bytes")
+    (
+        _, _, _, head_bytes, _, required, optional, kind, codec, level, fp_raw, key, parent,
+        t0, t1, pc, page_bytes, last_page, media_count, stored, sealed,
+    ) = SIDECAR_HEAD.unpack_from(data)  # fmt: skip
+    if required & ~KNOWN_REQUIRED_FEATURES:
+        raise UnsupportedVersion(
+            f"{obj}: required feature bits {required:#x} are unknown to this version; "
+            "upgrade stratastore to read it"
+        )
+    if head_bytes < SIDECAR_HEAD.size or (minor == MINOR and head_bytes != SIDECAR_HEAD.size):
+        raise _bad(obj, f"head size {head_bytes} is invalid for version {major}.{minor}")
+    if not 1 <= pc <= MAX_PAGES or media_count > MAX_MEDIA:
+        raise _bad(obj, f"page count {pc} or media count {media_count} is out of range")
+    try:
+        kind_e, codec_e, level_e = Kind(kind), Codec(codec), Level(level)
+    except ValueError:
+        raise _bad(obj, f"unknown kind {kind}, codec {codec} or level {level}") from None
+    lengths_bytes = 4 * pc if codec_e is not Codec.RAW else 0
+    want = head_bytes + 32 * pc + lengths_bytes + _MEDIA.size * media_count + TRAILER_BYTES
+    if len(data) != want:
+        raise _bad(obj, f"{len(data)} bytes, but its counts need exactly {want}")
+    body = memoryview(data)[: want - TRAILER_BYTES]
+    actual = blake3.blake3(body).digest()
+    if actual != data[-TRAILER_BYTES:]:
+        raise ChecksumMismatch(obj, bytes(data[-TRAILER_BYTES:]), actual)
+    pos = head_bytes
+    hashes = bytes(data[pos : pos + 32 * pc])
+    pos += 32 * pc
+    lengths: tuple[int, ...] = ()
+    if lengths_bytes:
+        lengths = struct.unpack_from(f"<{pc}I", data, pos)
+        pos += lengths_bytes
+    media = tuple(
+        (off, bytes(d))
+        for off, d in (_MEDIA.unpack_from(data, pos + i * _MEDIA.size) for i in range(media_count))
+    )
+    try:
+        fp = ModelFingerprint.unpack(fp_raw)
+    except FormatError as e:
+        raise _bad(obj, str(e)) from None
+    sc = Sidecar(
+        kind=kind_e, codec=codec_e, level=level_e, fingerprint=fp,
+        key=key, parent_key=parent, token_start=t0, token_end=t1, page_bytes=page_bytes,
+        last_page_bytes=last_page, page_hashes=hashes, stored_bytes=stored, sealed_at_ns=sealed,
+        stored_lengths=lengths, media=media, minor=minor, optional_features=optional,
+        extra_head=bytes(data[SIDECAR_HEAD.size : head_bytes]),
+    )  # fmt: skip
+    sc.validate(obj)
+    return sc

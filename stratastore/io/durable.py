@@ -1,0 +1,114 @@
+"""The durable write protocol (spec F-DUR-1).
+
+1. create a temp file ``strata-tmp-<random>-<name>`` in the *destination* directory;
+2. write every byte; 3. fsync the file; 4. rename it over the final name (or ``link`` it, which
+fails if the name exists); 5. fsync the directory.
+
+After step 5 the file survives a crash byte-identical; before it, the final name either does not
+exist or still holds its previous content. Any failure removes the temp file and raises; an
+fsync is never retried on the same descriptor.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from types import TracebackType
+
+from ..format.naming import TEMP_PREFIX
+from . import files
+from .errors import StrataIOError
+
+__all__ = ["DurableFile", "durable_write", "temp_path_for"]
+
+
+def temp_path_for(final: str) -> str:
+    """A fresh temp name beside ``final``; fsck recognises it by ``TEMP_PREFIX``."""
+    d, name = os.path.split(final)
+    return os.path.join(d, f"{TEMP_PREFIX}{secrets.token_hex(8)}-{name}")
+
+
+class DurableFile:
+    """``with DurableFile(path) as f: f.write(...)`` commits on a clean exit, aborts on error.
+
+    The steps can also be driven by hand: :meth:`prepare` (fsync, close) then :meth:`publish`
+    (rename, fsync the directory), or :meth:`abort`. Once published or aborted, leaving the
+    block does nothing more. ``exclusive=True`` publishes with ``link`` and raises
+    :class:`StrataIOError` (EEXIST) if the final name exists, instead of replacing it.
+    """
+
+    def __init__(self, path: str, *, exclusive: bool = False) -> None:
+        self.path = path
+        self.dir = os.path.dirname(path) or "."
+        self.exclusive = exclusive
+        self.tmp = temp_path_for(path)
+        self.fd = -1
+        self.written = 0
+        self.state = "new"  # new -> open -> prepared -> done
+
+    def __enter__(self) -> DurableFile:
+        self.fd = files.open_write(self.tmp)
+        self.state = "open"
+        return self
+
+    def write(self, data: memoryview | bytes) -> None:
+        files.write_all(self.fd, data, self.tmp)
+        self.written += memoryview(data).nbytes
+
+    def prepare(self) -> None:
+        """Step 3: fsync and close the temp file; the final name is untouched."""
+        try:
+            files.fsync(self.fd, self.tmp)
+        finally:
+            files.close(self.fd)
+            self.fd = -1
+        self.state = "prepared"
+
+    def publish(self) -> None:
+        """Steps 4-5: give the prepared file its final name and fsync the directory."""
+        if self.exclusive:
+            files.link(self.tmp, self.path)
+            self.state = "done"
+            files.unlink(self.tmp)
+        else:
+            files.replace(self.tmp, self.path)
+            self.state = "done"
+        files.fsync_dir(self.dir)
+
+    def commit(self) -> None:
+        if self.state == "open":
+            self.prepare()
+        if self.state == "prepared":
+            self.publish()
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            files.close(self.fd)
+            self.fd = -1
+        if self.state != "done":
+            self.state = "done"
+            try:
+                files.unlink(self.tmp, missing_ok=True)
+            except StrataIOError:
+                pass  # best effort: fsck reports an orphan temp file and repair removes it
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.commit()
+        except BaseException:
+            self.abort()
+            raise
+
+
+def durable_write(path: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` with the durable protocol."""
+    with DurableFile(path, exclusive=exclusive) as f:
+        f.write(data)

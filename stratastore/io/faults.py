@@ -1,0 +1,115 @@
+"""The one seam where tests inject I/O faults and crash points (DESIGN: io layer).
+
+Every primitive in :mod:`stratastore.io.files` calls :func:`hit` with its operation name and
+path before touching the OS. With no injector installed that is one global read. An injector:
+
+* counts operations (``count``) and can record them (``log``) for crash-state exploration;
+* fails the Nth matching operation with an errno, once or persistently, or makes a write short;
+* ends the process with ``os._exit(CRASH_EXIT)`` at operation k (``crash_at``), which the kill
+  tests arm in a subprocess through the ``STRATA_TEST_CRASH_AT_IO_OP`` environment variable.
+
+Operation names: open, write, read, fsync, fsync_dir, rename, link, unlink, mkdir, listdir, stat.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+__all__ = [
+    "CRASH_ENV",
+    "CRASH_EXIT",
+    "Fault",
+    "FaultInjector",
+    "hit",
+    "inject",
+]
+
+CRASH_ENV = "STRATA_TEST_CRASH_AT_IO_OP"
+CRASH_EXIT = 86
+
+
+@dataclass
+class Fault:
+    """Fail the ``nth`` (1-based) operation matching ``op`` (any op when ``None``) and
+    ``path_contains``. ``persistent`` fails every later match too. ``short`` (writes only)
+    writes half the bytes and reports that, instead of raising."""
+
+    op: str | None = None
+    nth: int = 1
+    errno: int = _errno.EIO
+    persistent: bool = False
+    short: bool = False
+    path_contains: str | None = None
+    seen: int = field(default=0, init=False)
+    fired: int = field(default=0, init=False)
+
+    def matches(self, op: str, path: str) -> bool:
+        if self.op is not None and self.op != op:
+            return False
+        return self.path_contains is None or self.path_contains in path
+
+
+@dataclass
+class FaultInjector:
+    faults: list[Fault] = field(default_factory=list)
+    crash_at: int | None = None
+    record: bool = False
+    count: int = 0
+    log: list[tuple[str, str]] = field(default_factory=list)
+
+    def check(self, op: str, path: str) -> Fault | None:
+        """Count one operation; return the fault to apply to it, if any."""
+        self.count += 1
+        if self.record:
+            self.log.append((op, path))
+        if self.crash_at is not None and self.count >= self.crash_at:
+            os._exit(CRASH_EXIT)
+        for f in self.faults:
+            if not f.matches(op, path):
+                continue
+            f.seen += 1
+            if f.seen == f.nth or (f.persistent and f.seen > f.nth):
+                f.fired += 1
+                return f
+        return None
+
+
+_lock = threading.Lock()
+_active: FaultInjector | None = None
+
+
+def _from_env() -> FaultInjector | None:
+    raw = os.environ.get(CRASH_ENV)
+    if not raw:
+        return None
+    return FaultInjector(crash_at=int(raw))
+
+
+_active = _from_env()
+
+
+def hit(op: str, path: str) -> Fault | None:
+    """Called by every io primitive; returns a fault to apply, or ``None``."""
+    inj = _active
+    if inj is None:
+        return None
+    with _lock:
+        return inj.check(op, path)
+
+
+@contextmanager
+def inject(*faults: Fault, crash_at: int | None = None, record: bool = False
+           ) -> Iterator[FaultInjector]:  # fmt: skip
+    """Install an injector for the duration of the block (tests only; not re-entrant)."""
+    global _active
+    inj = FaultInjector(list(faults), crash_at=crash_at, record=record)
+    prev, _active = _active, inj
+    try:
+        yield inj
+    finally:
+        _active = prev
