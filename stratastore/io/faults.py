@@ -69,14 +69,15 @@ class FaultInjector:
             self.log.append((op, path))
         if self.crash_at is not None and self.count >= self.crash_at:
             os._exit(CRASH_EXIT)
+        chosen: Fault | None = None
         for f in self.faults:
             if not f.matches(op, path):
                 continue
             f.seen += 1
-            if f.seen == f.nth or (f.persistent and f.seen > f.nth):
+            if chosen is None and (f.seen == f.nth or (f.persistent and f.seen > f.nth)):
                 f.fired += 1
-                return f
-        return None
+                chosen = f
+        return chosen
 
 
 _lock = threading.Lock()

@@ -2,7 +2,7 @@
 
 from .errors import SegmentNotFound, StoreError
 from .index import SegmentIndex
-from .segment_store import STATE_PAGE_BYTES, PutResult, SegmentStore, StoreStats
+from .segment_store import STATE_PAGE_BYTES, PutResult, SegmentStore, Skipped, StoreStats
 
 __all__ = [
     "STATE_PAGE_BYTES",
@@ -10,6 +10,7 @@ __all__ = [
     "SegmentIndex",
     "SegmentNotFound",
     "SegmentStore",
+    "Skipped",
     "StoreError",
     "StoreStats",
 ]

@@ -84,6 +84,11 @@ class SegmentIndex:
                 if size > _MAX_MAP:
                     raise StoreError(f"index {self.path} is over {_MAX_MAP} bytes") from None
                 self.env.set_mapsize(size)
+            except lmdb.Error as e:
+                raise StoreError(
+                    f"index {self.path}: write failed ({e}); the segment files are the truth: "
+                    "free space or fix the volume, then reopen to reconcile the index"
+                ) from e
 
     # -- meta ---------------------------------------------------------------------------------
     def schema(self) -> int | None:
@@ -125,7 +130,7 @@ class SegmentIndex:
         with self.env.begin() as txn:
             return int(txn.stat(self._segments)["entries"])
 
-    def replace_all(self, records: dict[bytes, IndexRecord], fingerprint: bytes | None) -> None:
+    def replace_all(self, records: dict[bytes, IndexRecord], fingerprint: bytes) -> None:
         """Make the index exactly ``records`` in one transaction (the rebuild, spec F-IDX-3)."""
 
         def run(txn: Any) -> None:
@@ -133,10 +138,7 @@ class SegmentIndex:
             for k, rec in records.items():
                 txn.put(k, rec.pack(), db=self._segments)
             txn.put(_SCHEMA_KEY, INDEX_SCHEMA.to_bytes(4, "little"), db=self._meta)
-            if fingerprint is None:
-                txn.delete(FINGERPRINT_KEY, db=self._meta)
-            else:
-                txn.put(FINGERPRINT_KEY, fingerprint, db=self._meta)
+            txn.put(FINGERPRINT_KEY, fingerprint, db=self._meta)
 
         self._write(run)
 

@@ -65,7 +65,7 @@ from ..io.errors import StrataIOError
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
 
-__all__ = ["STATE_PAGE_BYTES", "PutResult", "SegmentStore", "StoreStats"]
+__all__ = ["STATE_PAGE_BYTES", "PutResult", "SegmentStore", "Skipped", "StoreStats"]
 
 #: page size of running-state segments (their pages are not tied to tokens)
 STATE_PAGE_BYTES = 1 << 20
@@ -94,6 +94,7 @@ class Skipped:
 
     name: str
     reason: str
+    error: str  #: the error's class name (FormatError, ChecksumMismatch, ...)
 
 
 def _byte_view(buf: Buffer) -> memoryview:
@@ -176,16 +177,15 @@ class SegmentStore:
             except IncompatibleFingerprint:
                 raise
             except (FormatError, ChecksumMismatch, StrataIOError) as e:
-                self.skipped.append(Skipped(sidecar_name(key), str(e)))
+                self.skipped.append(Skipped(sidecar_name(key), str(e), type(e).__name__))
                 continue
             adopted[key] = rec
         dangling = sorted(indexed - committed)
         if rebuild:
-            fp = self.fingerprint.pack() if adopted else None
-            self._index.replace_all(adopted, fp)
+            self._index.replace_all(adopted, self.fingerprint.pack())
         elif adopted or dangling:
             self._index.apply(adopted, dangling)
-        if committed and stored_fp is None:
+        if stored_fp != self.fingerprint.pack():
             self._index.meta_put(FINGERPRINT_KEY, self.fingerprint.pack())
 
     def _inspect(self, key: bytes) -> tuple[Sidecar, IndexRecord]:
@@ -338,12 +338,26 @@ class SegmentStore:
                     data.abort()
                     self._ensure_indexed(key)
                     return PutResult(key, False, 0)
-                data.publish()
-                durable_write(self._sidecar_path(key), side)
-                self._index.put(key, IndexRecord.from_sidecar(sc, len(side), header.file_bytes))
-                if self._index.meta_get(FINGERPRINT_KEY) is None:
-                    self._index.meta_put(FINGERPRINT_KEY, self.fingerprint.pack())
+                try:
+                    data.publish()
+                    durable_write(self._sidecar_path(key), side)
+                    self._index.put(key, IndexRecord.from_sidecar(sc, len(side),
+                                                                  header.file_bytes))  # fmt: skip
+                except BaseException:
+                    self._roll_back(key)
+                    raise
         return PutResult(key, True, stored_bytes)
+
+    def _roll_back(self, key: bytes) -> None:
+        """Make a put that failed after publishing its data file invisible again (best effort:
+        if this fails too, what stays is a whole segment or an orphan file, never a torn one)."""
+        try:
+            self._index.delete(key)
+            if files.unlink(self._sidecar_path(key), missing_ok=True):
+                files.fsync_dir(self.path)
+            files.unlink(self._data_path(key), missing_ok=True)
+        except StrataIOError:
+            pass
 
     def _ensure_indexed(self, key: bytes) -> None:
         """Index a segment another writer committed but did not index (it crashed or is racing

@@ -1,0 +1,141 @@
+"""Golden vectors (format-spec/vectors/v1): every MUST clause has a valid and an invalid vector,
+each vector's outcome is the manifest's, and no committed vector ever changes (F-COMPAT-4)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import pytest
+
+from stratastore import ModelFingerprint, SegmentStore
+from stratastore.format import data_name, decode_sidecar, segment_key, sidecar_name, state_key
+from stratastore.testing import load_manifest, vector_outcome
+
+ROOT = Path(__file__).resolve().parents[2]
+V1 = ROOT / "format-spec" / "vectors" / "v1"
+SPEC = ROOT / "format-spec" / "SPEC.md"
+#: the manifest of v1 as released; changing a vector (or the manifest) must fail this test
+MANIFEST_V1_BLAKE3 = "1bf9d5b59eefddf1b392e7f46abc643c0f8af4ff397a8ae6e37d60a8f3785424"
+
+MANIFEST = load_manifest(str(V1))
+ENTRIES: list[dict[str, Any]] = MANIFEST["vectors"]
+
+
+def test_manifest_is_the_released_one() -> None:
+    assert blake3.blake3((V1 / "MANIFEST.json").read_bytes()).hexdigest() == MANIFEST_V1_BLAKE3
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])
+def test_vector_bytes_unchanged(entry: dict[str, Any]) -> None:
+    assert blake3.blake3((V1 / entry["file"]).read_bytes()).hexdigest() == entry["blake3"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])
+def test_vector_outcome(entry: dict[str, Any]) -> None:
+    assert vector_outcome(str(V1), entry) == entry["expect"]
+
+
+def test_every_vector_file_is_in_the_manifest() -> None:
+    listed = {e["file"] for e in ENTRIES} | {"MANIFEST.json"}
+    assert {p.name for p in V1.iterdir()} == listed
+
+
+def test_vectors_were_never_modified_in_history() -> None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "--format=%h %s", "--diff-filter=MDR", "--",
+             "format-spec/vectors/v1"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"not a git checkout with history ({e}); the digests above still hold")
+    assert out.strip() == "", f"commits modified released vectors:\n{out}"
+
+
+def must_clauses() -> set[str]:
+    text = SPEC.read_text()
+    return set(re.findall(r"\*\*(F-[A-Z]+-\d+)\*\* \(MUST\)", text))
+
+
+# Clauses about behaviour rather than bytes are covered by named tests instead of vectors.
+BEHAVIOUR_TESTS = {
+    "F-DIR-1": "tests/unit/test_format_sidecar_segment.py::test_names",
+    "F-DIR-2": "tests/unit/test_segment_store.py::test_open_adopts_valid_and_skips_damaged_sidecars",
+    "F-DIR-3": "tests/unit/test_segment_store.py::test_open_adopts_valid_and_skips_damaged_sidecars",
+    "F-DIR-4": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
+    "F-DIR-5": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
+    "F-DIR-6": "tests/unit/test_segment_store.py::test_wrong_model_is_refused",
+    "F-FP-5": "tests/unit/test_segment_store.py::test_wrong_model_is_refused",
+    "F-KEY-6": "tests/conformance/test_vectors.py::test_store_reads_the_valid_vectors",
+    "F-IDX-2": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
+    "F-IDX-3": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
+    "F-IDX-4": "tests/crash/test_kill.py::test_killed_writer_loses_nothing_acknowledged",
+    "F-DUR-1": "tests/unit/test_io.py::test_durable_write_order_of_operations",
+    "F-DUR-2": "tests/unit/test_segment_store.py::test_put_order_of_operations",
+    "F-DUR-3": "tests/crash/test_kill.py::test_crash_at_every_io_step_of_a_put",
+    "F-DUR-4": "tests/unit/test_io.py::test_relocate_exdev_copies_then_unlinks",
+    "F-DUR-5": "tests/unit/test_segment_store.py::test_delete_order_and_result",
+    "F-DUR-6": "tests/unit/test_io.py::test_fsync_failure_is_never_retried",
+    "F-DUR-7": "tests/unit/test_segment_store.py::test_concurrent_writers_across_processes",
+    "F-COMPAT-4": "tests/conformance/test_vectors.py::test_vector_bytes_unchanged",
+}
+
+
+def test_every_must_clause_has_a_valid_and_an_invalid_vector_or_a_named_test() -> None:
+    valid: set[str] = set()
+    invalid: set[str] = set()
+    for e in ENTRIES:
+        (valid if e["expect"] == "ok" else invalid).update(e["clauses"])
+    missing = []
+    for clause in sorted(must_clauses()):
+        if clause in BEHAVIOUR_TESTS:
+            path, _, name = BEHAVIOUR_TESTS[clause].partition("::")
+            assert f"def {name}(" in (ROOT / path).read_text(), BEHAVIOUR_TESTS[clause]
+            continue
+        if clause not in invalid:
+            missing.append(f"{clause}: no invalid vector")
+        if clause not in valid and not any(c.split("-")[1] == clause.split("-")[1]
+                                           for c in valid):  # fmt: skip
+            missing.append(f"{clause}: no valid vector of its section")
+    assert not missing, "\n".join(missing)
+
+
+def test_key_vectors_recompute() -> None:
+    doc = json.loads((V1 / "keys.json").read_text())
+    fp = ModelFingerprint.unpack((V1 / doc["fingerprint_file"]).read_bytes())
+    known = {"root": fp.digest()}
+    assert known["root"].hex() == doc["root"]["key"]
+    for case in doc["cases"]:
+        media = [(off, bytes.fromhex(h)) for off, h in case["media"]]
+        key = segment_key(known[case["parent"]], case["tokens"], media)
+        assert key.hex() == case["key"], case["name"]
+        known[case["name"]] = key
+    for st in doc["states"]:
+        assert state_key(known[st["checkpoint"]]).hex() == st["key"]
+
+
+def test_store_reads_the_valid_vectors(tmp_path: Path) -> None:
+    """A directory laid out from the vectors by hand is adopted and reads back the pattern."""
+    pairs = [("sidecar_kv_raw.side", "segment_kv_raw.seg", 0),
+             ("sidecar_kv_zstd.side", "segment_kv_zstd.seg", 7)]  # fmt: skip
+    fp = None
+    for side_name, seg_name, _ in pairs:
+        sc = decode_sidecar((V1 / side_name).read_bytes())
+        fp = sc.fingerprint
+        (tmp_path / sidecar_name(sc.key)).write_bytes((V1 / side_name).read_bytes())
+        (tmp_path / data_name(sc.key)).write_bytes((V1 / seg_name).read_bytes())
+    assert fp is not None
+    with SegmentStore.open(tmp_path, fp, create=False) as store:
+        assert len(store) == 2 and store.skipped == []
+        for side_name, _, start in pairs:
+            sc = decode_sidecar((V1 / side_name).read_bytes())
+            out = bytearray(sc.payload_bytes)
+            store.get_into(sc.key, out)
+            want = (np.arange(start, start + sc.payload_bytes) % 251).astype(np.uint8)
+            assert bytes(out) == want.tobytes()

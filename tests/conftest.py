@@ -1,0 +1,42 @@
+"""Shared fixtures. Hypothesis runs derandomized in CI (HYPOTHESIS_PROFILE=ci)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import HealthCheck, settings
+
+from stratastore import ModelFingerprint, SegmentStore
+
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def tiny_fp(name: str = "test/tiny") -> ModelFingerprint:
+    """2 layers x 2 kv heads x 4 dims fp16: 64 bytes a token, 256-byte pages of 4 tokens."""
+    return ModelFingerprint.create(name, n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4)
+
+
+def kv_bytes(fp: ModelFingerprint, n_tokens: int, seed: int = 0) -> npt.NDArray[np.uint8]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, n_tokens * fp.token_bytes, dtype=np.uint8)
+
+
+@pytest.fixture
+def fp() -> ModelFingerprint:
+    return tiny_fp()
+
+
+@pytest.fixture
+def store(tmp_path: Path, fp: ModelFingerprint) -> Iterator[SegmentStore]:
+    with SegmentStore.open(tmp_path / "store", fp) as s:
+        yield s

@@ -1,0 +1,293 @@
+"""Write the golden vectors of format-spec/vectors/v1/ (spec F-COMPAT-4).
+
+Run once per format version: it refuses to touch a directory that already has a manifest,
+because a vector of a released version is never regenerated. Tests read the committed files and
+compare them with the manifest; they never call this script.
+
+    python tools/make_vectors.py format-spec/vectors/v1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from dataclasses import replace
+
+import blake3
+import numpy as np
+
+from stratastore.format import (
+    Codec,
+    IndexRecord,
+    Kind,
+    Level,
+    ModelFingerprint,
+    SegmentHeader,
+    Sidecar,
+    encode_segment_header,
+    encode_sidecar,
+    segment_key,
+    state_key,
+)
+from stratastore.format.sidecar import SIDECAR_HEAD
+
+SEALED = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z in ns
+FP = ModelFingerprint.create("strata/vector-model", n_layers=2, n_kv_heads=2, head_dim=4,
+                             page_tokens=4, dtype="float16")  # fmt: skip
+
+
+def pattern(n: int, start: int = 0) -> bytes:
+    """The official BLAKE3 test-vector byte pattern: byte i = i % 251."""
+    return (np.arange(start, start + n, dtype=np.int64) % 251).astype(np.uint8).tobytes()
+
+
+def page_hashes(payload: bytes, page_bytes: int) -> bytes:
+    return b"".join(blake3.blake3(payload[i : i + page_bytes]).digest()
+                    for i in range(0, len(payload), page_bytes))  # fmt: skip
+
+
+def kv_sidecar(tokens: list[int], parent: bytes, t0: int, payload: bytes, codec: Codec,
+               media: tuple[tuple[int, bytes], ...] = ()) -> tuple[Sidecar, bytes]:  # fmt: skip
+    import zstandard
+
+    key = segment_key(parent, tokens, media)
+    pb = FP.page_bytes
+    pages = [payload[i : i + pb] for i in range(0, len(payload), pb)]
+    if codec is Codec.RAW:
+        stored, lengths = payload, ()
+    else:
+        frames = [zstandard.ZstdCompressor(level=1, write_content_size=True).compress(p)
+                  for p in pages]  # fmt: skip
+        stored, lengths = b"".join(frames), tuple(len(f) for f in frames)
+    sc = Sidecar(kind=Kind.KV, codec=codec, level=Level.COLD, fingerprint=FP, key=key,
+                 parent_key=parent, token_start=t0, token_end=t0 + len(tokens), page_bytes=pb,
+                 last_page_bytes=len(pages[-1]), page_hashes=page_hashes(payload, pb),
+                 stored_bytes=len(stored), sealed_at_ns=SEALED, stored_lengths=lengths,
+                 media=media)  # fmt: skip
+    return sc, stored
+
+
+def resign(raw: bytes) -> bytes:
+    """Recompute a sidecar's trailer so a deliberately invalid field reaches the field checks."""
+    body = raw[:-32]
+    return body + blake3.blake3(body).digest()
+
+
+def patch_head(raw: bytes, offset: int, fmt: str, value: int) -> bytes:
+    b = bytearray(raw)
+    struct.pack_into(fmt, b, offset, value)
+    return resign(bytes(b))
+
+
+def main(out: str) -> int:
+    if os.path.exists(os.path.join(out, "MANIFEST.json")):
+        print(f"{out} already has a manifest: released vectors are never regenerated", file=sys.stderr)
+        return 1
+    os.makedirs(out, exist_ok=True)
+    entries: list[dict[str, object]] = []
+
+    def put(name: str, data: bytes, kind: str, expect: str, clauses: list[str], **extra: object
+            ) -> None:  # fmt: skip
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entry: dict[str, object] = {"file": name, "blake3": blake3.blake3(data).hexdigest(),
+                                    "kind": kind, "expect": expect, "clauses": clauses}  # fmt: skip
+        entry.update(extra)
+        entries.append(entry)
+
+    root = FP.digest()
+    tokens = list(range(100, 110))
+    payload = pattern(len(tokens) * FP.token_bytes)
+    sc, stored = kv_sidecar(tokens, root, 0, payload, Codec.RAW)
+    side = encode_sidecar(sc)
+    seg = encode_segment_header(SegmentHeader.for_sidecar(sc)) + stored
+    put("fingerprint.bin", FP.pack(), "fingerprint", "ok", ["F-FP-1", "F-FP-2", "F-FP-4"],
+        digest=root.hex(), token_bytes=FP.token_bytes, page_bytes=FP.page_bytes)  # fmt: skip
+    put("sidecar_kv_raw.side", side, "sidecar", "ok", ["F-SC-1", "F-SC-2", "F-SC-6", "F-KEY-2"],
+        key=sc.key.hex(), pages=sc.page_count, payload_bytes=sc.payload_bytes)  # fmt: skip
+    put("segment_kv_raw.seg", seg, "segment", "ok", ["F-SEG-1", "F-SEG-2", "F-SEG-3", "F-SC-3"],
+        sidecar="sidecar_kv_raw.side", payload="pattern")  # fmt: skip
+
+    sc2, stored2 = kv_sidecar(list(range(110, 115)), sc.key, 10,
+                              pattern(5 * FP.token_bytes, 7), Codec.ZSTD)  # fmt: skip
+    put("sidecar_kv_zstd.side", encode_sidecar(sc2), "sidecar", "ok", ["F-SC-1", "F-SEG-5"],
+        key=sc2.key.hex(), pages=sc2.page_count, payload_bytes=sc2.payload_bytes)  # fmt: skip
+    put("segment_kv_zstd.seg", encode_segment_header(SegmentHeader.for_sidecar(sc2)) + stored2,
+        "segment", "ok", ["F-SEG-5"], sidecar="sidecar_kv_zstd.side",
+        payload="pattern+7")  # fmt: skip
+
+    media = ((2, blake3.blake3(b"picture-1").digest()),)
+    sc3, _ = kv_sidecar(tokens, root, 0, payload, Codec.RAW, media)
+    put("sidecar_kv_media.side", encode_sidecar(sc3), "sidecar", "ok", ["F-KEY-4", "F-SC-1"],
+        key=sc3.key.hex(), pages=sc3.page_count, payload_bytes=sc3.payload_bytes)  # fmt: skip
+
+    state = pattern(3000, 11)
+    sc4 = Sidecar(kind=Kind.STATE, codec=Codec.RAW, level=Level.WARM, fingerprint=FP,
+                  key=state_key(sc.key), parent_key=sc.key, token_start=10, token_end=10,
+                  page_bytes=1024, last_page_bytes=3000 - 2048,
+                  page_hashes=page_hashes(state, 1024), stored_bytes=3000,
+                  sealed_at_ns=SEALED)  # fmt: skip
+    put("sidecar_state.side", encode_sidecar(sc4), "sidecar", "ok", ["F-SC-4", "F-KEY-5"],
+        key=sc4.key.hex(), pages=sc4.page_count, payload_bytes=sc4.payload_bytes)  # fmt: skip
+
+    newer = encode_sidecar(replace(sc, minor=1, optional_features=0x1, extra_head=b"\xab" * 16))
+    put("sidecar_minor1.side", newer, "sidecar", "ok", ["F-COMPAT-3"], key=sc.key.hex(),
+        pages=sc.page_count, payload_bytes=sc.payload_bytes)  # fmt: skip
+
+    rec = IndexRecord.from_sidecar(sc, len(side), len(seg))
+    put("index_record.bin", rec.pack(), "index_record", "ok", ["F-IDX-1"])
+
+    keys = {
+        "fingerprint_file": "fingerprint.bin",
+        "root": {"digest_of": "fingerprint.bin", "key": root.hex()},
+        "cases": [
+            {"name": "segment_0_10", "parent": "root", "tokens": list(range(100, 110)),
+             "media": [], "key": sc.key.hex()},
+            {"name": "segment_10_15", "parent": "segment_0_10", "tokens": list(range(110, 115)),
+             "media": [], "key": sc2.key.hex()},
+            {"name": "segment_0_10_media", "parent": "root", "tokens": list(range(100, 110)),
+             "media": [[2, media[0][1].hex()]], "key": sc3.key.hex()},
+        ],
+        "states": [{"name": "state_at_segment_0_10", "checkpoint": "segment_0_10",
+                    "key": sc4.key.hex()}],
+    }  # fmt: skip
+    put("keys.json", (json.dumps(keys, indent=2) + "\n").encode(), "keys", "ok",
+        ["F-KEY-1", "F-KEY-2", "F-KEY-3", "F-KEY-4", "F-KEY-5"])  # fmt: skip
+
+    # -- invalid vectors: each breaks exactly one rule ----------------------------------------
+    bad: list[tuple[str, bytes, str, list[str]]] = []
+    bad.append(("sidecar_bad_magic.side", b"XTRASIDE" + side[8:], "FormatError", ["F-SC-1"]))
+    bad.append(("sidecar_major2.side", patch_head(side, 8, "<H", 2), "UnsupportedVersion",
+                ["F-COMPAT-1"]))  # fmt: skip
+    bad.append(("sidecar_required_feature.side", patch_head(side, 16, "<I", 0x4),
+                "UnsupportedVersion", ["F-COMPAT-2"]))  # fmt: skip
+    bad.append(("sidecar_truncated.side", side[: len(side) // 2], "FormatError", ["F-SC-7"]))
+    flipped = bytearray(side)
+    flipped[300] ^= 0x01
+    bad.append(("sidecar_body_flip.side", bytes(flipped), "ChecksumMismatch", ["F-SC-2"]))
+    count_off = SIDECAR_HEAD.size - 32  # page_count sits after the two u64 token bounds
+    bad.append(("sidecar_page_count_huge.side", patch_head(side, count_off, "<I", 0xFFFFFFFF),
+                "FormatError", ["F-SC-7"]))  # fmt: skip
+    wrong_pages = patch_head(side, count_off - 8, "<Q", 13)  # token_end: 13 tokens, 3 pages
+    bad.append(("sidecar_tokens_pages_disagree.side", wrong_pages, "FormatError", ["F-SC-6"]))
+    fp_off = 28  # fingerprint record starts after magic..reserved (28 bytes)
+    bad.append(("sidecar_bad_dtype.side", patch_head(side, fp_off + 80, "<B", 99), "FormatError",
+                ["F-FP-2"]))  # fmt: skip
+    bad.append(("sidecar_head_short.side", patch_head(side, 12, "<H", 200), "FormatError",
+                ["F-SC-1"]))  # fmt: skip
+    unsorted = encode_sidecar(replace(sc3, media=media)).replace(
+        struct.pack("<I", 2) + media[0][1], struct.pack("<I", 99) + media[0][1])
+    bad.append(("sidecar_media_out_of_range.side", resign(unsorted), "FormatError",
+                ["F-KEY-4", "F-SC-6"]))  # fmt: skip
+    for name, data, expect, clauses in bad:
+        put(name, data, "sidecar", expect, clauses)
+
+    hdr = seg[:4096]
+    put("segment_bad_magic.seg", b"XTRATSEG" + seg[8:], "segment", "FormatError", ["F-SEG-1"],
+        sidecar="sidecar_kv_raw.side")  # fmt: skip
+    hflip = bytearray(seg)
+    hflip[50] ^= 0x01
+    put("segment_header_flip.seg", bytes(hflip), "segment", "ChecksumMismatch", ["F-SEG-1"],
+        sidecar="sidecar_kv_raw.side")  # fmt: skip
+    off_bad = encode_segment_header(replace(SegmentHeader.for_sidecar(sc), data_offset=4096))
+    off_bad = bytearray(off_bad)
+    struct.pack_into("<I", off_bad, 12, 1000)
+    signed = bytes(off_bad[:68])
+    off_bad[68:100] = blake3.blake3(signed).digest()
+    put("segment_bad_offset.seg", bytes(off_bad) + stored, "segment", "FormatError",
+        ["F-SEG-3"], sidecar="sidecar_kv_raw.side")  # fmt: skip
+    major = bytearray(hdr)
+    struct.pack_into("<H", major, 8, 2)
+    major[68:100] = blake3.blake3(bytes(major[:68])).digest()
+    put("segment_major2.seg", bytes(major) + stored, "segment", "UnsupportedVersion",
+        ["F-COMPAT-1"], sidecar="sidecar_kv_raw.side")  # fmt: skip
+    put("segment_truncated.seg", seg[:-1], "segment", "FormatError", ["F-SEG-3"],
+        sidecar="sidecar_kv_raw.side")  # fmt: skip
+    pflip = bytearray(seg)
+    pflip[4096 + FP.page_bytes + 3] ^= 0x80
+    put("segment_page1_flip.seg", bytes(pflip), "segment", "PageMismatch:1", ["F-SC-3"],
+        sidecar="sidecar_kv_raw.side")  # fmt: skip
+    put("segment_header_mismatch.seg", encode_segment_header(SegmentHeader.for_sidecar(sc2))
+        + stored2, "segment", "FormatError", ["F-SEG-2"],
+        sidecar="sidecar_kv_raw.side")  # fmt: skip
+
+    reversed_pages = b"".join(reversed([stored[i : i + FP.page_bytes]
+                                        for i in range(0, 2 * FP.page_bytes, FP.page_bytes)]))
+    put("segment_pages_misplaced.seg", hdr + reversed_pages + stored[2 * FP.page_bytes :],
+        "segment", "PageMismatch:0", ["F-SEG-4"], sidecar="sidecar_kv_raw.side")  # fmt: skip
+
+    import zstandard
+
+    zpages = [pattern(5 * FP.token_bytes, 7)[i : i + FP.page_bytes]
+              for i in range(0, 5 * FP.token_bytes, FP.page_bytes)]  # fmt: skip
+    cz = zstandard.ZstdCompressor(level=1, write_content_size=True)
+    frames = [cz.compress(zpages[0]), cz.compress(zpages[1][:-64])]  # page 1 decodes short
+    sc5 = replace(sc2, stored_lengths=tuple(len(f) for f in frames),
+                  stored_bytes=sum(len(f) for f in frames))  # fmt: skip
+    put("sidecar_kv_zstd_short_frame.side", encode_sidecar(sc5), "sidecar", "ok", ["F-SEG-5"],
+        key=sc5.key.hex(), pages=sc5.page_count, payload_bytes=sc5.payload_bytes)  # fmt: skip
+    put("segment_kv_zstd_short_frame.seg",
+        encode_segment_header(SegmentHeader.for_sidecar(sc5)) + b"".join(frames), "segment",
+        "PageMismatch:1", ["F-SEG-5"], sidecar="sidecar_kv_zstd_short_frame.side")  # fmt: skip
+
+    for name, off, fmt, value, clause in [
+        ("sidecar_bad_kind.side", 24, "<B", 7, "F-SC-4"),
+        ("sidecar_bad_level.side", 26, "<B", 9, "F-SC-5"),
+        ("sidecar_bad_codec.side", 25, "<B", 5, "F-SEG-5"),
+    ]:
+        put(name, patch_head(side, off, fmt, value), "sidecar", "FormatError", [clause])
+    short_minor = bytearray(encode_sidecar(replace(sc, minor=1, extra_head=b"\0" * 8)))
+    struct.pack_into("<H", short_minor, 12, 220)
+    put("sidecar_minor1_head_short.side", resign(bytes(short_minor)), "sidecar", "FormatError",
+        ["F-COMPAT-3"])  # fmt: skip
+
+    # key derivation: one case per file; "KeyMismatch" marks a deliberately wrong derivation
+    # (what a reader gets if it drops a part of F-KEY-2), "FormatError" an input to refuse
+    toks = list(range(100, 110))
+    no_domain = blake3.blake3(FP.pack()).digest()
+    no_count = blake3.blake3(b"strata-key-v1\0" + root + np.array(toks, "<u4").tobytes()
+                             + struct.pack("<I", 0)).digest()  # fmt: skip
+    key_cases = [
+        ("key_ok.json", {"parent": "root", "tokens": toks, "media": [], "key": sc.key.hex()},
+         "ok", ["F-KEY-1", "F-KEY-2", "F-KEY-3"]),
+        ("key_root_without_domain.json", {"parent": "root", "root_override": no_domain.hex(),
+         "tokens": toks, "media": [], "key": segment_key(no_domain, toks).hex()},
+         "KeyMismatch", ["F-FP-4", "F-KEY-1"]),
+        ("key_without_token_count.json", {"parent": "root", "tokens": toks, "media": [],
+         "key": no_count.hex()}, "KeyMismatch", ["F-KEY-2"]),
+        ("key_token_out_of_range.json", {"parent": "root", "tokens": [1, 2**32], "media": []},
+         "FormatError", ["F-KEY-3"]),
+        ("key_media_out_of_range.json", {"parent": "root", "tokens": [1, 2],
+         "media": [[2, "00" * 32]]}, "FormatError", ["F-KEY-4"]),
+        ("key_state_of_short_key.json", {"state_of": "00" * 31}, "FormatError", ["F-KEY-5"]),
+        ("key_state_ok.json", {"state_of": sc.key.hex(), "key": sc4.key.hex()}, "ok",
+         ["F-KEY-5"]),
+    ]  # fmt: skip
+    for name, case, expect, clauses in key_cases:
+        put(name, (json.dumps(case) + "\n").encode(), "key_case", expect, clauses,
+            fingerprint="fingerprint.bin")  # fmt: skip
+
+    put("fingerprint_short.bin", FP.pack()[:-1], "fingerprint", "FormatError", ["F-FP-1"])
+    bad_fp = bytearray(FP.pack())
+    bad_fp[80] = 99
+    put("fingerprint_bad_dtype.bin", bytes(bad_fp), "fingerprint", "FormatError", ["F-FP-2"])
+    zero_fp = bytearray(FP.pack())
+    struct.pack_into("<I", zero_fp, 64, 0)
+    put("fingerprint_zero_layers.bin", bytes(zero_fp), "fingerprint", "FormatError", ["F-FP-3"])
+    bad_rec = bytearray(rec.pack())
+    bad_rec[0] = 9
+    put("index_record_bad_schema.bin", bytes(bad_rec), "index_record", "FormatError",
+        ["F-IDX-1"])  # fmt: skip
+
+    manifest = {"format_version": "1.0", "generator": "tools/make_vectors.py",
+                "vectors": entries}  # fmt: skip
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "format-spec/vectors/v1"))
