@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .errors import ConfigError, StrataError
@@ -38,7 +39,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.dir)
     fp = _fingerprint_from_dir(path)
     with SegmentStore.open(path, fp, create=False) as store:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for key in store.keys():
             rec = store.record(key)
             rows.append({

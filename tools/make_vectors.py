@@ -83,7 +83,9 @@ def patch_head(raw: bytes, offset: int, fmt: str, value: int) -> bytes:
 
 def main(out: str) -> int:
     if os.path.exists(os.path.join(out, "MANIFEST.json")):
-        print(f"{out} already has a manifest: released vectors are never regenerated", file=sys.stderr)
+        print(
+            f"{out} already has a manifest: released vectors are never regenerated", file=sys.stderr
+        )
         return 1
     os.makedirs(out, exist_ok=True)
     entries: list[dict[str, object]] = []
@@ -178,7 +180,8 @@ def main(out: str) -> int:
     bad.append(("sidecar_head_short.side", patch_head(side, 12, "<H", 200), "FormatError",
                 ["F-SC-1"]))  # fmt: skip
     unsorted = encode_sidecar(replace(sc3, media=media)).replace(
-        struct.pack("<I", 2) + media[0][1], struct.pack("<I", 99) + media[0][1])
+        struct.pack("<I", 2) + media[0][1], struct.pack("<I", 99) + media[0][1]
+    )
     bad.append(("sidecar_media_out_of_range.side", resign(unsorted), "FormatError",
                 ["F-KEY-4", "F-SC-6"]))  # fmt: skip
     for name, data, expect, clauses in bad:
@@ -213,8 +216,11 @@ def main(out: str) -> int:
         + stored2, "segment", "FormatError", ["F-SEG-2"],
         sidecar="sidecar_kv_raw.side")  # fmt: skip
 
-    reversed_pages = b"".join(reversed([stored[i : i + FP.page_bytes]
-                                        for i in range(0, 2 * FP.page_bytes, FP.page_bytes)]))
+    reversed_pages = b"".join(
+        reversed(
+            [stored[i : i + FP.page_bytes] for i in range(0, 2 * FP.page_bytes, FP.page_bytes)]
+        )
+    )
     put("segment_pages_misplaced.seg", hdr + reversed_pages + stored[2 * FP.page_bytes :],
         "segment", "PageMismatch:0", ["F-SEG-4"], sidecar="sidecar_kv_raw.side")  # fmt: skip
 

@@ -27,9 +27,7 @@ class ChecksumMismatch(StrataError):
     is a page, else ``None``.
     """
 
-    def __init__(
-        self, obj: str, expected: bytes, actual: bytes, page: int | None = None
-    ) -> None:
+    def __init__(self, obj: str, expected: bytes, actual: bytes, page: int | None = None) -> None:
         self.obj = obj
         self.expected = expected
         self.actual = actual

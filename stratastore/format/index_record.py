@@ -61,8 +61,8 @@ class IndexRecord:
     def unpack(cls, raw: bytes, obj: str = "index record") -> IndexRecord:
         if len(raw) != INDEX_RECORD.size:
             raise FormatError(f"{obj}: {len(raw)} bytes, expected {INDEX_RECORD.size}")
-        ver, kind, level, codec, ref, pc, pb, sb, fb, t0, t1, sealed, parent = (
-            INDEX_RECORD.unpack(raw)
+        ver, kind, level, codec, ref, pc, pb, sb, fb, t0, t1, sealed, parent = INDEX_RECORD.unpack(
+            raw
         )
         if ver != INDEX_SCHEMA:
             raise FormatError(f"{obj}: schema {ver}, expected {INDEX_SCHEMA}; rebuild the index")

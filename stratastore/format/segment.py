@@ -82,8 +82,8 @@ def decode_segment_header(data: bytes, obj: str = "segment") -> SegmentHeader:
     """Parse the first bytes of a data file (at least ``SEGMENT_HEAD.size``)."""
     if len(data) < SEGMENT_HEAD.size:
         raise FormatError(f"{obj}: header truncated at {len(data)} bytes (spec F-SEG-1)")
-    magic, major, minor, off, kind, codec, key, pc, pb, stored, digest = (
-        SEGMENT_HEAD.unpack_from(data)
+    magic, major, minor, off, kind, codec, key, pc, pb, stored, digest = SEGMENT_HEAD.unpack_from(
+        data
     )
     if magic != SEGMENT_MAGIC:
         raise FormatError(f"{obj}: bad magic {magic!r}; not a stratastore segment (spec F-SEG-1)")

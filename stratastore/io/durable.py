@@ -11,6 +11,7 @@ fsync is never retried on the same descriptor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from types import TracebackType
@@ -19,7 +20,10 @@ from ..format.naming import TEMP_PREFIX
 from . import files
 from .errors import StrataIOError
 
-__all__ = ["DurableFile", "durable_write", "temp_path_for"]
+__all__ = ["WRITEBACK_MIN", "DurableFile", "durable_write", "temp_path_for"]
+
+#: writes at least this large start their writeback at once (see files.start_writeback)
+WRITEBACK_MIN = 1 << 20
 
 
 def temp_path_for(final: str) -> str:
@@ -52,8 +56,11 @@ class DurableFile:
         return self
 
     def write(self, data: memoryview | bytes) -> None:
+        n = memoryview(data).nbytes
         files.write_all(self.fd, data, self.tmp)
-        self.written += memoryview(data).nbytes
+        if n >= WRITEBACK_MIN:
+            files.start_writeback(self.fd, self.written, n)
+        self.written += n
 
     def prepare(self) -> None:
         """Step 3: fsync and close the temp file; the final name is untouched."""
@@ -87,10 +94,9 @@ class DurableFile:
             self.fd = -1
         if self.state != "done":
             self.state = "done"
-            try:
+            # best effort: fsck reports an orphan temp file and repair removes it
+            with contextlib.suppress(StrataIOError):
                 files.unlink(self.tmp, missing_ok=True)
-            except StrataIOError:
-                pass  # best effort: fsck reports an orphan temp file and repair removes it
 
     def __exit__(
         self,

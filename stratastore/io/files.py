@@ -7,12 +7,15 @@ it calls these (or the protocols built on them in ``durable`` and ``relocate``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno as _errno
 import fcntl
+import functools
 import mmap
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from . import faults
 from .errors import StrataIOError
@@ -35,6 +38,7 @@ __all__ = [
     "pread_into",
     "read_file",
     "replace",
+    "start_writeback",
     "unlink",
     "write_all",
 ]
@@ -85,6 +89,29 @@ def write_all(fd: int, data: memoryview | bytes, path: str) -> None:
         if n <= 0:
             raise StrataIOError("write", path, _errno.ENOSPC, "write made no progress")
         view = view[n:]
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], fn)
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing ``[offset, offset+nbytes)`` to the device now, so a
+    large file's final fsync overlaps with the writing instead of following it. A hint only:
+    durability still comes from :func:`fsync`; where the call is missing it does nothing."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 def fsync(fd: int, path: str) -> None:
@@ -162,7 +189,7 @@ def pread_into(fd: int, buf: memoryview, offset: int, path: str) -> int:
     view = memoryview(buf).cast("B")
     total = 0
     while total < len(view):
-        n = _do("read", path, lambda: os.preadv(fd, [view[total:]], offset + total))
+        n = _do("read", path, functools.partial(os.preadv, fd, [view[total:]], offset + total))
         if n == 0:
             break
         total += n

@@ -58,7 +58,6 @@ from ..format import (
     state_key,
 )
 from ..format.index_record import INDEX_SCHEMA
-from ..format.naming import INDEX_DIR
 from ..format.sidecar import MAX_SIDECAR_BYTES
 from ..io import DurableFile, durable_write, files
 from ..io.errors import StrataIOError
@@ -98,7 +97,7 @@ class Skipped:
 
 
 def _byte_view(buf: Buffer) -> memoryview:
-    view = memoryview(buf)
+    view = buf.data if isinstance(buf, np.ndarray) else memoryview(buf)
     if not view.c_contiguous:
         raise StoreError("payload buffers must be C-contiguous; pass np.ascontiguousarray(x)")
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
@@ -173,7 +172,7 @@ class SegmentStore:
         adopted: dict[bytes, IndexRecord] = {}
         for key in sorted(committed - indexed):
             try:
-                sc, rec = self._inspect(key)
+                _, rec = self._inspect(key)
             except IncompatibleFingerprint:
                 raise
             except (FormatError, ChecksumMismatch, StrataIOError) as e:
@@ -507,7 +506,7 @@ class SegmentStore:
 
     def _raise_page(self, sc: Sidecar, payload: npt.NDArray[np.uint8], page: int) -> None:
         a = page * sc.page_bytes
-        actual = numba_kernels.hash_page(memoryview(payload[a : a + sc.page_len(page)]))
+        actual = numba_kernels.hash_page(payload[a : a + sc.page_len(page)].data)
         raise ChecksumMismatch(data_name(sc.key), sc.page_hash(page), actual, page)
 
 

@@ -64,25 +64,26 @@ def must_clauses() -> set[str]:
 
 
 # Clauses about behaviour rather than bytes are covered by named tests instead of vectors.
+STORE_TESTS = "tests/unit/test_segment_store.py"
 BEHAVIOUR_TESTS = {
     "F-DIR-1": "tests/unit/test_format_sidecar_segment.py::test_names",
-    "F-DIR-2": "tests/unit/test_segment_store.py::test_open_adopts_valid_and_skips_damaged_sidecars",
-    "F-DIR-3": "tests/unit/test_segment_store.py::test_open_adopts_valid_and_skips_damaged_sidecars",
-    "F-DIR-4": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
-    "F-DIR-5": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
-    "F-DIR-6": "tests/unit/test_segment_store.py::test_wrong_model_is_refused",
-    "F-FP-5": "tests/unit/test_segment_store.py::test_wrong_model_is_refused",
+    "F-DIR-2": f"{STORE_TESTS}::test_open_adopts_valid_and_skips_damaged_sidecars",
+    "F-DIR-3": f"{STORE_TESTS}::test_open_adopts_valid_and_skips_damaged_sidecars",
+    "F-DIR-4": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
+    "F-DIR-5": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
+    "F-DIR-6": f"{STORE_TESTS}::test_wrong_model_is_refused",
+    "F-FP-5": f"{STORE_TESTS}::test_wrong_model_is_refused",
     "F-KEY-6": "tests/conformance/test_vectors.py::test_store_reads_the_valid_vectors",
-    "F-IDX-2": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
-    "F-IDX-3": "tests/unit/test_segment_store.py::test_reopen_reconciles_and_rebuilds",
+    "F-IDX-2": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
+    "F-IDX-3": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
     "F-IDX-4": "tests/crash/test_kill.py::test_killed_writer_loses_nothing_acknowledged",
     "F-DUR-1": "tests/unit/test_io.py::test_durable_write_order_of_operations",
-    "F-DUR-2": "tests/unit/test_segment_store.py::test_put_order_of_operations",
+    "F-DUR-2": f"{STORE_TESTS}::test_put_order_of_operations",
     "F-DUR-3": "tests/crash/test_kill.py::test_crash_at_every_io_step_of_a_put",
     "F-DUR-4": "tests/unit/test_io.py::test_relocate_exdev_copies_then_unlinks",
-    "F-DUR-5": "tests/unit/test_segment_store.py::test_delete_order_and_result",
+    "F-DUR-5": f"{STORE_TESTS}::test_delete_order_and_result",
     "F-DUR-6": "tests/unit/test_io.py::test_fsync_failure_is_never_retried",
-    "F-DUR-7": "tests/unit/test_segment_store.py::test_concurrent_writers_across_processes",
+    "F-DUR-7": f"{STORE_TESTS}::test_concurrent_writers_across_processes",
     "F-COMPAT-4": "tests/conformance/test_vectors.py::test_vector_bytes_unchanged",
 }
 

@@ -18,7 +18,6 @@ from stratastore import (
     Codec,
     IncompatibleFingerprint,
     Kind,
-    ModelFingerprint,
     SegmentNotFound,
     SegmentStore,
     StoreError,
@@ -105,7 +104,7 @@ def test_bad_put_arguments_are_typed(store: SegmentStore) -> None:
 
 
 def test_bad_get_arguments_are_typed(store: SegmentStore) -> None:
-    key, data = put(store, 10)
+    key, _ = put(store, 10)
     with pytest.raises(SegmentNotFound, match=r"not in .*store"):
         store.get_into(b"\0" * 32, bytearray(10))
     with pytest.raises(StoreError, match="needs 640"):
