@@ -59,6 +59,8 @@ MAX_PAGES = 1 << 20
 MAX_MEDIA = 1 << 16
 MAX_SIDECAR_BYTES = SIDECAR_HEAD.size + 4096 + MAX_PAGES * 36 + MAX_MEDIA * 36 + TRAILER_BYTES
 MAX_STORED_PAGE_BYTES = MAX_PAGE_BYTES + (MAX_PAGE_BYTES >> 7) + 4096
+#: running-state pages are not tied to the fingerprint, so they get their own, smaller bound
+MAX_STATE_PAGE_BYTES = 1 << 26
 
 
 class Kind(IntEnum):
@@ -168,6 +170,8 @@ def _validate(sc: Sidecar, obj: str) -> None:
             )
     elif sc.token_start != sc.token_end:
         raise _bad(obj, "a STATE segment must have an empty token range (its checkpoint)")
+    elif sc.page_bytes > MAX_STATE_PAGE_BYTES:
+        raise _bad(obj, f"a STATE page of {sc.page_bytes} bytes is over {MAX_STATE_PAGE_BYTES}")
     if sc.codec is Codec.RAW:
         if sc.stored_lengths:
             raise _bad(obj, "a RAW segment has no stored lengths")

@@ -497,9 +497,8 @@ class SegmentStore:
             actual = numba_kernels.page_hashes(payload, sc.page_bytes)
             bad = np.flatnonzero((actual != expected).any(axis=1))
             return int(bad[0]) if bad.size else -1
-        scratch = bytearray(sc.payload_bytes)
         try:
-            _decompress_into(sc, payload, memoryview(scratch), True)
+            _decompress_into(sc, payload, None, True)
         except ChecksumMismatch as e:
             return e.page if e.page is not None else 0
         return -1
@@ -521,9 +520,10 @@ def _compress_pages(view: memoryview, page_bytes: int) -> list[memoryview]:
 
 
 def _decompress_into(
-    sc: Sidecar, payload: npt.NDArray[np.uint8], dst: memoryview, verify: bool
+    sc: Sidecar, payload: npt.NDArray[np.uint8], dst: memoryview | None, verify: bool
 ) -> None:
-    """Decompress each zstd page (bounded by its recorded size), validate, then copy."""
+    """Decompress each zstd page (bounded by its recorded size), validate it, then copy it into
+    ``dst`` (``None``: validate only). One page is held in memory at a time."""
     dctx = zstandard.ZstdDecompressor()
     name = data_name(sc.key)
     for i, off in enumerate(sc.stored_offsets()):
@@ -536,5 +536,6 @@ def _decompress_into(
         actual = numba_kernels.hash_page(page) if verify else sc.page_hash(i)
         if len(page) != want or actual != sc.page_hash(i):
             raise ChecksumMismatch(name, sc.page_hash(i), actual, i)
-        a = i * sc.page_bytes
-        dst[a : a + want] = page
+        if dst is not None:
+            a = i * sc.page_bytes
+            dst[a : a + want] = page

@@ -86,6 +86,16 @@ def test_sidecar_semantic_rules(change: dict[str, object], match: str) -> None:
         encode_sidecar(replace(make_sidecar(10), **change))  # type: ignore[arg-type]
 
 
+def test_state_page_size_is_bounded() -> None:
+    big = 1 << 27
+    sc = make_sidecar(
+        1, kind=Kind.STATE, token_start=7, token_end=7, page_bytes=big, last_page_bytes=10,
+        page_hashes=b"\0" * 64, stored_bytes=big + 10,
+    )  # fmt: skip
+    with pytest.raises(FormatError, match="STATE page"):
+        encode_sidecar(sc)
+
+
 def test_zstd_lengths_must_add_up() -> None:
     sc = make_sidecar(10, Codec.ZSTD)
     with pytest.raises(FormatError, match="add up"):
