@@ -34,6 +34,15 @@ def _get_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _forget_pool() -> None:
+    """A forked child has none of the parent's worker threads: start a fresh pool there."""
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _as_bytes(buf: object) -> memoryview:
     view = memoryview(buf)  # type: ignore[arg-type]
     if not view.c_contiguous:
@@ -85,9 +94,10 @@ def validated_copy(
 ) -> int:
     """Hash each page of ``src``; copy it into ``dst`` only if it matches ``expected``.
 
-    Returns the index of the first page whose digest differs, or -1 when all match. Every byte
-    written into ``dst`` belongs to a page that validated; pages at or after the first bad one
-    may or may not have been copied (they are never invalid).
+    Returns the index of the first page whose digest differs, or -1 when all match. Every page
+    before the first bad one is copied (the valid prefix); every byte written into ``dst``
+    belongs to a page that validated; pages after the first bad one may or may not have been
+    copied (they are never invalid).
     """
     s, d = _as_bytes(src), _as_bytes(dst)
     n = expected.shape[0]

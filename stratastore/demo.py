@@ -51,7 +51,7 @@ def run_demo(path: str, tokens: int) -> int:
         for name, toks in convs.items():
             parent, start, chain = store.root_key, 0, []
             for end in _cuts(len(toks), system, turn):
-                seed = 0 if end == system else hash((name, end)) & 0xFFFF
+                seed = 0 if end == system else 1000 * ord(name) + end
                 r = store.put_kv(parent, toks[start:end], _kv(fp, seed, end - start),
                                  token_start=start)  # fmt: skip
                 created += r.created

@@ -154,7 +154,7 @@ def _validate(sc: Sidecar, obj: str) -> None:
         raise _bad(obj, "key and parent key must be 32 bytes")
     if not 1 <= sc.page_bytes <= MAX_PAGE_BYTES or not 1 <= sc.last_page_bytes <= sc.page_bytes:
         raise _bad(obj, f"page size {sc.page_bytes} / last page {sc.last_page_bytes} is invalid")
-    if sc.token_end < sc.token_start or sc.token_end >= 2**63:
+    if not 0 <= sc.token_start <= sc.token_end < 2**63:
         raise _bad(obj, f"token range [{sc.token_start}, {sc.token_end}) is invalid")
     if sc.kind is Kind.KV:
         fp = sc.fingerprint

@@ -21,10 +21,12 @@ Order of operations (spec F-DUR):
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -60,6 +62,7 @@ from ..format import (
 from ..format.index_record import INDEX_SCHEMA
 from ..format.sidecar import MAX_SIDECAR_BYTES
 from ..io import DurableFile, durable_write, files
+from ..errors import StrataError
 from ..io.errors import StrataIOError
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
@@ -147,7 +150,8 @@ class SegmentStore:
             )
         store = cls(path, fingerprint, level)
         try:
-            store._reconcile()
+            with store._write_lock():  # no commit or delete may interleave with the listing
+                store._reconcile()
         except BaseException:
             store.close()
             raise
@@ -175,7 +179,7 @@ class SegmentStore:
                 _, rec = self._inspect(key)
             except IncompatibleFingerprint:
                 raise
-            except (FormatError, ChecksumMismatch, StrataIOError) as e:
+            except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
                 self.skipped.append(Skipped(sidecar_name(key), str(e), type(e).__name__))
                 continue
             adopted[key] = rec
@@ -231,7 +235,12 @@ class SegmentStore:
         return os.path.join(self.path, sidecar_name(key))
 
     def _read_sidecar(self, key: bytes) -> tuple[Sidecar, int]:
-        raw = files.read_file(self._sidecar_path(key), MAX_SIDECAR_BYTES)
+        try:
+            raw = files.read_file(self._sidecar_path(key), MAX_SIDECAR_BYTES)
+        except StrataIOError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
         sc = decode_sidecar(raw, sidecar_name(key))
         self.fingerprint.require_same(sc.fingerprint, sidecar_name(key))
         if sc.key != key:
@@ -355,7 +364,7 @@ class SegmentStore:
             if files.unlink(self._sidecar_path(key), missing_ok=True):
                 files.fsync_dir(self.path)
             files.unlink(self._data_path(key), missing_ok=True)
-        except StrataIOError:
+        except StrataError:
             pass
 
     def _ensure_indexed(self, key: bytes) -> None:
@@ -365,26 +374,15 @@ class SegmentStore:
             _, rec = self._inspect(key)
             self._index.put(key, rec)
 
-    class _Locked:
-        def __init__(self, store: SegmentStore) -> None:
-            self.store = store
-
-        def __enter__(self) -> None:
-            self.store._lock.acquire()
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        """The directory's commit lock (spec F-DUR-7): this process's threads, then flock."""
+        with self._lock:
+            self._flock.acquire()
             try:
-                self.store._flock.acquire()
-            except BaseException:
-                self.store._lock.release()
-                raise
-
-        def __exit__(self, *exc: object) -> None:
-            try:
-                self.store._flock.release()
+                yield
             finally:
-                self.store._lock.release()
-
-    def _write_lock(self) -> SegmentStore._Locked:
-        return SegmentStore._Locked(self)
+                self._flock.release()
 
     def delete(self, key: bytes) -> bool:
         """Remove a segment (spec F-DUR-5: unindex, unlink sidecar, fsync, unlink data, fsync).

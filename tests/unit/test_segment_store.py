@@ -16,6 +16,7 @@ import pytest
 from stratastore import (
     ChecksumMismatch,
     Codec,
+    FormatError,
     IncompatibleFingerprint,
     Kind,
     SegmentNotFound,
@@ -98,6 +99,10 @@ def test_bad_put_arguments_are_typed(store: SegmentStore) -> None:
         store.put_kv(store.root_key, [], b"", token_start=0)
     with pytest.raises(StoreError, match="token 0"):
         store.put_kv(store.root_key, [1], b"\0" * fp.token_bytes, token_start=3)
+    with pytest.raises(FormatError, match="token range"):
+        store.put_kv(b"\1" * 32, [1], b"\0" * fp.token_bytes, token_start=-1)
+    with pytest.raises(FormatError, match="token range"):
+        store.put_state(b"\1" * 32, b"x", token_pos=-5)
     with pytest.raises(StoreError, match="contiguous"):
         store.put_kv(store.root_key, [1, 2], np.zeros((4, 64), np.uint8)[::2], token_start=0)
     assert len(store) == 0
@@ -336,3 +341,14 @@ def test_concurrent_writers_across_processes(tmp_path: Path) -> None:
         assert len(store) == 5
         for key in store.keys():
             assert store.verify(key) == -1
+
+
+def test_segment_deleted_by_another_handle_reads_as_not_found(tmp_path: Path) -> None:
+    fp = tiny_fp()
+    with SegmentStore.open(tmp_path, fp) as a, SegmentStore.open(tmp_path, fp) as b:
+        key, data = put(a, 10)
+        view = b.view(key)
+        assert a.delete(key)
+        with pytest.raises(SegmentNotFound):
+            b.get_into(key, bytearray(len(data)))
+        assert np.array_equal(view, data)  # a mapping taken before the delete stays readable
