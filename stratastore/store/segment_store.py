@@ -36,6 +36,7 @@ import zstandard
 
 import numba_kernels
 
+from ..errors import StrataError
 from ..format import (
     DATA_OFFSET,
     ChecksumMismatch,
@@ -62,7 +63,6 @@ from ..format import (
 from ..format.index_record import INDEX_SCHEMA
 from ..format.sidecar import MAX_SIDECAR_BYTES
 from ..io import DurableFile, durable_write, files
-from ..errors import StrataError
 from ..io.errors import StrataIOError
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
