@@ -105,11 +105,14 @@ def main(out: str) -> int:
     sc, stored = kv_sidecar(tokens, root, 0, payload, Codec.RAW)
     side = encode_sidecar(sc)
     seg = encode_segment_header(SegmentHeader.for_sidecar(sc)) + stored
-    put("fingerprint.bin", FP.pack(), "fingerprint", "ok", ["F-FP-1", "F-FP-2", "F-FP-4"],
+    put("fingerprint.bin", FP.pack(), "fingerprint", "ok",
+        ["F-FP-1", "F-FP-2", "F-FP-3", "F-FP-4"],
         digest=root.hex(), token_bytes=FP.token_bytes, page_bytes=FP.page_bytes)  # fmt: skip
-    put("sidecar_kv_raw.side", side, "sidecar", "ok", ["F-SC-1", "F-SC-2", "F-SC-6", "F-KEY-2"],
+    put("sidecar_kv_raw.side", side, "sidecar", "ok",
+        ["F-SC-1", "F-SC-2", "F-SC-5", "F-SC-6", "F-SC-7", "F-KEY-2", "F-COMPAT-1", "F-COMPAT-2"],
         key=sc.key.hex(), pages=sc.page_count, payload_bytes=sc.payload_bytes)  # fmt: skip
-    put("segment_kv_raw.seg", seg, "segment", "ok", ["F-SEG-1", "F-SEG-2", "F-SEG-3", "F-SC-3"],
+    put("segment_kv_raw.seg", seg, "segment", "ok",
+        ["F-SEG-1", "F-SEG-2", "F-SEG-3", "F-SEG-4", "F-SC-3", "F-COMPAT-1"],
         sidecar="sidecar_kv_raw.side", payload="pattern")  # fmt: skip
 
     sc2, stored2 = kv_sidecar(list(range(110, 115)), sc.key, 10,
@@ -131,7 +134,8 @@ def main(out: str) -> int:
                   page_bytes=1024, last_page_bytes=3000 - 2048,
                   page_hashes=page_hashes(state, 1024), stored_bytes=3000,
                   sealed_at_ns=SEALED)  # fmt: skip
-    put("sidecar_state.side", encode_sidecar(sc4), "sidecar", "ok", ["F-SC-4", "F-KEY-5"],
+    put("sidecar_state.side", encode_sidecar(sc4), "sidecar", "ok",
+        ["F-SC-4", "F-SC-5", "F-KEY-5"],
         key=sc4.key.hex(), pages=sc4.page_count, payload_bytes=sc4.payload_bytes)  # fmt: skip
 
     newer = encode_sidecar(replace(sc, minor=1, optional_features=0x1, extra_head=b"\xab" * 16))
@@ -286,6 +290,58 @@ def main(out: str) -> int:
     bad_rec[0] = 9
     put("index_record_bad_schema.bin", bytes(bad_rec), "index_record", "FormatError",
         ["F-IDX-1"])  # fmt: skip
+
+    # a second model with the same geometry: its bytes must never be read for the first
+    other_fp = ModelFingerprint.create("strata/another-model", n_layers=2, n_kv_heads=2,
+                                       head_dim=4, page_tokens=4, dtype="float16")  # fmt: skip
+    osc = replace(sc, fingerprint=other_fp, key=segment_key(other_fp.digest(), tokens),
+                  parent_key=other_fp.digest())  # fmt: skip
+    put("sidecar_other_model.side", encode_sidecar(osc), "sidecar", "ok", ["F-FP-1"],
+        key=osc.key.hex(), pages=osc.page_count, payload_bytes=osc.payload_bytes)  # fmt: skip
+    put("segment_other_model.seg", encode_segment_header(SegmentHeader.for_sidecar(osc))
+        + stored, "segment", "ok", ["F-SEG-1"], sidecar="sidecar_other_model.side",
+        payload="pattern")  # fmt: skip
+
+    # store layouts: recipes that place vector files under names in an empty directory, which
+    # a reader then opens with fingerprint.bin; "ok:N" = N segments adopted, all reading back
+    def names(key: bytes) -> tuple[str, str]:
+        return f"strata-conv-{key.hex()}.side", f"strata-conv-{key.hex()}.seg"
+
+    raw_side, raw_seg = names(sc.key)
+    z_side, z_seg = names(sc2.key)
+    o_side, o_seg = names(osc.key)
+    recipes = [
+        ("store_valid.json", {raw_side: "sidecar_kv_raw.side", raw_seg: "segment_kv_raw.seg",
+                              z_side: "sidecar_kv_zstd.side", z_seg: "segment_kv_zstd.seg",
+                              f"strata-tmp-0123456789abcdef-{o_side}": "sidecar_other_model.side",
+                              "README.txt": "keys.json"},
+         "ok:2", ["F-DIR-1", "F-DIR-2", "F-DIR-3", "F-DIR-4", "F-DIR-6", "F-FP-5", "F-IDX-3",
+                  "F-KEY-6"]),
+        ("store_index_is_a_file.json", {raw_side: "sidecar_kv_raw.side",
+                                        raw_seg: "segment_kv_raw.seg",
+                                        "strata-index": "keys.json"},
+         "StrataIOError", ["F-DIR-4"]),
+        ("store_name_mismatch.json", {z_side: "sidecar_kv_raw.side", z_seg: "segment_kv_raw.seg"},
+         "FormatError", ["F-KEY-6"]),
+        ("store_unrecognised_names.json",
+         {raw_side.upper().replace("STRATA-CONV-", "strata-conv-"): "sidecar_kv_raw.side",
+          f"strata-tmp-0123456789abcdef-{raw_side}": "sidecar_kv_raw.side",
+          f"strata-tmp-0123456789abcdef-{raw_seg}": "segment_kv_raw.seg",
+          raw_seg: "segment_kv_raw.seg"},
+         "ok:0", ["F-DIR-1", "F-DIR-2", "F-DIR-3", "F-DUR-3"]),
+        ("store_sidecar_without_data.json", {raw_side: "sidecar_kv_raw.side"}, "StrataIOError",
+         ["F-IDX-3"]),
+        ("store_two_models.json", {raw_side: "sidecar_kv_raw.side", raw_seg: "segment_kv_raw.seg",
+                                   o_side: "sidecar_other_model.side",
+                                   o_seg: "segment_other_model.seg"},
+         "IncompatibleFingerprint", ["F-DIR-6", "F-FP-5"]),
+        ("store_other_model_only.json", {o_side: "sidecar_other_model.side",
+                                         o_seg: "segment_other_model.seg"},
+         "IncompatibleFingerprint", ["F-FP-5"]),
+    ]  # fmt: skip
+    for name, layout, expect, clauses in recipes:
+        recipe = {"fingerprint": "fingerprint.bin", "files": layout}
+        put(name, (json.dumps(recipe, indent=2) + "\n").encode(), "store", expect, clauses)
 
     manifest = {"format_version": "1.0", "generator": "tools/make_vectors.py",
                 "vectors": entries}  # fmt: skip

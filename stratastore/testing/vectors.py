@@ -58,6 +58,8 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
             return _segment_in_store(vector_dir, entry, data)
         elif kind == "keys":
             json.loads(data)
+        elif kind == "store":
+            return _store_layout(vector_dir, json.loads(data))
         elif kind == "key_case":
             return _key_case(vector_dir, entry, json.loads(data))
         else:
@@ -76,6 +78,25 @@ def _key_case(vector_dir: str, entry: dict[str, Any], case: dict[str, Any]) -> s
         media = [(off, bytes.fromhex(h)) for off, h in case["media"]]
         key = segment_key(fp.digest(), case["tokens"], media)
     return "ok" if key.hex() == case.get("key") else "KeyMismatch"
+
+
+def _store_layout(vector_dir: str, recipe: dict[str, Any]) -> str:
+    """Lay vector files out under the recipe's names, open the directory, read every segment."""
+    fp = ModelFingerprint.unpack(_read(vector_dir, recipe["fingerprint"]))
+    with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
+        for name, source in recipe["files"].items():
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(_read(vector_dir, source))
+        with SegmentStore.open(d, fp, create=False) as store:
+            if store.skipped:
+                return store.skipped[0].error
+            for key in store.keys():
+                sc = store.sidecar(key)
+                try:
+                    store.get_into(key, bytearray(sc.payload_bytes))
+                except ChecksumMismatch as e:
+                    return f"PageMismatch:{e.page}"
+            return f"ok:{len(store)}"
 
 
 def _segment_in_store(vector_dir: str, entry: dict[str, Any], data: bytes) -> str:
