@@ -42,23 +42,37 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         rows: list[dict[str, Any]] = []
         for key in store.keys():
             rec = store.record(key)
-            rows.append({
-                "key": key.hex(), "kind": rec.kind.name.lower(), "codec": rec.codec.name.lower(),
-                "tokens": [rec.token_start, rec.token_end], "pages": rec.page_count,
-                "bytes": rec.total_bytes, "sealed_at_ns": rec.sealed_at_ns,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "key": key.hex(),
+                    "kind": rec.kind.name.lower(),
+                    "codec": rec.codec.name.lower(),
+                    "tokens": [rec.token_start, rec.token_end],
+                    "pages": rec.page_count,
+                    "bytes": rec.total_bytes,
+                    "sealed_at_ns": rec.sealed_at_ns,
+                }
+            )
         stats = store.stats()
         skipped = [{"file": s.name, "reason": s.reason} for s in store.skipped]
     if args.json:
-        doc = {"dir": path, "model": fp.describe(), "entries": stats.entries,
-               "disk_bytes": stats.disk_bytes, "segments": rows, "skipped": skipped}  # fmt: skip
+        doc = {
+            "dir": path,
+            "model": fp.describe(),
+            "entries": stats.entries,
+            "disk_bytes": stats.disk_bytes,
+            "segments": rows,
+            "skipped": skipped,
+        }
         print(json.dumps(doc, indent=2))
         return 0
     print(f"{path}: {stats.entries} segments, {stats.disk_bytes:,} bytes, {fp.describe()}")
     for r in rows:
         t0, t1 = r["tokens"]
-        print(f"  {r['key'][:16]}  {r['kind']:<5} {r['codec']:<4} tokens [{t0}, {t1}) "
-              f"{r['pages']} pages {r['bytes']:,} B")  # fmt: skip
+        print(
+            f"  {r['key'][:16]}  {r['kind']:<5} {r['codec']:<4} tokens [{t0}, {t1}) "
+            f"{r['pages']} pages {r['bytes']:,} B"
+        )
     for s in skipped:
         print(f"  not adopted: {s['file']}: {s['reason']}")
     return 0
@@ -71,6 +85,212 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_demo(os.path.abspath(args.dir), args.tokens)
     with tempfile.TemporaryDirectory(prefix="strata-demo-") as d:
         return run_demo(d, args.tokens)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} needs one or more integers >= 0")
+    return values
+
+
+def _print_rows(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=False)]
+    for line in [headers, *rows]:
+        print("  ".join(f"{x!s:>{w}}" for x, w in zip(line, widths, strict=True)))
+
+
+def cmd_sim_agent_edit(args: argparse.Namespace) -> int:
+    from .sim import AgentEdit, run_agent_edit
+
+    results = [
+        run_agent_edit(
+            AgentEdit(
+                args.system_tokens,
+                args.turns,
+                args.turn_tokens,
+                args.checkpoints,
+                edit_back,
+                args.policy,
+                args.layout,
+                args.page_tokens,
+            )
+        )
+        for edit_back in args.edit_back
+    ]
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        return 0
+    first = results[0]
+    print(
+        f"agent-edit: {first['held_tokens']:,} tokens held, policy {args.policy}, "
+        f"layout {args.layout}, kept (tokens before the end): "
+        f"{', '.join(f'{k:,}' for k in first['kept'])}"
+    )
+    _print_rows(
+        ["edit back", "resumed at", "via", "re-read"],
+        [
+            [
+                f"{r['held_tokens'] - r['edit_at']:,}",
+                f"{r['resumed_at']:,}",
+                r["resumed_via"] or "-",
+                f"{r['reread_tokens']:,}",
+            ]
+            for r in results
+        ],
+    )
+    return 0
+
+
+def cmd_sim_edit_sweep(args: argparse.Namespace) -> int:
+    from .sim import AgentEdit, run_agent_edit
+
+    rows, doc = [], []
+    for d in args.edit_back:
+        base = dict(
+            system_tokens=args.system_tokens,
+            turns=args.turns,
+            turn_tokens=args.turn_tokens,
+            checkpoints=args.checkpoints,
+            edit_back=d,
+        )
+        lru = run_agent_edit(AgentEdit(**base, policy="lru"))
+        spread = run_agent_edit(AgentEdit(**base, policy="spread"))
+        page = run_agent_edit(
+            AgentEdit(**base, policy="spread", layout="attention", page_tokens=args.page_tokens)
+        )
+        doc.append(
+            {
+                "edit_back": d,
+                "lru": lru["reread_tokens"],
+                "spread": spread["reread_tokens"],
+                "page": page["reread_tokens"],
+            }
+        )
+        rows.append(
+            [
+                f"{d:,}",
+                f"{lru['reread_tokens']:,}",
+                f"{spread['reread_tokens']:,}",
+                f"{page['reread_tokens']:,}",
+            ]
+        )
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_rows(
+            ["edit back", "lru re-reads", "spread re-reads", "page-granular re-reads"], rows
+        )
+    return 0
+
+
+def cmd_sim_park_truncate(args: argparse.Namespace) -> int:
+    from .sim import ParkTruncate, run_park_truncate
+
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.truncate]
+    results = [
+        run_park_truncate(
+            ParkTruncate(
+                args.budget_mib,
+                args.slots,
+                args.min_tokens,
+                args.every,
+                args.first,
+                tuple(args.others),
+                args.token_kib,
+                args.state_mib,
+                truncate,
+            )
+        )
+        for truncate in modes
+    ]
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        return 0
+    for r in results:
+        print(
+            f"park-truncate, truncate {'on' if r['truncate'] else 'off'}, budget "
+            f"{r['budget_mib']:,} MiB:"
+        )
+        _print_rows(
+            ["request", "parks", "kept tokens", "shrunk", "evicted", "entries", "MiB"],
+            [
+                [
+                    s["request"],
+                    s["parked"],
+                    f"{s['kept_tokens'] or 0:,}",
+                    ",".join(f"{k}->{n:,}" for k, n in s["shrunk"]) or "-",
+                    ",".join(s["evicted"]) or "-",
+                    s["cache_entries"],
+                    s["cache_mib"],
+                ]
+                for s in r["steps"]
+            ],
+        )
+        print(
+            f"  return of A ({r['return_prompt_tokens']:,} tokens): restored "
+            f"{r['restored_tokens']:,}, re-read {r['reread_tokens']:,}"
+        )
+    return 0
+
+
+def _add_sim(sub: Any) -> None:
+    sim = sub.add_parser("sim", help="replay a workload against the real policy code")
+    scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
+
+    def agent_args(p: argparse.ArgumentParser, edit_default: str) -> None:
+        p.add_argument("--system-tokens", type=_positive, default=9525)
+        p.add_argument("--turns", type=_positive, default=200)
+        p.add_argument("--turn-tokens", type=_positive, default=1000)
+        p.add_argument(
+            "--checkpoints",
+            type=_positive,
+            default=6,
+            help="checkpoints kept per conversation, root included",
+        )
+        p.add_argument(
+            "--edit-back",
+            type=_int_list,
+            default=_int_list(edit_default),
+            help="tokens before the end where the client rewrites history "
+            "(a comma-separated list for several)",
+        )
+        p.add_argument("--page-tokens", type=_positive, default=16)
+        p.add_argument("--json", action="store_true")
+
+    ae = scen.add_parser("agent-edit", help="seed 004: retention against an edit back in history")
+    agent_args(ae, "6000")
+    ae.add_argument("--policy", choices=["spread", "lru"], default="spread")
+    ae.add_argument(
+        "--layout",
+        choices=["hybrid", "attention"],
+        default="hybrid",
+        help="attention: resume on any whole page, not only on checkpoints",
+    )
+    ae.set_defaults(func=cmd_sim_agent_edit)
+    sw = scen.add_parser("edit-sweep", help="re-read tokens of lru, spread and page resume")
+    agent_args(sw, "1000,2000,4000,6000,8000,16000,32000,42000,64000,100000,150000")
+    sw.set_defaults(func=cmd_sim_edit_sweep)
+    pt = scen.add_parser("park-truncate", help="seed 001: park the prefix that fits")
+    pt.add_argument("--budget-mib", type=_positive, default=3500)
+    pt.add_argument("--slots", type=_positive, default=2)
+    pt.add_argument("--min-tokens", type=int, default=4096)
+    pt.add_argument("--every", type=_positive, default=4096, help="tokens between checkpoints")
+    pt.add_argument("--first", type=_positive, default=62_000, help="tokens of the long chain")
+    pt.add_argument(
+        "--others",
+        type=_int_list,
+        default=[76_000, 20_000],
+        help="tokens of the requests that follow it",
+    )
+    pt.add_argument("--token-kib", type=_positive, default=32, help="K/V KiB per token")
+    pt.add_argument("--state-mib", type=int, default=0, help="running state MiB per checkpoint")
+    pt.add_argument("--truncate", choices=["on", "off", "both"], default="both")
+    pt.add_argument("--json", action="store_true")
+    pt.set_defaults(func=cmd_sim_park_truncate)
 
 
 def _positive(text: str) -> int:
@@ -92,13 +312,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the end-to-end demo (the main job of `make demo`)")
     demo.add_argument("--dir", help="store directory to use (default: a temporary one)")
-    demo.add_argument("--tokens", type=_positive, default=2048,
-                      help="tokens per conversation (default 2048)")  # fmt: skip
+    demo.add_argument(
+        "--tokens", type=_positive, default=2048, help="tokens per conversation (default 2048)"
+    )
     demo.set_defaults(func=cmd_demo)
     ins = sub.add_parser("inspect", help="list the segments of a store directory")
     ins.add_argument("dir", help="store directory")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
+    _add_sim(sub)
     return p
 
 

@@ -1,0 +1,20 @@
+"""Checkpoint chains, prefix lookup, retention and parking policy (DESIGN layer 4)."""
+
+from .model import Checkpoint, Conversation, as_tokens, page_floor
+from .prefix_index import Match, PrefixIndex
+from .retention import POLICIES, Policy, enforce_count, lru_victim, spread_victim, victim
+
+__all__ = [
+    "POLICIES",
+    "Checkpoint",
+    "Conversation",
+    "Match",
+    "Policy",
+    "PrefixIndex",
+    "as_tokens",
+    "enforce_count",
+    "lru_victim",
+    "page_floor",
+    "spread_victim",
+    "victim",
+]

@@ -1,0 +1,100 @@
+"""The checkpoint-chain model of a conversation (DESIGN layer 4).
+
+A conversation is its token ids (with media at positions) and a chain of checkpoints at
+ascending token lengths: the first is the *root* (the end of the system prompt), pinned; the last
+is the *newest*. A checkpoint is a point the engine can resume from; for hybrid or recurrent
+models it carries the running state saved there (``state_bytes`` > 0), for attention-only models
+it carries none and every whole K/V page is a resume point as well (see ``prefix_index``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ConfigError
+
+__all__ = ["Checkpoint", "Conversation", "Tokens", "as_tokens", "page_floor"]
+
+Tokens = npt.NDArray[np.uint32]
+
+
+def as_tokens(tokens: Sequence[int] | npt.NDArray[np.integer]) -> Tokens:
+    """Token ids as a uint32 array, refusing ids outside 0..2**32-1 (spec F-KEY-3)."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ConfigError(f"token ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size and (arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= 2**32):
+        raise ConfigError("token ids must be integers in 0..2**32-1")
+    return np.ascontiguousarray(arr, dtype=np.uint32)
+
+
+@dataclass
+class Checkpoint:
+    """A resume point at ``length`` tokens."""
+
+    length: int
+    state_bytes: int = 0  #: running state saved here (0 for attention-only layouts)
+    pinned: bool = False  #: never a retention victim and never truncated away (shared prefix)
+    tail: bool = False  #: the engine's --prompt-cache-tail checkpoint: the first to go
+    last_used: int = 0  #: LRU clock tick of its creation or its last resume
+
+
+@dataclass
+class Conversation:
+    """One conversation: its tokens, media and checkpoint chain (ascending, root first)."""
+
+    conv_id: str
+    tokens: Tokens
+    checkpoints: list[Checkpoint]
+    media: dict[int, bytes] = field(default_factory=dict)  #: absolute position -> digest
+    cuts: list[int] = field(default_factory=list)  #: segment starts (message openers), 0 first
+
+    def __post_init__(self) -> None:
+        lengths = [c.length for c in self.checkpoints]
+        if not lengths or lengths != sorted(set(lengths)):
+            raise ConfigError(f"conversation {self.conv_id}: checkpoints must ascend, root first")
+        if lengths[0] < 0 or lengths[-1] > len(self.tokens):
+            raise ConfigError(
+                f"conversation {self.conv_id}: checkpoint at {lengths[-1]} is past its "
+                f"{len(self.tokens)} tokens"
+            )
+        if not self.cuts:
+            self.cuts = [0]
+        if self.cuts[0] != 0 or self.cuts != sorted(set(self.cuts)):
+            raise ConfigError(f"conversation {self.conv_id}: segment cuts must ascend from 0")
+
+    @property
+    def root(self) -> Checkpoint:
+        return self.checkpoints[0]
+
+    @property
+    def newest(self) -> Checkpoint:
+        return self.checkpoints[-1]
+
+    def lengths(self) -> list[int]:
+        return [c.length for c in self.checkpoints]
+
+    def truncate_to(self, length: int) -> None:
+        """Keep the prefix ``[0, length)`` and the checkpoints at or below it (seed 001's
+        landing: K/V past it, deeper checkpoints and their states go)."""
+        if length not in self.lengths():
+            raise ConfigError(f"conversation {self.conv_id}: no checkpoint at {length}")
+        self.tokens = self.tokens[:length]
+        self.checkpoints = [c for c in self.checkpoints if c.length <= length]
+        self.media = {p: d for p, d in self.media.items() if p < length}
+        self.cuts = [c for c in self.cuts if c < length] or [0]
+
+    def page_floor(self, x: int, page_tokens: int) -> int:
+        return page_floor(self.cuts, x, page_tokens)
+
+
+def page_floor(cuts: Sequence[int], x: int, page_tokens: int) -> int:
+    """The last whole-page boundary at or below ``x``: pages start at each segment cut (the
+    K/V of a segment is stored in pages of ``page_tokens`` from the segment's start)."""
+    start = cuts[bisect.bisect_right(cuts, x) - 1]
+    return start + (x - start) // page_tokens * page_tokens
