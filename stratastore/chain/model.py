@@ -10,6 +10,7 @@ it carries none and every whole K/V page is a resume point as well (see ``prefix
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
+from ..format.keys import segment_key
 
 __all__ = ["Checkpoint", "Conversation", "Tokens", "as_tokens", "page_floor"]
 
@@ -91,6 +93,24 @@ class Conversation:
 
     def page_floor(self, x: int, page_tokens: int) -> int:
         return page_floor(self.cuts, x, page_tokens)
+
+    def segments(self, root: bytes) -> list[tuple[int, int, bytes]]:
+        """``(start, end, key)`` of each K/V segment, cut at ``cuts`` and at every checkpoint,
+        keyed by the token-prefix hash chain from ``root`` (the model fingerprint's digest,
+        spec F-KEY): equal prefixes cut alike get equal keys in every conversation."""
+        bounds = sorted({*self.cuts, *(c.length for c in self.checkpoints), len(self.tokens)})
+        out, parent = [], root
+        for start, end in itertools.pairwise(bounds):
+            media = [(p - start, d) for p, d in sorted(self.media.items()) if start <= p < end]
+            parent = segment_key(parent, self.tokens[start:end], media)
+            out.append((start, end, parent))
+        return out
+
+    def checkpoint_keys(self, root: bytes) -> dict[int, bytes]:
+        """The token-prefix key at each checkpoint length (the root key at length 0)."""
+        at = {end: key for _, end, key in self.segments(root)}
+        at[0] = root
+        return {c.length: at[c.length] for c in self.checkpoints}
 
 
 def page_floor(cuts: Sequence[int], x: int, page_tokens: int) -> int:

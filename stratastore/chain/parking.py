@@ -22,8 +22,11 @@ Sizes come from :class:`SizeModel`; the memory probe is injectable so low-RAM ca
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from ..errors import ConfigError
 from .model import Conversation
@@ -143,7 +146,11 @@ class ConversationCache:
 
     def _make_room(self, need: int, out: ParkOutcome) -> bool:
         """Evict (or, with ``truncate``, shrink) the oldest entries until ``need`` fits in the
-        budget and a slot is free; False when it cannot."""
+        budget and a slot is free; False (having touched nothing) when even evicting every
+        unpinned entry would not make room."""
+        pinned = [e for e in self.entries.values() if e.pinned]
+        if len(pinned) >= self.slots or sum(e.nbytes for e in pinned) + need > self.budget:
+            return False
         while len(self.entries) >= self.slots:  # slot pressure: whole entries only
             victim = next((k for k, e in self.entries.items() if not e.pinned), None)
             if victim is None:
@@ -191,8 +198,10 @@ class ConversationCache:
         self.index.remove(conv_id)
 
     # -- reading ------------------------------------------------------------------------------
-    def lookup(self, prompt: object, *, page_tokens: int | None = None) -> Match | None:
-        return self.index.lookup(self.model, prompt, page_tokens=page_tokens)  # type: ignore[arg-type]
+    def lookup(
+        self, prompt: Sequence[int] | npt.NDArray[np.integer], *, page_tokens: int | None = None
+    ) -> Match | None:
+        return self.index.lookup(self.model, prompt, page_tokens=page_tokens)
 
     def take(self, conv_id: str) -> Conversation:
         """Remove a parked entry to mount it live (the engine resumes from it)."""

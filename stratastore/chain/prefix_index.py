@@ -233,6 +233,10 @@ class PrefixIndex:
     def __contains__(self, conv_id: object) -> bool:
         return conv_id in self._convs
 
+    def stored_tokens(self, conv_id: str) -> Tokens:
+        """The tokens indexed for ``conv_id`` (what a hit on it is a prefix of)."""
+        return self._convs[conv_id].tokens
+
     def add(self, model: bytes, conv: Conversation) -> None:
         """Index ``conv`` (its tokens, media and checkpoint lengths as they are now) under the
         model digest ``model``; re-adding an id replaces its previous entry."""

@@ -35,7 +35,7 @@ class Engine:
         m = self.index.lookup(MODEL, tokens, page_tokens=self.page)
         resumed = m.length if m else 0
         if m is not None:
-            stored = self.index._convs[m.conv_id].tokens  # the stored tokens behind the hit
+            stored = self.index.stored_tokens(m.conv_id)
             assert m.length <= m.matched <= len(tokens)
             assert np.array_equal(stored[: m.matched], tokens[: m.matched])
         self.chain = [c for c in self.chain if c.length <= max(resumed, SYSTEM)]

@@ -120,6 +120,14 @@ def test_pinned_entries_are_never_truncated() -> None:
     assert c.entries["a"].conv.tokens.size == 95
 
 
+def test_no_eviction_when_pinned_entries_leave_no_room() -> None:
+    c = cache(150)
+    c.park(conv("a", 95), pinned=True)
+    c.park(conv("z", 40, base=5000))
+    out = c.park(conv("b", 80, base=1000))  # 95 pinned + 80 > 150 whatever goes
+    assert out.parked_tokens is None and out.evicted == [] and "z" in c.entries
+
+
 def test_slot_pressure_still_evicts_whole() -> None:
     c = cache(10_000, slots=2)
     c.park(conv("a", 95))

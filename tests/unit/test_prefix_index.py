@@ -3,6 +3,8 @@ models kept apart, removal."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -118,3 +120,28 @@ def test_conversation_validation_is_typed() -> None:
         as_tokens([-1])
     with pytest.raises(ConfigError):
         as_tokens([[1]])
+
+
+def test_checkpoint_keys_are_shared_by_equal_prefixes(tmp_path: Path) -> None:
+    from stratastore import SegmentStore
+    from tests.conftest import kv_bytes, tiny_fp
+
+    fp = tiny_fp()
+    root = fp.digest()
+    system = np.arange(100, 140)
+    a = conv("a", np.concatenate([system, np.arange(30)]), [40, 55, 70], cuts=[0, 40])
+    b = conv("b", np.concatenate([system, np.arange(5, 25)]), [40, 60], cuts=[0, 40])
+    ka, kb = a.checkpoint_keys(root), b.checkpoint_keys(root)
+    assert ka[40] == kb[40] and ka[55] != kb[60]
+    pic = conv("p", np.concatenate([system, np.arange(30)]), [40, 70], cuts=[0, 40],
+               media={45: b"\x01" * 32})  # fmt: skip
+    assert pic.checkpoint_keys(root)[40] == ka[40] and pic.checkpoint_keys(root)[70] != ka[70]
+    # the keys are the segment store's keys: storing the segments yields the same ones
+    with SegmentStore.open(tmp_path, fp) as store:
+        parent = store.root_key
+        for start, end, key in a.segments(root):
+            r = store.put_kv(parent, a.tokens[start:end], kv_bytes(fp, end - start),
+                             token_start=start)  # fmt: skip
+            assert r.key == key
+            parent = key
+        assert ka[70] in store
