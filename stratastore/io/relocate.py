@@ -17,7 +17,7 @@ from . import files
 from .durable import DurableFile
 from .errors import StrataIOError
 
-__all__ = ["COPY_CHUNK", "relocate_file"]
+__all__ = ["COPY_CHUNK", "link_or_copy", "relocate_file"]
 
 COPY_CHUNK = 16 << 20
 
@@ -39,6 +39,23 @@ def relocate_file(src: str, dst: str) -> Literal["rename", "copy"]:
     _copy_durably(src, dst)
     files.unlink(src)
     files.fsync_dir(src_dir)
+    return "copy"
+
+
+def link_or_copy(src: str, dst: str) -> Literal["link", "copy"]:
+    """Make ``dst`` a durable second name (or a durable copy) of ``src``, keeping ``src``
+    (spec F-DUR-8). On one volume a hard link, then fsync the destination directory: no byte is
+    copied and, unlike a rename, the source stays whole until the caller drops it. Across volumes
+    (``EXDEV``) a durable byte copy. ``dst`` must not exist."""
+    try:
+        files.link(src, dst)
+    except StrataIOError as e:
+        if e.errno not in (_errno.EXDEV, _errno.EPERM, _errno.EOPNOTSUPP):
+            raise
+    else:
+        files.fsync_dir(os.path.dirname(dst) or ".")
+        return "link"
+    _copy_durably(src, dst)
     return "copy"
 
 

@@ -21,6 +21,8 @@ Order of operations (spec F-DUR):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import os
 import threading
@@ -29,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +67,7 @@ from ..format.index_record import INDEX_SCHEMA
 from ..format.sidecar import MAX_SIDECAR_BYTES
 from ..io import DurableFile, durable_write, files
 from ..io.errors import StrataIOError
+from ..io.relocate import link_or_copy
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
 
@@ -388,14 +392,56 @@ class SegmentStore:
         """Remove a segment (spec F-DUR-5: unindex, unlink sidecar, fsync, unlink data, fsync).
         Returns False when it was not there."""
         with self._write_lock():
-            had_record = self._index.delete(key)
-            had_sidecar = files.unlink(self._sidecar_path(key), missing_ok=True)
-            if had_sidecar:
-                files.fsync_dir(self.path)
-            had_data = files.unlink(self._data_path(key), missing_ok=True)
-            if had_data:
-                files.fsync_dir(self.path)
+            return self._delete_locked(key)
+
+    def _delete_locked(self, key: bytes) -> bool:
+        had_record = self._index.delete(key)
+        had_sidecar = files.unlink(self._sidecar_path(key), missing_ok=True)
+        if had_sidecar:
+            files.fsync_dir(self.path)
+        had_data = files.unlink(self._data_path(key), missing_ok=True)
+        if had_data:
+            files.fsync_dir(self.path)
         return had_record or had_sidecar
+
+    def adopt(self, src: SegmentStore, key: bytes) -> Literal["link", "copy", "present"]:
+        """Move a committed segment from ``src`` (another level) into this store, all or nothing
+        (spec F-DUR-8): make the data file here (hard link on one volume, durable copy across
+        two), write this level's own sidecar (its level, a new ``sealed_at``), index it, and only
+        then delete it from ``src``. Any failure undoes what was done here and leaves the segment
+        whole in ``src``. Locks ``src`` then this store (callers keep that order)."""
+        with src._write_lock(), self._write_lock():
+            if self._committed(key):
+                src._delete_locked(key)
+                return "present"
+            sc, _ = src._inspect(key)
+            mine = dataclasses.replace(sc, level=self.level, sealed_at_ns=time.time_ns())
+            side = encode_sidecar(mine)
+            files.unlink(self._data_path(key), missing_ok=True)  # an orphan of a crashed move
+            try:
+                how = link_or_copy(src._data_path(key), self._data_path(key))
+                durable_write(self._sidecar_path(key), side)
+                size = DATA_OFFSET + sc.stored_bytes
+                self._index.put(key, IndexRecord.from_sidecar(mine, len(side), size))
+            except BaseException:
+                self._roll_back(key)
+                raise
+            try:
+                src._delete_locked(key)
+            except StrataError:
+                if src._committed(key):  # still whole there: undo the copy here instead
+                    self._roll_back(key)
+                    src._reindex(key)
+                    raise
+                # its sidecar is gone, so the segment lives here alone; a leftover data file in
+                # src is an orphan (invisible; fsck reports it)
+        return how
+
+    def _reindex(self, key: bytes) -> None:
+        """Put back the record of a committed segment (after a failed move); best effort."""
+        with contextlib.suppress(StrataError):
+            if self._committed(key) and self._index.get(key) is None:
+                self._index.put(key, self._inspect(key)[1])
 
     # -- reading ------------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
@@ -415,6 +461,10 @@ class SegmentStore:
 
     def keys(self) -> list[bytes]:
         return self._index.keys()
+
+    def records(self) -> list[tuple[bytes, IndexRecord]]:
+        """Every ``(key, record)`` of the index."""
+        return list(self._index.items())
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.keys())

@@ -1,0 +1,125 @@
+"""Store settings (seed 000's flags as one typed record), read from a mapping or a TOML file.
+
+Every setting has one canonical name; ``spill_dir`` and ``disk_mib`` are aliases of the cold
+level's ``cold_dir`` and ``cold_mib`` (the existing disk tier *is* the cold level). Two names of
+one setting with different values, an unknown key, or a value of the wrong type or range is a
+:class:`ConfigError` naming the key and the fix. The defaults are what a user with no
+configuration expects: a RAM level only, every opt-in feature off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import ConfigError
+
+__all__ = ["ALIASES", "StoreConfig"]
+
+ParkTarget = Literal["ram", "disk", "auto"]
+SpillOn = Literal["park", "evict"]
+WhenFull = Literal["evict", "reject"]
+Retention = Literal["lru", "spread"]
+
+#: alias -> canonical name (seed 000: the cold level is the existing disk tier's field)
+ALIASES = {"spill_dir": "cold_dir", "disk_mib": "cold_mib"}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "park": ("ram", "disk", "auto"),
+    "spill_on": ("park", "evict"),
+    "when_full": ("evict", "reject"),
+    "retention": ("lru", "spread"),
+}
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Settings of a :class:`~stratastore.Store`; see the README's configuration table."""
+
+    ram_mib: int = 8192  #: RAM level byte budget (0: no RAM level)
+    slots: int = 4  #: parked conversations the RAM level holds at most
+    min_free_mib: int = 2560  #: parking floor: free RAM a capture that stays in RAM must leave
+    park_min_free_mib: int = 512  #: transient floor for a disk-bound capture (0: need only)
+    park: ParkTarget = "ram"  #: where a parked conversation goes
+    spill_on: SpillOn = "park"  #: mirror every park to disk, or write only what RAM evicts
+    warm_dir: str = ""  #: warm disk level (off unless both dir and budget are set)
+    warm_mib: int = 0
+    cold_dir: str = ""  #: cold disk level, the last: only it deletes (aliases spill_dir)
+    cold_mib: int = 0  #: (alias disk_mib)
+    when_full: WhenFull = "evict"  #: a full last level evicts its oldest, or rejects the new
+    warm_max_age_s: int = 0  #: degrade warm entries older than this (0: no age limit)
+    cold_max_age_s: int = 0  #: delete cold entries older than this (0: no age limit)
+    checkpoints: int = 6  #: checkpoints kept per conversation, root included
+    retention: Retention = "lru"  #: which checkpoint leaves: lru, or spread (seed 004)
+    park_truncate: bool = False  #: park the prefix that fits (seed 001)
+    min_tokens: int = 0  #: a whole conversation shorter than this is not parked
+    restore_chunk_mib: int = 16  #: the apply pass copies this much at a time
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _CHOICES:
+                if value not in _CHOICES[f.name]:
+                    raise ConfigError(
+                        f"setting {f.name}={value!r} is not one of {', '.join(_CHOICES[f.name])}"
+                    )
+            elif isinstance(f.default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"setting {f.name}={value!r} must be true or false")
+            elif isinstance(f.default, int):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ConfigError(f"setting {f.name}={value!r} must be an integer >= 0")
+            elif not isinstance(value, str):
+                raise ConfigError(f"setting {f.name}={value!r} must be a string (a directory)")
+        for name in ("slots", "checkpoints", "restore_chunk_mib"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name} must be at least 1")
+
+    @property
+    def warm_on(self) -> bool:
+        """A level is on only with a non-empty directory and a non-zero budget."""
+        return bool(self.warm_dir) and self.warm_mib > 0
+
+    @property
+    def cold_on(self) -> bool:
+        return bool(self.cold_dir) and self.cold_mib > 0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> StoreConfig:
+        """Build from ``{name: value}``, resolving aliases; refuses conflicts and unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        resolved: dict[str, Any] = {}
+        given_as: dict[str, str] = {}
+        for key, value in values.items():
+            name = ALIASES.get(key, key)
+            if name not in known:
+                raise ConfigError(
+                    f"{source}: unknown setting {key!r}; known settings: "
+                    f"{', '.join(sorted(known | set(ALIASES)))}"
+                )
+            if name in resolved and resolved[name] != value:
+                raise ConfigError(
+                    f"{source}: {given_as[name]}={resolved[name]!r} and {key}={value!r} name the "
+                    f"same setting with different values; keep one of them"
+                )
+            resolved[name], given_as[name] = value, key
+        return cls(**resolved)
+
+    @classmethod
+    def from_toml(cls, path: str) -> StoreConfig:
+        """Read a TOML file of top-level ``name = value`` settings (what ``strata init`` writes)."""
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(
+                f"config file {path} does not exist; create it with strata init"
+            ) from None
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"config file {path} cannot be read: {e}") from None
+        return cls.from_mapping(doc, path)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

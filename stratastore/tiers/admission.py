@@ -1,0 +1,67 @@
+"""Admission: the one function that decides where a capture or a disk read may go (seed 000).
+
+Two RAM floors: the *parking floor* (``min_free_mib``, 2560 by default) that a capture which
+stays in RAM must leave free, and the *transient floor* (``park_min_free_mib``, 512) for bytes
+that pass through RAM on their way to or from disk and are freed right after. The rule (the
+"transistor"): when the parking floor does not hold, a capture is not discarded: it spills to
+disk under the transient floor. The order is RAM -> disk -> discard, and a discard is counted by
+the caller. Every disk read and save (disk hit, segment hit, system-prompt-cache hit, session
+restore, session save) is this rule with the destination fixed to disk: admitted under the
+parking floor or, failing that, the transient one; refused only when neither holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from ..config import StoreConfig
+from ..io.system import mem_available
+
+__all__ = ["MIB", "Admission", "Placement", "admit"]
+
+MIB = 1 << 20
+Where = Literal["ram", "disk", "discard"]
+Floor = Literal["parking", "transient", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    where: Where
+    floor: Floor  #: the floor that admitted it ("none" for a discard)
+    need: int
+    available: int
+
+    def describe(self) -> str:
+        mib = self.need / MIB
+        if self.where == "discard":
+            return f"refused: need {mib:,.0f} MiB plus a floor, {self.available / MIB:,.0f} free"
+        return f"{self.where} under the {self.floor} RAM floor (need {mib:,.0f} MiB)"
+
+
+class Admission:
+    """The two floors and the memory probe (injectable: tests pass a function)."""
+
+    def __init__(self, cfg: StoreConfig, probe: Callable[[], int] | None = None) -> None:
+        self.parking_floor = cfg.min_free_mib * MIB
+        self.transient_floor = cfg.park_min_free_mib * MIB
+        self.probe = probe or mem_available
+
+    def admit(self, need: int, *, stays_in_ram: bool, disk: bool) -> Placement:
+        """Where ``need`` bytes may go. ``stays_in_ram``: a park that keeps its capture in RAM
+        (else the bytes are disk-bound and only pass through RAM); ``disk``: whether a disk
+        level can take them."""
+        return admit(need, self.probe(), self.parking_floor, self.transient_floor,
+                     stays_in_ram=stays_in_ram, disk=disk)  # fmt: skip
+
+
+def admit(need: int, available: int, parking_floor: int, transient_floor: int, *,
+          stays_in_ram: bool, disk: bool) -> Placement:  # fmt: skip
+    """The rule itself, pure: RAM under the parking floor, else disk under either floor, else
+    discard. A disk-bound request never lands in RAM."""
+    if available >= need + parking_floor:
+        return Placement("ram" if stays_in_ram else "disk", "parking", need, available)
+    if disk and available >= need + transient_floor:
+        return Placement("disk", "transient", need, available)
+    return Placement("discard", "none", need, available)
