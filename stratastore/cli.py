@@ -237,6 +237,28 @@ def cmd_sim_park_truncate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim_low_ram(args: argparse.Namespace) -> int:
+    from .sim import LowRam, run_low_ram
+
+    cfg = LowRam(args.slots, args.conversations, args.requests, args.scale, args.seed)
+    if args.dir is not None:
+        doc = run_low_ram(cfg, os.path.abspath(args.dir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="strata-sim-") as d:
+            doc = run_low_ram(cfg, d)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    old, new = doc["old"], doc["new"]
+    print(
+        f"low-ram (seed 000), {args.slots} slots, {args.requests} requests, bytes scaled "
+        f"1/{args.scale}, tokens at full scale:"
+    )
+    rows = [[k.replace("_", " "), f"{old[k]:,}", f"{new[k]:,}"] for k in old if k != "rule"]
+    _print_rows(["", old["rule"], new["rule"]], rows)
+    return 0
+
+
 def _add_sim(sub: Any) -> None:
     sim = sub.add_parser("sim", help="replay a workload against the real policy code")
     scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
@@ -291,6 +313,15 @@ def _add_sim(sub: Any) -> None:
     pt.add_argument("--truncate", choices=["on", "off", "both"], default="both")
     pt.add_argument("--json", action="store_true")
     pt.set_defaults(func=cmd_sim_park_truncate)
+    lr = scen.add_parser("low-ram", help="seed 000: a rejected park spills to disk")
+    lr.add_argument("--slots", type=_positive, default=4)
+    lr.add_argument("--conversations", type=_positive, default=6)
+    lr.add_argument("--requests", type=_positive, default=40)
+    lr.add_argument("--scale", type=_positive, default=256, help="bytes are divided by this")
+    lr.add_argument("--seed", type=int, default=0)
+    lr.add_argument("--dir", help="where the disk levels go (default: a temporary directory)")
+    lr.add_argument("--json", action="store_true")
+    lr.set_defaults(func=cmd_sim_low_ram)
 
 
 def _positive(text: str) -> int:

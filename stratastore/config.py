@@ -56,6 +56,8 @@ class StoreConfig:
     park_truncate: bool = False  #: park the prefix that fits (seed 001)
     min_tokens: int = 0  #: a whole conversation shorter than this is not parked
     restore_chunk_mib: int = 16  #: the apply pass copies this much at a time
+    context_tokens: int = 0  #: the engine's context size: sizes park=auto's snapshot estimate
+    page_resume: bool = False  #: attention-only layouts: resume on any whole page too
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -172,3 +172,111 @@ def run_park_truncate(cfg: ParkTruncate) -> dict[str, Any]:
         "reread_tokens": len(first) - restored,
         "counters": dict(cache.counters),
     }
+
+
+@dataclass(frozen=True)
+class LowRam:
+    """Seed 000's episode, scaled down ``scale`` times in bytes: 4 slots, conversations whose
+    snapshots measure 1.6-2.9 GB at full scale (25 KB a token), host free RAM hovering below
+    snapshot + 2,560 MiB (the parking floor) but above snapshot + 512 MiB (the transient one),
+    a 20 GiB cold level. Token counts are reported at full scale."""
+
+    slots: int = 4
+    conversations: int = 6
+    requests: int = 40
+    scale: int = 256
+    seed: int = 0
+
+
+def run_low_ram(cfg: LowRam, work_dir: str) -> dict[str, Any]:
+    """Run the same workload and free-RAM trace under the old rule and the new one."""
+    return {"scenario": "low-ram", "scale": cfg.scale,
+            "old": _low_ram_once(cfg, f"{work_dir}/old", legacy=True),
+            "new": _low_ram_once(cfg, f"{work_dir}/new", legacy=False)}  # fmt: skip
+
+
+def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
+    from .config import StoreConfig
+    from .format import ModelFingerprint
+    from .tiers.tiered import Snapshot, Tiers
+
+    if min(cfg.slots, cfg.conversations, cfg.requests) < 1 or cfg.scale < 16:
+        raise ConfigError("sim low-ram: slots, conversations, requests >= 1 and scale >= 16")
+    s, mib = cfg.scale, 1 << 20
+    fp = ModelFingerprint.create("sim/low-ram", n_layers=2, n_kv_heads=2, head_dim=8,
+                                 page_tokens=16)  # 128 bytes a token  # fmt: skip
+    full_token_bytes = 25_000  # ~2.5 GB per 100K-token conversation (seed 000)
+    per_full_token = full_token_bytes / s / fp.token_bytes  # scaled tokens per full-scale token
+    rng = np.random.default_rng(cfg.seed)
+    store_cfg = StoreConfig(
+        ram_mib=max(1, 8192 // s),
+        slots=cfg.slots,
+        min_free_mib=max(1, 2560 // s),
+        park_min_free_mib=max(1, 512 // s),
+        cold_dir=path,
+        cold_mib=max(1, 20_480 // s),
+        spill_on="evict",
+    )
+    # free RAM hovers where the seed's rejections happened: above snapshot + 512 MiB (2.9 GB is
+    # 2,766 MiB) but below snapshot + 2,560 MiB (1.6 GB is 1,526 MiB): a mean-reverting walk
+    # around 3,700 MiB kept in 3,300..4,080 MiB
+    walk = np.empty(8 * cfg.requests)
+    x = 3700.0
+    for i in range(len(walk)):
+        x = 3700 + 0.7 * (x - 3700) + rng.normal(0, 150)
+        walk[i] = min(max(x, 3300), 4080)
+    step = [0]
+
+    def probe() -> int:
+        step[0] += 1
+        return int(walk[step[0] % len(walk)] * mib / s)
+
+    tiers = Tiers(store_cfg, fp, probe=probe, legacy_admission=legacy, warn=lambda m: None)
+    sizes_gb = rng.uniform(1.6, 2.9, cfg.conversations)
+    convs: dict[int, np.ndarray] = {}
+    turns: dict[int, list[int]] = {}  #: each conversation's message openers (segment cuts)
+    live: list[int] = []
+    reread = 0
+    try:
+        for _ in range(cfg.requests):
+            c = int(rng.integers(cfg.conversations))
+            if c not in convs:  # a conversation arrives with its whole context
+                n = int(sizes_gb[c] * 1e9 / full_token_bytes * per_full_token)
+                convs[c] = rng.integers(0, 150_000, n).astype(np.uint32)
+                turns[c] = [0]
+                history = 0
+            else:
+                history = len(convs[c])
+            if c in live:
+                live.remove(c)
+            else:
+                if len(live) >= cfg.slots:  # the slot is reused: park what held it
+                    old = live.pop(0)
+                    tiers.park(_snapshot(Snapshot, fp, old, convs[old], turns[old]))
+                if history:
+                    out = np.empty(history * fp.token_bytes, dtype=np.uint8)
+                    reread += history - tiers.restore(convs[c], out).tokens
+            turn = int(rng.integers(1_000, 3_000) * per_full_token)
+            turns[c].append(len(convs[c]))
+            convs[c] = np.concatenate([convs[c], rng.integers(0, 150_000, turn).astype(np.uint32)])
+            live.append(c)
+        st = tiers.stats()
+    finally:
+        tiers.close()
+    return {"rule": "old: one floor, discard" if legacy else "new: transient floor, spill",
+            "parks_ram": st["parks_ram"], "parks_disk": st["parks_disk"],
+            "discards": st["discards"], "disk_hits": st["hits_disk"],
+            "disk_hits_refused": st["disk_hits_refused"], "ram_hits": st["hits_ram"],
+            "tokens_reread": round(reread / per_full_token)}  # fmt: skip
+
+
+def _snapshot(cls: Any, fp: Any, conv_id: int, tokens: np.ndarray, openers: list[int]) -> Any:
+    """A checkpoint and a segment cut at every message opener, so a conversation parked again
+    after another turn shares all its earlier segments (by key) with its previous park."""
+    n = len(tokens)
+    lengths = [x for x in openers if 0 < x < n] + [n]
+    conv = Conversation(f"c{conv_id}", as_tokens(tokens), [Checkpoint(x) for x in lengths],
+                        cuts=[0, *lengths[:-1]])  # fmt: skip
+    block = np.frombuffer(bytes(range(256)) * (fp.token_bytes // 256 + 1), np.uint8)
+    kv = np.resize(block, n * fp.token_bytes) ^ np.uint8(conv_id)
+    return cls(conv, kv)

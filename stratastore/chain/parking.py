@@ -93,6 +93,10 @@ class ConversationCache:
         self.min_free = min_free_bytes
         self.truncate = truncate and not multi_stage
         self.available = available or (lambda: 1 << 62)
+        #: called with an entry's conversation before it is evicted (its owner may spill it)
+        self.on_evict: Callable[[Conversation], None] | None = None
+        #: called with an entry's conversation after it was shrunk to a landing
+        self.on_shrink: Callable[[Conversation], None] | None = None
         self.entries: OrderedDict[str, _Entry] = OrderedDict()  # oldest first
         self.index = PrefixIndex()
         self.counters = {
@@ -184,11 +188,15 @@ class ConversationCache:
         entry.conv.truncate_to(landing)
         entry.nbytes = self.sizes.snapshot_bytes(entry.conv)
         self.index.add(self.model, entry.conv)
+        if self.on_shrink is not None:
+            self.on_shrink(entry.conv)
         self.entries.move_to_end(conv_id, last=False)  # still the oldest
         self.counters["truncations"] += 1
         out.shrunk.append((conv_id, landing))
 
     def _evict(self, conv_id: str, out: ParkOutcome) -> None:
+        if self.on_evict is not None:
+            self.on_evict(self.entries[conv_id].conv)
         self._drop(conv_id)
         self.counters["evictions"] += 1
         out.evicted.append(conv_id)

@@ -41,17 +41,25 @@ class Placement:
 
 
 class Admission:
-    """The two floors and the memory probe (injectable: tests pass a function)."""
+    """The two floors and the memory probe (injectable: tests pass a function).
 
-    def __init__(self, cfg: StoreConfig, probe: Callable[[], int] | None = None) -> None:
+    ``legacy=True`` is the engine's rule before seed 000, kept only to compare against: one
+    floor for everything, and a capture or disk read that fails it is discarded."""
+
+    def __init__(self, cfg: StoreConfig, probe: Callable[[], int] | None = None, *,
+                 legacy: bool = False) -> None:  # fmt: skip
         self.parking_floor = cfg.min_free_mib * MIB
         self.transient_floor = cfg.park_min_free_mib * MIB
         self.probe = probe or mem_available
+        self.legacy = legacy
 
     def admit(self, need: int, *, stays_in_ram: bool, disk: bool) -> Placement:
         """Where ``need`` bytes may go. ``stays_in_ram``: a park that keeps its capture in RAM
         (else the bytes are disk-bound and only pass through RAM); ``disk``: whether a disk
         level can take them."""
+        if self.legacy:
+            return admit(need, self.probe(), self.parking_floor, self.parking_floor,
+                         stays_in_ram=stays_in_ram, disk=False)  # fmt: skip
         return admit(need, self.probe(), self.parking_floor, self.transient_floor,
                      stays_in_ram=stays_in_ram, disk=disk)  # fmt: skip
 

@@ -1,0 +1,309 @@
+"""The tiers working together: RAM level, disk levels, admission, park targets and counters.
+
+:class:`Tiers` is the policy core of :class:`~stratastore.Store`: it decides where each park
+goes (RAM -> disk -> discard, seed 000), keeps RAM captures in the pre-reserved arena, writes
+disk parks as content-addressed segments into the first disk level (warm when configured, else
+cold) and runs the cascade after every write, finds the deepest resume point across RAM and
+disk, and restores it into the caller's buffer with every disk page validated.
+
+Not thread-safe by itself (the Store serialises calls). In this release the conversations'
+chains of the disk levels are kept in memory only: a new process sees the segments (and
+deduplicates against them) but cannot look up conversations parked by another.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..chain import Conversation, Match, PrefixIndex
+from ..chain.parking import ConversationCache, SizeModel
+from ..config import StoreConfig
+from ..errors import StrataError
+from ..format import Level, ModelFingerprint
+from ..store import SegmentNotFound, SegmentStore
+from .admission import MIB, Admission, Placement
+from .arena import DEFAULT_CHUNK, Allocation, Arena
+from .disk import DiskLevel, LevelRefused
+
+__all__ = ["ParkReport", "Restored", "Snapshot", "Tiers"]
+
+
+@dataclass
+class Snapshot:
+    """A conversation and its K/V (``len(tokens) * token_bytes`` bytes, spec F-SEG-4 layout)."""
+
+    conv: Conversation
+    kv: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
+class ParkReport:
+    where: Literal["ram", "disk", "discard"]
+    floor: str  #: which RAM floor admitted it ("parking", "transient", "none")
+    tokens: int  #: tokens kept (0 for a discard)
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    source: Literal["ram", "disk", "none"]
+    tokens: int
+    conv_id: str | None = None
+
+
+@dataclass
+class _DiskConv:
+    conv: Conversation
+    segments: list[tuple[int, int, bytes]] = field(default_factory=list)
+
+
+class Tiers:
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        fp: ModelFingerprint,
+        *,
+        probe: Callable[[], int] | None = None,
+        legacy_admission: bool = False,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.fp = fp
+        self.root = fp.digest()
+        self.tb = fp.token_bytes
+        self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
+        self.admission = Admission(cfg, probe, legacy=legacy_admission)
+        self.cold = self._level("cold", cfg.cold_dir, cfg.cold_mib, cfg.cold_max_age_s,
+                                Level.COLD, None) if cfg.cold_on else None  # fmt: skip
+        self.warm = self._level("warm", cfg.warm_dir, cfg.warm_mib, cfg.warm_max_age_s,
+                                Level.WARM, self.cold) if cfg.warm_on else None  # fmt: skip
+        self.write_level = self.warm or self.cold
+        self.ram = ConversationCache(self.root, SizeModel(self.tb),
+                                     budget_bytes=cfg.ram_mib * MIB, slots=cfg.slots,
+                                     min_tokens=cfg.min_tokens, min_free_bytes=0,
+                                     truncate=cfg.park_truncate)  # fmt: skip
+        self.ram.on_evict = self._ram_evicted
+        self.ram.on_shrink = self._ram_shrunk
+        self.arena = Arena(cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK) if cfg.ram_mib else None
+        self._allocs: dict[str, Allocation] = {}
+        self.disk_index = PrefixIndex()
+        self._disk: dict[str, _DiskConv] = {}
+        self.counters: dict[str, int] = dict.fromkeys(
+            ["parks_ram", "parks_disk", "discards", "mirrors", "evict_spills", "hits_ram",
+             "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses"], 0)  # fmt: skip
+        self.target, self.target_source = self._resolve_target()
+
+    def _level(self, name: str, path: str, mib: int, age: int, level: Level,
+               nxt: DiskLevel | None) -> DiskLevel:  # fmt: skip
+        store = SegmentStore.open(path, self.fp, level=level)
+        return DiskLevel(name, store, mib * MIB, max_age_s=age, when_full=self.cfg.when_full,
+                         next_level=nxt)  # fmt: skip
+
+    def _resolve_target(self) -> tuple[Literal["ram", "disk"], str]:
+        cfg = self.cfg
+        if cfg.park == "ram":
+            return "ram", "configured"
+        if self.write_level is None:
+            self.warn(f"park={cfg.park} needs a disk level (cold_dir and cold_mib); parking "
+                      "stays in RAM")  # fmt: skip
+            return "ram", "no disk level"
+        if cfg.park == "disk":
+            return "disk", "configured"
+        per_slot = (cfg.context_tokens * self.tb) if cfg.context_tokens else cfg.ram_mib * MIB
+        per_slot = per_slot if cfg.context_tokens else per_slot // cfg.slots
+        need = cfg.slots * per_slot + self.admission.parking_floor
+        target: Literal["ram", "disk"] = "disk" if self.admission.probe() < need else "ram"
+        self.warn(f"park target auto -> {target}")
+        return target, "auto"
+
+    def close(self) -> None:
+        for lvl in (self.warm, self.cold):
+            if lvl is not None:
+                lvl.store.close()
+        if self.arena is not None:
+            self.arena.close()
+
+    # -- parking ------------------------------------------------------------------------------
+    def park(self, snap: Snapshot) -> ParkReport:
+        """Place a snapshot: RAM under the parking floor, else disk under the transient floor,
+        else discard (counted). The caller must not change ``snap`` afterwards."""
+        if snap.kv.nbytes != len(snap.conv.tokens) * self.tb:
+            raise StrataError(
+                f"conversation {snap.conv.conv_id}: K/V is {snap.kv.nbytes} bytes, its "
+                f"{len(snap.conv.tokens)} tokens need {len(snap.conv.tokens) * self.tb}"
+            )
+        disk = self.write_level is not None
+        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=self.target == "ram"
+                                 and self.arena is not None, disk=disk)  # fmt: skip
+        if p.where == "ram" and self._park_ram(snap):
+            if self.cfg.spill_on == "park" and disk:
+                self._write_disk(snap)
+                self.counters["mirrors"] += 1
+            return ParkReport("ram", p.floor, len(snap.conv.tokens))
+        if p.where != "discard" and disk and self._write_disk(snap):
+            self.counters["parks_disk"] += 1
+            return ParkReport("disk", p.floor if p.where == "disk" else "parking",
+                              len(snap.conv.tokens))  # fmt: skip
+        self.counters["discards"] += 1
+        return ParkReport("discard", "none", 0)
+
+    def _park_ram(self, snap: Snapshot) -> bool:
+        assert self.arena is not None
+        conv_id = snap.conv.conv_id
+        if conv_id in self._allocs:
+            self._release(conv_id)
+        out = self.ram.park(snap.conv)
+        if out.parked_tokens is None:
+            return False
+        nbytes = out.parked_tokens * self.tb
+        alloc = self.arena.alloc(nbytes)
+        if alloc is None:  # chunk rounding left the arena short: treat as a RAM refusal
+            self.ram.take(conv_id)
+            return False
+        self.arena.write(alloc, snap.kv[:nbytes])
+        self._allocs[conv_id] = alloc
+        self.counters["parks_ram"] += 1
+        return True
+
+    def _release(self, conv_id: str) -> None:
+        alloc = self._allocs.pop(conv_id)
+        assert self.arena is not None
+        self.arena.release(alloc)
+
+    def _ram_evicted(self, conv: Conversation) -> None:
+        alloc = self._allocs[conv.conv_id]
+        if self.cfg.spill_on == "evict" and self.write_level is not None:
+            kv = np.empty(alloc.nbytes, dtype=np.uint8)
+            assert self.arena is not None
+            self.arena.read_into(alloc, kv)
+            if self._write_disk(Snapshot(conv, kv)):
+                self.counters["evict_spills"] += 1
+        self._release(conv.conv_id)
+
+    def _ram_shrunk(self, conv: Conversation) -> None:
+        alloc = self._allocs[conv.conv_id]
+        assert self.arena is not None
+        keep = len(conv.tokens) * self.tb
+        kv = np.empty(keep, dtype=np.uint8)
+        self.arena.read_into(alloc, kv, keep)
+        self.arena.release(alloc)
+        new = self.arena.alloc(keep)
+        assert new is not None  # a shrink only frees chunks
+        self.arena.write(new, kv)
+        self._allocs[conv.conv_id] = new
+
+    def _write_disk(self, snap: Snapshot) -> bool:
+        """Write the snapshot's segments into the write level, then run the cascade."""
+        level = self.write_level
+        assert level is not None
+        conv = snap.conv
+        segments = conv.segments(self.root)
+        parent = self.root
+        try:
+            for start, end, key in segments:
+                if not self._on_disk(key):
+                    level.make_room(4096 + (end - start) * self.tb + 4096)
+                    level.store.put_kv(parent, conv.tokens[start:end],
+                                       snap.kv[start * self.tb : end * self.tb],
+                                       token_start=start)  # fmt: skip
+                parent = key
+        except LevelRefused as e:
+            self.warn(f"conversation {conv.conv_id} not written to disk: {e}")
+            return False
+        for lvl in (self.warm, self.cold):
+            if lvl is not None:
+                lvl.enforce_budget()
+                lvl.enforce_age()
+        copy = Conversation(conv.conv_id, conv.tokens.copy(), list(conv.checkpoints),
+                            dict(conv.media), list(conv.cuts))  # fmt: skip
+        self._disk[conv.conv_id] = _DiskConv(copy, segments)
+        self.disk_index.add(self.root, copy)
+        return True
+
+    def _on_disk(self, key: bytes) -> bool:
+        return any(lvl is not None and key in lvl.store for lvl in (self.warm, self.cold))
+
+    # -- lookup and restore -------------------------------------------------------------------
+    def lookup(self, prompt: npt.NDArray[np.integer] | list[int]) -> tuple[str, Match] | None:
+        """The deepest resume point for ``prompt``: ``("ram" | "disk", match)``."""
+        page = self.fp.page_tokens if self.cfg.page_resume else None
+        best: tuple[str, Match] | None = None
+        for source, index in (("ram", self.ram.index), ("disk", self.disk_index)):
+            m = index.lookup(self.root, prompt, page_tokens=page)
+            if m is not None and (best is None or m.length > best[1].length):
+                best = (source, m)
+        return best
+
+    def restore(self, prompt: npt.NDArray[np.integer] | list[int],
+                out: npt.NDArray[np.uint8]) -> Restored:  # fmt: skip
+        """Restore the deepest stored prefix of ``prompt`` into ``out`` (the K/V buffer, at
+        least ``len(prompt) * token_bytes``); returns how many tokens it holds now."""
+        hit = self.lookup(prompt)
+        if hit is None:
+            self.counters["restore_misses"] += 1
+            return Restored("none", 0)
+        source, m = hit
+        if source == "ram":
+            alloc = self._allocs[m.conv_id]
+            assert self.arena is not None
+            self.arena.read_into(alloc, out, m.length * self.tb)
+            self.ram.take(m.conv_id)  # mounted live: the RAM copy is the slot's now
+            self._release(m.conv_id)
+            self.counters["hits_ram"] += 1
+            self.counters["tokens_restored"] += m.length
+            return Restored("ram", m.length, m.conv_id)
+        p: Placement = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
+        if p.where == "discard":
+            self.counters["disk_hits_refused"] += 1
+            return Restored("none", 0)
+        got = self._read_disk(self._disk[m.conv_id], m.length, out)
+        self.counters["hits_disk"] += 1
+        self.counters["tokens_restored"] += got
+        return Restored("disk", got, m.conv_id)
+
+    def _read_disk(self, dc: _DiskConv, length: int, out: npt.NDArray[np.uint8]) -> int:
+        """Read the segments covering ``[0, length)``; stops at the first one missing or
+        damaged and returns how many tokens are in ``out`` (all validated)."""
+        flat = out.reshape(-1)
+        for start, end, key in dc.segments:
+            if start >= length:
+                break
+            store = self._holder(key)
+            if store is None:
+                return start
+            try:
+                if end <= length:
+                    store.get_into(key, flat[start * self.tb : end * self.tb])
+                else:
+                    scratch = np.empty((end - start) * self.tb, dtype=np.uint8)
+                    store.get_into(key, scratch)
+                    flat[start * self.tb : length * self.tb] = scratch[: (length - start) * self.tb]
+            except (StrataError, SegmentNotFound):
+                return start
+        return length
+
+    def _holder(self, key: bytes) -> SegmentStore | None:
+        for lvl in (self.warm, self.cold):
+            if lvl is not None and key in lvl.store:
+                return lvl.store
+        return None
+
+    # -- state --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        levels: dict[str, Any] = {
+            "ram": {"entries": len(self.ram.entries), "bytes": self.ram.used,
+                    "budget": self.ram.budget, **self.ram.counters},
+        }  # fmt: skip
+        for lvl in (self.warm, self.cold):
+            if lvl is not None:
+                st = lvl.store.stats()
+                levels[lvl.name] = {"dir": lvl.store.path, "entries": st.entries,
+                                    "bytes": st.disk_bytes, "budget": lvl.budget,
+                                    **lvl.counters.as_dict()}  # fmt: skip
+        return {"park_target": self.target, "park_target_source": self.target_source,
+                **self.counters, "levels": levels}  # fmt: skip

@@ -1,0 +1,141 @@
+"""The tiers together: where a park goes, restores from RAM and disk, park targets, the
+cascade under real writes, and seed 000's low-RAM episode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stratastore.chain import Checkpoint, Conversation, as_tokens
+from stratastore.config import StoreConfig
+from stratastore.sim import LowRam, run_low_ram
+from stratastore.tiers.tiered import Snapshot, Tiers
+from tests.conftest import tiny_fp
+
+FP = tiny_fp()  # 64 bytes a token
+MIB = 1 << 20
+BIG = 1 << 40
+
+
+def snap(cid: str, n: int, base: int = 0, system: int = 0) -> Snapshot:
+    toks = np.concatenate([np.arange(system), np.arange(base, base + n - system) + 10_000])
+    lengths = sorted({*range(max(system, 16), n, 16), n} - {0})
+    conv = Conversation(cid, as_tokens(toks), [Checkpoint(x) for x in lengths],
+                        cuts=[0, *(x for x in lengths if x < n)])  # fmt: skip
+    # equal tokens have equal K/V (a deterministic model): the shared system prompt's K/V is one
+    shared = np.random.default_rng(99).integers(0, 256, system * FP.token_bytes, dtype=np.uint8)
+    own = np.random.default_rng(base).integers(0, 256, (n - system) * FP.token_bytes, np.uint8)
+    return Snapshot(conv, np.concatenate([shared, own]))
+
+
+def tiers(tmp_path: Path, free: list[int] | None = None, **kw: object) -> Tiers:
+    values: dict[str, object] = {"ram_mib": 1, "slots": 4, "min_free_mib": 100,
+                                 "park_min_free_mib": 10}  # fmt: skip
+    values.update(kw)
+    probe = (lambda: free[0]) if free is not None else (lambda: BIG)
+    return Tiers(StoreConfig.from_mapping(values), FP, probe=probe, warn=lambda m: None)
+
+
+def restore(t: Tiers, s: Snapshot) -> tuple[str, int, np.ndarray]:
+    out = np.zeros_like(s.kv)
+    r = t.restore(s.conv.tokens, out)
+    return r.source, r.tokens, out
+
+
+def test_ram_park_and_restore(tmp_path: Path) -> None:
+    t = tiers(tmp_path)
+    s = snap("a", 100)
+    assert t.park(s).where == "ram"
+    source, n, out = restore(t, s)
+    assert (source, n) == ("ram", 100) and np.array_equal(out, s.kv)
+    assert t.stats()["hits_ram"] == 1 and not t.ram.entries  # mounted: the slot owns it now
+    t.close()
+
+
+def test_low_ram_spills_to_disk_and_restores_validated(tmp_path: Path) -> None:
+    free = [50 * MIB]  # below snapshot + 100 MiB, above snapshot + 10 MiB
+    t = tiers(tmp_path, free, cold_dir=str(tmp_path / "cold"), cold_mib=64)
+    s = snap("a", 100)
+    rep = t.park(s)
+    assert (rep.where, rep.floor) == ("disk", "transient")
+    source, n, out = restore(t, s)
+    assert (source, n) == ("disk", 100) and np.array_equal(out, s.kv)
+    free[0] = 5 * MIB  # not even the transient floor: the disk hit is refused, counted
+    assert restore(t, s)[:2] == ("none", 0) and t.stats()["disk_hits_refused"] == 1
+    t.close()
+
+
+def test_no_disk_level_means_discard_when_ram_is_low(tmp_path: Path) -> None:
+    t = tiers(tmp_path, [50 * MIB])
+    assert t.park(snap("a", 100)).where == "discard" and t.stats()["discards"] == 1
+    t.close()
+
+
+def test_park_targets(tmp_path: Path) -> None:
+    warned: list[str] = []
+    cfg = StoreConfig(ram_mib=1, park="disk", min_free_mib=1)
+    t = Tiers(cfg, FP, probe=lambda: BIG, warn=warned.append)
+    assert t.target == "ram" and "needs a disk level" in warned[0]  # stays in RAM, warned
+    t.close()
+    t = tiers(tmp_path, park="disk", cold_dir=str(tmp_path / "c"), cold_mib=64)
+    s = snap("a", 100)
+    assert t.park(s).where == "disk" and not t.ram.entries  # the RAM copy is not kept
+    assert restore(t, s)[:2] == ("disk", 100)
+    t.close()
+    warned.clear()
+    cfg = StoreConfig(ram_mib=64, slots=4, park="auto", cold_dir=str(tmp_path / "c2"),
+                      cold_mib=64, min_free_mib=100)  # fmt: skip
+    low = Tiers(cfg, FP, probe=lambda: 150 * MIB, warn=warned.append)  # < 4 x 16 + 100 MiB
+    high = Tiers(cfg, FP, probe=lambda: BIG, warn=warned.append)
+    assert (low.target, high.target) == ("disk", "ram")
+    assert warned == ["park target auto -> disk", "park target auto -> ram"]
+    low.close()
+    high.close()
+
+
+def test_mirror_on_park_and_ram_eviction_leaves_the_disk_copy(tmp_path: Path) -> None:
+    t = tiers(tmp_path, slots=1, cold_dir=str(tmp_path / "c"), cold_mib=64, spill_on="park")
+    a, b = snap("a", 100), snap("b", 100, base=500)
+    t.park(a)
+    t.park(b)  # one slot: a leaves RAM, its mirror stays on disk
+    assert list(t.ram.entries) == ["b"] and t.stats()["mirrors"] == 2
+    assert restore(t, a)[:2] == ("disk", 100)
+    t.close()
+
+
+def test_spill_on_evict_writes_what_ram_evicts(tmp_path: Path) -> None:
+    t = tiers(tmp_path, slots=1, cold_dir=str(tmp_path / "c"), cold_mib=64, spill_on="evict")
+    a, b = snap("a", 100), snap("b", 100, base=500)
+    t.park(a)
+    assert len(t.cold.store) == 0 if t.cold else False  # nothing on disk yet
+    t.park(b)
+    assert t.stats()["evict_spills"] == 1
+    source, n, out = restore(t, a)
+    assert (source, n) == ("disk", 100) and np.array_equal(out, a.kv)
+    t.close()
+
+
+def test_cascade_through_tiers_degrades_and_shares_the_system_prompt(tmp_path: Path) -> None:
+    seg = 4096 + 40 * 64 + 4096
+    t = tiers(tmp_path, [50 * MIB], warm_dir=str(tmp_path / "w"), warm_mib=1,
+              cold_dir=str(tmp_path / "c"), cold_mib=64)  # fmt: skip
+    t.warm.budget = 6 * seg  # type: ignore[union-attr]
+    snaps = [snap(f"c{i}", 120, base=1000 * i, system=40) for i in range(4)]
+    for s in snaps:
+        assert t.park(s).where == "disk"
+    st = t.stats()["levels"]
+    assert st["warm"]["degradations"] > 0 and st["warm"]["disk_evictions"] == 0
+    assert st["cold"]["adopted"] == st["warm"]["degradations"]
+    for s in snaps:  # every conversation still restores, from whichever level holds it
+        source, n, out = restore(t, s)
+        assert (source, n) == ("disk", 120) and np.array_equal(out, s.kv)
+    t.close()
+
+
+def test_seed_000_low_ram_episode(tmp_path: Path) -> None:
+    doc = run_low_ram(LowRam(requests=30), str(tmp_path))
+    old, new = doc["old"], doc["new"]
+    assert old["discards"] > 0 and old["tokens_reread"] > 0 and old["parks_disk"] == 0
+    assert new["discards"] == 0 and new["parks_disk"] > 0 and new["tokens_reread"] == 0
+    assert new["disk_hits"] > 0
