@@ -351,5 +351,59 @@ def main(out: str) -> int:
     return 0
 
 
+def main_v1_1(out: str) -> int:
+    """Format 1.1 adds the chain manifest (spec F-CHAIN)."""
+    from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
+
+    if os.path.exists(os.path.join(out, "MANIFEST.json")):
+        print(f"{out} already has a manifest: released vectors are never regenerated",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    os.makedirs(out, exist_ok=True)
+    entries: list[dict[str, object]] = []
+
+    def put(name: str, data: bytes, expect: str, clauses: list[str]) -> None:
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entries.append({"file": name, "blake3": blake3.blake3(data).hexdigest(),
+                        "kind": "manifest", "expect": expect, "clauses": clauses})  # fmt: skip
+
+    root = FP.digest()
+    tokens = np.arange(100, 115, dtype=np.uint32)
+    k1 = segment_key(root, tokens[:10])
+    k2 = segment_key(k1, tokens[10:15])
+    m = ChainManifest("conversation-1", root, tokens,
+                      (ManifestCheckpoint(10, pinned=True), ManifestCheckpoint(15, tail=True,
+                       state_key=state_key(k2))), ((3, blake3.blake3(b"pic").digest()),),
+                      ((0, 10, k1), (10, 15, k2)), SEALED)  # fmt: skip
+    good = encode_manifest(m)
+    put("manifest_ok.chain", good, "ok", ["F-CHAIN-1", "F-CHAIN-2"])
+    put("manifest_session.chain", encode_manifest(replace(m, session=True)), "ok",
+        ["F-CHAIN-1", "F-CHAIN-5"])  # fmt: skip
+    put("manifest_bad_magic.chain", b"XTRACHAN" + good[8:], "FormatError", ["F-CHAIN-1"])
+    put("manifest_truncated.chain", good[:-5], "FormatError", ["F-CHAIN-1"])
+    flipped = bytearray(good)
+    flipped[100] ^= 1
+    put("manifest_body_flip.chain", bytes(flipped), "ChecksumMismatch", ["F-CHAIN-1"])
+    major = bytearray(good)
+    struct.pack_into("<H", major, 8, 2)
+    put("manifest_major2.chain", resign(bytes(major)), "UnsupportedVersion", ["F-COMPAT-1"])
+    # segments that leave a gap: [0, 10) then [11, 15), re-signed so the tiling check decides
+    gap = good.replace(struct.pack("<QQ", 10, 15) + k2, struct.pack("<QQ", 11, 15) + k2)
+    put("manifest_segment_gap.chain", resign(gap), "FormatError", ["F-CHAIN-2"])
+    swapped = good.replace(struct.pack("<Q", 10) + b"\x01", struct.pack("<Q", 20) + b"\x01")
+    put("manifest_checkpoints_out_of_order.chain", resign(swapped), "FormatError", ["F-CHAIN-2"])
+    manifest = {"format_version": "1.1", "generator": "tools/make_vectors.py --v1.1",
+                "vectors": entries}  # fmt: skip
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}")
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--v1.1":
+        raise SystemExit(
+            main_v1_1(sys.argv[2] if len(sys.argv) > 2 else "format-spec/vectors/v1.1")
+        )
     raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "format-spec/vectors/v1"))

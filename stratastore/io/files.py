@@ -25,6 +25,7 @@ __all__ = [
     "FileLock",
     "close",
     "exists",
+    "dir_mtime",
     "file_size",
     "filesystem_type",
     "fsync",
@@ -161,6 +162,11 @@ def makedirs(path: str) -> None:
 
 def listdir(path: str) -> list[str]:
     return _do("listdir", path, lambda: os.listdir(path))
+
+
+def dir_mtime(path: str) -> int:
+    """The directory's modification time in ns (it changes when an entry is added or removed)."""
+    return _do("stat", path, lambda: os.stat(path).st_mtime_ns)
 
 
 def exists(path: str) -> bool:

@@ -27,6 +27,7 @@ from ..format import (
     sidecar_name,
     state_key,
 )
+from ..format.manifest import decode_manifest
 from ..store import SegmentStore
 
 __all__ = ["load_manifest", "vector_outcome"]
@@ -58,6 +59,8 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
             return _segment_in_store(vector_dir, entry, data)
         elif kind == "keys":
             json.loads(data)
+        elif kind == "manifest":
+            decode_manifest(data, entry["file"])
         elif kind == "store":
             return _store_layout(vector_dir, json.loads(data))
         elif kind == "key_case":

@@ -65,6 +65,8 @@ class DiskLevel:
         self.clock = clock
         self.counters = LevelCounters()
         self.last_refusal = ""
+        #: keys capacity GC must not remove (saved sessions, spec F-CHAIN-5)
+        self.pinned: Callable[[], set[bytes]] = set
 
     @property
     def is_last(self) -> bool:
@@ -74,8 +76,11 @@ class DiskLevel:
         return self.store.stats().disk_bytes
 
     def oldest_first(self) -> list[tuple[int, bytes, int]]:
-        """``(sealed_at_ns, key, bytes)`` of every entry, oldest first (FIFO order)."""
-        rows = [(rec.sealed_at_ns, key, rec.total_bytes) for key, rec in self.store.records()]
+        """``(sealed_at_ns, key, bytes)`` of every entry capacity GC may move or delete, oldest
+        first (FIFO order); pinned keys are left out."""
+        pinned = self.pinned()
+        rows = [(rec.sealed_at_ns, key, rec.total_bytes) for key, rec in self.store.records()
+                if key not in pinned]  # fmt: skip
         return sorted(rows)
 
     # -- making room --------------------------------------------------------------------------

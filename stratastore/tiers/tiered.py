@@ -6,14 +6,19 @@ disk parks as content-addressed segments into the first disk level (warm when co
 cold) and runs the cascade after every write, finds the deepest resume point across RAM and
 disk, and restores it into the caller's buffer with every disk page validated.
 
-Not thread-safe by itself (the Store serialises calls). In this release the conversations'
-chains of the disk levels are kept in memory only: a new process sees the segments (and
-deduplicates against them) but cannot look up conversations parked by another.
+A conversation on disk is committed by its chain manifest (spec F-CHAIN), written after its
+segments into the last level's directory; every process builds its disk lookup index from the
+manifests and picks up new ones when that directory changes, so conversations parked by one
+process are found and restored by another. Explicitly saved sessions are manifests flagged as
+such: their segments are exempt from capacity GC. Not thread-safe by itself (the Store
+serialises calls).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,11 +26,21 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Conversation, Match, PrefixIndex
+from ..chain import Checkpoint, Conversation, Match, PrefixIndex
 from ..chain.parking import ConversationCache, SizeModel
 from ..config import StoreConfig
 from ..errors import StrataError
-from ..format import Level, ModelFingerprint
+from ..format import ChecksumMismatch, FormatError, Level, ModelFingerprint
+from ..format.manifest import (
+    MAX_MANIFEST_BYTES,
+    ChainManifest,
+    ManifestCheckpoint,
+    decode_manifest,
+    encode_manifest,
+)
+from ..format.naming import chain_name, is_chain_name
+from ..io import durable_write, files
+from ..io.errors import StrataIOError
 from ..store import SegmentNotFound, SegmentStore
 from .admission import MIB, Admission, Placement
 from .arena import DEFAULT_CHUNK, Allocation, Arena
@@ -60,6 +75,7 @@ class Restored:
 class _DiskConv:
     conv: Conversation
     segments: list[tuple[int, int, bytes]] = field(default_factory=list)
+    session: bool = False
 
 
 class Tiers:
@@ -83,6 +99,13 @@ class Tiers:
         self.warm = self._level("warm", cfg.warm_dir, cfg.warm_mib, cfg.warm_max_age_s,
                                 Level.WARM, self.cold) if cfg.warm_on else None  # fmt: skip
         self.write_level = self.warm or self.cold
+        last = self.cold or self.warm
+        self.manifest_dir = last.store.path if last is not None else None
+        self._manifest_mtime = -1
+        self.skipped_manifests: list[tuple[str, str]] = []
+        for lvl in (self.warm, self.cold):
+            if lvl is not None:
+                lvl.pinned = self._pinned_keys
         self.ram = ConversationCache(self.root, SizeModel(self.tb),
                                      budget_bytes=cfg.ram_mib * MIB, slots=cfg.slots,
                                      min_tokens=cfg.min_tokens, min_free_bytes=0,
@@ -97,6 +120,7 @@ class Tiers:
             ["parks_ram", "parks_disk", "discards", "mirrors", "evict_spills", "hits_ram",
              "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses"], 0)  # fmt: skip
         self.target, self.target_source = self._resolve_target()
+        self.refresh()
 
     def _level(self, name: str, path: str, mib: int, age: int, level: Level,
                nxt: DiskLevel | None) -> DiskLevel:  # fmt: skip
@@ -197,8 +221,9 @@ class Tiers:
         self.arena.write(new, kv)
         self._allocs[conv.conv_id] = new
 
-    def _write_disk(self, snap: Snapshot) -> bool:
-        """Write the snapshot's segments into the write level, then run the cascade."""
+    def _write_disk(self, snap: Snapshot, *, session: bool = False) -> bool:
+        """Write the snapshot's segments into the write level, then its manifest (the commit
+        record, spec F-CHAIN-3), then run the cascade."""
         level = self.write_level
         assert level is not None
         conv = snap.conv
@@ -215,15 +240,73 @@ class Tiers:
         except LevelRefused as e:
             self.warn(f"conversation {conv.conv_id} not written to disk: {e}")
             return False
+        copy = Conversation(conv.conv_id, conv.tokens.copy(), list(conv.checkpoints),
+                            dict(conv.media), list(conv.cuts))  # fmt: skip
+        manifest = ChainManifest(
+            conv.conv_id, self.root, copy.tokens,
+            tuple(ManifestCheckpoint(c.length, c.pinned, c.tail) for c in copy.checkpoints),
+            tuple(sorted(copy.media.items())), tuple(segments), time.time_ns(), session,
+        )  # fmt: skip
+        assert self.manifest_dir is not None
+        durable_write(os.path.join(self.manifest_dir, chain_name(conv.conv_id)),
+                      encode_manifest(manifest))  # fmt: skip
+        self._remember(_DiskConv(copy, segments, session))
+        self._collect()
+        return True
+
+    def _remember(self, dc: _DiskConv) -> None:
+        self._disk[dc.conv.conv_id] = dc
+        self.disk_index.add(self.root, dc.conv)
+
+    def _forget(self, conv_id: str) -> None:
+        self._disk.pop(conv_id)
+        self.disk_index.remove(conv_id)
+
+    def _pinned_keys(self) -> set[bytes]:
+        return {k for dc in self._disk.values() if dc.session for _, _, k in dc.segments}
+
+    def _collect(self) -> None:
+        """The capacity GC of every level, then drop the manifests of conversations whose first
+        segment is gone (nothing of them can be restored any more)."""
         for lvl in (self.warm, self.cold):
             if lvl is not None:
                 lvl.enforce_budget()
                 lvl.enforce_age()
-        copy = Conversation(conv.conv_id, conv.tokens.copy(), list(conv.checkpoints),
-                            dict(conv.media), list(conv.cuts))  # fmt: skip
-        self._disk[conv.conv_id] = _DiskConv(copy, segments)
-        self.disk_index.add(self.root, copy)
-        return True
+        for conv_id, dc in list(self._disk.items()):
+            if dc.segments and self._holder(dc.segments[0][2]) is None:
+                self._forget(conv_id)
+                assert self.manifest_dir is not None
+                files.unlink(os.path.join(self.manifest_dir, chain_name(conv_id)),
+                             missing_ok=True)  # fmt: skip
+
+    def refresh(self) -> None:
+        """Load the manifests written since the last look (by this or another process)."""
+        if self.manifest_dir is None:
+            return
+        mtime = files.dir_mtime(self.manifest_dir)
+        # directory timestamps are coarse (a few ms): an entry added within the same tick as
+        # the last look leaves the time unchanged, so a recent time is always looked at again
+        if mtime == self._manifest_mtime and time.time_ns() - mtime > 2_000_000_000:
+            return
+        self._manifest_mtime = mtime
+        known = {chain_name(c) for c in self._disk}
+        for name in files.listdir(self.manifest_dir):
+            if not is_chain_name(name) or name in known:
+                continue
+            path = os.path.join(self.manifest_dir, name)
+            try:
+                m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), name)
+            except (FormatError, ChecksumMismatch, StrataIOError) as e:
+                self.skipped_manifests.append((name, str(e)))
+                continue
+            if m.model != self.root:
+                self.skipped_manifests.append((name, "written for another model"))
+                continue
+            conv = Conversation(m.conv_id, m.tokens,
+                                [Checkpoint(c.length, pinned=c.pinned, tail=c.tail)
+                                 for c in m.checkpoints] or [Checkpoint(0)],
+                                dict(m.media), [s for s, _, _ in m.segments] or [0])  # fmt: skip
+            self._remember(_DiskConv(conv, list(m.segments), m.session))
 
     def _on_disk(self, key: bytes) -> bool:
         return any(lvl is not None and key in lvl.store for lvl in (self.warm, self.cold))
@@ -231,6 +314,7 @@ class Tiers:
     # -- lookup and restore -------------------------------------------------------------------
     def lookup(self, prompt: npt.NDArray[np.integer] | list[int]) -> tuple[str, Match] | None:
         """The deepest resume point for ``prompt``: ``("ram" | "disk", match)``."""
+        self.refresh()
         page = self.fp.page_tokens if self.cfg.page_resume else None
         best: tuple[str, Match] | None = None
         for source, index in (("ram", self.ram.index), ("disk", self.disk_index)):
@@ -286,6 +370,48 @@ class Tiers:
             except (StrataError, SegmentNotFound):
                 return start
         return length
+
+    # -- sessions (explicit save/load: never removed by capacity GC) --------------------------
+    def save_session(self, snap: Snapshot) -> None:
+        """Write ``snap`` to disk as a named session (its conv_id is the name)."""
+        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=False, disk=True)
+        if self.write_level is None or p.where == "discard":
+            raise StrataError(
+                f"session {snap.conv.conv_id} cannot be saved: "
+                + ("no disk level is configured (set cold_dir and cold_mib)"
+                   if self.write_level is None else p.describe())
+            )  # fmt: skip
+        if not self._write_disk(snap, session=True):
+            raise StrataError(f"session {snap.conv.conv_id}: the disk level refused it")
+
+    def load_session(self, name: str, out: npt.NDArray[np.uint8]) -> Conversation:
+        """Restore a saved session into ``out``; its conversation (tokens, checkpoints)."""
+        self.refresh()
+        dc = self._disk.get(name)
+        if dc is None or not dc.session:
+            raise StrataError(f"no saved session named {name!r}; save_session() writes one")
+        n = len(dc.conv.tokens)
+        if out.nbytes < n * self.tb:
+            raise StrataError(
+                f"session {name!r} needs {n * self.tb:,} bytes, out has {out.nbytes:,}"
+            )
+        p = self.admission.admit(n * self.tb, stays_in_ram=False, disk=True)
+        if p.where == "discard":
+            raise StrataError(f"session {name!r} cannot be restored now: {p.describe()}")
+        got = self._read_disk(dc, n, out)
+        if got < n:
+            raise StrataError(f"session {name!r}: only {got} of {n} tokens are readable")
+        return dc.conv
+
+    def delete_session(self, name: str) -> bool:
+        dc = self._disk.get(name)
+        if dc is None or not dc.session:
+            return False
+        self._forget(name)
+        assert self.manifest_dir is not None
+        files.unlink(os.path.join(self.manifest_dir, chain_name(name)), missing_ok=True)
+        self._collect()
+        return True
 
     def _holder(self, key: bytes) -> SegmentStore | None:
         for lvl in (self.warm, self.cold):

@@ -18,39 +18,49 @@ from stratastore.format import data_name, decode_sidecar, segment_key, sidecar_n
 from stratastore.testing import load_manifest, vector_outcome
 
 ROOT = Path(__file__).resolve().parents[2]
-V1 = ROOT / "format-spec" / "vectors" / "v1"
+VECTORS = ROOT / "format-spec" / "vectors"
+V1 = VECTORS / "v1"
 SPEC = ROOT / "format-spec" / "SPEC.md"
-#: the manifest of v1 as released; changing a vector (or the manifest) must fail this test
-MANIFEST_V1_BLAKE3 = "aa53e71c988e220fc6c80abcb85a9449349959ee162688d38faa48bb67681fe7"
+#: each released version's manifest; changing a vector (or a manifest) must fail these tests
+RELEASED = {
+    "v1": "aa53e71c988e220fc6c80abcb85a9449349959ee162688d38faa48bb67681fe7",
+    "v1.1": "4e19a01bf4ee2436525c50c5795d21e4796f01473a4cfcaac23c5a8939a5b226",
+}
 
-MANIFEST = load_manifest(str(V1))
-ENTRIES: list[dict[str, Any]] = MANIFEST["vectors"]
-
-
-def test_manifest_is_the_released_one() -> None:
-    assert blake3.blake3((V1 / "MANIFEST.json").read_bytes()).hexdigest() == MANIFEST_V1_BLAKE3
-
-
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])
-def test_vector_bytes_unchanged(entry: dict[str, Any]) -> None:
-    assert blake3.blake3((V1 / entry["file"]).read_bytes()).hexdigest() == entry["blake3"]
+ENTRIES: list[tuple[str, dict[str, Any]]] = [
+    (version, e) for version in RELEASED for e in load_manifest(str(VECTORS / version))["vectors"]
+]
+IDS = [f"{v}/{e['file']}" for v, e in ENTRIES]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])
-def test_vector_outcome(entry: dict[str, Any]) -> None:
-    assert vector_outcome(str(V1), entry) == entry["expect"]
+@pytest.mark.parametrize("version", RELEASED)
+def test_manifest_is_the_released_one(version: str) -> None:
+    got = blake3.blake3((VECTORS / version / "MANIFEST.json").read_bytes()).hexdigest()
+    assert got == RELEASED[version]
 
 
-def test_every_vector_file_is_in_the_manifest() -> None:
-    listed = {e["file"] for e in ENTRIES} | {"MANIFEST.json"}
-    assert {p.name for p in V1.iterdir()} == listed
+@pytest.mark.parametrize(("version", "entry"), ENTRIES, ids=IDS)
+def test_vector_bytes_unchanged(version: str, entry: dict[str, Any]) -> None:
+    data = (VECTORS / version / entry["file"]).read_bytes()
+    assert blake3.blake3(data).hexdigest() == entry["blake3"]
+
+
+@pytest.mark.parametrize(("version", "entry"), ENTRIES, ids=IDS)
+def test_vector_outcome(version: str, entry: dict[str, Any]) -> None:
+    assert vector_outcome(str(VECTORS / version), entry) == entry["expect"]
+
+
+@pytest.mark.parametrize("version", RELEASED)
+def test_every_vector_file_is_in_the_manifest(version: str) -> None:
+    listed = {e["file"] for v, e in ENTRIES if v == version} | {"MANIFEST.json"}
+    assert {p.name for p in (VECTORS / version).iterdir()} == listed
 
 
 def test_vectors_were_never_modified_in_history() -> None:
     try:
         out = subprocess.run(
             ["git", "-C", str(ROOT), "log", "--format=%h %s", "--diff-filter=MDR", "--",
-             "format-spec/vectors/v1"],
+             *(f"format-spec/vectors/{v}" for v in RELEASED)],
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout  # fmt: skip
     except (OSError, subprocess.CalledProcessError) as e:
@@ -65,10 +75,15 @@ def must_clauses() -> set[str]:
 
 # Clauses about behaviour rather than bytes are covered by named tests instead of vectors.
 STORE_TESTS = "tests/unit/test_segment_store.py"
+CASCADE_TESTS = "tests/unit/test_cascade.py"
 BEHAVIOUR_TESTS = {
     "F-DIR-5": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
     "F-IDX-2": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
     "F-IDX-4": "tests/crash/test_kill.py::test_killed_writer_loses_nothing_acknowledged",
+    "F-DUR-8": f"{CASCADE_TESTS}::test_failure_at_every_step_leaves_the_entry_whole_in_one_level",
+    "F-CHAIN-3": "tests/unit/test_tiers.py::test_manifest_is_the_commit_record",
+    "F-CHAIN-4": "tests/unit/test_tiers.py::test_manifest_is_the_commit_record",
+    "F-CHAIN-5": "tests/unit/test_tiers.py::test_sessions_survive_capacity_gc",
     "F-DUR-1": "tests/unit/test_io.py::test_durable_write_order_of_operations",
     "F-DUR-2": f"{STORE_TESTS}::test_put_order_of_operations",
     "F-DUR-3": "tests/crash/test_kill.py::test_crash_at_every_io_step_of_a_put",
@@ -83,7 +98,7 @@ BEHAVIOUR_TESTS = {
 def test_every_must_clause_has_a_valid_and_an_invalid_vector_or_a_named_test() -> None:
     valid: set[str] = set()
     invalid: set[str] = set()
-    for e in ENTRIES:
+    for _, e in ENTRIES:
         # "ok:N" (a store layout adopting N segments) is valid when something was adopted
         ok = e["expect"] == "ok" or (e["expect"].startswith("ok:") and e["expect"] != "ok:0")
         (valid if ok else invalid).update(e["clauses"])

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from stratastore import StrataError
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.sim import LowRam, run_low_ram
@@ -139,3 +141,56 @@ def test_seed_000_low_ram_episode(tmp_path: Path) -> None:
     assert old["discards"] > 0 and old["tokens_reread"] > 0 and old["parks_disk"] == 0
     assert new["discards"] == 0 and new["parks_disk"] > 0 and new["tokens_reread"] == 0
     assert new["disk_hits"] > 0
+
+
+def test_manifest_is_the_commit_record(tmp_path: Path) -> None:
+    from stratastore.format.naming import chain_name
+
+    cold = tmp_path / "cold"
+    t = tiers(tmp_path, [50 * MIB], cold_dir=str(cold), cold_mib=64)
+    a, b = snap("a", 100, system=32), snap("b", 100, base=500, system=32)
+    t.park(a)
+    t.park(b)
+    assert (cold / chain_name("a")).exists() and (cold / chain_name("b")).exists()
+    # another process (a new instance on the same directories) finds and restores both
+    other = tiers(tmp_path, [50 * MIB], cold_dir=str(cold), cold_mib=64)
+    for s in (a, b):
+        source, n, out = restore(other, s)
+        assert (source, n) == ("disk", 100) and np.array_equal(out, s.kv)
+    c = snap("c", 100, base=900)
+    t.park(c)  # parked after `other` opened: picked up on its next lookup
+    assert restore(other, c)[:2] == ("disk", 100)
+    other.close()
+    # segments without their manifest (a crash before the commit record) are invisible
+    (cold / chain_name("a")).unlink()
+    fresh = tiers(tmp_path, [50 * MIB], cold_dir=str(cold), cold_mib=64)
+    assert restore(fresh, a)[1] <= 32  # at most the shared system prompt, through b
+    # a manifest naming a missing segment restores up to that segment, validated
+    seg = fresh._disk["b"].segments
+    fresh.cold.store.delete(seg[2][2])  # type: ignore[union-attr]
+    source, n, out = restore(fresh, b)
+    assert (source, n) == ("disk", seg[2][0])
+    assert np.array_equal(out[: n * 64], b.kv[: n * 64])
+    fresh.close()
+    t.close()
+
+
+def test_sessions_survive_capacity_gc(tmp_path: Path) -> None:
+    t = tiers(tmp_path, [50 * MIB], cold_dir=str(tmp_path / "c"), cold_mib=1)
+    t.cold.budget = 6 * (4096 * 2 + 16 * 64)  # type: ignore[union-attr]
+    sess = snap("my-session", 64, base=7000)
+    t.save_session(sess)
+    for i in range(10):  # overflow the cold level many times over
+        t.park(snap(f"c{i}", 64, base=100 * i))
+    out = np.zeros_like(sess.kv)
+    conv = t.load_session("my-session", out)
+    assert np.array_equal(out, sess.kv) and len(conv.tokens) == 64
+    assert t.stats()["levels"]["cold"]["disk_evictions"] > 0
+    assert t.delete_session("my-session") and not t.delete_session("my-session")
+    with pytest.raises(StrataError, match="no saved session"):
+        t.load_session("my-session", out)
+    t.close()
+    no_disk = tiers(tmp_path)
+    with pytest.raises(StrataError, match="no disk level"):
+        no_disk.save_session(sess)
+    no_disk.close()
