@@ -4,7 +4,10 @@ Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesyst
 ``store`` (content-addressed segments with an LMDB index). See format-spec/SPEC.md.
 """
 
+from .chain import Checkpoint, Conversation
+from .config import StoreConfig
 from .errors import ConfigError, StrataError
+from .facade import Store
 from .format import (
     ChecksumMismatch,
     Codec,
@@ -22,9 +25,11 @@ from .store import PutResult, SegmentNotFound, SegmentStore, StoreError, StoreSt
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "ChecksumMismatch",
     "Codec",
     "ConfigError",
+    "Conversation",
     "DType",
     "FormatError",
     "IncompatibleFingerprint",
@@ -34,6 +39,8 @@ __all__ = [
     "PutResult",
     "SegmentNotFound",
     "SegmentStore",
+    "Store",
+    "StoreConfig",
     "StoreError",
     "StoreStats",
     "StrataError",

@@ -39,6 +39,7 @@ class LevelCounters:
     adopted: int = 0  #: taken from the level above
     refusals: int = 0  #: entries the next level refused (they stayed here)
     discards: int = 0  #: unreadable images deleted on the way
+    hits: int = 0  #: restores served from this level
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

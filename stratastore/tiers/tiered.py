@@ -119,6 +119,11 @@ class Tiers:
         self.counters: dict[str, int] = dict.fromkeys(
             ["parks_ram", "parks_disk", "discards", "mirrors", "evict_spills", "hits_ram",
              "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses"], 0)  # fmt: skip
+        #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the caller (the
+        #: Store's spill writer) instead of happening inside ``park``
+        self.defer_spills = False
+        self.outbox: list[Snapshot] = []
+        self.last_admission = "none yet"
         self.target, self.target_source = self._resolve_target()
         self.refresh()
 
@@ -164,12 +169,13 @@ class Tiers:
         disk = self.write_level is not None
         p = self.admission.admit(snap.kv.nbytes, stays_in_ram=self.target == "ram"
                                  and self.arena is not None, disk=disk)  # fmt: skip
+        self.last_admission = f"{p.where}/{p.floor}"
         if p.where == "ram" and self._park_ram(snap):
             if self.cfg.spill_on == "park" and disk:
-                self._write_disk(snap)
+                self._spill(snap)
                 self.counters["mirrors"] += 1
             return ParkReport("ram", p.floor, len(snap.conv.tokens))
-        if p.where != "discard" and disk and self._write_disk(snap):
+        if p.where != "discard" and disk and self._spill(snap):
             self.counters["parks_disk"] += 1
             return ParkReport("disk", p.floor if p.where == "disk" else "parking",
                               len(snap.conv.tokens))  # fmt: skip
@@ -205,7 +211,7 @@ class Tiers:
             kv = np.empty(alloc.nbytes, dtype=np.uint8)
             assert self.arena is not None
             self.arena.read_into(alloc, kv)
-            if self._write_disk(Snapshot(conv, kv)):
+            if self._spill(Snapshot(conv, kv)):
                 self.counters["evict_spills"] += 1
         self._release(conv.conv_id)
 
@@ -220,6 +226,20 @@ class Tiers:
         assert new is not None  # a shrink only frees chunks
         self.arena.write(new, kv)
         self._allocs[conv.conv_id] = new
+
+    def _spill(self, snap: Snapshot) -> bool:
+        if self.defer_spills:
+            self.outbox.append(snap)
+            return True
+        return self._write_disk(snap)
+
+    def take_outbox(self) -> list[Snapshot]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def write_disk_now(self, snap: Snapshot) -> bool:
+        """Write a snapshot to disk at once (what the Store's spill writer calls)."""
+        return self._write_disk(snap)
 
     def _write_disk(self, snap: Snapshot, *, session: bool = False) -> bool:
         """Write the snapshot's segments into the write level, then its manifest (the commit
@@ -345,8 +365,13 @@ class Tiers:
         if p.where == "discard":
             self.counters["disk_hits_refused"] += 1
             return Restored("none", 0)
-        got = self._read_disk(self._disk[m.conv_id], m.length, out)
+        dc = self._disk[m.conv_id]
+        got = self._read_disk(dc, m.length, out)
         self.counters["hits_disk"] += 1
+        first = self._holder(dc.segments[0][2]) if dc.segments else None
+        for lvl in (self.warm, self.cold):
+            if lvl is not None and first is lvl.store:
+                lvl.counters.hits += 1
         self.counters["tokens_restored"] += got
         return Restored("disk", got, m.conv_id)
 
@@ -431,5 +456,8 @@ class Tiers:
                 levels[lvl.name] = {"dir": lvl.store.path, "entries": st.entries,
                                     "bytes": st.disk_bytes, "budget": lvl.budget,
                                     **lvl.counters.as_dict()}  # fmt: skip
+        held = sum(len(e.conv.tokens) for e in self.ram.entries.values())
+        held += sum(len(dc.conv.tokens) for dc in self._disk.values())
         return {"park_target": self.target, "park_target_source": self.target_source,
-                **self.counters, "levels": levels}  # fmt: skip
+                **self.counters, "held_tokens": held, "admission": self.last_admission,
+                "free_ram": self.admission.probe(), "levels": levels}  # fmt: skip

@@ -1,0 +1,234 @@
+"""The ``Store``: the library API an inference engine links (DESIGN layer 8).
+
+An engine calls :meth:`Store.park` when a slot is reused (the conversation leaves the GPU),
+:meth:`Store.restore` when a prompt arrives (the deepest stored prefix is copied into its K/V
+buffer, every disk page validated), and :meth:`Store.save_session` / :meth:`Store.load_session`
+for explicit saves that capacity GC never removes. Every method is thread-safe (one lock); disk
+writes of parks go through a background spill writer with a bounded queue, so a park returns
+once the capture is handed over (it blocks only while the queue is full: back-pressure), and
+:meth:`close` flushes it. Several processes may open the same directories: each sees the
+segments and the conversations the others commit.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .chain import Checkpoint, Conversation, as_tokens
+from .config import StoreConfig
+from .errors import ConfigError
+from .format import ModelFingerprint
+from .tiers.tiered import ParkReport, Restored, Snapshot, Tiers
+
+__all__ = ["Store"]
+
+_STOP = object()
+
+
+class Store:
+    """Open with :meth:`open`; use as a context manager or call :meth:`close`."""
+
+    def __init__(self, tiers: Tiers, queue_depth: int) -> None:
+        self._tiers = tiers
+        self._lock = threading.RLock()
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_depth)
+        self._errors: list[BaseException] = []
+        self._closed = False
+        tiers.defer_spills = True
+        self._writer = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
+        self._writer.start()
+        self.counters = {"tokens_reread": 0, "spill_queue_waits": 0, "spill_errors": 0}
+
+    @classmethod
+    def open(
+        cls,
+        fingerprint: ModelFingerprint,
+        config: StoreConfig | Mapping[str, Any] | str | None = None,
+        *,
+        probe: Callable[[], int] | None = None,
+        spill_queue: int = 4,
+        warn: Callable[[str], None] | None = None,
+    ) -> Store:
+        """``config``: a :class:`StoreConfig`, a mapping of settings, or a TOML file's path
+        (what ``strata init`` writes); ``None`` for the defaults. ``probe`` returns the free
+        RAM in bytes (default: the system's MemAvailable)."""
+        if config is None:
+            cfg = StoreConfig()
+        elif isinstance(config, StoreConfig):
+            cfg = config
+        elif isinstance(config, str):
+            cfg = StoreConfig.from_toml(config)
+        else:
+            cfg = StoreConfig.from_mapping(config)
+        if spill_queue < 1:
+            raise ConfigError("spill_queue must be at least 1")
+        return cls(Tiers(cfg, fingerprint, probe=probe, warn=warn), spill_queue)
+
+    # -- the spill writer ---------------------------------------------------------------------
+    def _enqueue(self, snaps: list[Snapshot]) -> None:
+        """Hand disk writes to the writer thread; called without the lock held, so a full
+        queue blocks only the parking thread (back-pressure) and never the writer."""
+        for snap in snaps:
+            if self._queue.full():
+                self.counters["spill_queue_waits"] += 1
+            self._queue.put(snap)
+
+    def _drain(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                assert isinstance(item, Snapshot)
+                with self._lock:
+                    self._tiers.write_disk_now(item)
+            except Exception as e:  # recorded and re-raised to the caller of flush/close
+                self.counters["spill_errors"] += 1
+                self._errors.append(e)
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued disk write is committed; re-raise the first failure."""
+        self._queue.join()
+        if self._errors:
+            err, self._errors = self._errors[0], []
+            raise err
+
+    # -- the engine's calls -------------------------------------------------------------------
+    def park(self, conv: Conversation, kv: npt.NDArray[np.uint8]) -> ParkReport:
+        """Keep a conversation leaving its slot: RAM, else disk, else discard (counted). The
+        store keeps ``kv`` (the capture) until it is copied or written: do not reuse it."""
+        with self._lock:
+            report = self._tiers.park(Snapshot(conv, kv.reshape(-1).view(np.uint8)))
+            spills = self._tiers.take_outbox()
+        self._enqueue(spills)
+        return report
+
+    def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer]) -> tuple[str, int] | None:
+        """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``."""
+        if self._queue.unfinished_tasks:
+            self.flush()
+        with self._lock:
+            hit = self._tiers.lookup(as_tokens(prompt))
+        return (hit[0], hit[1].length) if hit else None
+
+    def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],
+                out: npt.NDArray[Any]) -> Restored:  # fmt: skip
+        """Copy the deepest stored prefix of ``prompt`` into ``out`` (the engine's K/V buffer
+        for this conversation, at least ``len(prompt) * token_bytes`` bytes, in the page layout
+        of spec F-SEG-4). Returns how many tokens it now holds; the engine prefills the rest."""
+        tokens = as_tokens(prompt)
+        flat = out.reshape(-1).view(np.uint8)
+        if self._queue.unfinished_tasks:
+            self.flush()  # read your own parks: pending disk writes land first
+        with self._lock:
+            r = self._tiers.restore(tokens, flat)
+            self.counters["tokens_reread"] += len(tokens) - r.tokens
+        return r
+
+    def save_session(self, name: str, tokens: Sequence[int] | npt.NDArray[np.integer],
+                     kv: npt.NDArray[Any], checkpoints: Sequence[int] = ()) -> None:  # fmt: skip
+        """Save a conversation under ``name`` (durable when this returns; never evicted)."""
+        toks = as_tokens(tokens)
+        lengths = sorted({*checkpoints, len(toks)} - {0})
+        conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
+                            cuts=[0, *lengths[:-1]])  # fmt: skip
+        with self._lock:
+            self._tiers.save_session(Snapshot(conv, kv.reshape(-1).view(np.uint8)))
+
+    def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
+        with self._lock:
+            return self._tiers.load_session(name, out.reshape(-1).view(np.uint8))
+
+    def delete_session(self, name: str) -> bool:
+        with self._lock:
+            return self._tiers.delete_session(name)
+
+    # -- state --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            doc = self._tiers.stats()
+        doc.update(self.counters)
+        doc["spill_queue"] = self._queue.qsize()
+        return doc
+
+    def info_line(self) -> str:
+        """One line for a log: targets, levels, parks, discards, hits, admission."""
+        s = self.stats()
+        lv = s["levels"]
+        parts = [f"park={s['park_target']}({s['park_target_source']})"]
+        for name, d in lv.items():
+            parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
+                         f"/{d['budget'] / 2**20:.0f}MiB")  # fmt: skip
+        parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
+                  f"discards={s['discards']}", f"hits ram={s['hits_ram']} disk={s['hits_disk']}",
+                  f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
+                  f"admission={s['admission']}"]  # fmt: skip
+        return "strata: " + " ".join(parts)
+
+    def prometheus(self) -> str:
+        """The counters in the Prometheus text exposition format."""
+        s = self.stats()
+        lines = []
+
+        def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP strata_{name} {help_}")
+            lines.append(f"# TYPE strata_{name} {kind}")
+            lines.extend(f"strata_{name}{labels} {value}" for labels, value in rows)
+
+        metric("parks_total", "counter", "Parks by destination.",
+               [('{destination="ram"}', s["parks_ram"]),
+                ('{destination="disk"}', s["parks_disk"])])  # fmt: skip
+        metric("discards_total", "counter", "Captures neither RAM nor disk could take.",
+               [("", s["discards"])])  # fmt: skip
+        metric(
+            "hits_total",
+            "counter",
+            "Restores by source.",
+            [('{source="ram"}', s["hits_ram"]), ('{source="disk"}', s["hits_disk"])],
+        )
+        metric("tokens_restored_total", "counter", "Tokens restored instead of re-read.",
+               [("", s["tokens_restored"])])  # fmt: skip
+        metric("tokens_reread_total", "counter", "Tokens the engine had to prefill again.",
+               [("", s["tokens_reread"])])  # fmt: skip
+        for key, kind, help_ in [
+            ("entries", "gauge", "Entries per level."),
+            ("bytes", "gauge", "Bytes held per level."),
+            ("budget", "gauge", "Byte budget per level."),
+            ("disk_evictions", "counter", "Deleted by budget (last level only)."),
+            ("age_evictions", "counter", "Deleted by age (last level only)."),
+            ("degradations", "counter", "Handed to the next level."),
+        ]:
+            rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in s["levels"].items() if key in d]
+            metric(f"level_{key}", kind, help_, rows)
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        """Flush the spill writer, then close every level."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._queue.join()
+            self._queue.put(_STOP)
+            self._writer.join()
+        finally:
+            with self._lock:
+                self._tiers.close()
+        if self._errors:
+            raise self._errors[0]
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
