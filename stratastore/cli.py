@@ -82,9 +82,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     if args.dir is not None:
-        return run_demo(os.path.abspath(args.dir), args.tokens)
+        return run_demo(os.path.abspath(args.dir), args.requests)
     with tempfile.TemporaryDirectory(prefix="strata-demo-") as d:
-        return run_demo(d, args.tokens)
+        return run_demo(d, args.requests)
 
 
 def _int_list(text: str) -> list[int]:
@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the end-to-end demo (the main job of `make demo`)")
     demo.add_argument("--dir", help="store directory to use (default: a temporary one)")
     demo.add_argument(
-        "--tokens", type=_positive, default=2048, help="tokens per conversation (default 2048)"
+        "--requests", type=_positive, default=60, help="requests to serve (default 60)"
     )
     demo.set_defaults(func=cmd_demo)
     ins = sub.add_parser("inspect", help="list the segments of a store directory")

@@ -1,101 +1,217 @@
-"""``strata demo``: the main job, an end-to-end run of what the store does today.
+"""``strata demo``: the main job: a multi-conversation agent workload on RAM + warm + cold.
 
-Synthetic K/V of a real model's geometry (Llama-3.1-8B: 32 layers x 8 kv heads x 128 dims,
-fp16, 128 KiB a token) for three conversations that share one system prompt, cut into
-segments at message boundaries: park them durably (the shared prefix is stored once), restore
-them validated, reopen and rebuild the index from the sidecars, then damage one page on disk and
-show that the read refuses it.
+An engine with 4 slots serves 8 agent conversations that share a system prompt, on a model with
+Llama-3.2-1B's K/V geometry (16 layers x 8 kv heads x 64 dims, fp16: 32 KiB a token). Each
+request continues a conversation (a tool result and a reply), sometimes after rewriting its last
+turn; when a slot is reused the conversation leaving it is parked, and a returning one is
+restored from wherever it is: the RAM level, the warm disk level or the cold one (every disk page
+BLAKE3-validated, every restored byte checked here against the K/V the model would recompute).
+RAM is small on purpose so conversations spill to warm, and warm small so they degrade to cold.
+At the end one byte of a cold segment is damaged on disk and the store reopened: the restore of
+that conversation stops at the damaged segment instead of returning bad bytes.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 import time
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .format import ChecksumMismatch, ModelFingerprint, data_name
-from .format.naming import INDEX_DIR
-from .store import SegmentStore
+from .chain import Checkpoint, Conversation, as_tokens, enforce_count
+from .facade import Store
+from .format import ModelFingerprint, data_name
 
 __all__ = ["run_demo"]
 
-
-def _kv(fp: ModelFingerprint, seed: int, n_tokens: int) -> npt.NDArray[np.uint8]:
-    block = np.random.default_rng(seed).integers(0, 256, fp.token_bytes, dtype=np.uint8)
-    return np.tile(block, n_tokens)
-
-
-def _cuts(total: int, system: int, turn: int) -> list[int]:
-    cuts = [system]
-    while cuts[-1] < total:
-        cuts.append(min(cuts[-1] + turn, total))
-    return cuts
+SLOTS = 4
+CONVERSATIONS = 8
+SYSTEM_TOKENS = 512
+CHECKPOINTS = 6
 
 
-def run_demo(path: str, tokens: int) -> int:
-    fp = ModelFingerprint.create("demo/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8,
-                                 head_dim=128, page_tokens=16, dtype="float16")  # fmt: skip
-    system = min(512, max(tokens // 4, 1))
-    turn = max((tokens - system) // 4, 1)
-    print(f"strata demo: {path}")
-    print(f"  model geometry: {fp.describe()}, {fp.token_bytes // 1024} KiB/token")
-    convs = {name: np.concatenate([np.arange(system), np.arange(tokens - system) + 1000 * i])
-             for i, name in enumerate(["A", "B", "C"], start=1)}  # fmt: skip
-    chains: dict[str, list[tuple[bytes, int, int]]] = {}
-    created = deduped = written = 0
-    t = time.perf_counter()
-    with SegmentStore.open(path, fp) as store:
-        for name, toks in convs.items():
-            parent, start, chain = store.root_key, 0, []
-            for end in _cuts(len(toks), system, turn):
-                seed = 0 if end == system else 1000 * ord(name) + end
-                r = store.put_kv(parent, toks[start:end], _kv(fp, seed, end - start),
-                                 token_start=start)  # fmt: skip
-                created += r.created
-                deduped += not r.created
-                written += r.stored_bytes
-                chain.append((r.key, start, end))
-                parent, start = r.key, end
-            chains[name] = chain
-        park_s = time.perf_counter() - t
-        print(f"  parked 3 conversations x {tokens} tokens: {created} segments written, "
-              f"{deduped} shared prefix reused, {written / 1e6:,.0f} MB in {park_s:.2f} s "
-              f"({written / park_s / 1e9:.2f} GB/s durable)")  # fmt: skip
-        out = np.zeros(tokens * fp.token_bytes, dtype=np.uint8)  # touched, as engine buffers are
-        t = time.perf_counter()
-        restored = 0
-        for chain in chains.values():
-            for key, start, end in chain:
-                store.get_into(key, out[start * fp.token_bytes : end * fp.token_bytes])
-                restored += (end - start) * fp.token_bytes
-        get_s = time.perf_counter() - t
-        print(f"  restored all 3, every page BLAKE3-validated: {restored / 1e6:,.0f} MB in "
-              f"{get_s:.2f} s ({restored / get_s / 1e9:.2f} GB/s)")  # fmt: skip
-        entries = len(store)
-    shutil.rmtree(os.path.join(path, INDEX_DIR))
-    with SegmentStore.open(path, fp) as store:
-        rebuilt = len(store)
-        print(f"  index deleted and rebuilt from the sidecars: {rebuilt} of {entries} segments")
-        victim, _, _ = chains["B"][-1]
-        _flip_byte(os.path.join(path, data_name(victim)), 4096 + fp.page_bytes + 7)
-        try:
-            store.get_into(victim, out)
-            verdict = "NOT DETECTED"
-        except ChecksumMismatch as e:
-            verdict = f"refused: page {e.page} of segment {victim.hex()[:12]}"
-        print(f"  one byte flipped on disk -> read {verdict}")
-    ok = rebuilt == entries and verdict.startswith("refused")
-    print()
-    print(f"  {'segments':<28}{entries:>12}")
-    print(f"  {'shared-prefix reuses':<28}{deduped:>12}")
-    print(f"  {'park GB/s (durable)':<28}{written / park_s / 1e9:>12.2f}")
-    print(f"  {'restore GB/s (validated)':<28}{restored / get_s / 1e9:>12.2f}")
-    print(f"  {'index rebuilt':<28}{'yes' if rebuilt == entries else 'NO':>12}")
-    print(f"  {'damage detected':<28}{'yes' if verdict.startswith('refused') else 'NO':>12}")
+def _kv(fp: ModelFingerprint, tokens: npt.NDArray[np.uint32], start: int = 0
+        ) -> npt.NDArray[np.uint8]:  # fmt: skip
+    """The K/V a deterministic model computes for ``tokens`` at positions start...: equal
+    prefixes give equal bytes, which is what makes stored prefixes shareable."""
+    pos = np.arange(start, start + len(tokens), dtype=np.uint32)
+    base = ((tokens * np.uint32(2654435761) + pos) >> np.uint32(7)).astype(np.uint8)
+    ramp = np.arange(fp.token_bytes, dtype=np.uint8)
+    return (base[:, None] + ramp[None, :]).reshape(-1)
+
+
+class _Engine:
+    def __init__(self, store: Store, fp: ModelFingerprint, rng: np.random.Generator) -> None:
+        self.store, self.fp, self.rng = store, fp, rng
+        self.system = rng.integers(0, 128_000, SYSTEM_TOKENS).astype(np.uint32)
+        self.history: dict[int, npt.NDArray[np.uint32]] = {}
+        self.ckpts: dict[int, list[Checkpoint]] = {}
+        self.live: list[int] = []
+        self.kv: dict[int, npt.NDArray[np.uint8]] = {}
+        self.tick = 0
+        self.reread = self.restored = self.no_cache = self.prefilled = 0
+        self.restore_s = 0.0
+        self.restore_bytes = 0
+        self._restore_buf = np.zeros(0, np.uint8)
+
+    def request(self, c: int) -> None:
+        self.tick += 1
+        prev = self.history.get(c, self.system)
+        if c in self.history and self.rng.random() < 0.15 and len(self.ckpts[c]) > 2:
+            prev = prev[: self.ckpts[c][-2].length]  # the agent rewrites its last turn
+        turn = self.rng.integers(0, 128_000, int(self.rng.integers(120, 700))).astype(np.uint32)
+        prompt = np.concatenate([prev, turn])
+        self.no_cache += len(prev)
+        if c in self.live:
+            self.live.remove(c)
+            kv = self.kv[c]
+            have = self._common(self.history[c], prompt)
+        else:
+            if len(self.live) >= SLOTS:
+                self._park(self.live.pop(0))
+            kv = self._buffer(len(prompt) * self.fp.token_bytes)
+            t = time.perf_counter()
+            r = self.store.restore(prompt, kv)
+            self.restore_s += time.perf_counter() - t
+            self.restore_bytes += r.tokens * self.fp.token_bytes
+            have = r.tokens
+            want = _kv(self.fp, prompt[:have])
+            if not np.array_equal(kv[: have * self.fp.token_bytes], want):
+                raise AssertionError(f"conversation {c}: restored bytes differ from the model's")
+            self.restored += have
+            self.reread += len(prev) - min(have, len(prev))
+        # the engine prefills what it does not have, then keeps a checkpoint at the turn start
+        tb = self.fp.token_bytes
+        full = np.empty(len(prompt) * tb, dtype=np.uint8)
+        full[: have * tb] = kv[: have * tb]
+        full[have * tb :] = _kv(self.fp, prompt[have:], have)
+        self.prefilled += len(prompt) - have
+        chain = [x for x in self.ckpts.get(c, [Checkpoint(SYSTEM_TOKENS, pinned=True)])
+                 if x.length <= have or x.length == SYSTEM_TOKENS]  # fmt: skip
+        chain.append(Checkpoint(len(prompt), last_used=self.tick))
+        enforce_count(chain, CHECKPOINTS, "spread")
+        self.history[c], self.ckpts[c], self.kv[c] = prompt, chain, full
+        self.live.append(c)
+
+    def _buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """The restore target: one buffer touched once and reused, as an engine's K/V is."""
+        if self._restore_buf.size < nbytes:
+            self._restore_buf = np.zeros(max(nbytes, 2 * self._restore_buf.size), np.uint8)
+        return self._restore_buf[:nbytes]
+
+    @staticmethod
+    def _common(a: npt.NDArray[np.uint32], b: npt.NDArray[np.uint32]) -> int:
+        n = min(len(a), len(b))
+        neq = a[:n] != b[:n]
+        return int(neq.argmax()) if neq.any() else n
+
+    def _park(self, c: int) -> None:
+        tokens = self.history[c]
+        ckpts = [Checkpoint(x.length, pinned=x.pinned) for x in self.ckpts[c]]
+        cuts = [0, *(x.length for x in ckpts if x.length < len(tokens))]
+        conv = Conversation(f"agent-{c}", as_tokens(tokens), ckpts, cuts=cuts)
+        self.store.park(conv, self.kv.pop(c))
+
+    def park_all(self) -> None:
+        while self.live:
+            self._park(self.live.pop(0))
+
+
+def _bar(done: int, total: int, info: str) -> None:
+    width = 30
+    fill = width * done // total
+    sys.stdout.write(f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {info}")
+    sys.stdout.flush()
+
+
+def run_demo(path: str, requests: int) -> int:
+    fp = ModelFingerprint.create("demo/llama-3.2-1b-geometry", n_layers=16, n_kv_heads=8,
+                                 head_dim=64, page_tokens=16, dtype="float16")  # fmt: skip
+    cfg: dict[str, Any] = {
+        "ram_mib": 128, "slots": SLOTS, "spill_on": "evict",
+        "warm_dir": os.path.join(path, "warm"), "warm_mib": 192,
+        "cold_dir": os.path.join(path, "cold"), "cold_mib": 1024,
+    }  # fmt: skip
+    print(f"strata demo: {CONVERSATIONS} agent conversations, {SLOTS} slots, {requests} "
+          f"requests, in {path}")  # fmt: skip
+    print(
+        f"  model: {fp.describe()}, {fp.token_bytes // 1024} KiB/token; RAM "
+        f"{cfg['ram_mib']} MiB, warm {cfg['warm_mib']} MiB, cold {cfg['cold_mib']} MiB"
+    )
+    rng = np.random.default_rng(7)
+    t0 = time.perf_counter()
+    with Store.open(fp, cfg) as store:
+        engine = _Engine(store, fp, rng)
+        for i in range(requests):
+            engine.request(int(rng.integers(CONVERSATIONS)))
+            _bar(i + 1, requests, f"re-read {engine.reread:,} of {engine.no_cache:,} tokens")
+        engine.park_all()
+        store.flush()
+        stats = store.stats()
+        info = store.info_line()
+    print(f"\n  done in {time.perf_counter() - t0:.1f} s")
+    print(f"  {info}")
+    _report(stats, engine)
+    ok = _damage_check(path, cfg, fp, engine)
     return 0 if ok else 1
+
+
+def _report(s: dict[str, Any], e: _Engine) -> None:
+    lv = s["levels"]
+    print()
+    print(f"  {'level':<6}{'served':>8}{'moved down':>12}{'deleted':>9}{'entries':>9}"
+          f"{'MiB':>8}")  # fmt: skip
+    ram = lv["ram"]
+    print(f"  {'ram':<6}{s['hits_ram']:>8}{s['evict_spills']:>12}"
+          f"{ram['evictions'] - s['evict_spills']:>9}{ram['entries']:>9}"
+          f"{ram['bytes'] / 2**20:>8.0f}")  # fmt: skip
+    for name in ("warm", "cold"):
+        d = lv[name]
+        down = d["degradations"] if name == "warm" else "-"
+        print(f"  {name:<6}{d['hits']:>8}{down:>12}"
+              f"{d['disk_evictions'] + d['age_evictions'] + d['discards']:>9}{d['entries']:>9}"
+              f"{d['bytes'] / 2**20:>8.0f}")  # fmt: skip
+    print()
+    gbs = e.restore_bytes / e.restore_s / 1e9 if e.restore_s else 0.0
+    rows = [
+        ("tokens restored", f"{e.restored:,}"),
+        ("tokens re-read (history)", f"{e.reread:,}"),
+        ("tokens re-read without a cache", f"{e.no_cache:,}"),
+        ("parks to RAM / disk", f"{s['parks_ram']} / {s['parks_disk']}"),
+        ("RAM evictions spilled to disk", f"{s['evict_spills']}"),
+        ("discards", f"{s['discards']}"),
+        ("restore GB/s (validated)", f"{gbs:.2f}"),
+    ]
+    for k, v in rows:
+        print(f"  {k:<34}{v:>14}")
+
+
+def _damage_check(path: str, cfg: dict[str, Any], fp: ModelFingerprint, e: _Engine) -> bool:
+    """Damage one byte of a cold segment, reopen, and restore the conversation it belongs to."""
+    cold = cfg["cold_dir"]
+    with Store.open(fp, cfg) as store:
+        tiers = store._tiers
+        for dc in tiers._disk.values():
+            segs = [k for _, _, k in dc.segments]
+            victim = next((k for k in segs[1:] if tiers.cold and k in tiers.cold.store), None)
+            if victim is not None:
+                break
+        else:
+            print("  damage check: no cold segment to damage (run more requests)")
+            return True
+        start = next(s for s, _, k in dc.segments if k == victim)
+        _flip_byte(os.path.join(cold, data_name(victim)), 4096 + 9)
+        prompt = dc.conv.tokens
+        out = np.empty(len(prompt) * fp.token_bytes, dtype=np.uint8)
+        r = store.restore(prompt, out)
+    good = r.tokens <= start
+    verdict = (f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
+               f"segment (token {start:,})") if good else "DAMAGE NOT DETECTED"  # fmt: skip
+    print(f"  one byte flipped in a cold segment on disk -> {verdict}")
+    return good
 
 
 def _flip_byte(path: str, offset: int) -> None:

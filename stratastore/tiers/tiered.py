@@ -283,7 +283,16 @@ class Tiers:
         self.disk_index.remove(conv_id)
 
     def _pinned_keys(self) -> set[bytes]:
-        return {k for dc in self._disk.values() if dc.session for _, _, k in dc.segments}
+        """Keys capacity GC leaves alone: every segment of a saved session, and the segments up
+        to a pinned checkpoint (the system-prompt cache: a root shared by many conversations is
+        stored once and kept)."""
+        keys = set()
+        for dc in self._disk.values():
+            pinned_to = max((c.length for c in dc.conv.checkpoints if c.pinned), default=0)
+            for _, end, k in dc.segments:
+                if dc.session or end <= pinned_to:
+                    keys.add(k)
+        return keys
 
     def _collect(self) -> None:
         """The capacity GC of every level, then drop the manifests of conversations whose first
@@ -356,8 +365,11 @@ class Tiers:
             alloc = self._allocs[m.conv_id]
             assert self.arena is not None
             self.arena.read_into(alloc, out, m.length * self.tb)
-            self.ram.take(m.conv_id)  # mounted live: the RAM copy is the slot's now
-            self._release(m.conv_id)
+            if m.length == len(self.ram.entries[m.conv_id].conv.tokens):
+                # the prompt continues that very conversation: it is mounted live, so the RAM
+                # copy is the slot's now; a prefix shared with another one leaves it in place
+                self.ram.take(m.conv_id)
+                self._release(m.conv_id)
             self.counters["hits_ram"] += 1
             self.counters["tokens_restored"] += m.length
             return Restored("ram", m.length, m.conv_id)
@@ -365,13 +377,8 @@ class Tiers:
         if p.where == "discard":
             self.counters["disk_hits_refused"] += 1
             return Restored("none", 0)
-        dc = self._disk[m.conv_id]
-        got = self._read_disk(dc, m.length, out)
+        got = self._read_disk(self._disk[m.conv_id], m.length, out)
         self.counters["hits_disk"] += 1
-        first = self._holder(dc.segments[0][2]) if dc.segments else None
-        for lvl in (self.warm, self.cold):
-            if lvl is not None and first is lvl.store:
-                lvl.counters.hits += 1
         self.counters["tokens_restored"] += got
         return Restored("disk", got, m.conv_id)
 
@@ -379,12 +386,23 @@ class Tiers:
         """Read the segments covering ``[0, length)``; stops at the first one missing or
         damaged and returns how many tokens are in ``out`` (all validated)."""
         flat = out.reshape(-1)
+        served: set[str] = set()
+        try:
+            return self._read_segments(dc, length, flat, served)
+        finally:  # a level counts a hit for every restore it served a segment of
+            for lvl in (self.warm, self.cold):
+                if lvl is not None and lvl.name in served:
+                    lvl.counters.hits += 1
+
+    def _read_segments(self, dc: _DiskConv, length: int, flat: npt.NDArray[np.uint8],
+                       served: set[str]) -> int:  # fmt: skip
         for start, end, key in dc.segments:
             if start >= length:
                 break
             store = self._holder(key)
             if store is None:
                 return start
+            served.add("warm" if self.warm is not None and store is self.warm.store else "cold")
             try:
                 if end <= length:
                     store.get_into(key, flat[start * self.tb : end * self.tb])

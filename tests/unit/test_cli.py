@@ -27,10 +27,12 @@ def test_version_and_help() -> None:
 
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
-    r = run_cli("demo", "--dir", str(tmp_path / "d"), "--tokens", "256")
+    r = run_cli("demo", "--dir", str(tmp_path / "d"), "--requests", "40")
     assert r.returncode == 0, r.stderr
-    assert "damage detected                      yes" in r.stdout
-    assert "index rebuilt                        yes" in r.stdout
+    assert "stopping at the damaged segment" in r.stdout
+    for level in ("ram", "warm", "cold"):
+        assert f"\n  {level} " in r.stdout
+    assert "discards" in r.stdout
 
 
 def test_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,8 +54,8 @@ def test_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["inspect", "/nonexistent/x"], "is not a directory"),
         (["inspect", "{empty}"], "holds no stratastore segments"),
         (["inspect", "{garbage}"], "not a valid v1 sidecar"),
-        (["demo", "--tokens", "0"], "must be at least 1"),
-        (["demo", "--tokens", "many"], "is not an integer"),
+        (["demo", "--requests", "0"], "must be at least 1"),
+        (["demo", "--requests", "many"], "is not an integer"),
         (["nosuchcommand"], "invalid choice"),
     ],
 )

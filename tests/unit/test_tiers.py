@@ -194,3 +194,15 @@ def test_sessions_survive_capacity_gc(tmp_path: Path) -> None:
     with pytest.raises(StrataError, match="no disk level"):
         no_disk.save_session(sess)
     no_disk.close()
+
+
+def test_a_shared_prefix_hit_leaves_the_other_conversation_parked(tmp_path: Path) -> None:
+    t = tiers(tmp_path)
+    a = snap("a", 100, system=48)
+    b = snap("b", 100, base=500, system=48)
+    t.park(a)
+    source, n, _ = restore(t, b)  # b shares a's system prompt only
+    assert (source, n) == ("ram", 48) and "a" in t.ram.entries
+    source, n, out = restore(t, a)  # a itself is still there, whole
+    assert (source, n) == ("ram", 100) and np.array_equal(out, a.kv) and not t.ram.entries
+    t.close()
