@@ -103,11 +103,15 @@ class Store:
             raise err
 
     # -- the engine's calls -------------------------------------------------------------------
-    def park(self, conv: Conversation, kv: npt.NDArray[np.uint8]) -> ParkReport:
-        """Keep a conversation leaving its slot: RAM, else disk, else discard (counted). The
-        store keeps ``kv`` (the capture) until it is copied or written: do not reuse it."""
+    def park(self, conv: Conversation, kv: npt.NDArray[Any],
+             states: Mapping[int, bytes] | None = None) -> ParkReport:  # fmt: skip
+        """Keep a conversation leaving its slot: RAM, else disk, else discard (counted).
+        ``states`` maps checkpoint lengths to the running state saved there (hybrid and
+        recurrent models). The store keeps ``kv`` (the capture) until it is copied or written:
+        do not reuse it."""
+        snap = Snapshot(conv, kv.reshape(-1).view(np.uint8), dict(states or {}))
         with self._lock:
-            report = self._tiers.park(Snapshot(conv, kv.reshape(-1).view(np.uint8)))
+            report = self._tiers.park(snap)
             spills = self._tiers.take_outbox()
         self._enqueue(spills)
         return report

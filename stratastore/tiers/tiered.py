@@ -55,6 +55,8 @@ class Snapshot:
 
     conv: Conversation
     kv: npt.NDArray[np.uint8]
+    #: running state saved at checkpoints (hybrid/recurrent models): checkpoint length -> bytes
+    states: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class Restored:
     source: Literal["ram", "disk", "none"]
     tokens: int
     conv_id: str | None = None
+    state: bytes | None = None  #: the running state at ``tokens``, when one was saved there
 
 
 @dataclass
@@ -76,6 +79,7 @@ class _DiskConv:
     conv: Conversation
     segments: list[tuple[int, int, bytes]] = field(default_factory=list)
     session: bool = False
+    state_keys: dict[int, bytes] = field(default_factory=dict)  #: checkpoint length -> key
 
 
 class Tiers:
@@ -114,6 +118,7 @@ class Tiers:
         self.ram.on_shrink = self._ram_shrunk
         self.arena = Arena(cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK) if cfg.ram_mib else None
         self._allocs: dict[str, Allocation] = {}
+        self._states: dict[str, dict[int, bytes]] = {}  #: RAM entries' running states
         self.disk_index = PrefixIndex()
         self._disk: dict[str, _DiskConv] = {}
         self.counters: dict[str, int] = dict.fromkeys(
@@ -197,10 +202,13 @@ class Tiers:
             return False
         self.arena.write(alloc, snap.kv[:nbytes])
         self._allocs[conv_id] = alloc
+        self._states[conv_id] = {n: s for n, s in snap.states.items()
+                                 if n <= out.parked_tokens}  # fmt: skip
         self.counters["parks_ram"] += 1
         return True
 
     def _release(self, conv_id: str) -> None:
+        self._states.pop(conv_id, None)
         alloc = self._allocs.pop(conv_id)
         assert self.arena is not None
         self.arena.release(alloc)
@@ -211,7 +219,7 @@ class Tiers:
             kv = np.empty(alloc.nbytes, dtype=np.uint8)
             assert self.arena is not None
             self.arena.read_into(alloc, kv)
-            if self._spill(Snapshot(conv, kv)):
+            if self._spill(Snapshot(conv, kv, dict(self._states.get(conv.conv_id, {})))):
                 self.counters["evict_spills"] += 1
         self._release(conv.conv_id)
 
@@ -226,6 +234,8 @@ class Tiers:
         assert new is not None  # a shrink only frees chunks
         self.arena.write(new, kv)
         self._allocs[conv.conv_id] = new
+        states = self._states.get(conv.conv_id, {})
+        self._states[conv.conv_id] = {n: s for n, s in states.items() if n <= len(conv.tokens)}
 
     def _spill(self, snap: Snapshot) -> bool:
         if self.defer_spills:
@@ -257,6 +267,14 @@ class Tiers:
                                        snap.kv[start * self.tb : end * self.tb],
                                        token_start=start)  # fmt: skip
                 parent = key
+            ends = {end: key for _, end, key in segments}
+            state_keys = {}
+            for length, blob in sorted(snap.states.items()):
+                if length not in ends or not blob:
+                    continue  # a state belongs at a checkpoint (a segment boundary)
+                level.make_room(2 * 4096 + len(blob))
+                state_keys[length] = level.store.put_state(ends[length], blob,
+                                                           token_pos=length).key  # fmt: skip
         except LevelRefused as e:
             self.warn(f"conversation {conv.conv_id} not written to disk: {e}")
             return False
@@ -264,13 +282,14 @@ class Tiers:
                             dict(conv.media), list(conv.cuts))  # fmt: skip
         manifest = ChainManifest(
             conv.conv_id, self.root, copy.tokens,
-            tuple(ManifestCheckpoint(c.length, c.pinned, c.tail) for c in copy.checkpoints),
+            tuple(ManifestCheckpoint(c.length, c.pinned, c.tail, state_keys.get(c.length))
+                  for c in copy.checkpoints),
             tuple(sorted(copy.media.items())), tuple(segments), time.time_ns(), session,
         )  # fmt: skip
         assert self.manifest_dir is not None
         durable_write(os.path.join(self.manifest_dir, chain_name(conv.conv_id)),
                       encode_manifest(manifest))  # fmt: skip
-        self._remember(_DiskConv(copy, segments, session))
+        self._remember(_DiskConv(copy, segments, session, state_keys))
         self._collect()
         return True
 
@@ -335,7 +354,8 @@ class Tiers:
                                 [Checkpoint(c.length, pinned=c.pinned, tail=c.tail)
                                  for c in m.checkpoints] or [Checkpoint(0)],
                                 dict(m.media), [s for s, _, _ in m.segments] or [0])  # fmt: skip
-            self._remember(_DiskConv(conv, list(m.segments), m.session))
+            keys = {c.length: c.state_key for c in m.checkpoints if c.state_key}
+            self._remember(_DiskConv(conv, list(m.segments), m.session, keys))
 
     def _on_disk(self, key: bytes) -> bool:
         return any(lvl is not None and key in lvl.store for lvl in (self.warm, self.cold))
@@ -365,6 +385,7 @@ class Tiers:
             alloc = self._allocs[m.conv_id]
             assert self.arena is not None
             self.arena.read_into(alloc, out, m.length * self.tb)
+            state = self._states.get(m.conv_id, {}).get(m.length)
             if m.length == len(self.ram.entries[m.conv_id].conv.tokens):
                 # the prompt continues that very conversation: it is mounted live, so the RAM
                 # copy is the slot's now; a prefix shared with another one leaves it in place
@@ -372,15 +393,36 @@ class Tiers:
                 self._release(m.conv_id)
             self.counters["hits_ram"] += 1
             self.counters["tokens_restored"] += m.length
-            return Restored("ram", m.length, m.conv_id)
+            return Restored("ram", m.length, m.conv_id, state)
         p: Placement = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
         if p.where == "discard":
             self.counters["disk_hits_refused"] += 1
             return Restored("none", 0)
-        got = self._read_disk(self._disk[m.conv_id], m.length, out)
+        dc = self._disk[m.conv_id]
+        got = self._read_disk(dc, m.length, out)
+        state = None
+        if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
+            got, state = self._state_at_or_below(dc, got)
         self.counters["hits_disk"] += 1
         self.counters["tokens_restored"] += got
-        return Restored("disk", got, m.conv_id)
+        return Restored("disk", got, m.conv_id, state)
+
+    def _state_at_or_below(self, dc: _DiskConv, limit: int) -> tuple[int, bytes | None]:
+        """The deepest checkpoint at or below ``limit`` whose saved state reads back valid."""
+        for length in sorted(dc.state_keys, reverse=True):
+            if length > limit:
+                continue
+            key = dc.state_keys[length]
+            store = self._holder(key)
+            if store is None:
+                continue
+            try:
+                buf = bytearray(store.sidecar(key).payload_bytes)
+                store.get_into(key, buf)
+            except StrataError:
+                continue
+            return length, bytes(buf)
+        return 0, None
 
     def _read_disk(self, dc: _DiskConv, length: int, out: npt.NDArray[np.uint8]) -> int:
         """Read the segments covering ``[0, length)``; stops at the first one missing or

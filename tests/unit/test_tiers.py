@@ -206,3 +206,31 @@ def test_a_shared_prefix_hit_leaves_the_other_conversation_parked(tmp_path: Path
     source, n, out = restore(t, a)  # a itself is still there, whole
     assert (source, n) == ("ram", 100) and np.array_equal(out, a.kv) and not t.ram.entries
     t.close()
+
+
+def test_running_states_of_hybrid_models(tmp_path: Path) -> None:
+    from stratastore.format import data_name
+
+    free = [1 << 40]
+    t = tiers(tmp_path, free, cold_dir=str(tmp_path / "c"), cold_mib=64, spill_on="evict")
+    s = snap("h", 96)  # checkpoints every 16 tokens
+    s.states = {n: bytes([n % 251]) * (1000 + n) for n in (32, 64, 96)}
+    t.park(s)
+    res = t.restore(s.conv.tokens, np.zeros_like(s.kv))
+    assert (res.source, res.tokens, res.state) == ("ram", 96, s.states[96])
+    # on disk: the state at the resume point comes back validated
+    free[0] = 50 * MIB
+    s2 = snap("h2", 96, base=300)
+    s2.states = {n: bytes([n % 7]) * (500 + n) for n in (48, 96)}
+    t.park(s2)  # the parking floor fails: to disk, states with it
+    res = t.restore(s2.conv.tokens, np.zeros_like(s2.kv))
+    assert (res.source, res.tokens, res.state) == ("disk", 96, s2.states[96])
+    # the deepest state damaged: the resume falls back to the checkpoint below that has one
+    key = t._disk["h2"].state_keys[96]
+    path = tmp_path / "c" / data_name(key)
+    raw = bytearray(path.read_bytes())
+    raw[4096 + 3] ^= 1
+    path.write_bytes(bytes(raw))
+    res = t.restore(s2.conv.tokens, np.zeros_like(s2.kv))
+    assert (res.source, res.tokens, res.state) == ("disk", 48, s2.states[48])
+    t.close()
