@@ -55,7 +55,6 @@ class StoreConfig:
     retention: Retention = "lru"  #: which checkpoint leaves: lru, or spread (seed 004)
     park_truncate: bool = False  #: park the prefix that fits (seed 001)
     min_tokens: int = 0  #: a whole conversation shorter than this is not parked
-    restore_chunk_mib: int = 16  #: the apply pass copies this much at a time
     context_tokens: int = 0  #: the engine's context size: sizes park=auto's snapshot estimate
     page_resume: bool = False  #: attention-only layouts: resume on any whole page too
 
@@ -75,7 +74,7 @@ class StoreConfig:
                     raise ConfigError(f"setting {f.name}={value!r} must be an integer >= 0")
             elif not isinstance(value, str):
                 raise ConfigError(f"setting {f.name}={value!r} must be a string (a directory)")
-        for name in ("slots", "checkpoints", "restore_chunk_mib"):
+        for name in ("slots", "checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1")
 

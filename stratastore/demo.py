@@ -49,6 +49,7 @@ class _Engine:
         self.system = rng.integers(0, 128_000, SYSTEM_TOKENS).astype(np.uint32)
         self.history: dict[int, npt.NDArray[np.uint32]] = {}
         self.ckpts: dict[int, list[Checkpoint]] = {}
+        self.openers: dict[int, list[int]] = {}  #: message openers: the segment cuts
         self.live: list[int] = []
         self.kv: dict[int, npt.NDArray[np.uint8]] = {}
         self.tick = 0
@@ -93,6 +94,8 @@ class _Engine:
                  if x.length <= have or x.length == SYSTEM_TOKENS]  # fmt: skip
         chain.append(Checkpoint(len(prompt), last_used=self.tick))
         enforce_count(chain, CHECKPOINTS, "spread")
+        openers = [x for x in self.openers.get(c, [0, SYSTEM_TOKENS]) if x <= len(prev)]
+        self.openers[c] = sorted({*openers, len(prev)})
         self.history[c], self.ckpts[c], self.kv[c] = prompt, chain, full
         self.live.append(c)
 
@@ -111,8 +114,7 @@ class _Engine:
     def _park(self, c: int) -> None:
         tokens = self.history[c]
         ckpts = [Checkpoint(x.length, pinned=x.pinned) for x in self.ckpts[c]]
-        cuts = [0, *(x.length for x in ckpts if x.length < len(tokens))]
-        conv = Conversation(f"agent-{c}", as_tokens(tokens), ckpts, cuts=cuts)
+        conv = Conversation(f"agent-{c}", as_tokens(tokens), ckpts, cuts=self.openers[c])
         self.store.park(conv, self.kv.pop(c))
 
     def park_all(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Checkpoint, Conversation, Match, PrefixIndex
+from ..chain import Checkpoint, Conversation, Match, PrefixIndex, enforce_count
 from ..chain.parking import ConversationCache, SizeModel
 from ..config import StoreConfig
 from ..errors import StrataError
@@ -171,6 +171,11 @@ class Tiers:
                 f"conversation {snap.conv.conv_id}: K/V is {snap.kv.nbytes} bytes, its "
                 f"{len(snap.conv.tokens)} tokens need {len(snap.conv.tokens) * self.tb}"
             )
+        # retention: at most cfg.checkpoints per conversation, the policy choosing who leaves
+        snap.conv.checkpoints = list(snap.conv.checkpoints)
+        for gone in enforce_count(snap.conv.checkpoints, self.cfg.checkpoints,
+                                  self.cfg.retention):  # fmt: skip
+            snap.states.pop(gone.length, None)
         disk = self.write_level is not None
         p = self.admission.admit(snap.kv.nbytes, stays_in_ram=self.target == "ram"
                                  and self.arena is not None, disk=disk)  # fmt: skip

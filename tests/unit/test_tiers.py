@@ -234,3 +234,13 @@ def test_running_states_of_hybrid_models(tmp_path: Path) -> None:
     res = t.restore(s2.conv.tokens, np.zeros_like(s2.kv))
     assert (res.source, res.tokens, res.state) == ("disk", 48, s2.states[48])
     t.close()
+
+
+def test_retention_holds_each_parked_chain_to_the_configured_count(tmp_path: Path) -> None:
+    t = tiers(tmp_path, checkpoints=3, retention="spread")
+    s = snap("a", 160)  # checkpoints every 16 tokens: 10 of them
+    s.conv.checkpoints[0].pinned = True
+    t.park(s)
+    kept = [c.length for c in t.ram.entries["a"].conv.checkpoints]
+    assert len(kept) == 3 and kept[0] == 16 and kept[-1] == 160
+    t.close()
