@@ -100,8 +100,13 @@ class Tiers:
         self.admission = Admission(cfg, probe, legacy=legacy_admission)
         self.cold = self._level("cold", cfg.cold_dir, cfg.cold_mib, cfg.cold_max_age_s,
                                 Level.COLD, None) if cfg.cold_on else None  # fmt: skip
-        self.warm = self._level("warm", cfg.warm_dir, cfg.warm_mib, cfg.warm_max_age_s,
-                                Level.WARM, self.cold) if cfg.warm_on else None  # fmt: skip
+        try:
+            self.warm = self._level("warm", cfg.warm_dir, cfg.warm_mib, cfg.warm_max_age_s,
+                                    Level.WARM, self.cold) if cfg.warm_on else None  # fmt: skip
+        except BaseException:
+            if self.cold is not None:
+                self.cold.store.close()
+            raise
         self.write_level = self.warm or self.cold
         last = self.cold or self.warm
         self.manifest_dir = last.store.path if last is not None else None
@@ -166,11 +171,7 @@ class Tiers:
     def park(self, snap: Snapshot) -> ParkReport:
         """Place a snapshot: RAM under the parking floor, else disk under the transient floor,
         else discard (counted). The caller must not change ``snap`` afterwards."""
-        if snap.kv.nbytes != len(snap.conv.tokens) * self.tb:
-            raise StrataError(
-                f"conversation {snap.conv.conv_id}: K/V is {snap.kv.nbytes} bytes, its "
-                f"{len(snap.conv.tokens)} tokens need {len(snap.conv.tokens) * self.tb}"
-            )
+        self._check(snap)
         # retention: at most cfg.checkpoints per conversation, the policy choosing who leaves
         snap.conv.checkpoints = list(snap.conv.checkpoints)
         for gone in enforce_count(snap.conv.checkpoints, self.cfg.checkpoints,
@@ -191,6 +192,14 @@ class Tiers:
                               len(snap.conv.tokens))  # fmt: skip
         self.counters["discards"] += 1
         return ParkReport("discard", "none", 0)
+
+    def _check(self, snap: Snapshot) -> None:
+        if snap.kv.nbytes != len(snap.conv.tokens) * self.tb:
+            raise StrataError(
+                f"conversation {snap.conv.conv_id}: K/V is {snap.kv.nbytes} bytes, its "
+                f"{len(snap.conv.tokens)} tokens need {len(snap.conv.tokens) * self.tb} "
+                f"({self.tb} a token for {self.fp.describe()})"
+            )
 
     def _park_ram(self, snap: Snapshot) -> bool:
         assert self.arena is not None
@@ -381,6 +390,12 @@ class Tiers:
                 out: npt.NDArray[np.uint8]) -> Restored:  # fmt: skip
         """Restore the deepest stored prefix of ``prompt`` into ``out`` (the K/V buffer, at
         least ``len(prompt) * token_bytes``); returns how many tokens it holds now."""
+        need = len(prompt) * self.tb
+        if out.nbytes < need:
+            raise StrataError(
+                f"restore: the output buffer is {out.nbytes:,} bytes; a prompt of {len(prompt):,} "
+                f"tokens needs {need:,} ({self.tb} a token)"
+            )
         hit = self.lookup(prompt)
         if hit is None:
             self.counters["restore_misses"] += 1
@@ -464,6 +479,7 @@ class Tiers:
     # -- sessions (explicit save/load: never removed by capacity GC) --------------------------
     def save_session(self, snap: Snapshot) -> None:
         """Write ``snap`` to disk as a named session (its conv_id is the name)."""
+        self._check(snap)
         p = self.admission.admit(snap.kv.nbytes, stays_in_ram=False, disk=True)
         if self.write_level is None or p.where == "discard":
             raise StrataError(

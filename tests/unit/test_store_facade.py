@@ -155,3 +155,22 @@ def test_two_processes_one_parking_one_restoring(tmp_path: Path) -> None:
     assert restorer.returncode == 0, r_err
     assert p_out.count("ACK") == n
     assert f"RESTORED {n}" in r_out
+
+
+def test_bad_calls_are_typed_and_lose_nothing(tmp_path: Path) -> None:
+    from stratastore import StrataError
+
+    cfg = {"ram_mib": 1, "cold_dir": str(tmp_path / "c"), "cold_mib": 64}
+    with Store.open(FP, cfg) as store:
+        conv, kv = conversation("a", 40, 0)
+        with pytest.raises(StrataError, match="K/V is 100 bytes"):
+            store.park(conv, kv[:100])
+        with pytest.raises(StrataError, match="K/V is"):
+            store.save_session("s", conv.tokens, kv[:10])
+        store.park(conv, kv.copy())
+        with pytest.raises(StrataError, match="output buffer"):
+            store.restore(conv.tokens, np.zeros(10, np.uint8))
+        with pytest.raises(ConfigError, match="token ids"):
+            store.restore([-1], np.zeros(64, np.uint8))
+        out = np.zeros_like(kv)
+        assert store.restore(conv.tokens, out).tokens == 40 and np.array_equal(out, kv)
