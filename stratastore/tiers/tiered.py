@@ -153,8 +153,9 @@ class Tiers:
             return "ram", "no disk level"
         if cfg.park == "disk":
             return "disk", "configured"
-        per_slot = (cfg.context_tokens * self.tb) if cfg.context_tokens else cfg.ram_mib * MIB
-        per_slot = per_slot if cfg.context_tokens else per_slot // cfg.slots
+        # a snapshot per slot: a full context when the engine says how long, else a slot's share
+        per_slot = (cfg.context_tokens * self.tb if cfg.context_tokens
+                    else cfg.ram_mib * MIB // cfg.slots)  # fmt: skip
         need = cfg.slots * per_slot + self.admission.parking_floor
         target: Literal["ram", "disk"] = "disk" if self.admission.probe() < need else "ram"
         self.warn(f"park target auto -> {target}")
