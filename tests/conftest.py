@@ -40,3 +40,29 @@ def fp() -> ModelFingerprint:
 def store(tmp_path: Path, fp: ModelFingerprint) -> Iterator[SegmentStore]:
     with SegmentStore.open(tmp_path / "store", fp) as s:
         yield s
+
+
+def run_on_private_tmpfs(tmp_path: Path, script: str, *args: str) -> str:
+    """Run ``script`` (Python source) with a fresh tmpfs mounted at ``tmp_path/vol`` in a private
+    mount namespace, so that it is a real second volume (rename gives EXDEV). Skips unless root
+    with ``unshare``; returns the script's stdout; ``{vol}`` in ``args`` names the mount."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private tmpfs; EXDEV is injected elsewhere")
+    vol = tmp_path / "vol"
+    vol.mkdir(exist_ok=True)
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    root = Path(__file__).resolve().parents[1]
+    argv = " ".join(a.format(vol=vol) for a in args)
+    cmd = (f"mount -t tmpfs -o size=32m tmpfs {vol} && cd {root} && PYTHONPATH={root} "
+           f"{sys.executable} {path} {argv}")  # fmt: skip
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    if r.returncode != 0 and "Operation not permitted" in r.stderr:
+        pytest.skip(f"private mounts are not permitted here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    return r.stdout

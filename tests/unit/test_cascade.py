@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from stratastore.format import data_name, sidecar_name
 from stratastore.io import faults
 from stratastore.io.faults import Fault
 from stratastore.tiers import DiskLevel, LevelRefused
-from tests.conftest import kv_bytes, tiny_fp
+from tests.conftest import kv_bytes, run_on_private_tmpfs, tiny_fp
 
 FP = tiny_fp()
 SEG = 4096 + 40 * FP.token_bytes  # data file of a 40-token segment (sidecar on top)
@@ -163,7 +160,7 @@ _CROSS = """
 import sys, numpy as np
 from stratastore import Level, SegmentStore
 from stratastore.tiers import DiskLevel
-from tests.conftest import kv_bytes, tiny_fp
+from tests.conftest import kv_bytes, run_on_private_tmpfs, tiny_fp
 fp = tiny_fp()
 w = SegmentStore.open(sys.argv[1], fp, level=Level.WARM)
 with w, SegmentStore.open(sys.argv[2], fp) as c:
@@ -181,18 +178,5 @@ print("OK", how)
 
 @pytest.mark.root
 def test_degrade_across_a_real_second_volume(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare for a private tmpfs; EXDEV is injected above")
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    script = tmp_path / "x.py"
-    script.write_text(_CROSS)
-    root = Path(__file__).resolve().parents[2]
-    cmd = (f"mount -t tmpfs -o size=32m tmpfs {vol} && cd {root} && PYTHONPATH={root} "
-           f"{sys.executable} {script} {tmp_path / 'warm'} {vol / 'cold'}")  # fmt: skip
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    if r.returncode != 0 and "Operation not permitted" in r.stderr:
-        pytest.skip(f"private mounts are not permitted here: {r.stderr.strip()}")
-    assert r.returncode == 0, r.stderr
-    assert "OK copy" in r.stdout
+    out = run_on_private_tmpfs(tmp_path, _CROSS, str(tmp_path / "warm"), "{vol}/cold")
+    assert "OK copy" in out

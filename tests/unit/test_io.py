@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from stratastore.io import DurableFile, StrataIOError, durable_write, faults, files, relocate_file
 from stratastore.io.faults import Fault
+from tests.conftest import run_on_private_tmpfs
 
 
 def listing(d: Path) -> list[str]:
@@ -156,21 +154,9 @@ print("OK", how)
 @pytest.mark.root
 def test_relocate_across_a_real_second_volume(tmp_path: Path) -> None:
     """A private tmpfs (unshare -m) is another volume: rename gives a real EXDEV."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare for a private tmpfs mount; EXDEV is injected above")
-    vol = tmp_path / "vol"
-    vol.mkdir()
     (tmp_path / "src").mkdir()
-    script = tmp_path / "x.py"
-    script.write_text(_CROSS_VOLUME)
-    cmd = (f"mount -t tmpfs -o size=16m tmpfs {vol} && "
-           f"{sys.executable} {script} {tmp_path / 'src'} {vol}")  # fmt: skip
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    if r.returncode != 0 and "Operation not permitted" in r.stderr:
-        pytest.skip(f"private mounts are not permitted here: {r.stderr.strip()}")
-    assert r.returncode == 0, r.stderr
-    assert "OK copy" in r.stdout
+    out = run_on_private_tmpfs(tmp_path, _CROSS_VOLUME, str(tmp_path / "src"), "{vol}")
+    assert "OK copy" in out
 
 
 def test_read_file_refuses_oversized(tmp_path: Path) -> None:
