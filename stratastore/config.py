@@ -57,6 +57,8 @@ class StoreConfig:
     min_tokens: int = 0  #: a whole conversation shorter than this is not parked
     context_tokens: int = 0  #: the engine's context size: sizes park=auto's snapshot estimate
     page_resume: bool = False  #: attention-only layouts: resume on any whole page too
+    ladder: bool = True  #: restore the valid prefix of a damaged image (off: a typed error)
+    restore_chunk_mib: int = 16  #: the apply pass copies at most this much at a time
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -74,7 +76,7 @@ class StoreConfig:
                     raise ConfigError(f"setting {f.name}={value!r} must be an integer >= 0")
             elif not isinstance(value, str):
                 raise ConfigError(f"setting {f.name}={value!r} must be a string (a directory)")
-        for name in ("slots", "checkpoints"):
+        for name in ("slots", "checkpoints", "restore_chunk_mib"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1")
 

@@ -25,6 +25,7 @@ from .chain import Checkpoint, Conversation, as_tokens
 from .config import StoreConfig
 from .errors import ConfigError
 from .format import ModelFingerprint
+from .restore import Destination
 from .tiers.tiered import ParkReport, Restored, Snapshot, Tiers
 
 __all__ = ["Store"]
@@ -125,12 +126,18 @@ class Store:
         return (hit[0], hit[1].length) if hit else None
 
     def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],
-                out: npt.NDArray[Any]) -> Restored:  # fmt: skip
-        """Copy the deepest stored prefix of ``prompt`` into ``out`` (the engine's K/V buffer
-        for this conversation, at least ``len(prompt) * token_bytes`` bytes, in the page layout
-        of spec F-SEG-4). Returns how many tokens it now holds; the engine prefills the rest."""
+                out: npt.NDArray[Any] | Destination) -> Restored:  # fmt: skip
+        """Copy the deepest stored prefix of ``prompt`` into ``out``: the engine's K/V buffer
+        for this conversation in the page layout of spec F-SEG-4 (at least
+        ``len(prompt) * token_bytes`` bytes), or a destination in the engine's own layout
+        (:class:`~stratastore.restore.LayerKV`, :class:`~stratastore.restore.PagedKV` with a
+        block table). Every disk page is validated before any byte is applied; a damaged image
+        restores its deepest valid prefix (the ladder). Returns how many tokens ``out`` now
+        holds; the engine prefills the rest."""
         tokens = as_tokens(prompt)
-        flat = out.reshape(-1).view(np.uint8)
+        flat: npt.NDArray[np.uint8] | Destination = (
+            out.reshape(-1).view(np.uint8) if isinstance(out, np.ndarray) else out
+        )
         if self._queue.unfinished_tasks:
             self.flush()  # read your own parks: pending disk writes land first
         with self._lock:

@@ -488,6 +488,31 @@ class SegmentStore:
         self._check_data(sc, hdr, size)
         return sc, arr[hdr.data_offset :]
 
+    def read_pages(self, key: bytes, pages: int | None = None
+                   ) -> tuple[Sidecar, npt.NDArray[np.uint8]]:  # fmt: skip
+        """The segment's sidecar and its pages, *not* validated (the caller hashes them, as the
+        restore's read pass does): a read-only mapping for RAW; for ZSTD the first ``pages``
+        pages (default all) decompressed into a new array, a frame that does not decode left as
+        zeros (so that its page fails validation). The header and size are checked."""
+        sc, payload = self._open_data(key)
+        if sc.codec is Codec.RAW:
+            return sc, payload
+        n = sc.page_count if pages is None else max(0, min(pages, sc.page_count))
+        out = np.zeros(max(0, (n - 1) * sc.page_bytes + sc.page_len(n - 1)) if n else 0,
+                       dtype=np.uint8)  # fmt: skip
+        dctx = zstandard.ZstdDecompressor()
+        for i, off in enumerate(sc.stored_offsets()[:n]):
+            want = sc.page_len(i)
+            try:
+                page = dctx.decompress(payload[off : off + sc.stored_lengths[i]].tobytes(),
+                                       max_output_size=want)  # fmt: skip
+            except zstandard.ZstdError:
+                break
+            if len(page) != want:
+                break
+            out[i * sc.page_bytes : i * sc.page_bytes + want] = np.frombuffer(page, np.uint8)
+        return sc, out
+
     def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
         """Copy the segment's pages into ``out`` (at least ``payload_bytes`` long).
 

@@ -41,7 +41,8 @@ from ..format.manifest import (
 from ..format.naming import chain_name, is_chain_name
 from ..io import durable_write, files
 from ..io.errors import StrataIOError
-from ..store import SegmentNotFound, SegmentStore
+from ..restore import Destination, FlatKV, Piece, two_pass_restore
+from ..store import SegmentStore
 from .admission import MIB, Admission, Placement
 from .arena import DEFAULT_CHUNK, Allocation, Arena
 from .disk import DiskLevel, LevelRefused
@@ -124,11 +125,13 @@ class Tiers:
         self.arena = Arena(cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK) if cfg.ram_mib else None
         self._allocs: dict[str, Allocation] = {}
         self._states: dict[str, dict[int, bytes]] = {}  #: RAM entries' running states
+        self.damaged: list[bytes] = []  #: segment keys a restore found damaged (for fsck)
         self.disk_index = PrefixIndex()
         self._disk: dict[str, _DiskConv] = {}
         self.counters: dict[str, int] = dict.fromkeys(
             ["parks_ram", "parks_disk", "discards", "mirrors", "evict_spills", "hits_ram",
-             "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses"], 0)  # fmt: skip
+             "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses",
+             "ladder_restores"], 0)  # fmt: skip
         #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the caller (the
         #: Store's spill writer) instead of happening inside ``park``
         self.defer_spills = False
@@ -388,14 +391,15 @@ class Tiers:
         return best
 
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
-                out: npt.NDArray[np.uint8]) -> Restored:  # fmt: skip
-        """Restore the deepest stored prefix of ``prompt`` into ``out`` (the K/V buffer, at
-        least ``len(prompt) * token_bytes``); returns how many tokens it holds now."""
-        need = len(prompt) * self.tb
-        if out.nbytes < need:
+                out: npt.NDArray[np.uint8] | Destination) -> Restored:  # fmt: skip
+        """Restore the deepest stored prefix of ``prompt`` into ``out``: a flat buffer in the
+        stored page layout (at least ``len(prompt) * token_bytes``) or a
+        :class:`~stratastore.restore.Destination`; returns how many tokens it holds now."""
+        dest = FlatKV(self.fp, out) if isinstance(out, np.ndarray) else out
+        if dest.capacity() < len(prompt):
             raise StrataError(
-                f"restore: the output buffer is {out.nbytes:,} bytes; a prompt of {len(prompt):,} "
-                f"tokens needs {need:,} ({self.tb} a token)"
+                f"restore: the destination holds {dest.capacity():,} tokens; a prompt of "
+                f"{len(prompt):,} tokens needs room for all of them ({self.tb} bytes a token)"
             )
         hit = self.lookup(prompt)
         if hit is None:
@@ -403,9 +407,7 @@ class Tiers:
             return Restored("none", 0)
         source, m = hit
         if source == "ram":
-            alloc = self._allocs[m.conv_id]
-            assert self.arena is not None
-            self.arena.read_into(alloc, out, m.length * self.tb)
+            self._read_ram(m.conv_id, m.length, dest)
             state = self._states.get(m.conv_id, {}).get(m.length)
             if m.length == len(self.ram.entries[m.conv_id].conv.tokens):
                 # the prompt continues that very conversation: it is mounted live, so the RAM
@@ -420,13 +422,29 @@ class Tiers:
             self.counters["disk_hits_refused"] += 1
             return Restored("none", 0)
         dc = self._disk[m.conv_id]
-        got = self._read_disk(dc, m.length, out)
+        got = self._read_disk(dc, m.length, dest)
         state = None
         if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
             got, state = self._state_at_or_below(dc, got)
         self.counters["hits_disk"] += 1
         self.counters["tokens_restored"] += got
         return Restored("disk", got, m.conv_id, state)
+
+    def _read_ram(self, conv_id: str, length: int, dest: Destination) -> None:
+        """Copy ``[0, length)`` of a RAM entry (stored page layout) into ``dest``."""
+        alloc = self._allocs[conv_id]
+        assert self.arena is not None
+        if isinstance(dest, FlatKV):
+            self.arena.read_into(alloc, dest.buf, length * self.tb)
+            return
+        kv = np.empty(length * self.tb, dtype=np.uint8)
+        self.arena.read_into(alloc, kv, length * self.tb)
+        for start, end, _ in self.ram.entries[conv_id].conv.segments(self.root):
+            if start >= length:
+                break
+            end = min(end, length)
+            dest.write_pages(start, end - start, kv[start * self.tb : end * self.tb],
+                             self.fp.page_tokens)  # fmt: skip
 
     def _state_at_or_below(self, dc: _DiskConv, limit: int) -> tuple[int, bytes | None]:
         """The deepest checkpoint at or below ``limit`` whose saved state reads back valid."""
@@ -445,37 +463,36 @@ class Tiers:
             return length, bytes(buf)
         return 0, None
 
-    def _read_disk(self, dc: _DiskConv, length: int, out: npt.NDArray[np.uint8]) -> int:
-        """Read the segments covering ``[0, length)``; stops at the first one missing or
-        damaged and returns how many tokens are in ``out`` (all validated)."""
-        flat = out.reshape(-1)
-        served: set[str] = set()
-        try:
-            return self._read_segments(dc, length, flat, served)
-        finally:  # a level counts a hit for every restore it served a segment of
-            for lvl in (self.warm, self.cold):
-                if lvl is not None and lvl.name in served:
-                    lvl.counters.hits += 1
+    def _read_disk(self, dc: _DiskConv, length: int, dest: Destination) -> int:
+        """Two-pass restore of ``[0, length)`` (spec F-SC-3): validate every page first, then
+        apply; on damage the ladder applies the deepest resume point below it. Returns the
+        tokens now in ``dest``, all validated."""
+        pieces = [Piece(s, e, k, self._holder(k)) for s, e, k in dc.segments if s < length]
+        out = two_pass_restore(pieces, length, dest, self.fp, resume_at=self._ladder_point(dc),
+                               ladder=self.cfg.ladder,
+                               chunk_bytes=self.cfg.restore_chunk_mib * MIB)  # fmt: skip
+        for lvl in (self.warm, self.cold):  # a level counts a hit for each restore it served
+            if lvl is not None and any(p.store is lvl.store and p.start < out.tokens
+                                       for p in pieces):  # fmt: skip
+                lvl.counters.hits += 1
+        if out.laddered:
+            self.counters["ladder_restores"] += 1
+            self.damaged.extend(k for k in out.damaged if k not in self.damaged)
+            self.warn(f"conversation {dc.conv.conv_id}: restored {out.tokens:,} of "
+                      f"{out.wanted:,} tokens: {out.reason}")  # fmt: skip
+        return out.tokens
 
-    def _read_segments(self, dc: _DiskConv, length: int, flat: npt.NDArray[np.uint8],
-                       served: set[str]) -> int:  # fmt: skip
-        for start, end, key in dc.segments:
-            if start >= length:
-                break
-            store = self._holder(key)
-            if store is None:
-                return start
-            served.add("warm" if self.warm is not None and store is self.warm.store else "cold")
-            try:
-                if end <= length:
-                    store.get_into(key, flat[start * self.tb : end * self.tb])
-                else:
-                    scratch = np.empty((end - start) * self.tb, dtype=np.uint8)
-                    store.get_into(key, scratch)
-                    flat[start * self.tb : length * self.tb] = scratch[: (length - start) * self.tb]
-            except (StrataError, SegmentNotFound):
-                return start
-        return length
+    def _ladder_point(self, dc: _DiskConv) -> Callable[[int], int]:
+        """The deepest point a restore may stop at below damage at token ``bad``: a whole page
+        for attention-only layouts (``page_resume``), else the deepest checkpoint."""
+
+        def resume_at(bad: int) -> int:
+            ckpt = max((c.length for c in dc.conv.checkpoints if c.length <= bad), default=0)
+            if self.cfg.page_resume:
+                return max(ckpt, dc.conv.page_floor(bad, self.fp.page_tokens))
+            return ckpt
+
+        return resume_at
 
     # -- sessions (explicit save/load: never removed by capacity GC) --------------------------
     def save_session(self, snap: Snapshot) -> None:
@@ -505,7 +522,7 @@ class Tiers:
         p = self.admission.admit(n * self.tb, stays_in_ram=False, disk=True)
         if p.where == "discard":
             raise StrataError(f"session {name!r} cannot be restored now: {p.describe()}")
-        got = self._read_disk(dc, n, out)
+        got = self._read_disk(dc, n, FlatKV(self.fp, out))
         if got < n:
             raise StrataError(f"session {name!r}: only {got} of {n} tokens are readable")
         return dc.conv

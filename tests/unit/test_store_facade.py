@@ -168,9 +168,37 @@ def test_bad_calls_are_typed_and_lose_nothing(tmp_path: Path) -> None:
         with pytest.raises(StrataError, match="K/V is"):
             store.save_session("s", conv.tokens, kv[:10])
         store.park(conv, kv.copy())
-        with pytest.raises(StrataError, match="output buffer"):
+        with pytest.raises(StrataError, match="destination holds"):
             store.restore(conv.tokens, np.zeros(10, np.uint8))
         with pytest.raises(ConfigError, match="token ids"):
             store.restore([-1], np.zeros(64, np.uint8))
         out = np.zeros_like(kv)
         assert store.restore(conv.tokens, out).tokens == 40 and np.array_equal(out, kv)
+
+
+def test_restore_into_layer_and_paged_layouts_from_ram_and_disk(tmp_path: Path) -> None:
+    from stratastore.restore import LayerKV, PagedKV
+
+    free = [1 << 40]
+    cfg = {"ram_mib": 1, "min_free_mib": 100, "park_min_free_mib": 10,
+           "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    with Store.open(FP, cfg, probe=lambda: free[0]) as store:
+        a, kva = conversation("a", 64, 0)
+        b, kvb = conversation("b", 64, 1000)
+        store.park(a, kva.copy())
+        free[0] = 50 * MIB
+        store.park(b, kvb.copy())
+        free[0] = 1 << 40
+        for conv, kv in ((b, kvb), (a, kva)):
+            flat = np.zeros_like(kv)
+            k = [np.zeros((64, 2, 4), np.float16) for _ in range(2)]
+            v = [np.zeros((64, 2, 4), np.float16) for _ in range(2)]
+            pools = [np.zeros((2, 8, 16, 2, 4), np.float16) for _ in range(2)]
+            r1 = store.restore(conv.tokens, LayerKV(FP, k, v))
+            r2 = store.restore(conv.tokens, PagedKV(FP, pools, [3, 1, 6, 0]))
+            r3 = store.restore(conv.tokens, flat)
+            assert r1.tokens == r2.tokens == r3.tokens == 64
+            page = flat[: 4 * FP.token_bytes].reshape(2, 2, 4, 16)  # first page: [L, K/V, p, row]
+            assert np.array_equal(k[1][:4].view(np.uint8).reshape(4, 16), page[1, 0])
+            assert np.array_equal(pools[0][1, 3, :4].view(np.uint8).reshape(4, 16), page[0, 1])
+            assert np.array_equal(flat, kv)

@@ -1,0 +1,139 @@
+"""The two-pass streaming restore and the prefix restore ladder (seed 000, issue 5).
+
+**Read pass**: map each segment of the prefix in order and hash every page it needs against its
+sidecar (spec F-SC-3), writing nothing to the caller. It stops at the first page that fails, or
+at a segment that is missing, short or unreadable. **Apply pass**: copy the validated pages into
+the destination in bounded chunks (``chunk_bytes``, 16 MiB by default), from the same mappings
+the read pass validated (segments are immutable, spec F-DUR-7).
+
+**Ladder**: when the read pass found damage at token ``t``, the restore does not fail; it applies
+the deepest resume point at or below ``t`` (``resume_at(t)``: the deepest checkpoint for models
+with running state, the deepest whole page for attention-only ones), reports how far it got and
+why, and names the damaged segments for fsck. With ``ladder=False`` damage raises
+:class:`RestoreFailed`. Every applied page was validated: the caller never gets a byte that
+failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+import numba_kernels
+
+from ..errors import StrataError
+from ..format import ChecksumMismatch, FormatError, ModelFingerprint
+from ..io.errors import StrataIOError
+from ..store import SegmentNotFound, SegmentStore
+from .destinations import Destination
+
+__all__ = ["Outcome", "Piece", "RestoreFailed", "two_pass_restore"]
+
+DEFAULT_CHUNK = 16 << 20
+
+
+class RestoreFailed(StrataError):
+    """A damaged image with the ladder turned off: nothing was written to the caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One segment of a prefix: tokens ``[start, end)``, found in ``store`` (None: missing)."""
+
+    start: int
+    end: int
+    key: bytes
+    store: SegmentStore | None
+
+
+@dataclass
+class Outcome:
+    tokens: int  #: tokens now in the destination, all validated
+    wanted: int
+    first_bad: int | None = None  #: token of the first damaged page (None: no damage)
+    reason: str | None = None
+    damaged: list[bytes] = field(default_factory=list)  #: keys for fsck
+
+    @property
+    def laddered(self) -> bool:
+        return self.first_bad is not None
+
+
+def two_pass_restore(
+    pieces: Sequence[Piece],
+    wanted: int,
+    dest: Destination,
+    fp: ModelFingerprint,
+    *,
+    resume_at: Callable[[int], int],
+    ladder: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK,
+) -> Outcome:
+    """Restore tokens ``[0, wanted)`` from ``pieces`` (consecutive, from token 0) into ``dest``."""
+    if wanted > dest.capacity():
+        raise StrataError(
+            f"restore: the destination holds {dest.capacity():,} tokens, {wanted:,} are wanted"
+        )
+    pt, tb = fp.page_tokens, fp.token_bytes
+    out = Outcome(0, wanted)
+    ready: list[tuple[Piece, npt.NDArray[np.uint8]]] = []
+    for piece in pieces:  # ---- read pass: validate, touch nothing of the caller's
+        if piece.start >= wanted:
+            break
+        need = min(piece.end, wanted) - piece.start
+        try:
+            if piece.store is None:
+                raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
+            payload, bad = _validated(piece, need, fp)
+        except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
+            out.first_bad, out.reason = piece.start, str(e)
+            out.damaged.append(piece.key)
+            break
+        ready.append((piece, payload))
+        if bad is not None:
+            out.first_bad = piece.start + bad * pt
+            out.reason = f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 validation"
+            out.damaged.append(piece.key)
+            break
+    limit = wanted
+    if out.first_bad is not None:
+        if not ladder:
+            raise RestoreFailed(
+                f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was copied "
+                "(turn the ladder on to restore the valid prefix)"
+            )
+        limit = min(resume_at(out.first_bad), out.first_bad)
+    chunk_tokens = max(pt, chunk_bytes // (pt * tb) * pt)
+    for piece, payload in ready:  # ---- apply pass: bounded chunks of validated pages
+        if piece.start >= limit:
+            break
+        n = min(piece.end, limit) - piece.start
+        if piece.start + n < piece.end and n % pt:
+            n -= n % pt  # stop on a whole page: a partial page is not laid out as a prefix
+        for off in range(0, n, chunk_tokens):
+            m = min(chunk_tokens, n - off)
+            dest.write_pages(piece.start + off, m, payload[off * tb : (off + m) * tb], pt)
+        out.tokens = piece.start + n
+    return out
+
+
+def _validated(piece: Piece, need: int, fp: ModelFingerprint
+               ) -> tuple[npt.NDArray[np.uint8], int | None]:  # fmt: skip
+    """The segment's pages (mapped, or decompressed) and the first bad page among the ones
+    covering ``need`` tokens (None when they all match)."""
+    assert piece.store is not None
+    sc, payload = piece.store.read_pages(piece.key, -(-need // fp.page_tokens))
+    if sc.token_end - sc.token_start != piece.end - piece.start or sc.token_start != piece.start:
+        raise FormatError(
+            f"segment {piece.key.hex()[:16]} holds tokens [{sc.token_start}, {sc.token_end}), "
+            f"its manifest says [{piece.start}, {piece.end})"
+        )
+    pages = -(-need // fp.page_tokens)
+    nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
+    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
+    actual = numba_kernels.page_hashes(payload[:nbytes], sc.page_bytes)
+    bad = np.flatnonzero((actual != expected).any(axis=1))
+    return payload, (int(bad[0]) if bad.size else None)
