@@ -1,16 +1,78 @@
-"""Page-level kernels: BLAKE3 page hashing and validated (ladder) copies.
+"""Page-level kernels: BLAKE3 page hashing, first-bad-page validation and the ladder copy.
 
-This release ships the CPU paths (the ``blake3`` package, multi-threaded); the numba CUDA
-kernels and ``device="auto"`` dispatch arrive with the restore work (issue 5) and are tested
-bit-exact against these.
+Each function takes host numpy arrays (CPU paths: the ``blake3`` package on a thread pool, numpy
+copies) or CUDA device arrays (the numba CUDA kernels of :mod:`numba_kernels.cuda`);
+``device="auto"`` picks CUDA for device arrays and the CPU for host ones.
 """
 
-from .cpu import DIGEST_BYTES, hash_page, page_hashes, start_page_hashes, validated_copy
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .cpu import DIGEST_BYTES, hash_page, start_page_hashes, validated_copy
+from .cpu import page_hashes as _cpu_page_hashes
 
 __all__ = [
     "DIGEST_BYTES",
+    "first_bad_page",
     "hash_page",
+    "ladder_copy",
     "page_hashes",
     "start_page_hashes",
     "validated_copy",
 ]
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def _on_device(buf: Any, device: Device) -> bool:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    return device == "cuda" or (device == "auto" and hasattr(buf, "copy_to_host"))
+
+
+def page_hashes(buf: Any, page_bytes: int, device: Device = "auto") -> npt.NDArray[np.uint8]:
+    """``(n_pages, 32)`` BLAKE3-256 digests of consecutive ``page_bytes`` pages of ``buf`` (the
+    last may be short; an empty buffer has no pages)."""
+    if page_bytes < 1:
+        raise ValueError(f"page_bytes must be >= 1, got {page_bytes}")
+    if _on_device(buf, device):
+        from .cuda import page_hashes_device
+
+        return page_hashes_device(buf, int(buf.shape[0]), page_bytes)
+    return _cpu_page_hashes(buf, page_bytes)
+
+
+def first_bad_page(actual: Any, expected: Any, device: Device = "auto") -> int:
+    """The first page whose digest differs, or -1 when all match."""
+    if _on_device(actual, device):
+        from .cuda import first_bad_device
+
+        return first_bad_device(actual, expected)
+    a, e = np.asarray(actual), np.asarray(expected)
+    if a.shape != e.shape:
+        raise ValueError(f"digest arrays differ in shape: {a.shape} and {e.shape}")
+    bad = np.flatnonzero((a != e).reshape(a.shape[0], -1).any(axis=1))
+    return int(bad[0]) if bad.size else -1
+
+
+def ladder_copy(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table: Any,
+                device: Device = "auto") -> None:  # fmt: skip
+    """Copy the valid prefix (pages ``[0, n_pages)``) of ``src`` into the blocks of ``pool``
+    named by ``block_table`` (a pool block holds one page)."""
+    if _on_device(src, device):
+        from .cuda import ladder_copy_device
+
+        ladder_copy_device(src, page_bytes, n_pages, pool, block_table)
+        return
+    if not np.asarray(pool).flags.c_contiguous:
+        raise ValueError("the pool must be C-contiguous")
+    s, p = np.asarray(src).reshape(-1), np.asarray(pool).reshape(-1)
+    table = np.asarray(block_table)
+    for i in range(n_pages):
+        n = min(page_bytes, s.size - i * page_bytes)
+        d = int(table[i]) * page_bytes
+        p[d : d + n] = s[i * page_bytes : i * page_bytes + n]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+
+# The CUDA kernels run in numba's simulator in every test run (there is no GPU here or in CI);
+# tools/gpu_check.sh runs the same tests on a real device with the simulator off.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -1,0 +1,98 @@
+"""The CUDA kernels themselves (imported on first use by :func:`numba_kernels.cuda.kernels`).
+
+They live at module level because the numba CUDA simulator swaps the module global ``cuda`` for
+its fake while a kernel runs; see numba_kernels/cuda.py for the algorithm.
+"""
+
+from numba import cuda, uint32
+
+from .cuda import MAX_RUN, MAX_THREADS, build
+
+parts = build(cuda.jit(device=True))
+chunk_cv, parent_cv = parts["chunk_cv"], parts["parent_cv"]
+
+
+@cuda.jit  # type: ignore[misc]
+def page_hash(data, total, page_bytes, iv, sched, gidx, out):  # type: ignore[no-untyped-def]
+    """One block per page: out[page, 0:8] = the page's BLAKE3 root chaining value."""
+    page = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nthreads = cuda.blockDim.x
+    start = page * page_bytes
+    plen = min(page_bytes, total - start)
+    chunks = max(1, (plen + 1023) // 1024)
+    run = 1
+    while run * nthreads < chunks:
+        run *= 2
+    runs = (chunks + run - 1) // run
+    cvs = cuda.shared.array((MAX_THREADS, 8), uint32)
+    st = cuda.local.array(16, uint32)
+    m = cuda.local.array(16, uint32)
+    local = cuda.local.array((MAX_RUN, 8), uint32)
+    tmp = cuda.local.array(8, uint32)
+    if tid < runs:  # this thread's run: a whole subtree of `run` chunks (the last: fewer)
+        first = tid * run
+        cnt = min(run, chunks - first)
+        for j in range(cnt):
+            c = first + j
+            n = min(1024, plen - 1024 * c)
+            chunk_cv(data, start + 1024 * c, n, c, chunks == 1, iv, sched, gidx, st, m,
+                     local[j])  # fmt: skip
+        while cnt > 1:
+            half = cnt // 2
+            for j in range(half):
+                parent_cv(local[2 * j], local[2 * j + 1], runs == 1 and cnt == 2, iv, sched,
+                          gidx, st, m, tmp)  # fmt: skip
+                for w in range(8):
+                    local[j, w] = tmp[w]
+            if cnt % 2:
+                for w in range(8):
+                    local[half, w] = local[cnt - 1, w]
+            cnt = (cnt + 1) // 2
+        for w in range(8):
+            cvs[tid, w] = local[0, w]
+    cuda.syncthreads()
+    cnt = runs
+    while cnt > 1:  # the shared-memory tree over the runs
+        half = cnt // 2
+        if tid < half:
+            parent_cv(cvs[2 * tid], cvs[2 * tid + 1], cnt == 2, iv, sched, gidx, st, m, tmp)
+        elif tid == half and cnt % 2:
+            for w in range(8):
+                tmp[w] = cvs[cnt - 1, w]
+        cuda.syncthreads()
+        if tid < half or (tid == half and cnt % 2):
+            for w in range(8):
+                cvs[tid, w] = tmp[w]
+        cuda.syncthreads()
+        cnt = (cnt + 1) // 2
+    if tid == 0:
+        for w in range(8):
+            out[page, w] = cvs[0, w]
+
+
+@cuda.jit  # type: ignore[misc]
+def first_bad(actual, expected, result):  # type: ignore[no-untyped-def]
+    """result[0] = the lowest page whose digest differs (unchanged when none does)."""
+    i = cuda.grid(1)
+    if i < actual.shape[0]:
+        for w in range(actual.shape[1]):
+            if actual[i, w] != expected[i, w]:
+                cuda.atomic.min(result, 0, i)
+                break
+
+
+@cuda.jit  # type: ignore[misc]
+def ladder_copy(src, page_bytes, n_pages, pool, block_table):  # type: ignore[no-untyped-def]
+    """Copy pages [0, n_pages) of ``src`` into ``pool`` blocks ``block_table[page]`` (one
+    CUDA block per page, threads striding over its bytes)."""
+    page = cuda.blockIdx.x
+    if page >= n_pages:
+        return
+    dst = block_table[page] * page_bytes
+    base = page * page_bytes
+    n = min(page_bytes, src.shape[0] - base)
+    i = cuda.threadIdx.x
+    while i < n:
+        pool[dst + i] = src[base + i]
+        i += cuda.blockDim.x

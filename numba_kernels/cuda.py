@@ -1,0 +1,198 @@
+"""numba CUDA kernels: page-level BLAKE3, first-bad-page validation, and the ladder copy.
+
+BLAKE3 (the ``blake3`` package is the reference every kernel is tested against, bit-exact):
+a page is cut into 1 KiB chunks; each chunk's chaining value is 16 compressions of 64-byte
+blocks; the chaining values are merged pairwise, level by level, into the root (an odd node is
+carried up unchanged, which yields exactly BLAKE3's left-heavy tree). One CUDA block hashes one
+page: each thread computes the chunk values of its run of chunks (``ceil(chunks / threads)``,
+a power of two, so every run is a whole subtree) and the block merges the runs' values through a
+shared-memory tree.
+
+Written in the uint32-cast style (FACTS.md): every sum is taken in uint64 and masked back to
+uint32, so the numba CUDA simulator (which wraps uint32) and compiled code (which widens) agree.
+The same Python source is compiled for the device and, with ``@njit``, for the host, which is
+how the arithmetic is tested quickly; the kernels themselves run in the simulator in CI
+(``NUMBA_ENABLE_CUDASIM=1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["IV", "SCHEDULE", "build", "digest_words_to_bytes"]
+
+IV = np.array([0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A,
+               0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19], dtype=np.uint32)  # fmt: skip
+_PERM = [2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8]
+
+
+def _schedule() -> np.ndarray:
+    rows, cur = [], list(range(16))
+    for _ in range(7):
+        rows.append(cur)
+        cur = [cur[p] for p in _PERM]
+    return np.array(rows, dtype=np.int64)
+
+
+SCHEDULE = _schedule()  #: message word index of each round's 16 slots
+#: (a, b, c, d) of the 8 G applications of a round
+G_IDX = np.array([[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15],
+                  [0, 5, 10, 15], [1, 6, 11, 12], [2, 7, 8, 13], [3, 4, 9, 14]],
+                 dtype=np.int64)  # fmt: skip
+CHUNK_START, CHUNK_END, PARENT, ROOT = 1, 2, 4, 8
+MAX_THREADS = 256  #: threads per block (one page); also the shared tree's width
+MASK = 0xFFFFFFFF
+
+
+def _compress(cv, m, counter, block_len, flags, iv, sched, gidx, st, out):  # type: ignore[no-untyped-def]
+    """out[0:8] = the chaining value of compressing block ``m`` (16 words) onto ``cv``."""
+    for i in range(8):
+        st[i] = cv[i]
+    for i in range(4):
+        st[8 + i] = iv[i]
+    st[12] = np.uint32(counter & MASK)
+    st[13] = np.uint32((counter >> 32) & MASK)
+    st[14] = np.uint32(block_len)
+    st[15] = np.uint32(flags)
+    for r in range(7):
+        for g in range(8):
+            a = gidx[g, 0]
+            b = gidx[g, 1]
+            c = gidx[g, 2]
+            d = gidx[g, 3]
+            mx = np.uint64(m[sched[r, 2 * g]])
+            my = np.uint64(m[sched[r, 2 * g + 1]])
+            va = (np.uint64(st[a]) + np.uint64(st[b]) + mx) & MASK
+            x = np.uint64(st[d]) ^ va
+            vd = ((x >> 16) | (x << 16)) & MASK
+            vc = (np.uint64(st[c]) + vd) & MASK
+            x = np.uint64(st[b]) ^ vc
+            vb = ((x >> 12) | (x << 20)) & MASK
+            va = (va + vb + my) & MASK
+            x = vd ^ va
+            vd = ((x >> 8) | (x << 24)) & MASK
+            vc = (vc + vd) & MASK
+            x = vb ^ vc
+            vb = ((x >> 7) | (x << 25)) & MASK
+            st[a] = np.uint32(va)
+            st[b] = np.uint32(vb)
+            st[c] = np.uint32(vc)
+            st[d] = np.uint32(vd)
+    for i in range(8):
+        out[i] = np.uint32(np.uint64(st[i]) ^ np.uint64(st[i + 8]))
+
+
+def _load_block(data, base, n, m):  # type: ignore[no-untyped-def]
+    """m[0:16] = the little-endian words of ``n`` bytes at ``data[base:]``, zero padded."""
+    for w in range(16):
+        v = np.uint64(0)
+        for k in range(4):
+            i = 4 * w + k
+            if i < n:
+                v |= np.uint64(data[base + i]) << np.uint64(8 * k)
+        m[w] = np.uint32(v)
+
+
+def build(device: Callable[[Any], Any]) -> dict[str, Any]:
+    """Compile the BLAKE3 pieces with ``device`` (``cuda.jit(device=True)`` or ``njit``)."""
+    compress = device(_compress)
+    load_block = device(_load_block)
+
+    def chunk_cv(data, start, length, chunk_index, root, iv, sched, gidx, st, m, cv):  # type: ignore[no-untyped-def]
+        """cv[0:8] = the chaining value of the chunk of ``length`` bytes at ``start`` (the
+        root flag on its last block when the chunk is the whole input)."""
+        for i in range(8):
+            cv[i] = iv[i]
+        blocks = max(1, (length + 63) // 64)
+        for blk in range(blocks):
+            n = min(64, length - 64 * blk)
+            load_block(data, start + 64 * blk, n, m)
+            flags = 0
+            if blk == 0:
+                flags |= CHUNK_START
+            if blk == blocks - 1:
+                flags |= CHUNK_END
+                if root:
+                    flags |= ROOT
+            compress(cv, m, chunk_index, n, flags, iv, sched, gidx, st, cv)
+
+    def parent_cv(left, right, root, iv, sched, gidx, st, m, out):  # type: ignore[no-untyped-def]
+        for i in range(8):
+            m[i] = left[i]
+            m[8 + i] = right[i]
+        flags = PARENT | ROOT if root else PARENT
+        compress(iv, m, 0, 64, flags, iv, sched, gidx, st, out)
+
+    return {"compress": compress, "chunk_cv": device(chunk_cv),
+            "parent_cv": device(parent_cv), "load_block": load_block}  # fmt: skip
+
+
+def digest_words_to_bytes(words: np.ndarray) -> np.ndarray:
+    """(n, 8) uint32 root chaining values -> (n, 32) uint8 digests (little-endian)."""
+    return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(-1, 32)
+
+
+MAX_RUN = 64  #: chunks one thread merges itself: pages up to MAX_THREADS * MAX_RUN KiB (16 MiB)
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def kernels() -> dict[str, Any]:
+    """The compiled kernels (importing numba.cuda is slow, so it happens on first use)."""
+    if not _KERNELS:
+        from . import _kernels
+
+        _KERNELS.update(page_hash=_kernels.page_hash, first_bad=_kernels.first_bad,
+                        ladder_copy=_kernels.ladder_copy)  # fmt: skip
+    return _KERNELS
+
+
+def threads_for(page_bytes: int) -> int:
+    """Threads of a page's block: one per 1 KiB chunk up to MAX_THREADS."""
+    chunks = max(1, -(-page_bytes // 1024))
+    if chunks > MAX_THREADS * MAX_RUN:
+        raise ValueError(f"pages of {page_bytes} bytes exceed the kernel's "
+                         f"{MAX_THREADS * MAX_RUN} KiB limit")  # fmt: skip
+    return min(MAX_THREADS, chunks)
+
+
+def page_hashes_device(data: Any, total: int, page_bytes: int, *, threads: int | None = None,
+                       pages: int | None = None) -> np.ndarray:  # fmt: skip
+    """(n_pages, 32) digests of the pages of a device array; ``n_pages`` is
+    ``ceil(total / page_bytes)`` (or ``pages``: 1 hashes an empty input). ``threads`` overrides
+    the block size (tests use it to give each thread several chunks)."""
+    from numba import cuda
+
+    n = pages if pages is not None else -(-total // page_bytes)
+    if n == 0:
+        return np.empty((0, 32), dtype=np.uint8)
+    k = kernels()["page_hash"]
+    out = cuda.device_array((n, 8), dtype=np.uint32)
+    k[n, threads or threads_for(page_bytes)](data, total, page_bytes, cuda.to_device(IV),
+                                             cuda.to_device(SCHEDULE), cuda.to_device(G_IDX),
+                                             out)  # fmt: skip
+    return digest_words_to_bytes(out.copy_to_host())
+
+
+def first_bad_device(actual: Any, expected: Any) -> int:
+    """The first page whose digest differs (device arrays of (n, 32) bytes), or -1."""
+    from numba import cuda
+
+    n = actual.shape[0]
+    result = cuda.to_device(np.array([n], dtype=np.int64))
+    if n:
+        kernels()["first_bad"][-(-n // 128), 128](actual, expected, result)
+    got = int(result.copy_to_host()[0])
+    return -1 if got >= n else got
+
+
+def ladder_copy_device(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table: Any
+                       ) -> None:  # fmt: skip
+    """Copy the first ``n_pages`` pages of ``src`` into ``pool`` blocks of ``page_bytes``
+    through ``block_table`` (all device arrays)."""
+    if n_pages > 0:
+        kernels()["ladder_copy"][n_pages, 128](src, page_bytes, n_pages, pool, block_table)

@@ -1,0 +1,82 @@
+"""The numba CUDA kernels, run in the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by conftest):
+page hashes bit-exact against the blake3 package, the first-bad-page kernel and the ladder copy
+on corrupted pages. (Compiling the kernels to PTX for compute capability 9.0 without a GPU is
+not done yet: see tools/gpu_check.sh, which compiles and runs them on a real device.)"""
+
+from __future__ import annotations
+
+import blake3
+import numpy as np
+import pytest
+from numba import cuda
+
+from numba_kernels import first_bad_page, ladder_copy, page_hashes
+from numba_kernels.cuda import page_hashes_device
+
+SIZES = [0, 1, 1023, 1024, 1025, 2048, 2049, 3072, 3073, 4096, 4097, 5120, 5121, 6144, 6145,
+         7168, 7169, 8192, 8193, 16384, 31744, 102400]  # fmt: skip
+
+
+def pattern(n: int) -> np.ndarray:
+    """The official BLAKE3 test-vector input: byte i = i % 251."""
+    return (np.arange(n) % 251).astype(np.uint8)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_whole_input_as_one_page_is_bit_exact(size: int) -> None:
+    data = pattern(size)
+    dev = cuda.to_device(data if size else np.zeros(1, np.uint8))
+    got = page_hashes_device(dev, size, max(size, 1), pages=1)
+    assert bytes(got[0]) == blake3.blake3(data.tobytes()).digest()
+
+
+@pytest.mark.parametrize(("size", "page_bytes"),
+                         [(5121, 1024), (8193, 2048), (16384, 4096), (31744, 7168)])  # fmt: skip
+def test_pages_of_several_sizes(size: int, page_bytes: int) -> None:
+    data = pattern(size)
+    got = page_hashes(cuda.to_device(data), page_bytes)  # device="auto" picks CUDA
+    assert np.array_equal(got, page_hashes(data, page_bytes))  # the CPU path, the package
+    assert got.shape == (-(-size // page_bytes), 32)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_merging_runs_of_chunks(threads: int) -> None:
+    """Fewer threads than chunks: each merges a whole subtree before the shared tree."""
+    data = pattern(13 * 1024 + 77)
+    got = page_hashes_device(cuda.to_device(data), data.size, data.size, threads=threads)
+    assert bytes(got[0]) == blake3.blake3(data.tobytes()).digest()
+
+
+@pytest.mark.parametrize("bad", [None, 0, 3, 7])  # none, the first, a middle, the last page
+def test_first_bad_and_ladder_copy_on_the_device(bad: int | None) -> None:
+    pb, n = 1024, 8
+    src = pattern(n * pb - 100)
+    expected = page_hashes(src, pb)
+    damaged = src.copy()
+    if bad is not None:
+        damaged[bad * pb + 11] ^= 0x01
+    d_src = cuda.to_device(damaged)
+    actual = page_hashes(d_src, pb)
+    first = first_bad_page(cuda.to_device(actual), cuda.to_device(expected))
+    assert first == (-1 if bad is None else bad)
+    assert first_bad_page(actual, expected) == first  # the CPU path agrees
+    valid = n if first < 0 else first
+    table = np.array([5, 2, 7, 0, 9, 1, 3, 8], dtype=np.int64)
+    pool = cuda.to_device(np.zeros(10 * pb, np.uint8))
+    ladder_copy(d_src, pb, valid, pool, cuda.to_device(table))
+    host_pool = np.zeros(10 * pb, np.uint8)
+    ladder_copy(damaged, pb, valid, host_pool, table, device="cpu")
+    got = pool.copy_to_host()
+    assert np.array_equal(got, host_pool)
+    for i in range(n):
+        block = got[table[i] * pb : (table[i] + 1) * pb]
+        page = src[i * pb : (i + 1) * pb]
+        if i < valid:
+            assert np.array_equal(block[: page.size], page)
+        else:
+            assert not block.any(), "a page at or past the damage reached the destination"
+
+
+def test_device_choice_is_validated() -> None:
+    with pytest.raises(ValueError):
+        page_hashes(pattern(10), 4, device="gpu")  # type: ignore[arg-type]
