@@ -15,7 +15,14 @@ import blake3
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DIGEST_BYTES", "hash_page", "page_hashes", "start_page_hashes", "validated_copy"]
+__all__ = [
+    "DIGEST_BYTES",
+    "hash_page",
+    "page_hashes",
+    "parallel_copy",
+    "start_page_hashes",
+    "validated_copy",
+]
 
 DIGEST_BYTES = 32
 #: pages are handed to workers in groups of about this many bytes (fewer tasks for tiny pages)
@@ -87,6 +94,21 @@ def start_page_hashes(buf: object, page_bytes: int) -> Callable[[], npt.NDArray[
         return out
 
     return join
+
+
+def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> None:
+    """``dst[:] = src`` split over the worker threads (numpy copies release the GIL)."""
+    n = src.size
+    step = _TASK_BYTES
+    if n <= 2 * step:
+        dst[:n] = src
+        return
+
+    def run(a: int) -> None:
+        dst[a : a + step] = src[a : a + step]
+
+    for f in [_get_pool().submit(run, a) for a in range(0, n, step)]:
+        f.result()
 
 
 def validated_copy(

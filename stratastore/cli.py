@@ -259,6 +259,22 @@ def cmd_sim_low_ram(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    doc = run_bench(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"strata bench: {doc['bytes'] / 2**30:.2f} GiB in {doc['segments']} segments, "
+        f"medians of {doc['rounds']} rounds, cold cache by {doc['cold_cache']}"
+    )
+    _print_rows(["", "GB/s"], [[k, f"{v:.2f}"] for k, v in doc["gb_per_s"].items()])
+    _print_rows(["ratio", ""], [[k, f"{v:.2f}x"] for k, v in doc["ratios"].items()])
+    return 0
+
+
 def _add_sim(sub: Any) -> None:
     sim = sub.add_parser("sim", help="replay a workload against the real policy code")
     scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
@@ -352,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
     _add_sim(sub)
+    bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
+    bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")
+    bench.add_argument("--mib", type=_positive, default=1024, help="image size (default 1024)")
+    bench.add_argument("--rounds", type=_positive, default=3)
+    bench.add_argument("--hot-only", action="store_true", help="skip the cold-cache reads")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=cmd_bench)
     return p
 
 

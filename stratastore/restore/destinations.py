@@ -23,6 +23,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from numba_kernels.cpu import parallel_copy
+
 from ..errors import ConfigError
 from ..format import ModelFingerprint
 
@@ -60,7 +62,7 @@ class FlatKV:
     def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                     page_tokens: int) -> None:  # fmt: skip
         a = token_start * self.tb
-        self.buf[a : a + n_tokens * self.tb] = data[: n_tokens * self.tb]
+        parallel_copy(self.buf[a : a + n_tokens * self.tb], data[: n_tokens * self.tb])
 
 
 class _PerToken:

@@ -125,13 +125,13 @@ def _validated(piece: Piece, need: int, fp: ModelFingerprint
     """The segment's pages (mapped, or decompressed) and the first bad page among the ones
     covering ``need`` tokens (None when they all match)."""
     assert piece.store is not None
-    sc, payload = piece.store.read_pages(piece.key, -(-need // fp.page_tokens))
+    pages = -(-need // fp.page_tokens)
+    sc, payload = piece.store.read_pages(piece.key, pages)
     if sc.token_end - sc.token_start != piece.end - piece.start or sc.token_start != piece.start:
         raise FormatError(
             f"segment {piece.key.hex()[:16]} holds tokens [{sc.token_start}, {sc.token_end}), "
             f"its manifest says [{piece.start}, {piece.end})"
         )
-    pages = -(-need // fp.page_tokens)
     nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
     expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
     actual = numba_kernels.page_hashes(payload[:nbytes], sc.page_bytes)

@@ -69,3 +69,11 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, args: list[s
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_bench_runs_small(tmp_path: Path) -> None:
+    r = run_cli("bench", "--mib", "16", "--rounds", "1", "--hot-only", "--json", "--dir",
+                str(tmp_path))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ratios"]["restore/raw hot"] > 0 and not (tmp_path / "raw.bin").exists()
