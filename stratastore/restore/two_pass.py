@@ -16,6 +16,7 @@ failed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +57,8 @@ class Outcome:
     first_bad: int | None = None  #: token of the first damaged page (None: no damage)
     reason: str | None = None
     damaged: list[bytes] = field(default_factory=list)  #: keys for fsck
+    read_s: float = 0.0  #: seconds of the read (validation) pass
+    apply_s: float = 0.0  #: seconds of the apply (copy) pass
 
     @property
     def laddered(self) -> bool:
@@ -80,6 +83,7 @@ def two_pass_restore(
     pt, tb = fp.page_tokens, fp.token_bytes
     out = Outcome(0, wanted)
     ready: list[tuple[Piece, npt.NDArray[np.uint8]]] = []
+    t0 = time.perf_counter()
     for piece in pieces:  # ---- read pass: validate, touch nothing of the caller's
         if piece.start >= wanted:
             break
@@ -98,6 +102,8 @@ def two_pass_restore(
             out.reason = f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 validation"
             out.damaged.append(piece.key)
             break
+    t1 = time.perf_counter()
+    out.read_s = t1 - t0
     limit = wanted
     if out.first_bad is not None:
         if not ladder:
@@ -117,6 +123,7 @@ def two_pass_restore(
             m = min(chunk_tokens, n - off)
             dest.write_pages(piece.start + off, m, payload[off * tb : (off + m) * tb], pt)
         out.tokens = piece.start + n
+    out.apply_s = time.perf_counter() - t1
     return out
 
 
