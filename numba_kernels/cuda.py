@@ -170,6 +170,10 @@ def page_hashes_device(data: Any, total: int, page_bytes: int, *, threads: int |
     n = pages if pages is not None else -(-total // page_bytes)
     if n == 0:
         return np.empty((0, 32), dtype=np.uint8)
+    chunks = max(1, -(-page_bytes // 1024))
+    if threads is not None and not (1 <= threads <= MAX_THREADS and chunks <= threads * MAX_RUN):
+        raise ValueError(f"{threads} threads cannot hash pages of {page_bytes} bytes "
+                         f"(each thread merges at most {MAX_RUN} chunks)")  # fmt: skip
     k = kernels()["page_hash"]
     out = cuda.device_array((n, 8), dtype=np.uint32)
     k[n, threads or threads_for(page_bytes)](data, total, page_bytes, cuda.to_device(IV),

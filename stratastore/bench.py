@@ -77,13 +77,14 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
             out = np.ones(nbytes, dtype=np.uint8)  # touched once: an engine's own buffer
             chunk = 16 << 20
 
-            passes: dict[str, list[float]] = {"read": [], "apply": []}
+            passes: dict[str, list[float]] = {}
+            phase = ["warmup"]
 
             def restore() -> None:
                 o = two_pass_restore(pieces, tokens, FlatKV(fp, out), fp, resume_at=lambda t: 0)
                 assert o.tokens == tokens
-                passes["read"].append(o.read_s)
-                passes["apply"].append(o.apply_s)
+                passes.setdefault(f"read pass {phase[0]}", []).append(o.read_s)
+                passes.setdefault(f"apply pass {phase[0]}", []).append(o.apply_s)
 
             def raw_read() -> None:
                 with open(raw, "rb", buffering=0) as f:
@@ -104,12 +105,15 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
             for rnd in range(rounds + 1):  # round 0 warms up and is dropped
                 order = ops if rnd % 2 else list(reversed(ops))
                 for name, fn in order:
+                    phase[0] = "warmup"
                     fn()  # hot: the file was just read
+                    phase[0] = "hot"
                     t = time.perf_counter()
                     fn()
                     samples.setdefault(f"{name} hot", []).append(time.perf_counter() - t)
                     if cold:
                         how = _drop_caches(paths)
+                        phase[0] = "cold"
                         t = time.perf_counter()
                         fn()
                         samples.setdefault(f"{name} cold", []).append(time.perf_counter() - t)
@@ -122,8 +126,8 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                                                  / gbs[f"np.load {mode}"])  # fmt: skip
         # where a hot restore's time goes: the validation pass (BLAKE3 of every page, from the
         # mapped page cache, on every core) and the apply pass (the copy into the caller's buffer)
-        split = {f"restore {k} pass (all runs)": nbytes / statistics.median(v) / 1e9
-                 for k, v in passes.items()}  # fmt: skip
+        split = {f"restore {k}": nbytes / statistics.median(v[1:]) / 1e9
+                 for k, v in passes.items() if not k.endswith("warmup")}  # fmt: skip
         return {"bytes": nbytes, "tokens": tokens, "segments": SEGMENTS, "rounds": rounds,
                 "cold_cache": how, "gb_per_s": gbs, "ratios": ratios,
                 "restore_passes_gb_per_s": split}  # fmt: skip

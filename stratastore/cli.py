@@ -272,8 +272,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     _print_rows(["", "GB/s"], [[k, f"{v:.2f}"] for k, v in doc["gb_per_s"].items()])
     _print_rows(["ratio", ""], [[k, f"{v:.2f}x"] for k, v in doc["ratios"].items()])
-    _print_rows(["restore split", "GB/s"],
-                [[k, f"{v:.2f}"] for k, v in doc["restore_passes_gb_per_s"].items()])
+    _print_rows(
+        ["restore split", "GB/s"],
+        [[k, f"{v:.2f}"] for k, v in doc["restore_passes_gb_per_s"].items()],
+    )
     return 0
 
 
