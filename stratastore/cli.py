@@ -279,6 +279,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fsck(args: argparse.Namespace) -> int:
+    from .fsck import fsck
+
+    findings = list(fsck([os.path.abspath(d) for d in args.dirs], deep=args.deep))
+    errors = sum(f.severity == "error" for f in findings)
+    if args.json:
+        print(json.dumps({"dirs": args.dirs, "deep": args.deep, "errors": errors,
+                          "findings": [f.as_dict() for f in findings]}, indent=2))  # fmt: skip
+    else:
+        for f in findings:
+            print(f"{f.severity}: {f.id}: {f.object}: {f.detail}")
+        print(f"{len(findings)} findings, {errors} errors")
+    return 1 if errors else 0
+
+
 def _add_sim(sub: Any) -> None:
     sim = sub.add_parser("sim", help="replay a workload against the real policy code")
     scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
@@ -372,6 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
     _add_sim(sub)
+    fk = sub.add_parser("fsck", help="check store directories offline (read-only)")
+    fk.add_argument("dirs", nargs="+", help="the level directories (warm, cold, ...)")
+    fk.add_argument("--deep", action="store_true", help="re-hash every page (default: sample)")
+    fk.add_argument("--json", action="store_true")
+    fk.set_defaults(func=cmd_fsck)
     bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
     bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")
     bench.add_argument("--mib", type=_positive, default=1024, help="image size (default 1024)")

@@ -1,0 +1,249 @@
+"""``strata fsck``: an offline, read-only check of store directories (issue 6, first part).
+
+:func:`fsck` yields :class:`Finding` records, each with a stable id (format-spec/FSCK.md), a
+severity (error, warning, info), the object and a detail, in the style of git fsck. It opens
+nothing for writing: the LMDB index is read with ``readonly=True`` and no lock file, and no
+segment file is touched. ``deep`` re-hashes every page; otherwise the first and the last page of
+each segment are sampled. Repair is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import lmdb
+import numpy as np
+
+import numba_kernels
+
+from .errors import StrataError
+from .format import (
+    DATA_OFFSET,
+    ChecksumMismatch,
+    IndexRecord,
+    SegmentHeader,
+    UnsupportedVersion,
+    decode_segment_header,
+    decode_sidecar,
+    parse_name,
+)
+from .format.index_record import INDEX_SCHEMA
+from .format.manifest import MAX_MANIFEST_BYTES, decode_manifest
+from .format.naming import INDEX_DIR, QUARANTINE_DIR, TEMP_PREFIX, is_chain_name
+from .format.sidecar import MAX_SIDECAR_BYTES, Sidecar
+from .io import files
+from .io.errors import StrataIOError
+
+__all__ = ["Finding", "fsck"]
+
+Severity = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    id: str
+    severity: Severity
+    object: str
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fsck(dirs: Sequence[str], *, deep: bool = False) -> Iterator[Finding]:
+    """Check each directory (a store level), then what spans them (manifests, duplicates)."""
+    seen: dict[bytes, str] = {}
+    manifests: list[tuple[str, str]] = []
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise StrataError(f"{d} is not a directory; pass store level directories")
+        keys = yield from _check_dir(d, deep, manifests)
+        for key in keys:
+            if key in seen:
+                yield Finding("DUPLICATE_ACROSS_LEVELS", "warning", key.hex(),
+                              f"committed in {seen[key]} and in {d}")  # fmt: skip
+            else:
+                seen[key] = d
+    for d, name in manifests:
+        yield from _check_manifest(d, name, seen)
+
+
+def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]]
+               ) -> Generator[Finding, None, list[bytes]]:  # fmt: skip
+    """Findings of one directory; returns the keys of its valid committed segments."""
+    names = files.listdir(d)
+    sidecars: set[bytes] = set()
+    datas: set[bytes] = set()
+    for name in names:
+        parsed = parse_name(name)
+        if parsed is not None:
+            (sidecars if parsed[1] == "side" else datas).add(parsed[0])
+        elif name.startswith(TEMP_PREFIX):
+            yield Finding("ORPHAN_TEMP", "warning", os.path.join(d, name),
+                          "a temp file of an interrupted write; repair removes it")  # fmt: skip
+        elif is_chain_name(name):
+            manifests.append((d, name))
+        elif name not in (INDEX_DIR, QUARANTINE_DIR):
+            yield Finding(
+                "UNKNOWN_FILE", "info", os.path.join(d, name), "not a store file; ignored"
+            )
+    for key in sorted(datas - sidecars):
+        yield Finding("ORPHAN_FILE", "warning", os.path.join(d, f"strata-conv-{key.hex()}.seg"),
+                      "a data file without a sidecar (invisible); repair removes it")  # fmt: skip
+    valid: dict[bytes, Sidecar] = {}
+    fingerprints: dict[bytes, int] = {}
+    for key in sorted(sidecars):
+        sc = yield from _check_segment(d, key, deep, key in datas)
+        if sc is not None:
+            valid[key] = sc
+            fp = sc.fingerprint.pack()
+            fingerprints[fp] = fingerprints.get(fp, 0) + 1
+    if len(fingerprints) > 1:
+        yield Finding("FINGERPRINT_MISMATCH", "error", d,
+                      f"sidecars of {len(fingerprints)} different models in one directory "
+                      "(spec F-DIR-6)")  # fmt: skip
+    yield from _check_index(d, valid)
+    return list(valid)
+
+
+def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
+                   ) -> Generator[Finding, None, Sidecar | None]:  # fmt: skip
+    side = os.path.join(d, f"strata-conv-{key.hex()}.side")
+    try:
+        sc = decode_sidecar(files.read_file(side, MAX_SIDECAR_BYTES), side)
+    except UnsupportedVersion as e:
+        yield Finding("SIDECAR_UNSUPPORTED", "error", side, str(e))
+        return None
+    except ChecksumMismatch as e:
+        yield Finding("SIDECAR_CHECKSUM", "error", side, str(e))
+        return None
+    except (StrataError, StrataIOError) as e:
+        yield Finding("SIDECAR_INVALID", "error", side, str(e))
+        return None
+    if sc.key != key:
+        yield Finding("SIDECAR_KEY_MISMATCH", "error", side, f"it holds key {sc.key.hex()}")
+        return None
+    data = os.path.join(d, f"strata-conv-{key.hex()}.seg")
+    if not has_data:
+        yield Finding("DATA_MISSING", "error", data, "the sidecar commits a data file that is gone")
+        return None
+    try:
+        size = files.file_size(data)
+        fd = files.open_read(data)
+        try:
+            head = bytearray(DATA_OFFSET)
+            n = files.pread_into(fd, memoryview(head), 0, data)
+        finally:
+            files.close(fd)
+        hdr = decode_segment_header(bytes(head[:n]), data)
+    except (StrataError, StrataIOError) as e:
+        yield Finding("SEGMENT_HEADER_INVALID", "error", data, str(e))
+        return None
+    if not hdr.matches(sc):
+        yield Finding("SEGMENT_HEADER_MISMATCH", "error", data, "header disagrees with its sidecar")
+        return None
+    if size != hdr.file_bytes:
+        yield Finding("SEGMENT_SIZE_MISMATCH", "error", data,
+                      f"{size} bytes, the header needs {hdr.file_bytes}")  # fmt: skip
+        return None
+    bad = _bad_page(data, sc, hdr, deep)
+    if bad >= 0:
+        yield Finding(
+            "PAGE_HASH_MISMATCH",
+            "error",
+            data,
+            f"page {bad} fails BLAKE3 validation" + ("" if deep else " (sampled)"),
+        )
+        return None
+    return sc
+
+
+def _bad_page(path: str, sc: Sidecar, hdr: SegmentHeader, deep: bool) -> int:
+    """The first bad page (all pages with ``deep``, else the first and the last), or -1."""
+    if sc.codec.name != "RAW":
+        return -1 if not deep else _bad_zstd(path, sc)
+    mm, _ = files.map_readonly(path)
+    payload = np.frombuffer(mm, dtype=np.uint8)[hdr.data_offset :]
+    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
+    pages = range(sc.page_count) if deep else sorted({0, sc.page_count - 1})
+    for i in pages:
+        a = i * sc.page_bytes
+        if numba_kernels.hash_page(payload[a : a + sc.page_len(i)].data) != expected[i].tobytes():
+            return i
+    return -1
+
+
+def _bad_zstd(path: str, sc: Sidecar) -> int:
+    from .store.segment_store import _decompress_into
+
+    mm, _ = files.map_readonly(path)
+    payload = np.frombuffer(mm, dtype=np.uint8)[DATA_OFFSET:]
+    try:
+        _decompress_into(sc, payload, None, True)
+    except ChecksumMismatch as e:
+        return e.page if e.page is not None else 0
+    return -1
+
+
+def _check_index(d: str, valid: dict[bytes, Sidecar]) -> Iterator[Finding]:
+    path = os.path.join(d, INDEX_DIR)
+    if not os.path.isdir(path):
+        yield Finding("INDEX_ABSENT", "info", path, "no index: the next open rebuilds it")
+        return
+    try:
+        env = lmdb.open(path, subdir=True, readonly=True, lock=False, max_dbs=4)
+    except lmdb.Error as e:
+        yield Finding("INDEX_UNREADABLE", "error", path, f"{e}; it is derived: repair rebuilds it")
+        return
+    try:
+        with env.begin() as txn:
+            schema = txn.get(b"schema", db=env.open_db(b"meta", txn=txn, create=False))
+            if schema is None or int.from_bytes(schema, "little") != INDEX_SCHEMA:
+                yield Finding("INDEX_SCHEMA", "warning", path, "another schema: open rebuilds it")
+                return
+            db = env.open_db(b"segments", txn=txn, create=False)
+            indexed = {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
+    except lmdb.Error as e:
+        yield Finding("INDEX_UNREADABLE", "error", path, f"{e}; it is derived: repair rebuilds it")
+        return
+    finally:
+        env.close()
+    for key, raw in sorted(indexed.items()):
+        if key not in valid:
+            yield Finding("INDEX_DANGLING", "error", key.hex(),
+                          f"indexed in {path} but not a valid committed segment")  # fmt: skip
+            continue
+        try:
+            rec = IndexRecord.unpack(raw)
+        except StrataError as e:
+            yield Finding("INDEX_RECORD_INVALID", "error", key.hex(), str(e))
+            continue
+        sc = valid[key]
+        if (rec.page_count, rec.token_start, rec.token_end) != (sc.page_count, sc.token_start,
+                                                                sc.token_end):  # fmt: skip
+            yield Finding(
+                "INDEX_STALE", "warning", key.hex(), "the record disagrees with its sidecar"
+            )
+    for key in sorted(set(valid) - set(indexed)):
+        yield Finding(
+            "INDEX_MISSING", "warning", key.hex(), "committed but not indexed: open adopts it"
+        )
+
+
+def _check_manifest(d: str, name: str, segments: dict[bytes, str]) -> Iterator[Finding]:
+    path = os.path.join(d, name)
+    try:
+        m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
+    except (StrataError, StrataIOError) as e:
+        yield Finding("CHAIN_INVALID", "error", path, str(e))
+        return
+    for start, _, key in m.segments:
+        if key not in segments:
+            level: Severity = "error" if m.session else "warning"
+            yield Finding("CHAIN_BROKEN", level, path,
+                          f"conversation {m.conv_id!r}: the segment at token {start} is in no "
+                          "level; it restores only up to there")  # fmt: skip
+            return

@@ -1,0 +1,149 @@
+"""fsck: a clean store has no finding; each kind of damage gets its stable id; read-only."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stratastore import SegmentStore
+from stratastore.cli import main
+from stratastore.format import data_name, sidecar_name
+from stratastore.format.naming import INDEX_DIR
+from stratastore.fsck import fsck
+from tests.conftest import kv_bytes, tiny_fp
+
+FP = tiny_fp()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make(d: Path, n: int = 3) -> list[bytes]:
+    with SegmentStore.open(d, FP) as s:
+        return [s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i),
+                         token_start=0).key for i in range(n)]  # fmt: skip
+
+
+def ids(*dirs: Path, deep: bool = False) -> set[str]:
+    return {f.id for f in fsck([str(d) for d in dirs], deep=deep)}
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_clean_store_and_read_only(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    make(d)
+    before = snapshot(d)
+    assert ids(d, deep=True) == set()
+    assert snapshot(d) == before  # fsck wrote nothing, not even the LMDB lock file
+
+
+@pytest.mark.parametrize(
+    ("damage", "finding"),
+    [
+        ("flip_page", "PAGE_HASH_MISMATCH"),
+        ("flip_header", "SEGMENT_HEADER_INVALID"),
+        ("truncate_data", "SEGMENT_SIZE_MISMATCH"),
+        ("drop_data", "DATA_MISSING"),
+        ("flip_sidecar", "SIDECAR_CHECKSUM"),
+        ("garbage_sidecar", "SIDECAR_INVALID"),
+        ("drop_sidecar", "ORPHAN_FILE"),
+        ("temp_file", "ORPHAN_TEMP"),
+        ("drop_index", "INDEX_ABSENT"),
+        ("rename_sidecar", "SIDECAR_KEY_MISMATCH"),
+    ],
+)
+def test_each_damage_has_its_id(tmp_path: Path, damage: str, finding: str) -> None:
+    d = tmp_path / "s"
+    key = make(d)[1]
+    data, side = d / data_name(key), d / sidecar_name(key)
+    if damage == "flip_page":
+        raw = bytearray(data.read_bytes())
+        raw[4096 + 3 * FP.page_bytes - 1] ^= 1  # the last page, so sampling sees it too
+        data.write_bytes(bytes(raw))
+    elif damage == "flip_header":
+        raw = bytearray(data.read_bytes())
+        raw[30] ^= 1
+        data.write_bytes(bytes(raw))
+    elif damage == "truncate_data":
+        data.write_bytes(data.read_bytes()[:-1])
+    elif damage == "drop_data":
+        data.unlink()
+    elif damage == "flip_sidecar":
+        raw = bytearray(side.read_bytes())
+        raw[-40] ^= 1
+        side.write_bytes(bytes(raw))
+    elif damage == "garbage_sidecar":
+        side.write_bytes(b"junk" * 10)
+    elif damage == "drop_sidecar":
+        side.unlink()
+    elif damage == "temp_file":
+        (d / "strata-tmp-0011223344556677-x").write_bytes(b"partial")
+    elif damage == "drop_index":
+        shutil.rmtree(d / INDEX_DIR)
+    elif damage == "rename_sidecar":
+        other = sidecar_name(bytes(32))
+        side.rename(d / other)
+        data.rename(d / data_name(bytes(32)))
+    found = ids(d)
+    assert finding in found, found
+
+
+def test_index_dangling_and_missing(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    keys = make(d)
+    (d / sidecar_name(keys[0])).unlink()  # the index still names it
+    assert {"INDEX_DANGLING", "ORPHAN_FILE"} <= ids(d)
+    e = tmp_path / "e"
+    with SegmentStore.open(e, FP) as s:
+        s.put_kv(s.root_key, [7, 7, 7], kv_bytes(FP, 3), token_start=0)
+    for name in (sidecar_name(keys[1]), data_name(keys[1])):  # committed behind e's index
+        shutil.copy(d / name, e / name)
+    assert ids(e) == {"INDEX_MISSING"}
+
+
+def test_across_levels_and_manifests(tmp_path: Path) -> None:
+    from stratastore import Checkpoint, Conversation, Store
+    from stratastore.chain import as_tokens
+
+    cold = tmp_path / "cold"
+    with Store.open(FP, {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64,
+                         "min_free_mib": 1}) as store:  # fmt: skip
+        conv = Conversation("c", as_tokens(np.arange(40)), [Checkpoint(16), Checkpoint(40)],
+                            cuts=[0, 16])  # fmt: skip
+        store.park(conv, kv_bytes(FP, 40))
+    assert ids(cold) == set()
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    victim = next(p for p in cold.glob("strata-conv-*.side"))
+    shutil.copy(victim, warm / victim.name)
+    shutil.copy(victim.with_suffix(".seg"), warm / victim.with_suffix(".seg").name)
+    assert "DUPLICATE_ACROSS_LEVELS" in ids(warm, cold)
+    for p in cold.glob("strata-conv-*"):
+        p.unlink()
+    assert "CHAIN_BROKEN" in ids(cold)
+
+
+def test_cli_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "s"
+    key = make(d)[0]
+    assert main(["fsck", str(d)]) == 0
+    assert "0 errors" in capsys.readouterr().out
+    (d / data_name(key)).write_bytes(b"x")
+    assert main(["fsck", str(d), "--json", "--deep"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["errors"] >= 1 and doc["findings"][0]["severity"] in ("error", "warning", "info")
+    assert main(["fsck", str(tmp_path / "nope")]) == 2
+
+
+def test_every_id_is_documented() -> None:
+    source = (ROOT / "stratastore" / "fsck.py").read_text()
+    used = set(re.findall(r'Finding\(\s*"([A-Z_]+)"', source))
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", (ROOT / "format-spec" / "FSCK.md")
+                                .read_text(), re.M))  # fmt: skip
+    assert used and used == documented
