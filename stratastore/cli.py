@@ -280,9 +280,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    from .fsck import fsck
+    from .fsck import fsck, repair
 
-    findings = list(fsck([os.path.abspath(d) for d in args.dirs], deep=args.deep))
+    dirs = [os.path.abspath(d) for d in args.dirs]
+    if args.repair:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError("fsck --repair changes the store: add --yes to confirm "
+                                  "(and make sure no process has it open)")  # fmt: skip
+            if input("repair moves damaged files aside and rebuilds indexes; type yes: ") != "yes":
+                raise ConfigError("repair not confirmed; nothing was changed")
+        for action in repair(dirs):
+            print(f"repair: {action.kind}: {action.object}: {action.detail}")
+    findings = list(fsck(dirs, deep=args.deep))
     errors = sum(f.severity == "error" for f in findings)
     if args.json:
         print(json.dumps({"dirs": args.dirs, "deep": args.deep, "errors": errors,
@@ -391,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("dirs", nargs="+", help="the level directories (warm, cold, ...)")
     fk.add_argument("--deep", action="store_true", help="re-hash every page (default: sample)")
     fk.add_argument("--json", action="store_true")
+    fk.add_argument("--repair", action="store_true",
+                    help="fix what can be fixed without losing valid data (offline)")  # fmt: skip
+    fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
     fk.set_defaults(func=cmd_fsck)
     bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
     bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")

@@ -213,23 +213,26 @@ def _check_index(d: str, valid: dict[bytes, Sidecar]) -> Iterator[Finding]:
         env.close()
     for key, raw in sorted(indexed.items()):
         if key not in valid:
-            yield Finding("INDEX_DANGLING", "error", key.hex(),
+            yield Finding("INDEX_DANGLING", "error", os.path.join(path, key.hex()),
                           f"indexed in {path} but not a valid committed segment")  # fmt: skip
             continue
         try:
             rec = IndexRecord.unpack(raw)
         except StrataError as e:
-            yield Finding("INDEX_RECORD_INVALID", "error", key.hex(), str(e))
+            yield Finding("INDEX_RECORD_INVALID", "error", os.path.join(path, key.hex()), str(e))
             continue
         sc = valid[key]
         if (rec.page_count, rec.token_start, rec.token_end) != (sc.page_count, sc.token_start,
                                                                 sc.token_end):  # fmt: skip
             yield Finding(
-                "INDEX_STALE", "warning", key.hex(), "the record disagrees with its sidecar"
+                "INDEX_STALE",
+                "warning",
+                os.path.join(path, key.hex()),
+                "disagrees with its sidecar",
             )
     for key in sorted(set(valid) - set(indexed)):
         yield Finding(
-            "INDEX_MISSING", "warning", key.hex(), "committed but not indexed: open adopts it"
+            "INDEX_MISSING", "warning", os.path.join(path, key.hex()), "not indexed: open adopts it"
         )
 
 
@@ -247,3 +250,120 @@ def _check_manifest(d: str, name: str, segments: dict[bytes, str]) -> Iterator[F
                           f"conversation {m.conv_id!r}: the segment at token {start} is in no "
                           "level; it restores only up to there")  # fmt: skip
             return
+
+
+# -- repair ------------------------------------------------------------------------------------
+_QUARANTINE = {
+    "SIDECAR_INVALID", "SIDECAR_CHECKSUM", "SIDECAR_KEY_MISMATCH", "DATA_MISSING",
+    "SEGMENT_HEADER_INVALID", "SEGMENT_HEADER_MISMATCH", "SEGMENT_SIZE_MISMATCH",
+    "PAGE_HASH_MISMATCH", "ORPHAN_FILE",
+}  # fmt: skip
+_INDEX = {"INDEX_DANGLING", "INDEX_RECORD_INVALID", "INDEX_UNREADABLE", "INDEX_STALE",
+          "INDEX_MISSING", "INDEX_SCHEMA", "INDEX_ABSENT"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: str  #: "quarantine", "remove_temp", "rebuild_index", "truncate_chain"
+    object: str
+    detail: str
+
+
+def repair(dirs: Sequence[str], *, deep: bool = True) -> list[Action]:
+    """Bring the directories back to a clean fsck without destroying valid data: quarantine
+    damaged segments and manifests (moved into ``strata-quarantine/``, never deleted), remove
+    temp files, truncate a broken chain to its deepest checkpoint below the gap, and rebuild the
+    indexes from the sidecars. Offline only: no process may have the store open. A second run
+    changes nothing."""
+    actions: list[Action] = []
+    findings = list(fsck(dirs, deep=deep))
+    rebuild = set()
+    for f in findings:
+        if f.id == "ORPHAN_TEMP":
+            files.unlink(f.object, missing_ok=True)
+            actions.append(Action("remove_temp", f.object, "a temp file of an interrupted write"))
+        elif f.id in _QUARANTINE:
+            d = os.path.dirname(f.object)
+            for path in _segment_files(f.object):
+                actions.append(Action("quarantine", path, f.id))
+                _quarantine(path)
+            rebuild.add(d)
+        elif f.id == "CHAIN_INVALID":
+            actions.append(Action("quarantine", f.object, f.id))
+            _quarantine(f.object)
+    for d in dirs:  # an index is derived: rebuild it where anything is off
+        if d in rebuild or any(f.id in _INDEX and f.object.startswith(d + os.sep)
+                               for f in findings):  # fmt: skip
+            _rebuild_index(d)
+            actions.append(Action("rebuild_index", os.path.join(d, INDEX_DIR), "from the sidecars"))
+    for f in fsck(dirs, deep=False):  # chains broken by what was quarantined above, too
+        if f.id == "CHAIN_BROKEN":
+            actions.append(_truncate_chain(f.object, dirs))
+    return actions
+
+
+def _segment_files(path: str) -> list[str]:
+    base = path[: -len(".side")] if path.endswith(".side") else path[: -len(".seg")]
+    return [p for p in (base + ".side", base + ".seg") if os.path.exists(p)]
+
+
+def _quarantine(path: str) -> None:
+    from .io.relocate import relocate_file
+
+    qdir = os.path.join(os.path.dirname(path), QUARANTINE_DIR)
+    files.makedirs(qdir)
+    dst = os.path.join(qdir, os.path.basename(path))
+    n = 1
+    while os.path.exists(dst):
+        dst = os.path.join(qdir, f"{os.path.basename(path)}.{n}")
+        n += 1
+    relocate_file(path, dst)
+
+
+def _rebuild_index(d: str) -> None:
+    from .store import SegmentStore
+
+    index = os.path.join(d, INDEX_DIR)
+    if os.path.isdir(index):
+        for name in files.listdir(index):
+            files.unlink(os.path.join(index, name), missing_ok=True)
+    for name in sorted(files.listdir(d)):
+        parsed = parse_name(name)
+        if parsed is None or parsed[1] != "side":
+            continue
+        try:
+            sc = decode_sidecar(files.read_file(os.path.join(d, name), MAX_SIDECAR_BYTES), name)
+        except StrataError:
+            continue
+        with SegmentStore.open(d, sc.fingerprint, create=False):
+            return  # opening an empty index rebuilds it from every valid sidecar
+    if os.path.isdir(index):
+        files.rmdir(index)
+
+
+def _truncate_chain(path: str, dirs: Sequence[str]) -> Action:
+    """Keep a manifest's segments up to its deepest checkpoint below the first missing one; a
+    manifest that keeps nothing is quarantined."""
+    import dataclasses
+
+    from .format.manifest import encode_manifest
+    from .io import durable_write
+
+    m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
+    present = set()
+    for d in dirs:
+        present |= {k for k, kind in filter(None, map(parse_name, files.listdir(d)))
+                    if kind == "side"}  # fmt: skip
+    gap = next(s for s, _, k in m.segments if k not in present)
+    keep = max((c.length for c in m.checkpoints if c.length <= gap), default=0)
+    if keep == 0:
+        _quarantine(path)
+        return Action("quarantine", path, "CHAIN_BROKEN at its first segment")
+    cut = dataclasses.replace(
+        m, tokens=m.tokens[:keep],
+        checkpoints=tuple(c for c in m.checkpoints if c.length <= keep),
+        media=tuple((p, dg) for p, dg in m.media if p < keep),
+        segments=tuple(s for s in m.segments if s[1] <= keep),
+    )  # fmt: skip
+    durable_write(path, encode_manifest(cut))
+    return Action("truncate_chain", path, f"{m.conv_id!r} cut to {keep} tokens (gap at {gap})")

@@ -39,6 +39,7 @@ __all__ = [
     "pread_into",
     "read_file",
     "replace",
+    "rmdir",
     "start_writeback",
     "unlink",
     "write_all",
@@ -158,6 +159,10 @@ def unlink(path: str, *, missing_ok: bool = False) -> bool:
 
 def makedirs(path: str) -> None:
     _do("mkdir", path, lambda: os.makedirs(path, exist_ok=True))
+
+
+def rmdir(path: str) -> None:
+    _do("unlink", path, lambda: os.rmdir(path))
 
 
 def listdir(path: str) -> list[str]:

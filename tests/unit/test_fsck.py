@@ -147,3 +147,99 @@ def test_every_id_is_documented() -> None:
     documented = set(re.findall(r"^\| `([A-Z_]+)` \|", (ROOT / "format-spec" / "FSCK.md")
                                 .read_text(), re.M))  # fmt: skip
     assert used and used == documented
+
+
+DAMAGES = [
+    "flip_page", "flip_header", "truncate_data", "drop_data", "flip_sidecar",
+    "garbage_sidecar", "drop_sidecar", "temp_file", "drop_index", "rename_sidecar",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_repair_cleans_without_losing_valid_data(tmp_path: Path, damage: str) -> None:
+    from stratastore.fsck import repair
+
+    d = tmp_path / "s"
+    keys = make(d)
+    _damage(d, keys[1], damage)
+    repair([str(d)])
+    after = list(fsck([str(d)], deep=True))
+    assert [f for f in after if f.severity != "info"] == [], after
+    with SegmentStore.open(d, FP) as s:  # the untouched segments are all still there, valid
+        for k in (keys[0], keys[2]):
+            assert s.verify(k) == -1
+    quarantined = d / "strata-quarantine"
+    if damage not in ("temp_file", "drop_index"):
+        assert quarantined.is_dir() and any(quarantined.iterdir())  # moved aside, not deleted
+    assert repair([str(d)]) == []  # a second repair changes nothing
+
+
+def _damage(d: Path, key: bytes, damage: str) -> None:
+    data, side = d / data_name(key), d / sidecar_name(key)
+    if damage == "flip_page":
+        raw = bytearray(data.read_bytes())
+        raw[4096 + 3 * FP.page_bytes - 1] ^= 1
+        data.write_bytes(bytes(raw))
+    elif damage == "flip_header":
+        raw = bytearray(data.read_bytes())
+        raw[30] ^= 1
+        data.write_bytes(bytes(raw))
+    elif damage == "truncate_data":
+        data.write_bytes(data.read_bytes()[:-1])
+    elif damage == "drop_data":
+        data.unlink()
+    elif damage == "flip_sidecar":
+        raw = bytearray(side.read_bytes())
+        raw[-40] ^= 1
+        side.write_bytes(bytes(raw))
+    elif damage == "garbage_sidecar":
+        side.write_bytes(b"junk" * 10)
+    elif damage == "drop_sidecar":
+        side.unlink()
+    elif damage == "temp_file":
+        (d / "strata-tmp-0011223344556677-x").write_bytes(b"partial")
+    elif damage == "drop_index":
+        shutil.rmtree(d / INDEX_DIR)
+    elif damage == "rename_sidecar":
+        side.rename(d / sidecar_name(bytes(32)))
+        data.rename(d / data_name(bytes(32)))
+
+
+def test_repair_truncates_a_broken_chain(tmp_path: Path) -> None:
+    from stratastore import Checkpoint, Conversation, Store
+    from stratastore.chain import as_tokens
+    from stratastore.fsck import repair
+
+    cold = tmp_path / "cold"
+    cfg = {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64, "min_free_mib": 1}
+    ckpts = [Checkpoint(16), Checkpoint(32), Checkpoint(48)]
+    conv = Conversation("c", as_tokens(np.arange(48)), ckpts, cuts=[0, 16, 32])
+    kv = kv_bytes(FP, 48)
+    with Store.open(FP, cfg) as store:
+        store.park(conv, kv.copy())
+        store.flush()
+        segs = store._tiers._disk["c"].segments
+    _damage(cold, segs[2][2], "flip_page")  # the last segment is damaged
+    actions = repair([str(cold)])
+    assert {a.kind for a in actions} >= {"quarantine", "rebuild_index", "truncate_chain"}
+    assert [f for f in fsck([str(cold)], deep=True) if f.severity != "info"] == []
+    with Store.open(FP, cfg) as store:
+        out = np.zeros_like(kv)
+        r = store.restore(conv.tokens, out)
+        assert r.tokens == 32 and np.array_equal(
+            out[: 32 * FP.token_bytes], kv[: 32 * FP.token_bytes]
+        )
+
+
+def test_cli_repair_needs_confirmation(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    d = tmp_path / "s"
+    make(d)
+    (d / "strata-tmp-00-x").write_bytes(b"x")
+    cmd = [sys.executable, "-m", "stratastore.cli", "fsck", str(d), "--repair"]
+    r = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert r.returncode == 2 and "--yes" in r.stderr and (d / "strata-tmp-00-x").exists()
+    r = subprocess.run([*cmd, "--yes"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "remove_temp" in r.stdout and not (d / "strata-tmp-00-x").exists()
