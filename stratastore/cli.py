@@ -304,6 +304,27 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from .testing.conformance import check_conformance
+
+    report = check_conformance([os.path.abspath(d) for d in args.dirs])
+    if args.json:
+        print(json.dumps({
+            "conforms": report.conforms,
+            "violations": {c: [f.as_dict() for f in fs] for c, fs in report.violations.items()},
+            "allowed": [f.as_dict() for f in report.allowed],
+        }, indent=2))  # fmt: skip
+    else:
+        for clause, found in sorted(report.violations.items()):
+            for f in found:
+                print(f"VIOLATES {clause}: {f.id}: {f.object}: {f.detail}")
+        for f in report.allowed:
+            print(f"allowed: {f.id}: {f.object}: {f.detail}")
+        print("conforms to format-spec/SPEC.md" if report.conforms else
+              f"{len(report.violations)} MUST clauses violated")  # fmt: skip
+    return 0 if report.conforms else 1
+
+
 def _add_sim(sub: Any) -> None:
     sim = sub.add_parser("sim", help="replay a workload against the real policy code")
     scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
@@ -405,6 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fix what can be fixed without losing valid data (offline)")  # fmt: skip
     fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
     fk.set_defaults(func=cmd_fsck)
+    cf = sub.add_parser("conformance", help="check directories against the spec's MUST clauses")
+    cf.add_argument("dirs", nargs="+", help="level directories written by any implementation")
+    cf.add_argument("--json", action="store_true")
+    cf.set_defaults(func=cmd_conformance)
     bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
     bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")
     bench.add_argument("--mib", type=_positive, default=1024, help="image size (default 1024)")
