@@ -131,14 +131,8 @@ def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
         yield Finding("DATA_MISSING", "error", data, "the sidecar commits a data file that is gone")
         return None
     try:
-        size = files.file_size(data)
-        fd = files.open_read(data)
-        try:
-            head = bytearray(DATA_OFFSET)
-            n = files.pread_into(fd, memoryview(head), 0, data)
-        finally:
-            files.close(fd)
-        hdr = decode_segment_header(bytes(head[:n]), data)
+        head, size = files.read_head(data, DATA_OFFSET)
+        hdr = decode_segment_header(head, data)
     except (StrataError, StrataIOError) as e:
         yield Finding("SEGMENT_HEADER_INVALID", "error", data, str(e))
         return None

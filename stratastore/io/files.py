@@ -38,6 +38,7 @@ __all__ = [
     "open_write",
     "pread_into",
     "read_file",
+    "read_head",
     "replace",
     "rmdir",
     "start_writeback",
@@ -205,6 +206,18 @@ def pread_into(fd: int, buf: memoryview, offset: int, path: str) -> int:
             break
         total += n
     return total
+
+
+def read_head(path: str, nbytes: int) -> tuple[bytes, int]:
+    """The first ``nbytes`` of a file (fewer if it is shorter) and the file's size."""
+    fd = open_read(path)
+    try:
+        size = _do("stat", path, lambda: os.fstat(fd).st_size)
+        head = bytearray(min(nbytes, size))
+        n = pread_into(fd, memoryview(head), 0, path)
+        return bytes(head[:n]), size
+    finally:
+        close(fd)
 
 
 def map_readonly(path: str) -> tuple[mmap.mmap, int]:

@@ -198,15 +198,8 @@ class SegmentStore:
     def _inspect(self, key: bytes) -> tuple[Sidecar, IndexRecord]:
         """Read and check a committed segment's sidecar and data header (no page hashing)."""
         sc, side_bytes = self._read_sidecar(key)
-        dpath = self._data_path(key)
-        size = files.file_size(dpath)
-        fd = files.open_read(dpath)
-        try:
-            head = bytearray(DATA_OFFSET)
-            n = files.pread_into(fd, memoryview(head), 0, dpath)
-        finally:
-            files.close(fd)
-        hdr = decode_segment_header(bytes(head[:n]), data_name(key))
+        head, size = files.read_head(self._data_path(key), DATA_OFFSET)
+        hdr = decode_segment_header(head, data_name(key))
         self._check_data(sc, hdr, size)
         return sc, IndexRecord.from_sidecar(sc, side_bytes, size)
 

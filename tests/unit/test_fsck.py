@@ -61,35 +61,7 @@ def test_clean_store_and_read_only(tmp_path: Path) -> None:
 def test_each_damage_has_its_id(tmp_path: Path, damage: str, finding: str) -> None:
     d = tmp_path / "s"
     key = make(d)[1]
-    data, side = d / data_name(key), d / sidecar_name(key)
-    if damage == "flip_page":
-        raw = bytearray(data.read_bytes())
-        raw[4096 + 3 * FP.page_bytes - 1] ^= 1  # the last page, so sampling sees it too
-        data.write_bytes(bytes(raw))
-    elif damage == "flip_header":
-        raw = bytearray(data.read_bytes())
-        raw[30] ^= 1
-        data.write_bytes(bytes(raw))
-    elif damage == "truncate_data":
-        data.write_bytes(data.read_bytes()[:-1])
-    elif damage == "drop_data":
-        data.unlink()
-    elif damage == "flip_sidecar":
-        raw = bytearray(side.read_bytes())
-        raw[-40] ^= 1
-        side.write_bytes(bytes(raw))
-    elif damage == "garbage_sidecar":
-        side.write_bytes(b"junk" * 10)
-    elif damage == "drop_sidecar":
-        side.unlink()
-    elif damage == "temp_file":
-        (d / "strata-tmp-0011223344556677-x").write_bytes(b"partial")
-    elif damage == "drop_index":
-        shutil.rmtree(d / INDEX_DIR)
-    elif damage == "rename_sidecar":
-        other = sidecar_name(bytes(32))
-        side.rename(d / other)
-        data.rename(d / data_name(bytes(32)))
+    _damage(d, key, damage)
     found = ids(d)
     assert finding in found, found
 
