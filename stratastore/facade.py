@@ -108,8 +108,9 @@ class Store:
              states: Mapping[int, bytes] | None = None) -> ParkReport:  # fmt: skip
         """Keep a conversation leaving its slot: RAM, else disk, else discard (counted).
         ``states`` maps checkpoint lengths to the running state saved there (hybrid and
-        recurrent models). The store keeps ``kv`` (the capture) until it is copied or written:
-        do not reuse it."""
+        recurrent models). The store keeps ``conv`` and ``kv`` (the capture) until they are
+        copied or written, and may trim ``conv``'s checkpoints (retention) or tokens (the
+        prefix that fits): do not reuse either."""
         snap = Snapshot(conv, kv.reshape(-1).view(np.uint8), dict(states or {}))
         with self._lock:
             report = self._tiers.park(snap)

@@ -94,13 +94,17 @@ class Conversation:
     def page_floor(self, x: int, page_tokens: int) -> int:
         return page_floor(self.cuts, x, page_tokens)
 
-    def segments(self, root: bytes) -> list[tuple[int, int, bytes]]:
-        """``(start, end, key)`` of each K/V segment, cut at ``cuts`` and at every checkpoint,
-        keyed by the token-prefix hash chain from ``root`` (the model fingerprint's digest,
-        spec F-KEY): equal prefixes cut alike get equal keys in every conversation."""
+    def boundaries(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each K/V segment: cut at ``cuts`` and at every checkpoint."""
         bounds = sorted({*self.cuts, *(c.length for c in self.checkpoints), len(self.tokens)})
+        return list(itertools.pairwise(bounds))
+
+    def segments(self, root: bytes) -> list[tuple[int, int, bytes]]:
+        """``(start, end, key)`` of each segment of :meth:`boundaries`, keyed by the
+        token-prefix hash chain from ``root`` (the model fingerprint's digest, spec F-KEY):
+        equal prefixes cut alike get equal keys in every conversation."""
         out, parent = [], root
-        for start, end in itertools.pairwise(bounds):
+        for start, end in self.boundaries():
             media = [(p - start, d) for p, d in sorted(self.media.items()) if start <= p < end]
             parent = segment_key(parent, self.tokens[start:end], media)
             out.append((start, end, parent))

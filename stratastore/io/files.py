@@ -25,7 +25,7 @@ __all__ = [
     "FileLock",
     "close",
     "exists",
-    "dir_mtime",
+    "mtime_ns",
     "file_size",
     "filesystem_type",
     "fsync",
@@ -170,8 +170,8 @@ def listdir(path: str) -> list[str]:
     return _do("listdir", path, lambda: os.listdir(path))
 
 
-def dir_mtime(path: str) -> int:
-    """The directory's modification time in ns (it changes when an entry is added or removed)."""
+def mtime_ns(path: str) -> int:
+    """Modification time in ns (a directory's changes when an entry is added or removed)."""
     return _do("stat", path, lambda: os.stat(path).st_mtime_ns)
 
 

@@ -506,6 +506,19 @@ class SegmentStore:
             out[i * sc.page_bytes : i * sc.page_bytes + want] = np.frombuffer(page, np.uint8)
         return sc, out
 
+    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
+        """The segment's validated payload as bytes (for small objects such as running states);
+        refuses one larger than ``max_bytes`` before allocating it."""
+        sc, payload = self._open_data(key)
+        if sc.payload_bytes > max_bytes:
+            raise StoreError(
+                f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the {max_bytes:,} "
+                "this read allows"
+            )
+        out = bytearray(sc.payload_bytes)
+        self._copy_validated(sc, payload, memoryview(out), True)
+        return bytes(out)
+
     def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
         """Copy the segment's pages into ``out`` (at least ``payload_bytes`` long).
 
@@ -521,6 +534,11 @@ class SegmentStore:
             raise StoreError(
                 f"output buffer is {len(dst)} bytes; segment {key.hex()} needs {sc.payload_bytes}"
             )
+        self._copy_validated(sc, payload, dst, verify)
+        return sc
+
+    def _copy_validated(self, sc: Sidecar, payload: npt.NDArray[np.uint8], dst: memoryview,
+                        verify: bool) -> None:  # fmt: skip
         expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
         if sc.codec is Codec.RAW:
             if verify:
@@ -530,9 +548,8 @@ class SegmentStore:
                     self._raise_page(sc, payload, bad)
             else:
                 np.frombuffer(dst, np.uint8)[: sc.payload_bytes] = payload
-            return sc
+            return
         _decompress_into(sc, payload, dst, verify)
-        return sc
 
     def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
         """A read-only, mmap-backed uint8 array of the segment's pages (RAW codec only).

@@ -47,7 +47,10 @@ from .admission import MIB, Admission, Placement
 from .arena import DEFAULT_CHUNK, Allocation, Arena
 from .disk import DiskLevel, LevelRefused
 
-__all__ = ["ParkReport", "Restored", "Snapshot", "Tiers"]
+__all__ = ["MAX_STATE_BYTES", "ParkReport", "Restored", "Snapshot", "Tiers"]
+
+#: the largest running state a restore reads back (a bound on what a sidecar can make it allocate)
+MAX_STATE_BYTES = 1 << 32
 
 
 @dataclass
@@ -112,6 +115,8 @@ class Tiers:
         last = self.cold or self.warm
         self.manifest_dir = last.store.path if last is not None else None
         self._manifest_mtime = -1
+        #: manifest file name -> (its mtime when loaded, its conversation id)
+        self._manifest_seen: dict[str, tuple[int | None, str]] = {}
         self.skipped_manifests: list[tuple[str, str]] = []
         for lvl in (self.warm, self.cold):
             if lvl is not None:
@@ -131,7 +136,7 @@ class Tiers:
         self.counters: dict[str, int] = dict.fromkeys(
             ["parks_ram", "parks_disk", "discards", "mirrors", "evict_spills", "hits_ram",
              "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses",
-             "ladder_restores"], 0)  # fmt: skip
+             "ladder_restores", "spills_refused"], 0)  # fmt: skip
         #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the caller (the
         #: Store's spill writer) instead of happening inside ``park``
         self.defer_spills = False
@@ -266,8 +271,13 @@ class Tiers:
         return out
 
     def write_disk_now(self, snap: Snapshot) -> bool:
-        """Write a snapshot to disk at once (what the Store's spill writer calls)."""
-        return self._write_disk(snap)
+        """Write a snapshot to disk at once (what the Store's spill writer calls). A write the
+        disk level refuses is the capture lost after all: it counts as a discard."""
+        if self._write_disk(snap):
+            return True
+        self.counters["discards"] += 1
+        self.counters["spills_refused"] += 1
+        return False
 
     def _write_disk(self, snap: Snapshot, *, session: bool = False) -> bool:
         """Write the snapshot's segments into the write level, then its manifest (the commit
@@ -279,7 +289,7 @@ class Tiers:
         parent = self.root
         try:
             for start, end, key in segments:
-                if not self._on_disk(key):
+                if self._holder(key) is None:
                     level.make_room(4096 + (end - start) * self.tb + 4096)
                     level.store.put_kv(parent, conv.tokens[start:end],
                                        snap.kv[start * self.tb : end * self.tb],
@@ -305,19 +315,24 @@ class Tiers:
             tuple(sorted(copy.media.items())), tuple(segments), time.time_ns(), session,
         )  # fmt: skip
         assert self.manifest_dir is not None
-        durable_write(os.path.join(self.manifest_dir, chain_name(conv.conv_id)),
-                      encode_manifest(manifest))  # fmt: skip
+        name = chain_name(conv.conv_id)
+        path = os.path.join(self.manifest_dir, name)
+        durable_write(path, encode_manifest(manifest))
         self._remember(_DiskConv(copy, segments, session, state_keys))
+        self._manifest_seen[name] = (files.mtime_ns(path), conv.conv_id)
         self._collect()
         return True
 
     def _remember(self, dc: _DiskConv) -> None:
+        if dc.conv.conv_id in self._disk:
+            self._forget(dc.conv.conv_id)
         self._disk[dc.conv.conv_id] = dc
         self.disk_index.add(self.root, dc.conv)
 
     def _forget(self, conv_id: str) -> None:
         self._disk.pop(conv_id)
         self.disk_index.remove(conv_id)
+        self._manifest_seen.pop(chain_name(conv_id), None)
 
     def _pinned_keys(self) -> set[bytes]:
         """Keys capacity GC leaves alone: every segment of a saved session, and the segments up
@@ -346,37 +361,49 @@ class Tiers:
                              missing_ok=True)  # fmt: skip
 
     def refresh(self) -> None:
-        """Load the manifests written since the last look (by this or another process)."""
+        """Catch up with the manifests another process wrote, replaced (a conversation parked
+        again) or removed (its segments gone) since the last look."""
         if self.manifest_dir is None:
             return
-        mtime = files.dir_mtime(self.manifest_dir)
+        mtime = files.mtime_ns(self.manifest_dir)
         # directory timestamps are coarse (a few ms): an entry added within the same tick as
         # the last look leaves the time unchanged, so a recent time is always looked at again
         if mtime == self._manifest_mtime and time.time_ns() - mtime > 2_000_000_000:
             return
         self._manifest_mtime = mtime
-        known = {chain_name(c) for c in self._disk}
-        for name in files.listdir(self.manifest_dir):
-            if not is_chain_name(name) or name in known:
-                continue
+        names = {n for n in files.listdir(self.manifest_dir) if is_chain_name(n)}
+        for name in set(self._manifest_seen) - names:  # removed elsewhere
+            conv_id = self._manifest_seen.pop(name)[1]
+            if conv_id in self._disk:
+                self._forget(conv_id)
+        for name in sorted(names):
             path = os.path.join(self.manifest_dir, name)
             try:
-                m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), name)
-            except (FormatError, ChecksumMismatch, StrataIOError) as e:
-                self.skipped_manifests.append((name, str(e)))
+                stamp = files.mtime_ns(path)
+            except StrataIOError:
+                continue  # removed while we looked
+            if self._manifest_seen.get(name, (None, ""))[0] == stamp:
                 continue
-            if m.model != self.root:
-                self.skipped_manifests.append((name, "written for another model"))
-                continue
-            conv = Conversation(m.conv_id, m.tokens,
-                                [Checkpoint(c.length, pinned=c.pinned, tail=c.tail)
-                                 for c in m.checkpoints] or [Checkpoint(0)],
-                                dict(m.media), [s for s, _, _ in m.segments] or [0])  # fmt: skip
-            keys = {c.length: c.state_key for c in m.checkpoints if c.state_key}
-            self._remember(_DiskConv(conv, list(m.segments), m.session, keys))
+            self._load_manifest(name, path, stamp)
 
-    def _on_disk(self, key: bytes) -> bool:
-        return any(lvl is not None and key in lvl.store for lvl in (self.warm, self.cold))
+    def _load_manifest(self, name: str, path: str, stamp: int) -> None:
+        try:
+            m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), name)
+        except (FormatError, ChecksumMismatch, StrataIOError) as e:
+            self._manifest_seen[name] = (stamp, "")
+            self.skipped_manifests.append((name, str(e)))
+            return
+        if m.model != self.root:
+            self._manifest_seen[name] = (stamp, "")
+            self.skipped_manifests.append((name, "written for another model"))
+            return
+        conv = Conversation(m.conv_id, m.tokens,
+                            [Checkpoint(c.length, pinned=c.pinned, tail=c.tail)
+                             for c in m.checkpoints] or [Checkpoint(0)],
+                            dict(m.media), [s for s, _, _ in m.segments] or [0])  # fmt: skip
+        keys = {c.length: c.state_key for c in m.checkpoints if c.state_key}
+        self._remember(_DiskConv(conv, list(m.segments), m.session, keys))
+        self._manifest_seen[name] = (stamp, m.conv_id)
 
     # -- lookup and restore -------------------------------------------------------------------
     def lookup(self, prompt: npt.NDArray[np.integer] | list[int]) -> tuple[str, Match] | None:
@@ -439,7 +466,7 @@ class Tiers:
             return
         kv = np.empty(length * self.tb, dtype=np.uint8)
         self.arena.read_into(alloc, kv, length * self.tb)
-        for start, end, _ in self.ram.entries[conv_id].conv.segments(self.root):
+        for start, end in self.ram.entries[conv_id].conv.boundaries():  # no need to hash keys
             if start >= length:
                 break
             end = min(end, length)
@@ -456,11 +483,10 @@ class Tiers:
             if store is None:
                 continue
             try:
-                buf = bytearray(store.sidecar(key).payload_bytes)
-                store.get_into(key, buf)
+                blob = store.get_bytes(key, max_bytes=MAX_STATE_BYTES)
             except StrataError:
                 continue
-            return length, bytes(buf)
+            return length, blob
         return 0, None
 
     def _read_disk(self, dc: _DiskConv, length: int, dest: Destination) -> int:

@@ -352,3 +352,17 @@ def test_segment_deleted_by_another_handle_reads_as_not_found(tmp_path: Path) ->
         with pytest.raises(SegmentNotFound):
             b.get_into(key, bytearray(len(data)))
         assert np.array_equal(view, data)  # a mapping taken before the delete stays readable
+
+
+def test_get_bytes_is_validated_and_bounded(store: SegmentStore, tmp_path: Path) -> None:
+    key, _ = put(store, 10)
+    st = store.put_state(key, b"state" * 100, token_pos=10)
+    assert store.get_bytes(st.key, max_bytes=500) == b"state" * 100
+    with pytest.raises(StoreError, match="over the 499"):
+        store.get_bytes(st.key, max_bytes=499)
+    path = tmp_path / "store" / data_name(st.key)
+    raw = bytearray(path.read_bytes())
+    raw[4096] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumMismatch):
+        store.get_bytes(st.key, max_bytes=500)

@@ -244,3 +244,22 @@ def test_retention_holds_each_parked_chain_to_the_configured_count(tmp_path: Pat
     kept = [c.length for c in t.ram.entries["a"].conv.checkpoints]
     assert len(kept) == 3 and kept[0] == 16 and kept[-1] == 160
     t.close()
+
+
+def test_another_process_sees_a_conversation_parked_again_and_removed(tmp_path: Path) -> None:
+    from stratastore.format.naming import chain_name
+
+    cold = tmp_path / "cold"
+    free = [50 * MIB]  # every park goes to disk
+    a = tiers(tmp_path, free, cold_dir=str(cold), cold_mib=64)
+    b = tiers(tmp_path, free, cold_dir=str(cold), cold_mib=64)
+    short, long = snap("x", 48), snap("x", 96)  # the same conversation, two turns later
+    a.park(short)
+    assert restore(b, long)[:2] == ("disk", 48)
+    a.park(snap("x", 96))
+    source, n, out = restore(b, long)
+    assert (source, n) == ("disk", 96) and np.array_equal(out, long.kv)
+    (cold / chain_name("x")).unlink()  # gone (as capacity GC does)
+    assert restore(b, long)[:2] == ("none", 0)
+    a.close()
+    b.close()
