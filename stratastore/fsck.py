@@ -17,12 +17,11 @@ from typing import Any, Literal
 import lmdb
 import numpy as np
 
-import numba_kernels
-
 from .errors import StrataError
 from .format import (
     DATA_OFFSET,
     ChecksumMismatch,
+    Codec,
     IndexRecord,
     SegmentHeader,
     UnsupportedVersion,
@@ -156,30 +155,14 @@ def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
 
 
 def _bad_page(path: str, sc: Sidecar, hdr: SegmentHeader, deep: bool) -> int:
-    """The first bad page (all pages with ``deep``, else the first and the last), or -1."""
-    if sc.codec.name != "RAW":
-        return -1 if not deep else _bad_zstd(path, sc)
+    """The first bad page (every page with ``deep``, else a sample), or -1."""
+    from .store.segment_store import first_bad_page
+
+    if sc.codec is not Codec.RAW and not deep:
+        return -1  # decoding a compressed segment is the deep check
     mm, _ = files.map_readonly(path)
-    payload = np.frombuffer(mm, dtype=np.uint8)[hdr.data_offset :]
-    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-    pages = range(sc.page_count) if deep else sorted({0, sc.page_count - 1})
-    for i in pages:
-        a = i * sc.page_bytes
-        if numba_kernels.hash_page(payload[a : a + sc.page_len(i)].data) != expected[i].tobytes():
-            return i
-    return -1
-
-
-def _bad_zstd(path: str, sc: Sidecar) -> int:
-    from .store.segment_store import _decompress_into
-
-    mm, _ = files.map_readonly(path)
-    payload = np.frombuffer(mm, dtype=np.uint8)[DATA_OFFSET:]
-    try:
-        _decompress_into(sc, payload, None, True)
-    except ChecksumMismatch as e:
-        return e.page if e.page is not None else 0
-    return -1
+    return first_bad_page(sc, np.frombuffer(mm, dtype=np.uint8)[hdr.data_offset :],
+                          sample=not deep)  # fmt: skip
 
 
 def _check_index(d: str, valid: dict[bytes, Sidecar]) -> Iterator[Finding]:

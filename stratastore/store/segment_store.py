@@ -71,7 +71,14 @@ from ..io.relocate import link_or_copy
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
 
-__all__ = ["STATE_PAGE_BYTES", "PutResult", "SegmentStore", "Skipped", "StoreStats"]
+__all__ = [
+    "STATE_PAGE_BYTES",
+    "PutResult",
+    "SegmentStore",
+    "Skipped",
+    "StoreStats",
+    "first_bad_page",
+]
 
 #: page size of running-state segments (their pages are not tied to tokens)
 STATE_PAGE_BYTES = 1 << 20
@@ -575,21 +582,34 @@ class SegmentStore:
     def verify(self, key: bytes) -> int:
         """Hash every page of a segment: the first bad page, or -1 when all match."""
         sc, payload = self._open_data(key)
-        expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-        if sc.codec is Codec.RAW:
-            actual = numba_kernels.page_hashes(payload, sc.page_bytes)
-            bad = np.flatnonzero((actual != expected).any(axis=1))
-            return int(bad[0]) if bad.size else -1
-        try:
-            _decompress_into(sc, payload, None, True)
-        except ChecksumMismatch as e:
-            return e.page if e.page is not None else 0
-        return -1
+        return first_bad_page(sc, payload)
 
     def _raise_page(self, sc: Sidecar, payload: npt.NDArray[np.uint8], page: int) -> None:
         a = page * sc.page_bytes
         actual = numba_kernels.hash_page(payload[a : a + sc.page_len(page)].data)
         raise ChecksumMismatch(data_name(sc.key), sc.page_hash(page), actual, page)
+
+
+def first_bad_page(sc: Sidecar, payload: npt.NDArray[np.uint8], *, sample: bool = False) -> int:
+    """The first page of ``payload`` (a data file's pages) that fails its sidecar digest, or -1.
+    ``sample`` checks only the first and the last page of a RAW segment (fsck's quick mode); a
+    compressed segment is always decoded whole."""
+    if sc.codec is not Codec.RAW:
+        try:
+            _decompress_into(sc, payload, None, True)
+        except ChecksumMismatch as e:
+            return e.page if e.page is not None else 0
+        return -1
+    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
+    if not sample:
+        actual = numba_kernels.page_hashes(payload, sc.page_bytes)
+        bad = np.flatnonzero((actual != expected).any(axis=1))
+        return int(bad[0]) if bad.size else -1
+    for i in sorted({0, sc.page_count - 1}):
+        a = i * sc.page_bytes
+        if numba_kernels.hash_page(payload[a : a + sc.page_len(i)].data) != expected[i].tobytes():
+            return i
+    return -1
 
 
 def _chunks(view: memoryview, size: int) -> Iterator[memoryview]:

@@ -585,4 +585,6 @@ class Tiers:
         held += sum(len(dc.conv.tokens) for dc in self._disk.values())
         return {"park_target": self.target, "park_target_source": self.target_source,
                 **self.counters, "held_tokens": held, "admission": self.last_admission,
+                "damaged_segments": [k.hex() for k in self.damaged],
+                "unreadable_manifests": [n for n, _ in self.skipped_manifests],
                 "free_ram": self.admission.probe(), "levels": levels}  # fmt: skip

@@ -171,6 +171,8 @@ def test_manifest_is_the_commit_record(tmp_path: Path) -> None:
     source, n, out = restore(fresh, b)
     assert (source, n) == ("disk", seg[2][0])
     assert np.array_equal(out[: n * 64], b.kv[: n * 64])
+    st = fresh.stats()
+    assert st["ladder_restores"] == 1 and st["damaged_segments"] == [seg[2][2].hex()]
     fresh.close()
     t.close()
 
