@@ -10,6 +10,7 @@ from .cuda import MAX_RUN, MAX_THREADS, build
 
 parts = build(cuda.jit(device=True))
 chunk_cv, parent_cv = parts["chunk_cv"], parts["parent_cv"]
+imin, imax = parts["imin"], parts["imax"]  # not min/max: see cuda._imin
 
 
 @cuda.jit  # type: ignore[misc]
@@ -19,8 +20,8 @@ def page_hash(data, total, page_bytes, iv, sched, gidx, out):  # type: ignore[no
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     start = page * page_bytes
-    plen = min(page_bytes, total - start)
-    chunks = max(1, (plen + 1023) // 1024)
+    plen = imin(page_bytes, total - start)
+    chunks = imax(1, (plen + 1023) // 1024)
     run = 1
     while run * nthreads < chunks:
         run *= 2
@@ -32,10 +33,10 @@ def page_hash(data, total, page_bytes, iv, sched, gidx, out):  # type: ignore[no
     tmp = cuda.local.array(8, uint32)
     if tid < runs:  # this thread's run: a whole subtree of `run` chunks (the last: fewer)
         first = tid * run
-        cnt = min(run, chunks - first)
+        cnt = imin(run, chunks - first)
         for j in range(cnt):
             c = first + j
-            n = min(1024, plen - 1024 * c)
+            n = imin(1024, plen - 1024 * c)
             chunk_cv(data, start + 1024 * c, n, c, chunks == 1, iv, sched, gidx, st, m,
                      local[j])  # fmt: skip
         while cnt > 1:
@@ -91,7 +92,7 @@ def ladder_copy(src, page_bytes, n_pages, pool, block_table):  # type: ignore[no
         return
     dst = block_table[page] * page_bytes
     base = page * page_bytes
-    n = min(page_bytes, src.shape[0] - base)
+    n = imin(page_bytes, src.shape[0] - base)
     i = cuda.threadIdx.x
     while i < n:
         pool[dst + i] = src[base + i]

@@ -8,8 +8,9 @@ page: each thread computes the chunk values of its run of chunks (``ceil(chunks 
 a power of two, so every run is a whole subtree) and the block merges the runs' values through a
 shared-memory tree.
 
-Written in the uint32-cast style (FACTS.md): every sum is taken in uint64 and masked back to
-uint32, so the numba CUDA simulator (which wraps uint32) and compiled code (which widens) agree.
+Written in the uint32-cast style (FACTS.md): every sum, xor and rotate is cast back to uint32,
+so the numba CUDA simulator (which wraps uint32) and compiled code (which widens) agree, and
+NVVM lowers the rotates to 32-bit funnel shifts (``shf.l.wrap.b32``, checked by the PTX test).
 The same Python source is compiled for the device and, with ``@njit``, for the host, which is
 how the arithmetic is tested quickly; the kernels themselves run in the simulator in CI
 (``NUMBA_ENABLE_CUDASIM=1``).
@@ -63,52 +64,65 @@ def _compress(cv, m, counter, block_len, flags, iv, sched, gidx, st, out):  # ty
             b = gidx[g, 1]
             c = gidx[g, 2]
             d = gidx[g, 3]
-            mx = np.uint64(m[sched[r, 2 * g]])
-            my = np.uint64(m[sched[r, 2 * g + 1]])
-            va = (np.uint64(st[a]) + np.uint64(st[b]) + mx) & MASK
-            x = np.uint64(st[d]) ^ va
-            vd = ((x >> 16) | (x << 16)) & MASK
-            vc = (np.uint64(st[c]) + vd) & MASK
-            x = np.uint64(st[b]) ^ vc
-            vb = ((x >> 12) | (x << 20)) & MASK
-            va = (va + vb + my) & MASK
-            x = vd ^ va
-            vd = ((x >> 8) | (x << 24)) & MASK
-            vc = (vc + vd) & MASK
-            x = vb ^ vc
-            vb = ((x >> 7) | (x << 25)) & MASK
-            st[a] = np.uint32(va)
-            st[b] = np.uint32(vb)
-            st[c] = np.uint32(vc)
-            st[d] = np.uint32(vd)
+            mx = np.uint32(m[sched[r, 2 * g]])
+            my = np.uint32(m[sched[r, 2 * g + 1]])
+            va = np.uint32(np.uint32(st[a]) + np.uint32(st[b]) + mx)
+            x = np.uint32(np.uint32(st[d]) ^ va)
+            vd = np.uint32((x >> np.uint32(16)) | (x << np.uint32(16)))
+            vc = np.uint32(np.uint32(st[c]) + vd)
+            x = np.uint32(np.uint32(st[b]) ^ vc)
+            vb = np.uint32((x >> np.uint32(12)) | (x << np.uint32(20)))
+            va = np.uint32(va + vb + my)
+            x = np.uint32(vd ^ va)
+            vd = np.uint32((x >> np.uint32(8)) | (x << np.uint32(24)))
+            vc = np.uint32(vc + vd)
+            x = np.uint32(vb ^ vc)
+            vb = np.uint32((x >> np.uint32(7)) | (x << np.uint32(25)))
+            st[a] = va
+            st[b] = vb
+            st[c] = vc
+            st[d] = vd
     for i in range(8):
-        out[i] = np.uint32(np.uint64(st[i]) ^ np.uint64(st[i + 8]))
+        out[i] = np.uint32(np.uint32(st[i]) ^ np.uint32(st[i + 8]))
 
 
 def _load_block(data, base, n, m):  # type: ignore[no-untyped-def]
     """m[0:16] = the little-endian words of ``n`` bytes at ``data[base:]``, zero padded."""
     for w in range(16):
-        v = np.uint64(0)
+        v = np.uint32(0)
         for k in range(4):
             i = 4 * w + k
             if i < n:
-                v |= np.uint64(data[base + i]) << np.uint64(8 * k)
-        m[w] = np.uint32(v)
+                v = np.uint32(v | (np.uint32(data[base + i]) << np.uint32(8 * k)))
+        m[w] = v
+
+
+def _imin(a, b):  # type: ignore[no-untyped-def]
+    """min(a, b): the built-in ``min`` does not compile for the CUDA target in numba 0.68
+    ("Signature mismatch"), which only a PTX compile shows: the simulator runs Python's."""
+    return a if a < b else b
+
+
+def _imax(a, b):  # type: ignore[no-untyped-def]
+    """max(a, b), for the same reason as :func:`_imin`."""
+    return a if a > b else b
 
 
 def build(device: Callable[[Any], Any]) -> dict[str, Any]:
     """Compile the BLAKE3 pieces with ``device`` (``cuda.jit(device=True)`` or ``njit``)."""
     compress = device(_compress)
     load_block = device(_load_block)
+    imin = device(_imin)
+    imax = device(_imax)
 
     def chunk_cv(data, start, length, chunk_index, root, iv, sched, gidx, st, m, cv):  # type: ignore[no-untyped-def]
         """cv[0:8] = the chaining value of the chunk of ``length`` bytes at ``start`` (the
         root flag on its last block when the chunk is the whole input)."""
         for i in range(8):
             cv[i] = iv[i]
-        blocks = max(1, (length + 63) // 64)
+        blocks = imax(1, (length + 63) // 64)
         for blk in range(blocks):
-            n = min(64, length - 64 * blk)
+            n = imin(64, length - 64 * blk)
             load_block(data, start + 64 * blk, n, m)
             flags = 0
             if blk == 0:
@@ -127,7 +141,8 @@ def build(device: Callable[[Any], Any]) -> dict[str, Any]:
         compress(iv, m, 0, 64, flags, iv, sched, gidx, st, out)
 
     return {"compress": compress, "chunk_cv": device(chunk_cv),
-            "parent_cv": device(parent_cv), "load_block": load_block}  # fmt: skip
+            "parent_cv": device(parent_cv), "load_block": load_block, "imin": imin,
+            "imax": imax}  # fmt: skip
 
 
 def digest_words_to_bytes(words: np.ndarray) -> np.ndarray:
