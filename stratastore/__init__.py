@@ -7,7 +7,7 @@ Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesyst
 from .chain import Checkpoint, Conversation
 from .config import StoreConfig
 from .errors import ConfigError, StrataError
-from .facade import Store
+from .facade import BatchRestoreError, Store
 from .format import (
     ChecksumMismatch,
     Codec,
@@ -25,6 +25,7 @@ from .store import PutResult, SegmentNotFound, SegmentStore, StoreError, StoreSt
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchRestoreError",
     "Checkpoint",
     "ChecksumMismatch",
     "Codec",

@@ -2,11 +2,12 @@
 
 On one directory: a 1 GiB K/V image (Llama-3.1-8B geometry, 128 KiB a token, 8,192 tokens in 8
 segments) stored by the segment store, the same bytes as one raw file, and the same K/V as a
-numpy ``.npy`` file. Each round reads all three, hot (page cache warm) and cold (caches dropped:
-``/proc/sys/vm/drop_caches`` as root, else ``posix_fadvise(DONTNEED)`` per file), interleaved;
-the figures are medians. The restore is the real two-pass path (every page BLAKE3-validated,
-then applied) into a buffer the engine already touched; ``np.load`` allocates its result, as
-that is its API.
+numpy ``.npy`` file; and the same bytes again as 4 conversations of 2 segments, restored one by
+one and as one batch through the read agenda (:mod:`stratastore.restore.agenda`). Each round
+reads them all, hot (page cache warm) and cold (caches dropped: ``/proc/sys/vm/drop_caches`` as
+root, else ``posix_fadvise(DONTNEED)`` per file), interleaved; the figures are medians. The
+restore is the real two-pass path (every page BLAKE3-validated, then applied) into a buffer the
+engine already touched; ``np.load`` allocates its result, as that is its API.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import numpy as np
 
 from .format import ModelFingerprint
 from .io import files
-from .restore import FlatKV, Piece, two_pass_restore
+from .restore import FlatKV, Job, Outcome, Piece, restore_batch, two_pass_restore
 from .store import SegmentStore
 
 __all__ = ["run_bench"]
 
 SEGMENTS = 8
+BATCH = 4  #: restores submitted together in the batched-agenda rows
 
 
 def _drop_caches(paths: list[str]) -> str:
@@ -68,6 +70,20 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                                  fp.token_bytes], token_start=a)  # fmt: skip
                 pieces.append(Piece(a, b, r.key, store))
                 parent = r.key
+            # the same bytes again as BATCH conversations of SEGMENTS // BATCH segments (other
+            # token ids, so other segments): N restores submitted together vs one
+            quarter, chains = tokens // BATCH, []
+            for c in range(BATCH):
+                parent, chain = store.root_key, []
+                for a in range(c * quarter, (c + 1) * quarter, per):
+                    b = a + per
+                    lo = a - c * quarter
+                    r = store.put_kv(parent, np.arange(a, b) + tokens,
+                                     kv[a * fp.token_bytes : b * fp.token_bytes],
+                                     token_start=lo)  # fmt: skip
+                    chain.append(Piece(lo, lo + per, r.key, store))
+                    parent = r.key
+                chains.append(chain)
             raw = os.path.join(root, "raw.bin")
             with open(raw, "wb") as f:
                 f.write(kv.data)
@@ -86,6 +102,20 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                 passes.setdefault(f"read pass {phase[0]}", []).append(o.read_s)
                 passes.setdefault(f"apply pass {phase[0]}", []).append(o.apply_s)
 
+            def jobs() -> list[Job]:
+                qb = quarter * fp.token_bytes
+                return [Job(chain, quarter, FlatKV(fp, out[c * qb : (c + 1) * qb]), fp,
+                            lambda t: 0) for c, chain in enumerate(chains)]  # fmt: skip
+
+            def one_by_one() -> None:
+                for j in jobs():
+                    o = two_pass_restore(j.pieces, j.wanted, j.dest, fp, resume_at=j.resume_at)
+                    assert o.tokens == quarter
+
+            def batched() -> None:
+                got = restore_batch(jobs())
+                assert all(isinstance(o, Outcome) and o.tokens == quarter for o in got), got
+
             def raw_read() -> None:
                 with open(raw, "rb", buffering=0) as f:
                     view = out.data
@@ -96,7 +126,9 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                 np.load(npy)
 
             ops: list[tuple[str, Callable[[], None]]] = [
-                ("restore (validated)", restore), ("raw read", raw_read), ("np.load", np_load)
+                ("restore (validated)", restore), ("raw read", raw_read), ("np.load", np_load),
+                (f"{BATCH} restores one by one", one_by_one),
+                (f"{BATCH} restores batched", batched),
             ]  # fmt: skip
             paths = [raw, npy] + [os.path.join(store.path, n) for n in os.listdir(store.path)
                                   if n.startswith("strata-conv-")]  # fmt: skip
@@ -124,6 +156,10 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
             ratios[f"restore/raw {mode}"] = gbs[f"restore (validated) {mode}"] / base
             ratios[f"restore/np.load {mode}"] = (gbs[f"restore (validated) {mode}"]
                                                  / gbs[f"np.load {mode}"])  # fmt: skip
+            batch = gbs[f"{BATCH} restores batched {mode}"]
+            ratios[f"batched/one restore {mode}"] = batch / gbs[f"restore (validated) {mode}"]
+            ratios[f"batched/one by one {mode}"] = batch / gbs[f"{BATCH} restores one by one "
+                                                               f"{mode}"]  # fmt: skip
         # where a hot restore's time goes: the validation pass (BLAKE3 of every page, from the
         # mapped page cache, on every core) and the apply pass (the copy into the caller's buffer)
         split = {f"restore {k}": nbytes / statistics.median(v[1:]) / 1e9

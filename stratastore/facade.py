@@ -23,14 +23,28 @@ import numpy.typing as npt
 
 from .chain import Checkpoint, Conversation, as_tokens
 from .config import StoreConfig
-from .errors import ConfigError
+from .errors import ConfigError, StrataError
 from .format import ModelFingerprint
 from .restore import Destination
 from .tiers.tiered import ParkReport, Restored, Snapshot, Tiers
 
-__all__ = ["Store"]
+__all__ = ["BatchRestoreError", "Store"]
 
 _STOP = object()
+
+
+class BatchRestoreError(StrataError):
+    """Some requests of :meth:`Store.restore_many` failed; ``results`` holds, per request, its
+    :class:`Restored` (its destination was filled) or its error."""
+
+    def __init__(self, results: list[Restored | Exception]) -> None:
+        self.results = results
+        failed = [f"#{i}: {r}" for i, r in enumerate(results) if isinstance(r, Exception)]
+        super().__init__(
+            f"{len(failed)} of {len(results)} restores failed ("
+            + "; ".join(failed)
+            + "); the others completed (see .results)"
+        )
 
 
 class Store:
@@ -145,6 +159,30 @@ class Store:
             r = self._tiers.restore(tokens, flat)
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         return r
+
+    def restore_many(
+        self, requests: Sequence[tuple[Sequence[int] | npt.NDArray[np.integer],
+                                       npt.NDArray[Any] | Destination]],
+    ) -> list[Restored]:  # fmt: skip
+        """:meth:`restore` for several prompts submitted together (one destination each): their
+        disk reads share one batched read agenda, read-ahead, validation and copy overlapping
+        across requests (:mod:`stratastore.restore.agenda`). Each request keeps the contract of
+        :meth:`restore`. When some requests fail (the ladder turned off and an image damaged,
+        an I/O error), the others still complete and :class:`BatchRestoreError` is raised,
+        carrying every request's result."""
+        reqs = [(as_tokens(p), out.reshape(-1).view(np.uint8) if isinstance(out, np.ndarray)
+                 else out) for p, out in requests]  # fmt: skip
+        if self._queue.unfinished_tasks:
+            self.flush()
+        with self._lock:
+            got = self._tiers.restore_many(reqs)
+            for (tokens, _), r in zip(reqs, got, strict=True):
+                self.counters["tokens_reread"] += len(tokens) - (
+                    0 if isinstance(r, Exception) else r.tokens
+                )
+        if any(isinstance(r, Exception) for r in got):
+            raise BatchRestoreError(got)
+        return [r for r in got if not isinstance(r, Exception)]
 
     def save_session(self, name: str, tokens: Sequence[int] | npt.NDArray[np.integer],
                      kv: npt.NDArray[Any], checkpoints: Sequence[int] = ()) -> None:  # fmt: skip

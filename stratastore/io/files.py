@@ -23,6 +23,7 @@ from .errors import StrataIOError
 __all__ = [
     "NETWORK_FILESYSTEMS",
     "FileLock",
+    "advise_willneed",
     "close",
     "exists",
     "mtime_ns",
@@ -218,6 +219,24 @@ def read_head(path: str, nbytes: int) -> tuple[bytes, int]:
         return bytes(head[:n]), size
     finally:
         close(fd)
+
+
+def advise_willneed(path: str) -> bool:
+    """Ask the kernel to start reading ``path`` into the page cache now (``posix_fadvise``
+    WILLNEED: asynchronous read-ahead). A hint only: any failure (a file already gone, a
+    filesystem without it) is ignored and reported as False, never raised, so it is not an I/O
+    step of the fault seam."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def map_readonly(path: str) -> tuple[mmap.mmap, int]:

@@ -1,15 +1,18 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
+from .agenda import Job, restore_batch
 from .destinations import Destination, FlatKV, LayerKV, PagedKV
 from .two_pass import Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
     "Destination",
     "FlatKV",
+    "Job",
     "LayerKV",
     "Outcome",
     "PagedKV",
     "Piece",
     "RestoreFailed",
+    "restore_batch",
     "two_pass_restore",
 ]

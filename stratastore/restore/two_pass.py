@@ -31,7 +31,10 @@ from ..io.errors import StrataIOError
 from ..store import SegmentNotFound, SegmentStore
 from .destinations import Destination
 
-__all__ = ["Outcome", "Piece", "RestoreFailed", "two_pass_restore"]
+__all__ = [
+    "Outcome", "Piece", "RestoreFailed", "Validated", "apply_pass", "check_capacity", "read_pass",
+    "two_pass_restore",
+]  # fmt: skip
 
 DEFAULT_CHUNK = 16 << 20
 
@@ -76,15 +79,36 @@ def two_pass_restore(
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> Outcome:
     """Restore tokens ``[0, wanted)`` from ``pieces`` (consecutive, from token 0) into ``dest``."""
+    check_capacity(wanted, dest)
+    validated = read_pass(pieces, wanted, fp)
+    return apply_pass(validated, dest, fp, resume_at=resume_at, ladder=ladder,
+                      chunk_bytes=chunk_bytes)  # fmt: skip
+
+
+@dataclass
+class Validated:
+    """What a read pass hands its apply pass: the outcome so far and the validated payloads
+    (mappings or decompressed arrays), in token order."""
+
+    out: Outcome
+    ready: list[tuple[Piece, npt.NDArray[np.uint8]]]
+
+
+def check_capacity(wanted: int, dest: Destination) -> None:
     if wanted > dest.capacity():
         raise StrataError(
             f"restore: the destination holds {dest.capacity():,} tokens, {wanted:,} are wanted"
         )
-    pt, tb = fp.page_tokens, fp.token_bytes
+
+
+def read_pass(pieces: Sequence[Piece], wanted: int, fp: ModelFingerprint) -> Validated:
+    """Validate every page of ``[0, wanted)`` against its sidecar; touches no caller buffer.
+    Stops at the first bad page, or at a missing, short or unreadable segment."""
+    pt = fp.page_tokens
     out = Outcome(0, wanted)
     ready: list[tuple[Piece, npt.NDArray[np.uint8]]] = []
     t0 = time.perf_counter()
-    for piece in pieces:  # ---- read pass: validate, touch nothing of the caller's
+    for piece in pieces:
         if piece.start >= wanted:
             break
         need = min(piece.end, wanted) - piece.start
@@ -102,9 +126,25 @@ def two_pass_restore(
             out.reason = f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 validation"
             out.damaged.append(piece.key)
             break
+    out.read_s = time.perf_counter() - t0
+    return Validated(out, ready)
+
+
+def apply_pass(
+    validated: Validated,
+    dest: Destination,
+    fp: ModelFingerprint,
+    *,
+    resume_at: Callable[[int], int],
+    ladder: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK,
+) -> Outcome:
+    """Copy the validated pages into ``dest`` in chunks of ``chunk_bytes``: all of them, or,
+    after damage, those below ``resume_at(first_bad)`` (the ladder; ``ladder=False`` raises
+    :class:`RestoreFailed` instead and writes nothing)."""
+    out, pt, tb = validated.out, fp.page_tokens, fp.token_bytes
     t1 = time.perf_counter()
-    out.read_s = t1 - t0
-    limit = wanted
+    limit = out.wanted
     if out.first_bad is not None:
         if not ladder:
             raise RestoreFailed(
@@ -113,7 +153,7 @@ def two_pass_restore(
             )
         limit = min(resume_at(out.first_bad), out.first_bad)
     chunk_tokens = max(pt, chunk_bytes // (pt * tb) * pt)
-    for piece, payload in ready:  # ---- apply pass: bounded chunks of validated pages
+    for piece, payload in validated.ready:
         if piece.start >= limit:
             break
         n = min(piece.end, limit) - piece.start

@@ -488,6 +488,11 @@ class SegmentStore:
         self._check_data(sc, hdr, size)
         return sc, arr[hdr.data_offset :]
 
+    def prefetch(self, key: bytes) -> bool:
+        """Start reading the segment's data file into the page cache (a hint for a restore that
+        comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
+        return files.advise_willneed(self._data_path(key))
+
     def read_pages(self, key: bytes, pages: int | None = None
                    ) -> tuple[Sidecar, npt.NDArray[np.uint8]]:  # fmt: skip
         """The segment's sidecar and its pages, *not* validated (the caller hashes them, as the

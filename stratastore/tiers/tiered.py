@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ from ..format.manifest import (
 from ..format.naming import chain_name, is_chain_name
 from ..io import durable_write, files
 from ..io.errors import StrataIOError
-from ..restore import Destination, FlatKV, Piece, two_pass_restore
+from ..restore import Destination, FlatKV, Job, Outcome, Piece, restore_batch
 from ..store import SegmentStore
 from .admission import MIB, Admission, Placement
 from .arena import DEFAULT_CHUNK, Allocation, Arena
@@ -422,40 +422,65 @@ class Tiers:
         """Restore the deepest stored prefix of ``prompt`` into ``out``: a flat buffer in the
         stored page layout (at least ``len(prompt) * token_bytes``) or a
         :class:`~stratastore.restore.Destination`; returns how many tokens it holds now."""
-        dest = FlatKV(self.fp, out) if isinstance(out, np.ndarray) else out
-        if dest.capacity() < len(prompt):
-            raise StrataError(
-                f"restore: the destination holds {dest.capacity():,} tokens; a prompt of "
-                f"{len(prompt):,} tokens needs room for all of them ({self.tb} bytes a token)"
-            )
-        hit = self.lookup(prompt)
-        if hit is None:
-            self.counters["restore_misses"] += 1
-            return Restored("none", 0)
-        source, m = hit
-        if source == "ram":
-            self._read_ram(m.conv_id, m.length, dest)
-            state = self._states.get(m.conv_id, {}).get(m.length)
-            if m.length == len(self.ram.entries[m.conv_id].conv.tokens):
-                # the prompt continues that very conversation: it is mounted live, so the RAM
-                # copy is the slot's now; a prefix shared with another one leaves it in place
-                self.ram.take(m.conv_id)
-                self._release(m.conv_id)
-            self.counters["hits_ram"] += 1
-            self.counters["tokens_restored"] += m.length
-            return Restored("ram", m.length, m.conv_id, state)
-        p: Placement = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
-        if p.where == "discard":
-            self.counters["disk_hits_refused"] += 1
-            return Restored("none", 0)
-        dc = self._disk[m.conv_id]
-        got = self._read_disk(dc, m.length, dest)
-        state = None
-        if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
-            got, state = self._state_at_or_below(dc, got)
-        self.counters["hits_disk"] += 1
-        self.counters["tokens_restored"] += got
-        return Restored("disk", got, m.conv_id, state)
+        got = self.restore_many([(prompt, out)])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def restore_many(
+        self, requests: Sequence[tuple[npt.NDArray[np.integer] | list[int],
+                                       npt.NDArray[np.uint8] | Destination]],
+    ) -> list[Restored | Exception]:  # fmt: skip
+        """:meth:`restore` for several prompts at once, each into its own destination: the
+        lookups and RAM hits run in order, then the disk hits share one batched read agenda
+        (:mod:`stratastore.restore.agenda`). Returns, per request, its :class:`Restored` or the
+        error that request alone raised. A destination too small raises before anything runs."""
+        dests = []
+        for prompt, out in requests:
+            dest = FlatKV(self.fp, out) if isinstance(out, np.ndarray) else out
+            if dest.capacity() < len(prompt):
+                raise StrataError(
+                    f"restore: the destination holds {dest.capacity():,} tokens; a prompt of "
+                    f"{len(prompt):,} tokens needs room for all of them ({self.tb} bytes a token)"
+                )
+            dests.append(dest)
+        results: list[Restored | Exception | None] = [None] * len(requests)
+        pending: list[tuple[int, _DiskConv, Job]] = []
+        for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
+            hit = self.lookup(prompt)
+            if hit is None:
+                self.counters["restore_misses"] += 1
+                results[i] = Restored("none", 0)
+                continue
+            source, m = hit
+            if source == "ram":
+                results[i] = self._restore_ram(m, dest)
+                continue
+            p: Placement = self.admission.admit(m.length * self.tb, stays_in_ram=False,
+                                                disk=True)  # fmt: skip
+            if p.where == "discard":
+                self.counters["disk_hits_refused"] += 1
+                results[i] = Restored("none", 0)
+                continue
+            dc = self._disk[m.conv_id]
+            pending.append((i, dc, self._disk_job(dc, m.length, dest)))
+        outcomes = restore_batch([job for _, _, job in pending])
+        for (i, dc, job), o in zip(pending, outcomes, strict=True):
+            results[i] = o if isinstance(o, Exception) else self._disk_restored(dc, job, o)
+        return [r if r is not None else RuntimeError("restore request did not run")
+                for r in results]  # fmt: skip
+
+    def _restore_ram(self, m: Match, dest: Destination) -> Restored:
+        self._read_ram(m.conv_id, m.length, dest)
+        state = self._states.get(m.conv_id, {}).get(m.length)
+        if m.length == len(self.ram.entries[m.conv_id].conv.tokens):
+            # the prompt continues that very conversation: it is mounted live, so the RAM
+            # copy is the slot's now; a prefix shared with another one leaves it in place
+            self.ram.take(m.conv_id)
+            self._release(m.conv_id)
+        self.counters["hits_ram"] += 1
+        self.counters["tokens_restored"] += m.length
+        return Restored("ram", m.length, m.conv_id, state)
 
     def _read_ram(self, conv_id: str, length: int, dest: Destination) -> None:
         """Copy ``[0, length)`` of a RAM entry (stored page layout) into ``dest``."""
@@ -489,24 +514,43 @@ class Tiers:
             return length, blob
         return 0, None
 
-    def _read_disk(self, dc: _DiskConv, length: int, dest: Destination) -> int:
-        """Two-pass restore of ``[0, length)`` (spec F-SC-3): validate every page first, then
-        apply; on damage the ladder applies the deepest resume point below it. Returns the
-        tokens now in ``dest``, all validated."""
+    def _disk_job(self, dc: _DiskConv, length: int, dest: Destination) -> Job:
+        """The two-pass restore of ``[0, length)`` (spec F-SC-3): validate every page first,
+        then apply; on damage the ladder applies the deepest resume point below it."""
         pieces = [Piece(s, e, k, self._holder(k)) for s, e, k in dc.segments if s < length]
-        out = two_pass_restore(pieces, length, dest, self.fp, resume_at=self._ladder_point(dc),
-                               ladder=self.cfg.ladder,
-                               chunk_bytes=self.cfg.restore_chunk_mib * MIB)  # fmt: skip
+        return Job(pieces, length, dest, self.fp, self._ladder_point(dc), self.cfg.ladder,
+                   self.cfg.restore_chunk_mib * MIB)  # fmt: skip
+
+    def _read_disk(self, dc: _DiskConv, length: int, dest: Destination) -> int:
+        """Run one disk job now; the tokens it left in ``dest``, all validated."""
+        job = self._disk_job(dc, length, dest)
+        out = restore_batch([job])[0]
+        if isinstance(out, Exception):
+            raise out
+        self._account_read(dc, job, out)
+        return out.tokens
+
+    def _disk_restored(self, dc: _DiskConv, job: Job, out: Outcome) -> Restored:
+        """Account a finished disk restore of a prompt, and find its running state."""
+        self._account_read(dc, job, out)
+        got, state = out.tokens, None
+        if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
+            got, state = self._state_at_or_below(dc, got)
+        self.counters["hits_disk"] += 1
+        self.counters["tokens_restored"] += got
+        return Restored("disk", got, dc.conv.conv_id, state)
+
+    def _account_read(self, dc: _DiskConv, job: Job, out: Outcome) -> None:
+        """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck."""
         for lvl in (self.warm, self.cold):  # a level counts a hit for each restore it served
             if lvl is not None and any(p.store is lvl.store and p.start < out.tokens
-                                       for p in pieces):  # fmt: skip
+                                       for p in job.pieces):  # fmt: skip
                 lvl.counters.hits += 1
         if out.laddered:
             self.counters["ladder_restores"] += 1
             self.damaged.extend(k for k in out.damaged if k not in self.damaged)
             self.warn(f"conversation {dc.conv.conv_id}: restored {out.tokens:,} of "
                       f"{out.wanted:,} tokens: {out.reason}")  # fmt: skip
-        return out.tokens
 
     def _ladder_point(self, dc: _DiskConv) -> Callable[[int], int]:
         """The deepest point a restore may stop at below damage at token ``bad``: a whole page

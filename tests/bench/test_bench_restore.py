@@ -17,7 +17,14 @@ def test_restore_vs_raw_and_np_load(benchmark: Any, tmp_path: Any) -> None:
     doc = benchmark.pedantic(run_bench, args=(str(tmp_path),),
                              kwargs={"mib": MIB, "rounds": 2, "cold": False},
                              rounds=1, iterations=1)  # fmt: skip
-    assert set(doc["gb_per_s"]) == {"restore (validated) hot", "raw read hot", "np.load hot"}
+    assert set(doc["gb_per_s"]) == {
+        "restore (validated) hot",
+        "raw read hot",
+        "np.load hot",
+        "4 restores one by one hot",
+        "4 restores batched hot",
+    }
+    assert set(doc["ratios"]) >= {"batched/one restore hot", "batched/one by one hot"}
     assert all(v > 0 for v in doc["gb_per_s"].values())
     if benchmark.stats is not None:
         print("\n" + "  ".join(f"{k}: {v:.2f} GB/s" for k, v in doc["gb_per_s"].items()))
