@@ -70,3 +70,29 @@ def run_on_private_tmpfs(tmp_path: Path, script: str, *args: str) -> str:
         pytest.skip(f"private mounts are not permitted here: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print what the reliability suite exercised (issue 6: counts printed by CI)."""
+    from tests.reliability.counts import COUNTS, report
+
+    if not COUNTS:
+        return
+    lines, short = report()
+    terminalreporter.section("reliability counts")
+    for line in lines:
+        terminalreporter.write_line(line)
+    if short and os.environ.get("STRATA_RELIABILITY_ENFORCE") == "1":
+        terminalreporter.write_line("BELOW THE FLOOR: " + "; ".join(short), red=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With STRATA_RELIABILITY_ENFORCE=1, a run below a floor fails (nothing is skipped
+    silently: a reliability test that did not run shows up as a missing count)."""
+    from tests.reliability.counts import report
+
+    if os.environ.get("STRATA_RELIABILITY_ENFORCE") != "1":
+        return
+    _, short = report()
+    if short and exitstatus == 0:
+        session.exitstatus = 1

@@ -1,0 +1,26 @@
+"""Kill at every I/O step (issue 6): each canonical workload (park, degrade across volumes, GC,
+repair, index rebuild) runs in a forked child that exits at its I/O operation k, for every k
+until it completes; after each, the invariants of harness.check hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability import counts
+from tests.reliability.harness import WORKLOADS, check, crash_at, evidence
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_crash_at_every_io_step(name: str, tmp_path: Path) -> None:
+    w = WORKLOADS[name]
+    k, done = 0, False
+    while not done:
+        k += 1
+        assert k < 2000, f"{name}: the crash loop does not terminate"
+        done, acked = crash_at(w, tmp_path / "root", k)
+        check(w, tmp_path / "root", acked)
+        counts.add("kill points")
+    assert k > 5, f"{name}: only {k} I/O steps: the workload did not run"
+    evidence(w, tmp_path / "root")
