@@ -129,7 +129,11 @@ class SegmentStore:
         self.skipped: list[Skipped] = []
         self._lock = threading.Lock()
         self._index = SegmentIndex(path)
-        self._flock = files.FileLock(os.path.join(self._index.path, "write.lock"))
+        try:
+            self._flock = files.FileLock(os.path.join(self._index.path, "write.lock"))
+        except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
+            self._index.close()
+            raise
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod

@@ -21,7 +21,6 @@ from typing import Literal
 
 from ..errors import StrataError
 from ..format import ChecksumMismatch, FormatError
-from ..io.errors import StrataIOError
 from ..store import SegmentStore
 
 __all__ = ["DiskLevel", "LevelCounters", "LevelRefused"]
@@ -143,7 +142,9 @@ class DiskLevel:
 
     # -- the cascade --------------------------------------------------------------------------
     def degrade_to_next(self, key: bytes) -> bool:
-        """Hand ``key`` to the next level; False (the entry stays here) when it refuses."""
+        """Hand ``key`` to the next level; False (the entry stays here) when it refuses. An
+        I/O error is raised, not turned into a refusal: a park that needed this room must fail
+        loudly (``Store.flush`` re-raises it), never be counted as a quiet discard."""
         assert self.next is not None
         try:
             self.next.adopt(self, key)
@@ -151,7 +152,7 @@ class DiskLevel:
             self.store.delete(key)  # an unreadable image is discarded, not degraded
             self.counters.discards += 1
             return True
-        except (LevelRefused, StrataIOError) as e:
+        except LevelRefused as e:
             self.counters.refusals += 1
             self.last_refusal = str(e)
             return False

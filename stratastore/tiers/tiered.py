@@ -143,13 +143,21 @@ class Tiers:
         self.outbox: list[Snapshot] = []
         self.last_admission = "none yet"
         self.target, self.target_source = self._resolve_target()
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
+            self.close()
+            raise
 
     def _level(self, name: str, path: str, mib: int, age: int, level: Level,
                nxt: DiskLevel | None) -> DiskLevel:  # fmt: skip
         store = SegmentStore.open(path, self.fp, level=level)
-        return DiskLevel(name, store, mib * MIB, max_age_s=age, when_full=self.cfg.when_full,
-                         next_level=nxt)  # fmt: skip
+        try:
+            return DiskLevel(name, store, mib * MIB, max_age_s=age,
+                             when_full=self.cfg.when_full, next_level=nxt)  # fmt: skip
+        except BaseException:
+            store.close()
+            raise
 
     def _resolve_target(self) -> tuple[Literal["ram", "disk"], str]:
         cfg = self.cfg
