@@ -10,11 +10,12 @@ each segment are sampled. Repair is not implemented yet.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import lmdb
 import numpy as np
 
 from .errors import StrataError
@@ -35,6 +36,7 @@ from .format.naming import INDEX_DIR, QUARANTINE_DIR, TEMP_PREFIX, is_chain_name
 from .format.sidecar import MAX_SIDECAR_BYTES, Sidecar
 from .io import files
 from .io.errors import StrataIOError
+from .store.index import lmdb_file_problem
 
 __all__ = ["Finding", "fsck"]
 
@@ -165,29 +167,66 @@ def _bad_page(path: str, sc: Sidecar, hdr: SegmentHeader, deep: bool) -> int:
                           sample=not deep)  # fmt: skip
 
 
+#: run in a child process: LMDB trusts its file, and a damaged page can kill the reader with
+#: SIGBUS, which must not take fsck down with it (prints the schema, then key/value rows)
+_INDEX_DUMP = """
+import sys, lmdb
+try:
+    env = lmdb.open(sys.argv[1], subdir=True, readonly=True, lock=False, max_dbs=4)
+    with env.begin() as txn:
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        schema = txn.get(b"schema", db=meta)
+        out = [schema.hex() if schema is not None else "-"]
+        db = env.open_db(b"segments", txn=txn, create=False)
+        out += [k.hex() + " " + bytes(v).hex() for k, v in txn.cursor(db=db)]
+except lmdb.Error as e:
+    print(f"ERROR {e}")
+    sys.exit(3)
+print("\\n".join(out))
+"""
+
+
+def _read_index_isolated(path: str) -> tuple[bytes | None, dict[bytes, bytes]] | str:
+    """The index's schema and rows, read by a child process; or why they could not be."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _INDEX_DUMP, path], capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the index reader could not run ({e})"
+    if r.returncode < 0:
+        return f"reading it killed the reader (signal {-r.returncode}): its pages are damaged"
+    if r.returncode != 0:
+        return r.stdout.strip().removeprefix("ERROR ") or r.stderr.strip()[-300:]
+    lines = r.stdout.splitlines()
+    if not lines:
+        return "the index reader printed nothing"
+    schema = None if lines[0] == "-" else bytes.fromhex(lines[0])
+    rows = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(" ")
+        rows[bytes.fromhex(k)] = bytes.fromhex(v)
+    return schema, rows
+
+
 def _check_index(d: str, valid: dict[bytes, Sidecar]) -> Iterator[Finding]:
     path = os.path.join(d, INDEX_DIR)
     if not os.path.isdir(path):
         yield Finding("INDEX_ABSENT", "info", path, "no index: the next open rebuilds it")
         return
-    try:
-        env = lmdb.open(path, subdir=True, readonly=True, lock=False, max_dbs=4)
-    except lmdb.Error as e:
-        yield Finding("INDEX_UNREADABLE", "error", path, f"{e}; it is derived: repair rebuilds it")
+    problem = lmdb_file_problem(path)
+    if problem is not None:  # mapping it could kill this process (SIGBUS)
+        yield Finding("INDEX_UNREADABLE", "error", path, f"{problem}; it is derived: repair "
+                      "rebuilds it")  # fmt: skip
         return
-    try:
-        with env.begin() as txn:
-            schema = txn.get(b"schema", db=env.open_db(b"meta", txn=txn, create=False))
-            if schema is None or int.from_bytes(schema, "little") != INDEX_SCHEMA:
-                yield Finding("INDEX_SCHEMA", "warning", path, "another schema: open rebuilds it")
-                return
-            db = env.open_db(b"segments", txn=txn, create=False)
-            indexed = {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
-    except lmdb.Error as e:
-        yield Finding("INDEX_UNREADABLE", "error", path, f"{e}; it is derived: repair rebuilds it")
+    got = _read_index_isolated(path)
+    if isinstance(got, str):
+        yield Finding("INDEX_UNREADABLE", "error", path,
+                      f"{got}; it is derived: repair rebuilds it")  # fmt: skip
         return
-    finally:
-        env.close()
+    schema, indexed = got
+    if schema is None or int.from_bytes(schema, "little") != INDEX_SCHEMA:
+        yield Finding("INDEX_SCHEMA", "warning", path, "another schema: open rebuilds it")
+        return
     for key, raw in sorted(indexed.items()):
         if key not in valid:
             yield Finding("INDEX_DANGLING", "error", os.path.join(path, key.hex()),

@@ -8,7 +8,9 @@ it is retried).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -32,10 +34,60 @@ _registry_lock = threading.Lock()
 _registry: dict[str, tuple[Any, int]] = {}
 
 
+#: LMDB's meta page (64-bit builds): the page header (16 bytes), then mm_magic, mm_version,
+#: mm_address, mm_mapsize, mm_dbs[2] (48 bytes each), mm_last_pg, mm_txnid
+_META = struct.Struct("<16xIIQQ48s48sQQ")
+_LMDB_MAGIC = 0xBEEFC0DE
+_DB_ROOT = struct.Struct("<40xQ")  #: md_root, the last field of an MDB_db
+_P_INVALID = (1 << 64) - 1
+
+
+def lmdb_file_problem(index_dir: str) -> str | None:
+    """Why ``index_dir/data.mdb`` must not be mapped, or None. LMDB trusts its file: a meta page
+    whose last page (or a root) lies past the end of the file makes LMDB touch unmapped pages,
+    and the process dies of SIGBUS instead of getting an error. Checks the meta page LMDB would
+    pick (the valid one with the higher txnid) against the file's size. No file: None."""
+    path = os.path.join(index_dir, "data.mdb")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(2 * 65536)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}"
+    if size == 0:
+        return None  # a new environment: LMDB initialises it
+    metas = []
+    for psize in (4096, 8192, 16384, 32768, 65536):  # meta page 1 starts one page in
+        if len(head) < psize + _META.size:
+            break
+        for off in (0, psize):
+            magic, _, _, _, db0, db1, last_pg, txnid = _META.unpack_from(head, off)
+            if magic == _LMDB_MAGIC:
+                metas.append((txnid, last_pg, psize, db0, db1))
+        if len(metas) == 2:
+            break
+        metas = []
+    if not metas:
+        return f"{path} has no valid LMDB meta pages"
+    txnid, last_pg, psize, db0, db1 = max(metas)
+    if (last_pg + 1) * psize > size:
+        return f"{path}: its meta page says {last_pg + 1} pages, the file holds {size // psize}"
+    for db in (db0, db1):
+        root = _DB_ROOT.unpack(db)[0]
+        if root != _P_INVALID and root > last_pg:
+            return f"{path}: a root page ({root}) lies past its last page ({last_pg})"
+    return None
+
+
 def _open_env(path: str) -> Any:
     with _registry_lock:
         env, refs = _registry.get(path, (None, 0))
         if env is None:
+            problem = lmdb_file_problem(path)
+            if problem is not None:
+                raise lmdb.CorruptedError(problem)
             env = lmdb.open(path, subdir=True, max_dbs=4, map_size=_INITIAL_MAP,
                             sync=True, metasync=True, readahead=False, max_readers=256)  # fmt: skip
         _registry[path] = (env, refs + 1)
@@ -65,8 +117,15 @@ class SegmentIndex:
                 f"index {self.path} cannot be opened ({e}); it is derived state: delete that "
                 "directory and open the store again to rebuild it from the sidecars"
             ) from e
-        self._segments = self.env.open_db(b"segments")
-        self._meta = self.env.open_db(b"meta")
+        try:
+            self._segments = self.env.open_db(b"segments")
+            self._meta = self.env.open_db(b"meta")
+        except lmdb.Error as e:
+            _close_env(self.path)
+            raise StoreError(
+                f"index {self.path} is damaged ({e}); it is derived state: "
+                f"`strata fsck --repair --yes {store_dir}` rebuilds it from the sidecars"
+            ) from e
         self._closed = False
 
     def close(self) -> None:
@@ -90,14 +149,28 @@ class SegmentIndex:
                     "free space or fix the volume, then reopen to reconcile the index"
                 ) from e
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """A read transaction; LMDB's own errors (a damaged ``data.mdb``) become a StoreError
+        naming the fix, as the index is derived state (spec F-IDX-3)."""
+        try:
+            with self.env.begin() as txn:
+                yield txn
+        except lmdb.Error as e:
+            raise StoreError(
+                f"index {self.path} is damaged ({e}); it is derived state: "
+                f"`strata fsck --repair --yes {os.path.dirname(self.path)}` rebuilds it from the "
+                "sidecars (or delete that directory and open the store again)"
+            ) from e
+
     # -- meta ---------------------------------------------------------------------------------
     def schema(self) -> int | None:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(_SCHEMA_KEY, db=self._meta)
         return int.from_bytes(raw, "little") if raw is not None else None
 
     def meta_get(self, name: bytes) -> bytes | None:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(name, db=self._meta)
         return bytes(raw) if raw is not None else None
 
@@ -106,7 +179,7 @@ class SegmentIndex:
 
     # -- records ------------------------------------------------------------------------------
     def get(self, key: bytes) -> IndexRecord | None:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(key, db=self._segments)
         return IndexRecord.unpack(bytes(raw), f"index record {key.hex()}") if raw else None
 
@@ -117,17 +190,17 @@ class SegmentIndex:
         return bool(self._write(lambda txn: txn.delete(key, db=self._segments)))
 
     def keys(self) -> list[bytes]:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             return [bytes(k) for k in txn.cursor(db=self._segments).iternext(values=False)]
 
     def items(self) -> Iterator[tuple[bytes, IndexRecord]]:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             rows = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._segments)]
         for k, v in rows:
             yield k, IndexRecord.unpack(v, f"index record {k.hex()}")
 
     def __len__(self) -> int:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             return int(txn.stat(self._segments)["entries"])
 
     def replace_all(self, records: dict[bytes, IndexRecord], fingerprint: bytes) -> None:
