@@ -27,6 +27,7 @@ __all__ = [
     "FaultInjector",
     "hit",
     "inject",
+    "use",
 ]
 
 CRASH_ENV = "STRATA_TEST_CRASH_AT_IO_OP"
@@ -101,6 +102,18 @@ def hit(op: str, path: str) -> Fault | None:
         return None
     with _lock:
         return inj.check(op, path)
+
+
+@contextmanager
+def use(injector: FaultInjector) -> Iterator[FaultInjector]:
+    """Install ``injector`` (a subclass may override ``check``, as the power-loss recorder
+    does) for the duration of the block (tests only; not re-entrant)."""
+    global _active
+    prev, _active = _active, injector
+    try:
+        yield injector
+    finally:
+        _active = prev
 
 
 @contextmanager
