@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ unit: $(STAMP)
 # The full suite, with the benchmarks run once each (they print their ratios, never assert time).
 test: lint typecheck $(STAMP)
 	$(BIN)/python -m pytest -q --benchmark-disable
+
+# The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.
+soak: $(STAMP)
+	STRATA_SOAK=10 STRATA_RELIABILITY_ENFORCE=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q \
+		tests/reliability tests/crash tests/property tests/unit/test_fuzz_targets.py
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest tests/bench -q -s --benchmark-only

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
 from stratastore.format import (
     IndexRecord,
@@ -14,6 +15,7 @@ from stratastore.format import (
     decode_segment_header,
     decode_sidecar,
 )
+from stratastore.format.manifest import decode_manifest
 
 
 def sidecar(data: bytes) -> None:
@@ -37,11 +39,22 @@ def fingerprint(data: bytes) -> None:
     assert fp.page_bytes >= 1
 
 
+def chain_manifest(data: bytes) -> None:
+    m = decode_manifest(data, "fuzz.chain")
+    assert all(s < e for s, e, _ in m.segments)
+
+
+def config(data: bytes) -> None:
+    StoreConfig.from_toml_bytes(data, "fuzz.toml")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "sidecar": sidecar,
     "segment_header": segment_header,
     "index_record": index_record,
     "fingerprint": fingerprint,
+    "chain_manifest": chain_manifest,
+    "config": config,
 }
 
 

@@ -25,6 +25,9 @@ WhenFull = Literal["evict", "reject"]
 Retention = Literal["lru", "spread"]
 
 #: alias -> canonical name (seed 000: the cold level is the existing disk tier's field)
+MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
+MAX_CONFIG_BYTES = 1 << 20  #: a config is a few hundred bytes; refuse anything near this
+
 ALIASES = {"spill_dir": "cold_dir", "disk_mib": "cold_mib"}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "park": ("ram", "disk", "auto"),
@@ -72,8 +75,11 @@ class StoreConfig:
                 if not isinstance(value, bool):
                     raise ConfigError(f"setting {f.name}={value!r} must be true or false")
             elif isinstance(f.default, int):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ConfigError(f"setting {f.name}={value!r} must be an integer >= 0")
+                if (isinstance(value, bool) or not isinstance(value, int)
+                        or not 0 <= value <= MAX_SETTING):  # fmt: skip
+                    raise ConfigError(
+                        f"setting {f.name}={value!r} must be an integer in 0..{MAX_SETTING}"
+                    )
             elif not isinstance(value, str):
                 raise ConfigError(f"setting {f.name}={value!r} must be a string (a directory)")
         for name in ("slots", "checkpoints", "restore_chunk_mib"):
@@ -115,14 +121,25 @@ class StoreConfig:
         """Read a TOML file of top-level ``name = value`` settings (what ``strata init`` writes)."""
         try:
             with open(path, "rb") as f:
-                doc = tomllib.load(f)
+                data = f.read(MAX_CONFIG_BYTES + 1)
         except FileNotFoundError:
             raise ConfigError(
                 f"config file {path} does not exist; create it with strata init"
             ) from None
-        except (OSError, tomllib.TOMLDecodeError) as e:
+        except OSError as e:
             raise ConfigError(f"config file {path} cannot be read: {e}") from None
-        return cls.from_mapping(doc, path)
+        return cls.from_toml_bytes(data, path)
+
+    @classmethod
+    def from_toml_bytes(cls, data: bytes, source: str = "config") -> StoreConfig:
+        """Parse TOML bytes (at most MAX_CONFIG_BYTES) as :meth:`from_toml` does."""
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{source} is over {MAX_CONFIG_BYTES:,} bytes; not a config file")
+        try:
+            doc = tomllib.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"config file {source} cannot be read: {e}") from None
+        return cls.from_mapping(doc, source)
 
     def to_mapping(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -28,6 +28,7 @@ from stratastore.format.naming import TEMP_PREFIX, chain_name
 from stratastore.fsck import fsck, repair
 from stratastore.io import faults
 from stratastore.io.faults import CRASH_EXIT, Fault
+from tests.reliability.counts import SCALE
 
 #: 2 layers x 4 kv heads x 64 dims fp16: 2 KiB a token, 32 KiB pages of 16 tokens
 FP = ModelFingerprint.create("test/reliability", n_layers=2, n_kv_heads=4, head_dim=64,
@@ -79,11 +80,14 @@ def _park_all(w: Workload) -> Callable[[Path, Callable[[int], None]], None]:
     return run
 
 
-def _damage(root: Path) -> None:
-    """Three parks, then by hand: a flipped page byte in conv0's last segment, an orphan temp
-    file, a deleted index (what fsck --repair must fix)."""
-    w = WORKLOADS["park"]
-    _park_all(w)(root, lambda i: None)
+def _damage(park: Workload) -> Callable[[Path], None]:
+    """The park workload, then by hand: a flipped page byte in conv0's last segment, an orphan
+    temp file, a deleted index (what fsck --repair must fix)."""
+    return lambda root: _damage_after(park, root)
+
+
+def _damage_after(park: Workload, root: Path) -> None:
+    park.run(root, lambda i: None)
     cold = root / "cold"
     m = decode_manifest((cold / chain_name("conv0")).read_bytes())
     seg = cold / data_name(next(k for s, _, k in m.segments if s == 64))
@@ -103,34 +107,42 @@ def _rebuild(root: Path, ack: Callable[[int], None]) -> None:
         pass
 
 
-def _drop_index(root: Path) -> None:
-    _park_all(WORKLOADS["park"])(root, lambda i: None)
-    shutil.rmtree(root / "cold" / "strata-index")
+def _drop_index(park: Workload) -> Callable[[Path], None]:
+    def prepare(root: Path) -> None:
+        park.run(root, lambda i: None)
+        shutil.rmtree(root / "cold" / "strata-index")
+
+    return prepare
 
 
-def _workloads() -> dict[str, Workload]:
+def workloads(variant: int = 0) -> dict[str, Workload]:
+    """The canonical workloads; ``variant`` v parks v more conversations in each (``make soak``
+    runs variants 0..9: longer histories, more degradation and GC)."""
     ws = {
-        "park": Workload("park", {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 64}, 3,
+        "park": Workload("park", {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 64}, 3 + variant,
                          run=lambda r, a: None),
         # warm holds about five conversations: the later parks degrade the oldest to cold, by
         # copy (link fails with EXDEV, as across volumes)
         "degrade": Workload("degrade", {"ram_mib": 0, "warm_dir": "warm", "warm_mib": 1,
-                                        "cold_dir": "cold", "cold_mib": 64}, 7,
+                                        "cold_dir": "cold", "cold_mib": 64}, 7 + variant,
                             run=lambda r, a: None,
                             faults=[Fault(op="link", errno=errno.EXDEV, persistent=True)]),
         # cold holds about four conversations: the later parks evict the oldest
-        "gc": Workload("gc", {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 1}, 7,
+        "gc": Workload("gc", {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 1}, 7 + variant,
                        run=lambda r, a: None, may_evict=True),
     }  # fmt: skip
     for w in ws.values():
         w.run = _park_all(w)
-    ws["repair"] = Workload("repair", dict(ws["park"].config), 3, _repair, prepare=_damage)
-    ws["rebuild"] = Workload("rebuild", dict(ws["park"].config), 3, _rebuild,
-                             prepare=_drop_index)  # fmt: skip
+    park = ws["park"]
+    ws["repair"] = Workload("repair", dict(park.config), park.parks, _repair,
+                            prepare=_damage(park))  # fmt: skip
+    ws["rebuild"] = Workload("rebuild", dict(park.config), park.parks, _rebuild,
+                             prepare=_drop_index(park))  # fmt: skip
     return ws
 
 
-WORKLOADS = _workloads()
+WORKLOADS = workloads()
+VARIANTS = range(SCALE)
 
 
 def check(w: Workload, root: Path, acked: set[int], *, isolate_index: bool = True) -> None:
@@ -148,7 +160,7 @@ def check(w: Workload, root: Path, acked: set[int], *, isolate_index: bool = Tru
             assert not out[n * TB :].any(), f"{w.name}: conv{i} got bytes past its prefix"
             got[i] = n
     damaged = {0} if w.name == "repair" else set()  # its last segment was flipped by hand
-    for i in acked | ({0, 1, 2} if w.prepare else set()):
+    for i in acked | (set(range(w.parks)) if w.prepare else set()):
         if w.may_evict and i != max(acked):
             continue
         want = 64 if i in damaged else N_TOKENS

@@ -18,7 +18,7 @@ from stratastore import Store, StrataError
 from stratastore.io import faults
 from stratastore.io.faults import Fault
 from tests.reliability import counts
-from tests.reliability.harness import FP, WORKLOADS, Workload, check, conversation
+from tests.reliability.harness import FP, VARIANTS, Workload, check, conversation, workloads
 
 
 def run_faulted(w: Workload, root: Path, fault: Fault) -> set[int]:
@@ -58,9 +58,10 @@ def cases(w: Workload, ops: dict[str, int], total: int) -> list[Fault]:
     return out
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", ["park", "degrade", "gc"])
-def test_injected_errors(name: str, tmp_path: Path) -> None:
-    w = WORKLOADS[name]
+def test_injected_errors(name: str, variant: int, tmp_path: Path) -> None:
+    w = workloads(variant)[name]
     root = tmp_path / "root"
     root.mkdir()
     with faults.inject(record=True) as rec:  # the workload's operations, unfaulted

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import counts
-from tests.reliability.harness import WORKLOADS, check, crash_at, evidence
+from tests.reliability.harness import VARIANTS, WORKLOADS, check, crash_at, evidence, workloads
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_crash_at_every_io_step(name: str, tmp_path: Path) -> None:
-    w = WORKLOADS[name]
+def test_crash_at_every_io_step(name: str, variant: int, tmp_path: Path) -> None:
+    w = workloads(variant)[name]
     k, done = 0, False
     while not done:
         k += 1

@@ -13,13 +13,14 @@ import pytest
 
 from stratastore.io import faults, files
 from tests.reliability import counts
-from tests.reliability.harness import WORKLOADS, check
+from tests.reliability.harness import VARIANTS, WORKLOADS, check, workloads
 from tests.reliability.powerloss import Recorder, crash_states, digest, materialize
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_every_crash_state(name: str, tmp_path: Path) -> None:
-    explore(name, tmp_path)
+def test_every_crash_state(name: str, variant: int, tmp_path: Path) -> None:
+    explore(name, tmp_path, variant=variant)
 
 
 def test_the_explorer_catches_a_publish_without_fsync(
@@ -32,8 +33,8 @@ def test_the_explorer_catches_a_publish_without_fsync(
         explore("park", tmp_path, count=False)
 
 
-def explore(name: str, tmp_path: Path, count: bool = True) -> None:
-    w = WORKLOADS[name]
+def explore(name: str, tmp_path: Path, count: bool = True, variant: int = 0) -> None:
+    w = workloads(variant)[name]
     root = tmp_path / "rec"
     root.mkdir()
     if w.prepare is not None:

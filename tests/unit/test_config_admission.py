@@ -40,8 +40,9 @@ def test_two_names_with_different_values_is_an_error() -> None:
     [
         ({"colddir": "/x"}, "unknown setting 'colddir'"),
         ({"park": "ssd"}, "park='ssd' is not one of ram, disk, auto"),
-        ({"ram_mib": -1}, "integer >= 0"),
-        ({"ram_mib": "8G"}, "integer >= 0"),
+        ({"ram_mib": -1}, r"ram_mib=-1 must be an integer in 0\.\.1099511627776"),
+        ({"ram_mib": "8G"}, "ram_mib='8G' must be an integer in 0"),
+        ({"cold_mib": 1 << 41}, "cold_mib=2199023255552 must be an integer in 0"),
         ({"slots": 0}, "slots must be at least 1"),
         ({"park_truncate": "yes"}, "true or false"),
         ({"warm_dir": 3}, "string"),

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from fuzz.targets import TARGETS, run_one
+from tests.reliability import counts
+from tests.reliability.counts import FUZZ_FLOOR, FUZZ_PARSERS, SCALE
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "fuzz" / "corpus"
-RUNS = 2000
+RUNS = FUZZ_FLOOR * SCALE  #: issue 6: 10,000 executions per parser a CI run (make soak: 10x)
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -34,7 +36,12 @@ def test_bounded_atheris_run(target: str, tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, str(ROOT / "fuzz" / "run.py"), target, f"-runs={RUNS}",
          "-max_len=4096", "-seed=1", str(corpus)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"Done {RUNS} runs" in r.stderr
+    counts.add(f"fuzz {target}", RUNS)
+
+
+def test_every_parser_has_a_target() -> None:
+    assert set(TARGETS) == set(FUZZ_PARSERS)
