@@ -215,3 +215,53 @@ def test_cli_repair_needs_confirmation(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--yes" in r.stderr and (d / "strata-tmp-00-x").exists()
     r = subprocess.run([*cmd, "--yes"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "remove_temp" in r.stdout and not (d / "strata-tmp-00-x").exists()
+
+
+def test_five_damages_at_once_then_repair_via_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 6's Must show: a store of three conversations damaged by hand in five ways (a
+    flipped page byte, a deleted sidecar, an orphan temp file, a truncated segment, a deleted
+    index): ``strata fsck`` names each with its id and exits 1; ``--repair --yes`` brings it to
+    exit 0, and each damaged conversation restores its valid prefix."""
+    from stratastore import Store
+    from stratastore.format.manifest import decode_manifest
+    from stratastore.format.naming import chain_name
+    from tests.reliability.harness import FP as RFP
+    from tests.reliability.harness import TB, WORKLOADS, conversation
+
+    w = WORKLOADS["park"]
+    w.run(tmp_path, lambda i: None)
+    cold = tmp_path / "cold"
+
+    def seg_of(conv: str, start: int) -> bytes:
+        m = decode_manifest((cold / chain_name(conv)).read_bytes())
+        return next(k for s, _, k in m.segments if s == start)
+
+    flipped, unsided, cut = seg_of("conv0", 64), seg_of("conv1", 32), seg_of("conv2", 64)
+    raw = bytearray((cold / data_name(flipped)).read_bytes())
+    raw[4096 + 7] ^= 0x20
+    (cold / data_name(flipped)).write_bytes(bytes(raw))
+    (cold / sidecar_name(unsided)).unlink()
+    (cold / "strata-tmp-0123456789abcdef-x").write_bytes(b"half a segment")
+    (cold / data_name(cut)).write_bytes((cold / data_name(cut)).read_bytes()[:-1000])
+    shutil.rmtree(cold / INDEX_DIR)
+
+    assert main(["fsck", str(cold), "--json"]) == 1
+    found = {(f["id"], Path(f["object"]).name) for f in json.loads(capsys.readouterr().out)
+             ["findings"]}  # fmt: skip
+    assert ("PAGE_HASH_MISMATCH", data_name(flipped)) in found, found
+    assert ("ORPHAN_FILE", data_name(unsided)) in found, found
+    assert ("ORPHAN_TEMP", "strata-tmp-0123456789abcdef-x") in found, found
+    assert ("SEGMENT_SIZE_MISMATCH", data_name(cut)) in found, found
+    assert ("INDEX_ABSENT", INDEX_DIR) in found, found
+
+    assert main(["fsck", str(cold), "--repair", "--yes"]) == 0
+    capsys.readouterr()
+    assert main(["fsck", str(cold), "--deep"]) == 0
+    with Store.open(RFP, w.cfg(tmp_path)) as store:
+        for i, want in enumerate([64, 32, 64]):
+            conv, kv = conversation(i)
+            out = np.zeros_like(kv)
+            assert store.restore(conv.tokens, out).tokens == want
+            assert np.array_equal(out[: want * TB], kv[: want * TB])
