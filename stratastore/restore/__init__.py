@@ -1,7 +1,7 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
 from .agenda import Job, restore_batch
-from .destinations import Destination, FlatKV, LayerKV, PagedKV
+from .destinations import Destination, FlatKV, LayerKV, PagedKV, pack_pages
 from .two_pass import Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "Piece",
     "RestoreFailed",
     "restore_batch",
+    "pack_pages",
     "two_pass_restore",
 ]

@@ -17,6 +17,7 @@ written through uint8 views, so they must be C-contiguous.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,7 +29,7 @@ from numba_kernels.cpu import parallel_copy
 from ..errors import ConfigError
 from ..format import ModelFingerprint
 
-__all__ = ["Destination", "FlatKV", "LayerKV", "PagedKV"]
+__all__ = ["Destination", "FlatKV", "LayerKV", "PagedKV", "pack_pages"]
 
 
 class Destination(Protocol):
@@ -143,3 +144,36 @@ class PagedKV(_PerToken):
             for layer in range(self.layers):
                 self.pools[layer][0, slots] = page[layer, 0]
                 self.pools[layer][1, slots] = page[layer, 1]
+
+
+def pack_pages(
+    fp: ModelFingerprint,
+    k: Sequence[npt.NDArray[np.generic]],
+    v: Sequence[npt.NDArray[np.generic]],
+    n_tokens: int,
+    cuts: Sequence[int] = (0,),
+) -> npt.NDArray[np.uint8]:
+    """A conversation's K/V in the stored layout (spec F-SEG-4), the inverse of
+    :class:`LayerKV`: ``n_tokens`` tokens given per layer as K and V arrays
+    ``[tokens, n_kv_heads, head_dim]`` (any dtype of ``fp``'s item size, or bytes). Each segment
+    (from each of ``cuts`` to the next, the conversation's segment boundaries) is laid out in
+    pages of ``page_tokens`` counted from its own start, the last one short."""
+    if len(k) != fp.n_layers or len(v) != fp.n_layers:
+        raise ConfigError(f"pack_pages needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}")
+    row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize
+    parts = []
+    for arr in (*k, *v):
+        b = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        if b.size < n_tokens * row:
+            raise ConfigError(f"a K/V array holds {b.size // row} tokens, {n_tokens} are needed")
+        parts.append(b[: n_tokens * row].reshape(n_tokens, row))
+    n_layers, p = fp.n_layers, fp.page_tokens
+    a = np.stack([np.stack([parts[i], parts[n_layers + i]]) for i in range(n_layers)])
+    bounds = sorted({0, *(c for c in cuts if 0 < c < n_tokens), n_tokens})
+    out = []
+    for lo, hi in itertools.pairwise(bounds):
+        seg, n = a[:, :, lo:hi], hi - lo  # [layers, 2, n, row]
+        full = n // p * p
+        head = seg[:, :, :full].reshape(n_layers, 2, full // p, p, row).transpose(2, 0, 1, 3, 4)
+        out += [head.reshape(-1), seg[:, :, full:].reshape(-1)]
+    return np.concatenate(out) if out else np.zeros(0, np.uint8)

@@ -164,3 +164,23 @@ def test_destination_refusals() -> None:
         FlatKV(FP, np.zeros((10, 10), np.uint8)[:, ::2])
     with pytest.raises(StrataError, match="holds 1 tokens"):
         two_pass_restore([], 5, FlatKV(FP, np.zeros(64, np.uint8)), FP, resume_at=lambda t: 0)
+
+
+def test_pack_pages_is_the_inverse_of_layer_kv() -> None:
+    """Per-layer K/V packed into the stored layout (segments cut off-page at 6 and 13) and
+    written back through LayerKV piece by piece, as a restore does, give the same arrays."""
+    from stratastore.restore import pack_pages
+
+    rng = np.random.default_rng(3)
+    n = 21
+    k = [rng.standard_normal((n, FP.n_kv_heads, FP.head_dim)).astype(np.float16) for _ in "ab"]
+    v = [rng.standard_normal((n, FP.n_kv_heads, FP.head_dim)).astype(np.float16) for _ in "ab"]
+    cuts = [0, 6, 13]
+    flat = pack_pages(FP, k, v, n, cuts)
+    assert flat.size == n * TB
+    k2 = [np.zeros((n, FP.n_kv_heads, FP.head_dim), np.float16) for _ in "ab"]
+    v2 = [np.zeros((n, FP.n_kv_heads, FP.head_dim), np.float16) for _ in "ab"]
+    dest = LayerKV(FP, k2, v2)
+    for a, b in itertools.pairwise([*cuts, n]):
+        dest.write_pages(a, b - a, flat[a * TB : b * TB], PT)
+    assert all(np.array_equal(x, y) for x, y in zip(k + v, k2 + v2, strict=True))

@@ -1,0 +1,1 @@
+"""Adapters between stratastore and inference engines (docs/ENGINE.md is the contract)."""
