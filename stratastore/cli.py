@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -325,6 +326,66 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return 0 if report.conforms else 1
 
 
+def _monitor_table(doc: dict[str, Any]) -> str:
+    def mib(v: object) -> str:
+        return f"{v / 2**20:,.0f}" if isinstance(v, (int, float)) else "-"
+
+    def val(v: object) -> str:
+        return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+
+    snap = doc["snapshot"]
+    lines = [f"strata monitor: {doc['path']}  " + (
+        "no Store has published counters here yet" if snap is None else
+        f"counters from pid {snap['pid']} ({'running' if snap['writer_alive'] else 'exited'}), "
+        f"{snap['age_s']:.0f} s ago")]  # fmt: skip
+    lines.append(f"  {'level':<6}{'entries':>9}{'MiB':>9}{'budget MiB':>12}{'oldest s':>10}"
+                 f"{'hits':>7}{'moved down':>12}{'evicted':>9}  folder")  # fmt: skip
+    for name, lv in doc["levels"].items():
+        lines.append(f"  {name:<6}{val(lv['entries']):>9}{mib(lv['bytes']):>9}"
+                     f"{mib(lv['budget']):>12}{val(lv['oldest_age_s']):>10}"
+                     f"{val(lv.get('hits')):>7}{val(lv.get('degradations')):>12}"
+                     f"{val(lv.get('evictions')):>9}  {lv['dir'] or '(in process)'}")  # fmt: skip
+    c = doc["counters"]
+    if c:
+        lines.append(f"  parks ram={val(c['parks_ram'])} disk={val(c['parks_disk'])}  "
+                     f"discards={val(c['discards'])}  evictions spilled={val(c['evict_spills'])}  "
+                     f"hits ram={val(c['hits_ram'])} disk={val(c['hits_disk'])}  "
+                     f"ladder restores={val(c['ladder_restores'])}")  # fmt: skip
+        lines.append(f"  park target {c['park_target']} ({c['park_target_source']}); "
+                     f"admission: {c['admission']}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from .monitor import prometheus_text, read_monitor
+
+    while True:
+        doc = read_monitor(args.dir)
+        if args.json:
+            out = json.dumps(doc, indent=2)
+        elif args.prometheus:
+            levels = {n: {k: v for k, v in lv.items() if k != "dir"}
+                      for n, lv in doc["levels"].items()}  # fmt: skip
+            stats = {k: (v or 0) for k, v in doc["counters"].items()
+                     if k not in ("admission", "park_target", "park_target_source")}  # fmt: skip
+            for k in ("parks_ram", "parks_disk", "discards", "hits_ram", "hits_disk",
+                      "tokens_restored", "tokens_reread"):  # fmt: skip
+                stats.setdefault(k, 0)
+            out = prometheus_text({**stats, "levels": levels})
+        else:
+            out = _monitor_table(doc)
+        if args.once:
+            print(out)
+            return 0
+        sys.stdout.write("\x1b[H\x1b[2J" + out + "\n(refreshing every "
+                         f"{args.interval:g} s; Ctrl-C to stop)\n")  # fmt: skip
+        sys.stdout.flush()
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
+
+
 def _add_sim(sub: Any) -> None:
     sim = sub.add_parser("sim", help="replay a workload against the real policy code")
     scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
@@ -430,6 +491,14 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("dirs", nargs="+", help="level directories written by any implementation")
     cf.add_argument("--json", action="store_true")
     cf.set_defaults(func=cmd_conformance)
+    mon = sub.add_parser("monitor", help="what a store's levels hold and its Store's counters")
+    mon.add_argument("dir", help="a store level directory, or the folder holding its levels")
+    mon.add_argument("--once", action="store_true", help="print once (default: a live view)")
+    fmt = mon.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--prometheus", action="store_true")
+    mon.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    mon.set_defaults(func=cmd_monitor)
     bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
     bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")
     bench.add_argument("--mib", type=_positive, default=1024, help="image size (default 1024)")

@@ -56,6 +56,7 @@ class _Engine:
         self.reread = self.restored = self.no_cache = self.prefilled = 0
         self.restore_s = 0.0
         self.restore_bytes = 0
+        self.served = {"ram": 0, "disk": 0}  #: tokens restored, by where they came from
         self._restore_buf = np.zeros(0, np.uint8)
 
     def request(self, c: int) -> None:
@@ -83,6 +84,8 @@ class _Engine:
             if not np.array_equal(kv[: have * self.fp.token_bytes], want):
                 raise AssertionError(f"conversation {c}: restored bytes differ from the model's")
             self.restored += have
+            if r.source != "none":
+                self.served[r.source] += have
             self.reread += len(prev) - min(have, len(prev))
         # the engine prefills what it does not have, then keeps a checkpoint at the turn start
         tb = self.fp.token_bytes
@@ -152,16 +155,21 @@ def run_demo(path: str, requests: int) -> int:
             _bar(i + 1, requests, f"re-read {engine.reread:,} of {engine.no_cache:,} tokens")
         engine.park_all()
         store.flush()
+        print(f"\n  done in {time.perf_counter() - t0:.1f} s")
+        damage = _damage_check(store, cfg, fp)
         stats = store.stats()
         info = store.info_line()
-    print(f"\n  done in {time.perf_counter() - t0:.1f} s")
     print(f"  {info}")
-    _report(stats, engine)
-    ok = _damage_check(path, cfg, fp, engine)
-    return 0 if ok else 1
+    verdict, ok = _fsck_verdict(cfg, damage)
+    _report(stats, engine, verdict)
+    if damage is not None:
+        print(f"  one byte flipped in a cold segment on disk -> {damage[2]}")
+    real = _real_model_phase(os.path.join(path, "hf"))
+    print(f"  strata monitor {path} --once   shows the levels and these counters")
+    return 0 if ok and real and (damage is None or damage[3]) else 1
 
 
-def _report(s: dict[str, Any], e: _Engine) -> None:
+def _report(s: dict[str, Any], e: _Engine, verdict: str) -> None:
     lv = s["levels"]
     print()
     print(f"  {'level':<6}{'served':>8}{'moved down':>12}{'deleted':>9}{'entries':>9}"
@@ -179,41 +187,119 @@ def _report(s: dict[str, Any], e: _Engine) -> None:
     print()
     gbs = e.restore_bytes / e.restore_s / 1e9 if e.restore_s else 0.0
     rows = [
-        ("tokens restored", f"{e.restored:,}"),
+        ("tokens served from RAM / disk", f"{e.served['ram']:,} / {e.served['disk']:,}"),
         ("tokens re-read (history)", f"{e.reread:,}"),
         ("tokens re-read without a cache", f"{e.no_cache:,}"),
         ("parks to RAM / disk", f"{s['parks_ram']} / {s['parks_disk']}"),
         ("RAM evictions spilled to disk", f"{s['evict_spills']}"),
         ("discards", f"{s['discards']}"),
+        ("ladder restores", f"{s['ladder_restores']}"),
         ("restore GB/s (validated)", f"{gbs:.2f}"),
+        ("fsck", verdict),
     ]
     for k, v in rows:
         print(f"  {k:<34}{v:>14}")
 
 
-def _damage_check(path: str, cfg: dict[str, Any], fp: ModelFingerprint, e: _Engine) -> bool:
-    """Damage one byte of a cold segment, reopen, and restore the conversation it belongs to."""
-    cold = cfg["cold_dir"]
-    with Store.open(fp, cfg) as store:
-        tiers = store._tiers
-        for dc in tiers._disk.values():
-            segs = [k for _, _, k in dc.segments]
-            victim = next((k for k in segs[1:] if tiers.cold and k in tiers.cold.store), None)
-            if victim is not None:
-                break
-        else:
-            print("  damage check: no cold segment to damage (run more requests)")
-            return True
-        start = next(s for s, _, k in dc.segments if k == victim)
-        _flip_byte(os.path.join(cold, data_name(victim)), 4096 + 9)
-        prompt = dc.conv.tokens
-        out = np.empty(len(prompt) * fp.token_bytes, dtype=np.uint8)
-        r = store.restore(prompt, out)
+def _damage_check(store: Store, cfg: dict[str, Any], fp: ModelFingerprint
+                  ) -> tuple[str, int, str, bool] | None:  # fmt: skip
+    """Damage one byte of a cold segment (not a conversation's first) and restore the
+    conversation it belongs to: (damaged file, its first token, what happened, detected)."""
+    tiers = store._tiers
+    for dc in tiers._disk.values():
+        segs = [k for _, _, k in dc.segments]
+        victim = next((k for k in segs[1:] if tiers.cold and k in tiers.cold.store), None)
+        if victim is not None:
+            break
+    else:
+        print("  damage check: no cold segment to damage (run more requests)")
+        return None
+    start = next(s for s, _, k in dc.segments if k == victim)
+    path = os.path.join(cfg["cold_dir"], data_name(victim))
+    _flip_byte(path, 4096 + 9)
+    prompt = dc.conv.tokens
+    out = np.empty(len(prompt) * fp.token_bytes, dtype=np.uint8)
+    r = store.restore(prompt, out)
     good = r.tokens <= start
-    verdict = (f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
-               f"segment (token {start:,})") if good else "DAMAGE NOT DETECTED"  # fmt: skip
-    print(f"  one byte flipped in a cold segment on disk -> {verdict}")
-    return good
+    what = (f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
+            f"segment (token {start:,})") if good else "DAMAGE NOT DETECTED"  # fmt: skip
+    return path, start, what, good
+
+
+def _fsck_verdict(cfg: dict[str, Any], damage: tuple[str, int, str, bool] | None
+                  ) -> tuple[str, bool]:  # fmt: skip
+    """fsck of both levels after the run: exactly the damaged segment, or nothing."""
+    from .fsck import fsck
+
+    errors = [f for f in fsck([cfg["warm_dir"], cfg["cold_dir"]]) if f.severity == "error"]
+    if damage is None:
+        return ("clean", True) if not errors else (f"{len(errors)} errors", False)
+    key = os.path.basename(damage[0]).removeprefix("strata-conv-").removesuffix(".seg")
+    ours = [f for f in errors if f.object == damage[0] or f.object.endswith(key)]
+    ids = ", ".join(sorted({f.id for f in errors}))
+    if ours and len(ours) == len(errors):  # the data file, and its index record
+        return f"only the flipped byte: {ids}", True
+    return f"{len(errors)} errors: {ids}", False
+
+
+def _real_model_phase(path: str) -> bool:
+    """With the ``transformers`` extra: a randomly initialised tiny Llama (no download) serves
+    three conversations of three turns through the adapter, RAM holding only one, so the others
+    come back from the cold level; each continuation's logits must equal, bit for bit, those on
+    the cache the model computed itself."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        print("  real model: the transformers extra is not installed (pip install -e "
+              "'.[transformers]' adds a tiny Llama phase)")  # fmt: skip
+        return True
+    import copy
+
+    from .adapters.hf import TransformersCache
+
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=2048)  # fmt: skip
+    torch.manual_seed(0)
+    model: Any = transformers.LlamaForCausalLM(cfg)
+    model.eval()
+    gen = torch.Generator().manual_seed(1)
+    store_cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "park_min_free_mib": 1,
+                 "spill_on": "evict", "cold_dir": os.path.join(path, "cold"),
+                 "cold_mib": 64}  # fmt: skip
+    history = {c: torch.randint(0, 1000, (1, 200), generator=gen) for c in range(3)}
+    kept: dict[int, Any] = {}
+    restored = worst = 0
+    sources: dict[str, int] = {}
+    with TransformersCache.open(cfg, "demo/tiny-llama@seed0", store_cfg, dtype=torch.float32,
+                                probe=lambda: 1 << 40) as kv, torch.no_grad():  # fmt: skip
+        for turn in range(3):
+            for c in range(3):
+                ids = history[c]
+                if turn:
+                    hit = kv.store.lookup(ids[0].numpy())
+                    src = hit[0] if hit else "none"
+                    sources[src] = sources.get(src, 0) + 1
+                    cache, n = kv.restore(ids)
+                    restored += n
+                    base = copy.deepcopy(kept[c])
+                    got = model(input_ids=ids[:, n:], cache=cache, use_cache=True)
+                    want = model(input_ids=ids[:, n:], cache=base, use_cache=True)
+                    worst = max(worst, int((got.logits != want.logits).sum()))
+                    cache = got.past_key_values
+                else:
+                    cache = model(input_ids=ids, use_cache=True).past_key_values
+                kept[c] = copy.deepcopy(cache)
+                kv.park(f"chat-{c}", ids, cache, checkpoints=[ids.shape[1]])
+                history[c] = torch.cat([ids, torch.randint(0, 1000, (1, 60), generator=gen)], 1)
+    ok = worst == 0 and restored > 0
+    same = "bit-identical to those on the model's own cache" if ok else "DIFFER"
+    print(
+        f"  real model: tiny Llama via transformers, 3 conversations x 3 turns: {restored:,} "
+        f"tokens restored (restores by source: {sources}); continued logits {same}"
+    )
+    return ok
 
 
 def _flip_byte(path: str, offset: int) -> None:

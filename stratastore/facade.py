@@ -12,8 +12,11 @@ segments and the conversations the others commit.
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -25,6 +28,9 @@ from .chain import Checkpoint, Conversation, as_tokens
 from .config import StoreConfig
 from .errors import ConfigError, StrataError
 from .format import ModelFingerprint
+from .format.naming import INDEX_DIR
+from .io import durable_write
+from .monitor import MONITOR_FILE, prometheus_text
 from .restore import Destination
 from .tiers.tiered import ParkReport, Restored, Snapshot, Tiers
 
@@ -59,7 +65,13 @@ class Store:
         tiers.defer_spills = True
         self._writer = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._writer.start()
-        self.counters = {"tokens_reread": 0, "spill_queue_waits": 0, "spill_errors": 0}
+        self.counters = {
+            "tokens_reread": 0,
+            "spill_queue_waits": 0,
+            "spill_errors": 0,
+            "monitor_errors": 0,
+        }
+        self._published = float("-inf")  #: monotonic time of the last monitor snapshot
 
     @classmethod
     def open(
@@ -113,6 +125,7 @@ class Store:
     def flush(self) -> None:
         """Wait until every queued disk write is committed; re-raise the first failure."""
         self._queue.join()
+        self.publish(force=False)
         if self._errors:
             err, self._errors = self._errors[0], []
             raise err
@@ -130,6 +143,7 @@ class Store:
             report = self._tiers.park(snap)
             spills = self._tiers.take_outbox()
         self._enqueue(spills)
+        self.publish(force=False)
         return report
 
     def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer]) -> tuple[str, int] | None:
@@ -226,40 +240,28 @@ class Store:
 
     def prometheus(self) -> str:
         """The counters in the Prometheus text exposition format."""
-        s = self.stats()
-        lines = []
+        return prometheus_text(self.stats())
 
-        def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP strata_{name} {help_}")
-            lines.append(f"# TYPE strata_{name} {kind}")
-            lines.extend(f"strata_{name}{labels} {value}" for labels, value in rows)
-
-        metric("parks_total", "counter", "Parks by destination.",
-               [('{destination="ram"}', s["parks_ram"]),
-                ('{destination="disk"}', s["parks_disk"])])  # fmt: skip
-        metric("discards_total", "counter", "Captures neither RAM nor disk could take.",
-               [("", s["discards"])])  # fmt: skip
-        metric(
-            "hits_total",
-            "counter",
-            "Restores by source.",
-            [('{source="ram"}', s["hits_ram"]), ('{source="disk"}', s["hits_disk"])],
-        )
-        metric("tokens_restored_total", "counter", "Tokens restored instead of re-read.",
-               [("", s["tokens_restored"])])  # fmt: skip
-        metric("tokens_reread_total", "counter", "Tokens the engine had to prefill again.",
-               [("", s["tokens_reread"])])  # fmt: skip
-        for key, kind, help_ in [
-            ("entries", "gauge", "Entries per level."),
-            ("bytes", "gauge", "Bytes held per level."),
-            ("budget", "gauge", "Byte budget per level."),
-            ("disk_evictions", "counter", "Deleted by budget (last level only)."),
-            ("age_evictions", "counter", "Deleted by age (last level only)."),
-            ("degradations", "counter", "Handed to the next level."),
-        ]:
-            rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in s["levels"].items() if key in d]
-            metric(f"level_{key}", kind, help_, rows)
-        return "\n".join(lines) + "\n"
+    def publish(self, *, force: bool = True) -> bool:
+        """Write the counters where ``strata monitor`` reads them (``strata-index/monitor.json``
+        of the last disk level); without ``force`` at most once a second. Called after parks,
+        on flush and on close. Best effort: a failed write is counted (``monitor_errors``),
+        never raised, as the engine's call must not fail for it. False when nothing was
+        written (no disk level, too soon, or the write failed)."""
+        d = self._tiers.manifest_dir
+        now = time.monotonic()
+        if d is None or (not force and now - self._published < 1.0):
+            return False
+        self._published = now
+        doc = self.stats()
+        doc.update(pid=os.getpid(), written_at=time.time())
+        try:
+            durable_write(os.path.join(d, INDEX_DIR, MONITOR_FILE),
+                          json.dumps(doc, default=str).encode())  # fmt: skip
+        except StrataError:
+            self.counters["monitor_errors"] += 1
+            return False
+        return True
 
     def close(self) -> None:
         """Flush the spill writer, then close every level."""
@@ -270,6 +272,7 @@ class Store:
             self._queue.join()
             self._queue.put(_STOP)
             self._writer.join()
+            self.publish()
         finally:
             with self._lock:
                 self._tiers.close()
