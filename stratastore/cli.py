@@ -16,9 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
+from .config import StoreConfig
 from .errors import ConfigError, StrataError
 from .format import ModelFingerprint, decode_sidecar
 from .format.sidecar import MAX_SIDECAR_BYTES
+from .installer import MODEL_SIZES
 from .io import files
 from .store import SegmentStore
 
@@ -37,7 +39,7 @@ def _fingerprint_from_dir(path: str) -> ModelFingerprint:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    path = os.path.abspath(args.dir)
+    path = os.path.abspath(args.dir or _config_dirs(args)[-1])
     fp = _fingerprint_from_dir(path)
     with SegmentStore.open(path, fp, create=False) as store:
         rows: list[dict[str, Any]] = []
@@ -83,9 +85,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     if args.dir is not None:
-        return run_demo(os.path.abspath(args.dir), args.requests)
+        return run_demo(os.path.abspath(args.dir), args.requests, args.store_config)
     with tempfile.TemporaryDirectory(prefix="strata-demo-") as d:
-        return run_demo(d, args.requests)
+        return run_demo(d, args.requests, args.store_config)
 
 
 def _int_list(text: str) -> list[int]:
@@ -283,7 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_fsck(args: argparse.Namespace) -> int:
     from .fsck import fsck, repair
 
-    dirs = [os.path.abspath(d) for d in args.dirs]
+    dirs = [os.path.abspath(d) for d in (args.dirs or _config_dirs(args))]
     if args.repair:
         if not args.yes:
             if not sys.stdin.isatty():
@@ -308,7 +310,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 def cmd_conformance(args: argparse.Namespace) -> int:
     from .testing.conformance import check_conformance
 
-    report = check_conformance([os.path.abspath(d) for d in args.dirs])
+    report = check_conformance([os.path.abspath(d) for d in (args.dirs or _config_dirs(args))])
     if args.json:
         print(json.dumps({
             "conforms": report.conforms,
@@ -360,7 +362,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from .monitor import prometheus_text, read_monitor
 
     while True:
-        doc = read_monitor(args.dir)
+        doc = read_monitor(args.dir) if args.dir else read_monitor(levels=_config_dirs(args))
         if args.json:
             out = json.dumps(doc, indent=2)
         elif args.prometheus:
@@ -384,6 +386,36 @@ def cmd_monitor(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
+
+
+def _config_dirs(args: argparse.Namespace) -> list[str]:
+    """The level directories of ``--config`` (warm first), for commands given no DIR."""
+    cfg: StoreConfig | None = args.store_config
+    dirs = [] if cfg is None else [d for d, on in ((cfg.warm_dir, cfg.warm_on),
+                                                    (cfg.cold_dir, cfg.cold_on)) if on]  # fmt: skip
+    if not dirs:
+        raise ConfigError("name the store's level directories, or pass --config FILE whose "
+                          "warm_dir/cold_dir (with their budgets) name them")  # fmt: skip
+    return dirs
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .installer import measure_machine, run_init, write_config
+
+    def ask(question: str) -> str:
+        try:
+            return input(question)
+        except EOFError:  # no answer: the default
+            print()
+            return ""
+
+    cfg = run_init(yes=args.yes, ask=ask, say=print, machine=measure_machine(),
+                   model_size=args.model_size)  # fmt: skip
+    write_config(cfg, os.path.abspath(args.output), force=args.force)
+    changed = {k: v for k, v in cfg.to_mapping().items() if getattr(StoreConfig(), k) != v}
+    print(f"wrote {args.output}: " + (", ".join(f"{k}={v!r}" for k, v in changed.items())
+                                      if changed else "the defaults"))  # fmt: skip
+    return 0
 
 
 def _add_sim(sub: Any) -> None:
@@ -467,6 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="stratastore: durable, tiered, validated storage for LLM conversation state",
     )
     p.add_argument("--version", action="version", version=f"strata {__version__}")
+    p.add_argument("--config", metavar="FILE",
+                   help="a TOML config (strata init writes one): its level directories are the "
+                   "default DIRs of fsck, conformance, inspect and monitor; demo takes its "
+                   "settings but keeps its own small levels")  # fmt: skip
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the end-to-end demo (the main job of `make demo`)")
     demo.add_argument("--dir", help="store directory to use (default: a temporary one)")
@@ -475,12 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=cmd_demo)
     ins = sub.add_parser("inspect", help="list the segments of a store directory")
-    ins.add_argument("dir", help="store directory")
+    ins.add_argument("dir", nargs="?", help="store directory (default: --config's last level)")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
     _add_sim(sub)
     fk = sub.add_parser("fsck", help="check store directories offline (read-only)")
-    fk.add_argument("dirs", nargs="+", help="the level directories (warm, cold, ...)")
+    fk.add_argument("dirs", nargs="*", help="the level directories (default: --config's)")
     fk.add_argument("--deep", action="store_true", help="re-hash every page (default: sample)")
     fk.add_argument("--json", action="store_true")
     fk.add_argument("--repair", action="store_true",
@@ -488,17 +524,26 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
     fk.set_defaults(func=cmd_fsck)
     cf = sub.add_parser("conformance", help="check directories against the spec's MUST clauses")
-    cf.add_argument("dirs", nargs="+", help="level directories written by any implementation")
+    cf.add_argument("dirs", nargs="*", help="level directories written by any implementation")
     cf.add_argument("--json", action="store_true")
     cf.set_defaults(func=cmd_conformance)
     mon = sub.add_parser("monitor", help="what a store's levels hold and its Store's counters")
-    mon.add_argument("dir", help="a store level directory, or the folder holding its levels")
+    mon.add_argument("dir", nargs="?",
+                     help="a store level directory, or the folder holding its levels (default: "
+                     "--config's levels)")  # fmt: skip
     mon.add_argument("--once", action="store_true", help="print once (default: a live view)")
     fmt = mon.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true")
     mon.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     mon.set_defaults(func=cmd_monitor)
+    ini = sub.add_parser("init", help="measure this machine, ask a few questions, write a config")
+    ini.add_argument("--yes", action="store_true", help="ask nothing: write the defaults")
+    ini.add_argument("--output", default="strata.toml", help="where to write (strata.toml)")
+    ini.add_argument("--model-size", choices=sorted(MODEL_SIZES),
+                     help="the model, for the estimates it prints (asked otherwise)")  # fmt: skip
+    ini.add_argument("--force", action="store_true", help="replace an existing file")
+    ini.set_defaults(func=cmd_init)
     bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
     bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")
     bench.add_argument("--mib", type=_positive, default=1024, help="image size (default 1024)")
@@ -516,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        args.store_config = StoreConfig.from_toml(args.config) if args.config else None
         return int(args.func(args))
     except StrataError as e:
         print(f"strata: error: {e}", file=sys.stderr)

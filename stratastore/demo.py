@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .chain import Checkpoint, Conversation, as_tokens, enforce_count
+from .config import StoreConfig
 from .facade import Store
 from .format import ModelFingerprint, data_name
 
@@ -132,14 +133,16 @@ def _bar(done: int, total: int, info: str) -> None:
     sys.stdout.flush()
 
 
-def run_demo(path: str, requests: int) -> int:
+def run_demo(path: str, requests: int, base: StoreConfig | None = None) -> int:
+    """Run the demo in ``path``. ``base`` (a user's config): its settings are used, except the
+    RAM budget and the levels, which the demo sizes small itself to show spills and cascades."""
     fp = ModelFingerprint.create("demo/llama-3.2-1b-geometry", n_layers=16, n_kv_heads=8,
                                  head_dim=64, page_tokens=16, dtype="float16")  # fmt: skip
-    cfg: dict[str, Any] = {
+    cfg: dict[str, Any] = {**(base.to_mapping() if base else {}), **{
         "ram_mib": 128, "slots": SLOTS, "spill_on": "evict",
         "warm_dir": os.path.join(path, "warm"), "warm_mib": 192,
         "cold_dir": os.path.join(path, "cold"), "cold_mib": 1024,
-    }  # fmt: skip
+    }}  # fmt: skip
     print(f"strata demo: {CONVERSATIONS} agent conversations, {SLOTS} slots, {requests} "
           f"requests, in {path}")  # fmt: skip
     print(

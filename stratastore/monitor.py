@@ -100,12 +100,18 @@ def _alive(pid: object) -> bool:
     return True
 
 
-def read_monitor(path: str) -> dict[str, Any]:
-    """The monitor's document for the store at ``path``: per level what the folder holds now
-    (and its budget and counters from the last snapshot), the Store's counters, and where the
-    snapshot came from."""
+def read_monitor(path: str | None = None, *, levels: list[str] | None = None) -> dict[str, Any]:
+    """The monitor's document for the store at ``path`` (or of the level directories
+    ``levels``): per level what the folder holds now (and its budget and counters from the last
+    snapshot), the Store's counters, and where the snapshot came from."""
     now = time.time()
-    levels = find_levels(path)
+    if levels is None:
+        if path is None:
+            raise StrataError("read_monitor needs a path or the level directories")
+        levels = find_levels(path)
+    for d in levels:
+        if not os.path.isdir(d):
+            raise StrataError(f"level directory {d} does not exist")
     snap = _snapshot(levels)
     by_dir = {}
     if snap is not None:
@@ -129,7 +135,7 @@ def read_monitor(path: str) -> dict[str, Any]:
     if snap is not None:
         counters = {k: snap.get(k) for k in _COUNTERS}
     return {
-        "path": os.path.abspath(path),
+        "path": os.path.abspath(path) if path else os.pathsep.join(levels),
         "time": now,
         "snapshot": None if snap is None else {
             "pid": snap.get("pid"), "written_at": snap.get("written_at"),
