@@ -131,6 +131,8 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
                             "degradations": lv.get("degradations"),
                             "evictions": (lv.get("disk_evictions", 0) + lv.get("age_evictions", 0)
                                           if lv else None)}  # fmt: skip
+    rank = {"ram": 0, "warm": 1, "cold": 2}
+    out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))
     counters = {}
     if snap is not None:
         counters = {k: snap.get(k) for k in _COUNTERS}
