@@ -197,3 +197,18 @@ def test_store_restore_many_with_the_ladder_off_reports_every_result(tmp_path: P
                 assert not out.any(), "a failed request got nothing"
             else:
                 assert np.array_equal(out, kv)
+
+
+def test_store_restore_many_refuses_a_too_small_destination_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    from stratastore import StrataError
+
+    store, convs = store_with_cold_images(tmp_path, 2)
+    with store:
+        (t0, _), (t1, _) = convs
+        ok = np.zeros(len(t0) * TB, np.uint8)
+        with pytest.raises(StrataError, match="needs room for all of them"):
+            store.restore_many([(t0, ok), (t1, np.zeros(3 * TB, np.uint8))])
+        assert not ok.any(), "nothing ran"
+        assert store.stats()["hits_disk"] == 0

@@ -131,3 +131,24 @@ def test_bench_runs_small(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ratios"]["restore/raw hot"] > 0 and not (tmp_path / "raw.bin").exists()
+
+
+def test_bad_config_and_monitor_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--config", str(tmp_path / "none.toml"), "fsck"]) == 2
+    assert "does not exist; create it with strata init" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("ram_mib = -5\n")
+    assert main(["--config", str(bad), "fsck"]) == 2
+    assert "ram_mib=-5 must be an integer" in capsys.readouterr().err
+    # a garbage snapshot is ignored, never a traceback: the folder scan still answers
+    from stratastore import SegmentStore
+
+    fp = tiny_fp()
+    with SegmentStore.open(tmp_path / "lvl", fp) as s:
+        s.put_kv(s.root_key, [1, 2, 3], kv_bytes(fp, 3), token_start=0)
+    (tmp_path / "lvl" / "strata-index" / "monitor.json").write_bytes(b"\xff{not json")
+    assert main(["monitor", str(tmp_path / "lvl"), "--once", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["snapshot"] is None and doc["levels"]["lvl"]["entries"] == 1

@@ -184,3 +184,14 @@ def test_pack_pages_is_the_inverse_of_layer_kv() -> None:
     for a, b in itertools.pairwise([*cuts, n]):
         dest.write_pages(a, b - a, flat[a * TB : b * TB], PT)
     assert all(np.array_equal(x, y) for x, y in zip(k + v, k2 + v2, strict=True))
+
+
+def test_pack_pages_refuses_bad_input() -> None:
+    from stratastore import ConfigError
+    from stratastore.restore import pack_pages
+
+    k = [np.zeros((8, FP.n_kv_heads, FP.head_dim), np.float16)] * FP.n_layers
+    with pytest.raises(ConfigError, match="needs 2 K and V arrays"):
+        pack_pages(FP, k[:1], k, 8)
+    with pytest.raises(ConfigError, match="holds 8 tokens, 9 are needed"):
+        pack_pages(FP, k, k, 9)
