@@ -116,6 +116,7 @@ class Store:
                 assert isinstance(item, Snapshot)
                 with self._lock:
                     self._tiers.write_disk_now(item)
+                self.publish(force=False)  # here, so the store's disk writes stay on one thread
             except Exception as e:  # recorded and re-raised to the caller of flush/close
                 self.counters["spill_errors"] += 1
                 self._errors.append(e)
@@ -143,7 +144,6 @@ class Store:
             report = self._tiers.park(snap)
             spills = self._tiers.take_outbox()
         self._enqueue(spills)
-        self.publish(force=False)
         return report
 
     def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer]) -> tuple[str, int] | None:
@@ -244,10 +244,10 @@ class Store:
 
     def publish(self, *, force: bool = True) -> bool:
         """Write the counters where ``strata monitor`` reads them (``strata-index/monitor.json``
-        of the last disk level); without ``force`` at most once a second. Called after parks,
-        on flush and on close. Best effort: a failed write is counted (``monitor_errors``),
-        never raised, as the engine's call must not fail for it. False when nothing was
-        written (no disk level, too soon, or the write failed)."""
+        of the last disk level); without ``force`` at most once a second. Called by the disk
+        writer after each write, on flush and on close. Best effort: a failed write is counted
+        (``monitor_errors``), never raised, as the engine's call must not fail for it. False
+        when nothing was written (no disk level, too soon, or the write failed)."""
         d = self._tiers.manifest_dir
         now = time.monotonic()
         if d is None or (not force and now - self._published < 1.0):
