@@ -57,6 +57,7 @@ def test_monitor_views(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     with Store.open(fp, {"ram_mib": 0, "cold_dir": str(cold), "cold_mib": 4}) as store:
         conv, kv = conversation("m", 40, 3)
         assert store.park(conv, kv).where == "disk"
+        store.flush()  # the disk writer has written it
         stats_live = store.stats()
     assert main(["monitor", str(cold), "--once", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
