@@ -95,12 +95,13 @@ def _pipeline(jobs: Sequence[Job], order: list[int], readahead: int,
 
     def reader() -> None:
         try:
-            jobs[order[0]].prefetch()
+            ahead = 0  # jobs of `order` whose files were handed to the kernel, each once
             for n, i in enumerate(order):
                 if stop.is_set():
                     return
-                for j in order[n + 1 : n + 1 + readahead]:
-                    jobs[j].prefetch()
+                while ahead < min(len(order), n + 1 + readahead):
+                    jobs[order[ahead]].prefetch()
+                    ahead += 1
                 job = jobs[i]
                 item: Validated | Exception
                 try:
