@@ -87,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.dir is not None:
         return run_demo(os.path.abspath(args.dir), args.requests, args.store_config)
     with tempfile.TemporaryDirectory(prefix="strata-demo-") as d:
-        return run_demo(d, args.requests, args.store_config)
+        return run_demo(d, args.requests, args.store_config, kept=False)
 
 
 def _int_list(text: str) -> list[int]:

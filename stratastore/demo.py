@@ -133,7 +133,8 @@ def _bar(done: int, total: int, info: str) -> None:
     sys.stdout.flush()
 
 
-def run_demo(path: str, requests: int, base: StoreConfig | None = None) -> int:
+def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
+             kept: bool = True) -> int:  # fmt: skip
     """Run the demo in ``path``. ``base`` (a user's config): its settings are used, except the
     RAM budget and the levels, which the demo sizes small itself to show spills and cascades."""
     fp = ModelFingerprint.create("demo/llama-3.2-1b-geometry", n_layers=16, n_kv_heads=8,
@@ -168,7 +169,10 @@ def run_demo(path: str, requests: int, base: StoreConfig | None = None) -> int:
     if damage is not None:
         print(f"  one byte flipped in a cold segment on disk -> {damage[2]}")
     real = _real_model_phase(os.path.join(path, "hf"))
-    print(f"  strata monitor {path} --once   shows the levels and these counters")
+    if kept:
+        print(f"  strata monitor {path} --once   shows the levels and these counters")
+    else:
+        print("  (the directory is temporary: strata demo --dir DIR keeps it for strata monitor)")
     return 0 if ok and real and (damage is None or damage[3]) else 1
 
 
