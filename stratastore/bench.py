@@ -27,13 +27,13 @@ from .io import files
 from .restore import FlatKV, Job, Outcome, Piece, restore_batch, two_pass_restore
 from .store import SegmentStore
 
-__all__ = ["run_bench"]
+__all__ = ["drop_caches", "run_bench"]
 
 SEGMENTS = 8
 BATCH = 4  #: restores submitted together in the batched-agenda rows
 
 
-def _drop_caches(paths: list[str]) -> str:
+def drop_caches(paths: list[str]) -> str:
     """Empty the page cache of ``paths``; returns how ("drop_caches" or "fadvise")."""
     os.sync()
     try:
@@ -144,7 +144,7 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                     fn()
                     samples.setdefault(f"{name} hot", []).append(time.perf_counter() - t)
                     if cold:
-                        how = _drop_caches(paths)
+                        how = drop_caches(paths)
                         phase[0] = "cold"
                         t = time.perf_counter()
                         fn()

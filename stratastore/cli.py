@@ -395,12 +395,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         elif args.prometheus:
             levels = {n: {k: v for k, v in lv.items() if k != "dir"}
                       for n, lv in doc["levels"].items()}  # fmt: skip
-            stats = {k: (v or 0) for k, v in doc["counters"].items()
-                     if k not in ("admission", "park_target", "park_target_source")}  # fmt: skip
-            for k in ("parks_ram", "parks_disk", "discards", "hits_ram", "hits_disk",
-                      "tokens_restored", "tokens_reread"):  # fmt: skip
-                stats.setdefault(k, 0)
-            out = prometheus_text({**stats, "levels": levels})
+            counters = {k: v for k, v in doc["counters"].items() if isinstance(v, int)}
+            out = prometheus_text({**counters, "levels": levels})
         else:
             out = _monitor_table(doc)
         if args.once:

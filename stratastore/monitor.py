@@ -150,7 +150,8 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
 
 
 def prometheus_text(s: dict[str, Any]) -> str:
-    """``Store.stats()`` in the Prometheus text exposition format."""
+    """``Store.stats()`` (or the monitor's counters and levels) in the Prometheus text
+    exposition format; an absent counter is written as 0."""
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
@@ -159,18 +160,19 @@ def prometheus_text(s: dict[str, Any]) -> str:
         lines.extend(f"strata_{name}{labels} {value}" for labels, value in rows)
 
     metric("parks_total", "counter", "Parks by destination.",
-           [('{destination="ram"}', s["parks_ram"]),
-            ('{destination="disk"}', s["parks_disk"])])  # fmt: skip
+           [('{destination="ram"}', s.get("parks_ram", 0)),
+            ('{destination="disk"}', s.get("parks_disk", 0))])  # fmt: skip
     metric("discards_total", "counter", "Captures neither RAM nor disk could take.",
-           [("", s["discards"])])  # fmt: skip
+           [("", s.get("discards", 0))])  # fmt: skip
     metric("hits_total", "counter", "Restores by source.",
-           [('{source="ram"}', s["hits_ram"]), ('{source="disk"}', s["hits_disk"])])  # fmt: skip
+           [('{source="ram"}', s.get("hits_ram", 0)),
+            ('{source="disk"}', s.get("hits_disk", 0))])  # fmt: skip
     metric("ladder_restores_total", "counter", "Restores that stopped below damage.",
            [("", s.get("ladder_restores", 0))])  # fmt: skip
     metric("tokens_restored_total", "counter", "Tokens restored instead of re-read.",
-           [("", s["tokens_restored"])])  # fmt: skip
+           [("", s.get("tokens_restored", 0))])  # fmt: skip
     metric("tokens_reread_total", "counter", "Tokens the engine had to prefill again.",
-           [("", s["tokens_reread"])])  # fmt: skip
+           [("", s.get("tokens_reread", 0))])  # fmt: skip
     for key, kind, help_ in [
         ("entries", "gauge", "Entries per level."),
         ("bytes", "gauge", "Bytes held per level."),

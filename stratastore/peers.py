@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench import SEGMENTS, _drop_caches
+from .bench import SEGMENTS, drop_caches
 from .format import ModelFingerprint
 from .io import files
 from .restore import FlatKV, Piece, two_pass_restore
@@ -206,7 +206,7 @@ def run_peers(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                     targets = ([os.path.join(store_dir, n) for n in os.listdir(store_dir)]
                                if name.startswith("stratastore")
                                else [paths[name]])  # fmt: skip
-                    how = _drop_caches(targets)
+                    how = drop_caches(targets)
                     samples.setdefault((name, "read cold"), []).append(_in_child(read, nbytes))
     finally:
         if own:

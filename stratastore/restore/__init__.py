@@ -1,8 +1,8 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
-from .agenda import Job, restore_batch
+from .agenda import restore_batch
 from .destinations import Destination, FlatKV, LayerKV, PagedKV, pack_pages
-from .two_pass import Outcome, Piece, RestoreFailed, two_pass_restore
+from .two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
     "Destination",

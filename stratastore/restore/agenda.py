@@ -22,46 +22,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from ..format import ModelFingerprint
-from .destinations import Destination
-from .two_pass import (
-    DEFAULT_CHUNK,
-    Outcome,
-    Piece,
-    Validated,
-    apply_pass,
-    check_capacity,
-    read_pass,
-)
+from .two_pass import Job, Outcome, Validated
 
 __all__ = ["Job", "restore_batch"]
 
 DEFAULT_READAHEAD = 2  #: jobs whose files are prefetched ahead of the one being validated
-
-
-@dataclass(frozen=True)
-class Job:
-    """One restore of a batch: the arguments of :func:`~.two_pass.two_pass_restore`."""
-
-    pieces: Sequence[Piece]
-    wanted: int
-    dest: Destination
-    fp: ModelFingerprint
-    resume_at: Callable[[int], int]
-    ladder: bool = True
-    chunk_bytes: int = DEFAULT_CHUNK
-
-    def prefetch(self) -> None:
-        for p in self.pieces:
-            if p.store is not None and p.start < self.wanted:
-                p.store.prefetch(p.key)
-
-    def apply(self, validated: Validated) -> Outcome:
-        return apply_pass(validated, self.dest, self.fp, resume_at=self.resume_at,
-                          ladder=self.ladder, chunk_bytes=self.chunk_bytes)  # fmt: skip
 
 
 def restore_batch(jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
@@ -73,14 +40,14 @@ def restore_batch(jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
     runnable = []
     for i, job in enumerate(jobs):
         try:
-            check_capacity(job.wanted, job.dest)
+            job.check_capacity()
             runnable.append(i)
         except Exception as e:
             results[i] = e
     if len(runnable) == 1:
         job = jobs[runnable[0]]
         try:
-            results[runnable[0]] = job.apply(read_pass(job.pieces, job.wanted, job.fp))
+            results[runnable[0]] = job.apply(job.read())
         except Exception as e:
             results[runnable[0]] = e
     elif runnable:
@@ -105,7 +72,7 @@ def _pipeline(jobs: Sequence[Job], order: list[int], readahead: int,
                 job = jobs[i]
                 item: Validated | Exception
                 try:
-                    item = read_pass(job.pieces, job.wanted, job.fp)
+                    item = job.read()
                 except Exception as e:
                     item = e
                 handoff.put((i, item))

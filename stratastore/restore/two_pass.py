@@ -31,10 +31,7 @@ from ..io.errors import StrataIOError
 from ..store import SegmentNotFound, SegmentStore
 from .destinations import Destination
 
-__all__ = [
-    "Outcome", "Piece", "RestoreFailed", "Validated", "apply_pass", "check_capacity", "read_pass",
-    "two_pass_restore",
-]  # fmt: skip
+__all__ = ["Job", "Outcome", "Piece", "RestoreFailed", "Validated", "two_pass_restore"]
 
 DEFAULT_CHUNK = 16 << 20
 
@@ -79,10 +76,9 @@ def two_pass_restore(
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> Outcome:
     """Restore tokens ``[0, wanted)`` from ``pieces`` (consecutive, from token 0) into ``dest``."""
-    check_capacity(wanted, dest)
-    validated = read_pass(pieces, wanted, fp)
-    return apply_pass(validated, dest, fp, resume_at=resume_at, ladder=ladder,
-                      chunk_bytes=chunk_bytes)  # fmt: skip
+    job = Job(pieces, wanted, dest, fp, resume_at, ladder, chunk_bytes)
+    job.check_capacity()
+    return job.apply(job.read())
 
 
 @dataclass
@@ -94,77 +90,88 @@ class Validated:
     ready: list[tuple[Piece, npt.NDArray[np.uint8]]]
 
 
-def check_capacity(wanted: int, dest: Destination) -> None:
-    if wanted > dest.capacity():
-        raise StrataError(
-            f"restore: the destination holds {dest.capacity():,} tokens, {wanted:,} are wanted"
-        )
+@dataclass(frozen=True)
+class Job:
+    """One restore: the arguments of :func:`two_pass_restore`, and its two passes (the batched
+    agenda runs the passes of several jobs on different threads)."""
 
+    pieces: Sequence[Piece]
+    wanted: int
+    dest: Destination
+    fp: ModelFingerprint
+    resume_at: Callable[[int], int]
+    ladder: bool = True
+    chunk_bytes: int = DEFAULT_CHUNK
 
-def read_pass(pieces: Sequence[Piece], wanted: int, fp: ModelFingerprint) -> Validated:
-    """Validate every page of ``[0, wanted)`` against its sidecar; touches no caller buffer.
-    Stops at the first bad page, or at a missing, short or unreadable segment."""
-    pt = fp.page_tokens
-    out = Outcome(0, wanted)
-    ready: list[tuple[Piece, npt.NDArray[np.uint8]]] = []
-    t0 = time.perf_counter()
-    for piece in pieces:
-        if piece.start >= wanted:
-            break
-        need = min(piece.end, wanted) - piece.start
-        try:
-            if piece.store is None:
-                raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
-            payload, bad = _validated(piece, need, fp)
-        except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
-            out.first_bad, out.reason = piece.start, str(e)
-            out.damaged.append(piece.key)
-            break
-        ready.append((piece, payload))
-        if bad is not None:
-            out.first_bad = piece.start + bad * pt
-            out.reason = f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 validation"
-            out.damaged.append(piece.key)
-            break
-    out.read_s = time.perf_counter() - t0
-    return Validated(out, ready)
+    def check_capacity(self) -> None:
+        if self.wanted > self.dest.capacity():
+            raise StrataError(f"restore: the destination holds {self.dest.capacity():,} tokens, "
+                              f"{self.wanted:,} are wanted")  # fmt: skip
 
+    def prefetch(self) -> None:
+        """Hand the segment files this job reads to the kernel's read-ahead."""
+        for p in self.pieces:
+            if p.store is not None and p.start < self.wanted:
+                p.store.prefetch(p.key)
 
-def apply_pass(
-    validated: Validated,
-    dest: Destination,
-    fp: ModelFingerprint,
-    *,
-    resume_at: Callable[[int], int],
-    ladder: bool = True,
-    chunk_bytes: int = DEFAULT_CHUNK,
-) -> Outcome:
-    """Copy the validated pages into ``dest`` in chunks of ``chunk_bytes``: all of them, or,
-    after damage, those below ``resume_at(first_bad)`` (the ladder; ``ladder=False`` raises
-    :class:`RestoreFailed` instead and writes nothing)."""
-    out, pt, tb = validated.out, fp.page_tokens, fp.token_bytes
-    t1 = time.perf_counter()
-    limit = out.wanted
-    if out.first_bad is not None:
-        if not ladder:
-            raise RestoreFailed(
-                f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was copied "
-                "(turn the ladder on to restore the valid prefix)"
-            )
-        limit = min(resume_at(out.first_bad), out.first_bad)
-    chunk_tokens = max(pt, chunk_bytes // (pt * tb) * pt)
-    for piece, payload in validated.ready:
-        if piece.start >= limit:
-            break
-        n = min(piece.end, limit) - piece.start
-        if piece.start + n < piece.end and n % pt:
-            n -= n % pt  # stop on a whole page: a partial page is not laid out as a prefix
-        for off in range(0, n, chunk_tokens):
-            m = min(chunk_tokens, n - off)
-            dest.write_pages(piece.start + off, m, payload[off * tb : (off + m) * tb], pt)
-        out.tokens = piece.start + n
-    out.apply_s = time.perf_counter() - t1
-    return out
+    def read(self) -> Validated:
+        """The read pass: validate every page of ``[0, wanted)`` against its sidecar, touching
+        no caller buffer. Stops at the first bad page, or at a missing, short or unreadable
+        segment."""
+        pt = self.fp.page_tokens
+        out = Outcome(0, self.wanted)
+        ready: list[tuple[Piece, npt.NDArray[np.uint8]]] = []
+        t0 = time.perf_counter()
+        for piece in self.pieces:
+            if piece.start >= self.wanted:
+                break
+            need = min(piece.end, self.wanted) - piece.start
+            try:
+                if piece.store is None:
+                    raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
+                payload, bad = _validated(piece, need, self.fp)
+            except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
+                out.first_bad, out.reason = piece.start, str(e)
+                out.damaged.append(piece.key)
+                break
+            ready.append((piece, payload))
+            if bad is not None:
+                out.first_bad = piece.start + bad * pt
+                out.reason = (f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 "
+                              "validation")  # fmt: skip
+                out.damaged.append(piece.key)
+                break
+        out.read_s = time.perf_counter() - t0
+        return Validated(out, ready)
+
+    def apply(self, validated: Validated) -> Outcome:
+        """The apply pass: copy the validated pages into ``dest`` in chunks of ``chunk_bytes``:
+        all of them, or, after damage, those below ``resume_at(first_bad)`` (the ladder;
+        ``ladder=False`` raises :class:`RestoreFailed` instead and writes nothing)."""
+        out, pt, tb = validated.out, self.fp.page_tokens, self.fp.token_bytes
+        t1 = time.perf_counter()
+        limit = out.wanted
+        if out.first_bad is not None:
+            if not self.ladder:
+                raise RestoreFailed(
+                    f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was "
+                    "copied (turn the ladder on to restore the valid prefix)"
+                )
+            limit = min(self.resume_at(out.first_bad), out.first_bad)
+        chunk_tokens = max(pt, self.chunk_bytes // (pt * tb) * pt)
+        for piece, payload in validated.ready:
+            if piece.start >= limit:
+                break
+            n = min(piece.end, limit) - piece.start
+            if piece.start + n < piece.end and n % pt:
+                n -= n % pt  # stop on a whole page: a partial page is not laid out as a prefix
+            for off in range(0, n, chunk_tokens):
+                m = min(chunk_tokens, n - off)
+                self.dest.write_pages(piece.start + off, m, payload[off * tb : (off + m) * tb],
+                                      pt)  # fmt: skip
+            out.tokens = piece.start + n
+        out.apply_s = time.perf_counter() - t1
+        return out
 
 
 def _validated(piece: Piece, need: int, fp: ModelFingerprint

@@ -144,3 +144,19 @@ def test_bad_input_is_typed(tmp_path: Path) -> None:
             kv.park("chat", ids_of(21, 1), cache)  # ids and cache disagree
         with pytest.raises(StrataError, match="one sequence"):
             kv.lookup(np.zeros((2, 3), np.int64))
+
+
+def test_unsupported_dtype_and_wrong_cache_dtype_are_typed(tmp_path: Path) -> None:
+    from stratastore import ConfigError
+    from stratastore.adapters.hf import fingerprint_for
+
+    model = tiny()
+    with pytest.raises(ConfigError, match="not supported; use float16, bfloat16 or float32"):
+        fingerprint_for(model.config, "test/tiny", torch.int8)
+    history = ids_of(20, 1)
+    _, cache = prefill(model, history)  # float32 K/V
+    with TransformersCache.open(model.config, "test/tiny-llama@seed0", config(tmp_path, 64),
+                                dtype=torch.float16, probe=lambda: 1 << 40) as kv:  # fmt: skip
+        with pytest.raises(ConfigError, match=r"open it with dtype=torch\.float32"):
+            kv.park("chat", history, cache)
+        assert kv.lookup(history) == 0  # nothing was stored

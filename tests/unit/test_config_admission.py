@@ -102,3 +102,13 @@ def test_admission_probe_is_injectable() -> None:
     assert adm.admit(GIB, stays_in_ram=True, disk=True).where == "disk"
     free[0] = GIB
     assert adm.admit(GIB, stays_in_ram=True, disk=True).where == "discard"
+
+
+def test_toml_bytes_refuses_oversized_and_undecodable_input() -> None:
+    from stratastore.config import MAX_CONFIG_BYTES
+
+    with pytest.raises(ConfigError, match="not a config file"):
+        StoreConfig.from_toml_bytes(b"#" * (MAX_CONFIG_BYTES + 1), "big.toml")
+    with pytest.raises(ConfigError, match=r"big\.toml cannot be read"):
+        StoreConfig.from_toml_bytes(b"\xff\xfe ram_mib = 1", "big.toml")
+    assert StoreConfig.from_toml_bytes(b"slots = 2\n").slots == 2
