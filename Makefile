@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench soak clean
+.PHONY: demo test test-extras lint typecheck unit bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ unit: $(STAMP)
 # The full suite, with the benchmarks run once each (they print their ratios, never assert time).
 test: lint typecheck $(STAMP)
 	$(BIN)/python -m pytest -q --benchmark-disable
+
+# The adapter tests with the transformers extra installed into .venv (a CPU wheel of torch);
+# `make test` runs them too when the extra is there, and skips them, naming it, when it is not.
+test-extras: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[transformers]'
+	$(BIN)/python -m pytest -q tests/adapters
 
 # The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.
 soak: $(STAMP)
