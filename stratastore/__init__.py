@@ -7,7 +7,7 @@ Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesyst
 from .chain import Checkpoint, Conversation
 from .config import StoreConfig
 from .errors import ConfigError, StrataError
-from .facade import BatchRestoreError, Store
+from .facade import BatchRestoreError, SpillError, Store, StoreClosed
 from .format import (
     ChecksumMismatch,
     Codec,
@@ -21,6 +21,7 @@ from .format import (
 )
 from .io import StrataIOError
 from .store import PutResult, SegmentNotFound, SegmentStore, StoreError, StoreStats
+from .tiers.tiered import InvalidConversation
 
 __version__ = "0.1.0"
 
@@ -34,13 +35,16 @@ __all__ = [
     "DType",
     "FormatError",
     "IncompatibleFingerprint",
+    "InvalidConversation",
     "Kind",
     "Level",
     "ModelFingerprint",
     "PutResult",
     "SegmentNotFound",
     "SegmentStore",
+    "SpillError",
     "Store",
+    "StoreClosed",
     "StoreConfig",
     "StoreError",
     "StoreStats",

@@ -22,6 +22,7 @@ from .format import ModelFingerprint, decode_sidecar
 from .format.sidecar import MAX_SIDECAR_BYTES
 from .installer import MODEL_SIZES
 from .io import files
+from .level_dirs import StoreLevels, find_store_levels
 from .store import SegmentStore
 
 __all__ = ["main"]
@@ -310,9 +311,13 @@ def _bench_peers(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    from .fsck import fsck, repair
+    from .fsck import fsck
+    from .repair import repair
 
-    dirs = [os.path.abspath(d) for d in (args.dirs or _config_dirs(args))]
+    levels = _store_levels(args)
+    dirs = list(levels.checked)
+    if not args.json:
+        print(levels.describe())
     if args.repair:
         if not args.yes:
             if not sys.stdin.isatty():
@@ -320,31 +325,35 @@ def cmd_fsck(args: argparse.Namespace) -> int:
                                   "(and make sure no process has it open)")  # fmt: skip
             if input("repair moves damaged files aside and rebuilds indexes; type yes: ") != "yes":
                 raise ConfigError("repair not confirmed; nothing was changed")
-        for action in repair(dirs):
+        for action in repair(dirs, levels=levels):
             print(f"repair: {action.kind}: {action.object}: {action.detail}")
-    findings = list(fsck(dirs, deep=args.deep))
+    findings = list(fsck(dirs, deep=args.deep, levels=levels))
     errors = sum(f.severity == "error" for f in findings)
     if args.json:
-        print(json.dumps({"dirs": args.dirs, "deep": args.deep, "errors": errors,
-                          "findings": [f.as_dict() for f in findings]}, indent=2))  # fmt: skip
+        print(json.dumps({"dirs": args.dirs, **_levels_doc(levels), "deep": args.deep,
+                          "errors": errors, "findings": [f.as_dict() for f in findings]},
+                         indent=2))  # fmt: skip
     else:
         for f in findings:
             print(f"{f.severity}: {f.id}: {f.object}: {f.detail}")
-        print(f"{len(findings)} findings, {errors} errors")
+        print(f"{len(findings)} findings, {errors} errors in {len(dirs)} level(s)")
     return 1 if errors else 0
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
     from .testing.conformance import check_conformance
 
-    report = check_conformance([os.path.abspath(d) for d in (args.dirs or _config_dirs(args))])
+    levels = _store_levels(args)
+    report = check_conformance(levels.checked, levels=levels)
     if args.json:
         print(json.dumps({
+            **_levels_doc(levels),
             "conforms": report.conforms,
             "violations": {c: [f.as_dict() for f in fs] for c, fs in report.violations.items()},
             "allowed": [f.as_dict() for f in report.allowed],
         }, indent=2))  # fmt: skip
     else:
+        print(levels.describe())
         for clause, found in sorted(report.violations.items()):
             for f in found:
                 print(f"VIOLATES {clause}: {f.id}: {f.object}: {f.detail}")
@@ -367,6 +376,8 @@ def _monitor_table(doc: dict[str, Any]) -> str:
         "no Store has published counters here yet" if snap is None else
         f"counters from pid {snap['pid']} ({'running' if snap['writer_alive'] else 'exited'}), "
         f"{snap['age_s']:.0f} s ago")]  # fmt: skip
+    if doc.get("snapshot_problem"):
+        lines.append(f"  warning: {doc['snapshot_problem']}")
     lines.append(f"  {'level':<6}{'entries':>9}{'MiB':>9}{'budget MiB':>12}{'oldest s':>10}"
                  f"{'hits':>7}{'moved down':>12}{'evicted':>9}  folder")  # fmt: skip
     for name, lv in doc["levels"].items():
@@ -386,8 +397,11 @@ def _monitor_table(doc: dict[str, Any]) -> str:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
+    """The table refreshes in place until Ctrl-C (unless ``--once``); ``--json`` and
+    ``--prometheus`` are for machines: one document, printed once, no screen codes."""
     from .monitor import prometheus_text, read_monitor
 
+    once = args.once or args.json or args.prometheus
     while True:
         doc = read_monitor(args.dir) if args.dir else read_monitor(levels=_config_dirs(args))
         if args.json:
@@ -399,7 +413,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
             out = prometheus_text({**counters, "levels": levels})
         else:
             out = _monitor_table(doc)
-        if args.once:
+        if once:
             print(out)
             return 0
         sys.stdout.write("\x1b[H\x1b[2J" + out + "\n(refreshing every "
@@ -409,6 +423,18 @@ def cmd_monitor(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
+
+
+def _store_levels(args: argparse.Namespace) -> StoreLevels:
+    """The levels fsck and conformance check: those of the paths given (a store root, a level
+    directory or a config file each), else those of ``--config``."""
+    return find_store_levels(args.dirs, args.store_config, args.config or "--config")
+
+
+def _levels_doc(levels: StoreLevels) -> dict[str, Any]:
+    """Which levels a command checked, for its ``--json`` output."""
+    return {"levels": list(levels.checked), "store_levels": list(levels.store),
+            "levels_complete": levels.complete, "levels_from": levels.found_from}  # fmt: skip
 
 
 def _config_dirs(args: argparse.Namespace) -> list[str]:
@@ -539,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.set_defaults(func=cmd_inspect)
     _add_sim(sub)
     fk = sub.add_parser("fsck", help="check store directories offline (read-only)")
-    fk.add_argument("dirs", nargs="*", help="the level directories (default: --config's)")
+    fk.add_argument("dirs", nargs="*", metavar="PATH",
+                    help="the store: its root directory (holding warm/ and cold/), a level "
+                    "directory or its config file (default: --config's levels)")  # fmt: skip
     fk.add_argument("--deep", action="store_true", help="re-hash every page (default: sample)")
     fk.add_argument("--json", action="store_true")
     fk.add_argument("--repair", action="store_true",
@@ -547,14 +575,18 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
     fk.set_defaults(func=cmd_fsck)
     cf = sub.add_parser("conformance", help="check directories against the spec's MUST clauses")
-    cf.add_argument("dirs", nargs="*", help="level directories written by any implementation")
+    cf.add_argument("dirs", nargs="*", metavar="PATH",
+                    help="a store written by any implementation: its root directory, a level "
+                    "directory or its config file (default: --config's levels)")  # fmt: skip
     cf.add_argument("--json", action="store_true")
     cf.set_defaults(func=cmd_conformance)
     mon = sub.add_parser("monitor", help="what a store's levels hold and its Store's counters")
     mon.add_argument("dir", nargs="?",
                      help="a store level directory, or the folder holding its levels (default: "
                      "--config's levels)")  # fmt: skip
-    mon.add_argument("--once", action="store_true", help="print once (default: a live view)")
+    mon.add_argument("--once", action="store_true",
+                     help="print the table once (default: a live view; --json and --prometheus "
+                     "always print once)")  # fmt: skip
     fmt = mon.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true")

@@ -5,6 +5,13 @@ level's ``cold_dir`` and ``cold_mib`` (the existing disk tier *is* the cold leve
 one setting with different values, an unknown key, or a value of the wrong type or range is a
 :class:`ConfigError` naming the key and the fix. The defaults are what a user with no
 configuration expects: a RAM level only, every opt-in feature off.
+
+A disk level is on only with a directory *and* a budget (seed 000: "empty / 0 = the level is
+off"; each level is switched off by its own budget). A mapping or TOML file that gives one of
+the pair and omits the other is a :class:`ConfigError` (a half-configured level, not a level
+switched off); an explicit empty directory or ``0`` budget beside the other is allowed, and the
+Store warns at start-up that the level is off. Checks that need the filesystem (``warm_dir`` and
+``cold_dir`` naming one directory) run when the Store opens its levels.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
+from .io.modes import file_mode_problem
 
 __all__ = ["ALIASES", "StoreConfig"]
 
@@ -62,6 +70,9 @@ class StoreConfig:
     page_resume: bool = False  #: attention-only layouts: resume on any whole page too
     ladder: bool = True  #: restore the valid prefix of a damaged image (off: a typed error)
     restore_chunk_mib: int = 16  #: the apply pass copies at most this much at a time
+    #: permission bits of every file the store creates (spec F-DIR-9): private by default;
+    #: 0o640 for a store a group shares. Directories get an x bit per r bit (0o700, 0o750).
+    file_mode: int = 0o600
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -85,6 +96,10 @@ class StoreConfig:
         for name in ("slots", "checkpoints", "restore_chunk_mib"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1")
+        problem = file_mode_problem(self.file_mode)
+        if problem is not None:
+            raise ConfigError(f"setting file_mode: {problem}; use 0o600 (private, the default) "
+                              "or 0o640 (readable by the group)")  # fmt: skip
 
     @property
     def warm_on(self) -> bool:
@@ -114,7 +129,20 @@ class StoreConfig:
                     f"same setting with different values; keep one of them"
                 )
             resolved[name], given_as[name] = value, key
-        return cls(**resolved)
+        cfg = cls(**resolved)  # types and ranges first
+        for level in ("warm", "cold"):  # a level named by half its settings is a mistake
+            d, mib = f"{level}_dir", f"{level}_mib"
+            if resolved.get(d) and mib not in resolved:
+                raise ConfigError(
+                    f"{source}: {given_as[d]} is set but {level}_mib is not: the {level} level "
+                    f"needs a budget; set {level}_mib (MiB), or {level}_mib = 0 to keep it off"
+                )
+            if resolved.get(mib) and d not in resolved:
+                raise ConfigError(
+                    f"{source}: {given_as[mib]} is set but {level}_dir is not: the {level} level "
+                    f"needs a directory; set {level}_dir, or remove {given_as[mib]}"
+                )
+        return cfg
 
     @classmethod
     def from_toml(cls, path: str) -> StoreConfig:

@@ -7,8 +7,9 @@ turn; when a slot is reused the conversation leaving it is parked, and a returni
 restored from wherever it is: the RAM level, the warm disk level or the cold one (every disk page
 BLAKE3-validated, every restored byte checked here against the K/V the model would recompute).
 RAM is small on purpose so conversations spill to warm, and warm small so they degrade to cold.
-At the end one byte of a cold segment is damaged on disk and the store reopened: the restore of
-that conversation stops at the damaged segment instead of returning bad bytes.
+At the end one byte is damaged on disk in a segment a restore reads (a cold one when there is
+one; :func:`damage_target`), whatever the request count: the restore of that conversation stops
+at the damaged segment instead of returning bad bytes, and fsck finds exactly it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .config import StoreConfig
 from .facade import Store
 from .format import ModelFingerprint, data_name
 
-__all__ = ["run_demo"]
+__all__ = ["damage_target", "run_demo"]
 
 SLOTS = 4
 CONVERSATIONS = 8
@@ -167,7 +168,7 @@ def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
     verdict, ok = _fsck_verdict(cfg, damage)
     _report(stats, engine, verdict)
     if damage is not None:
-        print(f"  one byte flipped in a cold segment on disk -> {damage[2]}")
+        print(f"  one byte flipped in a segment on disk -> {damage[2]}")
     real = _real_model_phase(os.path.join(path, "hf"))
     if kept:
         print(f"  strata monitor {path} --once   shows the levels and these counters")
@@ -208,28 +209,54 @@ def _report(s: dict[str, Any], e: _Engine, verdict: str) -> None:
         print(f"  {k:<34}{v:>14}")
 
 
+def damage_target(store: Store) -> tuple[npt.NDArray[np.uint32], int, str, str] | None:
+    """A segment a restore will read: ``(prompt, its first token, its data file, its level)``.
+
+    For each conversation on disk, the restore of its own tokens is what :meth:`Store.lookup`
+    answers: it must come from disk (a RAM copy as deep would serve it instead), and it reads
+    the chain of the conversation that lookup names from its first segment up to the match,
+    stopping at the first segment that capacity GC removed. So the victim is a segment of that
+    chain, not its first (the shared system prompt), below the match, with every segment before
+    it present; a cold one when there is one (the demo's point: the last level), else a warm
+    one. ``None`` when no conversation on disk has such a segment."""
+    tiers = store._tiers
+    found: dict[str, tuple[npt.NDArray[np.uint32], int, str, str]] = {}
+    for dc in list(tiers._disk.values()):
+        hit = tiers.lookup(dc.conv.tokens)
+        if hit is None or hit[0] != "disk":
+            continue
+        match = hit[1]
+        for start, _, key in tiers._disk[match.conv_id].segments:
+            holder = tiers._holder(key)
+            if start >= match.length or holder is None:
+                break  # the restore stops here: nothing deeper is read
+            level = next(lv.name for lv in (tiers.warm, tiers.cold)
+                         if lv is not None and lv.store is holder)  # fmt: skip
+            path = os.path.join(holder.path, data_name(key))
+            if start > 0:
+                found.setdefault(level, (dc.conv.tokens, start, path, level))
+        if "cold" in found:
+            break
+    return found.get("cold") or found.get("warm")
+
+
 def _damage_check(store: Store, cfg: dict[str, Any], fp: ModelFingerprint
                   ) -> tuple[str, int, str, bool] | None:  # fmt: skip
-    """Damage one byte of a cold segment (not a conversation's first) and restore the
-    conversation it belongs to: (damaged file, its first token, what happened, detected)."""
-    tiers = store._tiers
-    for dc in tiers._disk.values():
-        segs = [k for _, _, k in dc.segments]
-        victim = next((k for k in segs[1:] if tiers.cold and k in tiers.cold.store), None)
-        if victim is not None:
-            break
-    else:
-        print("  damage check: no cold segment to damage (run more requests)")
+    """Damage one byte of a segment that a restore reaches (:func:`damage_target`) and restore
+    the conversation: (damaged file, its first token, what happened, detected)."""
+    target = damage_target(store)
+    if target is None:
+        print("  damage check: no segment on disk that a restore reads (run more requests)")
         return None
-    start = next(s for s, _, k in dc.segments if k == victim)
-    path = os.path.join(cfg["cold_dir"], data_name(victim))
+    prompt, start, path, level = target
     _flip_byte(path, 4096 + 9)
-    prompt = dc.conv.tokens
     out = np.empty(len(prompt) * fp.token_bytes, dtype=np.uint8)
     r = store.restore(prompt, out)
     good = r.tokens <= start
-    what = (f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
-            f"segment (token {start:,})") if good else "DAMAGE NOT DETECTED"  # fmt: skip
+    what = "DAMAGE NOT DETECTED"
+    if good:
+        what = (f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
+                f"segment (token {start:,}, {level} level)")  # fmt: skip
     return path, start, what, good
 
 

@@ -8,6 +8,14 @@ writes of parks go through a background spill writer with a bounded queue, so a 
 once the capture is handed over (it blocks only while the queue is full: back-pressure), and
 :meth:`close` flushes it. Several processes may open the same directories: each sees the
 segments and the conversations the others commit.
+
+Errors belong to the call that caused them (DESIGN invariants): a disk write of a park that
+fails in the background is recorded and counted (``spill_errors``) and raised as a
+:class:`SpillError` by the engine's next :meth:`Store.flush` or :meth:`Store.close`, never by an
+unrelated ``lookup``/``restore`` (those wait for pending writes, to read the caller's own parks,
+but neither raise nor clear the writer's failures). A park is validated before it is
+acknowledged (:class:`~stratastore.tiers.tiered.InvalidConversation`), and every call on a
+closed store raises :class:`StoreClosed`.
 """
 
 from __future__ import annotations
@@ -31,10 +39,10 @@ from .format import ModelFingerprint
 from .format.naming import INDEX_DIR
 from .io import durable_write
 from .monitor import MONITOR_FILE, prometheus_text
-from .restore import Destination
-from .tiers.tiered import ParkReport, Restored, Snapshot, Tiers
+from .restore import Destination, flat_bytes
+from .tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
 
-__all__ = ["BatchRestoreError", "Store"]
+__all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
 
 _STOP = object()
 
@@ -53,6 +61,34 @@ class BatchRestoreError(StrataError):
         )
 
 
+class StoreClosed(StrataError):
+    """A call on a :class:`Store` after :meth:`Store.close`; open a new store to go on."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__(
+            f"store is closed: {call}() was called after close(); open a new Store "
+            "(Store.open) to go on"
+        )
+
+
+class SpillError(StrataError):
+    """Acknowledged parks whose disk write did not land (spec F-DUR: not durable).
+
+    ``failures`` holds ``(conversation id, cause)`` for each; raised by :meth:`Store.flush` or
+    :meth:`Store.close`, the first cause chained. The K/V can be recomputed: keep serving, and
+    fix the cause (the disk, or the level's budget)."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
+        self.failures = failures
+        shown = "; ".join(f"conversation {cid!r}: {cause}" for cid, cause in failures[:5])
+        more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(
+            f"{len(failures)} disk write(s) of acknowledged parks did not land: {shown}{more}; "
+            "they are not on disk (the engine recomputes them on a miss); fix the cause (the "
+            "disk, or raise the level's budget)"
+        )
+
+
 class Store:
     """Open with :meth:`open`; use as a context manager or call :meth:`close`."""
 
@@ -60,8 +96,10 @@ class Store:
         self._tiers = tiers
         self._lock = threading.RLock()
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_depth)
-        self._errors: list[BaseException] = []
+        #: background write failures not yet reported: (conversation id, cause)
+        self._errors: list[tuple[str, BaseException]] = []
         self._closed = False
+        self._enqueuing = 0  #: parks acknowledged whose disk writes are not queued yet
         tiers.defer_spills = True
         self._writer = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._writer.start()
@@ -114,22 +152,48 @@ class Store:
                 if item is _STOP:
                     return
                 assert isinstance(item, Snapshot)
-                with self._lock:
-                    self._tiers.write_disk_now(item)
+                self._write(item)
                 self.publish(force=False)  # here, so the store's disk writes stay on one thread
-            except Exception as e:  # recorded and re-raised to the caller of flush/close
-                self.counters["spill_errors"] += 1
-                self._errors.append(e)
             finally:
                 self._queue.task_done()
 
+    def _write(self, snap: Snapshot) -> None:
+        """One disk write of the spill writer; a failure (an I/O error, a refusal by the level)
+        is recorded and counted, for the engine's next :meth:`flush`/:meth:`close`."""
+        try:
+            with self._lock:
+                self._tiers.write_disk_now(snap)
+        except Exception as e:
+            with self._lock:
+                self.counters["spill_errors"] += 1
+                self._errors.append((snap.conv.conv_id, e))
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise StoreClosed(call)
+
+    def _raise_errors(self) -> None:
+        with self._lock:
+            failures, self._errors = self._errors, []
+        if failures:
+            raise SpillError(failures) from failures[0][1]
+
+    def _wait_for_writes(self) -> None:
+        """Read your own parks: pending disk writes land first. Their failures stay recorded
+        for :meth:`flush`/:meth:`close` (this call did not cause them)."""
+        if self._queue.unfinished_tasks:
+            self._queue.join()
+
     def flush(self) -> None:
-        """Wait until every queued disk write is committed; re-raise the first failure."""
+        """Wait until every queued disk write is committed (spec F-DUR), then report the disk
+        writes that failed since the last report: :class:`SpillError` names each conversation
+        whose acknowledged park did not land, and its cause. A failure is reported once: after
+        a flush raised it, the next flush returns cleanly unless another write failed (the
+        counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
+        self._check_open("flush")
         self._queue.join()
         self.publish(force=False)
-        if self._errors:
-            err, self._errors = self._errors[0], []
-            raise err
+        self._raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
     def park(self, conv: Conversation, kv: npt.NDArray[Any],
@@ -138,58 +202,85 @@ class Store:
         ``states`` maps checkpoint lengths to the running state saved there (hybrid and
         recurrent models). The store keeps ``conv`` and ``kv`` (the capture) until they are
         copied or written, and may trim ``conv``'s checkpoints (retention) or tokens (the
-        prefix that fits): do not reuse either."""
+        prefix that fits): do not reuse either.
+
+        Everything that can be checked is checked before the park is acknowledged: a bad
+        conversation id (not a string, not UTF-8 encodable, over 4096 bytes, or a saved
+        session's name), checkpoints or cuts outside the tokens, a K/V of the wrong size, too
+        many tokens or items for a manifest (spec F-CHAIN-2) raise
+        :class:`~stratastore.tiers.tiered.InvalidConversation` and nothing is stored. A disk
+        write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`)."""
+        self._check_open("park")
+        if not isinstance(kv, np.ndarray):
+            raise InvalidConversation(f"park: kv must be a numpy array, got {type(kv).__name__}")
         snap = Snapshot(conv, kv.reshape(-1).view(np.uint8), dict(states or {}))
         with self._lock:
+            self._check_open("park")
             report = self._tiers.park(snap)
             spills = self._tiers.take_outbox()
-        self._enqueue(spills)
+            self._enqueuing += 1
+        try:
+            self._enqueue(spills)
+        finally:
+            with self._lock:
+                self._enqueuing -= 1
         return report
 
-    def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer]) -> tuple[str, int] | None:
-        """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``."""
-        if self._queue.unfinished_tasks:
-            self.flush()
+    def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer],
+               media: Mapping[int, bytes] | None = None) -> tuple[str, int] | None:  # fmt: skip
+        """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``.
+        ``media`` maps the token position of each picture in ``prompt`` to its 32-byte digest
+        (as in :class:`~stratastore.chain.Conversation`; spec F-KEY-7): a prefix matches only
+        with the same pictures at the same positions."""
+        self._check_open("lookup")
+        self._wait_for_writes()
         with self._lock:
-            hit = self._tiers.lookup(as_tokens(prompt))
+            hit = self._tiers.lookup(as_tokens(prompt), media)
         return (hit[0], hit[1].length) if hit else None
 
     def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],
-                out: npt.NDArray[Any] | Destination) -> Restored:  # fmt: skip
+                out: npt.NDArray[Any] | Destination,
+                media: Mapping[int, bytes] | None = None) -> Restored:  # fmt: skip
         """Copy the deepest stored prefix of ``prompt`` into ``out``: the engine's K/V buffer
         for this conversation in the page layout of spec F-SEG-4 (at least
         ``len(prompt) * token_bytes`` bytes), or a destination in the engine's own layout
         (:class:`~stratastore.restore.LayerKV`, :class:`~stratastore.restore.PagedKV` with a
         block table). Every disk page is validated before any byte is applied; a damaged image
         restores its deepest valid prefix (the ladder). Returns how many tokens ``out`` now
-        holds; the engine prefills the rest."""
+        holds; the engine prefills the rest. ``out`` is written in place: one that cannot be
+        (not C-contiguous, Fortran-ordered, read-only) is refused with
+        :class:`~stratastore.restore.DestinationRefused` before anything runs. ``media``: the
+        prompt's pictures, as in :meth:`lookup`."""
+        self._check_open("restore")
         tokens = as_tokens(prompt)
-        flat: npt.NDArray[np.uint8] | Destination = (
-            out.reshape(-1).view(np.uint8) if isinstance(out, np.ndarray) else out
+        flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
+            flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
-        if self._queue.unfinished_tasks:
-            self.flush()  # read your own parks: pending disk writes land first
+        self._wait_for_writes()
         with self._lock:
-            r = self._tiers.restore(tokens, flat)
+            r = self._tiers.restore(tokens, flat, media)
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         return r
 
     def restore_many(
         self, requests: Sequence[tuple[Sequence[int] | npt.NDArray[np.integer],
                                        npt.NDArray[Any] | Destination]],
+        media: Sequence[Mapping[int, bytes] | None] = (),
     ) -> list[Restored]:  # fmt: skip
         """:meth:`restore` for several prompts submitted together (one destination each): their
         disk reads share one batched read agenda, read-ahead, validation and copy overlapping
         across requests (:mod:`stratastore.restore.agenda`). Each request keeps the contract of
         :meth:`restore`. When some requests fail (the ladder turned off and an image damaged,
         an I/O error), the others still complete and :class:`BatchRestoreError` is raised,
-        carrying every request's result."""
-        reqs = [(as_tokens(p), out.reshape(-1).view(np.uint8) if isinstance(out, np.ndarray)
-                 else out) for p, out in requests]  # fmt: skip
-        if self._queue.unfinished_tasks:
-            self.flush()
+        carrying every request's result. ``media[i]``, when given, is request ``i``'s pictures
+        (as in :meth:`lookup`)."""
+        self._check_open("restore_many")
+        reqs = [(as_tokens(p), flat_bytes(out, f"Store.restore_many out #{i}")
+                 if isinstance(out, np.ndarray) else out)
+                for i, (p, out) in enumerate(requests)]  # fmt: skip
+        self._wait_for_writes()
         with self._lock:
-            got = self._tiers.restore_many(reqs)
+            got = self._tiers.restore_many(reqs, media)
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (
                     0 if isinstance(r, Exception) else r.tokens
@@ -200,7 +291,10 @@ class Store:
 
     def save_session(self, name: str, tokens: Sequence[int] | npt.NDArray[np.integer],
                      kv: npt.NDArray[Any], checkpoints: Sequence[int] = ()) -> None:  # fmt: skip
-        """Save a conversation under ``name`` (durable when this returns; never evicted)."""
+        """Save a conversation under ``name`` (durable when this returns; never evicted).
+        Session names and conversation ids are one namespace (spec F-CHAIN-4): the name of a
+        parked conversation is refused (:class:`~stratastore.tiers.tiered.InvalidConversation`)."""
+        self._check_open("save_session")
         toks = as_tokens(tokens)
         lengths = sorted({*checkpoints, len(toks)} - {0})
         conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
@@ -209,10 +303,12 @@ class Store:
             self._tiers.save_session(Snapshot(conv, kv.reshape(-1).view(np.uint8)))
 
     def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
+        self._check_open("load_session")
         with self._lock:
-            return self._tiers.load_session(name, out.reshape(-1).view(np.uint8))
+            return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"))
 
     def delete_session(self, name: str) -> bool:
+        self._check_open("delete_session")
         with self._lock:
             return self._tiers.delete_session(name)
 
@@ -257,18 +353,27 @@ class Store:
         doc.update(pid=os.getpid(), written_at=time.time())
         try:
             durable_write(os.path.join(d, INDEX_DIR, MONITOR_FILE),
-                          json.dumps(doc, default=str).encode())  # fmt: skip
+                          json.dumps(doc, default=str).encode(),
+                          mode=self._tiers.cfg.file_mode)  # fmt: skip
         except StrataError:
             self.counters["monitor_errors"] += 1
             return False
         return True
 
     def close(self) -> None:
-        """Flush the spill writer, then close every level."""
-        if self._closed:
-            return
-        self._closed = True
+        """Flush the spill writer, then close every level; raise :class:`SpillError` for the
+        disk writes that failed and were not reported yet. A second close does nothing; every
+        other call after close raises :class:`StoreClosed`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
+            while True:  # a park acknowledged before close() has its writes queued first
+                with self._lock:
+                    if not self._enqueuing:
+                        break
+                time.sleep(0.001)
             self._queue.join()
             self._queue.put(_STOP)
             self._writer.join()
@@ -276,8 +381,7 @@ class Store:
         finally:
             with self._lock:
                 self._tiers.close()
-        if self._errors:
-            raise self._errors[0]
+        self._raise_errors()
 
     def __enter__(self) -> Store:
         return self

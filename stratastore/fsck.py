@@ -4,44 +4,62 @@
 severity (error, warning, info), the object and a detail, in the style of git fsck. It opens
 nothing for writing: the LMDB index is read with ``readonly=True`` and no lock file, and no
 segment file is touched. ``deep`` re-hashes every page; otherwise the first and the last page of
-each segment are sampled. Repair is not implemented yet.
+each segment are sampled. One damaged segment is one finding, named by its cause; what follows
+from it (its index record, the chains that stop at it) is in that finding's detail.
+:func:`~stratastore.repair.repair` quarantines, rebuilds and cuts chains (format-spec/FSCK.md);
+which directories make up a store is :mod:`stratastore.level_dirs`'s to find. Pages are read
+with ``pread`` into memory fsck owns (:class:`~stratastore.store.reader.SegmentReader`), never
+through a mapping: a data file truncated or failing while fsck reads it is a finding, never a
+SIGBUS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
+from typing import Any, Literal, TypeVar
 
 import lmdb
-import numpy as np
 
 from .errors import StrataError
 from .format import (
     DATA_OFFSET,
     ChecksumMismatch,
     Codec,
+    FormatError,
     IndexRecord,
-    SegmentHeader,
     UnsupportedVersion,
     decode_segment_header,
     decode_sidecar,
     parse_name,
 )
 from .format.index_record import INDEX_SCHEMA
-from .format.manifest import MAX_MANIFEST_BYTES, decode_manifest
-from .format.naming import INDEX_DIR, QUARANTINE_DIR, TEMP_PREFIX, is_chain_name
+from .format.manifest import MAX_MANIFEST_BYTES, decode_manifest, manifest_key_mismatch
+from .format.naming import (
+    INDEX_DIR,
+    QUARANTINE_DIR,
+    TEMP_PREFIX,
+    chain_name,
+    data_name,
+    is_chain_name,
+    sidecar_name,
+)
 from .format.sidecar import MAX_SIDECAR_BYTES, Sidecar
-from .io import files
-from .io.errors import StrataIOError
+from .io import files, guard, modes
+from .io.errors import NotARegularFile, ShortRead, StrataIOError, SymlinkRefused
+from .level_dirs import StoreLevels, levels_of
 from .store.index import lmdb_file_problem
+from .store.reader import SegmentReader
 
-__all__ = ["Finding", "fsck"]
+__all__ = ["Finding", "Severity", "committed_keys", "fsck", "quarantined_keys"]
 
 Severity = Literal["error", "warning", "info"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +73,118 @@ class Finding:
         return asdict(self)
 
 
-def fsck(dirs: Sequence[str], *, deep: bool = False, isolate_index: bool = True
-         ) -> Iterator[Finding]:  # fmt: skip
+@dataclass(slots=True)
+class _Damage:
+    """A damaged segment: the finding that names its cause, and what follows from it (the
+    index record that still names it, the chains that stop at it). They are one problem, so
+    fsck reports one finding, the consequences in its detail (format-spec/FSCK.md)."""
+
+    finding: Finding
+    consequences: list[str] = field(default_factory=list)
+
+    def report(self) -> Finding:
+        if not self.consequences:
+            return self.finding
+        return replace(self.finding, detail="; ".join([self.finding.detail, *self.consequences]))
+
+
+@dataclass(frozen=True, slots=True)
+class _Chains:
+    """What a chain check looks a manifest's segments up in (spec F-CHAIN-3/4)."""
+
+    valid: dict[bytes, str]  #: key -> the checked level where it is committed and valid
+    elsewhere: set[bytes]  #: keys committed in the store's levels not checked (not validated)
+    damaged: dict[bytes, list[_Damage]]  #: key -> its damage in the checked levels
+    quarantined: dict[bytes, str]  #: key -> the strata-quarantine/ that holds it
+    searched: tuple[str, ...]  #: every level looked in, for the message
+
+
+def fsck(dirs: Sequence[str], *, deep: bool = False, isolate_index: bool = True,
+         levels: StoreLevels | None = None) -> Iterator[Finding]:  # fmt: skip
     """Check each directory (a store level), then what spans them (manifests, duplicates).
+
+    A damaged segment is one finding, named by its cause (``PAGE_HASH_MISMATCH``, ...): the
+    index record that still names it and the chains that stop at it are consequences, carried
+    in its detail, never findings of their own. ``CHAIN_BROKEN`` is a segment absent from every
+    level of ``levels.store`` (default :func:`~stratastore.level_dirs.levels_of`: ``dirs`` and
+    their sibling levels), since a chain in the last level names segments of every level
+    (F-CHAIN-4); levels not in ``dirs`` are only looked in, not checked.
     ``isolate_index=False`` reads the LMDB index in this process (faster; only for an index
     known to be a real LMDB commit, as the power-loss tests have: a damaged one can SIGBUS)."""
-    seen: dict[bytes, str] = {}
-    manifests: list[tuple[str, str]] = []
     for d in dirs:
         if not os.path.isdir(d):
             raise StrataError(f"{d} is not a directory; pass store level directories")
-        keys = yield from _check_dir(d, deep, manifests, isolate_index)
+    levels = levels if levels is not None else levels_of(dirs)
+    given = {os.path.abspath(d) for d in dirs}
+    others = [d for d in levels.store if os.path.abspath(d) not in given]
+    seen: dict[bytes, str] = {}
+    manifests: list[tuple[str, str]] = []
+    damaged: dict[bytes, list[_Damage]] = {}
+    for d in dirs:
+        here: dict[bytes, _Damage] = {}
+        keys = yield from _check_dir(d, deep, manifests, isolate_index, here)
+        for key, dmg in here.items():
+            damaged.setdefault(key, []).append(dmg)
         for key in keys:
             if key in seen:
                 yield Finding("DUPLICATE_ACROSS_LEVELS", "warning", key.hex(),
                               f"committed in {seen[key]} and in {d}")  # fmt: skip
             else:
                 seen[key] = d
+    chains = _Chains(seen, committed_keys(others), damaged,
+                     quarantined_keys([*dirs, *others]), (*dirs, *others))  # fmt: skip
     for d, name in manifests:
-        yield from _check_manifest(d, name, seen)
+        yield from _check_manifest(d, name, chains)
+    for found in damaged.values():
+        for dmg in found:
+            yield dmg.report()
 
 
-def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_index: bool
-               ) -> Generator[Finding, None, list[bytes]]:  # fmt: skip
-    """Findings of one directory; returns the keys of its valid committed segments."""
+def committed_keys(dirs: Sequence[str]) -> set[bytes]:
+    """The keys whose sidecar is in one of ``dirs`` (by name only: nothing is read)."""
+    keys: set[bytes] = set()
+    for d in dirs:
+        with contextlib.suppress(StrataIOError):
+            keys |= {k for k, kind in filter(None, map(parse_name, files.listdir(d)))
+                     if kind == "side"}  # fmt: skip
+    return keys
+
+
+def quarantined_keys(dirs: Sequence[str]) -> dict[bytes, str]:
+    """The keys of segment files repair moved into a ``strata-quarantine/`` of ``dirs``."""
+    out: dict[bytes, str] = {}
+    for d in dirs:
+        qdir = os.path.join(d, QUARANTINE_DIR)
+        if not os.path.isdir(qdir) or os.path.islink(qdir):
+            continue
+        with contextlib.suppress(StrataIOError):
+            for name in files.listdir(qdir):
+                parsed = parse_name(name) or parse_name(name.rsplit(".", 1)[0])  # name.N
+                if parsed is not None:
+                    out.setdefault(parsed[0], qdir)
+    return out
+
+
+def _drain(gen: Generator[Finding, None, _T]) -> tuple[list[Finding], _T]:
+    """Run a findings generator to its end: (its findings, its return value)."""
+    found: list[Finding] = []
+    while True:
+        try:
+            found.append(next(gen))
+        except StopIteration as stop:
+            return found, stop.value
+
+
+def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_index: bool,
+               damaged: dict[bytes, _Damage]) -> Generator[Finding, None, list[bytes]]:  # fmt: skip
+    """Findings of one directory; returns the keys of its valid committed segments. A damaged
+    segment's finding goes into ``damaged`` instead (fsck reports it once its consequences, the
+    chains that stop at it, are known)."""
     names = files.listdir(d)
     sidecars: set[bytes] = set()
     datas: set[bytes] = set()
+    names = yield from _special_entries(d, names)
+    yield from _check_modes(d, names)
     for name in names:
         parsed = parse_name(name)
         if parsed is not None:
@@ -101,7 +204,12 @@ def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_ind
     valid: dict[bytes, Sidecar] = {}
     fingerprints: dict[bytes, int] = {}
     for key in sorted(sidecars):
-        sc = yield from _check_segment(d, key, deep, key in datas)
+        found, sc = _drain(_check_segment(d, key, deep, key in datas))
+        for f in found:
+            if sc is None and f.severity == "error" and key not in damaged:
+                damaged[key] = _Damage(f)  # the cause: one finding per damaged segment
+            else:
+                yield f
         if sc is not None:
             valid[key] = sc
             fp = sc.fingerprint.pack()
@@ -110,8 +218,64 @@ def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_ind
         yield Finding("FINGERPRINT_MISMATCH", "error", d,
                       f"sidecars of {len(fingerprints)} different models in one directory "
                       "(spec F-DIR-6)")  # fmt: skip
-    yield from _check_index(d, valid, isolate_index)
+    yield from _check_index(d, valid, isolate_index, damaged)
     return list(valid)
+
+
+def _special_entries(d: str, names: list[str]) -> Generator[Finding, None, list[str]]:
+    """Report every store name that is a symbolic link (``SYMLINK``) or not what it must be
+    (``NOT_REGULAR_FILE``: a FIFO, a device, a directory where a file belongs, a file where
+    ``strata-index/`` belongs), spec F-DIR-8; returns the other names. Checked with ``lstat``:
+    nothing is followed or opened, so a FIFO cannot hang the check, and repair leaves them."""
+    rest = []
+    for name in names:
+        is_dir = name in (INDEX_DIR, QUARANTINE_DIR)
+        if not is_dir and not guard.is_store_name(name):
+            rest.append(name)
+            continue
+        path = os.path.join(d, name)
+        try:
+            if is_dir:
+                guard.store_subdir(d, name, create=False)
+            else:
+                guard.require_regular(path)
+        except SymlinkRefused:
+            yield Finding("SYMLINK", "error", path, "a symbolic link where a store "
+                          f"{'directory' if is_dir else 'file'} belongs; never followed, repair "
+                          "leaves it: replace it by the real one or remove the link")  # fmt: skip
+            continue
+        except NotARegularFile as e:
+            yield Finding("NOT_REGULAR_FILE", "error", path, f"{e.kind} where a store "
+                          f"{'directory' if is_dir else 'file'} belongs; never read, repair "
+                          "leaves it: remove it by hand")  # fmt: skip
+            continue
+        except StrataIOError:
+            continue  # removed while we looked
+        rest.append(name)
+    return rest
+
+
+def _check_modes(d: str, names: list[str]) -> Iterator[Finding]:
+    """``STORE_READABLE_BY_OTHERS`` (warning, spec F-DIR-9) when the directory, its index or any
+    store file in it lets other users read it: manifests hold token ids, segments K/V."""
+    paths = [d] + [os.path.join(d, n) for n in names
+                   if n == INDEX_DIR or guard.is_store_name(n)]  # fmt: skip
+    index = os.path.join(d, INDEX_DIR)
+    if INDEX_DIR in names:
+        with contextlib.suppress(StrataIOError):
+            paths += [os.path.join(index, n) for n in files.listdir(index)
+                      if guard.is_store_name(n, in_index=True)]  # fmt: skip
+    loose = []
+    for path in paths:
+        with contextlib.suppress(StrataIOError):
+            mode = files.permissions(path)
+            if modes.others_can_read(mode):
+                loose.append(f"{os.path.relpath(path, d)} ({mode:#o})")
+    if loose:
+        yield Finding("STORE_READABLE_BY_OTHERS", "warning", d,
+                      f"{len(loose)} store file(s) or directories other users can read, e.g. "
+                      f"{', '.join(loose[:3])}; manifests hold conversations' token ids: "
+                      f"`chmod -R o-rwx {d}` (and set file_mode for new files)")  # fmt: skip
 
 
 def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
@@ -148,7 +312,10 @@ def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
         yield Finding("SEGMENT_SIZE_MISMATCH", "error", data,
                       f"{size} bytes, the header needs {hdr.file_bytes}")  # fmt: skip
         return None
-    bad = _bad_page(data, sc, hdr, deep)
+    bad = _bad_page(data, sc, deep)
+    if isinstance(bad, Finding):
+        yield bad
+        return None
     if bad >= 0:
         yield Finding(
             "PAGE_HASH_MISMATCH",
@@ -160,15 +327,23 @@ def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
     return sc
 
 
-def _bad_page(path: str, sc: Sidecar, hdr: SegmentHeader, deep: bool) -> int:
-    """The first bad page (every page with ``deep``, else a sample), or -1."""
-    from .store.segment_store import first_bad_page
-
+def _bad_page(path: str, sc: Sidecar, deep: bool) -> int | Finding:
+    """The first bad page (every page with ``deep``, else a sample), or -1; read through a
+    :class:`SegmentReader` (``pread``, never a mapping), so a file truncated or failing meanwhile
+    is a finding: ``SEGMENT_SIZE_MISMATCH`` when it ends early or no longer matches what was
+    checked, ``PAGE_HASH_MISMATCH`` when its pages cannot be read (they cannot be validated),
+    ``SEGMENT_HEADER_INVALID`` when its header changed into one that fails its checksum."""
     if sc.codec is not Codec.RAW and not deep:
         return -1  # decoding a compressed segment is the deep check
-    mm, _ = files.map_readonly(path)
-    return first_bad_page(sc, np.frombuffer(mm, dtype=np.uint8)[hdr.data_offset :],
-                          sample=not deep)  # fmt: skip
+    try:
+        with SegmentReader(sc, path) as seg:
+            return seg.first_bad_page(sample=not deep)
+    except (ShortRead, FormatError) as e:
+        return Finding("SEGMENT_SIZE_MISMATCH", "error", path, f"changed while fsck read it: {e}")
+    except StrataIOError as e:
+        return Finding("PAGE_HASH_MISMATCH", "error", path, f"its pages could not be read: {e}")
+    except StrataError as e:
+        return Finding("SEGMENT_HEADER_INVALID", "error", path, f"changed while fsck read it: {e}")
 
 
 #: run in a child process: LMDB trusts its file, and a damaged page can kill the reader with
@@ -227,11 +402,18 @@ def _read_index_here(path: str) -> tuple[bytes | None, dict[bytes, bytes]] | str
         return str(e)
 
 
-def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True
-                 ) -> Iterator[Finding]:  # fmt: skip
+def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True,
+                 damaged: dict[bytes, _Damage] | None = None) -> Iterator[Finding]:  # fmt: skip
+    """The index of ``d`` against its valid segments ``valid`` (spec F-IDX). A record of a
+    segment in ``damaged`` is a consequence of that damage (added to its finding), not an
+    ``INDEX_DANGLING`` of its own."""
     path = os.path.join(d, INDEX_DIR)
-    if not os.path.isdir(path):
+    if not os.path.lexists(path):
         yield Finding("INDEX_ABSENT", "info", path, "no index: the next open rebuilds it")
+        return
+    try:  # a link or a non-directory was reported as SYMLINK / NOT_REGULAR_FILE (F-DIR-8)
+        guard.store_subdir(d, INDEX_DIR, create=False)
+    except StrataIOError:
         return
     problem = lmdb_file_problem(path)
     if problem is not None:  # mapping it could kill this process (SIGBUS)
@@ -248,6 +430,12 @@ def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True
         yield Finding("INDEX_SCHEMA", "warning", path, "another schema: open rebuilds it")
         return
     for key, raw in sorted(indexed.items()):
+        if key not in valid and damaged and key in damaged:
+            damaged[key].consequences.append(
+                f"the index {path} still names it (repair quarantines the segment and rebuilds "
+                "the index)"
+            )
+            continue
         if key not in valid:
             yield Finding("INDEX_DANGLING", "error", os.path.join(path, key.hex()),
                           f"indexed in {path} but not a valid committed segment")  # fmt: skip
@@ -257,149 +445,69 @@ def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True
         except StrataError as e:
             yield Finding("INDEX_RECORD_INVALID", "error", os.path.join(path, key.hex()), str(e))
             continue
-        sc = valid[key]
-        if (rec.page_count, rec.token_start, rec.token_end) != (sc.page_count, sc.token_start,
-                                                                sc.token_end):  # fmt: skip
-            yield Finding(
-                "INDEX_STALE",
-                "warning",
-                os.path.join(path, key.hex()),
-                "disagrees with its sidecar",
-            )
+        stale = _stale_fields(d, valid[key], rec)
+        if stale:
+            yield Finding("INDEX_STALE", "warning", os.path.join(path, key.hex()),
+                          f"{'; '.join(stale)}: the record disagrees with the sidecar and data "
+                          "file it derives from (F-IDX-2); repair rebuilds the index")  # fmt: skip
     for key in sorted(set(valid) - set(indexed)):
         yield Finding(
             "INDEX_MISSING", "warning", os.path.join(path, key.hex()), "not indexed: open adopts it"
         )
 
 
-def _check_manifest(d: str, name: str, segments: dict[bytes, str]) -> Iterator[Finding]:
+def _stale_fields(d: str, sc: Sidecar, rec: IndexRecord) -> list[str]:
+    """Each field of ``rec`` that differs from the record derived from the sidecar ``sc`` and
+    the sizes of its two files (spec F-IDX-2: every field but the reserved ``refcount``), as
+    ``name indexed X, derived Y``."""
+    try:
+        side_bytes = files.file_size(os.path.join(d, sidecar_name(sc.key)))
+        file_bytes = files.file_size(os.path.join(d, data_name(sc.key)))
+    except StrataIOError:
+        return []  # removed while we looked: the next check sees it
+    want = IndexRecord.from_sidecar(sc, side_bytes, file_bytes, refcount=rec.refcount)
+
+    def show(v: object) -> str:
+        return v.hex() if isinstance(v, bytes) else v.name if isinstance(v, Enum) else str(v)
+
+    return [f"{f.name} indexed {show(getattr(rec, f.name))}, derived {show(getattr(want, f.name))}"
+            for f in fields(IndexRecord)
+            if getattr(rec, f.name) != getattr(want, f.name)]  # fmt: skip
+
+
+def _check_manifest(d: str, name: str, chains: _Chains) -> Iterator[Finding]:
+    """One chain manifest (spec F-CHAIN). Its first segment that no level holds valid stops
+    the chain: when that segment is damaged in a checked level, the stop is a consequence added
+    to the damage's finding; when it is in no level searched, ``CHAIN_BROKEN``."""
     path = os.path.join(d, name)
     try:
         m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
     except (StrataError, StrataIOError) as e:
         yield Finding("CHAIN_INVALID", "error", path, str(e))
         return
+    if name != chain_name(m.conv_id):  # F-CHAIN-4: a reader refuses it
+        yield Finding("CHAIN_INVALID", "error", path,
+                      f"it holds conversation {m.conv_id!r}, whose manifest is named "
+                      f"{chain_name(m.conv_id)}: a copy under another conversation's "
+                      "name")  # fmt: skip
+        return
+    forged = manifest_key_mismatch(m, obj=path)  # keys not its tokens' (F-CHAIN-2)
+    if forged is not None:
+        yield Finding("MANIFEST_KEY_MISMATCH", "error", path, str(forged))
+        return
     for start, _, key in m.segments:
-        if key not in segments:
+        if key in chains.valid or key in chains.elsewhere:
+            continue
+        what = "saved session" if m.session else "conversation"
+        for dmg in chains.damaged.get(key, []):
+            dmg.consequences.append(f"the chain of {what} {m.conv_id!r} ({path}) stops here: it "
+                                    f"restores only up to token {start}")  # fmt: skip
+        if key not in chains.damaged:
+            qdir = chains.quarantined.get(key)
             level: Severity = "error" if m.session else "warning"
             yield Finding("CHAIN_BROKEN", level, path,
-                          f"conversation {m.conv_id!r}: the segment at token {start} is in no "
-                          "level; it restores only up to there")  # fmt: skip
-            return
-
-
-# -- repair ------------------------------------------------------------------------------------
-_QUARANTINE = {
-    "SIDECAR_INVALID", "SIDECAR_CHECKSUM", "SIDECAR_KEY_MISMATCH", "DATA_MISSING",
-    "SEGMENT_HEADER_INVALID", "SEGMENT_HEADER_MISMATCH", "SEGMENT_SIZE_MISMATCH",
-    "PAGE_HASH_MISMATCH", "ORPHAN_FILE",
-}  # fmt: skip
-_INDEX = {"INDEX_DANGLING", "INDEX_RECORD_INVALID", "INDEX_UNREADABLE", "INDEX_STALE",
-          "INDEX_MISSING", "INDEX_SCHEMA", "INDEX_ABSENT"}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    kind: str  #: "quarantine", "remove_temp", "rebuild_index", "truncate_chain"
-    object: str
-    detail: str
-
-
-def repair(dirs: Sequence[str], *, deep: bool = True) -> list[Action]:
-    """Bring the directories back to a clean fsck without destroying valid data: quarantine
-    damaged segments and manifests (moved into ``strata-quarantine/``, never deleted), remove
-    temp files, truncate a broken chain to its deepest checkpoint below the gap, and rebuild the
-    indexes from the sidecars. Offline only: no process may have the store open. A second run
-    changes nothing."""
-    actions: list[Action] = []
-    findings = list(fsck(dirs, deep=deep))
-    rebuild = set()
-    for f in findings:
-        if f.id == "ORPHAN_TEMP":
-            files.unlink(f.object, missing_ok=True)
-            actions.append(Action("remove_temp", f.object, "a temp file of an interrupted write"))
-        elif f.id in _QUARANTINE:
-            d = os.path.dirname(f.object)
-            for path in _segment_files(f.object):
-                actions.append(Action("quarantine", path, f.id))
-                _quarantine(path)
-            rebuild.add(d)
-        elif f.id == "CHAIN_INVALID":
-            actions.append(Action("quarantine", f.object, f.id))
-            _quarantine(f.object)
-    for d in dirs:  # an index is derived: rebuild it where anything is off
-        if d in rebuild or any(f.id in _INDEX and f.object.startswith(d + os.sep)
-                               for f in findings):  # fmt: skip
-            _rebuild_index(d)
-            actions.append(Action("rebuild_index", os.path.join(d, INDEX_DIR), "from the sidecars"))
-    for f in fsck(dirs, deep=False):  # chains broken by what was quarantined above, too
-        if f.id == "CHAIN_BROKEN":
-            actions.append(_truncate_chain(f.object, dirs))
-    return actions
-
-
-def _segment_files(path: str) -> list[str]:
-    base = path[: -len(".side")] if path.endswith(".side") else path[: -len(".seg")]
-    return [p for p in (base + ".side", base + ".seg") if os.path.exists(p)]
-
-
-def _quarantine(path: str) -> None:
-    from .io.relocate import relocate_file
-
-    qdir = os.path.join(os.path.dirname(path), QUARANTINE_DIR)
-    files.makedirs(qdir)
-    dst = os.path.join(qdir, os.path.basename(path))
-    n = 1
-    while os.path.exists(dst):
-        dst = os.path.join(qdir, f"{os.path.basename(path)}.{n}")
-        n += 1
-    relocate_file(path, dst)
-
-
-def _rebuild_index(d: str) -> None:
-    from .store import SegmentStore
-
-    index = os.path.join(d, INDEX_DIR)
-    if os.path.isdir(index):
-        for name in files.listdir(index):
-            files.unlink(os.path.join(index, name), missing_ok=True)
-    for name in sorted(files.listdir(d)):
-        parsed = parse_name(name)
-        if parsed is None or parsed[1] != "side":
-            continue
-        try:
-            sc = decode_sidecar(files.read_file(os.path.join(d, name), MAX_SIDECAR_BYTES), name)
-        except StrataError:
-            continue
-        with SegmentStore.open(d, sc.fingerprint, create=False):
-            return  # opening an empty index rebuilds it from every valid sidecar
-    if os.path.isdir(index):
-        files.rmdir(index)
-
-
-def _truncate_chain(path: str, dirs: Sequence[str]) -> Action:
-    """Keep a manifest's segments up to its deepest checkpoint below the first missing one; a
-    manifest that keeps nothing is quarantined."""
-    import dataclasses
-
-    from .format.manifest import encode_manifest
-    from .io import durable_write
-
-    m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
-    present = set()
-    for d in dirs:
-        present |= {k for k, kind in filter(None, map(parse_name, files.listdir(d)))
-                    if kind == "side"}  # fmt: skip
-    gap = next(s for s, _, k in m.segments if k not in present)
-    keep = max((c.length for c in m.checkpoints if c.length <= gap), default=0)
-    if keep == 0:
-        _quarantine(path)
-        return Action("quarantine", path, "CHAIN_BROKEN at its first segment")
-    cut = dataclasses.replace(
-        m, tokens=m.tokens[:keep],
-        checkpoints=tuple(c for c in m.checkpoints if c.length <= keep),
-        media=tuple((p, dg) for p, dg in m.media if p < keep),
-        segments=tuple(s for s in m.segments if s[1] <= keep),
-    )  # fmt: skip
-    durable_write(path, encode_manifest(cut))
-    return Action("truncate_chain", path, f"{m.conv_id!r} cut to {keep} tokens (gap at {gap})")
+                          f"{what} {m.conv_id!r}: its segment {key.hex()} at token {start} is in "
+                          f"none of the levels searched ({', '.join(chains.searched)})"
+                          + (f"; it was moved into {qdir} as damaged" if qdir else "")
+                          + "; it restores only up to there")  # fmt: skip
+        return

@@ -150,6 +150,8 @@ def to_toml(cfg: StoreConfig) -> str:
         v = getattr(cfg, f.name)
         text = ("true" if v else "false") if isinstance(v, bool) else (
             json.dumps(v) if isinstance(v, str) else str(v))  # fmt: skip
+        if f.name == "file_mode":
+            text = f"{v:#o}"  # permission bits read best in octal (TOML: 0o600)
         lines.append(f"{f.name} = {text}")
     return "\n".join(lines) + "\n"
 

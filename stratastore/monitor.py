@@ -10,12 +10,17 @@ now (bytes, entries, oldest entry's age), so it also works on a store no process
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import time
 from typing import Any
 
 from .errors import StrataError
 from .format.naming import INDEX_DIR, parse_name
+from .io import files
+from .io.errors import StrataIOError
+from .level_dirs import find_store_levels
 
 __all__ = ["MONITOR_FILE", "find_levels", "prometheus_text", "read_monitor"]
 
@@ -29,28 +34,12 @@ _COUNTERS = (
 )  # fmt: skip
 
 
-def _is_level(d: str) -> bool:
-    if os.path.isdir(os.path.join(d, INDEX_DIR)):
-        return True
-    try:
-        return any(parse_name(n) for n in os.listdir(d))
-    except OSError:
-        return False
-
-
 def find_levels(path: str) -> list[str]:
-    """``path`` itself when it is a store level, else its subdirectories that are (the layout
-    of ``strata demo --dir``: ``warm/`` and ``cold/``)."""
-    if not os.path.isdir(path):
-        raise StrataError(f"{path} is not a directory; pass a store level or its parent")
-    if _is_level(path):
-        return [path]
-    subs = sorted(os.path.join(path, n) for n in os.listdir(path))
-    levels = [d for d in subs if os.path.isdir(d) and _is_level(d)]
-    if not levels:
-        raise StrataError(f"{path} holds no store level (no strata-index/ or strata-conv- files "
-                          "in it or in its subdirectories)")  # fmt: skip
-    return levels
+    """The level directories ``path`` names, warm first: ``path`` itself when it is a store
+    level, the levels of a config file, or a store root's level subdirectories (the layout of
+    ``strata demo --dir``: ``warm/`` and ``cold/``). The one discovery fsck, repair and
+    conformance use too: :func:`stratastore.level_dirs.find_store_levels`."""
+    return list(find_store_levels([path]).checked)
 
 
 def _scan(d: str, now: float) -> dict[str, Any]:
@@ -60,9 +49,11 @@ def _scan(d: str, now: float) -> dict[str, Any]:
         if parsed is None:
             continue
         try:
-            st = os.stat(os.path.join(d, name))
+            st = os.lstat(os.path.join(d, name))  # never followed (spec F-DIR-8)
         except OSError:
             continue  # removed while we looked
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a link, FIFO or directory is not a store file: fsck reports it
         nbytes += st.st_size
         if parsed[1] == "side":
             entries += 1
@@ -71,21 +62,64 @@ def _scan(d: str, now: float) -> dict[str, Any]:
             "oldest_age_s": round(now - oldest, 1) if oldest is not None else None}  # fmt: skip
 
 
-def _snapshot(levels: list[str]) -> dict[str, Any] | None:
+_TEXT_COUNTERS = ("park_target", "park_target_source", "admission")
+_LEVEL_NUMBERS = ("entries", "bytes", "budget", "hits", "degradations", "disk_evictions",
+                  "age_evictions", "evictions")  # fmt: skip
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def snapshot_problem(doc: dict[str, Any]) -> str | None:
+    """Why a JSON document that parsed is still not a Store snapshot the monitor can show (a
+    field of the wrong type: counters that are not integers, levels that are not a table, a
+    time that is not a finite number), or ``None`` when it is one. The monitor ignores such a
+    snapshot and says so, instead of failing on it."""
+    at = doc.get("written_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+        return "written_at is not a finite number"
+    if doc.get("pid") is not None and not _is_count(doc["pid"]):
+        return f"pid is {type(doc['pid']).__name__}, not an integer"
+    for k in _COUNTERS:
+        v = doc.get(k)
+        text = k in _TEXT_COUNTERS
+        if v is not None and not (isinstance(v, str) if text else _is_count(v)):
+            return f"counter {k} is {type(v).__name__}, not {'text' if text else 'an integer'}"
+    levels = doc.get("levels", {})
+    if not isinstance(levels, dict):
+        return f"levels is {type(levels).__name__}, not a table"
+    for name, lv in levels.items():
+        if not isinstance(lv, dict):
+            return f"level {name} is {type(lv).__name__}, not a table"
+        if lv.get("dir") is not None and not isinstance(lv["dir"], str):
+            return f"level {name}: dir is {type(lv['dir']).__name__}, not text"
+        for k in _LEVEL_NUMBERS:
+            if lv.get(k) is not None and not _is_count(lv[k]):
+                return f"level {name}: {k} is {type(lv[k]).__name__}, not an integer"
+    return None
+
+
+def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """The newest well-formed snapshot among the levels, and what was wrong with the newest
+    ill-formed one (when there was one)."""
     best: tuple[float, dict[str, Any]] | None = None
+    problem: str | None = None
     for d in levels:
         path = os.path.join(d, INDEX_DIR, MONITOR_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_MONITOR_BYTES + 1)
-            doc = json.loads(raw) if len(raw) <= MAX_MONITOR_BYTES else None
-        except (OSError, ValueError):
+        try:  # the io layer never follows a link or opens a FIFO (spec F-DIR-8)
+            doc = json.loads(files.read_file(path, MAX_MONITOR_BYTES))
+        except (StrataIOError, ValueError):
             continue
         if not isinstance(doc, dict) or not isinstance(doc.get("written_at"), (int, float)):
             continue  # not a snapshot (being written, or not ours)
+        why = snapshot_problem(doc)
+        if why is not None:
+            problem = f"{path} is not a well-formed Store snapshot ({why}); ignored"
+            continue
         if best is None or doc["written_at"] > best[0]:
             best = (float(doc["written_at"]), doc)
-    return best[1] if best else None
+    return (best[1] if best else None), problem
 
 
 def _alive(pid: object) -> bool:
@@ -112,7 +146,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
     for d in levels:
         if not os.path.isdir(d):
             raise StrataError(f"level directory {d} does not exist")
-    snap = _snapshot(levels)
+    snap, problem = _snapshot(levels)
     by_dir = {}
     if snap is not None:
         for name, lv in snap.get("levels", {}).items():
@@ -129,7 +163,8 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
         name, lv = by_dir.get(os.path.realpath(d), (os.path.basename(d) or d, {}))
         out_levels[name] = {**scan, "budget": lv.get("budget"), "hits": lv.get("hits"),
                             "degradations": lv.get("degradations"),
-                            "evictions": (lv.get("disk_evictions", 0) + lv.get("age_evictions", 0)
+                            "evictions": ((lv.get("disk_evictions") or 0)
+                                          + (lv.get("age_evictions") or 0)
                                           if lv else None)}  # fmt: skip
     rank = {"ram": 0, "warm": 1, "cold": 2}
     out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))
@@ -144,6 +179,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
             "age_s": round(now - float(snap["written_at"]), 1),
             "writer_alive": _alive(snap.get("pid")),
         },
+        "snapshot_problem": problem,
         "levels": out_levels,
         "counters": counters,
     }  # fmt: skip

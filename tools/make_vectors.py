@@ -1,10 +1,12 @@
-"""Write the golden vectors of format-spec/vectors/v1/ (spec F-COMPAT-4).
+"""Write the golden vectors of format-spec/vectors/ (spec F-COMPAT-4, F-COMPAT-5).
 
 Run once per format version: it refuses to touch a directory that already has a manifest,
 because a vector of a released version is never regenerated. Tests read the committed files and
 compare them with the manifest; they never call this script.
 
     python tools/make_vectors.py format-spec/vectors/v1
+    python tools/make_vectors.py --v1.1 format-spec/vectors/v1.1
+    python tools/make_vectors.py --v1.1-errata1 format-spec/vectors/v1.1-errata1
 """
 
 from __future__ import annotations
@@ -401,9 +403,202 @@ def main_v1_1(out: str) -> int:
     return 0
 
 
+ERRATA_1 = "v1.1-errata1"
+
+
+def main_v1_1_errata1(out: str, vectors_root: str = "format-spec/vectors") -> int:
+    """Corrected and added vectors of format 1.1 (spec F-COMPAT-5).
+
+    Every v1.1 manifest carries a picture at position 3 in the segment ``[0, 10)`` but names
+    that segment by its media-free key: a manifest a conforming reader refuses (F-CHAIN-2,
+    F-KEY-7), and invalid vectors that break two rules instead of one. This folder holds the
+    corrected set under the same names, lists the v1.1 files under ``supersedes``, and adds
+    vectors for the reader clauses the spec spells out since (F-READ, F-KEY-7, F-CHAIN-6,
+    F-IDX-6). Deterministic: same inputs, same bytes (tests/conformance/test_vectors.py runs
+    it into a temporary folder and compares).
+    """
+    from stratastore.format import key_chain
+    from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
+
+    if os.path.exists(os.path.join(out, "MANIFEST.json")):
+        print(f"{out} already has a manifest: released vectors are never regenerated",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    os.makedirs(out, exist_ok=True)
+    v1 = os.path.join(vectors_root, "v1")
+    v1_1 = os.path.join(vectors_root, "v1.1")
+    entries: list[dict[str, object]] = []
+
+    def put(name: str, data: bytes, expect: str, clauses: list[str], kind: str = "manifest",
+            **extra: object) -> None:  # fmt: skip
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entry: dict[str, object] = {"file": name, "blake3": blake3.blake3(data).hexdigest(),
+                                    "kind": kind, "expect": expect, "clauses": clauses}  # fmt: skip
+        entry.update(extra)
+        entries.append(entry)
+
+    def read(folder: str, name: str) -> bytes:
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+
+    def once(data: bytes, old: bytes, new: bytes) -> bytes:
+        assert data.count(old) == 1, "the patched bytes must be unique"
+        return data.replace(old, new)
+
+    root = FP.digest()
+    tokens = np.arange(100, 115, dtype=np.uint32)
+    pic = blake3.blake3(b"pic").digest()
+
+    def manifest(media: tuple[tuple[int, bytes], ...], bounds: list[tuple[int, int]],
+                 keys: list[bytes] | None = None, state: bytes | None = None,
+                 toks: np.ndarray = tokens) -> ChainManifest:  # fmt: skip
+        """conversation-1: checkpoints at 10 (pinned) and 15 (tail, with a state); segment keys
+        derived per F-KEY-7 unless ``keys`` (a deliberately wrong derivation) are given."""
+        derived = [s.key for s in key_chain(root, toks, media, bounds)]
+        keys = keys or derived
+        return ChainManifest(
+            "conversation-1", root, tokens,
+            (ManifestCheckpoint(10, pinned=True),
+             ManifestCheckpoint(15, tail=True, state_key=state or state_key(keys[-1]))),
+            media, tuple((s, e, k) for (s, e), k in zip(bounds, keys, strict=True)), SEALED,
+        )  # fmt: skip
+
+    cuts = [(0, 10), (10, 15)]
+    media = ((3, pic),)
+    m = manifest(media, cuts)
+    k1, k2 = (k for _, _, k in m.segments)
+    good = encode_manifest(m)
+    put("manifest_ok.chain", good, "ok",
+        ["F-CHAIN-1", "F-CHAIN-2", "F-CHAIN-6", "F-KEY-2", "F-KEY-7", "F-READ-1",
+         "F-READ-3"])  # fmt: skip
+    put("manifest_session.chain", encode_manifest(replace(m, session=True)), "ok",
+        ["F-CHAIN-1", "F-CHAIN-5"])  # fmt: skip
+    # the v1.1 set again, each breaking exactly one rule now (same constructions as v1.1)
+    put("manifest_bad_magic.chain", b"XTRACHAN" + good[8:], "FormatError",
+        ["F-CHAIN-1", "F-READ-1"])  # fmt: skip
+    put("manifest_truncated.chain", good[:-5], "FormatError", ["F-CHAIN-1", "F-READ-1"])
+    flipped = bytearray(good)
+    flipped[100] ^= 1
+    put("manifest_body_flip.chain", bytes(flipped), "ChecksumMismatch", ["F-CHAIN-1", "F-READ-1"])
+    major = bytearray(good)
+    struct.pack_into("<H", major, 8, 2)
+    put("manifest_major2.chain", resign(bytes(major)), "UnsupportedVersion",
+        ["F-COMPAT-1", "F-READ-1"])  # fmt: skip
+    gap = once(good, struct.pack("<QQ", 10, 15) + k2, struct.pack("<QQ", 11, 15) + k2)
+    put("manifest_segment_gap.chain", resign(gap), "FormatError", ["F-CHAIN-2"])
+    swapped = once(good, struct.pack("<Q", 10) + b"\x01", struct.pack("<Q", 20) + b"\x01")
+    put("manifest_checkpoints_out_of_order.chain", resign(swapped), "FormatError",
+        ["F-CHAIN-2", "F-READ-3"])  # fmt: skip
+
+    # order of checks (F-READ-1): two rules broken, the earlier check decides
+    put("manifest_major2_unsigned.chain", bytes(major), "UnsupportedVersion", ["F-READ-1"])
+    put("manifest_segment_gap_unsigned.chain", gap, "ChecksumMismatch", ["F-READ-1"])
+
+    # keys (F-CHAIN-2, F-CHAIN-6, F-KEY-7): well-formed, checksummed, and refused
+    media_free = encode_manifest(manifest(media, cuts, [s.key for s in key_chain(
+        root, tokens, (), cuts)]))  # fmt: skip
+    assert media_free == read(v1_1, "manifest_ok.chain"), "v1.1's manifest_ok is this derivation"
+    put("manifest_media_free_key.chain", media_free, "KeyMismatch", ["F-CHAIN-2", "F-KEY-7"])
+    other = np.concatenate([tokens[:10], np.full(5, 7, np.uint32)])
+    foreign = [s.key for s in key_chain(root, other, media, cuts)]
+    put("manifest_foreign_keys.chain", encode_manifest(manifest(media, cuts, foreign)),
+        "KeyMismatch", ["F-CHAIN-2"])  # fmt: skip
+    unlinked = [k1, segment_key(root, tokens[10:15])]
+    put("manifest_chain_unlinked.chain", encode_manifest(manifest(media, cuts, unlinked)),
+        "KeyMismatch", ["F-CHAIN-2", "F-KEY-2"])  # fmt: skip
+    put("manifest_state_key_forged.chain",
+        encode_manifest(manifest(media, cuts, state=state_key(k1))), "KeyMismatch",
+        ["F-CHAIN-6", "F-KEY-5"])  # fmt: skip
+    at_cut = ((0, blake3.blake3(b"pic-0").digest()), (10, pic))
+    put("manifest_media_at_cut.chain", encode_manifest(manifest(at_cut, cuts)), "ok",
+        ["F-KEY-7", "F-CHAIN-2"])  # fmt: skip
+    three = [(0, 4), (4, 10), (10, 15)]
+    inner = ((5, pic),)  # offset 1 in [4, 10); an absolute offset 5 is in range there too
+    absolute = key_chain(root, tokens, (), three)
+    wrong = [absolute[0].key, segment_key(absolute[0].key, tokens[4:10], [(5, pic)])]
+    wrong.append(segment_key(wrong[1], tokens[10:15]))
+    put("manifest_media_offset_absolute.chain", encode_manifest(manifest(inner, three, wrong)),
+        "KeyMismatch", ["F-KEY-7"])  # fmt: skip
+    put("manifest_media_offset_relative.chain", encode_manifest(manifest(inner, three)), "ok",
+        ["F-KEY-7"])  # fmt: skip
+    second = blake3.blake3(b"pic-2").digest()
+    twice = encode_manifest(manifest(((3, pic), (4, second)), cuts))
+    twice = once(twice, struct.pack("<Q", 4) + second, struct.pack("<Q", 3) + second)
+    put("manifest_media_same_position.chain", resign(twice), "FormatError",
+        ["F-CHAIN-2", "F-READ-3"])  # fmt: skip
+
+    # reserved fields and undefined flag bits are ignored (F-READ-2); head bytes past the
+    # known ones are skipped (F-COMPAT-3)
+    res = bytearray(good)
+    struct.pack_into("<H", res, 14, 0x8000)  # head flags: an undefined bit
+    struct.pack_into("<H", res, 50, 0xBEEF)  # head reserved
+    ck = 76 + len(m.conv_id.encode()) + 4 * len(tokens)  # the checkpoint at 10 (no state)
+    struct.pack_into("<B7s32s", res, ck + 8, 0x01 | 0x80, b"\xaa" * 7, b"\x55" * 32)
+    put("manifest_reserved_nonzero.chain", resign(bytes(res)), "ok", ["F-READ-2"])
+    res_unsigned = bytearray(good)
+    struct.pack_into("<H", res_unsigned, 50, 0xBEEF)
+    put("manifest_reserved_unsigned.chain", bytes(res_unsigned), "ChecksumMismatch",
+        ["F-READ-2"])  # fmt: skip
+    body = good[:-32]
+    longer = bytearray(body[:76] + b"\xab" * 16 + body[76:])
+    struct.pack_into("<HH", longer, 10, 1, 76 + 16)  # minor 1, head_bytes 92
+    put("manifest_minor1_head_long.chain", resign(bytes(longer) + bytes(32)), "ok",
+        ["F-COMPAT-3", "F-CHAIN-1"])  # fmt: skip
+
+    side = read(v1, "sidecar_kv_raw.side")
+    sres = bytearray(side)
+    struct.pack_into("<H", sres, 14, 0xBEEF)  # head reserved
+    struct.pack_into("<B", sres, 27, 0xAA)  # head reserved
+    struct.pack_into("<H", sres, 28 + 82, 0xCDEF)  # the fingerprint's reserved bytes
+    put("sidecar_reserved_nonzero.side", resign(bytes(sres)), "ok", ["F-READ-2", "F-FP-4"],
+        kind="sidecar")  # fmt: skip
+    seg = bytearray(read(v1, "segment_kv_raw.seg"))
+    struct.pack_into("<H", seg, 18, 0xBEEF)
+    seg[68:100] = blake3.blake3(bytes(seg[:68])).digest()
+    put("sidecar_kv_raw.side", side, "ok", ["F-SC-1"], kind="sidecar")
+    put("segment_reserved_nonzero.seg", bytes(seg), "ok", ["F-READ-2"], kind="segment",
+        sidecar="sidecar_kv_raw.side", payload="pattern")  # fmt: skip
+
+    # index records (F-IDX-6): a code that F-SC-4, F-SC-5 or F-SEG-5 does not define
+    rec = read(v1, "index_record.bin")
+    put("index_record.bin", rec, "ok", ["F-IDX-1", "F-IDX-6"], kind="index_record")
+    for name, off, value in [("index_record_bad_kind.bin", 1, 7),
+                             ("index_record_bad_level.bin", 2, 9),
+                             ("index_record_bad_codec.bin", 3, 5)]:  # fmt: skip
+        bad = bytearray(rec)
+        bad[off] = value
+        put(name, bytes(bad), "FormatError", ["F-IDX-6"], kind="index_record")
+    put("index_record_short.bin", rec[:-1], "FormatError", ["F-IDX-6"], kind="index_record")
+
+    old = json.loads(read(v1_1, "MANIFEST.json"))
+    supersedes = []
+    for e in old["vectors"]:
+        was_ok = e["expect"] == "ok"
+        supersedes.append({
+            "file": f"v1.1/{e['file']}", "blake3": e["blake3"],
+            "expect": "KeyMismatch" if was_ok else e["expect"],
+            "violates": ["F-CHAIN-2", "F-KEY-7"], "replaced_by": e["file"],
+            "reason": ("the segment [0, 10) holds the picture at position 3 but is named by its "
+                       "media-free key, so a reader would serve a text-only prefix's K/V for it"
+                       if was_ok else "besides the rule it tests, it names the segment [0, 10) "
+                       "by its media-free key: an invalid vector must break exactly one rule"),
+        })  # fmt: skip
+    doc = {"format_version": "1.1", "generator": f"tools/make_vectors.py --{ERRATA_1}",
+           "corrects": "v1.1", "vectors": entries, "supersedes": supersedes}  # fmt: skip
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}, superseding {len(supersedes)}")
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--v1.1":
         raise SystemExit(
             main_v1_1(sys.argv[2] if len(sys.argv) > 2 else "format-spec/vectors/v1.1")
         )
+    if len(sys.argv) > 1 and sys.argv[1] == f"--{ERRATA_1}":
+        raise SystemExit(main_v1_1_errata1(
+            sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{ERRATA_1}",
+            sys.argv[3] if len(sys.argv) > 3 else "format-spec/vectors"))  # fmt: skip
     raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "format-spec/vectors/v1"))

@@ -146,7 +146,7 @@ class TransformersCache:
         row = self.heads * self.head_dim * self.fp.dtype.itemsize
         k = [np.zeros((len(ids), row), np.uint8) for _ in range(self.layers)]
         v = [np.zeros((len(ids), row), np.uint8) for _ in range(self.layers)]
-        r = self.store.restore(ids, LayerKV(self.fp, k, v))
+        r = self.store.restore(ids, LayerKV(self.fp, k, v, read_direct=True))  # fresh arrays
         if r.tokens == 0:
             return None, 0
         cache = DynamicCache(config=self.config)

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
-from ..format.keys import segment_key
+from ..format.keys import SegmentKey, key_chain
 
 __all__ = ["Checkpoint", "Conversation", "Tokens", "as_tokens", "page_floor"]
 
@@ -65,6 +65,12 @@ class Conversation:
                 f"conversation {self.conv_id}: checkpoint at {lengths[-1]} is past its "
                 f"{len(self.tokens)} tokens"
             )
+        bad = [p for p, d in self.media.items() if not 0 <= p < len(self.tokens) or len(d) != 32]
+        if bad:
+            raise ConfigError(
+                f"conversation {self.conv_id}: media at position {bad[0]} is not a 32-byte "
+                f"digest at a position within its {len(self.tokens)} tokens (spec F-KEY-4)"
+            )
         if not self.cuts:
             self.cuts = [0]
         if self.cuts[0] != 0 or self.cuts != sorted(set(self.cuts)):
@@ -99,16 +105,18 @@ class Conversation:
         bounds = sorted({*self.cuts, *(c.length for c in self.checkpoints), len(self.tokens)})
         return list(itertools.pairwise(bounds))
 
+    def segment_keys(self, root: bytes) -> list[SegmentKey]:
+        """Each segment of :meth:`boundaries` with its parent key, its media (offsets within
+        the segment) and its key, chained from ``root`` (the model fingerprint's digest): the
+        one derivation (:func:`~stratastore.format.keys.key_chain`, spec F-KEY-2, F-KEY-7) that
+        the disk writer files segments and sidecars under and that manifests are checked
+        against (F-CHAIN-2). Equal prefixes, with equal media, cut alike get equal keys in
+        every conversation."""
+        return key_chain(root, self.tokens, self.media.items(), self.boundaries())
+
     def segments(self, root: bytes) -> list[tuple[int, int, bytes]]:
-        """``(start, end, key)`` of each segment of :meth:`boundaries`, keyed by the
-        token-prefix hash chain from ``root`` (the model fingerprint's digest, spec F-KEY):
-        equal prefixes cut alike get equal keys in every conversation."""
-        out, parent = [], root
-        for start, end in self.boundaries():
-            media = [(p - start, d) for p, d in sorted(self.media.items()) if start <= p < end]
-            parent = segment_key(parent, self.tokens[start:end], media)
-            out.append((start, end, parent))
-        return out
+        """``(start, end, key)`` of each segment of :meth:`segment_keys`."""
+        return [(s.start, s.end, s.key) for s in self.segment_keys(root)]
 
     def checkpoint_keys(self, root: bytes) -> dict[int, bytes]:
         """The token-prefix key at each checkpoint length (the root key at length 0)."""

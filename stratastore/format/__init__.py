@@ -1,9 +1,24 @@
 """Pure encode/decode of every on-disk structure (format-spec/SPEC.md). No I/O, no policy."""
 
-from .errors import ChecksumMismatch, FormatError, IncompatibleFingerprint, UnsupportedVersion
+from .errors import (
+    ChecksumMismatch,
+    FormatError,
+    IncompatibleFingerprint,
+    KeyMismatch,
+    UnsupportedVersion,
+)
 from .fingerprint import DType, KVLayout, ModelFingerprint
 from .index_record import INDEX_SCHEMA, IndexRecord
-from .keys import KEY_BYTES, MediaRef, chain_keys, segment_key, state_key
+from .keys import (
+    KEY_BYTES,
+    MediaRef,
+    SegmentKey,
+    chain_keys,
+    key_chain,
+    segment_key,
+    segment_media,
+    state_key,
+)
 from .naming import data_name, parse_name, sidecar_name
 from .segment import DATA_OFFSET, SegmentHeader, decode_segment_header, encode_segment_header
 from .sidecar import Codec, Kind, Level, Sidecar, decode_sidecar, encode_sidecar
@@ -19,11 +34,13 @@ __all__ = [
     "IncompatibleFingerprint",
     "IndexRecord",
     "KVLayout",
+    "KeyMismatch",
     "Kind",
     "Level",
     "MediaRef",
     "ModelFingerprint",
     "SegmentHeader",
+    "SegmentKey",
     "Sidecar",
     "UnsupportedVersion",
     "chain_keys",
@@ -32,8 +49,10 @@ __all__ = [
     "decode_sidecar",
     "encode_segment_header",
     "encode_sidecar",
+    "key_chain",
     "parse_name",
     "segment_key",
+    "segment_media",
     "sidecar_name",
     "state_key",
 ]

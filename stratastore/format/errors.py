@@ -8,6 +8,7 @@ __all__ = [
     "ChecksumMismatch",
     "FormatError",
     "IncompatibleFingerprint",
+    "KeyMismatch",
     "UnsupportedVersion",
 ]
 
@@ -18,6 +19,27 @@ class FormatError(StrataError):
 
 class UnsupportedVersion(FormatError):
     """A newer major version or an unknown required feature: this reader must refuse it."""
+
+
+class KeyMismatch(FormatError):
+    """A recorded key is not the key its own content derives (spec F-CHAIN-2, F-CHAIN-6,
+    F-KEY-2): a record that would make a reader serve another prefix's K/V or state as this
+    one's. ``what`` names the item (a segment and its token range, or a checkpoint's state),
+    ``recorded`` is the key the record names, ``derived`` the key its content derives (empty
+    when nothing can derive one, e.g. a state at a length where no segment ends).
+    """
+
+    def __init__(self, obj: str, what: str, recorded: bytes, derived: bytes) -> None:
+        self.obj = obj
+        self.what = what
+        self.recorded = recorded
+        self.derived = derived
+        got = f"its content derives {derived.hex()[:16]}..." if derived else "nothing derives it"
+        super().__init__(
+            f"{obj}: {what} is recorded under key {recorded.hex()[:16]}..., but {got} "
+            "(spec F-CHAIN-2); the record is refused: park the conversation again, or run "
+            "`strata fsck --repair --yes` to quarantine it"
+        )
 
 
 class ChecksumMismatch(StrataError):

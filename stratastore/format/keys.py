@@ -10,7 +10,8 @@ conversations share stored prefixes (spec F-KEY-2).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import blake3
 import numpy as np
@@ -18,7 +19,16 @@ import numpy.typing as npt
 
 from .errors import FormatError
 
-__all__ = ["KEY_BYTES", "MediaRef", "chain_keys", "segment_key", "state_key"]
+__all__ = [
+    "KEY_BYTES",
+    "MediaRef",
+    "SegmentKey",
+    "chain_keys",
+    "key_chain",
+    "segment_key",
+    "segment_media",
+    "state_key",
+]
 
 KEY_BYTES = 32
 _KEY_DOMAIN = b"strata-key-v1\x00"
@@ -87,6 +97,62 @@ def chain_keys(
         keys.append(parent)
         start = end
     return keys
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentKey:
+    """One K/V segment of a conversation as every writer and checker must see it (spec
+    F-KEY-2, F-KEY-4, F-CHAIN-2): its token range, its parent's key, its media at offsets
+    within the segment, and its key. A segment's sidecar carries exactly ``media`` and is
+    filed under ``key``; a manifest lists ``(start, end, key)``."""
+
+    start: int
+    end: int
+    parent: bytes
+    media: tuple[MediaRef, ...]
+    key: bytes
+
+
+def segment_media(media: Iterable[tuple[int, bytes]], start: int, end: int) -> tuple[MediaRef, ...]:
+    """The media items of the segment ``[start, end)`` at offsets within it (spec F-KEY-7): an
+    item at absolute position ``p`` belongs to the segment with ``start <= p < end`` and has
+    offset ``p - start``; ``media`` is ``(absolute position, digest)`` pairs in any order."""
+    return tuple((p - start, d) for p, d in sorted(media) if start <= p < end)
+
+
+def key_chain(
+    root: bytes,
+    tokens: Sequence[int] | npt.NDArray[np.integer],
+    media: Iterable[tuple[int, bytes]],
+    bounds: Iterable[tuple[int, int]],
+) -> list[SegmentKey]:
+    """The segments ``bounds`` (``(start, end)`` pairs tiling ``[0, len(tokens))`` in order) of
+    a conversation with ``tokens`` and ``media`` (absolute positions), keyed by the hash chain
+    from ``root``, the fingerprint digest (spec F-KEY-1, F-KEY-2, F-KEY-7).
+
+    This is the one derivation of segment keys and their media: the writer files each segment
+    under its ``key`` with its ``media`` in the sidecar, and a reader checks a manifest's keys
+    against it (spec F-CHAIN-2). Raises :class:`FormatError` when ``bounds`` do not tile the
+    tokens or an input is out of range (F-KEY-3, F-KEY-4).
+    """
+    items = sorted(media)
+    if items and not 0 <= items[0][0] <= items[-1][0] < len(tokens):
+        raise FormatError(
+            f"media positions must lie within the {len(tokens)} tokens (spec F-KEY-4)"
+        )
+    out: list[SegmentKey] = []
+    parent, pos = root, 0
+    for start, end in bounds:
+        if start != pos or not start < end <= len(tokens):
+            raise FormatError(
+                f"segment bounds must tile the {len(tokens)} tokens from 0 in order, got "
+                f"[{start}, {end}) after {pos}"
+            )
+        seg_media = segment_media(items, start, end)
+        key = segment_key(parent, tokens[start:end], seg_media)
+        out.append(SegmentKey(start, end, parent, seg_media, key))
+        parent, pos = key, end
+    return out
 
 
 def state_key(checkpoint_key: bytes) -> bytes:

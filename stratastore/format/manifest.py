@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
-from .errors import ChecksumMismatch, FormatError, UnsupportedVersion
+from .errors import ChecksumMismatch, FormatError, KeyMismatch, UnsupportedVersion
+from .keys import key_chain, state_key
 
 __all__ = [
     "MANIFEST_HEAD",
@@ -32,6 +33,8 @@ __all__ = [
     "ManifestCheckpoint",
     "decode_manifest",
     "encode_manifest",
+    "manifest_key_mismatch",
+    "verify_manifest_keys",
 ]
 
 MANIFEST_MAGIC = b"STRACHAN"
@@ -168,3 +171,41 @@ def decode_manifest(data: bytes, obj: str = "manifest") -> ChainManifest:
                       bool(flags & FLAG_SESSION))  # fmt: skip
     m.validate(obj)
     return m
+
+
+def manifest_key_mismatch(
+    m: ChainManifest, root: bytes | None = None, obj: str = "manifest"
+) -> KeyMismatch | None:
+    """The first recorded key of ``m`` that is not the key of its own content, or ``None``.
+
+    Segment keys are recomputed from the manifest's own tokens and media cut at its own
+    segment bounds (spec F-CHAIN-2, F-KEY-2, F-KEY-7); a checkpoint's state key must be the
+    state key (F-KEY-5) of the segment key ending at its length (F-CHAIN-6). ``root`` is the
+    fingerprint digest the chain starts from (F-KEY-1); by default the manifest's own
+    ``model``. Pure: no I/O. ``m`` must have passed :meth:`ChainManifest.validate` (every
+    decoded manifest has).
+    """
+    derived = key_chain(root if root is not None else m.model, m.tokens, m.media,
+                        [(s, e) for s, e, _ in m.segments])  # fmt: skip
+    for i, (seg, (start, end, recorded)) in enumerate(zip(derived, m.segments, strict=True)):
+        if seg.key != recorded:
+            return KeyMismatch(obj, f"segment {i} (tokens [{start}, {end}))", recorded, seg.key)
+    ends = {seg.end: seg.key for seg in derived}
+    for c in m.checkpoints:
+        if c.state_key is not None:
+            want = state_key(ends[c.length]) if c.length in ends else b""
+            if c.state_key != want:
+                return KeyMismatch(obj, f"the state of the checkpoint at {c.length}",
+                                   c.state_key, want)  # fmt: skip
+    return None
+
+
+def verify_manifest_keys(
+    m: ChainManifest, root: bytes | None = None, obj: str = "manifest"
+) -> None:
+    """Raise :class:`KeyMismatch` for the first segment of ``m`` whose key is not its content's
+    (see :func:`manifest_key_mismatch`). A reader runs it after :func:`decode_manifest` and
+    refuses the manifest on failure (spec F-CHAIN-2)."""
+    err = manifest_key_mismatch(m, root, obj)
+    if err is not None:
+        raise err

@@ -4,6 +4,9 @@
 2. write every byte; 3. fsync the file; 4. rename it over the final name (or ``link`` it, which
 fails if the name exists); 5. fsync the directory.
 
+The temp file is created with the store's file mode (spec F-DIR-9, default ``0o600``) and keeps
+it under its final name; it is created ``O_EXCL`` so no link or existing file is written through.
+
 After step 5 the file survives a crash byte-identical; before it, the final name either does not
 exist or still holds its previous content. Any failure removes the temp file and raises; an
 fsync is never retried on the same descriptor.
@@ -19,6 +22,8 @@ from types import TracebackType
 from ..format.naming import TEMP_PREFIX
 from . import files
 from .errors import StrataIOError
+from .guard import remove_store_file
+from .modes import DEFAULT_FILE_MODE
 
 __all__ = ["WRITEBACK_MIN", "DurableFile", "durable_write", "temp_path_for"]
 
@@ -41,17 +46,20 @@ class DurableFile:
     :class:`StrataIOError` (EEXIST) if the final name exists, instead of replacing it.
     """
 
-    def __init__(self, path: str, *, exclusive: bool = False) -> None:
+    def __init__(
+        self, path: str, *, exclusive: bool = False, mode: int = DEFAULT_FILE_MODE
+    ) -> None:
         self.path = path
         self.dir = os.path.dirname(path) or "."
         self.exclusive = exclusive
+        self.mode = mode
         self.tmp = temp_path_for(path)
         self.fd = -1
         self.written = 0
         self.state = "new"  # new -> open -> prepared -> done
 
     def __enter__(self) -> DurableFile:
-        self.fd = files.open_write(self.tmp)
+        self.fd = files.open_write(self.tmp, mode=self.mode)
         self.state = "open"
         return self
 
@@ -76,7 +84,7 @@ class DurableFile:
         if self.exclusive:
             files.link(self.tmp, self.path)
             self.state = "done"
-            files.unlink(self.tmp)
+            remove_store_file(self.tmp)
         else:
             files.replace(self.tmp, self.path)
             self.state = "done"
@@ -96,7 +104,7 @@ class DurableFile:
             self.state = "done"
             # best effort: fsck reports an orphan temp file and repair removes it
             with contextlib.suppress(StrataIOError):
-                files.unlink(self.tmp, missing_ok=True)
+                remove_store_file(self.tmp, missing_ok=True)
 
     def __exit__(
         self,
@@ -114,7 +122,10 @@ class DurableFile:
             raise
 
 
-def durable_write(path: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
-    """Write ``data`` to ``path`` with the durable protocol."""
-    with DurableFile(path, exclusive=exclusive) as f:
+def durable_write(
+    path: str, data: bytes | memoryview, *, exclusive: bool = False,
+    mode: int = DEFAULT_FILE_MODE,
+) -> None:  # fmt: skip
+    """Write ``data`` to ``path`` with the durable protocol; a new file gets ``mode``."""
+    with DurableFile(path, exclusive=exclusive, mode=mode) as f:
         f.write(data)

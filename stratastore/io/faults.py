@@ -1,7 +1,8 @@
 """The one seam where tests inject I/O faults and crash points (DESIGN: io layer).
 
-Every primitive in :mod:`stratastore.io.files` calls :func:`hit` with its operation name and
-path before touching the OS. With no injector installed that is one global read. An injector:
+Every primitive in :mod:`stratastore.io.files` and :mod:`stratastore.io.guard` makes its OS call
+through :func:`call`, which calls :func:`hit` with the operation name and path before touching
+the OS. With no injector installed that is one global read. An injector:
 
 * counts operations (``count``) and can record them (``log``) for crash-state exploration;
 * fails the Nth matching operation with an errno, once or persistently, or makes a write short;
@@ -16,15 +17,19 @@ from __future__ import annotations
 import errno as _errno
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from .errors import StrataIOError
 
 __all__ = [
     "CRASH_ENV",
     "CRASH_EXIT",
     "Fault",
     "FaultInjector",
+    "call",
     "hit",
     "inject",
     "use",
@@ -32,6 +37,8 @@ __all__ = [
 
 CRASH_ENV = "STRATA_TEST_CRASH_AT_IO_OP"
 CRASH_EXIT = 86
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -102,6 +109,19 @@ def hit(op: str, path: str) -> Fault | None:
         return None
     with _lock:
         return inj.check(op, path)
+
+
+def call(op: str, path: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` (a primitive's OS call) as operation ``op`` on ``path`` through the seam: an
+    injected fault (other than a short write, which the write loop applies itself) or an
+    ``OSError`` raises :class:`StrataIOError` naming the operation and the path."""
+    fault = hit(op, path)
+    if fault is not None and not fault.short:
+        raise StrataIOError(op, path, fault.errno, f"injected {os.strerror(fault.errno)}")
+    try:
+        return fn()
+    except OSError as e:
+        raise StrataIOError(op, path, e.errno or _errno.EIO, e.strerror or str(e)) from e
 
 
 @contextmanager

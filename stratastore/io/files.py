@@ -1,8 +1,25 @@
 """Filesystem primitives: the only place stratastore calls ``os.*`` on store files.
 
-Each primitive passes through :func:`faults.hit` first and turns an ``OSError`` into a
-:class:`StrataIOError` naming the operation and the path. Policy code never imports ``os``;
-it calls these (or the protocols built on them in ``durable`` and ``relocate``).
+Each primitive makes its OS call through the fault seam (:func:`faults.call`: ``faults.hit``
+first, an ``OSError`` turned into a :class:`StrataIOError` naming the operation and the path).
+Policy code never imports ``os``; it calls these (or the protocols built on them in ``durable``
+and ``relocate``, and the destructive-operation guard in ``guard``).
+
+Safety contract (spec F-DIR-8, F-DIR-9):
+
+* every open for reading is ``O_NOFOLLOW | O_NONBLOCK`` and checks ``S_ISREG`` on the open
+  descriptor before reading: a symbolic link raises :class:`SymlinkRefused`, a FIFO, device,
+  socket or directory raises :class:`NotARegularFile` (never a hang, never a read through a
+  link);
+* data is read with ``pread`` into memory the caller owns (:func:`pread_exact`,
+  :func:`preadv_exact`), never through a mapping: a file truncated or failing under a reader is
+  a typed error at the read (:class:`ShortRead`, :class:`StrataIOError`), never a SIGBUS;
+* every destructive operation on the store's files goes through one guard,
+  :mod:`stratastore.io.guard` (:func:`~stratastore.io.guard.remove_store_file`, ...);
+  :func:`unlink` here is for files that are not the store's;
+* files are created with the store's ``file_mode`` (default ``0o600``), directories with
+  :func:`~stratastore.io.modes.dir_mode` of it (default ``0o700``), :mod:`stratastore.io.modes`;
+  the process umask may remove bits, never add them.
 """
 
 from __future__ import annotations
@@ -12,13 +29,15 @@ import ctypes.util
 import errno as _errno
 import fcntl
 import functools
-import mmap
 import os
+import stat
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import cast
 
 from . import faults
-from .errors import StrataIOError
+from .errors import ShortRead, StrataIOError, SymlinkRefused, refusal
+from .faults import call as _do
+from .modes import DEFAULT_FILE_MODE, dir_mode
 
 __all__ = [
     "NETWORK_FILESYSTEMS",
@@ -26,6 +45,7 @@ __all__ = [
     "advise_willneed",
     "close",
     "exists",
+    "permissions",
     "mtime_ns",
     "file_size",
     "filesystem_type",
@@ -34,9 +54,11 @@ __all__ = [
     "link",
     "listdir",
     "makedirs",
-    "map_readonly",
     "open_read",
     "open_write",
+    "fd_size",
+    "pread_exact",
+    "preadv_exact",
     "pread_into",
     "read_file",
     "read_head",
@@ -47,26 +69,40 @@ __all__ = [
     "write_all",
 ]
 
-T = TypeVar("T")
+
+def open_write(path: str, *, exclusive: bool = True, mode: int = DEFAULT_FILE_MODE) -> int:
+    """Create ``path`` for writing with ``mode`` (spec F-DIR-9); never through a symbolic link
+    (``O_EXCL`` refuses any existing name, ``O_NOFOLLOW`` a link when truncating)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    flags |= os.O_EXCL if exclusive else os.O_TRUNC
+    return _do("open", path, lambda: os.open(path, flags, mode))
 
 
-def _do(op: str, path: str, fn: Callable[[], T]) -> T:
-    fault = faults.hit(op, path)
-    if fault is not None and not fault.short:
-        raise StrataIOError(op, path, fault.errno, f"injected {os.strerror(fault.errno)}")
+def _open_regular(path: str) -> int:
+    """``open(O_RDONLY | O_NOFOLLOW | O_NONBLOCK)`` then ``fstat``: a regular file's descriptor
+    (blocking again), else :class:`SymlinkRefused` / :class:`NotARegularFile`. ``O_NONBLOCK``
+    keeps the open of a FIFO from waiting for a writer; raises ``OSError`` for other failures."""
     try:
-        return fn()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
-        raise StrataIOError(op, path, e.errno or _errno.EIO, e.strerror or str(e)) from e
-
-
-def open_write(path: str, *, exclusive: bool = True) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
-    return _do("open", path, lambda: os.open(path, flags, 0o644))
+        if e.errno == _errno.ELOOP:
+            raise SymlinkRefused("open", path) from e
+        raise
+    try:
+        st_mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(st_mode):
+            raise refusal("open", path, st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_read(path: str) -> int:
-    return _do("open", path, lambda: os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    """A descriptor of the regular file ``path`` for reading (spec F-DIR-8: never a symbolic
+    link, never a FIFO or device; :class:`SymlinkRefused` / :class:`NotARegularFile`)."""
+    return _do("open", path, lambda: _open_regular(path))
 
 
 def close(fd: int) -> None:
@@ -145,10 +181,15 @@ def link(src: str, dst: str) -> None:
 
 
 def unlink(path: str, *, missing_ok: bool = False) -> bool:
-    """Remove ``path``; returns False (with ``missing_ok``) when it was already gone."""
+    """Remove the regular file ``path`` (a file that is not the store's, e.g. a probe file);
+    store files go through :func:`.guard.remove_store_file`. Refuses a link or a non-regular file
+    (``lstat``). Returns False (with ``missing_ok``) when it was already gone."""
 
     def run() -> bool:
         try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise refusal("unlink", path, st.st_mode)
             os.unlink(path)
         except FileNotFoundError:
             if not missing_ok:
@@ -159,8 +200,10 @@ def unlink(path: str, *, missing_ok: bool = False) -> bool:
     return _do("unlink", path, run)
 
 
-def makedirs(path: str) -> None:
-    _do("mkdir", path, lambda: os.makedirs(path, exist_ok=True))
+def makedirs(path: str, *, mode: int = DEFAULT_FILE_MODE) -> None:
+    """Make ``path`` (and missing parents) for a store with file mode ``mode``: the leaf gets
+    :func:`dir_mode` of it (spec F-DIR-9; an existing directory keeps its mode)."""
+    _do("mkdir", path, lambda: os.makedirs(path, dir_mode(mode), exist_ok=True))
 
 
 def rmdir(path: str) -> None:
@@ -176,6 +219,11 @@ def mtime_ns(path: str) -> int:
     return _do("stat", path, lambda: os.stat(path).st_mtime_ns)
 
 
+def permissions(path: str) -> int:
+    """The permission bits of ``path`` (``lstat``: a link's own, never its target's)."""
+    return stat.S_IMODE(_do("stat", path, lambda: os.lstat(path)).st_mode)
+
+
 def exists(path: str) -> bool:
     return os.path.exists(path)
 
@@ -188,7 +236,7 @@ def read_file(path: str, max_bytes: int) -> bytes:
     """The whole file, refusing one larger than ``max_bytes`` before reading it."""
 
     def run() -> bytes:
-        with open(path, "rb") as f:
+        with open(_open_regular(path), "rb", closefd=True) as f:
             size = os.fstat(f.fileno()).st_size
             if size > max_bytes:
                 raise OSError(_errno.EFBIG, f"{size} bytes is over the {max_bytes}-byte limit")
@@ -227,8 +275,8 @@ def advise_willneed(path: str) -> bool:
     filesystem without it) is ignored and reported as False, never raised, so it is not an I/O
     step of the fault seam."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = _open_regular(path)
+    except (OSError, StrataIOError):
         return False
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
@@ -237,25 +285,6 @@ def advise_willneed(path: str) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def map_readonly(path: str) -> tuple[mmap.mmap, int]:
-    """A read-only shared mapping of the whole file and its size (a size-0 file maps nothing)."""
-
-    def run() -> tuple[mmap.mmap, int]:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                raise OSError(_errno.EINVAL, "empty file")
-            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-            if hasattr(mmap, "MADV_SEQUENTIAL"):  # readers stream it: read ahead further
-                mm.madvise(mmap.MADV_SEQUENTIAL)
-            return mm, size
-        finally:
-            os.close(fd)
-
-    return _do("open", path, run)
 
 
 #: filesystems LMDB cannot live on (no coherent shared memory map or byte-range locks)
@@ -294,9 +323,25 @@ class FileLock:
     with a ``threading.Lock``.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, mode: int = DEFAULT_FILE_MODE) -> None:
         self.path = path
-        self.fd = _do("open", path, lambda: os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC))
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+        def run() -> int:
+            try:
+                fd = os.open(path, flags, mode)
+            except OSError as e:
+                if e.errno == _errno.ELOOP:
+                    raise SymlinkRefused("open", path) from e
+                raise
+            st_mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(st_mode):
+                os.close(fd)
+                raise refusal("open", path, st_mode)
+            os.set_blocking(fd, True)
+            return fd
+
+        self.fd = _do("open", path, run)
 
     def acquire(self) -> None:
         _do("lock", self.path, lambda: fcntl.flock(self.fd, fcntl.LOCK_EX))
@@ -308,3 +353,43 @@ class FileLock:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def fd_size(fd: int, path: str) -> int:
+    """The size of the open file ``fd`` (``fstat``): a reader checks the size of the file it
+    holds open, so a rename over the name meanwhile cannot change what it reads."""
+    return _do("stat", path, lambda: os.fstat(fd).st_size)
+
+
+def pread_exact(fd: int, buf: memoryview, offset: int, path: str) -> None:
+    """Fill all of ``buf`` (memory the caller owns, never a mapping) from ``offset`` of ``fd``.
+
+    Every failure is a typed error at this call, never a signal at a later access: a failed
+    read (EIO, or a fault injected at op ``read``) raises :class:`StrataIOError`, a file that
+    ends first (truncated since its size was checked) raises :class:`ShortRead`."""
+    n = pread_into(fd, buf, offset, path)
+    if n < buf.nbytes:
+        raise ShortRead(path, offset + n, offset + buf.nbytes)
+
+
+_IOV_MAX = 1024  #: buffers one preadv call takes at most (Linux IOV_MAX)
+
+
+def preadv_exact(fd: int, bufs: list[memoryview], offset: int, path: str) -> None:
+    """Fill every buffer of ``bufs`` in turn (a scatter read: consecutive file bytes into the
+    caller's separate pieces of memory, never a mapping) from ``offset`` of ``fd``, continuing
+    after short reads. Errors as :func:`pread_exact`: :class:`StrataIOError` for a failed read,
+    :class:`ShortRead` when the file ends first."""
+    views = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs if b.nbytes]
+    total = sum(v.nbytes for v in views)
+    done, i = 0, 0
+    while i < len(views):
+        n = _do("read", path, functools.partial(os.preadv, fd, views[i : i + _IOV_MAX],
+                                                offset + done))  # fmt: skip
+        if n == 0:
+            raise ShortRead(path, offset + done, offset + total)
+        done += n
+        while n and i < len(views):  # drop what was filled, trim a half-filled buffer
+            take = min(n, views[i].nbytes)
+            views[i], n = views[i][take:], n - take
+            i += views[i].nbytes == 0

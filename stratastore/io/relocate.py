@@ -37,7 +37,7 @@ def relocate_file(src: str, dst: str) -> Literal["rename", "copy"]:
             files.fsync_dir(src_dir)
         return "rename"
     _copy_durably(src, dst)
-    files.unlink(src)
+    files.unlink(src)  # a regular file (lstat); callers that move store files guard the name
     files.fsync_dir(src_dir)
     return "copy"
 
@@ -60,12 +60,13 @@ def link_or_copy(src: str, dst: str) -> Literal["link", "copy"]:
 
 
 def _copy_durably(src: str, dst: str) -> None:
-    size = files.file_size(src)
-    buf = bytearray(min(COPY_CHUNK, max(size, 1)))
-    view = memoryview(buf)
+    """Copy ``src`` (a regular file, never a link) to ``dst`` durably, keeping its mode."""
     fd = files.open_read(src)
     try:
-        with DurableFile(dst) as out:
+        size = files.file_size(src)
+        buf = bytearray(min(COPY_CHUNK, max(size, 1)))
+        view = memoryview(buf)
+        with DurableFile(dst, mode=files.permissions(src)) as out:
             offset = 0
             while offset < size:
                 n = files.pread_into(fd, view[: min(len(buf), size - offset)], offset, src)

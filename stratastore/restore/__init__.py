@@ -1,11 +1,21 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
 from .agenda import restore_batch
-from .destinations import Destination, FlatKV, LayerKV, PagedKV, pack_pages
+from .destinations import (
+    Destination,
+    DestinationRefused,
+    FlatKV,
+    LayerKV,
+    PagedKV,
+    as_destination,
+    flat_bytes,
+    pack_pages,
+)
 from .two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
     "Destination",
+    "DestinationRefused",
     "FlatKV",
     "Job",
     "LayerKV",
@@ -13,6 +23,8 @@ __all__ = [
     "PagedKV",
     "Piece",
     "RestoreFailed",
+    "as_destination",
+    "flat_bytes",
     "restore_batch",
     "pack_pages",
     "two_pass_restore",

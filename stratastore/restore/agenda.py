@@ -7,15 +7,16 @@ For jobs ``0..n-1``, in order:
 - **read-ahead**: when job ``i``'s read pass starts, the segment files of the next
   ``readahead`` jobs are handed to the kernel (``posix_fadvise`` WILLNEED), so their cold reads
   run while job ``i`` is hashed and applied;
-- **read pass** (a worker thread): job ``i``'s pages are mapped and validated (BLAKE3 on the
-  hashing pool, which releases the GIL), writing nothing to the caller;
+- **read pass** (a worker thread): job ``i``'s pages are read into memory the process owns
+  (staging, or a ``read_direct`` destination itself) and validated there (``pread`` and BLAKE3
+  on a thread pool, both release the GIL);
 - **apply pass** (the calling thread): job ``i-1``'s validated pages are copied into its
   destination while job ``i`` is being validated.
 
 Each job keeps the two-pass contract of :mod:`.two_pass` unchanged (nothing is applied before
 its whole prefix was validated; damage ladders or raises for that job alone). The hand-off
-queue holds one validated job, which bounds the memory held ahead of the copy (mappings, or one
-job's decompressed pages). One job runs inline, with no thread.
+queue holds one validated job, which bounds the memory held ahead of the copy (one job's staged
+or decompressed pages). One job runs inline, with no thread.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ def _pipeline(jobs: Sequence[Job], order: list[int], readahead: int,
         stop.set()
         while worker.is_alive():  # unblock a reader waiting on a full hand-off
             try:
-                handoff.get_nowait()
+                left = handoff.get_nowait()
             except queue.Empty:
                 worker.join(0.01)
+                continue
+            if left is not None and not isinstance(left[1], Exception):
+                jobs[left[0]].discard(left[1])  # never applied: deliver nothing of it

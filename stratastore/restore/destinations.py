@@ -12,14 +12,17 @@ segment (``write_pages(token_start, n_tokens, page_bytes)``) and lays them out i
   addressed through a block table, the layout of vLLM and SGLang.
 
 Arrays may be of any dtype of the right item size (bfloat16 travels as uint16); they are
-written through uint8 views, so they must be C-contiguous.
+written in place through uint8 views, never through a copy. A destination that cannot be
+written in place (not C-contiguous, Fortran-ordered, read-only, object dtype) or whose geometry
+does not match the model fingerprint is refused with :class:`DestinationRefused` when the
+destination is made, before a restore touches anything (issue 11 item 5).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -29,7 +32,16 @@ from numba_kernels.cpu import parallel_copy
 from ..errors import ConfigError
 from ..format import ModelFingerprint
 
-__all__ = ["Destination", "FlatKV", "LayerKV", "PagedKV", "pack_pages"]
+__all__ = [
+    "Destination",
+    "DestinationRefused",
+    "FlatKV",
+    "LayerKV",
+    "PagedKV",
+    "as_destination",
+    "flat_bytes",
+    "pack_pages",
+]
 
 
 class Destination(Protocol):
@@ -44,18 +56,50 @@ class Destination(Protocol):
         ...
 
 
-def _bytes_view(a: npt.NDArray[np.generic], what: str) -> npt.NDArray[np.uint8]:
-    if not a.flags.c_contiguous or not a.flags.writeable:
-        raise ConfigError(f"{what} must be a writable, C-contiguous array")
-    return a.reshape(-1).view(np.uint8)
+class DestinationRefused(ConfigError):
+    """A restore destination that cannot be written in place, or whose geometry does not match
+    the model: refused before anything is read, written, taken or released."""
+
+
+def flat_bytes(a: object, what: str) -> npt.NDArray[np.uint8]:
+    """The bytes of ``a`` as a flat uint8 *view* (never a copy: a restore writes the caller's
+    memory or refuses). Raises :class:`DestinationRefused` for anything but a writable,
+    C-contiguous numpy array of plain (non-object) items; ``what`` names it in the message."""
+    if not isinstance(a, np.ndarray):
+        raise DestinationRefused(f"{what} must be a numpy array or a restore Destination, not "
+                                 f"{type(a).__name__}")  # fmt: skip
+    if a.dtype.hasobject:
+        raise DestinationRefused(f"{what} has dtype {a.dtype}, which holds references, not "
+                                 "bytes; pass a uint8 (or the model's dtype) array")  # fmt: skip
+    if not a.flags.writeable:
+        raise DestinationRefused(f"{what} is read-only; pass a writable array (a restore writes "
+                                 "into it in place)")  # fmt: skip
+    if not a.flags.c_contiguous:
+        order = "Fortran-ordered" if a.flags.f_contiguous else "not contiguous"
+        raise DestinationRefused(
+            f"{what} is {order} (shape {a.shape}, strides {a.strides}): a restore writes the "
+            "stored layout in place, so it needs a C-contiguous array; restore into "
+            "np.empty(shape, dtype) and copy it, or pass np.ascontiguousarray(x) and use that"
+        )
+    flat = a.reshape(-1)  # C-contiguous: a view of the same memory
+    assert flat.size == 0 or np.shares_memory(flat[:1], a), "reshape copied a contiguous array"
+    return flat.view(np.uint8)
 
 
 class FlatKV:
-    """The stored layout, one buffer for the whole conversation."""
+    """The stored layout, one buffer for the whole conversation.
 
-    def __init__(self, fp: ModelFingerprint, buf: npt.NDArray[np.generic]) -> None:
+    ``read_direct``: the restore's read pass may ``pread`` straight into ``buf`` and hash the
+    bytes there (no staging copy; what :class:`~stratastore.Store` uses). Past the prefix a
+    restore reports, ``buf`` then holds its old bytes, or zeros where the read pass placed
+    bytes the restore does not deliver (damage, a ladder stop, an error); never a byte that
+    failed validation. Without it (the default) nothing past that prefix is written."""
+
+    def __init__(self, fp: ModelFingerprint, buf: npt.NDArray[np.generic], *,
+                 read_direct: bool = False) -> None:  # fmt: skip
         self.tb = fp.token_bytes
-        self.buf = _bytes_view(buf, "the K/V buffer")
+        self.buf = flat_bytes(buf, "the K/V buffer")
+        self.read_direct = read_direct
 
     def capacity(self) -> int:
         return self.buf.size // self.tb
@@ -65,14 +109,67 @@ class FlatKV:
         a = token_start * self.tb
         parallel_copy(self.buf[a : a + n_tokens * self.tb], data[: n_tokens * self.tb])
 
+    def region(self, token_start: int, n_tokens: int) -> npt.NDArray[np.uint8]:
+        """The bytes of tokens ``[token_start, token_start + n_tokens)`` (a direct read's
+        target)."""
+        return self.buf[token_start * self.tb : (token_start + n_tokens) * self.tb]
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        """Zero tokens ``[token_start, token_start + n_tokens)`` (what a direct read placed and
+        the restore does not deliver)."""
+        self.region(token_start, n_tokens)[:] = 0
+
 
 class _PerToken:
-    """Shared page walking: each page is [layers, 2, p, heads, dim*itemsize] bytes."""
+    """Shared page walking: each page is [layers, 2, p, heads, dim*itemsize] bytes.
+
+    ``read_direct`` (as for :class:`FlatKV`): the read pass may scatter each stored page
+    straight into the arrays (:meth:`page_views`) and hash it there; past the prefix a restore
+    reports they then hold their old bytes or zeros, never a byte that failed validation."""
+
+    read_direct = False
 
     def __init__(self, fp: ModelFingerprint) -> None:
+        self.fp = fp
         self.layers = fp.n_layers
         self.row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize  # bytes of one token's K
         self.tb = fp.token_bytes
+
+    def _checked(self, a: object, what: str, lead: tuple[int, ...]) -> npt.NDArray[np.uint8]:
+        """``a`` as bytes ``[*lead, tokens, row]`` after checking it is writable in place and
+        ``[*lead, tokens, n_kv_heads, head_dim]`` of the model's item size (or, for
+        :class:`LayerKV`, ``[tokens, row bytes]`` of bytes)."""
+        flat = flat_bytes(a, what)
+        assert isinstance(a, np.ndarray)
+        fp, k = self.fp, len(lead)
+        model = (fp.n_kv_heads, fp.head_dim)
+        fits = a.ndim == k + 3 and a.shape[k + 1 :] == model and a.itemsize == fp.dtype.itemsize
+        fits = fits or (not lead and a.ndim == 2 and a.shape[1] == self.row and a.itemsize == 1)
+        if not fits or a.shape[:k] != lead:
+            want = ", ".join(map(str, [*lead, "tokens", *model]))
+            alt = "" if lead else f" (or [tokens, {self.row}] of bytes)"
+            raise DestinationRefused(
+                f"{what} is {a.shape} of {a.dtype}; {fp.describe()} needs [{want}] of "
+                f"{fp.dtype.itemsize}-byte items{alt}: every token would land at a wrong offset"
+            )
+        return flat.reshape(*lead, -1, self.row)
+
+    def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
+        """The memory of the K (``kind`` 0) or V rows of tokens ``[t0, t0 + p)`` of a layer:
+        contiguous runs, in token order."""
+        raise NotImplementedError
+
+    def page_views(self, t0: int, p: int) -> list[memoryview]:
+        """Where the bytes of a stored page of tokens ``[t0, t0 + p)`` go, in their stored order
+        (spec F-SEG-4: per layer, K then V, each ``[p, row]``): a scatter read's targets."""
+        return [r.data for layer in range(self.layers) for kind in (0, 1)
+                for r in self._rows(layer, kind, t0, p)]  # fmt: skip
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        """Zero the K and V rows of tokens ``[token_start, token_start + n_tokens)``."""
+        for layer, kind in itertools.product(range(self.layers), (0, 1)):
+            for r in self._rows(layer, kind, token_start, n_tokens):
+                r[:] = 0
 
     def pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
               page_tokens: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
@@ -90,16 +187,22 @@ class LayerKV(_PerToken):
     """``k[layer]`` and ``v[layer]``: arrays ``[max_tokens, n_kv_heads, head_dim]``."""
 
     def __init__(self, fp: ModelFingerprint, k: Sequence[npt.NDArray[np.generic]],
-                 v: Sequence[npt.NDArray[np.generic]]) -> None:  # fmt: skip
+                 v: Sequence[npt.NDArray[np.generic]], *, read_direct: bool = False
+                 ) -> None:  # fmt: skip
         super().__init__(fp)
+        self.read_direct = read_direct
         if len(k) != fp.n_layers or len(v) != fp.n_layers:
-            raise ConfigError(f"LayerKV needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}")
-        self.k = [_bytes_view(a, f"K[{i}]").reshape(-1, self.row) for i, a in enumerate(k)]
-        self.v = [_bytes_view(a, f"V[{i}]").reshape(-1, self.row) for i, a in enumerate(v)]
-        self.max_tokens = min(a.shape[0] for a in [*self.k, *self.v])
+            raise DestinationRefused(f"LayerKV needs {fp.n_layers} K and V arrays, got {len(k)}, "
+                                     f"{len(v)}")  # fmt: skip
+        self.k = [self._checked(a, f"LayerKV K[{i}]", ()) for i, a in enumerate(k)]
+        self.v = [self._checked(a, f"LayerKV V[{i}]", ()) for i, a in enumerate(v)]
+        self.max_tokens = int(min(a.shape[0] for a in [*self.k, *self.v]))
 
     def capacity(self) -> int:
         return self.max_tokens
+
+    def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
+        return [(self.v if kind else self.k)[layer][t0 : t0 + p].reshape(-1)]
 
     def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                     page_tokens: int) -> None:  # fmt: skip
@@ -115,16 +218,22 @@ class PagedKV(_PerToken):
     lives in block ``block_table[t // block_size]`` at slot ``t % block_size``."""
 
     def __init__(self, fp: ModelFingerprint, pools: Sequence[npt.NDArray[np.generic]],
-                 block_table: Sequence[int] | npt.NDArray[np.integer]) -> None:  # fmt: skip
+                 block_table: Sequence[int] | npt.NDArray[np.integer], *,
+                 read_direct: bool = False) -> None:  # fmt: skip
         super().__init__(fp)
+        self.read_direct = read_direct
         if len(pools) != fp.n_layers:
-            raise ConfigError(f"PagedKV needs {fp.n_layers} per-layer pools, got {len(pools)}")
-        shape = pools[0].shape
+            raise DestinationRefused(f"PagedKV needs {fp.n_layers} per-layer pools, got "
+                                     f"{len(pools)}")  # fmt: skip
+        shape: tuple[int, ...] = tuple(getattr(pools[0], "shape", ()))
         if len(shape) != 5 or shape[0] != 2 or any(p.shape != shape for p in pools):
-            raise ConfigError("each pool must be [2, num_blocks, block_size, heads, head_dim]")
+            raise DestinationRefused(
+                f"each PagedKV pool must be [2, num_blocks, block_size, {fp.n_kv_heads}, "
+                f"{fp.head_dim}], all of one shape; pool[0] is {shape}"
+            )
         self.num_blocks, self.block_size = shape[1], shape[2]
-        self.pools = [_bytes_view(p, f"pool[{i}]").reshape(2, self.num_blocks * self.block_size,
-                                                          self.row)
+        self.pools = [self._checked(p, f"PagedKV pool[{i}]", (2, self.num_blocks))
+                      .reshape(2, self.num_blocks * self.block_size, self.row)
                       for i, p in enumerate(pools)]  # fmt: skip
         self.table = np.asarray(block_table, dtype=np.int64)
         if self.table.ndim != 1 or (
@@ -135,6 +244,14 @@ class PagedKV(_PerToken):
     def capacity(self) -> int:
         return int(self.table.size) * int(self.block_size)
 
+    def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
+        t = np.arange(t0, t0 + p)
+        slots = self.table[t // self.block_size] * self.block_size + t % self.block_size
+        cuts = [0, *(np.flatnonzero(np.diff(slots) != 1) + 1).tolist(), p]
+        pool = self.pools[layer][kind]
+        return [pool[int(slots[a]) : int(slots[a]) + b - a].reshape(-1)
+                for a, b in itertools.pairwise(cuts)]  # fmt: skip
+
     def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                     page_tokens: int) -> None:  # fmt: skip
         for t0, page in self.pages(token_start, n_tokens, data, page_tokens):
@@ -144,6 +261,18 @@ class PagedKV(_PerToken):
             for layer in range(self.layers):
                 self.pools[layer][0, slots] = page[layer, 0]
                 self.pools[layer][1, slots] = page[layer, 1]
+
+
+def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Destination:
+    """Where a restore of ``fp``'s K/V writes: a :class:`Destination` as given, or a numpy array
+    as a ``read_direct`` :class:`FlatKV` (the stored layout, written in place). Anything else,
+    or an array that cannot be written in place, raises :class:`DestinationRefused`."""
+    if isinstance(out, np.ndarray):
+        return FlatKV(fp, out, read_direct=True)
+    if callable(getattr(out, "capacity", None)) and callable(getattr(out, "write_pages", None)):
+        return cast(Destination, out)
+    raise DestinationRefused(f"{what} must be a numpy array or a restore Destination (FlatKV, "
+                             f"LayerKV, PagedKV), not {type(out).__name__}")  # fmt: skip
 
 
 def pack_pages(

@@ -1,10 +1,13 @@
 """The two-pass streaming restore and the prefix restore ladder (seed 000, issue 5).
 
-**Read pass**: map each segment of the prefix in order and hash every page it needs against its
-sidecar (spec F-SC-3), writing nothing to the caller. It stops at the first page that fails, or
-at a segment that is missing, short or unreadable. **Apply pass**: copy the validated pages into
-the destination in bounded chunks (``chunk_bytes``, 16 MiB by default), from the same mappings
-the read pass validated (segments are immutable, spec F-DUR-7).
+**Read pass**: read each segment of the prefix in order into memory this process owns (a
+reusable staging buffer, decompressed pages, or, for a ``read_direct`` destination, the
+destination's own memory) and hash every page it needs there against its sidecar (spec F-SC-3). It
+stops at the first page that fails, or at a segment that is missing, short, unreadable, or
+truncated under the read (a typed error, never a SIGBUS: files are never mapped). **Apply
+pass**: copy the validated pages into the destination in bounded chunks (``chunk_bytes``, 16 MiB
+by default) from that same memory (DESIGN "Delivered means validated": the bytes hashed are the
+bytes delivered, so a file changed between the passes cannot reach the caller).
 
 **Ladder**: when the read pass found damage at token ``t``, the restore does not fail; it applies
 the deepest resume point at or below ``t`` (``resume_at(t)``: the deepest checkpoint for models
@@ -26,12 +29,14 @@ import numpy.typing as npt
 import numba_kernels
 
 from ..errors import StrataError
-from ..format import ChecksumMismatch, FormatError, ModelFingerprint
+from ..format import ChecksumMismatch, Codec, FormatError, ModelFingerprint
 from ..io.errors import StrataIOError
-from ..store import SegmentNotFound, SegmentStore
-from .destinations import Destination
+from ..store import SegmentNotFound, SegmentReader, SegmentStore
+from ..store.staging import STAGING
+from .destinations import Destination, FlatKV, _PerToken
+from .reads import read_hashed, read_scattered_hashed
 
-__all__ = ["Job", "Outcome", "Piece", "RestoreFailed", "Validated", "two_pass_restore"]
+__all__ = ["Job", "Outcome", "Piece", "Ready", "RestoreFailed", "Validated", "two_pass_restore"]
 
 DEFAULT_CHUNK = 16 << 20
 
@@ -82,12 +87,24 @@ def two_pass_restore(
 
 
 @dataclass
+class Ready:
+    """One piece's validated pages, from the piece's first token: in ``data`` (memory the read
+    pass owns: staging or decompressed pages; ``staging`` is the pool buffer to give back), or,
+    with ``data`` None, already in the destination (a direct read of ``placed`` tokens)."""
+
+    piece: Piece
+    data: npt.NDArray[np.uint8] | None
+    staging: npt.NDArray[np.uint8] | None = None
+    placed: int = 0
+
+
+@dataclass
 class Validated:
-    """What a read pass hands its apply pass: the outcome so far and the validated payloads
-    (mappings or decompressed arrays), in token order."""
+    """What a read pass hands its apply pass: the outcome so far and the validated pages of
+    each piece, in token order (see :class:`Ready`)."""
 
     out: Outcome
-    ready: list[tuple[Piece, npt.NDArray[np.uint8]]]
+    ready: list[Ready]
 
 
 @dataclass(frozen=True)
@@ -115,79 +132,149 @@ class Job:
                 p.store.prefetch(p.key)
 
     def read(self) -> Validated:
-        """The read pass: validate every page of ``[0, wanted)`` against its sidecar, touching
-        no caller buffer. Stops at the first bad page, or at a missing, short or unreadable
-        segment."""
+        """The read pass: read every page of ``[0, wanted)`` into memory this process owns and
+        validate it there against its sidecar (spec F-SC-3). Stops at the first bad page, or at
+        a segment that is missing, short, unreadable or truncated under the read. Writes no
+        caller buffer, except a ``read_direct`` destination (the bytes land in place; the apply
+        pass zeroes what it does not deliver)."""
         pt = self.fp.page_tokens
-        out = Outcome(0, self.wanted)
-        ready: list[tuple[Piece, npt.NDArray[np.uint8]]] = []
+        v = Validated(Outcome(0, self.wanted), [])
+        out = v.out
         t0 = time.perf_counter()
-        for piece in self.pieces:
-            if piece.start >= self.wanted:
-                break
-            need = min(piece.end, self.wanted) - piece.start
-            try:
-                if piece.store is None:
-                    raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
-                payload, bad = _validated(piece, need, self.fp)
-            except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
-                out.first_bad, out.reason = piece.start, str(e)
-                out.damaged.append(piece.key)
-                break
-            ready.append((piece, payload))
-            if bad is not None:
-                out.first_bad = piece.start + bad * pt
-                out.reason = (f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 "
-                              "validation")  # fmt: skip
-                out.damaged.append(piece.key)
-                break
+        try:
+            for piece in self.pieces:
+                if piece.start >= self.wanted:
+                    break
+                need = min(piece.end, self.wanted) - piece.start
+                try:
+                    if piece.store is None:
+                        raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
+                    bad = self._read_piece(piece, need, v)
+                except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
+                    out.first_bad, out.reason = piece.start, str(e)
+                    out.damaged.append(piece.key)
+                    break
+                if bad is not None:
+                    out.first_bad = piece.start + bad * pt
+                    out.reason = (f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 "
+                                  "validation")  # fmt: skip
+                    out.damaged.append(piece.key)
+                    break
+        except BaseException:
+            self.discard(v)  # an unexpected failure delivers nothing
+            raise
         out.read_s = time.perf_counter() - t0
-        return Validated(out, ready)
+        return v
+
+    def _direct(self) -> FlatKV | _PerToken | None:
+        """The destination, when the read pass may read straight into it (``read_direct``)."""
+        d = self.dest
+        return d if isinstance(d, FlatKV | _PerToken) and d.read_direct else None
+
+    def _read_piece(self, piece: Piece, need: int, v: Validated) -> int | None:
+        """Read and hash the pages of ``piece`` covering ``need`` tokens, appending their
+        :class:`Ready` to ``v``; the first bad page (None: all match)."""
+        assert piece.store is not None
+        pt = self.fp.page_tokens
+        pages = -(-need // pt)
+        with piece.store.open_reader(piece.key) as seg:
+            sc = seg.sidecar
+            if sc.token_start != piece.start or sc.n_tokens != piece.end - piece.start:
+                raise FormatError(
+                    f"segment {piece.key.hex()[:16]} holds tokens [{sc.token_start}, "
+                    f"{sc.token_end}), its manifest says [{piece.start}, {piece.end})"
+                )
+            expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
+            nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
+            direct = self._direct()
+            if sc.codec is not Codec.RAW:
+                data = seg.pages(pages)  # decompressed into new memory, hashed there
+                actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes)
+                v.ready.append(Ready(piece, data))
+            elif direct is not None:
+                actual = self._read_direct(seg, piece, need, nbytes, direct, v)
+            else:
+                staging = STAGING.take(nbytes)
+                v.ready.append(Ready(piece, staging[:nbytes], staging))
+                actual = read_hashed(seg, staging[:nbytes], 0, sc.page_bytes)
+        bad = np.flatnonzero((actual != expected).any(axis=1))
+        return int(bad[0]) if bad.size else None
+
+    def _read_direct(self, seg: SegmentReader, piece: Piece, need: int, nbytes: int,
+                     dest: FlatKV | _PerToken, v: Validated) -> npt.NDArray[np.uint8]:  # fmt: skip
+        """Read the pages the apply pass may deliver straight into ``dest`` (every page up to
+        ``need``, the segment's short last page included: one region of a :class:`FlatKV`, or
+        scattered into per-layer rows) and hash them there; a page cut by ``need`` goes through
+        a one-page staging buffer, hashed and never delivered. Their digests."""
+        pt, pb = self.fp.page_tokens, seg.sidecar.page_bytes
+        start, placed = piece.start, need if piece.start + need == piece.end else need // pt * pt
+        v.ready.append(Ready(piece, None, None, placed))  # zeroed by apply unless delivered
+        if isinstance(dest, FlatKV):
+            digests = [read_hashed(seg, dest.region(start, placed), 0, pb)]
+        else:
+            views = [dest.page_views(t, min(pt, start + placed - t))
+                     for t in range(start, start + placed, pt)]  # fmt: skip
+            digests = [read_scattered_hashed(seg, views, pb)]
+        done = placed * self.fp.token_bytes
+        if done < nbytes:
+            tail = STAGING.take(nbytes - done)
+            try:
+                digests.append(read_hashed(seg, tail[: nbytes - done], done, pb))
+            finally:
+                STAGING.give(tail)
+        return np.concatenate(digests)
 
     def apply(self, validated: Validated) -> Outcome:
         """The apply pass: copy the validated pages into ``dest`` in chunks of ``chunk_bytes``:
         all of them, or, after damage, those below ``resume_at(first_bad)`` (the ladder;
-        ``ladder=False`` raises :class:`RestoreFailed` instead and writes nothing)."""
-        out, pt, tb = validated.out, self.fp.page_tokens, self.fp.token_bytes
+        ``ladder=False`` raises :class:`RestoreFailed` instead and delivers nothing). Bytes a
+        direct read placed past what is delivered are zeroed."""
+        out = validated.out
         t1 = time.perf_counter()
-        limit = out.wanted
-        if out.first_bad is not None:
-            if not self.ladder:
-                raise RestoreFailed(
-                    f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was "
-                    "copied (turn the ladder on to restore the valid prefix)"
-                )
-            limit = min(self.resume_at(out.first_bad), out.first_bad)
+        try:
+            limit = out.wanted
+            if out.first_bad is not None:
+                if not self.ladder:
+                    raise RestoreFailed(
+                        f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was "
+                        "copied (turn the ladder on to restore the valid prefix)"
+                    )
+                limit = min(self.resume_at(out.first_bad), out.first_bad)
+            self._copy(validated, limit)
+        finally:
+            self.discard(validated)
+        out.apply_s = time.perf_counter() - t1
+        return out
+
+    def _copy(self, validated: Validated, limit: int) -> None:
+        out, pt, tb = validated.out, self.fp.page_tokens, self.fp.token_bytes
         chunk_tokens = max(pt, self.chunk_bytes // (pt * tb) * pt)
-        for piece, payload in validated.ready:
+        for r in validated.ready:
+            piece = r.piece
             if piece.start >= limit:
                 break
             n = min(piece.end, limit) - piece.start
             if piece.start + n < piece.end and n % pt:
                 n -= n % pt  # stop on a whole page: a partial page is not laid out as a prefix
-            for off in range(0, n, chunk_tokens):
+            data = r.data  # None: a direct read already placed these pages in the destination
+            for off in range(0, n if data is not None else 0, chunk_tokens):
                 m = min(chunk_tokens, n - off)
-                self.dest.write_pages(piece.start + off, m, payload[off * tb : (off + m) * tb],
-                                      pt)  # fmt: skip
+                assert data is not None
+                self.dest.write_pages(piece.start + off, m, data[off * tb : (off + m) * tb], pt)
             out.tokens = piece.start + n
-        out.apply_s = time.perf_counter() - t1
-        return out
 
-
-def _validated(piece: Piece, need: int, fp: ModelFingerprint
-               ) -> tuple[npt.NDArray[np.uint8], int | None]:  # fmt: skip
-    """The segment's pages (mapped, or decompressed) and the first bad page among the ones
-    covering ``need`` tokens (None when they all match)."""
-    assert piece.store is not None
-    pages = -(-need // fp.page_tokens)
-    sc, payload = piece.store.read_pages(piece.key, pages)
-    if sc.token_end - sc.token_start != piece.end - piece.start or sc.token_start != piece.start:
-        raise FormatError(
-            f"segment {piece.key.hex()[:16]} holds tokens [{sc.token_start}, {sc.token_end}), "
-            f"its manifest says [{piece.start}, {piece.end})"
-        )
-    nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
-    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
-    actual = numba_kernels.page_hashes(payload[:nbytes], sc.page_bytes)
-    bad = np.flatnonzero((actual != expected).any(axis=1))
-    return payload, (int(bad[0]) if bad.size else None)
+    def discard(self, validated: Validated) -> None:
+        """Release what the read pass holds: give staging back, and zero the bytes a direct
+        read placed in the destination past the tokens the outcome delivers (all of them for a
+        job that is never applied, or that failed)."""
+        keep = validated.out.tokens
+        direct = self._direct()
+        for r in validated.ready:
+            if r.staging is not None:
+                STAGING.give(r.staging)
+                r.staging = r.data = None
+            if direct is not None and r.placed:
+                lo = max(r.piece.start, keep)
+                if lo < r.piece.start + r.placed:
+                    direct.zero(lo, r.piece.start + r.placed - lo)
+                r.placed = 0

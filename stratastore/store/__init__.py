@@ -2,13 +2,21 @@
 
 from .errors import SegmentNotFound, StoreError
 from .index import SegmentIndex
-from .segment_store import STATE_PAGE_BYTES, PutResult, SegmentStore, Skipped, StoreStats
+from .reader import SegmentReader
+from .segment_store import (
+    STATE_PAGE_BYTES,
+    PutResult,
+    SegmentStore,
+    Skipped,
+    StoreStats,
+)
 
 __all__ = [
     "STATE_PAGE_BYTES",
     "PutResult",
     "SegmentIndex",
     "SegmentNotFound",
+    "SegmentReader",
     "SegmentStore",
     "Skipped",
     "StoreError",

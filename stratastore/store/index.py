@@ -4,11 +4,17 @@ One environment per directory per process (LMDB forbids opening one twice in a p
 by every :class:`SegmentIndex` on that directory through a refcounted registry. The map grows
 by doubling when a write transaction hits ``MapFullError`` (that transaction alone is lost, so
 it is retried).
+
+``strata-index/`` must be a real directory and ``data.mdb`` / ``lock.mdb`` regular files or
+absent (spec F-DIR-8): LMDB follows links and would write through them, so anything else is
+refused before LMDB sees the directory. LMDB creates its files with the store's file mode (spec
+F-DIR-9).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import threading
@@ -19,7 +25,9 @@ import lmdb
 
 from ..format.index_record import INDEX_SCHEMA, IndexRecord
 from ..format.naming import INDEX_DIR
-from ..io import files
+from ..io import files, guard
+from ..io.errors import StrataIOError
+from ..io.modes import DEFAULT_FILE_MODE
 from .errors import StoreError
 
 __all__ = ["SegmentIndex"]
@@ -48,14 +56,15 @@ def lmdb_file_problem(index_dir: str) -> str | None:
     and the process dies of SIGBUS instead of getting an error. Checks the meta page LMDB would
     pick (the valid one with the higher txnid) against the file's size. No file: None."""
     path = os.path.join(index_dir, "data.mdb")
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(2 * 65536)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror}"
+    try:  # never a link or a FIFO (F-DIR-8); a missing file is not opened (an "open" of the
+        # io seam is a creation to the power-loss explorer)
+        if not guard.require_regular(path, missing_ok=True):
+            return None
+        head, size = files.read_head(path, 2 * 65536)
+    except StrataIOError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        return f"cannot read {path}: {e}"
     if size == 0:
         return None  # a new environment: LMDB initialises it
     metas = []
@@ -81,15 +90,16 @@ def lmdb_file_problem(index_dir: str) -> str | None:
     return None
 
 
-def _open_env(path: str) -> Any:
+def _open_env(path: str, file_mode: int) -> Any:
     with _registry_lock:
         env, refs = _registry.get(path, (None, 0))
         if env is None:
             problem = lmdb_file_problem(path)
             if problem is not None:
                 raise lmdb.CorruptedError(problem)
-            env = lmdb.open(path, subdir=True, max_dbs=4, map_size=_INITIAL_MAP,
-                            sync=True, metasync=True, readahead=False, max_readers=256)  # fmt: skip
+            env = lmdb.open(path, subdir=True, max_dbs=4, map_size=_INITIAL_MAP, create=False,
+                            sync=True, metasync=True, readahead=False, max_readers=256,
+                            mode=file_mode)  # fmt: skip
         _registry[path] = (env, refs + 1)
         return env
 
@@ -107,11 +117,16 @@ def _close_env(path: str) -> None:
 class SegmentIndex:
     """``key -> IndexRecord`` plus a small ``meta`` table, in ``DIR/strata-index/``."""
 
-    def __init__(self, store_dir: str) -> None:
-        self.path = os.path.realpath(os.path.join(store_dir, INDEX_DIR))
-        files.makedirs(self.path)
+    def __init__(self, store_dir: str, *, file_mode: int = DEFAULT_FILE_MODE) -> None:
+        # the store directory is the one the caller named (it may be a link they chose); what
+        # is inside it is never followed: strata-index/ and LMDB's files are checked first
+        self.path = os.path.join(os.path.realpath(store_dir), INDEX_DIR)
+        self.file_mode = file_mode
+        guard.store_subdir(os.path.dirname(self.path), INDEX_DIR, mode=file_mode)
+        for name in ("data.mdb", "lock.mdb"):
+            guard.require_regular(os.path.join(self.path, name), missing_ok=True)
         try:
-            self.env = _open_env(self.path)
+            self.env = _open_env(self.path, file_mode)
         except lmdb.Error as e:
             raise StoreError(
                 f"index {self.path} cannot be opened ({e}); it is derived state: delete that "

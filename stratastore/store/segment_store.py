@@ -14,9 +14,16 @@ Order of operations (spec F-DUR):
 * **delete**: unindex, unlink the sidecar, fsync the directory, unlink the data file, fsync.
 * **open**: list the directory; index every committed sidecar the index lacks (validating the
   sidecar and the data file's header and size, not rehashing pages) and drop every record whose
-  sidecar is gone. Opening never writes, renames or deletes a segment file.
-* **get**: read the sidecar, map the data file, check its header, then hash every page and copy
-  it to the caller only if it matches (``verify=True``, the default).
+  sidecar is gone. Opening never writes, renames or deletes a segment file. A segment name that
+  is a symbolic link or not a regular file (a FIFO, a directory) is never followed or read: it
+  is skipped and reported in :attr:`SegmentStore.skipped` (spec F-DIR-8).
+* **files**: created with the store's ``file_mode`` (default ``0o600``; directories
+  ``0o700``), spec F-DIR-9; every removal goes through the io layer's store-name guard.
+* **get**: read the sidecar, open the data file and check its header and size, then ``pread``
+  the pages into memory this process owns, hash them there and deliver them from that same
+  memory only if they match (``verify=True``, the default). Data files are never mapped: a file
+  truncated or failing under a reader is a typed error, never a SIGBUS (spec F-SC-3). The read
+  side is :mod:`stratastore.store.reader` (:class:`SegmentReader`, :meth:`open_reader`).
 """
 
 from __future__ import annotations
@@ -65,11 +72,13 @@ from ..format import (
 )
 from ..format.index_record import INDEX_SCHEMA
 from ..format.sidecar import MAX_SIDECAR_BYTES
-from ..io import DurableFile, durable_write, files
-from ..io.errors import StrataIOError
+from ..io import DurableFile, durable_write, files, guard
+from ..io.errors import NotARegularFile, StrataIOError, SymlinkRefused
+from ..io.modes import DEFAULT_FILE_MODE, file_mode_problem
 from ..io.relocate import link_or_copy
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
+from .reader import SegmentReader, check_data, require_valid
 
 __all__ = [
     "STATE_PAGE_BYTES",
@@ -77,7 +86,6 @@ __all__ = [
     "SegmentStore",
     "Skipped",
     "StoreStats",
-    "first_bad_page",
 ]
 
 #: page size of running-state segments (their pages are not tied to tokens)
@@ -121,16 +129,19 @@ class SegmentStore:
     """Segments of one model in one directory; thread-safe, one writer at a time per directory
     across processes (readers never block). Use :meth:`open`."""
 
-    def __init__(self, path: str, fingerprint: ModelFingerprint, level: Level) -> None:
+    def __init__(self, path: str, fingerprint: ModelFingerprint, level: Level,
+                 file_mode: int = DEFAULT_FILE_MODE) -> None:  # fmt: skip
         self.path = path
         self.fingerprint = fingerprint
         self.level = level
+        self.file_mode = file_mode
         self.root_key = fingerprint.digest()
         self.skipped: list[Skipped] = []
         self._lock = threading.Lock()
-        self._index = SegmentIndex(path)
+        self._index = SegmentIndex(path, file_mode=file_mode)
         try:
-            self._flock = files.FileLock(os.path.join(self._index.path, "write.lock"))
+            self._flock = files.FileLock(os.path.join(self._index.path, "write.lock"),
+                                         mode=file_mode)  # fmt: skip
         except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
             self._index.close()
             raise
@@ -145,16 +156,25 @@ class SegmentStore:
         level: Level = Level.COLD,
         create: bool = True,
         mountinfo: str = "/proc/self/mountinfo",
+        file_mode: int = DEFAULT_FILE_MODE,
     ) -> SegmentStore:
         """Open (and with ``create``, make) the store in ``path`` and reconcile its index.
 
-        Raises :class:`StoreError` for a missing directory (without ``create``) or one on a
-        network filesystem, :class:`IncompatibleFingerprint` when the directory holds another
-        model's segments.
+        Files this store creates get ``file_mode`` and directories it creates
+        ``dir_mode(file_mode)`` (spec F-DIR-9: ``0o600`` / ``0o700`` by default).
+
+        Raises :class:`StoreError` for a missing directory (without ``create``), one on a
+        network filesystem or a bad ``file_mode``, :class:`IncompatibleFingerprint` when the
+        directory holds another model's segments, :class:`SymlinkRefused` /
+        :class:`NotARegularFile` when ``strata-index/`` (or a file in it) is a symbolic link or
+        not what it must be (spec F-DIR-8).
         """
+        problem = file_mode_problem(file_mode)
+        if problem is not None:
+            raise StoreError(f"file_mode {problem}; use 0o600 (private) or 0o640 (group)")
         path = os.path.abspath(os.fspath(path))
         if create:
-            files.makedirs(path)
+            files.makedirs(path, mode=file_mode)
         elif not os.path.isdir(path):
             raise StoreError(f"store directory {path} does not exist; create it or pass create")
         fstype = files.filesystem_type(path, mountinfo)
@@ -163,7 +183,7 @@ class SegmentStore:
                 f"store directory {path} is on a {fstype} filesystem; its LMDB index cannot live "
                 "on a network filesystem: use a local disk"
             )
-        store = cls(path, fingerprint, level)
+        store = cls(path, fingerprint, level, file_mode)
         try:
             with store._write_lock():  # no commit or delete may interleave with the listing
                 store._reconcile()
@@ -211,17 +231,8 @@ class SegmentStore:
         sc, side_bytes = self._read_sidecar(key)
         head, size = files.read_head(self._data_path(key), DATA_OFFSET)
         hdr = decode_segment_header(head, data_name(key))
-        self._check_data(sc, hdr, size)
+        check_data(sc, hdr, size)
         return sc, IndexRecord.from_sidecar(sc, side_bytes, size)
-
-    def _check_data(self, sc: Sidecar, hdr: SegmentHeader, size: int) -> None:
-        name = data_name(sc.key)
-        if not hdr.matches(sc):
-            raise FormatError(f"{name}: header does not match its sidecar (spec F-SEG-2)")
-        if size != hdr.file_bytes:
-            raise FormatError(
-                f"{name}: {size} bytes, its header needs {hdr.file_bytes} (truncated or padded)"
-            )
 
     def close(self) -> None:
         self._flock.close()
@@ -269,8 +280,11 @@ class SegmentStore:
         """Store the K/V pages of ``tokens`` (which follow the prefix ``parent_key``).
 
         ``payload`` holds ``len(tokens) * fingerprint.token_bytes`` bytes in the page layout of
-        spec F-SEG-4. The key is derived (spec F-KEY): a put of an already committed key writes
-        nothing and returns ``created=False``.
+        spec F-SEG-4. ``media`` are the segment's own media items at offsets within it (spec
+        F-KEY-7: :func:`~stratastore.format.keys.key_chain` gives them): the key is derived with
+        them (spec F-KEY-2) and the sidecar carries them, so a segment holding a picture is
+        never filed under a media-free key. A put of an already committed key writes nothing
+        and returns ``created=False``.
         """
         n = len(tokens)
         view = _byte_view(payload)
@@ -334,7 +348,7 @@ class SegmentStore:
             stored_bytes = sum(lengths)
             join_hashes = lambda: hashes_now  # noqa: E731
         header = SegmentHeader(kind, codec, key, n_pages, page_bytes, stored_bytes)
-        data = DurableFile(self._data_path(key))
+        data = DurableFile(self._data_path(key), mode=self.file_mode)
         with data:
             data.write(encode_segment_header(header))
             for chunk in stored if stored is not None else _chunks(view, _WRITE_CHUNK):
@@ -356,7 +370,7 @@ class SegmentStore:
                     return PutResult(key, False, 0)
                 try:
                     data.publish()
-                    durable_write(self._sidecar_path(key), side)
+                    durable_write(self._sidecar_path(key), side, mode=self.file_mode)
                     self._index.put(key, IndexRecord.from_sidecar(sc, len(side),
                                                                   header.file_bytes))  # fmt: skip
                 except BaseException:
@@ -369,9 +383,9 @@ class SegmentStore:
         if this fails too, what stays is a whole segment or an orphan file, never a torn one)."""
         try:
             self._index.delete(key)
-            if files.unlink(self._sidecar_path(key), missing_ok=True):
+            if self._remove(self._sidecar_path(key)):
                 files.fsync_dir(self.path)
-            files.unlink(self._data_path(key), missing_ok=True)
+            self._remove(self._data_path(key))
         except StrataError:
             pass
 
@@ -400,13 +414,23 @@ class SegmentStore:
 
     def _delete_locked(self, key: bytes) -> bool:
         had_record = self._index.delete(key)
-        had_sidecar = files.unlink(self._sidecar_path(key), missing_ok=True)
+        had_sidecar = self._remove(self._sidecar_path(key))
         if had_sidecar:
             files.fsync_dir(self.path)
-        had_data = files.unlink(self._data_path(key), missing_ok=True)
+        had_data = self._remove(self._data_path(key))
         if had_data:
             files.fsync_dir(self.path)
         return had_record or had_sidecar
+
+    def _remove(self, path: str) -> bool:
+        """Unlink a segment file through the io layer's guard (spec F-DIR-8); a name that is a
+        symbolic link or not a regular file is left alone and reported in :attr:`skipped` (it
+        is not the store's: fsck reports it too). True when a file was removed."""
+        try:
+            return guard.remove_store_file(path, missing_ok=True)
+        except (SymlinkRefused, NotARegularFile) as e:
+            self.skipped.append(Skipped(os.path.basename(path), str(e), type(e).__name__))
+            return False
 
     def adopt(self, src: SegmentStore, key: bytes) -> Literal["link", "copy", "present"]:
         """Move a committed segment from ``src`` (another level) into this store, all or nothing
@@ -421,10 +445,10 @@ class SegmentStore:
             sc, _ = src._inspect(key)
             mine = dataclasses.replace(sc, level=self.level, sealed_at_ns=time.time_ns())
             side = encode_sidecar(mine)
-            files.unlink(self._data_path(key), missing_ok=True)  # an orphan of a crashed move
+            guard.remove_store_file(self._data_path(key), missing_ok=True)  # a crashed move's
             try:
                 how = link_or_copy(src._data_path(key), self._data_path(key))
-                durable_write(self._sidecar_path(key), side)
+                durable_write(self._sidecar_path(key), side, mode=self.file_mode)
                 size = DATA_OFFSET + sc.stored_bytes
                 self._index.put(key, IndexRecord.from_sidecar(mine, len(side), size))
             except BaseException:
@@ -483,14 +507,11 @@ class SegmentStore:
             disk += rec.total_bytes
         return StoreStats(entries, disk)
 
-    def _open_data(self, key: bytes) -> tuple[Sidecar, npt.NDArray[np.uint8]]:
+    def open_reader(self, key: bytes) -> SegmentReader:
+        """The committed segment ``key`` held open for reads into memory the caller owns (the
+        restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager)."""
         self.record(key)
-        sc, _ = self._read_sidecar(key)
-        mm, size = files.map_readonly(self._data_path(key))
-        arr = np.frombuffer(mm, dtype=np.uint8)
-        hdr = decode_segment_header(bytes(arr[:DATA_OFFSET]), data_name(key))
-        self._check_data(sc, hdr, size)
-        return sc, arr[hdr.data_offset :]
+        return SegmentReader(self._read_sidecar(key)[0], self._data_path(key))
 
     def prefetch(self, key: bytes) -> bool:
         """Start reading the segment's data file into the page cache (a hint for a restore that
@@ -499,126 +520,75 @@ class SegmentStore:
 
     def read_pages(self, key: bytes, pages: int | None = None
                    ) -> tuple[Sidecar, npt.NDArray[np.uint8]]:  # fmt: skip
-        """The segment's sidecar and its pages, *not* validated (the caller hashes them, as the
-        restore's read pass does): a read-only mapping for RAW; for ZSTD the first ``pages``
-        pages (default all) decompressed into a new array, a frame that does not decode left as
-        zeros (so that its page fails validation). The header and size are checked."""
-        sc, payload = self._open_data(key)
-        if sc.codec is Codec.RAW:
-            return sc, payload
-        n = sc.page_count if pages is None else max(0, min(pages, sc.page_count))
-        out = np.zeros(max(0, (n - 1) * sc.page_bytes + sc.page_len(n - 1)) if n else 0,
-                       dtype=np.uint8)  # fmt: skip
-        dctx = zstandard.ZstdDecompressor()
-        for i, off in enumerate(sc.stored_offsets()[:n]):
-            want = sc.page_len(i)
-            try:
-                page = dctx.decompress(payload[off : off + sc.stored_lengths[i]].tobytes(),
-                                       max_output_size=want)  # fmt: skip
-            except zstandard.ZstdError:
-                break
-            if len(page) != want:
-                break
-            out[i * sc.page_bytes : i * sc.page_bytes + want] = np.frombuffer(page, np.uint8)
-        return sc, out
+        """The segment's sidecar and its first ``pages`` pages (default all), *not* validated
+        (the caller hashes them), in new memory this process owns: read for RAW, decompressed
+        for ZSTD (a frame that does not decode is left as zeros, so that its page fails
+        validation). The header and size are checked."""
+        with self.open_reader(key) as seg:
+            return seg.sidecar, seg.pages(pages)
 
     def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
         """The segment's validated payload as bytes (for small objects such as running states);
         refuses one larger than ``max_bytes`` before allocating it."""
-        sc, payload = self._open_data(key)
-        if sc.payload_bytes > max_bytes:
-            raise StoreError(
-                f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the {max_bytes:,} "
-                "this read allows"
-            )
-        out = bytearray(sc.payload_bytes)
-        self._copy_validated(sc, payload, memoryview(out), True)
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if sc.payload_bytes > max_bytes:
+                raise StoreError(
+                    f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
+                    f"{max_bytes:,} this read allows"
+                )
+            out = bytearray(sc.payload_bytes)
+            seg.copy_validated(memoryview(out), True)
         return bytes(out)
 
     def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
         """Copy the segment's pages into ``out`` (at least ``payload_bytes`` long).
 
-        With ``verify`` every page is hashed and copied only if it matches its sidecar digest;
+        With ``verify`` every page is read into staging memory, hashed there and copied from
+        there only if it matches its sidecar digest (the bytes hashed are the bytes delivered);
         a mismatch raises :class:`ChecksumMismatch` naming the first bad page, and ``out`` then
-        holds validated pages only (spec F-SC-3). Returns the sidecar.
+        holds validated pages only (spec F-SC-3). A read error or a file truncated meanwhile
+        raises :class:`StrataIOError` / :class:`~stratastore.io.errors.ShortRead`. Returns the
+        sidecar.
         """
         dst = _byte_view(out)
         if dst.readonly:
             raise StoreError("the output buffer is read-only")
-        sc, payload = self._open_data(key)
-        if len(dst) < sc.payload_bytes:
-            raise StoreError(
-                f"output buffer is {len(dst)} bytes; segment {key.hex()} needs {sc.payload_bytes}"
-            )
-        self._copy_validated(sc, payload, dst, verify)
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if len(dst) < sc.payload_bytes:
+                raise StoreError(
+                    f"output buffer is {len(dst)} bytes; segment {key.hex()} needs "
+                    f"{sc.payload_bytes}"
+                )
+            seg.copy_validated(dst[: sc.payload_bytes], verify)
         return sc
 
-    def _copy_validated(self, sc: Sidecar, payload: npt.NDArray[np.uint8], dst: memoryview,
-                        verify: bool) -> None:  # fmt: skip
-        expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-        if sc.codec is Codec.RAW:
-            if verify:
-                bad = numba_kernels.validated_copy(payload, dst[: sc.payload_bytes],
-                                                   sc.page_bytes, expected)  # fmt: skip
-                if bad >= 0:
-                    self._raise_page(sc, payload, bad)
-            else:
-                np.frombuffer(dst, np.uint8)[: sc.payload_bytes] = payload
-            return
-        _decompress_into(sc, payload, dst, verify)
-
     def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
-        """A read-only, mmap-backed uint8 array of the segment's pages (RAW codec only).
+        """A read-only uint8 array of the segment's pages (RAW codec only), read into new memory
+        this process owns: never a mapping, so a file truncated or deleted later cannot fault
+        the caller (it keeps what it got).
 
-        With ``verify`` every page is hashed first and a mismatch raises
-        :class:`ChecksumMismatch`. The mapping stays valid while the array lives, even if the
-        segment is deleted meanwhile.
+        With ``verify`` every page of that memory is hashed and a mismatch raises
+        :class:`ChecksumMismatch`.
         """
-        sc, payload = self._open_data(key)
-        if sc.codec is not Codec.RAW:
-            raise StoreError(
-                f"segment {key.hex()} is {sc.codec.name.lower()}-compressed and cannot be "
-                "mapped; use get_into"
-            )
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if sc.codec is not Codec.RAW:
+                raise StoreError(
+                    f"segment {key.hex()} is {sc.codec.name.lower()}-compressed and cannot be "
+                    "viewed raw; use get_into"
+                )
+            payload = seg.pages()
         if verify:
-            actual = numba_kernels.page_hashes(payload, sc.page_bytes)
-            expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-            bad = np.flatnonzero((actual != expected).any(axis=1))
-            if bad.size:
-                self._raise_page(sc, payload, int(bad[0]))
+            require_valid(sc, payload)
+        payload.flags.writeable = False
         return payload
 
     def verify(self, key: bytes) -> int:
         """Hash every page of a segment: the first bad page, or -1 when all match."""
-        sc, payload = self._open_data(key)
-        return first_bad_page(sc, payload)
-
-    def _raise_page(self, sc: Sidecar, payload: npt.NDArray[np.uint8], page: int) -> None:
-        a = page * sc.page_bytes
-        actual = numba_kernels.hash_page(payload[a : a + sc.page_len(page)].data)
-        raise ChecksumMismatch(data_name(sc.key), sc.page_hash(page), actual, page)
-
-
-def first_bad_page(sc: Sidecar, payload: npt.NDArray[np.uint8], *, sample: bool = False) -> int:
-    """The first page of ``payload`` (a data file's pages) that fails its sidecar digest, or -1.
-    ``sample`` checks only the first and the last page of a RAW segment (fsck's quick mode); a
-    compressed segment is always decoded whole."""
-    if sc.codec is not Codec.RAW:
-        try:
-            _decompress_into(sc, payload, None, True)
-        except ChecksumMismatch as e:
-            return e.page if e.page is not None else 0
-        return -1
-    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-    if not sample:
-        actual = numba_kernels.page_hashes(payload, sc.page_bytes)
-        bad = np.flatnonzero((actual != expected).any(axis=1))
-        return int(bad[0]) if bad.size else -1
-    for i in sorted({0, sc.page_count - 1}):
-        a = i * sc.page_bytes
-        if numba_kernels.hash_page(payload[a : a + sc.page_len(i)].data) != expected[i].tobytes():
-            return i
-    return -1
+        with self.open_reader(key) as seg:
+            return seg.first_bad_page()
 
 
 def _chunks(view: memoryview, size: int) -> Iterator[memoryview]:
@@ -629,25 +599,3 @@ def _chunks(view: memoryview, size: int) -> Iterator[memoryview]:
 def _compress_pages(view: memoryview, page_bytes: int) -> list[memoryview]:
     cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
     return [memoryview(cctx.compress(p)) for p in _chunks(view, page_bytes)]
-
-
-def _decompress_into(
-    sc: Sidecar, payload: npt.NDArray[np.uint8], dst: memoryview | None, verify: bool
-) -> None:
-    """Decompress each zstd page (bounded by its recorded size), validate it, then copy it into
-    ``dst`` (``None``: validate only). One page is held in memory at a time."""
-    dctx = zstandard.ZstdDecompressor()
-    name = data_name(sc.key)
-    for i, off in enumerate(sc.stored_offsets()):
-        frame = payload[off : off + sc.stored_lengths[i]]
-        want = sc.page_len(i)
-        try:
-            page = dctx.decompress(frame.tobytes(), max_output_size=want)
-        except zstandard.ZstdError as e:
-            raise ChecksumMismatch(name, sc.page_hash(i), b"\0" * 32, i) from e
-        actual = numba_kernels.hash_page(page) if verify else sc.page_hash(i)
-        if len(page) != want or actual != sc.page_hash(i):
-            raise ChecksumMismatch(name, sc.page_hash(i), actual, i)
-        if dst is not None:
-            a = i * sc.page_bytes
-            dst[a : a + want] = page

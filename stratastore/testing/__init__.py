@@ -4,7 +4,7 @@ of the format can check themselves: the golden vectors (format-spec/vectors/), t
 
 from .conformance import CLAUSES, ConformanceReport, check_conformance
 from .suite import StoreTests
-from .vectors import load_manifest, vector_outcome
+from .vectors import load_manifest, load_vectors, vector_outcome
 
 __all__ = [
     "CLAUSES",
@@ -12,5 +12,6 @@ __all__ = [
     "StoreTests",
     "check_conformance",
     "load_manifest",
+    "load_vectors",
     "vector_outcome",
 ]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..fsck import Finding, fsck
+from ..level_dirs import StoreLevels
 
 __all__ = ["CLAUSES", "ConformanceReport", "check_conformance"]
 
@@ -31,6 +32,7 @@ CLAUSES: dict[str, tuple[str, ...]] = {
     "INDEX_RECORD_INVALID": ("F-IDX-1",),
     "INDEX_STALE": ("F-IDX-2",),
     "CHAIN_INVALID": ("F-CHAIN-1", "F-CHAIN-2"),
+    "MANIFEST_KEY_MISMATCH": ("F-CHAIN-2", "F-KEY-2"),
     "DUPLICATE_ACROSS_LEVELS": (),  # a move interrupted by a crash: allowed (F-DUR-8)
     "CHAIN_BROKEN": (),  # allowed: capacity GC removes segments (F-CHAIN-3)
     "ORPHAN_FILE": (),  # allowed after a crash (F-DUR-3)
@@ -40,6 +42,9 @@ CLAUSES: dict[str, tuple[str, ...]] = {
     "INDEX_SCHEMA": (),
     "INDEX_UNREADABLE": (),
     "UNKNOWN_FILE": (),  # allowed: F-DIR-2
+    "SYMLINK": ("F-DIR-8",),  # a link where a store file or directory belongs
+    "NOT_REGULAR_FILE": ("F-DIR-8",),  # a FIFO, device or directory named like a store file
+    "STORE_READABLE_BY_OTHERS": (),  # allowed: a permission choice (F-DIR-9 is a SHOULD)
 }
 
 
@@ -47,16 +52,21 @@ CLAUSES: dict[str, tuple[str, ...]] = {
 class ConformanceReport:
     violations: dict[str, list[Finding]] = field(default_factory=dict)  #: clause -> findings
     allowed: list[Finding] = field(default_factory=list)
+    levels: list[str] = field(default_factory=list)  #: the level directories checked
 
     @property
     def conforms(self) -> bool:
         return not self.violations
 
 
-def check_conformance(dirs: Sequence[str]) -> ConformanceReport:
-    """Every page re-hashed; each finding filed under the clauses it breaks (or as allowed)."""
-    report = ConformanceReport()
-    for f in fsck(dirs, deep=True):
+def check_conformance(dirs: Sequence[str], *, levels: StoreLevels | None = None
+                      ) -> ConformanceReport:  # fmt: skip
+    """Every page of the level directories ``dirs`` re-hashed; each finding filed under the
+    clauses it breaks (or as allowed). ``levels``: the store's levels, for chain checks (default:
+    ``dirs`` and their sibling levels); :func:`~stratastore.level_dirs.find_store_levels` finds
+    them from a store root or a config file, as ``strata conformance`` does."""
+    report = ConformanceReport(levels=[str(d) for d in dirs])
+    for f in fsck(dirs, deep=True, levels=levels):
         clauses = CLAUSES[f.id]
         if not clauses:
             report.allowed.append(f)

@@ -1,10 +1,15 @@
 """Decide what this implementation makes of each golden vector (spec F-COMPAT-4).
 
 ``vector_outcome`` returns ``"ok"``, the class name of the typed error raised
-(``"FormatError"``, ``"UnsupportedVersion"``, ``"ChecksumMismatch"``) or ``"PageMismatch:N"``
-when a data file parses but page N fails validation; the manifest's ``expect`` is the answer a
-conforming reader gives. Segment vectors are checked the way a store reads them: placed under
-their segment names in a fresh directory beside their sidecar, then opened and read.
+(``"FormatError"``, ``"UnsupportedVersion"``, ``"ChecksumMismatch"``, ``"KeyMismatch"``) or
+``"PageMismatch:N"`` when a data file parses but page N fails validation; the manifest's
+``expect`` is the answer a conforming reader gives. Segment vectors are checked the way a store
+reads them: placed under their segment names in a fresh directory beside their sidecar, then
+opened and read. Manifest vectors are decoded, then their keys checked (spec F-CHAIN-2).
+
+A vector found wrong is never edited (spec F-COMPAT-5): a later folder lists it under
+``supersedes`` with the outcome a conforming reader gives; :func:`load_vectors` applies those
+records, so ``entry["expect"]`` is always the answer to compare with.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import StrataError
@@ -27,16 +33,41 @@ from ..format import (
     sidecar_name,
     state_key,
 )
-from ..format.manifest import decode_manifest
+from ..format.manifest import decode_manifest, verify_manifest_keys
 from ..store import SegmentStore
 
-__all__ = ["load_manifest", "vector_outcome"]
+__all__ = ["REFUSALS", "load_manifest", "load_vectors", "refusal_class", "vector_outcome"]
 
 
 def load_manifest(vector_dir: str) -> dict[str, Any]:
     with open(os.path.join(vector_dir, "MANIFEST.json"), encoding="utf-8") as f:
         doc: dict[str, Any] = json.load(f)
     return doc
+
+
+def load_vectors(vectors_root: str, versions: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``(version, entry)`` for every vector of the folders ``versions`` under ``vectors_root``,
+    with every ``supersedes`` record of any of those folders applied (spec F-COMPAT-5): a
+    superseded entry's ``expect`` becomes the superseding record's, and the entry gains
+    ``superseded_by`` (``"<folder>/<file>"`` of its replacement, or the folder) and
+    ``violates`` (the clauses the committed vector breaks)."""
+    versions = list(versions)
+    docs = {v: load_manifest(os.path.join(vectors_root, v)) for v in versions}
+    fixes: dict[str, tuple[str, dict[str, Any]]] = {}
+    for v, doc in docs.items():
+        for rec in doc.get("supersedes", []):
+            fixes[rec["file"]] = (v, rec)
+    out = []
+    for v, doc in docs.items():
+        for entry in doc["vectors"]:
+            fix = fixes.get(f"{v}/{entry['file']}")
+            if fix is not None:
+                by, rec = fix
+                entry = {**entry, "expect": rec["expect"], "violates": rec["violates"],
+                         "superseded_by": f"{by}/{rec['replaced_by']}" if rec.get("replaced_by")
+                         else by}  # fmt: skip
+            out.append((v, entry))
+    return out
 
 
 def _read(vector_dir: str, name: str) -> bytes:
@@ -60,7 +91,7 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
         elif kind == "keys":
             json.loads(data)
         elif kind == "manifest":
-            decode_manifest(data, entry["file"])
+            verify_manifest_keys(decode_manifest(data, entry["file"]), obj=entry["file"])
         elif kind == "store":
             return _store_layout(vector_dir, json.loads(data))
         elif kind == "key_case":
@@ -68,8 +99,22 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
         else:
             raise ValueError(f"unknown vector kind {kind!r}")
     except StrataError as e:
-        return type(e).__name__
+        return refusal_class(e)
     return "ok"
+
+
+#: the classes of refusal the vectors name (README "Error names"); a subclass an implementation
+#: adds (a more precise I/O error, say) reports the documented class it refines
+REFUSALS = ("KeyMismatch", "UnsupportedVersion", "FormatError", "ChecksumMismatch",
+            "IncompatibleFingerprint", "StrataIOError")  # fmt: skip
+
+
+def refusal_class(e: BaseException) -> str:
+    """The nearest class of ``e`` (itself first) that the vectors name, else its own name."""
+    for cls in type(e).__mro__:
+        if cls.__name__ in REFUSALS:
+            return cls.__name__
+    return type(e).__name__
 
 
 def _key_case(vector_dir: str, entry: dict[str, Any], case: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,14 +34,28 @@ class Allocation:
 
 
 class Arena:
+    """``nbytes`` of host memory reserved now. ``setting`` names what sized it (the RAM
+    level's ``ram_mib``), for the :class:`ConfigError` raised when the system cannot give that
+    much (the address space, ``RLIMIT_AS``, or the kernel's overcommit limit): a typed error
+    naming the setting, never a raw ``OSError``/``MemoryError``."""
+
     def __init__(self, nbytes: int, *, chunk_bytes: int = DEFAULT_CHUNK,
-                 hugepages: bool = True, prefault: bool = True) -> None:  # fmt: skip
+                 hugepages: bool = True, prefault: bool = True,
+                 setting: str = "the arena size") -> None:  # fmt: skip
         if chunk_bytes < 4096 or chunk_bytes % 4096:
             raise ConfigError(f"arena chunk of {chunk_bytes} bytes must be a multiple of 4096")
         self.chunk = chunk_bytes
         self.n_chunks = max(0, nbytes // chunk_bytes)
         size = max(self.n_chunks * chunk_bytes, mmap.PAGESIZE)
-        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        fix = f"{setting}: lower it to what this machine can reserve (the RAM level's budget)"
+        if size > sys.maxsize:
+            raise ConfigError(f"{fix}; {size:,} bytes is more than the address space")
+        try:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, MemoryError, OverflowError, ValueError) as e:
+            raise ConfigError(
+                f"{fix}; the system refused to reserve {size:,} bytes ({e})"
+            ) from None
         self.hugepages = False
         if hugepages and hasattr(mmap, "MADV_HUGEPAGE"):
             with contextlib.suppress(OSError):

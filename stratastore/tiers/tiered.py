@@ -19,38 +19,62 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Checkpoint, Conversation, Match, PrefixIndex, enforce_count
+from ..chain import Checkpoint, Conversation, Match, PrefixIndex, as_tokens, enforce_count
 from ..chain.parking import ConversationCache, SizeModel
 from ..config import StoreConfig
-from ..errors import StrataError
-from ..format import ChecksumMismatch, FormatError, Level, ModelFingerprint
+from ..errors import ConfigError, StrataError
+from ..format import ChecksumMismatch, FormatError, KeyMismatch, Level, ModelFingerprint
 from ..format.manifest import (
+    MAX_CONV_ID,
+    MAX_ITEMS,
     MAX_MANIFEST_BYTES,
+    MAX_TOKENS,
     ChainManifest,
     ManifestCheckpoint,
     decode_manifest,
     encode_manifest,
+    verify_manifest_keys,
 )
 from ..format.naming import chain_name, is_chain_name
-from ..io import durable_write, files
+from ..format.sidecar import MAX_PAGES
+from ..io import durable_write, files, guard
 from ..io.errors import StrataIOError
-from ..restore import Destination, FlatKV, Job, Outcome, Piece, restore_batch
+from ..restore import Destination, FlatKV, Job, Outcome, Piece, as_destination, restore_batch
 from ..store import SegmentStore
 from .admission import MIB, Admission, Placement
 from .arena import DEFAULT_CHUNK, Allocation, Arena
 from .disk import DiskLevel, LevelRefused
 
-__all__ = ["MAX_STATE_BYTES", "ParkReport", "Restored", "Snapshot", "Tiers"]
+__all__ = [
+    "MAX_STATE_BYTES",
+    "InvalidConversation",
+    "ParkReport",
+    "Restored",
+    "Snapshot",
+    "SpillRefused",
+    "Tiers",
+]
 
 #: the largest running state a restore reads back (a bound on what a sidecar can make it allocate)
 MAX_STATE_BYTES = 1 << 32
+
+
+class InvalidConversation(ConfigError):
+    """A park or a session save that cannot be stored as given (a bad id, checkpoints or cuts
+    outside the tokens, a K/V of the wrong size, a name taken in the other namespace); raised
+    before anything is acknowledged or stored. The message names the conversation and the fix."""
+
+
+class SpillRefused(StrataError):
+    """A disk level refused the background write of an acknowledged park (full with
+    ``when_full=reject``, an entry larger than its budget, or its id became a session's name)."""
 
 
 @dataclass
@@ -61,6 +85,7 @@ class Snapshot:
     kv: npt.NDArray[np.uint8]
     #: running state saved at checkpoints (hybrid/recurrent models): checkpoint length -> bytes
     states: dict[int, bytes] = field(default_factory=dict)
+    pending: int = 0  #: bytes reserved for it in the disk levels while it waits in the outbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +127,23 @@ class Tiers:
         self.tb = fp.token_bytes
         self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
         self.admission = Admission(cfg, probe, legacy=legacy_admission)
-        self.cold = self._level("cold", cfg.cold_dir, cfg.cold_mib, cfg.cold_max_age_s,
-                                Level.COLD, None) if cfg.cold_on else None  # fmt: skip
+        self._check_levels()
+        # the arena first: an impossible ram_mib fails before any level is opened
+        self.arena = (Arena(cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK,
+                            setting=f"ram_mib={cfg.ram_mib} (with slots={cfg.slots})")
+                      if cfg.ram_mib else None)  # fmt: skip
+        self.cold: DiskLevel | None = None
+        self.warm: DiskLevel | None = None
         try:
+            self.cold = self._level("cold", cfg.cold_dir, cfg.cold_mib, cfg.cold_max_age_s,
+                                    Level.COLD, None) if cfg.cold_on else None  # fmt: skip
             self.warm = self._level("warm", cfg.warm_dir, cfg.warm_mib, cfg.warm_max_age_s,
                                     Level.WARM, self.cold) if cfg.warm_on else None  # fmt: skip
         except BaseException:
             if self.cold is not None:
                 self.cold.store.close()
+            if self.arena is not None:
+                self.arena.close()
             raise
         self.write_level = self.warm or self.cold
         last = self.cold or self.warm
@@ -127,7 +161,6 @@ class Tiers:
                                      truncate=cfg.park_truncate)  # fmt: skip
         self.ram.on_evict = self._ram_evicted
         self.ram.on_shrink = self._ram_shrunk
-        self.arena = Arena(cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK) if cfg.ram_mib else None
         self._allocs: dict[str, Allocation] = {}
         self._states: dict[str, dict[int, bytes]] = {}  #: RAM entries' running states
         self.damaged: list[bytes] = []  #: segment keys a restore found damaged (for fsck)
@@ -141,6 +174,10 @@ class Tiers:
         #: Store's spill writer) instead of happening inside ``park``
         self.defer_spills = False
         self.outbox: list[Snapshot] = []
+        self.last_refusal = ""  #: why the last disk write was refused (LevelRefused)
+        #: outbox snapshots not written yet: bytes reserved for them, and their ids
+        self._pending_bytes = 0
+        self._pending_ids: dict[str, int] = {}
         self.last_admission = "none yet"
         self.target, self.target_source = self._resolve_target()
         try:
@@ -149,9 +186,33 @@ class Tiers:
             self.close()
             raise
 
+    def _check_levels(self) -> None:
+        """Start-up checks of the disk levels (issue 11 items 8, 9). A level is on only with a
+        directory *and* a budget (seed 000: "empty / 0 = off", a level is switched off by its own
+        budget); one without the other is said loudly here, never silently absent. One
+        directory for both levels is refused: the first move down would lock itself."""
+        cfg = self.cfg
+        for name, d, mib in (("warm", cfg.warm_dir, cfg.warm_mib),
+                             ("cold", cfg.cold_dir, cfg.cold_mib)):  # fmt: skip
+            if bool(d) != (mib > 0):
+                self.warn(
+                    f"the {name} level is OFF: {name}_dir={d!r} with {name}_mib={mib}; a level "
+                    f"needs both (set {name}_mib to its budget in MiB, or clear {name}_dir)"
+                )
+        # realpath resolves symlinks: two names of one directory are one directory (the only
+        # filesystem look-up of the policy layer, before anything is opened)
+        same = cfg.warm_on and cfg.cold_on and (
+            os.path.realpath(cfg.warm_dir) == os.path.realpath(cfg.cold_dir))  # fmt: skip
+        if same:
+            raise ConfigError(
+                f"warm_dir={cfg.warm_dir!r} and cold_dir={cfg.cold_dir!r} are the same directory "
+                f"({os.path.realpath(cfg.cold_dir)}); give the warm level a directory of its own "
+                "(or clear warm_dir for a cold level only)"
+            )
+
     def _level(self, name: str, path: str, mib: int, age: int, level: Level,
                nxt: DiskLevel | None) -> DiskLevel:  # fmt: skip
-        store = SegmentStore.open(path, self.fp, level=level)
+        store = SegmentStore.open(path, self.fp, level=level, file_mode=self.cfg.file_mode)
         try:
             return DiskLevel(name, store, mib * MIB, max_age_s=age,
                              when_full=self.cfg.when_full, next_level=nxt)  # fmt: skip
@@ -199,8 +260,7 @@ class Tiers:
                                  and self.arena is not None, disk=disk)  # fmt: skip
         self.last_admission = f"{p.where}/{p.floor}"
         if p.where == "ram" and self._park_ram(snap):
-            if self.cfg.spill_on == "park" and disk:
-                self._spill(snap)
+            if self.cfg.spill_on == "park" and disk and self._spill(snap):
                 self.counters["mirrors"] += 1
             return ParkReport("ram", p.floor, len(snap.conv.tokens))
         if p.where != "discard" and disk and self._spill(snap):
@@ -210,13 +270,106 @@ class Tiers:
         self.counters["discards"] += 1
         return ParkReport("discard", "none", 0)
 
-    def _check(self, snap: Snapshot) -> None:
-        if snap.kv.nbytes != len(snap.conv.tokens) * self.tb:
-            raise StrataError(
-                f"conversation {snap.conv.conv_id}: K/V is {snap.kv.nbytes} bytes, its "
-                f"{len(snap.conv.tokens)} tokens need {len(snap.conv.tokens) * self.tb} "
+    def _check(self, snap: Snapshot, call: str = "park") -> None:
+        """Refuse, before anything is acknowledged or stored, what could not be written as a
+        chain manifest and its segments (spec F-CHAIN-1, F-CHAIN-2): the id (a non-empty string,
+        UTF-8 encodable, at most MAX_CONV_ID bytes: the manifest name derives from it, F-CHAIN-4),
+        the tokens (at most MAX_TOKENS), checkpoints and cuts ascending within the tokens, at
+        most MAX_ITEMS of each, the K/V's size, and the running states. The checkpoints and cuts
+        are checked again here because the engine may have changed them after construction."""
+        conv = snap.conv
+        if not isinstance(conv, Conversation):
+            raise InvalidConversation(f"{call}: expected a Conversation, got "
+                                      f"{type(conv).__name__}")  # fmt: skip
+        cid = conv.conv_id
+        if not isinstance(cid, str) or not cid:
+            raise InvalidConversation(
+                f"{call}: conversation id {cid!r} must be a non-empty string (it names the "
+                "conversation's manifest, spec F-CHAIN-4); pass str(id)"
+            )
+        try:
+            size = len(cid.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise InvalidConversation(
+                f"{call}: conversation id {cid!r} cannot be encoded as UTF-8 ({e.reason}); use "
+                "an id of valid text"
+            ) from None
+        if size > MAX_CONV_ID:
+            raise InvalidConversation(
+                f"{call}: conversation id {cid[:32]!r}... is {size:,} bytes in UTF-8, over the "
+                f"{MAX_CONV_ID:,}-byte limit of a manifest (spec F-CHAIN-1); use a shorter id "
+                "(a hash of it)"
+            )
+        conv.tokens = as_tokens(conv.tokens)
+        n = len(conv.tokens)
+        what = f"{call}: conversation {cid!r}"
+        if n > MAX_TOKENS:
+            raise InvalidConversation(f"{what}: {n:,} tokens is over the {MAX_TOKENS:,} a "
+                                      "manifest holds (spec F-CHAIN-1)")  # fmt: skip
+        lengths = [c.length for c in conv.checkpoints]
+        if (not lengths or lengths != sorted(set(lengths)) or lengths[0] < 0
+                or lengths[-1] > n):  # fmt: skip
+            raise InvalidConversation(
+                f"{what}: checkpoints {lengths[:8]} must ascend, root first, within its {n:,} "
+                "tokens"
+            )
+        cuts = conv.cuts or [0]
+        if cuts[0] != 0 or cuts != sorted(set(cuts)) or cuts[-1] > n:
+            raise InvalidConversation(
+                f"{what}: segment cuts {cuts[:8]} must ascend from 0 and stay within its {n:,} "
+                "tokens (a cut is where a segment starts)"
+            )
+        conv.cuts = list(cuts)
+        bad = [p for p, d in conv.media.items() if not 0 <= p < n or len(d) != 32]
+        if bad:
+            raise InvalidConversation(f"{what}: media at {bad[0]} is not a 32-byte digest "
+                                      f"within its {n:,} tokens")  # fmt: skip
+        bounds = conv.boundaries()
+        if max(len(lengths), len(conv.media), len(bounds)) > MAX_ITEMS:
+            raise InvalidConversation(f"{what}: over {MAX_ITEMS:,} checkpoints, media or "
+                                      "segments (spec F-CHAIN-1); cut it coarser")  # fmt: skip
+        longest = max((e - s for s, e in bounds), default=0)
+        if -(-longest // self.fp.page_tokens) > MAX_PAGES:
+            raise InvalidConversation(
+                f"{what}: a segment of {longest:,} tokens is over the {MAX_PAGES:,} pages of "
+                f"{self.fp.page_tokens} tokens a sidecar holds (spec F-SC-6); add cuts"
+            )
+        if snap.kv.nbytes != n * self.tb:
+            raise InvalidConversation(
+                f"{what}: K/V is {snap.kv.nbytes} bytes, its {n} tokens need {n * self.tb} "
                 f"({self.tb} a token for {self.fp.describe()})"
             )
+        for length, blob in snap.states.items():
+            if (not isinstance(length, int) or not isinstance(blob, (bytes, bytearray, memoryview))
+                    or len(blob) > MAX_STATE_BYTES):  # fmt: skip
+                raise InvalidConversation(
+                    f"{what}: a running state must map a checkpoint length (int) to at most "
+                    f"{MAX_STATE_BYTES:,} bytes; got {type(length).__name__} -> "
+                    f"{type(blob).__name__}"
+                )
+        # the view as of the last refresh: the park path stays free of directory scans; the
+        # spill writer looks again before it writes (write_disk_now)
+        if call == "park" and self._is_session(cid, refresh=False):
+            raise InvalidConversation(
+                f"{what}: the id is a saved session's name; sessions and conversations share "
+                "one namespace (spec F-CHAIN-4): park under another id, or delete_session() it"
+            )
+
+    def _is_session(self, name: str, *, refresh: bool = True) -> bool:
+        """Whether ``name`` is a saved session's (after a refresh of the manifests' view)."""
+        if refresh:
+            self.refresh()
+        dc = self._disk.get(name)
+        return dc is not None and dc.session
+
+    def _is_conversation(self, name: str) -> bool:
+        """Whether ``name`` is a parked conversation's id: in RAM, waiting for its disk write,
+        or on disk (not a session)."""
+        if name in self.ram.entries or name in self._pending_ids:
+            return True
+        self.refresh()
+        dc = self._disk.get(name)
+        return dc is not None and not dc.session
 
     def _park_ram(self, snap: Snapshot) -> bool:
         assert self.arena is not None
@@ -269,40 +422,107 @@ class Tiers:
         self._states[conv.conv_id] = {n: s for n, s in states.items() if n <= len(conv.tokens)}
 
     def _spill(self, snap: Snapshot) -> bool:
-        if self.defer_spills:
-            self.outbox.append(snap)
-            return True
-        return self._write_disk(snap)
+        """Write ``snap`` to disk, or with ``defer_spills`` hand it to the spill writer. A
+        deferred write is checked first against what the levels can take, so that a park the
+        disk is certain to refuse is reported a discard now rather than ``disk`` (issue 11
+        item 9); what the check cannot foresee is reported by the writer (write_disk_now)."""
+        if not self.defer_spills:
+            return self._write_disk(snap)
+        need = self._refusal(snap)
+        if isinstance(need, str):
+            self.counters["spills_refused"] += 1
+            self.warn(f"conversation {snap.conv.conv_id} not written to disk: {need}")
+            return False
+        snap.pending = need
+        self._pending_bytes += need
+        self._pending_ids[snap.conv.conv_id] = self._pending_ids.get(snap.conv.conv_id, 0) + 1
+        self.outbox.append(snap)
+        return True
+
+    def _refusal(self, snap: Snapshot) -> int | str:
+        """The bytes ``snap`` will take in the disk levels, or why they will refuse it: a
+        segment larger than the write level's whole budget (any ``when_full``), or, with
+        ``when_full=reject``, more than the levels have free beside the writes already
+        waiting (the warm level degrades into the cold one, which rejects when full). The
+        same per-entry sizes as the writer's ``make_room`` calls."""
+        level = self.write_level
+        assert level is not None
+        tb = self.tb
+        largest = max((e - s for s, e in snap.conv.boundaries()), default=0) * tb + 8192
+        if largest > level.budget:
+            return (f"{level.name} level: a segment of {largest:,} bytes is larger than its whole "
+                    f"budget ({level.budget:,} bytes); raise {level.name}_mib")  # fmt: skip
+        states = sum(8192 + len(b) for b in snap.states.values() if b)
+        if self.cfg.when_full != "reject":
+            return snap.kv.nbytes + states  # an upper bound; the last level makes room
+        need = states + sum(8192 + (e - s) * tb for s, e, k in snap.conv.segments(self.root)
+                            if self._holder(k) is None)  # fmt: skip
+        free = -self._pending_bytes
+        lvl: DiskLevel | None = level
+        while lvl is not None:
+            free += max(0, lvl.budget - lvl.used())
+            lvl = lvl.next
+        if need > free:
+            return (f"the disk levels are full ({need:,} bytes needed, {max(free, 0):,} free "
+                    "beside the writes waiting) and when_full=reject; raise their budget or set "
+                    "when_full=evict")  # fmt: skip
+        return need
 
     def take_outbox(self) -> list[Snapshot]:
         out, self.outbox = self.outbox, []
         return out
 
-    def write_disk_now(self, snap: Snapshot) -> bool:
+    def write_disk_now(self, snap: Snapshot) -> None:
         """Write a snapshot to disk at once (what the Store's spill writer calls). A write the
-        disk level refuses is the capture lost after all: it counts as a discard."""
-        if self._write_disk(snap):
-            return True
+        disk level refuses is the capture lost after all: it counts as a discard and a refused
+        spill, and raises :class:`SpillRefused` (the Store reports it to ``flush``/``close``);
+        an I/O error propagates as it is. A park whose id became a saved session's name (in
+        another process) since it was acknowledged is refused the same way, so that it never
+        replaces the session's manifest (spec F-CHAIN-4)."""
+        cid = snap.conv.conv_id
+        try:
+            if self._is_session(cid):
+                why = (f"its id {cid!r} is now a saved session's name (sessions and "
+                       "conversations share one namespace); the session is kept")  # fmt: skip
+            elif self._write_disk(snap):
+                return
+            else:
+                why = self.last_refusal or "the disk level refused it"
+        finally:
+            self._pending_bytes = max(0, self._pending_bytes - snap.pending)
+            snap.pending = 0
+            left = self._pending_ids.get(cid, 0) - 1
+            if left > 0:
+                self._pending_ids[cid] = left
+            else:
+                self._pending_ids.pop(cid, None)
         self.counters["discards"] += 1
         self.counters["spills_refused"] += 1
-        return False
+        raise SpillRefused(f"conversation {cid!r} was not written to disk: {why}")
 
     def _write_disk(self, snap: Snapshot, *, session: bool = False) -> bool:
         """Write the snapshot's segments into the write level, then its manifest (the commit
-        record, spec F-CHAIN-3), then run the cascade."""
+        record, spec F-CHAIN-3), then run the cascade.
+
+        Keys, sidecars and the manifest come from one derivation (``conv.segment_keys``): each
+        segment is put with its own media, so its sidecar carries them and it is filed under
+        the key the manifest names (spec F-KEY-2, F-KEY-7, F-CHAIN-2)."""
         level = self.write_level
         assert level is not None
         conv = snap.conv
-        segments = conv.segments(self.root)
-        parent = self.root
+        specs = conv.segment_keys(self.root)
+        segments = [(s.start, s.end, s.key) for s in specs]
         try:
-            for start, end, key in segments:
-                if self._holder(key) is None:
-                    level.make_room(4096 + (end - start) * self.tb + 4096)
-                    level.store.put_kv(parent, conv.tokens[start:end],
-                                       snap.kv[start * self.tb : end * self.tb],
-                                       token_start=start)  # fmt: skip
-                parent = key
+            for i, seg in enumerate(specs):
+                if self._holder(seg.key) is None:
+                    level.make_room(4096 + (seg.end - seg.start) * self.tb + 4096)
+                    put = level.store.put_kv(seg.parent, conv.tokens[seg.start : seg.end],
+                                             snap.kv[seg.start * self.tb : seg.end * self.tb],
+                                             token_start=seg.start, media=seg.media)  # fmt: skip
+                    if put.key != seg.key:  # one derivation: a difference is a bug, never data
+                        raise KeyMismatch(f"conversation {conv.conv_id}",
+                                          f"segment {i} (tokens [{seg.start}, {seg.end}))",
+                                          seg.key, put.key)  # fmt: skip
             ends = {end: key for _, end, key in segments}
             state_keys = {}
             for length, blob in sorted(snap.states.items()):
@@ -312,6 +532,7 @@ class Tiers:
                 state_keys[length] = level.store.put_state(ends[length], blob,
                                                            token_pos=length).key  # fmt: skip
         except LevelRefused as e:
+            self.last_refusal = str(e)
             self.warn(f"conversation {conv.conv_id} not written to disk: {e}")
             return False
         copy = Conversation(conv.conv_id, conv.tokens.copy(), list(conv.checkpoints),
@@ -325,7 +546,7 @@ class Tiers:
         assert self.manifest_dir is not None
         name = chain_name(conv.conv_id)
         path = os.path.join(self.manifest_dir, name)
-        durable_write(path, encode_manifest(manifest))
+        durable_write(path, encode_manifest(manifest), mode=self.cfg.file_mode)  # F-DIR-9
         self._remember(_DiskConv(copy, segments, session, state_keys))
         self._manifest_seen[name] = (files.mtime_ns(path), conv.conv_id)
         self._collect()
@@ -365,8 +586,8 @@ class Tiers:
             if dc.segments and self._holder(dc.segments[0][2]) is None:
                 self._forget(conv_id)
                 assert self.manifest_dir is not None
-                files.unlink(os.path.join(self.manifest_dir, chain_name(conv_id)),
-                             missing_ok=True)  # fmt: skip
+                guard.remove_store_file(os.path.join(self.manifest_dir, chain_name(conv_id)),
+                                        missing_ok=True)  # fmt: skip
 
     def refresh(self) -> None:
         """Catch up with the manifests another process wrote, replaced (a conversation parked
@@ -395,15 +616,28 @@ class Tiers:
             self._load_manifest(name, path, stamp)
 
     def _load_manifest(self, name: str, path: str, stamp: int) -> None:
+        """Index the conversation a manifest commits, or refuse the manifest: one that does
+        not decode (F-CHAIN-1, F-CHAIN-2), was written for another model (F-FP-5), sits
+        under another conversation's file name (F-CHAIN-4), or whose segment keys are not its
+        own tokens' and media's (F-CHAIN-2) is listed in ``skipped_manifests`` and never
+        served; what the file held before is forgotten."""
         try:
             m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), name)
         except (FormatError, ChecksumMismatch, StrataIOError) as e:
-            self._manifest_seen[name] = (stamp, "")
-            self.skipped_manifests.append((name, str(e)))
+            self._refuse_manifest(name, stamp, str(e))
             return
         if m.model != self.root:
-            self._manifest_seen[name] = (stamp, "")
-            self.skipped_manifests.append((name, "written for another model"))
+            self._refuse_manifest(name, stamp, "written for another model")
+            return
+        if name != chain_name(m.conv_id):  # a copy under another's name would replace it
+            self._refuse_manifest(name, stamp, f"holds conversation {m.conv_id!r}, whose file "
+                                  f"is {chain_name(m.conv_id)} (F-CHAIN-4)")  # fmt: skip
+            return
+        try:  # keys that are not its tokens' would serve another prefix's K/V (F-CHAIN-2)
+            verify_manifest_keys(m, self.root, name)
+        except KeyMismatch as e:
+            self._refuse_manifest(name, stamp, str(e))
+            self.warn(str(e))
             return
         conv = Conversation(m.conv_id, m.tokens,
                             [Checkpoint(c.length, pinned=c.pinned, tail=c.tail)
@@ -413,24 +647,36 @@ class Tiers:
         self._remember(_DiskConv(conv, list(m.segments), m.session, keys))
         self._manifest_seen[name] = (stamp, m.conv_id)
 
+    def _refuse_manifest(self, name: str, stamp: int, why: str) -> None:
+        previous = self._manifest_seen.get(name, (None, ""))[1]
+        if previous in self._disk:  # the file was replaced: its old conversation is gone
+            self._forget(previous)
+        self._manifest_seen[name] = (stamp, "")
+        self.skipped_manifests.append((name, why))
+
     # -- lookup and restore -------------------------------------------------------------------
-    def lookup(self, prompt: npt.NDArray[np.integer] | list[int]) -> tuple[str, Match] | None:
-        """The deepest resume point for ``prompt``: ``("ram" | "disk", match)``."""
+    def lookup(self, prompt: npt.NDArray[np.integer] | list[int],
+               media: Mapping[int, bytes] | None = None) -> tuple[str, Match] | None:  # fmt: skip
+        """The deepest resume point for ``prompt`` (with ``media``: position -> digest of each
+        picture in it; a stored prefix matches only where its pictures match too, spec
+        F-KEY-4): ``("ram" | "disk", match)``."""
         self.refresh()
         page = self.fp.page_tokens if self.cfg.page_resume else None
         best: tuple[str, Match] | None = None
         for source, index in (("ram", self.ram.index), ("disk", self.disk_index)):
-            m = index.lookup(self.root, prompt, page_tokens=page)
+            m = index.lookup(self.root, prompt, media, page_tokens=page)
             if m is not None and (best is None or m.length > best[1].length):
                 best = (source, m)
         return best
 
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
-                out: npt.NDArray[np.uint8] | Destination) -> Restored:  # fmt: skip
-        """Restore the deepest stored prefix of ``prompt`` into ``out``: a flat buffer in the
-        stored page layout (at least ``len(prompt) * token_bytes``) or a
-        :class:`~stratastore.restore.Destination`; returns how many tokens it holds now."""
-        got = self.restore_many([(prompt, out)])[0]
+                out: npt.NDArray[np.uint8] | Destination,
+                media: Mapping[int, bytes] | None = None) -> Restored:  # fmt: skip
+        """Restore the deepest stored prefix of ``prompt`` (and its ``media``, as in
+        :meth:`lookup`) into ``out``: a flat buffer in the stored page layout (at least
+        ``len(prompt) * token_bytes``) or a :class:`~stratastore.restore.Destination`; returns
+        how many tokens it holds now."""
+        got = self.restore_many([(prompt, out)], [media])[0]
         if isinstance(got, Exception):
             raise got
         return got
@@ -438,14 +684,17 @@ class Tiers:
     def restore_many(
         self, requests: Sequence[tuple[npt.NDArray[np.integer] | list[int],
                                        npt.NDArray[np.uint8] | Destination]],
+        media: Sequence[Mapping[int, bytes] | None] = (),
     ) -> list[Restored | Exception]:  # fmt: skip
         """:meth:`restore` for several prompts at once, each into its own destination: the
         lookups and RAM hits run in order, then the disk hits share one batched read agenda
         (:mod:`stratastore.restore.agenda`). Returns, per request, its :class:`Restored` or the
-        error that request alone raised. A destination too small raises before anything runs."""
+        error that request alone raised. A destination too small, or one that cannot be written
+        in place (:class:`~stratastore.restore.DestinationRefused`), raises before anything runs.
+        ``media[i]``, when given, is request ``i``'s pictures (see :meth:`lookup`)."""
         dests = []
         for prompt, out in requests:
-            dest = FlatKV(self.fp, out) if isinstance(out, np.ndarray) else out
+            dest = as_destination(self.fp, out)  # refused here, before any lookup or take
             if dest.capacity() < len(prompt):
                 raise StrataError(
                     f"restore: the destination holds {dest.capacity():,} tokens; a prompt of "
@@ -455,7 +704,7 @@ class Tiers:
         results: list[Restored | Exception | None] = [None] * len(requests)
         pending: list[tuple[int, _DiskConv, Job]] = []
         for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
-            hit = self.lookup(prompt)
+            hit = self.lookup(prompt, media[i] if i < len(media) else None)
             if hit is None:
                 self.counters["restore_misses"] += 1
                 results[i] = Restored("none", 0)
@@ -574,8 +823,17 @@ class Tiers:
 
     # -- sessions (explicit save/load: never removed by capacity GC) --------------------------
     def save_session(self, snap: Snapshot) -> None:
-        """Write ``snap`` to disk as a named session (its conv_id is the name)."""
-        self._check(snap)
+        """Write ``snap`` to disk as a named session (its conv_id is the name). Session names
+        and conversation ids share one namespace, the manifest name (spec F-CHAIN-4): the id of
+        a parked conversation (in RAM, waiting for its disk write, or on disk) is refused, as
+        :meth:`park` refuses a session's name, so neither can replace the other."""
+        self._check(snap, "save_session")
+        if self._is_conversation(snap.conv.conv_id):
+            raise InvalidConversation(
+                f"save_session: {snap.conv.conv_id!r} is the id of a parked conversation; "
+                "sessions and conversations share one namespace (spec F-CHAIN-4): save the "
+                "session under another name"
+            )
         p = self.admission.admit(snap.kv.nbytes, stays_in_ram=False, disk=True)
         if self.write_level is None or p.where == "discard":
             raise StrataError(
@@ -587,7 +845,9 @@ class Tiers:
             raise StrataError(f"session {snap.conv.conv_id}: the disk level refused it")
 
     def load_session(self, name: str, out: npt.NDArray[np.uint8]) -> Conversation:
-        """Restore a saved session into ``out``; its conversation (tokens, checkpoints)."""
+        """Restore a saved session into ``out``; its conversation (tokens, checkpoints). An
+        ``out`` that cannot be written in place is refused before anything else runs."""
+        dest = FlatKV(self.fp, out, read_direct=True)
         self.refresh()
         dc = self._disk.get(name)
         if dc is None or not dc.session:
@@ -600,7 +860,7 @@ class Tiers:
         p = self.admission.admit(n * self.tb, stays_in_ram=False, disk=True)
         if p.where == "discard":
             raise StrataError(f"session {name!r} cannot be restored now: {p.describe()}")
-        got = self._read_disk(dc, n, FlatKV(self.fp, out))
+        got = self._read_disk(dc, n, dest)
         if got < n:
             raise StrataError(f"session {name!r}: only {got} of {n} tokens are readable")
         return dc.conv
@@ -611,7 +871,8 @@ class Tiers:
             return False
         self._forget(name)
         assert self.manifest_dir is not None
-        files.unlink(os.path.join(self.manifest_dir, chain_name(name)), missing_ok=True)
+        guard.remove_store_file(os.path.join(self.manifest_dir, chain_name(name)),
+                                missing_ok=True)  # fmt: skip
         self._collect()
         return True
 

@@ -33,6 +33,7 @@ def test_violations_name_their_clause(tmp_path: Path) -> None:
     with SegmentStore.open(tmp_path, fp) as s:
         key = s.put_kv(s.root_key, np.arange(8), suite.kv(8), token_start=0).key
     (tmp_path / "strata-tmp-00-x").write_bytes(b"interrupted")  # allowed after a crash
+    (tmp_path / "strata-tmp-00-x").chmod(0o600)  # as the store makes it (F-DIR-9)
     report = check_conformance([str(tmp_path)])
     assert report.conforms and [f.id for f in report.allowed] == ["ORPHAN_TEMP"]
     path = tmp_path / data_name(key)

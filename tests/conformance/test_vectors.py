@@ -1,11 +1,13 @@
-"""Golden vectors (format-spec/vectors/v1): every MUST clause has a valid and an invalid vector,
-each vector's outcome is the manifest's, and no committed vector ever changes (F-COMPAT-4)."""
+"""Golden vectors (format-spec/vectors/): every MUST clause has a valid and an invalid vector,
+each vector's outcome is the manifest's (as corrected by a later folder's ``supersedes``,
+F-COMPAT-5), and no committed vector ever changes (F-COMPAT-4)."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from stratastore import ModelFingerprint, SegmentStore
 from stratastore.format import data_name, decode_sidecar, segment_key, sidecar_name, state_key
-from stratastore.testing import load_manifest, vector_outcome
+from stratastore.testing import load_manifest, load_vectors, vector_outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "format-spec" / "vectors"
@@ -25,11 +27,11 @@ SPEC = ROOT / "format-spec" / "SPEC.md"
 RELEASED = {
     "v1": "aa53e71c988e220fc6c80abcb85a9449349959ee162688d38faa48bb67681fe7",
     "v1.1": "4e19a01bf4ee2436525c50c5795d21e4796f01473a4cfcaac23c5a8939a5b226",
+    "v1.1-errata1": "04526bd9c6c3896c47f397389a361c83c729415be1b98c550535d4196d550ec3",
 }
 
-ENTRIES: list[tuple[str, dict[str, Any]]] = [
-    (version, e) for version in RELEASED for e in load_manifest(str(VECTORS / version))["vectors"]
-]
+#: every vector, its ``expect`` corrected where a later folder supersedes it (F-COMPAT-5)
+ENTRIES: list[tuple[str, dict[str, Any]]] = load_vectors(str(VECTORS), RELEASED)
 IDS = [f"{v}/{e['file']}" for v, e in ENTRIES]
 
 
@@ -92,6 +94,11 @@ BEHAVIOUR_TESTS = {
     "F-DUR-6": "tests/unit/test_io.py::test_fsync_failure_is_never_retried",
     "F-DUR-7": f"{STORE_TESTS}::test_concurrent_writers_across_processes",
     "F-COMPAT-4": "tests/conformance/test_vectors.py::test_vector_bytes_unchanged",
+    "F-COMPAT-5": "tests/conformance/test_vectors.py::test_superseded_vectors_name_their_fix",
+    "F-IDX-5": "tests/conformance/test_reader_clauses.py::test_lmdb_key_encoding",
+    "F-DIR-8": "tests/unit/test_fs_safety.py::test_repair_never_unlinks_through_a_symlinked_index",
+    "F-SEG-7": "tests/unit/test_media_and_manifest_keys.py::"
+    "test_multimodal_conversation_parked_to_disk_restores_whole",
 }
 
 
@@ -99,6 +106,8 @@ def test_every_must_clause_has_a_valid_and_an_invalid_vector_or_a_named_test() -
     valid: set[str] = set()
     invalid: set[str] = set()
     for _, e in ENTRIES:
+        if "superseded_by" in e:
+            continue  # a vector found wrong is evidence of nothing (F-COMPAT-5)
         # "ok:N" (a store layout adopting N segments) is valid when something was adopted
         ok = e["expect"] == "ok" or (e["expect"].startswith("ok:") and e["expect"] != "ok:0")
         (valid if ok else invalid).update(e["clauses"])
@@ -148,3 +157,31 @@ def test_store_reads_the_valid_vectors(tmp_path: Path) -> None:
             store.get_into(sc.key, out)
             want = (np.arange(start, start + sc.payload_bytes) % 251).astype(np.uint8)
             assert bytes(out) == want.tobytes()
+
+
+ERRATA = "v1.1-errata1"
+
+
+def test_superseded_vectors_name_their_fix() -> None:
+    """Each ``supersedes`` record names a committed vector by its digest, the MUST clauses it
+    violates, the outcome a conforming reader gives it, and its replacement (F-COMPAT-5)."""
+    musts = must_clauses()
+    records = [r for v in RELEASED for r in load_manifest(str(VECTORS / v)).get("supersedes", [])]
+    assert {r["file"] for r in records} >= {"v1.1/manifest_ok.chain", "v1.1/manifest_session.chain"}
+    for rec in records:
+        version, _, name = rec["file"].rpartition("/")
+        assert blake3.blake3((VECTORS / version / name).read_bytes()).hexdigest() == rec["blake3"]
+        assert rec["violates"] and set(rec["violates"]) <= musts, rec
+        assert (VECTORS / ERRATA / rec["replaced_by"]).is_file()
+        got = vector_outcome(str(VECTORS / version), {"file": name, "kind": "manifest"})
+        assert got == rec["expect"], rec["file"]
+
+
+def test_errata_generator_reproduces_the_committed_vectors(tmp_path: Path) -> None:
+    """tools/make_vectors.py writes the errata folder byte for byte (deterministic)."""
+    out = tmp_path / ERRATA
+    subprocess.run([sys.executable, str(ROOT / "tools" / "make_vectors.py"), f"--{ERRATA}",
+                    str(out), str(VECTORS)], check=True, capture_output=True, timeout=120,
+                   cwd=ROOT)  # fmt: skip
+    committed = {p.name: p.read_bytes() for p in (VECTORS / ERRATA).iterdir()}
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == committed

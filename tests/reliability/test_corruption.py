@@ -16,7 +16,8 @@ from stratastore import Store, StrataError
 from stratastore.format import DATA_OFFSET, decode_segment_header, decode_sidecar
 from stratastore.format.manifest import decode_manifest
 from stratastore.format.segment import SEGMENT_HEAD
-from stratastore.fsck import fsck, repair
+from stratastore.fsck import fsck
+from stratastore.repair import repair
 from tests.reliability import counts
 from tests.reliability.counts import SCALE
 from tests.reliability.harness import FP, N_TOKENS, TB, WORKLOADS, conversation

@@ -112,10 +112,10 @@ def test_read_ahead_runs_before_the_read_pass_needs_it(
     events: list[tuple[str, bytes]] = []
     with SegmentStore.open(tmp_path / "s", FP) as store:
         imgs = [image(store, seed, [0, 16, 32]) for seed in range(4)]
-        real_read = store.read_pages
+        real_open = store.open_reader  # the read pass opens each segment it reads with it
         monkeypatch.setattr(store, "prefetch", lambda k: events.append(("prefetch", k)) or True)
         monkeypatch.setattr(
-            store, "read_pages", lambda k, n=None: events.append(("read", k)) or real_read(k, n)
+            store, "open_reader", lambda k: events.append(("read", k)) or real_open(k)
         )
         outs = [np.zeros(32 * TB, np.uint8) for _ in imgs]
         res = restore_batch(
