@@ -4,7 +4,7 @@ Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesyst
 ``store`` (content-addressed segments with an LMDB index). See format-spec/SPEC.md.
 """
 
-from .chain import Checkpoint, Conversation
+from .chain import Checkpoint, Conversation, InvalidRequest
 from .config import StoreConfig
 from .errors import ConfigError, StrataError
 from .facade import BatchRestoreError, SpillError, Store, StoreClosed
@@ -36,6 +36,7 @@ __all__ = [
     "FormatError",
     "IncompatibleFingerprint",
     "InvalidConversation",
+    "InvalidRequest",
     "Kind",
     "Level",
     "ModelFingerprint",

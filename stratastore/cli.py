@@ -32,11 +32,31 @@ def _fingerprint_from_dir(path: str) -> ModelFingerprint:
     """The fingerprint of the first committed sidecar in ``path`` (inspect needs no model)."""
     if not os.path.isdir(path):
         raise ConfigError(f"{path} is not a directory; pass a store directory")
+    first: StrataError | None = None
     for name in sorted(files.listdir(path)):
         if name.startswith("strata-conv-") and name.endswith(".side"):
-            raw = files.read_file(os.path.join(path, name), MAX_SIDECAR_BYTES)
-            return decode_sidecar(raw, name).fingerprint
+            try:
+                raw = files.read_file(os.path.join(path, name), MAX_SIDECAR_BYTES)
+                return decode_sidecar(raw, name).fingerprint
+            except StrataError as e:  # a link, a FIFO, a damaged one: the store skips it
+                first = first or e
+    if first is not None:  # not one sidecar could be read: why the first could not
+        raise first
     raise ConfigError(f"{path} holds no stratastore segments (no strata-conv-*.side files)")
+
+
+def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
+    """Why a segment's sidecar or data file is not one a store reads (a symbolic link, a FIFO:
+    ``lstat``, spec F-DIR-8), as an entry of inspect's skipped list; None when both are."""
+    from .format import data_name, sidecar_name
+    from .io import guard
+
+    for name in (sidecar_name(key), data_name(key)):
+        try:
+            guard.require_regular(os.path.join(d, name), missing_ok=True)
+        except StrataError as e:
+            return {"file": name, "reason": str(e)}
+    return None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -44,7 +64,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     fp = _fingerprint_from_dir(path)
     with SegmentStore.open(path, fp, create=False) as store:
         rows: list[dict[str, Any]] = []
+        skipped = [{"file": s.name, "reason": s.reason} for s in store.skipped]
         for key in store.keys():
+            special = _special_segment_file(path, key)
+            if special is not None:  # indexed, but a link or a FIFO now (spec F-DIR-8)
+                skipped.append(special)
+                continue
             rec = store.record(key)
             rows.append(
                 {
@@ -58,19 +83,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 }
             )
         stats = store.stats()
-        skipped = [{"file": s.name, "reason": s.reason} for s in store.skipped]
     if args.json:
         doc = {
             "dir": path,
             "model": fp.describe(),
-            "entries": stats.entries,
+            "entries": len(rows),  # the segments a store reads
             "disk_bytes": stats.disk_bytes,
             "segments": rows,
             "skipped": skipped,
         }
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"{path}: {stats.entries} segments, {stats.disk_bytes:,} bytes, {fp.describe()}")
+    print(f"{path}: {len(rows)} segments, {stats.disk_bytes:,} bytes, {fp.describe()}")
     for r in rows:
         t0, t1 = r["tokens"]
         print(

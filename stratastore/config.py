@@ -17,12 +17,16 @@ Store warns at start-up that the level is off. Checks that need the filesystem (
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
+from .io import files
+from .io.errors import NotARegularFile, StrataIOError
 from .io.modes import file_mode_problem
 
 __all__ = ["ALIASES", "StoreConfig"]
@@ -146,16 +150,27 @@ class StoreConfig:
 
     @classmethod
     def from_toml(cls, path: str) -> StoreConfig:
-        """Read a TOML file of top-level ``name = value`` settings (what ``strata init`` writes)."""
+        """Read a TOML file of top-level ``name = value`` settings (what ``strata init`` writes).
+
+        Read through the io layer (:func:`~stratastore.io.files.read_file`): a FIFO, device or
+        directory is refused at once (a FIFO would block the read forever), and so is a file
+        over ``MAX_CONFIG_BYTES``; a symbolic link to the config (a dotfiles setup) is
+        resolved first, as the user named it on purpose."""
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_CONFIG_BYTES + 1)
-        except FileNotFoundError:
-            raise ConfigError(
-                f"config file {path} does not exist; create it with strata init"
-            ) from None
-        except OSError as e:
-            raise ConfigError(f"config file {path} cannot be read: {e}") from None
+            data = files.read_file(os.path.realpath(path), MAX_CONFIG_BYTES)
+        except StrataIOError as e:
+            if e.errno == errno.ENOENT:
+                raise ConfigError(
+                    f"config file {path} does not exist; create it with strata init"
+                ) from None
+            if isinstance(e, NotARegularFile):
+                why = f"it is {e.kind}, not a regular file"
+            elif e.errno == errno.EFBIG:
+                why = f"it is over {MAX_CONFIG_BYTES:,} bytes, not a config file"
+            else:
+                why = str(e)
+            raise ConfigError(f"config file {path} cannot be read: {why}; point it at the TOML "
+                              "file strata init wrote") from None  # fmt: skip
         return cls.from_toml_bytes(data, path)
 
     @classmethod

@@ -151,6 +151,7 @@ def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
         f"  model: {fp.describe()}, {fp.token_bytes // 1024} KiB/token; RAM "
         f"{cfg['ram_mib']} MiB, warm {cfg['warm_mib']} MiB, cold {cfg['cold_mib']} MiB"
     )
+    _write_root_config(path, cfg)
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
     with Store.open(fp, cfg) as store:
@@ -175,6 +176,21 @@ def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
     else:
         print("  (the directory is temporary: strata demo --dir DIR keeps it for strata monitor)")
     return 0 if ok and real and (damage is None or damage[3]) else 1
+
+
+def _write_root_config(path: str, cfg: dict[str, Any]) -> None:
+    """``path/strata.toml``: the demo store's config, so ``strata fsck path`` (and monitor,
+    conformance) know its levels are the whole store (:data:`~stratastore.level_dirs.ROOT_CONFIG`).
+    A file already there is left as it is."""
+    from .installer import write_config
+    from .io import files
+    from .level_dirs import ROOT_CONFIG
+
+    target = os.path.join(path, ROOT_CONFIG)
+    if not os.path.lexists(target):
+        store_cfg = StoreConfig.from_mapping(cfg, "the demo's settings")
+        files.makedirs(path, mode=store_cfg.file_mode)  # private, like the store's levels
+        write_config(store_cfg, target)
 
 
 def _report(s: dict[str, Any], e: _Engine, verdict: str) -> None:
@@ -240,13 +256,26 @@ def damage_target(store: Store) -> tuple[npt.NDArray[np.uint32], int, str, str] 
     return found.get("cold") or found.get("warm")
 
 
+def _save_for_damage(store: Store, fp: ModelFingerprint) -> None:
+    """Save a conversation of three turns on disk (a session: durable when saved), for a run
+    too short to have moved anything out of RAM; its turns are its own, so only a disk restore
+    serves it."""
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, 128_000, SYSTEM_TOKENS + 3 * 256).astype(np.uint32)
+    turns = [SYSTEM_TOKENS + 256 * i for i in range(3)]
+    store.save_session("demo-damage-check", tokens, _kv(fp, tokens), checkpoints=turns)
+
+
 def _damage_check(store: Store, cfg: dict[str, Any], fp: ModelFingerprint
                   ) -> tuple[str, int, str, bool] | None:  # fmt: skip
     """Damage one byte of a segment that a restore reaches (:func:`damage_target`) and restore
     the conversation: (damaged file, its first token, what happened, detected)."""
     target = damage_target(store)
+    if target is None:  # a short run kept everything in RAM: put a conversation on disk first
+        _save_for_damage(store, fp)
+        target = damage_target(store)
     if target is None:
-        print("  damage check: no segment on disk that a restore reads (run more requests)")
+        print("  damage check: no segment on disk that a restore reads")
         return None
     prompt, start, path, level = target
     _flip_byte(path, 4096 + 9)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .chain import Checkpoint, Conversation, as_tokens
+from .chain import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens
 from .config import StoreConfig
 from .errors import ConfigError, StrataError
 from .format import ModelFingerprint
@@ -153,7 +153,7 @@ class Store:
                     return
                 assert isinstance(item, Snapshot)
                 self._write(item)
-                self.publish(force=False)  # here, so the store's disk writes stay on one thread
+                self._publish(force=False)  # here, so the store's disk writes stay on one thread
             finally:
                 self._queue.task_done()
 
@@ -171,6 +171,26 @@ class Store:
     def _check_open(self, call: str) -> None:
         if self._closed:
             raise StoreClosed(call)
+
+    @staticmethod
+    def _kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
+        """The bytes of a capture to park or save (a copy where ``kv`` is not contiguous)."""
+        if not isinstance(kv, np.ndarray):
+            raise InvalidConversation(f"{what}: kv must be a numpy array, got "
+                                      f"{type(kv).__name__}")  # fmt: skip
+        if kv.dtype.hasobject:
+            raise InvalidConversation(
+                f"{what}: kv has dtype {kv.dtype}, which holds references, not K/V bytes; pass "
+                "the cache's own (numeric) array"
+            )
+        return kv.reshape(-1).view(np.uint8)
+
+    @staticmethod
+    def _session_name(name: object, call: str) -> str:
+        if not isinstance(name, str) or not name:
+            raise InvalidConversation(f"{call}: the session name {name!r} must be a non-empty "
+                                      "string (what save_session() was given)")  # fmt: skip
+        return name
 
     def _raise_errors(self) -> None:
         with self._lock:
@@ -192,7 +212,7 @@ class Store:
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         self._check_open("flush")
         self._queue.join()
-        self.publish(force=False)
+        self._publish(force=False)
         self._raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
@@ -211,9 +231,10 @@ class Store:
         :class:`~stratastore.tiers.tiered.InvalidConversation` and nothing is stored. A disk
         write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`)."""
         self._check_open("park")
-        if not isinstance(kv, np.ndarray):
-            raise InvalidConversation(f"park: kv must be a numpy array, got {type(kv).__name__}")
-        snap = Snapshot(conv, kv.reshape(-1).view(np.uint8), dict(states or {}))
+        if states is not None and not isinstance(states, Mapping):
+            raise InvalidConversation(f"park: states must map checkpoint lengths to bytes, not "
+                                      f"{type(states).__name__}")  # fmt: skip
+        snap = Snapshot(conv, self._kv_bytes(kv, "park"), dict(states or {}))
         with self._lock:
             self._check_open("park")
             report = self._tiers.park(snap)
@@ -233,9 +254,11 @@ class Store:
         (as in :class:`~stratastore.chain.Conversation`; spec F-KEY-7): a prefix matches only
         with the same pictures at the same positions."""
         self._check_open("lookup")
+        tokens = as_tokens(prompt, "lookup: prompt")
+        pictures = as_media(media, len(tokens), "lookup: media")
         self._wait_for_writes()
         with self._lock:
-            hit = self._tiers.lookup(as_tokens(prompt), media)
+            hit = self._tiers.lookup(tokens, pictures)
         return (hit[0], hit[1].length) if hit else None
 
     def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],
@@ -252,13 +275,14 @@ class Store:
         :class:`~stratastore.restore.DestinationRefused` before anything runs. ``media``: the
         prompt's pictures, as in :meth:`lookup`."""
         self._check_open("restore")
-        tokens = as_tokens(prompt)
+        tokens = as_tokens(prompt, "restore: prompt")
+        pictures = as_media(media, len(tokens), "restore: media")
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
         self._wait_for_writes()
         with self._lock:
-            r = self._tiers.restore(tokens, flat, media)
+            r = self._tiers.restore(tokens, flat, pictures)
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         return r
 
@@ -275,12 +299,10 @@ class Store:
         carrying every request's result. ``media[i]``, when given, is request ``i``'s pictures
         (as in :meth:`lookup`)."""
         self._check_open("restore_many")
-        reqs = [(as_tokens(p), flat_bytes(out, f"Store.restore_many out #{i}")
-                 if isinstance(out, np.ndarray) else out)
-                for i, (p, out) in enumerate(requests)]  # fmt: skip
+        reqs, pictures = self._batch(requests, media)
         self._wait_for_writes()
         with self._lock:
-            got = self._tiers.restore_many(reqs, media)
+            got = self._tiers.restore_many(reqs, pictures)
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (
                     0 if isinstance(r, Exception) else r.tokens
@@ -289,32 +311,77 @@ class Store:
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
 
+    @staticmethod
+    def _batch(requests: object, media: object
+               ) -> tuple[list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8] | Destination]],
+                          list[dict[int, bytes]]]:  # fmt: skip
+        """The requests and media of :meth:`restore_many`, checked before anything runs."""
+        if not isinstance(requests, Sequence) or isinstance(requests, (str, bytes)):
+            raise InvalidRequest(f"restore_many: requests must be a list of (prompt, out) pairs, "
+                                 f"not {type(requests).__name__}")  # fmt: skip
+        if not isinstance(media, Sequence) or isinstance(media, (str, bytes)):
+            raise InvalidRequest(f"restore_many: media must be a list (one mapping or None per "
+                                 f"request), not {type(media).__name__}")  # fmt: skip
+        if len(media) > len(requests):
+            raise InvalidRequest(f"restore_many: {len(media)} media for {len(requests)} "
+                                 "request(s); give at most one per request")  # fmt: skip
+        reqs, pictures = [], []
+        for i, req in enumerate(requests):
+            if not isinstance(req, (tuple, list)) or len(req) != 2:
+                raise InvalidRequest(f"restore_many: request #{i} is {type(req).__name__} "
+                                     f"{str(req)[:40]}, not a (prompt, out) pair")  # fmt: skip
+            tokens = as_tokens(req[0], f"restore_many: request #{i}'s prompt")
+            out = req[1]
+            reqs.append((tokens, flat_bytes(out, f"Store.restore_many out #{i}")
+                         if isinstance(out, np.ndarray) else out))  # fmt: skip
+            pictures.append(as_media(media[i] if i < len(media) else None, len(tokens),
+                                     f"restore_many: request #{i}'s media"))  # fmt: skip
+        return reqs, pictures
+
     def save_session(self, name: str, tokens: Sequence[int] | npt.NDArray[np.integer],
                      kv: npt.NDArray[Any], checkpoints: Sequence[int] = ()) -> None:  # fmt: skip
         """Save a conversation under ``name`` (durable when this returns; never evicted).
         Session names and conversation ids are one namespace (spec F-CHAIN-4): the name of a
         parked conversation is refused (:class:`~stratastore.tiers.tiered.InvalidConversation`)."""
         self._check_open("save_session")
-        toks = as_tokens(tokens)
-        lengths = sorted({*checkpoints, len(toks)} - {0})
+        toks = as_tokens(tokens, f"save_session {name!r}", InvalidConversation)
+        data = self._kv_bytes(kv, f"save_session {name!r}")
+        bad = [c for c in checkpoints if isinstance(c, bool) or not isinstance(c, (int, np.integer))
+               or not 0 <= c <= len(toks)]  # fmt: skip
+        if isinstance(checkpoints, (str, bytes)) or bad:
+            raise InvalidConversation(
+                f"save_session {name!r}: checkpoints must be token lengths (ints) within its "
+                f"{len(toks)} tokens; got {bad[:1] or checkpoints!r}"
+            )
+        lengths = sorted({*map(int, checkpoints), len(toks)} - {0})
         conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
                             cuts=[0, *lengths[:-1]])  # fmt: skip
         with self._lock:
-            self._tiers.save_session(Snapshot(conv, kv.reshape(-1).view(np.uint8)))
+            self._tiers.save_session(Snapshot(conv, data))
 
     def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
         self._check_open("load_session")
+        name = self._session_name(name, "load_session")
         with self._lock:
             return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"))
 
     def delete_session(self, name: str) -> bool:
         self._check_open("delete_session")
+        name = self._session_name(name, "delete_session")
         with self._lock:
             return self._tiers.delete_session(name)
 
     # -- state --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        """The counters and what each level holds; :class:`StoreClosed` after close."""
+        return self._stats("stats")
+
+    def _stats(self, call: str | None) -> dict[str, Any]:
+        """:meth:`stats`; ``call`` names the public call to refuse on a closed store (``None``:
+        close's own last snapshot, taken before the levels close)."""
         with self._lock:
+            if call is not None:
+                self._check_open(call)
             doc = self._tiers.stats()
         doc.update(self.counters)
         doc["spill_queue"] = self._queue.qsize()
@@ -322,7 +389,7 @@ class Store:
 
     def info_line(self) -> str:
         """One line for a log: targets, levels, parks, discards, hits, admission."""
-        s = self.stats()
+        s = self._stats("info_line")
         lv = s["levels"]
         parts = [f"park={s['park_target']}({s['park_target_source']})"]
         for name, d in lv.items():
@@ -336,20 +403,25 @@ class Store:
 
     def prometheus(self) -> str:
         """The counters in the Prometheus text exposition format."""
-        return prometheus_text(self.stats())
+        return prometheus_text(self._stats("prometheus"))
 
     def publish(self, *, force: bool = True) -> bool:
         """Write the counters where ``strata monitor`` reads them (``strata-index/monitor.json``
         of the last disk level); without ``force`` at most once a second. Called by the disk
         writer after each write, on flush and on close. Best effort: a failed write is counted
         (``monitor_errors``), never raised, as the engine's call must not fail for it. False
-        when nothing was written (no disk level, too soon, or the write failed)."""
+        when nothing was written (no disk level, too soon, or the write failed).
+        :class:`StoreClosed` after close (which publishes a last time)."""
+        self._check_open("publish")
+        return self._publish(force=force)
+
+    def _publish(self, *, force: bool) -> bool:
         d = self._tiers.manifest_dir
         now = time.monotonic()
         if d is None or (not force and now - self._published < 1.0):
             return False
         self._published = now
-        doc = self.stats()
+        doc = self._stats(None)
         doc.update(pid=os.getpid(), written_at=time.time())
         try:
             durable_write(os.path.join(d, INDEX_DIR, MONITOR_FILE),
@@ -377,13 +449,14 @@ class Store:
             self._queue.join()
             self._queue.put(_STOP)
             self._writer.join()
-            self.publish()
+            self._publish(force=True)
         finally:
             with self._lock:
                 self._tiers.close()
         self._raise_errors()
 
     def __enter__(self) -> Store:
+        self._check_open("__enter__")
         return self
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,

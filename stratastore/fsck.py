@@ -141,13 +141,24 @@ def fsck(dirs: Sequence[str], *, deep: bool = False, isolate_index: bool = True,
 
 
 def committed_keys(dirs: Sequence[str]) -> set[bytes]:
-    """The keys whose sidecar is in one of ``dirs`` (by name only: nothing is read)."""
+    """The keys whose sidecar is a regular file in one of ``dirs`` (``lstat``, nothing is read
+    or followed: a link or a FIFO named like a sidecar commits nothing, spec F-DIR-8). The one
+    definition of a present segment that fsck's chain check and repair's chain cut share."""
     keys: set[bytes] = set()
     for d in dirs:
         with contextlib.suppress(StrataIOError):
-            keys |= {k for k, kind in filter(None, map(parse_name, files.listdir(d)))
-                     if kind == "side"}  # fmt: skip
+            for name in files.listdir(d):
+                parsed = parse_name(name)
+                if parsed is not None and parsed[1] == "side" and _is_regular(d, name):
+                    keys.add(parsed[0])
     return keys
+
+
+def _is_regular(d: str, name: str) -> bool:
+    try:
+        return guard.require_regular(os.path.join(d, name), missing_ok=True)
+    except StrataIOError:  # a link, a FIFO, ... (reported where d is checked)
+        return False
 
 
 def quarantined_keys(dirs: Sequence[str]) -> dict[bytes, str]:
@@ -183,7 +194,14 @@ def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_ind
     names = files.listdir(d)
     sidecars: set[bytes] = set()
     datas: set[bytes] = set()
-    names = yield from _special_entries(d, names)
+    special, names = _drain(_special_entries(d, names))
+    for f in special:  # a segment file that is a link or a FIFO: the segment is left alone, and
+        parsed = parse_name(os.path.basename(f.object))  # what stops at it is a consequence
+        if parsed is not None and parsed[0] not in damaged:
+            damaged[parsed[0]] = _Damage(f)
+        else:  # not a segment file, or the segment's second special file
+            yield f
+    left_alone = set(damaged)  # neither an orphan data file nor a sidecar to check
     yield from _check_modes(d, names)
     for name in names:
         parsed = parse_name(name)
@@ -198,9 +216,12 @@ def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_ind
             yield Finding(
                 "UNKNOWN_FILE", "info", os.path.join(d, name), "not a store file; ignored"
             )
+    sidecars -= left_alone
+    datas -= left_alone
     for key in sorted(datas - sidecars):
         yield Finding("ORPHAN_FILE", "warning", os.path.join(d, f"strata-conv-{key.hex()}.seg"),
-                      "a data file without a sidecar (invisible); repair removes it")  # fmt: skip
+                      "a data file without a sidecar (invisible); repair quarantines "
+                      "it")  # fmt: skip
     valid: dict[bytes, Sidecar] = {}
     fingerprints: dict[bytes, int] = {}
     for key in sorted(sidecars):
@@ -239,15 +260,8 @@ def _special_entries(d: str, names: list[str]) -> Generator[Finding, None, list[
                 guard.store_subdir(d, name, create=False)
             else:
                 guard.require_regular(path)
-        except SymlinkRefused:
-            yield Finding("SYMLINK", "error", path, "a symbolic link where a store "
-                          f"{'directory' if is_dir else 'file'} belongs; never followed, repair "
-                          "leaves it: replace it by the real one or remove the link")  # fmt: skip
-            continue
-        except NotARegularFile as e:
-            yield Finding("NOT_REGULAR_FILE", "error", path, f"{e.kind} where a store "
-                          f"{'directory' if is_dir else 'file'} belongs; never read, repair "
-                          "leaves it: remove it by hand")  # fmt: skip
+        except (SymlinkRefused, NotARegularFile) as e:
+            yield _special_finding(path, "directory" if is_dir else "file", e)
             continue
         except StrataIOError:
             continue  # removed while we looked
@@ -255,11 +269,35 @@ def _special_entries(d: str, names: list[str]) -> Generator[Finding, None, list[
     return rest
 
 
+def _special_finding(path: str, what: str, e: SymlinkRefused | NotARegularFile) -> Finding:
+    if isinstance(e, SymlinkRefused):
+        return Finding("SYMLINK", "error", path, f"a symbolic link where a store {what} belongs; "
+                       "never followed, repair leaves it: replace it by the real one or remove "
+                       "the link")  # fmt: skip
+    return Finding("NOT_REGULAR_FILE", "error", path, f"{e.kind} where a store {what} belongs; "
+                   "never read, repair leaves it: remove it by hand")  # fmt: skip
+
+
+def _special_index_files(index: str) -> Iterator[Finding]:
+    """``SYMLINK`` / ``NOT_REGULAR_FILE`` for the index folder's own files
+    (:data:`~stratastore.io.guard.INDEX_FILES`), checked with ``lstat`` (spec F-DIR-8): a
+    Store refuses to open through them, and repair's rebuild leaves them."""
+    for name in sorted(guard.INDEX_FILES):
+        path = os.path.join(index, name)
+        try:
+            guard.require_regular(path, missing_ok=True)
+        except (SymlinkRefused, NotARegularFile) as e:
+            yield _special_finding(path, "index file", e)
+        except StrataIOError:
+            continue  # removed while we looked
+
+
 def _check_modes(d: str, names: list[str]) -> Iterator[Finding]:
     """``STORE_READABLE_BY_OTHERS`` (warning, spec F-DIR-9) when the directory, its index or any
     store file in it lets other users read it: manifests hold token ids, segments K/V."""
-    paths = [d] + [os.path.join(d, n) for n in names
-                   if n == INDEX_DIR or guard.is_store_name(n)]  # fmt: skip
+    # d/. : the level directory's own bits, not those of a link that names it (F-DIR-8)
+    paths = [os.path.join(d, ".")] + [os.path.join(d, n) for n in names
+                                       if n == INDEX_DIR or guard.is_store_name(n)]  # fmt: skip
     index = os.path.join(d, INDEX_DIR)
     if INDEX_DIR in names:
         with contextlib.suppress(StrataIOError):
@@ -267,6 +305,8 @@ def _check_modes(d: str, names: list[str]) -> Iterator[Finding]:
                       if guard.is_store_name(n, in_index=True)]  # fmt: skip
     loose = []
     for path in paths:
+        if os.path.islink(path) or not (os.path.isfile(path) or os.path.isdir(path)):
+            continue  # a link or a FIFO in the index: SYMLINK / NOT_REGULAR_FILE say so
         with contextlib.suppress(StrataIOError):
             mode = files.permissions(path)
             if modes.others_can_read(mode):
@@ -415,6 +455,10 @@ def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True,
         guard.store_subdir(d, INDEX_DIR, create=False)
     except StrataIOError:
         return
+    special = list(_special_index_files(path))
+    yield from special
+    if any(os.path.basename(f.object) == "data.mdb" for f in special):
+        return  # never read through a link, or from a FIFO
     problem = lmdb_file_problem(path)
     if problem is not None:  # mapping it could kill this process (SIGBUS)
         yield Finding("INDEX_UNREADABLE", "error", path, f"{problem}; it is derived: repair "
@@ -431,10 +475,9 @@ def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True,
         return
     for key, raw in sorted(indexed.items()):
         if key not in valid and damaged and key in damaged:
-            damaged[key].consequences.append(
-                f"the index {path} still names it (repair quarantines the segment and rebuilds "
-                "the index)"
-            )
+            left = damaged[key].finding.id in ("SYMLINK", "NOT_REGULAR_FILE")  # repair leaves it
+            fix = "" if left else " (repair quarantines the segment and rebuilds the index)"
+            damaged[key].consequences.append(f"the index {path} still names it{fix}")
             continue
         if key not in valid:
             yield Finding("INDEX_DANGLING", "error", os.path.join(path, key.hex()),

@@ -6,16 +6,23 @@ One function, :func:`find_store_levels`, used by ``strata fsck`` (and its repair
 - **a config file** (TOML, what ``strata init`` writes): its ``warm_dir`` then ``cold_dir``,
   those that are on. They are every level of the store, so the set is *complete*.
 - **a level directory** (spec F-DIR: it holds ``strata-index/``, ``strata-quarantine/`` or
-  files named ``strata-conv-``, ``strata-chain-`` or ``strata-tmp-``): itself. Its parent's other
-  level subdirectories (the sibling ``warm/`` of a ``cold/``, as ``strata demo --dir`` lays them
-  out) are the store's other levels as far as one can tell: chain manifests live in the last
-  level (F-CHAIN-4) and name segments of every level, so chain checks look there too. Whether the
-  store has a level elsewhere cannot be known, so the set is *complete* only when it holds two
-  levels (a store has at most two disk levels, warm and cold: its config's ``warm_dir`` and
-  ``cold_dir``).
-- **a store root**: a directory that is not a level and whose subdirectories are (``X`` of
-  ``strata demo --dir X``): those, warm first, then cold, then the rest by name. The user names
-  the whole store, so the set is *complete*.
+  files named ``strata-conv-``, ``strata-chain-`` or ``strata-tmp-``): itself. Its parent, when
+  that is a store root (``X`` of ``strata demo --dir X``), tells the store's other levels as
+  far as one can tell: chain manifests live in the last level (F-CHAIN-4) and name segments of
+  every level, so chain checks look there too. The set is *complete* only when that parent is
+  a complete store root (below) and every directory given is one of its levels: any two
+  directories are not "the warm and the cold of one store".
+- **a store root**: a directory that is not a level. When it holds a config file named
+  :data:`ROOT_CONFIG` (``strata.toml``, what ``strata demo --dir X`` writes), its levels are
+  that config's, and the set is *complete*. Otherwise its subdirectories that are levels
+  (a link to a directory is one: the store directory a user configured may be a link, spec
+  F-DIR-8; only what is inside a level is never followed), warm first, then cold, then the
+  rest by name; *complete* only when both ``warm`` and ``cold`` are among them (a store has at
+  most those two disk levels, and one may be configured elsewhere). What is skipped (a link to
+  no directory, a directory that is not a level) is named in ``skipped``.
+
+Repair cuts a chain at a segment absent from every level only for a *complete* set
+(:mod:`stratastore.repair`).
 
 Nothing here opens a store or writes anything.
 """
@@ -30,13 +37,15 @@ from .config import StoreConfig
 from .errors import StrataError
 from .format.naming import INDEX_DIR, QUARANTINE_DIR, TEMP_PREFIX, is_chain_name, parse_name
 
-__all__ = ["NoStoreLevels", "StoreLevels", "find_store_levels", "is_level_dir",
+__all__ = ["ROOT_CONFIG", "NoStoreLevels", "StoreLevels", "find_store_levels", "is_level_dir",
            "levels_of", "sibling_levels"]  # fmt: skip
 
 #: the order levels are listed in (the cascade's order, warm to cold); other names come after
 _RANK = {"warm": 0, "cold": 1}
-#: a store has at most this many disk levels (its config's warm_dir and cold_dir)
-MAX_DISK_LEVELS = 2
+#: the config file a store root may hold: its levels are the whole store
+ROOT_CONFIG = "strata.toml"
+#: how many skipped entries :meth:`StoreLevels.describe` names
+_SHOW_SKIPPED = 5
 
 
 class NoStoreLevels(StrataError):
@@ -50,12 +59,14 @@ class StoreLevels:
     ``checked``: the level directories to check, in order. ``store``: every level of the store
     known (``checked`` plus sibling levels), for chain checks. ``complete``: ``store`` is known to
     be all of the store's levels (see the module docstring); repair cuts a chain whose segment is
-    absent from every level only then. ``found_from``: one line saying how they were found."""
+    absent from every level only then. ``found_from``: one line saying how they were found.
+    ``skipped``: what discovery looked at and did not take as a level, each with why."""
 
     checked: tuple[str, ...]
     store: tuple[str, ...]
     complete: bool
     found_from: str
+    skipped: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """``levels checked: ...`` and, when chains are also looked up elsewhere, where."""
@@ -63,6 +74,12 @@ class StoreLevels:
         more = [d for d in self.store if d not in self.checked]
         if more:
             out += f"; chains also looked up in {', '.join(more)}"
+        if self.skipped:
+            rest = len(self.skipped) - _SHOW_SKIPPED
+            out += f"; skipped {', '.join(self.skipped[:_SHOW_SKIPPED])}" + (
+                f" and {rest} more" if rest > 0 else "")  # fmt: skip
+        if not self.complete:
+            out += "; not known to be the whole store"
         return out
 
 
@@ -85,27 +102,59 @@ def _ordered(dirs: Sequence[str]) -> list[str]:
     return sorted(dirs, key=lambda d: (_RANK.get(os.path.basename(d), len(_RANK)), d))
 
 
-def _sub_levels(root: str) -> list[str]:
+def _sub_levels(root: str) -> tuple[list[str], list[str]]:
+    """The level subdirectories of ``root`` (a link to a directory counts: F-DIR-8 lets the
+    store directory be a link), and what was skipped there, with why."""
     try:
-        names = os.listdir(root)
+        names = sorted(os.listdir(root))
     except OSError:
-        return []
-    subs = [os.path.join(root, n) for n in names]
-    return _ordered([d for d in subs if os.path.isdir(d) and not os.path.islink(d)
-                     and is_level_dir(d)])  # fmt: skip
+        return [], []
+    found: dict[str, str] = {}  # real path -> the path as named
+    skipped: list[str] = []
+    for name in names:
+        path = os.path.join(root, name)
+        if not os.path.isdir(path):  # follows a link
+            if os.path.islink(path):
+                skipped.append(f"{path} (a link to no directory)")
+            continue
+        if not is_level_dir(path):
+            skipped.append(f"{path} (not a level: no store files in it)")
+        elif os.path.realpath(path) in found:
+            skipped.append(f"{path} (the same directory as {found[os.path.realpath(path)]})")
+        else:
+            found[os.path.realpath(path)] = path
+    return _ordered(list(found.values())), skipped
+
+
+def _root_levels(root: str, *, strict: bool) -> tuple[list[str], bool, str, list[str]]:
+    """The levels of store root ``root``: (levels, complete, how they were found, skipped).
+    Its :data:`ROOT_CONFIG` names them when there is one (a config that cannot be used raises
+    with ``strict``, else is skipped); else its level subdirectories, complete when both
+    ``warm`` and ``cold`` are among them."""
+    subs, skipped = _sub_levels(root)
+    cfg_path = os.path.join(root, ROOT_CONFIG)
+    if os.path.isfile(cfg_path):
+        try:
+            dirs = _config_levels(StoreConfig.from_toml(cfg_path), cfg_path)
+        except StrataError as e:
+            if strict:
+                raise
+            skipped.append(f"{cfg_path} ({e})")
+        else:
+            real = {os.path.realpath(d) for d in dirs}
+            skipped += [f"{d} (a level its config does not name)" for d in subs
+                        if os.path.realpath(d) not in real]  # fmt: skip
+            return dirs, True, f"the levels of config {cfg_path}", skipped
+    complete = set(_RANK) <= {os.path.basename(d) for d in subs}
+    return subs, complete, f"the levels of store root {root}", skipped
 
 
 def sibling_levels(dirs: Sequence[str]) -> list[str]:
-    """The level directories beside each of ``dirs`` in its parent (the other levels of the
-    store the parent is the root of), not including ``dirs`` themselves."""
-    given = {os.path.abspath(d) for d in dirs}
-    out: list[str] = []
-    for d in dirs:
-        parent = os.path.dirname(os.path.abspath(d))
-        if is_level_dir(parent):
-            continue  # the parent is a level itself, not a store root
-        out += [s for s in _sub_levels(parent) if s not in given and s not in out]
-    return out
+    """The other levels of the store whose root is the parent of each of ``dirs`` (see
+    :func:`levels_of`), not including ``dirs`` themselves."""
+    given = {os.path.realpath(d) for d in dirs}
+    store = levels_of(dirs).store
+    return [d for d in store if os.path.realpath(d) not in given]
 
 
 def _config_levels(cfg: StoreConfig, source: str) -> list[str]:
@@ -136,8 +185,9 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
         dirs = _config_levels(config, config_source)
         return StoreLevels(tuple(dirs), tuple(dirs), True, f"the levels of config {config_source}")
     checked: list[str] = []
-    complete = True  # a config or a store root names every level
+    complete = True  # unless a part is not known to be the whole store
     how: list[str] = []
+    skipped: list[str] = []
     explicit: list[str] = []
     for p in paths:
         path = os.path.abspath(p)
@@ -152,29 +202,54 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
             found = [path]
             explicit.append(path)
         else:
-            found = _sub_levels(path)
+            found, whole, found_how, skip = _root_levels(path, strict=True)
+            skipped += skip
             if not found:
                 raise NoStoreLevels(f"{p} holds no store level: no strata-index/ or strata-conv-, "
-                                    "strata-chain- files in it or in its subdirectories; name the "
-                                    "store's root directory, a level directory or its config "
-                                    "file")  # fmt: skip
-            how.append(f"the levels of store root {path}")
-        checked += [d for d in found if d not in checked]
+                                    "strata-chain- files in it or in its subdirectories"
+                                    + (f" (skipped {', '.join(skip)})" if skip else "")
+                                    + "; name the store's root directory, a level directory or "
+                                    "its config file")  # fmt: skip
+            complete = complete and whole
+            how.append(found_how)
+        real = {os.path.realpath(d) for d in checked}
+        checked += [d for d in found if os.path.realpath(d) not in real]
     store = list(checked)
     if explicit:
         given = levels_of(explicit)
-        store += [d for d in given.store if d not in store]
-        complete = bool(how) or given.complete
+        real = {os.path.realpath(d) for d in store}
+        store += [d for d in given.store if os.path.realpath(d) not in real]
+        complete = complete and given.complete
         how.insert(0, given.found_from)
-    return StoreLevels(tuple(checked), tuple(_ordered(store)), complete, "; ".join(how))
+        skipped += [s for s in given.skipped if s not in skipped]
+    return StoreLevels(tuple(checked), tuple(_ordered(store)), complete, "; ".join(how),
+                       tuple(skipped))  # fmt: skip
 
 
 def levels_of(dirs: Sequence[str]) -> StoreLevels:
     """The levels known of the store whose level directories ``dirs`` are (nothing is
-    checked): ``dirs`` and their sibling levels, complete only when that makes two levels."""
-    checked = [os.path.abspath(d) for d in dirs]
-    siblings = sibling_levels(checked)
-    store = _ordered([*dict.fromkeys(checked), *siblings])
-    how = "the level directories given" + (
-        f", beside sibling levels {', '.join(siblings)}" if siblings else "")  # fmt: skip
-    return StoreLevels(tuple(checked), tuple(store), len(store) >= MAX_DISK_LEVELS, how)
+    checked): ``dirs`` and the other levels of their parent when that is a store root
+    (:func:`_root_levels`). Complete only when they all are levels of one complete store root:
+    never merely because two directories were given."""
+    checked = list(dict.fromkeys(os.path.abspath(d) for d in dirs))
+    parents = list(dict.fromkeys(os.path.dirname(d) for d in checked))
+    store = list(checked)
+    complete = len(parents) == 1
+    beside: list[str] = []
+    skipped: list[str] = []
+    for parent in parents:
+        if is_level_dir(parent):  # the parent is a level itself, not a store root
+            complete = False
+            continue
+        found, whole, how, skip = _root_levels(parent, strict=False)
+        real = {os.path.realpath(d) for d in found}
+        complete = complete and whole and all(os.path.realpath(d) in real for d in checked)
+        known = {os.path.realpath(d) for d in store}
+        more = [d for d in found if os.path.realpath(d) not in known]
+        store += more
+        skipped += skip
+        if more:
+            beside.append(f"beside {', '.join(more)} ({how})")
+    found_from = ", ".join(["the level directories given", *beside])
+    return StoreLevels(tuple(checked), tuple(_ordered(store)), complete, found_from,
+                       tuple(skipped))  # fmt: skip

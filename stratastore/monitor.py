@@ -9,6 +9,7 @@ now (bytes, entries, oldest entry's age), so it also works on a store no process
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from typing import Any
 from .errors import StrataError
 from .format.naming import INDEX_DIR, parse_name
 from .io import files
-from .io.errors import StrataIOError
+from .io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from .level_dirs import find_store_levels
 
 __all__ = ["MONITOR_FILE", "find_levels", "prometheus_text", "read_monitor"]
@@ -100,19 +101,42 @@ def snapshot_problem(doc: dict[str, Any]) -> str | None:
     return None
 
 
+_JSON_KINDS = {list: "a JSON list", str: "a JSON string", bool: "a JSON boolean",
+               int: "a JSON number", float: "a JSON number", type(None): "a JSON null"}  # fmt: skip
+
+
+def _unreadable(e: StrataIOError) -> str:
+    """Why a snapshot file could not be read, in words."""
+    if isinstance(e, SymlinkRefused):
+        return "a symbolic link, never followed: spec F-DIR-8"
+    if isinstance(e, NotARegularFile):
+        return f"{e.kind}, not a regular file"
+    return os.strerror(e.errno)
+
+
 def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
-    """The newest well-formed snapshot among the levels, and what was wrong with the newest
-    ill-formed one (when there was one)."""
+    """The newest well-formed snapshot among the levels, and what was wrong with the last
+    one ignored (when one was): unreadable (a FIFO, a link, an I/O error), not JSON, not a
+    table, or a table of wrongly typed fields. A level without a snapshot is not a problem."""
     best: tuple[float, dict[str, Any]] | None = None
     problem: str | None = None
     for d in levels:
         path = os.path.join(d, INDEX_DIR, MONITOR_FILE)
         try:  # the io layer never follows a link or opens a FIFO (spec F-DIR-8)
-            doc = json.loads(files.read_file(path, MAX_MONITOR_BYTES))
-        except (StrataIOError, ValueError):
+            raw = files.read_file(path, MAX_MONITOR_BYTES)
+        except StrataIOError as e:
+            if e.errno != errno.ENOENT:  # no snapshot (yet) is not a problem
+                problem = f"{path} is unreadable ({_unreadable(e)}); ignored"
             continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("written_at"), (int, float)):
-            continue  # not a snapshot (being written, or not ours)
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:  # written whole (durable_write): not ours, or damaged
+            problem = f"{path} is not JSON ({e}); ignored"
+            continue
+        if not isinstance(doc, dict):
+            kind = _JSON_KINDS.get(type(doc), type(doc).__name__)
+            problem = f"{path} is {kind}, not a Store snapshot (a table); ignored"
+            continue
         why = snapshot_problem(doc)
         if why is not None:
             problem = f"{path} is not a well-formed Store snapshot ({why}); ignored"

@@ -25,7 +25,7 @@ from .format.sidecar import MAX_SIDECAR_BYTES
 from .fsck import Finding, committed_keys, fsck, quarantined_keys
 from .io import files, guard, modes
 from .io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
-from .level_dirs import StoreLevels, levels_of
+from .level_dirs import ROOT_CONFIG, StoreLevels, levels_of
 
 __all__ = ["Action", "RepairRefused", "repair"]
 
@@ -83,8 +83,9 @@ def _refuse_unknown_cuts(findings: list[Finding], levels: StoreLevels) -> None:
             f"repair refused, nothing was changed: {len(unknown)} chain(s) name a segment that is "
             f"in none of the levels known ({', '.join(levels.store)}): {'; '.join(unknown[:3])}. "
             "The store may have a level that was not given, where these segments live, and "
-            "cutting the chains would lose them: name the whole store (its root directory, its "
-            "config file or --config FILE, or both its level directories)"
+            "cutting the chains would lose them: pass the store's config file (`strata fsck "
+            "CONFIG.toml --repair`, or --config CONFIG.toml), or its root directory when that "
+            f"holds both warm/ and cold/ or a {ROOT_CONFIG}"
         )
 
 
@@ -103,7 +104,8 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
     creates get the mode of their directory's files (spec F-DIR-9).
 
     Chains are checked across ``levels.store`` (default
-    :func:`~stratastore.level_dirs.levels_of`: ``dirs`` and their sibling levels): a segment in
+    :func:`~stratastore.level_dirs.levels_of`: ``dirs`` and the other levels of their store
+    root): a segment (a regular sidecar, :func:`~stratastore.fsck.committed_keys`) in
     any of them is not missing. A chain is cut at a segment that is damaged, or absent from every
     level when ``levels`` is the whole store; otherwise repair raises :class:`RepairRefused`
     before changing anything."""
@@ -142,9 +144,12 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
     for f in fsck(dirs, deep=False, levels=levels):  # chains broken by the quarantines above
         if f.id == "CHAIN_BROKEN":
             try:
-                actions.append(_truncate_chain(f.object, levels.store))
+                cut = _truncate_chain(f.object, levels.store)
             except _REFUSALS as e:
                 actions.append(Action("refused", e.path, str(e)))
+                continue
+            if cut is not None:
+                actions.append(cut)
     return actions
 
 
@@ -162,13 +167,19 @@ def _quarantine(path: str) -> None:
     if not guard.require_store_file(path, "quarantine"):
         return  # already gone
     d = os.path.dirname(path)
-    qdir = guard.store_subdir(d, QUARANTINE_DIR, mode=modes.inherited_mode(files.permissions(d)))
+    qdir = guard.store_subdir(d, QUARANTINE_DIR, mode=modes.inherited_mode(_dir_mode(d)))
     dst = os.path.join(qdir, os.path.basename(path))
     n = 1
     while os.path.lexists(dst):
         dst = os.path.join(qdir, f"{os.path.basename(path)}.{n}")
         n += 1
     relocate_file(path, dst)
+
+
+def _dir_mode(d: str) -> int:
+    """The permission bits of level directory ``d`` itself, not of a link that names it (the
+    level a user configured may be one, spec F-DIR-8: its own bits are 0o777)."""
+    return files.permissions(os.path.join(d, "."))
 
 
 def _rebuild_index(d: str) -> None:
@@ -178,14 +189,18 @@ def _rebuild_index(d: str) -> None:
     from .store import SegmentStore
 
     index = os.path.join(d, INDEX_DIR)
-    mode = modes.inherited_mode(files.permissions(d))
+    mode = modes.inherited_mode(_dir_mode(d))
     if os.path.lexists(index):
         guard.store_subdir(d, INDEX_DIR, create=False)
         with contextlib.suppress(StrataIOError):
             mode = modes.inherited_mode(files.permissions(os.path.join(index, "data.mdb")))
-        for name in files.listdir(index):
-            if guard.is_store_name(name, in_index=True):  # anything else there is left alone
-                guard.remove_store_file(os.path.join(index, name), missing_ok=True)
+        # only the index's own files; anything else there is left alone
+        owned = [os.path.join(index, n) for n in files.listdir(index)
+                 if guard.is_store_name(n, in_index=True)]  # fmt: skip
+        for path in owned:  # a link or a FIFO refuses the rebuild before anything is removed
+            guard.require_regular(path, "unlink", missing_ok=True)
+        for path in owned:
+            guard.remove_store_file(path, missing_ok=True)
     for name in sorted(files.listdir(d)):
         parsed = parse_name(name)
         if parsed is None or parsed[1] != "side":
@@ -200,20 +215,20 @@ def _rebuild_index(d: str) -> None:
         guard.remove_index_dir(index)
 
 
-def _truncate_chain(path: str, dirs: Sequence[str]) -> Action:
-    """Keep a manifest's segments up to its deepest checkpoint below the first missing one; a
-    manifest that keeps nothing is quarantined."""
+def _truncate_chain(path: str, dirs: Sequence[str]) -> Action | None:
+    """Keep a manifest's segments up to its deepest checkpoint below the first missing one (not
+    a regular sidecar in any of ``dirs``: :func:`~stratastore.fsck.committed_keys`); a manifest
+    that keeps nothing is quarantined. None when no segment is missing."""
     import dataclasses
 
     from .format.manifest import encode_manifest
     from .io import durable_write
 
     m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
-    present = set()
-    for d in dirs:
-        present |= {k for k, kind in filter(None, map(parse_name, files.listdir(d)))
-                    if kind == "side"}  # fmt: skip
-    gap = next(s for s, _, k in m.segments if k not in present)
+    present = committed_keys(dirs)  # fsck's definition: a regular sidecar (lstat)
+    gap = next((s for s, _, k in m.segments if k not in present), None)
+    if gap is None:  # every segment is there again (changed since fsck looked): nothing to cut
+        return None
     keep = max((c.length for c in m.checkpoints if c.length <= gap), default=0)
     if keep == 0:
         _quarantine(path)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
 
 # The CUDA kernels run in numba's simulator in every test run (there is no GPU here or in CI);
 # tools/gpu_check.sh runs the same tests on a real device with the simulator off.
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,3 +98,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _, short = report()
     if short and exitstatus == 0:
         session.exitstatus = 1
+
+
+def run_with_timeout(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Run ``fn`` in a thread: its result, its exception re-raised, or a test failure when it
+    does not return in time (the old code hangs: a daemon thread is left behind)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # handed to the test thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        pytest.fail(f"did not return within {timeout} s (hangs)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")

@@ -1,6 +1,6 @@
 """Checkpoint chains, prefix lookup, retention and parking policy (DESIGN layer 4)."""
 
-from .model import Checkpoint, Conversation, as_tokens, page_floor
+from .model import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens, page_floor
 from .prefix_index import Match, PrefixIndex
 from .retention import POLICIES, Policy, enforce_count, lru_victim, spread_victim, victim
 
@@ -8,9 +8,11 @@ __all__ = [
     "POLICIES",
     "Checkpoint",
     "Conversation",
+    "InvalidRequest",
     "Match",
     "Policy",
     "PrefixIndex",
+    "as_media",
     "as_tokens",
     "enforce_count",
     "lru_victim",

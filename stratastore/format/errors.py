@@ -55,11 +55,25 @@ class ChecksumMismatch(StrataError):
         self.actual = actual
         self.page = page
         where = f"{obj} page {page}" if page is not None else obj
+        want, got = _differing_hex(expected, actual)
         super().__init__(
-            f"{where}: BLAKE3 mismatch (expected {expected.hex()[:16]}..., got "
-            f"{actual.hex()[:16]}...); the stored bytes are damaged: delete this segment "
-            "and store it again"
+            f"{where}: BLAKE3 mismatch (expected {want}, got {got}); the stored bytes are "
+            "damaged: delete this segment and store it again"
         )
+
+
+def _differing_hex(a: bytes, b: bytes, *, least: int = 16, past: int = 8) -> tuple[str, str]:
+    """``a`` and ``b`` in hex, each cut (``...``) after ``least`` digits or ``past`` digits
+    past their first difference, whichever is later: two digests never read the same."""
+    ha, hb = a.hex(), b.hex()
+    first = next((i for i, (x, y) in enumerate(zip(ha, hb, strict=False)) if x != y),
+                 min(len(ha), len(hb)))  # fmt: skip
+    n = max(least, first + past)
+
+    def cut(h: str) -> str:
+        return h if len(h) <= n else h[:n] + "..."
+
+    return cut(ha), cut(hb)
 
 
 class IncompatibleFingerprint(StrataError):

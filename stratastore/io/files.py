@@ -24,6 +24,7 @@ Safety contract (spec F-DIR-8, F-DIR-9):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno as _errno
@@ -201,9 +202,27 @@ def unlink(path: str, *, missing_ok: bool = False) -> bool:
 
 
 def makedirs(path: str, *, mode: int = DEFAULT_FILE_MODE) -> None:
-    """Make ``path`` (and missing parents) for a store with file mode ``mode``: the leaf gets
-    :func:`dir_mode` of it (spec F-DIR-9; an existing directory keeps its mode)."""
-    _do("mkdir", path, lambda: os.makedirs(path, dir_mode(mode), exist_ok=True))
+    """Make ``path`` and its missing parents for a store with file mode ``mode``: each directory
+    made here gets :func:`dir_mode` of it (spec F-DIR-9; ``os.makedirs`` would give the parents
+    ``0o777`` less the umask, open to every user under ``umask 0``); an existing directory keeps
+    its mode."""
+
+    def run() -> None:
+        missing: list[str] = []
+        p = os.path.abspath(path)
+        while not os.path.isdir(p):
+            missing.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+        for d in reversed(missing):
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+                os.mkdir(d, dir_mode(mode))
+        if not os.path.isdir(path):
+            raise NotADirectoryError(_errno.ENOTDIR, os.strerror(_errno.ENOTDIR), path)
+
+    _do("mkdir", path, run)
 
 
 def rmdir(path: str) -> None:

@@ -196,6 +196,8 @@ class LayerKV(_PerToken):
                                      f"{len(v)}")  # fmt: skip
         self.k = [self._checked(a, f"LayerKV K[{i}]", ()) for i, a in enumerate(k)]
         self.v = [self._checked(a, f"LayerKV V[{i}]", ()) for i, a in enumerate(v)]
+        _refuse_overlaps([*((f"LayerKV K[{i}]", a) for i, a in enumerate(self.k)),
+                          *((f"LayerKV V[{i}]", a) for i, a in enumerate(self.v))])  # fmt: skip
         self.max_tokens = int(min(a.shape[0] for a in [*self.k, *self.v]))
 
     def capacity(self) -> int:
@@ -235,11 +237,8 @@ class PagedKV(_PerToken):
         self.pools = [self._checked(p, f"PagedKV pool[{i}]", (2, self.num_blocks))
                       .reshape(2, self.num_blocks * self.block_size, self.row)
                       for i, p in enumerate(pools)]  # fmt: skip
-        self.table = np.asarray(block_table, dtype=np.int64)
-        if self.table.ndim != 1 or (
-            self.table.size and (self.table.min() < 0 or self.table.max() >= self.num_blocks)
-        ):
-            raise ConfigError(f"the block table must hold block ids in 0..{self.num_blocks - 1}")
+        self.table = _block_table(block_table, self.num_blocks, self.block_size)
+        _refuse_overlaps([(f"PagedKV pool[{i}]", p) for i, p in enumerate(self.pools)])
 
     def capacity(self) -> int:
         return int(self.table.size) * int(self.block_size)
@@ -261,6 +260,52 @@ class PagedKV(_PerToken):
             for layer in range(self.layers):
                 self.pools[layer][0, slots] = page[layer, 0]
                 self.pools[layer][1, slots] = page[layer, 1]
+
+
+def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray[np.int64]:
+    """``table`` as block ids, refusing what would put a token at a wrong offset or two tokens
+    in one slot: not a one-dimensional sequence of integers, an id outside the pool, or an id
+    given twice (the later token's bytes would overwrite the earlier's: a restore reporting
+    success over wrong bytes)."""
+    try:
+        arr = np.asarray(table)
+    except (TypeError, ValueError) as e:
+        raise DestinationRefused(f"the PagedKV block table cannot be read as block ids ({e}); "
+                                 "pass a list or 1-D integer array") from None  # fmt: skip
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise DestinationRefused(
+            f"the PagedKV block table must be a one-dimensional sequence of integer block ids; "
+            f"got shape {arr.shape} of {arr.dtype}"
+        )
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num_blocks):
+        bad = next(int(b) for b in arr.tolist() if not 0 <= b < num_blocks)
+        raise DestinationRefused(f"the PagedKV block table holds block {bad}; the pools' block "
+                                 f"ids are 0..{num_blocks - 1}")  # fmt: skip
+    ids, counts = np.unique(arr, return_counts=True)
+    if (counts > 1).any():
+        j = int(np.flatnonzero(counts > 1)[0])
+        at = np.flatnonzero(arr == ids[j])[:2].tolist()
+        raise DestinationRefused(
+            f"the PagedKV block table gives block {int(ids[j])} twice (entries {at[0]} and "
+            f"{at[1]}): each token needs a slot of its own, or a later token's K/V overwrites "
+            f"an earlier one's; pass only this request's distinct blocks, one per {block_size} "
+            "tokens"
+        )
+    return arr.astype(np.int64)
+
+
+def _refuse_overlaps(arrays: list[tuple[str, npt.NDArray[np.uint8]]]) -> None:
+    """Refuse destination arrays that share memory (one array given for two layers, or K and
+    V): a restore would write both into one place and report success over wrong bytes."""
+    spans = sorted((a.ctypes.data, a.ctypes.data + a.nbytes, name) for name, a in arrays
+                   if a.nbytes)  # fmt: skip
+    reach, widest = 0, ""  # the furthest end so far, and whose it is
+    for start, end, name in spans:
+        if start < reach:
+            raise DestinationRefused(f"{name} overlaps {widest} in memory: a restore would write "
+                                     "both into one place; pass distinct arrays")  # fmt: skip
+        if end > reach:
+            reach, widest = end, name
 
 
 def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Destination:

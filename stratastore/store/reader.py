@@ -14,6 +14,8 @@ read pass and fsck's page check all read through it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Generator
 from types import TracebackType
 
 import numpy as np
@@ -149,6 +151,27 @@ def _stage_step(sc: Sidecar) -> int:
     return max(1, _STAGE_BYTES // sc.page_bytes) * sc.page_bytes
 
 
+_Staged = Generator[tuple[int, npt.NDArray[np.uint8], npt.NDArray[np.uint8]], None, None]
+
+
+def _staged(seg: SegmentReader) -> _Staged:
+    """The payload of a RAW segment read into reusable staging memory, a bounded chunk of whole
+    pages at a time: ``(first page, the chunk, the digests the sidecar records for its pages)``.
+    The chunk is valid until the next step."""
+    sc = seg.sidecar
+    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
+    step = _stage_step(sc)
+    stage = STAGING.take(min(step, sc.payload_bytes))
+    try:
+        for a in range(0, sc.payload_bytes, step):
+            chunk = stage[: min(step, sc.payload_bytes - a)]
+            seg.read_into(chunk, a)
+            p0 = a // sc.page_bytes
+            yield p0, chunk, expected[p0 : p0 - (-chunk.size // sc.page_bytes)]
+    finally:
+        STAGING.give(stage)
+
+
 def _copy_validated(seg: SegmentReader, dst: memoryview, verify: bool) -> None:
     """Fill ``dst`` (``payload_bytes`` long) with the segment's pages. With ``verify``, RAW
     pages go through staging memory: read, hashed, and copied from that memory only if they
@@ -160,40 +183,23 @@ def _copy_validated(seg: SegmentReader, dst: memoryview, verify: bool) -> None:
     if not verify:
         seg.read_into(dst)
         return
-    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-    step = _stage_step(sc)
-    stage = STAGING.take(min(step, sc.payload_bytes))
-    try:
-        for a in range(0, sc.payload_bytes, step):
-            chunk = stage[: min(step, sc.payload_bytes - a)]
-            seg.read_into(chunk, a)
-            p0 = a // sc.page_bytes
-            want = expected[p0 : p0 - (-chunk.size // sc.page_bytes)]
+    with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
+        for p0, chunk, want in chunks:
+            a = p0 * sc.page_bytes
             bad = numba_kernels.validated_copy(chunk, dst[a : a + chunk.size], sc.page_bytes,
                                                want)  # fmt: skip
             if bad >= 0:
                 _raise_page(sc, chunk, bad, p0)
-    finally:
-        STAGING.give(stage)
 
 
 def _first_bad_raw(seg: SegmentReader) -> int:
     """The first page of a RAW segment that fails its digest (-1: none), hashed in staging."""
-    sc = seg.sidecar
-    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
-    step = _stage_step(sc)
-    stage = STAGING.take(min(step, sc.payload_bytes))
-    try:
-        for a in range(0, sc.payload_bytes, step):
-            chunk = stage[: min(step, sc.payload_bytes - a)]
-            seg.read_into(chunk, a)
-            p0 = a // sc.page_bytes
-            actual = numba_kernels.page_hashes(chunk, sc.page_bytes)
-            bad = np.flatnonzero((actual != expected[p0 : p0 + actual.shape[0]]).any(axis=1))
+    with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
+        for p0, chunk, want in chunks:
+            actual = numba_kernels.page_hashes(chunk, seg.sidecar.page_bytes)
+            bad = np.flatnonzero((actual != want).any(axis=1))
             if bad.size:
                 return p0 + int(bad[0])
-    finally:
-        STAGING.give(stage)
     return -1
 
 

@@ -21,6 +21,7 @@ from typing import Literal
 
 from ..errors import StrataError
 from ..format import ChecksumMismatch, FormatError
+from ..io.errors import NotARegularFile, SymlinkRefused
 from ..store import SegmentStore
 
 __all__ = ["DiskLevel", "LevelCounters", "LevelRefused"]
@@ -148,8 +149,11 @@ class DiskLevel:
         assert self.next is not None
         try:
             self.next.adopt(self, key)
-        except (FormatError, ChecksumMismatch):
-            self.store.delete(key)  # an unreadable image is discarded, not degraded
+        except (FormatError, ChecksumMismatch, SymlinkRefused, NotARegularFile):
+            # an unreadable image is discarded, not degraded; so is one whose data file is a
+            # link or not a regular file (never the store's own, F-DIR-8: unindexed here, the
+            # name itself left in place for fsck to report), so it cannot wedge the level
+            self.store.delete(key)
             self.counters.discards += 1
             return True
         except LevelRefused as e:

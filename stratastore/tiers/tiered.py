@@ -26,7 +26,15 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Checkpoint, Conversation, Match, PrefixIndex, as_tokens, enforce_count
+from ..chain import (
+    Checkpoint,
+    Conversation,
+    Match,
+    PrefixIndex,
+    as_media,
+    as_tokens,
+    enforce_count,
+)
 from ..chain.parking import ConversationCache, SizeModel
 from ..config import StoreConfig
 from ..errors import ConfigError, StrataError
@@ -46,7 +54,16 @@ from ..format.naming import chain_name, is_chain_name
 from ..format.sidecar import MAX_PAGES
 from ..io import durable_write, files, guard
 from ..io.errors import StrataIOError
-from ..restore import Destination, FlatKV, Job, Outcome, Piece, as_destination, restore_batch
+from ..restore import (
+    Destination,
+    DestinationRefused,
+    FlatKV,
+    Job,
+    Outcome,
+    Piece,
+    as_destination,
+    restore_batch,
+)
 from ..store import SegmentStore
 from .admission import MIB, Admission, Placement
 from .arena import DEFAULT_CHUNK, Allocation, Arena
@@ -300,7 +317,7 @@ class Tiers:
                 f"{MAX_CONV_ID:,}-byte limit of a manifest (spec F-CHAIN-1); use a shorter id "
                 "(a hash of it)"
             )
-        conv.tokens = as_tokens(conv.tokens)
+        conv.tokens = as_tokens(conv.tokens, f"{call}: conversation {cid!r}", InvalidConversation)
         n = len(conv.tokens)
         what = f"{call}: conversation {cid!r}"
         if n > MAX_TOKENS:
@@ -320,10 +337,7 @@ class Tiers:
                 "tokens (a cut is where a segment starts)"
             )
         conv.cuts = list(cuts)
-        bad = [p for p, d in conv.media.items() if not 0 <= p < n or len(d) != 32]
-        if bad:
-            raise InvalidConversation(f"{what}: media at {bad[0]} is not a 32-byte digest "
-                                      f"within its {n:,} tokens")  # fmt: skip
+        conv.media = as_media(conv.media, n, f"{what}: media", InvalidConversation)
         bounds = conv.boundaries()
         if max(len(lengths), len(conv.media), len(bounds)) > MAX_ITEMS:
             raise InvalidConversation(f"{what}: over {MAX_ITEMS:,} checkpoints, media or "
@@ -690,15 +704,17 @@ class Tiers:
         lookups and RAM hits run in order, then the disk hits share one batched read agenda
         (:mod:`stratastore.restore.agenda`). Returns, per request, its :class:`Restored` or the
         error that request alone raised. A destination too small, or one that cannot be written
-        in place (:class:`~stratastore.restore.DestinationRefused`), raises before anything runs.
+        in place, raises :class:`~stratastore.restore.DestinationRefused` before anything runs.
         ``media[i]``, when given, is request ``i``'s pictures (see :meth:`lookup`)."""
         dests = []
-        for prompt, out in requests:
-            dest = as_destination(self.fp, out)  # refused here, before any lookup or take
+        for i, (prompt, out) in enumerate(requests):
+            what = "out" if len(requests) == 1 else f"out #{i}"
+            dest = as_destination(self.fp, out, what)  # refused here, before any lookup or take
             if dest.capacity() < len(prompt):
-                raise StrataError(
-                    f"restore: the destination holds {dest.capacity():,} tokens; a prompt of "
-                    f"{len(prompt):,} tokens needs room for all of them ({self.tb} bytes a token)"
+                raise DestinationRefused(
+                    f"restore: the destination holds {dest.capacity():,} tokens ({what}); a prompt "
+                    f"of {len(prompt):,} tokens needs room for all of them "
+                    f"({len(prompt) * self.tb:,} bytes, {self.tb} a token); pass one that large"
                 )
             dests.append(dest)
         results: list[Restored | Exception | None] = [None] * len(requests)
@@ -854,8 +870,9 @@ class Tiers:
             raise StrataError(f"no saved session named {name!r}; save_session() writes one")
         n = len(dc.conv.tokens)
         if out.nbytes < n * self.tb:
-            raise StrataError(
-                f"session {name!r} needs {n * self.tb:,} bytes, out has {out.nbytes:,}"
+            raise DestinationRefused(
+                f"session {name!r} needs {n * self.tb:,} bytes ({n:,} tokens), out has "
+                f"{out.nbytes:,}; pass a buffer that large"
             )
         p = self.admission.admit(n * self.tb, stays_in_ram=False, disk=True)
         if p.where == "discard":

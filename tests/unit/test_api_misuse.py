@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from stratastore import Checkpoint, ConfigError, Conversation, StoreConfig, Stra
 from stratastore.chain import as_tokens
 from stratastore.facade import SpillError, Store, StoreClosed
 from stratastore.format.naming import is_chain_name
-from tests.conftest import tiny_fp
+from tests.conftest import run_with_timeout, tiny_fp
 
 FP = tiny_fp()  # 64 bytes a token
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,27 +38,6 @@ def conv(cid: Any, n: int, base: int, **kw: Any) -> tuple[Conversation, np.ndarr
 def disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
     return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
             **kw}  # fmt: skip
-
-
-def run_with_timeout(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Run ``fn`` in a thread: its result, its exception re-raised, or a test failure when it
-    does not return in time (the old code hangs: a daemon thread is left behind)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        pytest.fail(f"did not return within {timeout} s (hangs)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
 
 
 # -- item 6: errors belong to the call that caused them ----------------------------------------
@@ -277,7 +255,8 @@ def test_a_half_configured_level_is_a_config_error(values: dict[str, Any], named
 
 def test_a_level_switched_off_by_its_budget_is_said_loudly(tmp_path: Path) -> None:
     said: list[str] = []
-    cfg = StoreConfig.from_mapping({"cold_dir": str(tmp_path / "c"), "cold_mib": 0})
-    with Store.open(FP, cfg, warn=said.append) as store:
+    cfg = StoreConfig.from_mapping({"cold_dir": str(tmp_path / "c"), "cold_mib": 0,
+                                    "ram_mib": 1, "min_free_mib": 1})  # fmt: skip
+    with Store.open(FP, cfg, warn=said.append, probe=lambda: 1 << 40) as store:
         assert "cold" not in store.stats()["levels"]
     assert any("cold level is OFF" in m and "cold_mib" in m for m in said), said

@@ -427,7 +427,8 @@ def test_layer_and_paged_destinations_check_their_geometry() -> None:
         assert type(err.value).__name__ == "DestinationRefused", what
     ok = [np.zeros((n, h, d), np.float16) for _ in range(4)]
     assert LayerKV(FP, ok[:2], ok[2:]).capacity() == n
-    assert LayerKV(FP, *[[np.zeros((n, h * d * 2), np.uint8)] * 2] * 2).capacity() == n
+    rows = [np.zeros((n, h * d * 2), np.uint8) for _ in range(4)]  # distinct: no overlap
+    assert LayerKV(FP, rows[:2], rows[2:]).capacity() == n
     for pool in (np.zeros((2, 4, 16, 2 * h, d), np.uint16), np.zeros((2, 4, 16, h, d), np.uint8)):
         with pytest.raises(StrataError) as err:
             PagedKV(FP, [pool, pool.copy()], [0, 1])
