@@ -55,6 +55,12 @@ def tiers(tmp_path: Path, **kw: object) -> Tiers:
     return Tiers(StoreConfig.from_mapping(values), FP, probe=lambda: 1 << 40, warn=lambda m: None)
 
 
+def store_cfg(tmp_path: Path) -> dict[str, object]:
+    """A Store that parks to a cold level only."""
+    return {"ram_mib": 1, "slots": 4, "min_free_mib": 1, "park": "disk",
+            "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+
+
 def no_errors(dirs: list[str]) -> list[str]:
     """Errors, and broken chains (a warning for a conversation that is not a session)."""
     return [f"{f.id}: {f.detail}" for f in fsck(dirs, deep=True)
@@ -139,8 +145,7 @@ def test_multimodal_conversation_spilled_from_ram_restores_whole(
 
 def test_spill_writer_of_the_store_writes_the_media(tmp_path: Path) -> None:
     """Through the facade: the async spill writer, then flush; another process restores."""
-    cfg = {"ram_mib": 1, "slots": 4, "min_free_mib": 1, "park": "disk",
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    cfg = store_cfg(tmp_path)
     s = snap("mm", MEDIA, seed=6)
     with Store.open(FP, cfg, probe=lambda: 1 << 40) as store:
         store.park(s.conv, s.kv.copy())
@@ -157,8 +162,7 @@ def test_store_restores_a_multimodal_prompt_given_its_pictures(tmp_path: Path) -
     """``Store.lookup``/``restore``/``restore_many`` take the prompt's media: with its pictures
     the whole conversation restores; without them only the prefix before the first picture's
     page (the picture's K/V is never served to a text-only prompt)."""
-    cfg = {"ram_mib": 1, "slots": 4, "min_free_mib": 1, "park": "disk",
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    cfg = store_cfg(tmp_path)
     s = snap("mm", MEDIA, seed=7)
     with Store.open(FP, cfg, probe=lambda: 1 << 40) as store:
         store.park(s.conv, s.kv.copy())

@@ -23,6 +23,7 @@ from stratastore.format import ChecksumMismatch, data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR, is_chain_name
 from stratastore.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
+from tests.unit.test_fsck_levels import _restores
 
 FP = tiny_fp()
 
@@ -47,12 +48,15 @@ def _snapshot(*dirs: Path) -> dict[str, bytes]:
             if p.is_file() and INDEX_DIR not in p.parts}  # fmt: skip
 
 
-def _restores(cfg: dict[str, Any], conv: Conversation, kv: Any) -> int:
-    with Store.open(FP, cfg) as store:
-        out = np.zeros_like(kv)
-        n = int(store.restore(conv.tokens, out).tokens)
-        assert np.array_equal(out[: n * FP.token_bytes], kv[: n * FP.token_bytes])
-        return n
+def _make_special(path: Path, kind: str, tmp_path: Path) -> None:
+    """Replace the store file ``path`` by a link to a copy of it, or by a FIFO."""
+    if kind == "symlink":
+        shutil.copy(path, tmp_path / "copy.side")
+        path.unlink()
+        path.symlink_to(tmp_path / "copy.side")
+    else:
+        path.unlink()
+        os.mkfifo(path)
 
 
 def test_a_linked_level_of_a_store_root_is_a_level(
@@ -149,13 +153,7 @@ def test_repair_with_a_special_sidecar_does_not_crash(
     root = tmp_path / "root"
     _store(root / "warm", root / "cold")
     side = sorted((root / "warm").glob("strata-conv-*.side"))[0]
-    if kind == "symlink":
-        shutil.copy(side, tmp_path / "copy.side")
-        side.unlink()
-        side.symlink_to(tmp_path / "copy.side")
-    else:
-        side.unlink()
-        os.mkfifo(side)
+    _make_special(side, kind, tmp_path)
     before = _snapshot(root / "cold")
     capsys.readouterr()
     assert main(["fsck", str(root), "--repair", "--yes"]) == 1  # the link/FIFO stays an error
@@ -231,13 +229,7 @@ def test_inspect_lists_a_special_sidecar_and_carries_on(
         for i in range(3):
             s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i), token_start=0)
     side = sorted(d.glob("strata-conv-*.side"))[0]  # the first: inspect reads it for the model
-    if kind == "symlink":
-        shutil.copy(side, tmp_path / "copy.side")
-        side.unlink()
-        side.symlink_to(tmp_path / "copy.side")
-    else:
-        side.unlink()
-        os.mkfifo(side)
+    _make_special(side, kind, tmp_path)
     capsys.readouterr()
     assert main(["inspect", str(d)]) == 0
     out = capsys.readouterr().out
