@@ -41,8 +41,10 @@ soak: $(STAMP)
 	STRATA_SOAK=10 STRATA_RELIABILITY_ENFORCE=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q \
 		tests/reliability tests/crash tests/property tests/unit/test_fuzz_targets.py
 
+# The benchmarks, with the scaling one at 1k, 10k and 100k stored conversations (make test runs
+# it at 1k and 4k only).
 bench: $(STAMP)
-	$(BIN)/python -m pytest tests/bench -q -s --benchmark-only
+	STRATA_BENCH_SCALE=full $(BIN)/python -m pytest tests/bench -q -s --benchmark-only
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

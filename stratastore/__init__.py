@@ -1,11 +1,14 @@
 """stratastore: durable, tiered, validated storage for LLM conversation state.
 
 Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesystem code) ->
-``store`` (content-addressed segments with an LMDB index). See format-spec/SPEC.md.
+``store`` (content-addressed segments with an LMDB index; ``levels``: the backend protocol) ->
+``chain`` -> ``catalog`` (shared by every process) -> ``tiers`` -> the ``Store``. See
+format-spec/SPEC.md.
 """
 
+from .catalog import CatalogBusy
 from .chain import Checkpoint, Conversation, InvalidRequest
-from .config import StoreConfig
+from .config import LevelSpec, StoreConfig
 from .errors import ConfigError, StrataError
 from .facade import BatchRestoreError, SpillError, Store, StoreClosed
 from .format import (
@@ -20,6 +23,7 @@ from .format import (
     UnsupportedVersion,
 )
 from .io import StrataIOError
+from .levels import SegmentBackend
 from .store import PutResult, SegmentNotFound, SegmentStore, StoreError, StoreStats
 from .tiers.tiered import InvalidConversation
 
@@ -27,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchRestoreError",
+    "CatalogBusy",
     "Checkpoint",
     "ChecksumMismatch",
     "Codec",
@@ -39,8 +44,10 @@ __all__ = [
     "InvalidRequest",
     "Kind",
     "Level",
+    "LevelSpec",
     "ModelFingerprint",
     "PutResult",
+    "SegmentBackend",
     "SegmentNotFound",
     "SegmentStore",
     "SpillError",

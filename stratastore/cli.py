@@ -462,13 +462,12 @@ def _levels_doc(levels: StoreLevels) -> dict[str, Any]:
 
 
 def _config_dirs(args: argparse.Namespace) -> list[str]:
-    """The level directories of ``--config`` (warm first), for commands given no DIR."""
+    """The level directories of ``--config`` (first level first), for commands given no DIR."""
     cfg: StoreConfig | None = args.store_config
-    dirs = [] if cfg is None else [d for d, on in ((cfg.warm_dir, cfg.warm_on),
-                                                    (cfg.cold_dir, cfg.cold_on)) if on]  # fmt: skip
+    dirs = [] if cfg is None else [lv.dir for lv in cfg.disk_levels()]
     if not dirs:
         raise ConfigError("name the store's level directories, or pass --config FILE whose "
-                          "warm_dir/cold_dir (with their budgets) name them")  # fmt: skip
+                          "levels (or warm_dir/cold_dir, with budgets) name them")  # fmt: skip
     return dirs
 
 

@@ -141,7 +141,7 @@ def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
     fp = ModelFingerprint.create("demo/llama-3.2-1b-geometry", n_layers=16, n_kv_heads=8,
                                  head_dim=64, page_tokens=16, dtype="float16")  # fmt: skip
     cfg: dict[str, Any] = {**(base.to_mapping() if base else {}), **{
-        "ram_mib": 128, "slots": SLOTS, "spill_on": "evict",
+        "ram_mib": 128, "slots": SLOTS, "spill_on": "evict", "levels": (),
         "warm_dir": os.path.join(path, "warm"), "warm_mib": 192,
         "cold_dir": os.path.join(path, "cold"), "cold_mib": 1024,
     }}  # fmt: skip
@@ -243,11 +243,10 @@ def damage_target(store: Store) -> tuple[npt.NDArray[np.uint32], int, str, str] 
             continue
         match = hit[1]
         for start, _, key in tiers._disk[match.conv_id].segments:
-            holder = tiers._holder(key)
+            holder = tiers.holder(key)
             if start >= match.length or holder is None:
                 break  # the restore stops here: nothing deeper is read
-            level = next(lv.name for lv in (tiers.warm, tiers.cold)
-                         if lv is not None and lv.store is holder)  # fmt: skip
+            level = next(lv.name for lv in tiers.levels if lv.store is holder)
             path = os.path.join(holder.path, data_name(key))
             if start > 0:
                 found.setdefault(level, (dc.conv.tokens, start, path, level))

@@ -190,6 +190,13 @@ class Store:
         if not isinstance(name, str) or not name:
             raise InvalidConversation(f"{call}: the session name {name!r} must be a non-empty "
                                       "string (what save_session() was given)")  # fmt: skip
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidConversation(
+                f"{call}: the session name {name!r} cannot be encoded "
+                f"as UTF-8 ({e.reason}); no session has it"
+            ) from None
         return name
 
     def _raise_errors(self) -> None:

@@ -39,7 +39,12 @@ from .format import (
     parse_name,
 )
 from .format.index_record import INDEX_SCHEMA
-from .format.manifest import MAX_MANIFEST_BYTES, decode_manifest, manifest_key_mismatch
+from .format.manifest import (
+    MAX_MANIFEST_BYTES,
+    ChainManifest,
+    decode_manifest,
+    manifest_key_mismatch,
+)
 from .format.naming import (
     INDEX_DIR,
     QUARANTINE_DIR,
@@ -53,12 +58,15 @@ from .format.sidecar import MAX_SIDECAR_BYTES, Sidecar
 from .io import files, guard, modes
 from .io.errors import NotARegularFile, ShortRead, StrataIOError, SymlinkRefused
 from .level_dirs import StoreLevels, levels_of
+from .reachability import reachability
 from .store.index import lmdb_file_problem
 from .store.reader import SegmentReader
 
 __all__ = ["Finding", "Severity", "committed_keys", "fsck", "quarantined_keys"]
 
 Severity = Literal["error", "warning", "info"]
+#: the damage findings whose segment repair leaves in place (a link, a FIFO, a newer reader's)
+_LEFT_ALONE = ("SYMLINK", "NOT_REGULAR_FILE", "SIDECAR_UNSUPPORTED")
 _T = TypeVar("_T")
 
 
@@ -108,7 +116,8 @@ def fsck(dirs: Sequence[str], *, deep: bool = False, isolate_index: bool = True,
     in its detail, never findings of their own. ``CHAIN_BROKEN`` is a segment absent from every
     level of ``levels.store`` (default :func:`~stratastore.level_dirs.levels_of`: ``dirs`` and
     their sibling levels), since a chain in the last level names segments of every level
-    (F-CHAIN-4); levels not in ``dirs`` are only looked in, not checked.
+    (F-CHAIN-4); levels not in ``dirs`` are only looked in, not checked. ``SEGMENT_UNREACHABLE``
+    (a committed segment of ``dirs`` no chain reaches, F-CHAIN-3) only when ``levels.complete``.
     ``isolate_index=False`` reads the LMDB index in this process (faster; only for an index
     known to be a real LMDB commit, as the power-loss tests have: a damaged one can SIGBUS)."""
     for d in dirs:
@@ -133,8 +142,13 @@ def fsck(dirs: Sequence[str], *, deep: bool = False, isolate_index: bool = True,
                 seen[key] = d
     chains = _Chains(seen, committed_keys(others), damaged,
                      quarantined_keys([*dirs, *others]), (*dirs, *others))  # fmt: skip
+    accepted: list[tuple[str, ChainManifest]] = []
     for d, name in manifests:
-        yield from _check_manifest(d, name, chains)
+        m = yield from _check_manifest(d, name, chains)
+        if m is not None:
+            accepted.append((os.path.join(d, name), m))
+    if levels.complete:  # a guessed level set could hide a segment's predecessor
+        yield from _check_reachability(dirs, others, accepted, chains)
     for found in damaged.values():
         for dmg in found:
             yield dmg.report()
@@ -518,26 +532,36 @@ def _stale_fields(d: str, sc: Sidecar, rec: IndexRecord) -> list[str]:
             if getattr(rec, f.name) != getattr(want, f.name)]  # fmt: skip
 
 
-def _check_manifest(d: str, name: str, chains: _Chains) -> Iterator[Finding]:
-    """One chain manifest (spec F-CHAIN). Its first segment that no level holds valid stops
-    the chain: when that segment is damaged in a checked level, the stop is a consequence added
-    to the damage's finding; when it is in no level searched, ``CHAIN_BROKEN``."""
-    path = os.path.join(d, name)
+def _read_manifest(path: str) -> ChainManifest | Finding:
+    """The manifest at ``path`` as a reader accepts it, or the finding why a reader refuses
+    it: it does not decode, its name is not its conversation's (F-CHAIN-4), or its keys are not
+    its tokens' (F-CHAIN-2)."""
     try:
         m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
     except (StrataError, StrataIOError) as e:
-        yield Finding("CHAIN_INVALID", "error", path, str(e))
-        return
-    if name != chain_name(m.conv_id):  # F-CHAIN-4: a reader refuses it
-        yield Finding("CHAIN_INVALID", "error", path,
-                      f"it holds conversation {m.conv_id!r}, whose manifest is named "
-                      f"{chain_name(m.conv_id)}: a copy under another conversation's "
-                      "name")  # fmt: skip
-        return
+        return Finding("CHAIN_INVALID", "error", path, str(e))
+    if os.path.basename(path) != chain_name(m.conv_id):  # F-CHAIN-4: a reader refuses it
+        return Finding("CHAIN_INVALID", "error", path,
+                       f"it holds conversation {m.conv_id!r}, whose manifest is named "
+                       f"{chain_name(m.conv_id)}: a copy under another conversation's "
+                       "name")  # fmt: skip
     forged = manifest_key_mismatch(m, obj=path)  # keys not its tokens' (F-CHAIN-2)
     if forged is not None:
-        yield Finding("MANIFEST_KEY_MISMATCH", "error", path, str(forged))
-        return
+        return Finding("MANIFEST_KEY_MISMATCH", "error", path, str(forged))
+    return m
+
+
+def _check_manifest(d: str, name: str, chains: _Chains
+                    ) -> Generator[Finding, None, ChainManifest | None]:  # fmt: skip
+    """One chain manifest (spec F-CHAIN); returns it when a reader accepts it. Its first
+    segment that no level holds valid stops the chain: when that segment is damaged in a checked
+    level, the stop is a consequence added to the damage's finding; when it is in no level
+    searched, ``CHAIN_BROKEN``."""
+    path = os.path.join(d, name)
+    m = _read_manifest(path)
+    if isinstance(m, Finding):
+        yield m
+        return None
     for start, _, key in m.segments:
         if key in chains.valid or key in chains.elsewhere:
             continue
@@ -553,4 +577,47 @@ def _check_manifest(d: str, name: str, chains: _Chains) -> Iterator[Finding]:
                           f"none of the levels searched ({', '.join(chains.searched)})"
                           + (f"; it was moved into {qdir} as damaged" if qdir else "")
                           + "; it restores only up to there")  # fmt: skip
-        return
+        break
+    return m
+
+
+def _check_reachability(dirs: Sequence[str], others: Sequence[str],
+                        accepted: list[tuple[str, ChainManifest]], chains: _Chains
+                        ) -> Iterator[Finding]:  # fmt: skip
+    """``SEGMENT_UNREACHABLE`` for each committed segment of ``dirs`` that no chain reaches
+    (spec F-CHAIN-3, :mod:`stratastore.reachability`), only for a complete level set: the
+    manifests of ``others`` count too (read, not checked), a segment of any level is present,
+    and a damaged one stops its chains. A damaged segment is reported by its damage, and one
+    reached only past damaged segments is a consequence in that damage's detail (one problem,
+    one finding); names and manifests only, nothing is hashed."""
+    for d in others:
+        with contextlib.suppress(StrataIOError):
+            for name in sorted(files.listdir(d)):
+                m = _read_manifest(os.path.join(d, name)) if is_chain_name(name) else None
+                if isinstance(m, ChainManifest):
+                    accepted.append((os.path.join(d, name), m))
+    here = {d: committed_keys([d]) for d in dirs}
+    mine: set[bytes] = set().union(*here.values())
+    store = mine | set(chains.valid) | chains.elsewhere | set(chains.damaged)
+    reach = reachability(accepted, mine - set(chains.damaged), store.__contains__,
+                         chains.damaged.__contains__)  # fmt: skip
+    behind: dict[bytes, list[str]] = {}  # a damaged key -> the segments only it hides
+    for d in dirs:
+        for key in sorted(here[d] & set(reach.unreachable)):
+            gone, path = reach.unreachable[key], os.path.join(d, data_name(key))
+            if gone.only_damage:
+                behind.setdefault(gone.stops[0].key, []).append(path)
+                continue
+            stop = next((s for s in gone.stops if s.missing), None)
+            qdir = chains.quarantined.get(stop.key) if stop is not None else None
+            yield Finding("SEGMENT_UNREACHABLE", "warning", path,
+                          f"segment {key.hex()} in level {d}: {gone.reason()}"
+                          + (f" (moved into {qdir} as damaged)" if qdir else "")
+                          + "; no restore reads it, yet it occupies the level's budget "
+                          "(F-CHAIN-3); repair quarantines it")  # fmt: skip
+    for key, paths in behind.items():
+        for dmg in chains.damaged[key][:1]:
+            fix = ("repair leaves them, as it leaves this segment" if dmg.finding.id in _LEFT_ALONE
+                   else "once repair cuts the chains here, it quarantines them")  # fmt: skip
+            dmg.consequences.append(f"{len(paths)} segment(s) after it are reached by no chain "
+                                    f"(F-CHAIN-3), e.g. {', '.join(paths[:3])}: {fix}")  # fmt: skip

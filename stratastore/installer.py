@@ -142,17 +142,31 @@ def run_init(
     return dataclasses.replace(defaults, **values)
 
 
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v) if isinstance(v, str) else str(v)  # a JSON string is a TOML one
+
+
 def to_toml(cfg: StoreConfig) -> str:
-    """Every setting as ``name = value`` (TOML), commented with its default."""
+    """Every setting as ``name = value`` (TOML). A ``levels`` list (issue 12) is written as
+    ``[[levels]]`` tables after the top-level settings (TOML puts them last), and the flat
+    ``warm_*``/``cold_*`` settings, its aliases, are then left out; without one (the
+    defaults, and every config ``strata init`` asks for) nothing about it is written."""
     lines = ["# stratastore config, written by `strata init`; Store.open(fp, this path) and",
              "# `strata ... --config this path` read it. README: Configuration.", ""]  # fmt: skip
+    aliased = {f"{n}_{k}" for n in ("warm", "cold") for k in ("dir", "mib", "max_age_s")}
     for f in dataclasses.fields(cfg):
+        if f.name == "levels" or (cfg.levels and f.name in aliased):
+            continue
         v = getattr(cfg, f.name)
-        text = ("true" if v else "false") if isinstance(v, bool) else (
-            json.dumps(v) if isinstance(v, str) else str(v))  # fmt: skip
+        text = _toml_value(v)
         if f.name == "file_mode":
             text = f"{v:#o}"  # permission bits read best in octal (TOML: 0o600)
         lines.append(f"{f.name} = {text}")
+    for level in cfg.levels:
+        lines += ["", "[[levels]]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in level.to_mapping().items()]
     return "\n".join(lines) + "\n"
 
 

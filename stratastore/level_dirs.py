@@ -3,8 +3,9 @@
 One function, :func:`find_store_levels`, used by ``strata fsck`` (and its repair),
 ``strata conformance`` and ``strata monitor``. Each path a user gives is one of:
 
-- **a config file** (TOML, what ``strata init`` writes): its ``warm_dir`` then ``cold_dir``,
-  those that are on. They are every level of the store, so the set is *complete*.
+- **a config file** (TOML, what ``strata init`` writes): its disk levels that are on, in order
+  (:meth:`~stratastore.config.StoreConfig.disk_levels`: its ``levels`` list, or ``warm_dir``
+  then ``cold_dir``). They are every level of the store, so the set is *complete*.
 - **a level directory** (spec F-DIR: it holds ``strata-index/``, ``strata-quarantine/`` or
   files named ``strata-conv-``, ``strata-chain-`` or ``strata-tmp-``): itself. Its parent, when
   that is a store root (``X`` of ``strata demo --dir X``), tells the store's other levels as
@@ -17,8 +18,10 @@ One function, :func:`find_store_levels`, used by ``strata fsck`` (and its repair
   that config's, and the set is *complete*. Otherwise its subdirectories that are levels
   (a link to a directory is one: the store directory a user configured may be a link, spec
   F-DIR-8; only what is inside a level is never followed), warm first, then cold, then the
-  rest by name; *complete* only when both ``warm`` and ``cold`` are among them (a store has at
-  most those two disk levels, and one may be configured elsewhere). What is skipped (a link to
+  rest by name; *complete* only when both ``warm`` and ``cold`` are among them (one may be
+  configured elsewhere). A store whose config gives a ``levels`` list of more than two can be
+  known whole only from that config (or the root's ``strata.toml``): subdirectories alone
+  cannot tell a third level configured elsewhere. What is skipped (a link to
   no directory, a directory that is not a level) is named in ``skipped``.
 
 Repair cuts a chain at a segment absent from every level only for a *complete* set
@@ -158,11 +161,12 @@ def sibling_levels(dirs: Sequence[str]) -> list[str]:
 
 
 def _config_levels(cfg: StoreConfig, source: str) -> list[str]:
-    dirs = [os.path.abspath(d) for d, on in ((cfg.warm_dir, cfg.warm_on),
-                                             (cfg.cold_dir, cfg.cold_on)) if on]  # fmt: skip
+    """The directories of ``cfg``'s disk levels that are on, in the config's order."""
+    dirs = [os.path.abspath(lv.dir) for lv in cfg.disk_levels()]
     if not dirs:
         raise NoStoreLevels(f"config {source} turns on no disk level: set warm_dir and warm_mib, "
-                            "or cold_dir and cold_mib")  # fmt: skip
+                            "or cold_dir and cold_mib, or give [[levels]] tables with a dir and "
+                            "a mib")  # fmt: skip
     for d in dirs:
         if not os.path.isdir(d):
             raise NoStoreLevels(f"level directory {d} (named by config {source}) does not exist: "

@@ -7,7 +7,10 @@ cut to its deepest checkpoint below the gap, and indexes rebuilt from the sideca
 the :class:`Action` records of what it did. Every removal and move goes through the io layer's
 guard (:mod:`stratastore.io.guard`, spec F-DIR-8): what the guard refuses is left in place and
 recorded as a ``refused`` action. A chain that names a segment in none of the levels known is
-not cut unless the levels are the whole store (:class:`RepairRefused`).
+not cut unless the levels are the whole store (:class:`RepairRefused`). Segments no chain
+reaches (``SEGMENT_UNREACHABLE``, reported only for the whole store) are quarantined, those the
+chain cuts leave behind too: a park writes its segments before its manifest (F-CHAIN-3), so
+repair, like fsck, is for a store no process has open.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ __all__ = ["Action", "RepairRefused", "repair"]
 _QUARANTINE = {
     "SIDECAR_INVALID", "SIDECAR_CHECKSUM", "SIDECAR_KEY_MISMATCH", "DATA_MISSING",
     "SEGMENT_HEADER_INVALID", "SEGMENT_HEADER_MISMATCH", "SEGMENT_SIZE_MISMATCH",
-    "PAGE_HASH_MISMATCH", "ORPHAN_FILE",
+    "PAGE_HASH_MISMATCH", "ORPHAN_FILE", "SEGMENT_UNREACHABLE",
 }  # fmt: skip
 _INDEX = {"INDEX_DANGLING", "INDEX_RECORD_INVALID", "INDEX_UNREADABLE", "INDEX_STALE",
           "INDEX_MISSING", "INDEX_SCHEMA", "INDEX_ABSENT"}  # fmt: skip
@@ -94,8 +97,10 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
     """Bring the directories back to a clean fsck without destroying valid data: quarantine
     damaged segments and manifests (moved into ``strata-quarantine/``, never deleted), remove
     temp files, truncate a broken chain to its deepest checkpoint below the gap, and rebuild the
-    indexes from the sidecars. Offline only: no process may have the store open. A second run
-    changes nothing.
+    indexes from the sidecars, then quarantine the segments no chain reaches any more
+    (``SEGMENT_UNREACHABLE``: a GC hole's or a cut's leftovers; only when ``levels`` is the
+    whole store). Offline only: no process may have the store open (a park in progress has
+    written segments that no manifest names yet). A second run changes nothing.
 
     Repair acts only on store names directly inside ``dirs`` and never through a symbolic link
     or on a non-regular file (spec F-DIR-8): every removal and move goes through the io layer's
@@ -131,16 +136,10 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
                 actions.append(Action("quarantine", f.object, f.id))
         except _REFUSALS as e:
             actions.append(Action("refused", e.path, str(e)))
-    for d in dirs:  # an index is derived: rebuild it where anything is off
-        if d in rebuild or any(f.id in _INDEX and f.object.startswith(d + os.sep)
-                               for f in findings):  # fmt: skip
-            index = os.path.join(d, INDEX_DIR)
-            try:
-                _rebuild_index(d)
-            except _REFUSALS as e:
-                actions.append(Action("refused", e.path, str(e)))
-                continue
-            actions.append(Action("rebuild_index", index, "from the sidecars"))
+    rebuild |= {d for d in dirs if any(f.id in _INDEX and f.object.startswith(d + os.sep)
+                                       for f in findings)}  # fmt: skip
+    _rebuild_indexes(dirs, rebuild, actions)
+    cuts = 0
     for f in fsck(dirs, deep=False, levels=levels):  # chains broken by the quarantines above
         if f.id == "CHAIN_BROKEN":
             try:
@@ -150,7 +149,44 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
                 continue
             if cut is not None:
                 actions.append(cut)
+                cuts += 1
+    if cuts and levels.complete:  # what a cut chain no longer reaches
+        _quarantine_unreachable(dirs, levels, actions)
     return actions
+
+
+def _rebuild_indexes(dirs: Sequence[str], rebuild: set[str], actions: list[Action]) -> None:
+    """Rebuild the index of each of ``dirs`` in ``rebuild`` (it is derived: rebuilt where
+    anything is off or any segment was quarantined)."""
+    for d in dirs:
+        if d in rebuild:
+            index = os.path.join(d, INDEX_DIR)
+            try:
+                _rebuild_index(d)
+            except _REFUSALS as e:
+                actions.append(Action("refused", e.path, str(e)))
+                continue
+            actions.append(Action("rebuild_index", index, "from the sidecars"))
+
+
+def _quarantine_unreachable(dirs: Sequence[str], levels: StoreLevels,
+                            actions: list[Action]) -> None:  # fmt: skip
+    """Quarantine the segments no chain reaches after the cuts (those between a chain's new
+    end and the segment it was cut at, and those past it), and rebuild those indexes (fsck
+    without ``deep``). Quarantining an unreachable segment never makes another one unreachable
+    (every segment before a reachable one is reachable), so one pass is enough."""
+    rebuild = set()
+    for f in fsck(dirs, deep=False, levels=levels):
+        if f.id != "SEGMENT_UNREACHABLE":
+            continue
+        rebuild.add(os.path.dirname(f.object))
+        try:
+            for path in _segment_files(f.object):
+                _quarantine(path)
+                actions.append(Action("quarantine", path, f.id))
+        except _REFUSALS as e:
+            actions.append(Action("refused", e.path, str(e)))
+    _rebuild_indexes(dirs, rebuild, actions)
 
 
 def _segment_files(path: str) -> list[str]:

@@ -20,6 +20,7 @@ Two kinds of resume point:
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -52,6 +53,7 @@ class _Node:
         "ckpt_lengths",
         "ckpts",
         "convs",
+        "longest",
         "max_conv",
         "max_extent",
         "media",
@@ -73,6 +75,9 @@ class _Node:
         self.ckpt_lengths: list[int] = []  #: sorted keys of ckpts
         self.max_extent = 0
         self.max_conv = ""
+        #: (-extent, conv) of every conversation added, a heap: the longest in O(log n) when
+        #: the longest leaves (entries of conversations gone or changed are skipped lazily)
+        self.longest: list[tuple[int, str]] = []
 
     @property
     def end(self) -> int:
@@ -83,16 +88,20 @@ class _Node:
 
     def add_conv(self, conv_id: str, extent: int) -> None:
         self.convs[conv_id] = extent
+        heapq.heappush(self.longest, (-extent, conv_id))
         if extent > self.max_extent:
             self.max_extent, self.max_conv = extent, conv_id
 
     def drop_conv(self, conv_id: str) -> None:
         del self.convs[conv_id]
         if conv_id == self.max_conv:
-            self.max_extent, self.max_conv = 0, ""
-            for c, e in self.convs.items():
-                if e > self.max_extent:
-                    self.max_extent, self.max_conv = e, c
+            heap = self.longest
+            while heap and self.convs.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)  # gone, or re-added with another extent
+            self.max_extent, self.max_conv = (-heap[0][0], heap[0][1]) if heap else (0, "")
+        if len(self.longest) > 2 * len(self.convs) + 16:  # keep the stale entries bounded
+            self.longest = [(-e, c) for c, e in self.convs.items()]
+            heapq.heapify(self.longest)
 
     def add_ckpt(self, length: int, conv_id: str) -> None:
         if length not in self.ckpts:

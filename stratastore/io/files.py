@@ -32,6 +32,7 @@ import fcntl
 import functools
 import os
 import stat
+import struct
 from collections.abc import Callable
 from typing import cast
 
@@ -412,3 +413,17 @@ def preadv_exact(fd: int, bufs: list[memoryview], offset: int, path: str) -> Non
             take = min(n, views[i].nbytes)
             views[i], n = views[i][take:], n - take
             i += views[i].nbytes == 0
+
+
+def realpath(path: str) -> str:
+    """``path`` with every symbolic link resolved (two names of one directory compare equal);
+    a look-up only, nothing is opened."""
+    return os.path.realpath(path)
+
+
+def stamp(path: str) -> bytes:
+    """What identifies a file's version without reading it: inode, size and mtime (ns), 24
+    bytes (lstat: a link is never followed). The shared catalog keeps a manifest's stamp so that
+    an open re-reads only the manifests changed behind its back."""
+    st = _do("stat", path, lambda: os.lstat(path))
+    return struct.pack(">QQQ", st.st_ino, st.st_size, st.st_mtime_ns)

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 import numba_kernels
 
-from ..store import SegmentReader
+from ..levels.backend import OpenSegment
 
 __all__ = ["read_hashed", "read_scattered_hashed"]
 
@@ -45,7 +45,7 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def read_hashed(seg: SegmentReader, buf: npt.NDArray[np.uint8], offset: int, page_bytes: int
+def read_hashed(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_bytes: int
                 ) -> npt.NDArray[np.uint8]:  # fmt: skip
     """Fill ``buf`` with the segment's payload from byte ``offset`` (a page boundary) and return
     the ``(pages, 32)`` BLAKE3 digests of the ``page_bytes`` pages of ``buf`` as it now holds
@@ -67,7 +67,7 @@ def read_hashed(seg: SegmentReader, buf: npt.NDArray[np.uint8], offset: int, pag
     return out
 
 
-def read_scattered_hashed(seg: SegmentReader, pages: list[list[memoryview]], page_bytes: int
+def read_scattered_hashed(seg: OpenSegment, pages: list[list[memoryview]], page_bytes: int
                           ) -> npt.NDArray[np.uint8]:  # fmt: skip
     """Scatter the segment's pages ``0..len(pages)-1`` into the caller's memory (page ``i``
     into the buffers ``pages[i]``, in turn: a destination's own layout) and return the

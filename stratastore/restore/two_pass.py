@@ -31,7 +31,8 @@ import numba_kernels
 from ..errors import StrataError
 from ..format import ChecksumMismatch, Codec, FormatError, ModelFingerprint
 from ..io.errors import StrataIOError
-from ..store import SegmentNotFound, SegmentReader, SegmentStore
+from ..levels.backend import OpenSegment, SegmentBackend
+from ..store import SegmentNotFound
 from ..store.staging import STAGING
 from .destinations import Destination, FlatKV, _PerToken
 from .reads import read_hashed, read_scattered_hashed
@@ -52,7 +53,7 @@ class Piece:
     start: int
     end: int
     key: bytes
-    store: SegmentStore | None
+    store: SegmentBackend | None
 
 
 @dataclass
@@ -200,7 +201,7 @@ class Job:
         bad = np.flatnonzero((actual != expected).any(axis=1))
         return int(bad[0]) if bad.size else None
 
-    def _read_direct(self, seg: SegmentReader, piece: Piece, need: int, nbytes: int,
+    def _read_direct(self, seg: OpenSegment, piece: Piece, need: int, nbytes: int,
                      dest: FlatKV | _PerToken, v: Validated) -> npt.NDArray[np.uint8]:  # fmt: skip
         """Read the pages the apply pass may deliver straight into ``dest`` (every page up to
         ``need``, the segment's short last page included: one region of a :class:`FlatKV`, or

@@ -2,9 +2,9 @@
 
 from .errors import SegmentNotFound, StoreError
 from .index import SegmentIndex
-from .reader import SegmentReader
+from .reader import OutOfRange, PayloadReader, SegmentReader
+from .sealing import STATE_PAGE_BYTES
 from .segment_store import (
-    STATE_PAGE_BYTES,
     PutResult,
     SegmentStore,
     Skipped,
@@ -13,6 +13,8 @@ from .segment_store import (
 
 __all__ = [
     "STATE_PAGE_BYTES",
+    "OutOfRange",
+    "PayloadReader",
     "PutResult",
     "SegmentIndex",
     "SegmentNotFound",

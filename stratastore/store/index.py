@@ -9,6 +9,15 @@ it is retried).
 absent (spec F-DIR-8): LMDB follows links and would write through them, so anything else is
 refused before LMDB sees the directory. LMDB creates its files with the store's file mode (spec
 F-DIR-9).
+
+Beside ``segments`` and ``meta`` (spec F-IDX-1), two derived tables keep the costs a level pays
+per operation independent of its size: ``totals`` holds ``bytes`` (u64 LE, the data-file plus
+sidecar bytes of every record) and ``ages`` holds one empty row per record keyed by its
+``sealed_at_ns`` (u64 big-endian, so LMDB's bytewise order is age order) then its key. Every
+write of a record updates both in its own transaction, reading the old record there first, so
+:meth:`SegmentIndex.used_bytes` is one read and :meth:`SegmentIndex.oldest` a cursor walk. An
+index without them (written by 0.1) is rebuilt on open like one of another schema (F-IDX-3):
+:meth:`SegmentIndex.totals_ok`. They live outside ``meta``, whose contents F-IDX-5 pins.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
+from ..format.errors import FormatError
 from ..format.index_record import INDEX_SCHEMA, IndexRecord
 from ..format.naming import INDEX_DIR
 from ..io import files, guard
@@ -37,6 +47,10 @@ _INITIAL_MAP = 64 << 20
 _MAX_MAP = 1 << 40
 _SCHEMA_KEY = b"schema"
 FINGERPRINT_KEY = b"fingerprint"
+_BYTES_KEY = b"bytes"
+_U64 = struct.Struct("<Q")
+_AGE = struct.Struct(">Q")  #: big-endian: bytewise order is numeric order
+_OLDEST_BATCH = 64  #: rows :meth:`SegmentIndex.oldest` reads per short read transaction
 
 _registry_lock = threading.Lock()
 _registry: dict[str, tuple[Any, int]] = {}
@@ -97,7 +111,7 @@ def _open_env(path: str, file_mode: int) -> Any:
             problem = lmdb_file_problem(path)
             if problem is not None:
                 raise lmdb.CorruptedError(problem)
-            env = lmdb.open(path, subdir=True, max_dbs=4, map_size=_INITIAL_MAP, create=False,
+            env = lmdb.open(path, subdir=True, max_dbs=16, map_size=_INITIAL_MAP, create=False,
                             sync=True, metasync=True, readahead=False, max_readers=256,
                             mode=file_mode)  # fmt: skip
         _registry[path] = (env, refs + 1)
@@ -135,6 +149,8 @@ class SegmentIndex:
         try:
             self._segments = self.env.open_db(b"segments")
             self._meta = self.env.open_db(b"meta")
+            self._ages = self.env.open_db(b"ages")
+            self._totals = self.env.open_db(b"totals")
         except lmdb.Error as e:
             _close_env(self.path)
             raise StoreError(
@@ -158,6 +174,8 @@ class SegmentIndex:
                 if size > _MAX_MAP:
                     raise StoreError(f"index {self.path} is over {_MAX_MAP} bytes") from None
                 self.env.set_mapsize(size)
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                self.env.set_mapsize(0)
             except lmdb.Error as e:
                 raise StoreError(
                     f"index {self.path}: write failed ({e}); the segment files are the truth: "
@@ -167,9 +185,15 @@ class SegmentIndex:
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Any]:
         """A read transaction; LMDB's own errors (a damaged ``data.mdb``) become a StoreError
-        naming the fix, as the index is derived state (spec F-IDX-3)."""
+        naming the fix, as the index is derived state (spec F-IDX-3). A map another process
+        grew (the environment is shared) is adopted first."""
         try:
-            with self.env.begin() as txn:
+            try:
+                txn = self.env.begin()
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)
+                txn = self.env.begin()
+            with txn:
                 yield txn
         except lmdb.Error as e:
             raise StoreError(
@@ -199,10 +223,17 @@ class SegmentIndex:
         return IndexRecord.unpack(bytes(raw), f"index record {key.hex()}") if raw else None
 
     def put(self, key: bytes, rec: IndexRecord) -> None:
-        self._write(lambda txn: txn.put(key, rec.pack(), db=self._segments))
+        self._write(lambda txn: self._put_in(txn, key, rec, self._unput_in(txn, key) or 0))
 
     def delete(self, key: bytes) -> bool:
-        return bool(self._write(lambda txn: txn.delete(key, db=self._segments)))
+        def run(txn: Any) -> bool:
+            removed = self._unput_in(txn, key)
+            if removed is None:
+                return False
+            self._add_bytes(txn, -removed)
+            return True
+
+        return self._write(run)
 
     def keys(self) -> list[bytes]:
         with self._reading() as txn:
@@ -218,13 +249,81 @@ class SegmentIndex:
         with self._reading() as txn:
             return int(txn.stat(self._segments)["entries"])
 
+    def used_bytes(self) -> int:
+        """Data-file plus sidecar bytes of every record (the ``totals`` counter): one read."""
+        with self._reading() as txn:
+            raw = txn.get(_BYTES_KEY, db=self._totals)
+        return _U64.unpack(raw)[0] if raw is not None else 0
+
+    def totals_ok(self) -> bool:
+        """The derived tables exist and cover every record (else open rebuilds the index: an
+        index of 0.1 has none, and a 0.1 writer would not have kept ``ages`` in step)."""
+        with self._reading() as txn:
+            if txn.get(_BYTES_KEY, db=self._totals) is None:
+                return False
+            return bool(txn.stat(self._ages)["entries"] == txn.stat(self._segments)["entries"])
+
+    def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
+        """Every ``(key, record)``, oldest ``sealed_at_ns`` first (ties by key), read lazily a
+        few rows per short read transaction: O(log n) a row, nothing held between rows. A row
+        removed after its batch was read may still be yielded (the caller's delete or move then
+        finds it gone); one added meanwhile behind the cursor is not."""
+        after = b""
+        while True:
+            with self._reading() as txn:
+                cur = txn.cursor(db=self._ages)
+                rows: list[tuple[bytes, bytes]] = []
+                ok = cur.set_range(after + b"\0") if after else cur.first()
+                while ok and len(rows) < _OLDEST_BATCH:
+                    age_key = bytes(cur.key())
+                    raw = txn.get(age_key[_AGE.size :], db=self._segments)
+                    if raw is not None:
+                        rows.append((age_key, bytes(raw)))
+                    after = age_key
+                    ok = cur.next()
+            for age_key, raw in rows:
+                key = age_key[_AGE.size :]
+                yield key, IndexRecord.unpack(raw, f"index record {key.hex()}")
+            if not ok:
+                return
+
+    # all record writes go through these three, inside the caller's write transaction
+    def _unput_in(self, txn: Any, key: bytes) -> int | None:
+        """Remove ``key``'s record and its age row; the bytes it accounted for (None: there was
+        no record)."""
+        raw = txn.get(key, db=self._segments)
+        if raw is None:
+            return None
+        try:
+            old = IndexRecord.unpack(bytes(raw), f"index record {key.hex()}")
+        except FormatError:  # an invalid record: nothing it says can be trusted or undone
+            txn.delete(key, db=self._segments)
+            return 0
+        txn.delete(_AGE.pack(old.sealed_at_ns) + key, db=self._ages)
+        txn.delete(key, db=self._segments)
+        return old.total_bytes
+
+    def _put_in(self, txn: Any, key: bytes, rec: IndexRecord, removed: int) -> None:
+        txn.put(key, rec.pack(), db=self._segments)
+        txn.put(_AGE.pack(rec.sealed_at_ns) + key, b"", db=self._ages)
+        self._add_bytes(txn, rec.total_bytes - removed)
+
+    def _add_bytes(self, txn: Any, delta: int) -> int:
+        raw = txn.get(_BYTES_KEY, db=self._totals)
+        now = _U64.unpack(raw)[0] if raw is not None else 0
+        txn.put(_BYTES_KEY, _U64.pack(max(0, now + delta)), db=self._totals)
+        return delta
+
     def replace_all(self, records: dict[bytes, IndexRecord], fingerprint: bytes) -> None:
-        """Make the index exactly ``records`` in one transaction (the rebuild, spec F-IDX-3)."""
+        """Make the index exactly ``records`` in one transaction (the rebuild, spec F-IDX-3),
+        with the derived ``ages`` and ``totals`` tables."""
 
         def run(txn: Any) -> None:
-            txn.drop(self._segments, delete=False)
+            for db in (self._segments, self._ages, self._totals):
+                txn.drop(db, delete=False)
+            self._add_bytes(txn, 0)
             for k, rec in records.items():
-                txn.put(k, rec.pack(), db=self._segments)
+                self._put_in(txn, k, rec, 0)
             txn.put(_SCHEMA_KEY, INDEX_SCHEMA.to_bytes(4, "little"), db=self._meta)
             txn.put(FINGERPRINT_KEY, fingerprint, db=self._meta)
 
@@ -235,8 +334,8 @@ class SegmentIndex:
 
         def run(txn: Any) -> None:
             for k in deletes:
-                txn.delete(k, db=self._segments)
+                self._add_bytes(txn, -(self._unput_in(txn, k) or 0))
             for k, rec in puts.items():
-                txn.put(k, rec.pack(), db=self._segments)
+                self._put_in(txn, k, rec, self._unput_in(txn, k) or 0)
 
         self._write(run)

@@ -10,6 +10,10 @@ chunk at a time in :data:`~stratastore.store.staging.STAGING`, compressed pages 
 time) and delivers only pages that match their sidecar digests: the bytes hashed are the bytes
 delivered. The store's reads (``SegmentStore.get_into``, ``view``, ``verify``), the restore's
 read pass and fsck's page check all read through it.
+
+:class:`PayloadReader` is what every backend's reader shares (the protocol
+:class:`~stratastore.levels.backend.OpenSegment`): range checks (:class:`OutOfRange`), decoding
+and validation over one positional read that each backend implements (``pread`` here).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator
 from types import TracebackType
+from typing import Self
 
 import numpy as np
 import numpy.typing as npt
@@ -35,9 +40,18 @@ from ..format import (
     decode_segment_header,
 )
 from ..io import files
+from .errors import StoreError
 from .staging import STAGING
 
-__all__ = ["SegmentReader", "check_data", "first_bad_page", "require_valid"]
+__all__ = [
+    "OutOfRange",
+    "PayloadReader",
+    "SegmentReader",
+    "check_data",
+    "first_bad_page",
+    "require_valid",
+    "validate_stored",
+]
 
 
 def check_data(sc: Sidecar, hdr: SegmentHeader, size: int) -> None:
@@ -52,42 +66,49 @@ def check_data(sc: Sidecar, hdr: SegmentHeader, size: int) -> None:
         )
 
 
-class SegmentReader:
-    """A committed segment's data file held open for reads into memory the caller owns (spec
-    F-SC-3; DESIGN "Delivered means validated").
+class OutOfRange(StoreError, IndexError):
+    """A read of bytes past the end of a segment's stored payload (or before its start)."""
 
-    Opening checks the data file ``path`` of the committed segment ``sidecar`` (its header and
-    size, :func:`check_data`) on the open descriptor (a rename over the name later cannot change
-    what is read). Reads ``pread`` into
-    the caller's buffer: never a mapping, so a file truncated, replaced or failing under the
-    reader is a typed error at the read (:class:`~stratastore.io.errors.ShortRead`,
-    :class:`StrataIOError`), never a SIGBUS at a later access.
+
+class PayloadReader:
+    """A committed segment open for reads of its *stored payload* (RAW: the pages; ZSTD: the
+    frames, spec F-SEG-4) into memory the caller owns; the base of every backend's reader.
+
+    A backend implements :meth:`_read_at` (fill a byte view from an offset of the stored
+    payload, all of it or a typed error) and :meth:`close`; the reads the restore path and the
+    store's validated reads use (:meth:`read_into`, :meth:`readv_into`, :meth:`pages`,
+    :meth:`copy_validated`, :meth:`first_bad_page`) are built here on it. Ranges are checked
+    against the sidecar's ``stored_bytes`` first (:class:`OutOfRange`).
     """
 
-    def __init__(self, sidecar: Sidecar, path: str) -> None:
-        self.sidecar = sidecar
-        self.path = path
-        self._fd = files.open_read(self.path)
-        try:
-            size = files.fd_size(self._fd, self.path)
-            head = bytearray(min(DATA_OFFSET, size))
-            files.pread_exact(self._fd, memoryview(head), 0, self.path)
-            hdr = decode_segment_header(bytes(head), data_name(sidecar.key))
-            check_data(self.sidecar, hdr, size)
-        except BaseException:
-            self.close()
-            raise
-        self._start = hdr.data_offset
+    sidecar: Sidecar
+
+    def _read_at(self, view: memoryview, offset: int) -> None:
+        raise NotImplementedError
+
+    def _readv_at(self, views: list[memoryview], offset: int) -> None:
+        for v in views:
+            self._read_at(v, offset)
+            offset += v.nbytes
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or offset + nbytes > self.sidecar.stored_bytes:
+            raise OutOfRange(
+                f"segment {self.sidecar.key.hex()}: bytes [{offset}, {offset + nbytes}) are "
+                f"outside its {self.sidecar.stored_bytes} stored bytes"
+            )
 
     def read_into(self, buf: npt.NDArray[np.uint8] | memoryview, offset: int = 0) -> None:
         """Fill all of ``buf`` with the stored payload from byte ``offset`` (RAW: the pages;
-        ZSTD: the frames)."""
+        ZSTD: the frames); not validated. :class:`OutOfRange` past the end."""
         view = buf if isinstance(buf, memoryview) else buf.data
-        files.pread_exact(self._fd, view, self._start + offset, self.path)
+        self._check_range(offset, view.nbytes)
+        self._read_at(view, offset)
 
     def readv_into(self, bufs: list[memoryview], offset: int = 0) -> None:
         """Fill ``bufs`` in turn (a scatter read) with the stored payload from byte ``offset``."""
-        files.preadv_exact(self._fd, bufs, self._start + offset, self.path)
+        self._check_range(offset, sum(b.nbytes for b in bufs))
+        self._readv_at(bufs, offset)
 
     def stored(self) -> npt.NDArray[np.uint8]:
         """The whole stored payload, in new memory."""
@@ -130,17 +151,54 @@ class SegmentReader:
         return -1
 
     def close(self) -> None:
-        if self._fd >= 0:
-            files.close(self._fd)
-            self._fd = -1
+        pass
 
-    def __enter__(self) -> SegmentReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class SegmentReader(PayloadReader):
+    """A committed segment's data file held open for reads into memory the caller owns (spec
+    F-SC-3; DESIGN "Delivered means validated").
+
+    Opening checks the data file ``path`` of the committed segment ``sidecar`` (its header and
+    size, :func:`check_data`) on the open descriptor (a rename over the name later cannot change
+    what is read). Reads ``pread`` into the caller's buffer: never a mapping, so a file
+    truncated, replaced or failing under the reader is a typed error at the read
+    (:class:`~stratastore.io.errors.ShortRead`, :class:`StrataIOError`), never a SIGBUS at a
+    later access.
+    """
+
+    def __init__(self, sidecar: Sidecar, path: str) -> None:
+        self.sidecar = sidecar
+        self.path = path
+        self._fd = files.open_read(self.path)
+        try:
+            size = files.fd_size(self._fd, self.path)
+            head = bytearray(min(DATA_OFFSET, size))
+            files.pread_exact(self._fd, memoryview(head), 0, self.path)
+            hdr = decode_segment_header(bytes(head), data_name(sidecar.key))
+            check_data(self.sidecar, hdr, size)
+        except BaseException:
+            self.close()
+            raise
+        self._start = hdr.data_offset
+
+    def _read_at(self, view: memoryview, offset: int) -> None:
+        files.pread_exact(self._fd, view, self._start + offset, self.path)
+
+    def _readv_at(self, views: list[memoryview], offset: int) -> None:
+        files.preadv_exact(self._fd, views, self._start + offset, self.path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            files.close(self._fd)
+            self._fd = -1
 
 
 #: a verified read stages (and hashes) this many bytes at a time
@@ -154,7 +212,7 @@ def _stage_step(sc: Sidecar) -> int:
 _Staged = Generator[tuple[int, npt.NDArray[np.uint8], npt.NDArray[np.uint8]], None, None]
 
 
-def _staged(seg: SegmentReader) -> _Staged:
+def _staged(seg: PayloadReader) -> _Staged:
     """The payload of a RAW segment read into reusable staging memory, a bounded chunk of whole
     pages at a time: ``(first page, the chunk, the digests the sidecar records for its pages)``.
     The chunk is valid until the next step."""
@@ -172,7 +230,7 @@ def _staged(seg: SegmentReader) -> _Staged:
         STAGING.give(stage)
 
 
-def _copy_validated(seg: SegmentReader, dst: memoryview, verify: bool) -> None:
+def _copy_validated(seg: PayloadReader, dst: memoryview, verify: bool) -> None:
     """Fill ``dst`` (``payload_bytes`` long) with the segment's pages. With ``verify``, RAW
     pages go through staging memory: read, hashed, and copied from that memory only if they
     match (a page that fails never reaches ``dst``)."""
@@ -192,7 +250,7 @@ def _copy_validated(seg: SegmentReader, dst: memoryview, verify: bool) -> None:
                 _raise_page(sc, chunk, bad, p0)
 
 
-def _first_bad_raw(seg: SegmentReader) -> int:
+def _first_bad_raw(seg: PayloadReader) -> int:
     """The first page of a RAW segment that fails its digest (-1: none), hashed in staging."""
     with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
         for p0, chunk, want in chunks:
@@ -281,3 +339,12 @@ def require_valid(sc: Sidecar, payload: npt.NDArray[np.uint8]) -> None:
     bad = first_bad_page(sc, payload)
     if bad >= 0:
         _raise_page(sc, payload, bad)
+
+
+def validate_stored(sc: Sidecar, stored: npt.NDArray[np.uint8]) -> None:
+    """Raise :class:`ChecksumMismatch` for the first page of a segment's whole *stored*
+    payload (RAW pages or ZSTD frames) that fails its digest (spec F-SC-3)."""
+    if sc.codec is Codec.RAW:
+        require_valid(sc, stored)
+    else:
+        _decompress_into(sc, stored, None, True)

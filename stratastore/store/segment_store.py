@@ -24,27 +24,26 @@ Order of operations (spec F-DUR):
   memory only if they match (``verify=True``, the default). Data files are never mapped: a file
   truncated or failing under a reader is a typed error, never a SIGBUS (spec F-SC-3). The read
   side is :mod:`stratastore.store.reader` (:class:`SegmentReader`, :meth:`open_reader`).
+* **relocate**: :mod:`stratastore.store.relocation` (spec F-DUR-8). **seal** (keys, page
+  hashes, compression, sidecars; no I/O): :mod:`stratastore.store.sealing`.
+* **used / oldest**: counters and an age table kept in the index's own transactions
+  (:mod:`stratastore.store.index`), so neither grows with the store.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
-import zstandard
-
-import numba_kernels
 
 from ..errors import StrataError
 from ..format import (
@@ -54,7 +53,6 @@ from ..format import (
     FormatError,
     IncompatibleFingerprint,
     IndexRecord,
-    Kind,
     Level,
     MediaRef,
     ModelFingerprint,
@@ -66,19 +64,31 @@ from ..format import (
     encode_segment_header,
     encode_sidecar,
     parse_name,
-    segment_key,
     sidecar_name,
-    state_key,
 )
 from ..format.index_record import INDEX_SCHEMA
 from ..format.sidecar import MAX_SIDECAR_BYTES
 from ..io import DurableFile, durable_write, files, guard
 from ..io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from ..io.modes import DEFAULT_FILE_MODE, file_mode_problem
-from ..io.relocate import link_or_copy
+from . import relocation
 from .errors import SegmentNotFound, StoreError
 from .index import FINGERPRINT_KEY, SegmentIndex
-from .reader import SegmentReader, check_data, require_valid
+from .reader import OutOfRange, SegmentReader, check_data, require_valid
+from .sealing import (
+    STATE_PAGE_BYTES,
+    Buffer,
+    Unsealed,
+    byte_view,
+    check_sealed,
+    encode,
+    kv_segment,
+    sidecar_for,
+    state_segment,
+)
+
+if TYPE_CHECKING:
+    from ..levels.backend import SegmentBackend
 
 __all__ = [
     "STATE_PAGE_BYTES",
@@ -88,12 +98,7 @@ __all__ = [
     "StoreStats",
 ]
 
-#: page size of running-state segments (their pages are not tied to tokens)
-STATE_PAGE_BYTES = 1 << 20
-_ZSTD_LEVEL = 1
 _WRITE_CHUNK = 16 << 20
-
-Buffer = npt.NDArray[np.uint8] | bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +123,13 @@ class Skipped:
     error: str  #: the error's class name (FormatError, ChecksumMismatch, ...)
 
 
-def _byte_view(buf: Buffer) -> memoryview:
-    view = buf.data if isinstance(buf, np.ndarray) else memoryview(buf)
-    if not view.c_contiguous:
-        raise StoreError("payload buffers must be C-contiguous; pass np.ascontiguousarray(x)")
-    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
-
-
 class SegmentStore:
     """Segments of one model in one directory; thread-safe, one writer at a time per directory
-    across processes (readers never block). Use :meth:`open`."""
+    across processes (readers never block). Use :meth:`open`.
+
+    The first implementation of the level protocol
+    :class:`~stratastore.levels.backend.SegmentBackend` (checked there, statically).
+    """
 
     def __init__(self, path: str, fingerprint: ModelFingerprint, level: Level,
                  file_mode: int = DEFAULT_FILE_MODE) -> None:  # fmt: skip
@@ -199,7 +201,7 @@ class SegmentStore:
             if parsed is not None:
                 on_disk.setdefault(parsed[0], set()).add(parsed[1])
         committed = {k for k, kinds in on_disk.items() if "side" in kinds}
-        if self._index.schema() != INDEX_SCHEMA:
+        if self._index.schema() != INDEX_SCHEMA or not self._index.totals_ok():
             indexed: set[bytes] = set()
             rebuild = True
         else:
@@ -227,12 +229,24 @@ class SegmentStore:
             self._index.meta_put(FINGERPRINT_KEY, self.fingerprint.pack())
 
     def _inspect(self, key: bytes) -> tuple[Sidecar, IndexRecord]:
-        """Read and check a committed segment's sidecar and data header (no page hashing)."""
+        """Read and check a committed segment's sidecar and data header (no page hashing).
+        :class:`SegmentNotFound` when it was deleted meanwhile (its sidecar is gone)."""
         sc, side_bytes = self._read_sidecar(key)
-        head, size = files.read_head(self._data_path(key), DATA_OFFSET)
+        try:
+            head, size = files.read_head(self._data_path(key), DATA_OFFSET)
+        except StrataIOError as e:
+            self._raise_if_deleted(key, e)
+            raise
         hdr = decode_segment_header(head, data_name(key))
         check_data(sc, hdr, size)
         return sc, IndexRecord.from_sidecar(sc, side_bytes, size)
+
+    def _raise_if_deleted(self, key: bytes, e: StrataIOError) -> None:
+        """A data file that vanished under a read: :class:`SegmentNotFound` when the segment was
+        deleted (its sidecar is gone too; another process moved or dropped it), else return
+        (a committed sidecar without its data file is damage: the caller re-raises ``e``)."""
+        if e.errno == errno.ENOENT and not self._committed(key):
+            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
 
     def close(self) -> None:
         self._flock.close()
@@ -286,21 +300,9 @@ class SegmentStore:
         never filed under a media-free key. A put of an already committed key writes nothing
         and returns ``created=False``.
         """
-        n = len(tokens)
-        view = _byte_view(payload)
-        if n < 1:
-            raise StoreError("a K/V segment needs at least one token")
-        want = n * self.fingerprint.token_bytes
-        if len(view) != want:
-            raise StoreError(
-                f"payload is {len(view)} bytes; {n} tokens of {self.fingerprint.describe()} "
-                f"are {want} bytes"
-            )
-        if parent_key == self.root_key and token_start != 0:
-            raise StoreError("a segment whose parent is the model root must start at token 0")
-        key = segment_key(parent_key, tokens, media)
-        return self._put(key, Kind.KV, parent_key, token_start, token_start + n,
-                         self.fingerprint.page_bytes, view, codec, tuple(media))  # fmt: skip
+        u = kv_segment(self.fingerprint, parent_key, tokens, payload, token_start=token_start,
+                       media=media)  # fmt: skip
+        return self._put(u, codec)
 
     def put_state(
         self,
@@ -311,72 +313,60 @@ class SegmentStore:
         codec: Codec = Codec.RAW,
     ) -> PutResult:
         """Store the running state saved at the checkpoint ``checkpoint_key`` (spec F-KEY-5)."""
-        view = _byte_view(payload)
-        if not view:
-            raise StoreError("a running-state segment needs at least one byte")
-        key = state_key(checkpoint_key)
-        return self._put(key, Kind.STATE, checkpoint_key, token_pos, token_pos,
-                         STATE_PAGE_BYTES, view, codec, ())  # fmt: skip
+        return self._put(state_segment(checkpoint_key, payload, token_pos=token_pos), codec)
+
+    def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
+        """Store a segment another level sealed: ``stored`` is its stored payload as
+        ``sidecar`` describes it. Checked first (model, size, every page: spec F-SC-3), then
+        committed here under this level's own sidecar (this level, sealed now) by the put
+        protocol of F-DUR. An already committed key writes nothing (``created=False``)."""
+        data = check_sealed(sidecar, stored, self.fingerprint)
+        key = sidecar.key
+        if self._committed(key) and self._index.get(key) is not None:
+            return PutResult(key, False, 0)
+        mine = relocation.resealed(sidecar, self.level)
+        header = SegmentHeader(mine.kind, mine.codec, key, mine.page_count, mine.page_bytes,
+                               mine.stored_bytes)  # fmt: skip
+        with DurableFile(self._data_path(key), mode=self.file_mode) as f:
+            f.write(encode_segment_header(header))
+            f.write(data.data)
+            f.prepare()
+            return self._commit(f, mine, header)
 
     def _committed(self, key: bytes) -> bool:
         return files.exists(self._sidecar_path(key))
 
-    def _put(
-        self,
-        key: bytes,
-        kind: Kind,
-        parent: bytes,
-        t0: int,
-        t1: int,
-        page_bytes: int,
-        view: memoryview,
-        codec: Codec,
-        media: tuple[MediaRef, ...],
-    ) -> PutResult:
-        if self._committed(key) and self._index.get(key) is not None:
-            return PutResult(key, False, 0)
-        n_pages = -(-len(view) // page_bytes)
-        if codec is Codec.RAW:
-            join_hashes = numba_kernels.start_page_hashes(view, page_bytes)
-            stored: list[memoryview] | None = None
-            lengths: tuple[int, ...] = ()
-            stored_bytes = len(view)
-        else:
-            hashes_now = numba_kernels.page_hashes(view, page_bytes)
-            stored = _compress_pages(view, page_bytes)
-            lengths = tuple(len(p) for p in stored)
-            stored_bytes = sum(lengths)
-            join_hashes = lambda: hashes_now  # noqa: E731
-        header = SegmentHeader(kind, codec, key, n_pages, page_bytes, stored_bytes)
-        data = DurableFile(self._data_path(key), mode=self.file_mode)
-        with data:
+    def _put(self, u: Unsealed, codec: Codec) -> PutResult:
+        if self._committed(u.key) and self._index.get(u.key) is not None:
+            return PutResult(u.key, False, 0)
+        enc = encode(u, codec, write_chunk=_WRITE_CHUNK)
+        header = SegmentHeader(u.kind, codec, u.key, u.page_count, u.page_bytes, enc.stored_bytes)
+        with DurableFile(self._data_path(u.key), mode=self.file_mode) as data:
             data.write(encode_segment_header(header))
-            for chunk in stored if stored is not None else _chunks(view, _WRITE_CHUNK):
+            for chunk in enc.chunks:
                 data.write(chunk)
             data.prepare()
-            hashes = join_hashes()
-            sc = Sidecar(
-                kind=kind, codec=codec, level=self.level, fingerprint=self.fingerprint, key=key,
-                parent_key=parent, token_start=t0, token_end=t1, page_bytes=page_bytes,
-                last_page_bytes=len(view) - (n_pages - 1) * page_bytes,
-                page_hashes=hashes.tobytes(), stored_bytes=stored_bytes,
-                sealed_at_ns=time.time_ns(), stored_lengths=lengths, media=media,
-            )  # fmt: skip
-            side = encode_sidecar(sc)
-            with self._write_lock():
-                if self._committed(key):
-                    data.abort()
-                    self._ensure_indexed(key)
-                    return PutResult(key, False, 0)
-                try:
-                    data.publish()
-                    durable_write(self._sidecar_path(key), side, mode=self.file_mode)
-                    self._index.put(key, IndexRecord.from_sidecar(sc, len(side),
-                                                                  header.file_bytes))  # fmt: skip
-                except BaseException:
-                    self._roll_back(key)
-                    raise
-        return PutResult(key, True, stored_bytes)
+            sc = sidecar_for(u, enc, enc.hashes(), self.fingerprint, self.level)
+            return self._commit(data, sc, header)
+
+    def _commit(self, data: DurableFile, sc: Sidecar, header: SegmentHeader) -> PutResult:
+        """Under the write lock: drop ``data`` when the key is committed already (dedupe), else
+        publish it, write the sidecar durably and index it (spec F-DUR-2)."""
+        key = sc.key
+        side = encode_sidecar(sc)
+        with self._write_lock():
+            if self._committed(key):
+                data.abort()
+                self._ensure_indexed(key)
+                return PutResult(key, False, 0)
+            try:
+                data.publish()
+                durable_write(self._sidecar_path(key), side, mode=self.file_mode)
+                self._index.put(key, IndexRecord.from_sidecar(sc, len(side), header.file_bytes))
+            except BaseException:
+                self._roll_back(key)
+                raise
+        return PutResult(key, True, sc.stored_bytes)
 
     def _roll_back(self, key: bytes) -> None:
         """Make a put that failed after publishing its data file invisible again (best effort:
@@ -432,38 +422,17 @@ class SegmentStore:
             self.skipped.append(Skipped(os.path.basename(path), str(e), type(e).__name__))
             return False
 
-    def adopt(self, src: SegmentStore, key: bytes) -> Literal["link", "copy", "present"]:
-        """Move a committed segment from ``src`` (another level) into this store, all or nothing
-        (spec F-DUR-8): make the data file here (hard link on one volume, durable copy across
-        two), write this level's own sidecar (its level, a new ``sealed_at``), index it, and only
-        then delete it from ``src``. Any failure undoes what was done here and leaves the segment
-        whole in ``src``. Locks ``src`` then this store (callers keep that order)."""
-        with src._write_lock(), self._write_lock():
-            if self._committed(key):
-                src._delete_locked(key)
-                return "present"
-            sc, _ = src._inspect(key)
-            mine = dataclasses.replace(sc, level=self.level, sealed_at_ns=time.time_ns())
-            side = encode_sidecar(mine)
-            guard.remove_store_file(self._data_path(key), missing_ok=True)  # a crashed move's
-            try:
-                how = link_or_copy(src._data_path(key), self._data_path(key))
-                durable_write(self._sidecar_path(key), side, mode=self.file_mode)
-                size = DATA_OFFSET + sc.stored_bytes
-                self._index.put(key, IndexRecord.from_sidecar(mine, len(side), size))
-            except BaseException:
-                self._roll_back(key)
-                raise
-            try:
-                src._delete_locked(key)
-            except StrataError:
-                if src._committed(key):  # still whole there: undo the copy here instead
-                    self._roll_back(key)
-                    src._reindex(key)
-                    raise
-                # its sidecar is gone, so the segment lives here alone; a leftover data file in
-                # src is an orphan (invisible; fsck reports it)
-        return how
+    def relocate_from(self, src: SegmentBackend, key: bytes
+                      ) -> Literal["link", "copy", "present"]:  # fmt: skip
+        """Move the committed segment ``key`` from ``src`` (another level) into this store, all
+        or nothing (spec F-DUR-8); see :func:`~stratastore.store.relocation.relocate`. From
+        another directory store: hard link on one volume, durable copy across two; from any
+        other backend: read, validate, put, then drop it there. :class:`SegmentNotFound` when
+        ``src`` does not hold ``key`` (another process moved or deleted it meanwhile);
+        ``"present"`` when this store already holds it (``src``'s copy is dropped)."""
+        return relocation.relocate(self, src, key)
+
+    adopt = relocate_from  #: the name of 0.1 (tiers/disk.py)
 
     def _reindex(self, key: bytes) -> None:
         """Put back the record of a committed segment (after a failed move); best effort."""
@@ -501,17 +470,45 @@ class SegmentStore:
         return len(self._index)
 
     def stats(self) -> StoreStats:
-        entries = disk = 0
-        for _, rec in self._index.items():
-            entries += 1
-            disk += rec.total_bytes
-        return StoreStats(entries, disk)
+        return StoreStats(len(self._index), self._index.used_bytes())
+
+    def used(self) -> int:
+        """Data-file plus sidecar bytes of every indexed segment: one index read, O(1)."""
+        return self._index.used_bytes()
+
+    def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
+        """``(key, record)`` of every segment, oldest ``sealed_at`` first, lazily (the index's
+        ``ages`` table: O(log n) a row, no transaction held between rows)."""
+        return self._index.oldest()
 
     def open_reader(self, key: bytes) -> SegmentReader:
         """The committed segment ``key`` held open for reads into memory the caller owns (the
-        restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager)."""
+        restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager).
+        :class:`SegmentNotFound` when it is not here, or was deleted meanwhile."""
         self.record(key)
-        return SegmentReader(self._read_sidecar(key)[0], self._data_path(key))
+        sc = self._read_sidecar(key)[0]
+        try:
+            return SegmentReader(sc, self._data_path(key))
+        except StrataIOError as e:
+            self._raise_if_deleted(key, e)
+            raise
+
+    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
+        """Copy the *stored* bytes of ``key`` from ``offset`` into ``out`` (RAW: the pages;
+        ZSTD: the frames; not validated: the caller hashes what it reads, spec F-SC-3): as
+        many as fit, up to the end. Returns the count (0 at the end); :class:`OutOfRange` for
+        an offset before 0 or past the end."""
+        dst = byte_view(out)
+        if dst.readonly:
+            raise StoreError("the output buffer is read-only")
+        with self.open_reader(key) as seg:
+            end = seg.sidecar.stored_bytes
+            if offset < 0 or offset > end:
+                raise OutOfRange(f"segment {key.hex()}: offset {offset} is outside its {end} "
+                                 "stored bytes")  # fmt: skip
+            n = min(len(dst), end - offset)
+            seg.read_into(dst[:n], offset)
+        return n
 
     def prefetch(self, key: bytes) -> bool:
         """Start reading the segment's data file into the page cache (a hint for a restore that
@@ -551,7 +548,7 @@ class SegmentStore:
         raises :class:`StrataIOError` / :class:`~stratastore.io.errors.ShortRead`. Returns the
         sidecar.
         """
-        dst = _byte_view(out)
+        dst = byte_view(out)
         if dst.readonly:
             raise StoreError("the output buffer is read-only")
         with self.open_reader(key) as seg:
@@ -589,13 +586,3 @@ class SegmentStore:
         """Hash every page of a segment: the first bad page, or -1 when all match."""
         with self.open_reader(key) as seg:
             return seg.first_bad_page()
-
-
-def _chunks(view: memoryview, size: int) -> Iterator[memoryview]:
-    for i in range(0, len(view), size):
-        yield view[i : i + size]
-
-
-def _compress_pages(view: memoryview, page_bytes: int) -> list[memoryview]:
-    cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
-    return [memoryview(cctx.compress(p)) for p in _chunks(view, page_bytes)]

@@ -35,6 +35,7 @@ CLAUSES: dict[str, tuple[str, ...]] = {
     "MANIFEST_KEY_MISMATCH": ("F-CHAIN-2", "F-KEY-2"),
     "DUPLICATE_ACROSS_LEVELS": (),  # a move interrupted by a crash: allowed (F-DUR-8)
     "CHAIN_BROKEN": (),  # allowed: capacity GC removes segments (F-CHAIN-3)
+    "SEGMENT_UNREACHABLE": (),  # allowed: what a chain past a GC hole names (F-CHAIN-3)
     "ORPHAN_FILE": (),  # allowed after a crash (F-DUR-3)
     "ORPHAN_TEMP": (),  # allowed after a crash (F-DIR-3)
     "INDEX_MISSING": (),  # allowed: the index is derived (F-IDX-3)

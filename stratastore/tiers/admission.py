@@ -19,7 +19,7 @@ from typing import Literal
 from ..config import StoreConfig
 from ..io.system import mem_available
 
-__all__ = ["MIB", "Admission", "Placement", "admit"]
+__all__ = ["MIB", "Admission", "Placement", "admit", "park_target"]
 
 MIB = 1 << 20
 Where = Literal["ram", "disk", "discard"]
@@ -73,3 +73,23 @@ def admit(need: int, available: int, parking_floor: int, transient_floor: int, *
     if disk and available >= need + transient_floor:
         return Placement("disk", "transient", need, available)
     return Placement("discard", "none", need, available)
+
+
+def park_target(cfg: StoreConfig, admission: Admission, disk: bool, token_bytes: int,
+                warn: Callable[[str], None]) -> tuple[Literal["ram", "disk"], str]:  # fmt: skip
+    """Where parks go (``park = ram | disk | auto``, seed 000) and why. ``auto`` sizes a
+    snapshot per slot (a full context when ``context_tokens`` is given, else a slot's share of
+    the RAM budget) and picks disk when free RAM cannot hold them above the parking floor."""
+    if cfg.park == "ram":
+        return "ram", "configured"
+    if not disk:
+        warn(f"park={cfg.park} needs a disk level (cold_dir and cold_mib); parking stays in RAM")
+        return "ram", "no disk level"
+    if cfg.park == "disk":
+        return "disk", "configured"
+    per_slot = (cfg.context_tokens * token_bytes if cfg.context_tokens
+                else cfg.ram_mib * MIB // cfg.slots)  # fmt: skip
+    need = cfg.slots * per_slot + admission.parking_floor
+    target: Literal["ram", "disk"] = "disk" if admission.probe() < need else "ram"
+    warn(f"park target auto -> {target}")
+    return target, "auto"

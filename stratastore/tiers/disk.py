@@ -1,15 +1,23 @@
-"""Disk levels and the cascade: warm -> cold, degrade instead of delete (seed 000).
+"""Disk levels and the cascade: each level degrades into the next, only the last deletes (seed 000).
 
-A level is a :class:`SegmentStore` with a byte budget, an optional age limit and a next level.
-When a level's GC runs (:meth:`DiskLevel.enforce_budget`, :meth:`DiskLevel.enforce_age`) and a
-next level is set, its oldest entry is *degraded*: handed to the next level
-(:meth:`degrade_to_next` -> :meth:`adopt`), which makes room for it, writes its own sidecar
-(its level, a re-sealed age) and takes the data file by hard link on one volume or a durable copy
-across two; only then does this level drop its copy. All or nothing: if the next level refuses
-(budget with ``when_full=reject``, an image larger than its whole budget, an I/O error), nothing
-moves and the entry stays. Only the last level deletes: FIFO by budget, and by age when asked.
-A degradation is not an eviction: ``disk_evictions`` and ``age_evictions`` do not move. The
-correctness paths still discard: an unreadable image is deleted, not degraded.
+A level is a segment backend (:class:`~stratastore.levels.backend.SegmentBackend`; a
+:class:`SegmentStore` on a local directory) with a byte budget, an optional age limit and a
+next level; the levels are an ordered list (``levels = [...]``; warm and cold are the names of
+the first two). When a level's GC runs (:meth:`DiskLevel.enforce_budget`,
+:meth:`DiskLevel.enforce_age`) and a next level is set, its oldest entry is *degraded*: handed
+to the next level (:meth:`degrade_to_next` -> :meth:`adopt`), which makes room for it and takes
+it by rename-or-copy (:meth:`~stratastore.levels.backend.SegmentBackend.relocate_from`); only
+then does this level drop its copy. All or nothing: if the next level refuses (budget with
+``when_full=reject``, an image larger than its whole budget, an I/O error), nothing moves and the
+entry stays. An entry another process moved or deleted meanwhile is taken as moved (issue 12:
+a race is never an error out of a park).
+
+The last level deletes, but never a segment by itself: it asks the shared catalog's GC
+(:class:`~stratastore.catalog.gc.Collector`, through ``free``) to shorten the oldest
+conversation, which deletes only segments no manifest names any more (spec F-CAT-4). A
+degradation is not an eviction: ``disk_evictions`` and ``age_evictions`` do not move. An
+unreadable image found on the way is discarded, and the conversations naming it are cut before
+it (``discard``), so no segment is left after a hole.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from typing import Literal
 from ..errors import StrataError
 from ..format import ChecksumMismatch, FormatError
 from ..io.errors import NotARegularFile, SymlinkRefused
-from ..store import SegmentStore
+from ..levels.backend import SegmentBackend
+from ..store import SegmentNotFound
 
 __all__ = ["DiskLevel", "LevelCounters", "LevelRefused"]
 
@@ -33,12 +42,13 @@ class LevelRefused(StrataError):
 
 @dataclass
 class LevelCounters:
-    disk_evictions: int = 0  #: deleted by budget (last level only)
-    age_evictions: int = 0  #: deleted by age (last level only)
+    disk_evictions: int = 0  #: conversations shortened by budget (last level only)
+    age_evictions: int = 0  #: conversations shortened by age (last level only)
     degradations: int = 0  #: handed to the next level
     adopted: int = 0  #: taken from the level above
     refusals: int = 0  #: entries the next level refused (they stayed here)
     discards: int = 0  #: unreadable images deleted on the way
+    raced: int = 0  #: entries another process had moved or deleted first
     hits: int = 0  #: restores served from this level
 
     def as_dict(self) -> dict[str, int]:
@@ -49,7 +59,7 @@ class DiskLevel:
     def __init__(
         self,
         name: str,
-        store: SegmentStore,
+        store: SegmentBackend,
         budget_bytes: int,
         *,
         max_age_s: int = 0,
@@ -66,28 +76,41 @@ class DiskLevel:
         self.clock = clock
         self.counters = LevelCounters()
         self.last_refusal = ""
-        #: keys capacity GC must not remove (saved sessions, spec F-CHAIN-5)
-        self.pinned: Callable[[], set[bytes]] = set
+        #: the last level's way to free space (sealed before the time given, for age GC): how
+        #: much went, 0 when nothing may go. A level of a Store frees through the catalog's GC
+        #: (whole chains); a level used alone deletes its oldest segment (FIFO)
+        self.free: Callable[[int | None], int] = self._delete_oldest
+        #: an unreadable segment leaves: cut the chains naming it, then delete it
+        self.discard: Callable[[bytes], bool] = self._delete
 
     @property
     def is_last(self) -> bool:
         return self.next is None
 
     def used(self) -> int:
-        return self.store.stats().disk_bytes
+        return self.store.used()
 
-    def oldest_first(self) -> list[tuple[int, bytes, int]]:
-        """``(sealed_at_ns, key, bytes)`` of every entry capacity GC may move or delete, oldest
-        first (FIFO order); pinned keys are left out."""
-        pinned = self.pinned()
-        rows = [(rec.sealed_at_ns, key, rec.total_bytes) for key, rec in self.store.records()
-                if key not in pinned]  # fmt: skip
-        return sorted(rows)
+    def _delete(self, key: bytes) -> bool:
+        self.store.delete(key)
+        return True
+
+    def _delete_oldest(self, before_ns: int | None) -> int:
+        for key, rec in self.store.oldest():
+            if before_ns is not None and rec.sealed_at_ns > before_ns:
+                return 0
+            return int(self.store.delete(key)) or 1
+        return 0
+
+    def _oldest(self) -> bytes | None:
+        """The oldest sealed entry's key (O(log n), the index's age table)."""
+        for key, _ in self.store.oldest():
+            return key
+        return None
 
     # -- making room --------------------------------------------------------------------------
     def make_room(self, size: int) -> None:
-        """Free space for ``size`` more bytes: the last level deletes its oldest (unless
-        ``when_full=reject``); a level with a next one degrades its oldest. Raises
+        """Free space for ``size`` more bytes: the last level shortens the oldest conversations
+        (unless ``when_full=reject``); a level with a next one degrades its oldest. Raises
         :class:`LevelRefused` when it cannot."""
         if size > self.budget:
             raise LevelRefused(
@@ -100,45 +123,44 @@ class DiskLevel:
                     f"{self.name} level is full ({self.used():,} of {self.budget:,} bytes) and "
                     "when_full=reject; raise its budget or set when_full=evict"
                 )
-            oldest = self.oldest_first()
-            if not oldest:
-                raise LevelRefused(f"{self.name} level cannot free {size:,} bytes")
-            key = oldest[0][1]
-            if self.is_last:
-                self.store.delete(key)
-                self.counters.disk_evictions += 1
-            elif not self.degrade_to_next(key):
+            if not self._free_one():
+                if self.used() + size <= self.budget:  # freed meanwhile (another process)
+                    break
                 raise LevelRefused(
-                    f"{self.name} level is full and its next level refused its oldest entry: "
-                    f"{self.last_refusal}"
-                )
+                    f"{self.name} level cannot free {size:,} bytes: "
+                    + (self.last_refusal if not self.is_last else "what it holds is pinned "
+                       "prefixes, saved sessions or parks in flight, or the oldest conversations' "
+                       "segments live in another level; raise its budget")
+                )  # fmt: skip
+
+    def _free_one(self) -> bool:
+        """One step of making room: False when nothing more can go."""
+        if self.is_last:
+            if not self.free(None):
+                return False
+            self.counters.disk_evictions += 1
+            return True
+        key = self._oldest()
+        return key is not None and self.degrade_to_next(key)
 
     def enforce_budget(self) -> None:
-        """Bring the level within its budget (degrading, or deleting on the last level); an entry
-        the next level refuses stays, and the pass stops there."""
-        while self.used() > self.budget:
-            oldest = self.oldest_first()
-            if not oldest:
-                return
-            key = oldest[0][1]
-            if self.is_last:
-                self.store.delete(key)
-                self.counters.disk_evictions += 1
-            elif not self.degrade_to_next(key):
-                return
+        """Bring the level within its budget; stops where nothing more can go."""
+        while self.used() > self.budget and self._free_one():
+            pass
 
     def enforce_age(self) -> None:
-        """Entries sealed more than ``max_age_s`` ago go to the next level (or are deleted)."""
+        """Entries sealed more than ``max_age_s`` ago go to the next level; on the last level,
+        conversations sealed that long ago are shortened (never sessions, never pinned
+        prefixes)."""
         if not self.max_age_ns:
             return
         limit = self.clock() - self.max_age_ns
-        for sealed, key, _ in self.oldest_first():
-            if sealed > limit:
-                return
-            if self.is_last:
-                self.store.delete(key)
+        if self.is_last:
+            while self.free(limit):
                 self.counters.age_evictions += 1
-            elif not self.degrade_to_next(key):
+            return
+        for key, rec in self.store.oldest():
+            if rec.sealed_at_ns > limit or not self.degrade_to_next(key):
                 return
 
     # -- the cascade --------------------------------------------------------------------------
@@ -149,10 +171,18 @@ class DiskLevel:
         assert self.next is not None
         try:
             self.next.adopt(self, key)
+        except SegmentNotFound:
+            self.counters.raced += 1  # another process moved or deleted it first: look again
+            return True
         except (FormatError, ChecksumMismatch, SymlinkRefused, NotARegularFile):
             # an unreadable image is discarded, not degraded; so is one whose data file is a
             # link or not a regular file (never the store's own, F-DIR-8: unindexed here, the
-            # name itself left in place for fsck to report), so it cannot wedge the level
+            # name itself left in place for fsck to report), so it cannot wedge the level; not
+            # while a park in flight names it (it goes once that park has committed)
+            if not self.discard(key):
+                self.counters.refusals += 1
+                self.last_refusal = f"segment {key.hex()[:16]} is unreadable and a park needs it"
+                return False
             self.store.delete(key)
             self.counters.discards += 1
             return True
@@ -164,8 +194,9 @@ class DiskLevel:
         return True
 
     def adopt(self, src: DiskLevel, key: bytes) -> None:
-        """Take ``key`` from the level above, making room first; all or nothing."""
+        """Take ``key`` from the level above, making room first; all or nothing. Raises
+        :class:`~stratastore.store.SegmentNotFound` when ``src`` no longer holds it."""
         size = src.store.record(key).total_bytes
         self.make_room(size)
-        self.store.adopt(src.store, key)
+        self.store.relocate_from(src.store, key)
         self.counters.adopted += 1

@@ -78,6 +78,7 @@ def must_clauses() -> set[str]:
 # Clauses about behaviour rather than bytes are covered by named tests instead of vectors.
 STORE_TESTS = "tests/unit/test_segment_store.py"
 CASCADE_TESTS = "tests/unit/test_cascade.py"
+CATALOG_TESTS = "tests/unit/test_catalog.py"
 BEHAVIOUR_TESTS = {
     "F-DIR-5": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
     "F-IDX-2": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
@@ -86,6 +87,16 @@ BEHAVIOUR_TESTS = {
     "F-CHAIN-3": "tests/unit/test_tiers.py::test_manifest_is_the_commit_record",
     "F-CHAIN-4": "tests/unit/test_tiers.py::test_manifest_is_the_commit_record",
     "F-CHAIN-5": "tests/unit/test_tiers.py::test_sessions_survive_capacity_gc",
+    "F-CAT-1": f"{CATALOG_TESTS}::test_the_catalog_tables_are_laid_out_as_the_spec_says",
+    "F-CAT-2": f"{CATALOG_TESTS}::test_a_store_without_a_catalog_has_it_built_and_a_changed_"
+    "file_is_read_again",
+    "F-CAT-3": f"{CATALOG_TESTS}::test_a_shared_segment_goes_with_the_last_conversation_that_"
+    "names_it",
+    "F-CAT-4": "tests/unit/test_gc_chains.py::test_gc_leaves_no_unreachable_segments",
+    "F-CAT-5": "tests/unit/test_gc_chains.py::test_a_park_is_never_acknowledged_then_silently_gone",
+    "F-CAT-6": "tests/crash/test_shared_catalog.py::"
+    "test_a_park_again_is_seen_with_coarse_timestamps",
+    "F-CAT-7": f"{CATALOG_TESTS}::test_a_killed_park_is_finished_by_the_next_open",
     "F-DUR-1": "tests/unit/test_io.py::test_durable_write_order_of_operations",
     "F-DUR-2": f"{STORE_TESTS}::test_put_order_of_operations",
     "F-DUR-3": "tests/crash/test_kill.py::test_crash_at_every_io_step_of_a_put",

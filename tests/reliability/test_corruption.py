@@ -88,7 +88,13 @@ def _verify(root: Path, damaged: Path | None, expect_finding: bool) -> None:
     except StrataError:
         pass
     repair(dirs)
-    assert not [f for f in fsck(dirs, deep=True) if f.severity == "error"], errors
+    # a flip in a sidecar's required_features reads as a newer writer's file (F-COMPAT-2: the
+    # bits are checked before the checksum), which repair leaves for a newer reader: the one
+    # error a repaired store may keep, and only on the damaged file itself
+    left = [f for f in fsck(dirs, deep=True) if f.severity == "error"
+            and not (f.id == "SIDECAR_UNSUPPORTED" and damaged is not None
+                     and Path(f.object).name == damaged.name)]  # fmt: skip
+    assert not left, errors
     with Store.open(FP, cfg, probe=lambda: 1 << 40) as store:
         for i in range(3):
             conv, kv = conversation(i)

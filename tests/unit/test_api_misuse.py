@@ -46,7 +46,7 @@ def _failing_writes(store: Store, monkeypatch: pytest.MonkeyPatch, delay: float 
         time.sleep(delay)  # still pending when the engine's next call comes
         raise StrataError(f"injected: disk write of {snap.conv.conv_id} failed")
 
-    monkeypatch.setattr(store._tiers, "_write_disk", boom)
+    monkeypatch.setattr(store._tiers.writer, "write", boom)
 
 
 def test_a_background_write_error_is_raised_by_flush_not_by_restore(
@@ -84,13 +84,13 @@ def test_a_refused_background_write_is_reported_to_flush(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with Store.open(FP, disk_cfg(tmp_path)) as store:
-        tiers = store._tiers
+        writer = store._tiers.writer
 
         def refuse(snap: Any, *, session: bool = False) -> bool:
-            tiers.last_refusal = "cold level is full and when_full=reject"
+            writer.last_refusal = "cold level is full and when_full=reject"
             return False
 
-        monkeypatch.setattr(tiers, "_write_disk", refuse)
+        monkeypatch.setattr(writer, "write", refuse)
         c, kv = conv("refused", 40, 0)
         assert store.park(c, kv).where == "disk"
         with pytest.raises(SpillError, match=r"'refused'.*when_full=reject"):

@@ -15,7 +15,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from stratastore import Checkpoint, Conversation, SegmentStore, Store, StrataError
+from stratastore import Checkpoint, Conversation, SegmentStore, Store, StoreConfig, StrataError
 from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.format import IndexRecord, data_name
@@ -257,3 +257,45 @@ def test_repair_cuts_at_a_damaged_segment_given_one_level(tmp_path: Path) -> Non
     kinds = {a.kind for a in repair([str(cold)])}
     assert {"quarantine", "truncate_chain"} <= kinds
     assert _restores(cfg, conv, kv) == 32
+
+
+def _levels_config(path: Path, levels: list[tuple[str, Path, int]]) -> Path:
+    """A config of ``[[levels]]`` tables (issue 12): (name, dir, mib) each."""
+    path.write_text("".join(f'[[levels]]\nname = "{n}"\ndir = "{d}"\nmib = {mib}\n\n'
+                            for n, d, mib in levels))  # fmt: skip
+    return path
+
+
+def test_fsck_given_a_config_with_a_levels_list(
+    demo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``levels`` list naming the demo's warm and cold reads as the flat settings do."""
+    cfg = _levels_config(tmp_path / "strata.toml", [("warm", demo_root / "warm", 64),
+                                                    ("cold", demo_root / "cold", 64)])  # fmt: skip
+    capsys.readouterr()
+    assert main(["fsck", str(cfg), "--json"]) == 1
+    doc = _json(capsys)
+    assert doc["levels"] == [str(demo_root / "warm"), str(demo_root / "cold")]
+    assert doc["levels_complete"] is True
+    assert [f["id"] for f in doc["findings"]] == ["PAGE_HASH_MISMATCH"]
+
+
+def test_a_third_level_of_a_config_is_found_in_its_order(tmp_path: Path) -> None:
+    """Every level of the list that is on, in the config's order (a level with mib = 0 is
+    off); a store root whose strata.toml names a level elsewhere is complete with it."""
+    from stratastore.level_dirs import ROOT_CONFIG, find_store_levels
+
+    fast, mid, slow, off = (tmp_path / n for n in ("z-fast", "m-mid", "a-slow", "off"))
+    for d in (fast, mid, slow):
+        d.mkdir()
+    cfg = _levels_config(tmp_path / "three.toml", [("nvme", fast, 8), ("ssd", mid, 16),
+                                                   ("off", off, 0), ("hdd", slow, 32)])  # fmt: skip
+    found = find_store_levels([str(cfg)])
+    assert found.checked == (str(fast), str(mid), str(slow)) and found.complete
+    assert find_store_levels([], StoreConfig.from_toml(str(cfg))).checked == found.checked
+    root = tmp_path / "root"
+    (root / "warm").mkdir(parents=True)
+    (root / "warm" / INDEX_DIR).mkdir()
+    _levels_config(root / ROOT_CONFIG, [("warm", root / "warm", 8), ("archive", slow, 8)])
+    found = find_store_levels([str(root)])
+    assert set(found.checked) == {str(root / "warm"), str(slow)} and found.complete

@@ -3,6 +3,7 @@ refusals of bad input, and concurrent writers (F-DIR, F-IDX, F-DUR-2..7, F-SC-3)
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import multiprocessing as mp
 import os
@@ -366,3 +367,119 @@ def test_get_bytes_is_validated_and_bounded(store: SegmentStore, tmp_path: Path)
     path.write_bytes(bytes(raw))
     with pytest.raises(ChecksumMismatch):
         store.get_bytes(st.key, max_bytes=500)
+
+
+# -- issue 12: the level protocol's costs and races ---------------------------------------------
+def _index_tables(d: Path) -> dict[bytes, dict[bytes, bytes]]:
+    import lmdb
+
+    env = lmdb.open(str(d / INDEX_DIR), subdir=True, readonly=True, lock=False, max_dbs=16)
+    try:
+        with env.begin() as txn:
+            return {name: {bytes(k): bytes(v) for k, v in
+                           txn.cursor(db=env.open_db(name, txn=txn, create=False))}
+                    for name in (b"segments", b"meta", b"ages", b"totals")}  # fmt: skip
+    finally:
+        env.close()
+
+
+def test_used_is_a_counter_kept_with_every_record_write(tmp_path: Path) -> None:
+    fp = tiny_fp()
+    d = tmp_path / "s"
+    with SegmentStore.open(d, fp) as store:
+        keys = [put(store, 3 + i, seed=i)[0] for i in range(4)]
+        store.delete(keys[0])
+        on_disk = sum(os.path.getsize(d / n) for n in os.listdir(d) if n.startswith("strata-conv-"))
+        assert store.used() == store.stats().disk_bytes == on_disk
+        # a put over an existing record replaces its bytes (read inside the same transaction)
+        rec = store.record(keys[1])
+        bigger = dataclasses.replace(rec, file_bytes=rec.file_bytes + 1000)
+        store._index.put(keys[1], bigger)
+        assert store.used() == on_disk + 1000
+        store._index.apply({keys[1]: rec}, [keys[2]])
+        assert store.used() == sum(r.total_bytes for _, r in store.records())
+    tables = _index_tables(d)
+    assert set(tables[b"segments"]) == {k[8:] for k in tables[b"ages"]}
+    assert tables[b"meta"].keys() == {b"schema", b"fingerprint"}  # F-IDX-5 unchanged
+
+
+def test_an_index_without_the_derived_tables_is_rebuilt_on_open(tmp_path: Path) -> None:
+    import lmdb
+
+    fp = tiny_fp()
+    d = tmp_path / "s"
+    with SegmentStore.open(d, fp) as store:
+        keys = [put(store, 2, seed=i)[0] for i in range(5)]
+        used, oldest = store.used(), list(store.oldest())
+    env = lmdb.open(str(d / INDEX_DIR), subdir=True, max_dbs=16)  # as an index of 0.1 is
+    with env.begin(write=True) as txn:
+        for name in (b"ages", b"totals"):
+            txn.drop(env.open_db(name, txn=txn), delete=True)
+    env.close()
+    with SegmentStore.open(d, fp) as store:
+        assert store.used() == used and list(store.oldest()) == oldest
+        assert sorted(store.keys()) == sorted(keys)
+    # a record written by a writer that keeps no ages (0.1) is noticed and rebuilt too
+    env = lmdb.open(str(d / INDEX_DIR), subdir=True, max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.delete(min(k for k in txn.cursor(db=env.open_db(b"ages", txn=txn)).iternext(
+            values=False)), db=env.open_db(b"ages", txn=txn))  # fmt: skip
+    env.close()
+    with SegmentStore.open(d, fp) as store:
+        assert list(store.oldest()) == oldest and store.used() == used
+
+
+def test_oldest_walks_the_age_table_in_batches(store: SegmentStore) -> None:
+    for i in range(150):  # more than one batch of the cursor walk
+        put(store, 1, seed=i)
+    got = list(store.oldest())
+    assert got == sorted(store.records(), key=lambda kr: (kr[1].sealed_at_ns, kr[0]))
+    assert len(got) == 150
+
+
+def test_reads_of_a_segment_deleted_meanwhile_are_not_found(store: SegmentStore) -> None:
+    key, _ = put(store, 5)
+    real = store._read_sidecar
+
+    def then_deleted(k: bytes) -> tuple[object, int]:
+        got = real(k)  # another process deletes it between the sidecar and the data file
+        os.unlink(store._sidecar_path(k))
+        os.unlink(store._data_path(k))
+        return got
+
+    store._read_sidecar = then_deleted  # type: ignore[method-assign,assignment]
+    with pytest.raises(SegmentNotFound):
+        store._inspect(key)
+    assert put(store, 5)[0] == key  # put again, then race the reader's data-file open
+    with pytest.raises(SegmentNotFound):
+        store.open_reader(key)
+    del store._read_sidecar
+    # the index still names it until the next open; every read says not found
+    with pytest.raises(SegmentNotFound):
+        store.open_reader(key)
+    # a committed sidecar whose data file is gone is damage, not "not found"
+    key2, _ = put(store, 6, seed=3)
+    os.unlink(store._data_path(key2))
+    with pytest.raises(StrataIOError):
+        store.open_reader(key2)
+
+
+def test_relocate_races_are_typed(tmp_path: Path) -> None:
+    from stratastore.format import Level
+
+    fp = tiny_fp()
+    with SegmentStore.open(tmp_path / "w", fp, level=Level.WARM) as warm, \
+            SegmentStore.open(tmp_path / "w", fp, level=Level.WARM) as other, \
+            SegmentStore.open(tmp_path / "c", fp, level=Level.COLD) as cold:  # fmt: skip
+        key, data = put(warm, 9)
+        assert cold.relocate_from(other, key) == "link"  # another process moved it down
+        with pytest.raises(SegmentNotFound):
+            cold.relocate_from(warm, key)
+        key2, _ = put(warm, 4, seed=1)
+        os.unlink(warm._sidecar_path(key2))  # deleted behind this handle's index
+        with pytest.raises(SegmentNotFound):
+            cold.relocate_from(warm, key2)
+        assert key2 not in cold and cold.keys() == [key]
+        assert SegmentStore.adopt is SegmentStore.relocate_from
+        cold.get_into(key, out := np.zeros_like(data))
+        assert np.array_equal(out, data)

@@ -1,0 +1,220 @@
+"""The segment-backend protocol: what a level is (DESIGN "Levels are backends").
+
+A level stores the *sealed segments* of one model: a segment is a key (spec F-KEY), a sidecar
+(F-SC: the page digests, the stored sizes, the level that sealed it) and its *stored payload*
+(F-SEG-4: RAW pages, or one zstd frame a page). A backend keeps them, and nothing else; the
+policy above it (budgets, the cascade, pins) lives in ``tiers/``. The local directory store
+:class:`~stratastore.store.SegmentStore` is the first backend; ``tests/conformance`` proves the
+seam with an in-memory one, and :class:`~stratastore.testing.BackendTests` is the suite every
+backend passes.
+
+Contracts every backend keeps:
+
+* **immutable, content-addressed** (F-DUR-7): a put of a key already held writes nothing and
+  returns ``created=False``; a key names one content forever.
+* **all or nothing** (F-DUR-2, F-DUR-5, F-IDX-4): a put is invisible until whole; after a
+  delete no read finds the key; ``keys``/``records``/``used``/``oldest`` only ever describe
+  whole segments.
+* **delivered means validated** (F-SC-3): ``get_into``/``get_bytes`` hash every page in the
+  memory they deliver from and raise :class:`~stratastore.format.ChecksumMismatch` for one
+  that does not match; ``read_into`` and the reader's range reads deliver *stored* bytes
+  unvalidated, for a caller that hashes what it reads (the restore's read pass).
+* **typed errors**: a key not held is :class:`~stratastore.store.SegmentNotFound` on every
+  read (including one deleted by another process between two calls); another model's segment
+  :class:`~stratastore.format.IncompatibleFingerprint`; a bad buffer or argument
+  :class:`~stratastore.store.StoreError`; a range past the end
+  :class:`~stratastore.store.OutOfRange`; damage a
+  :class:`~stratastore.format.FormatError` / ``ChecksumMismatch``; never a crash or a raw OS
+  error for a missing key.
+* **cost that does not grow with the store**: ``used`` is O(1); ``oldest`` O(log n) a row.
+* **thread-safe**: any method from any thread; readers never wait on writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, Protocol, Self, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from ..format import Codec, IndexRecord, Level, MediaRef, ModelFingerprint, Sidecar
+from ..store.relocation import relocate_by_copy
+from ..store.sealing import Buffer
+from ..store.segment_store import PutResult
+
+__all__ = ["OpenSegment", "Relocated", "SegmentBackend", "relocate_by_copy"]
+
+#: how :meth:`SegmentBackend.relocate_from` moved a segment
+Relocated = Literal["link", "copy", "present"]
+
+
+@runtime_checkable
+class OpenSegment(Protocol):
+    """A committed segment held open for reads of its stored payload into memory the caller
+    owns (what the restore's read pass uses; :class:`~stratastore.store.PayloadReader` builds
+    every method but the positional read, so a backend implements only that). Once open, its
+    reads see one version of the segment: a delete meanwhile is a typed error at the read or
+    the old bytes, never a mix."""
+
+    sidecar: Sidecar
+
+    def read_into(self, buf: npt.NDArray[np.uint8] | memoryview, offset: int = 0) -> None:
+        """Fill all of ``buf`` with stored bytes from ``offset``, unvalidated;
+        :class:`~stratastore.store.OutOfRange` past the end."""
+        ...
+
+    def readv_into(self, bufs: list[memoryview], offset: int = 0) -> None:
+        """Fill ``bufs`` in turn (a scatter read) with stored bytes from ``offset``."""
+        ...
+
+    def stored(self) -> npt.NDArray[np.uint8]:
+        """The whole stored payload, in new memory, unvalidated."""
+        ...
+
+    def pages(self, pages: int | None = None) -> npt.NDArray[np.uint8]:
+        """The first ``pages`` pages (default all), decoded, unvalidated, in new memory."""
+        ...
+
+    def copy_validated(self, dst: memoryview, verify: bool) -> None:
+        """Fill ``dst`` with the pages; with ``verify`` only pages that match (F-SC-3)."""
+        ...
+
+    def first_bad_page(self, *, sample: bool = False) -> int:
+        """The first page that fails its digest, or -1."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class SegmentBackend(Protocol):
+    """One level: the sealed segments of one model (``fingerprint``) at ``level``.
+
+    ``path`` names it for messages and reports: a directory, or for other backends a URL-like
+    string (``redis://host/db#prefix``, ``memory://name``).
+    """
+
+    path: str
+    level: Level
+    fingerprint: ModelFingerprint
+
+    # -- writing (spec F-DUR-2, F-DUR-7) ------------------------------------------------------
+    def put_kv(
+        self,
+        parent_key: bytes,
+        tokens: Sequence[int] | npt.NDArray[np.integer],
+        payload: Buffer,
+        *,
+        token_start: int,
+        media: Sequence[MediaRef] = (),
+        codec: Codec = Codec.RAW,
+    ) -> PutResult:
+        """Seal and store the K/V pages of ``tokens`` after the prefix ``parent_key`` (key: spec
+        F-KEY-2, layout F-SEG-4; :func:`~stratastore.store.sealing.kv_segment` checks and keys
+        it). ``payload`` must be C-contiguous and exactly ``len(tokens) * token_bytes`` long,
+        else :class:`~stratastore.store.StoreError`. A key already held: ``created=False``."""
+        ...
+
+    def put_state(
+        self, checkpoint_key: bytes, payload: Buffer, *, token_pos: int, codec: Codec = Codec.RAW
+    ) -> PutResult:
+        """Seal and store a running state saved at ``checkpoint_key`` (spec F-KEY-5)."""
+        ...
+
+    def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
+        """Store a segment another level sealed (the generic relocation's write): ``stored``
+        is its stored payload. Checked first, model, size and every page
+        (:func:`~stratastore.store.sealing.check_sealed`), then committed under this level's
+        own sidecar (its ``level``, sealed now: F-SC-5, F-DUR-8)."""
+        ...
+
+    # -- reading (spec F-SC-3, F-IDX) ---------------------------------------------------------
+    def __contains__(self, key: bytes) -> bool:
+        """Whether a whole segment ``key`` is held (F-IDX-4)."""
+        ...
+
+    def record(self, key: bytes) -> IndexRecord:
+        """The segment's index record (F-IDX-1: kind, level, sizes, tokens, sealed_at)."""
+        ...
+
+    def keys(self) -> list[bytes]:
+        """Every key held (a snapshot)."""
+        ...
+
+    def records(self) -> list[tuple[bytes, IndexRecord]]:
+        """Every ``(key, record)`` held (a snapshot)."""
+        ...
+
+    def open_reader(self, key: bytes) -> OpenSegment:
+        """``key`` held open for range reads (the restore's read pass). Close it."""
+        ...
+
+    def prefetch(self, key: bytes) -> bool:
+        """A hint that ``key`` is read soon (read-ahead); never raises, False when ignored."""
+        ...
+
+    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
+        """Copy *stored* bytes of ``key`` from ``offset`` into ``out``, unvalidated: as many as
+        fit, up to the end; returns the count (0 at the end).
+        :class:`~stratastore.store.OutOfRange` for an offset before 0 or past the end;
+        :class:`~stratastore.store.StoreError` for a read-only or non-contiguous ``out``."""
+        ...
+
+    def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
+        """Copy the segment's pages (decoded) into ``out`` (at least ``payload_bytes``;
+        writable, contiguous: else ``StoreError``), with ``verify`` only pages that match
+        their digests (F-SC-3: ``ChecksumMismatch`` names the first that does not). Returns
+        the sidecar."""
+        ...
+
+    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
+        """The validated payload as bytes; ``StoreError`` before allocating one over
+        ``max_bytes``."""
+        ...
+
+    # -- managing -----------------------------------------------------------------------------
+    def delete(self, key: bytes) -> bool:
+        """Remove ``key`` (F-DUR-5); False when it was not held."""
+        ...
+
+    def __len__(self) -> int:
+        """How many segments the level holds. O(1)."""
+        ...
+
+    def used(self) -> int:
+        """Bytes the level holds: stored data plus sidecars of every segment (the directory
+        store: data files plus sidecars, what F-IDX-1 records). O(1)."""
+        ...
+
+    def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
+        """Every ``(key, record)``, oldest ``sealed_at_ns`` first (ties by key), lazily: O(log
+        n) a row (capacity and age GC stop after the first few). A row may be gone by the time
+        it is yielded."""
+        ...
+
+    def relocate_from(self, src: SegmentBackend, key: bytes) -> Relocated:
+        """Move ``key`` from ``src`` (another level of the same model) into this one, all or
+        nothing (F-DUR-8): ``"link"``/``"copy"`` when moved, then gone from ``src``;
+        ``"present"`` when this level held it already (``src``'s copy is dropped).
+        ``SegmentNotFound`` when ``src`` does not hold it (another process moved or deleted it
+        meanwhile); ``IncompatibleFingerprint`` for another model's level. Any other failure
+        leaves the segment whole in ``src``. :func:`relocate_by_copy` does it for any pair."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds; idempotent."""
+        ...
+
+
+if TYPE_CHECKING:  # the first implementation satisfies the protocol (mypy strict checks this)
+    from ..store.segment_store import SegmentStore
+
+    _local: type[SegmentBackend] = SegmentStore

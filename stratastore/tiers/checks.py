@@ -1,0 +1,88 @@
+"""The checks a park or a session save passes before anything is acknowledged or stored
+(spec F-CHAIN-1, F-CHAIN-2, F-SC-6): what could not be written as a manifest and its segments
+is refused here, with :class:`~stratastore.tiers.records.InvalidConversation`."""
+
+from __future__ import annotations
+
+from ..chain import Conversation, as_media, as_tokens
+from ..format import ModelFingerprint
+from ..format.manifest import MAX_CONV_ID, MAX_ITEMS, MAX_TOKENS
+from ..format.sidecar import MAX_PAGES
+from .records import MAX_STATE_BYTES, InvalidConversation, Snapshot
+
+__all__ = ["check_snapshot"]
+
+
+def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> None:
+    """Refuse, before anything is acknowledged or stored, what could not be written as a
+    chain manifest and its segments (spec F-CHAIN-1, F-CHAIN-2): the id (a non-empty string,
+    UTF-8 encodable, at most MAX_CONV_ID bytes: the manifest name derives from it, F-CHAIN-4),
+    the tokens (at most MAX_TOKENS), checkpoints and cuts ascending within the tokens, at
+    most MAX_ITEMS of each, the K/V's size, and the running states. The checkpoints and cuts
+    are checked again here because the engine may have changed them after construction."""
+    conv = snap.conv
+    if not isinstance(conv, Conversation):
+        raise InvalidConversation(f"{call}: expected a Conversation, got "
+                                  f"{type(conv).__name__}")  # fmt: skip
+    cid = conv.conv_id
+    if not isinstance(cid, str) or not cid:
+        raise InvalidConversation(
+            f"{call}: conversation id {cid!r} must be a non-empty string (it names the "
+            "conversation's manifest, spec F-CHAIN-4); pass str(id)"
+        )
+    try:
+        size = len(cid.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidConversation(
+            f"{call}: conversation id {cid!r} cannot be encoded as UTF-8 ({e.reason}); use "
+            "an id of valid text"
+        ) from None
+    if size > MAX_CONV_ID:
+        raise InvalidConversation(
+            f"{call}: conversation id {cid[:32]!r}... is {size:,} bytes in UTF-8, over the "
+            f"{MAX_CONV_ID:,}-byte limit of a manifest (spec F-CHAIN-1); use a shorter id "
+            "(a hash of it)"
+        )
+    conv.tokens = as_tokens(conv.tokens, f"{call}: conversation {cid!r}", InvalidConversation)
+    n = len(conv.tokens)
+    what = f"{call}: conversation {cid!r}"
+    if n > MAX_TOKENS:
+        raise InvalidConversation(f"{what}: {n:,} tokens is over the {MAX_TOKENS:,} a "
+                                  "manifest holds (spec F-CHAIN-1)")  # fmt: skip
+    lengths = [c.length for c in conv.checkpoints]
+    if (not lengths or lengths != sorted(set(lengths)) or lengths[0] < 0
+            or lengths[-1] > n):  # fmt: skip
+        raise InvalidConversation(
+            f"{what}: checkpoints {lengths[:8]} must ascend, root first, within its {n:,} tokens"
+        )
+    cuts = conv.cuts or [0]
+    if cuts[0] != 0 or cuts != sorted(set(cuts)) or cuts[-1] > n:
+        raise InvalidConversation(
+            f"{what}: segment cuts {cuts[:8]} must ascend from 0 and stay within its {n:,} "
+            "tokens (a cut is where a segment starts)"
+        )
+    conv.cuts = list(cuts)
+    conv.media = as_media(conv.media, n, f"{what}: media", InvalidConversation)
+    bounds = conv.boundaries()
+    if max(len(lengths), len(conv.media), len(bounds)) > MAX_ITEMS:
+        raise InvalidConversation(f"{what}: over {MAX_ITEMS:,} checkpoints, media or "
+                                  "segments (spec F-CHAIN-1); cut it coarser")  # fmt: skip
+    longest = max((e - s for s, e in bounds), default=0)
+    if -(-longest // fp.page_tokens) > MAX_PAGES:
+        raise InvalidConversation(
+            f"{what}: a segment of {longest:,} tokens is over the {MAX_PAGES:,} pages of "
+            f"{fp.page_tokens} tokens a sidecar holds (spec F-SC-6); add cuts"
+        )
+    if snap.kv.nbytes != n * fp.token_bytes:
+        raise InvalidConversation(
+            f"{what}: K/V is {snap.kv.nbytes} bytes, its {n} tokens need {n * fp.token_bytes} "
+            f"({fp.token_bytes} a token for {fp.describe()})"
+        )
+    for length, blob in snap.states.items():
+        if (not isinstance(length, int) or not isinstance(blob, (bytes, bytearray, memoryview))
+                or len(blob) > MAX_STATE_BYTES):  # fmt: skip
+            raise InvalidConversation(
+                f"{what}: a running state must map a checkpoint length (int) to at most "
+                f"{MAX_STATE_BYTES:,} bytes; got {type(length).__name__} -> "
+                f"{type(blob).__name__}"
+            )

@@ -1,0 +1,97 @@
+"""Reading a conversation back from the disk levels: the two-pass restore of its prefix (spec
+F-SC-3; every page validated in the memory it is delivered from, the ladder on damage), its
+running state, and the accounting of what was read (level hits, ladder restores, damaged keys
+for fsck)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..config import StoreConfig
+from ..errors import StrataError
+from ..format import ModelFingerprint
+from ..levels.backend import SegmentBackend
+from ..restore import Destination, Job, Outcome, Piece, restore_batch
+from .admission import MIB
+from .disk import DiskLevel
+from .records import MAX_STATE_BYTES, Restored
+from .view import DiskConv
+
+__all__ = ["DiskReader"]
+
+
+class DiskReader:
+    def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, levels: Sequence[DiskLevel],
+                 holder: Callable[[bytes], SegmentBackend | None], counters: dict[str, int],
+                 warn: Callable[[str], None]) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.fp = fp
+        self.levels = levels
+        self.holder = holder
+        self.counters = counters
+        self.warn = warn
+        self.damaged: list[bytes] = []  #: segment keys a restore found damaged (for fsck)
+
+    def job(self, dc: DiskConv, length: int, dest: Destination) -> Job:
+        """The two-pass restore of ``[0, length)`` (spec F-SC-3): validate every page first,
+        then apply; on damage the ladder applies the deepest resume point below it."""
+        pieces = [Piece(s, e, k, self.holder(k)) for s, e, k in dc.segments if s < length]
+        return Job(pieces, length, dest, self.fp, self._ladder_point(dc), self.cfg.ladder,
+                   self.cfg.restore_chunk_mib * MIB)  # fmt: skip
+
+    def read(self, dc: DiskConv, length: int, dest: Destination) -> int:
+        """Run one disk job now; the tokens it left in ``dest``, all validated."""
+        job = self.job(dc, length, dest)
+        out = restore_batch([job])[0]
+        if isinstance(out, Exception):
+            raise out
+        self.account(dc, job, out)
+        return out.tokens
+
+    def restored(self, dc: DiskConv, job: Job, out: Outcome) -> Restored:
+        """Account a finished disk restore of a prompt, and find its running state."""
+        self.account(dc, job, out)
+        got, state = out.tokens, None
+        if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
+            got, state = self._state_at_or_below(dc, got)
+        self.counters["hits_disk"] += 1
+        self.counters["tokens_restored"] += got
+        return Restored("disk", got, dc.conv.conv_id, state)
+
+    def account(self, dc: DiskConv, job: Job, out: Outcome) -> None:
+        """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck."""
+        for lvl in self.levels:  # a level counts a hit for each restore it served
+            if any(p.store is lvl.store and p.start < out.tokens for p in job.pieces):
+                lvl.counters.hits += 1
+        if out.laddered:
+            self.counters["ladder_restores"] += 1
+            self.damaged.extend(k for k in out.damaged if k not in self.damaged)
+            self.warn(f"conversation {dc.conv.conv_id}: restored {out.tokens:,} of "
+                      f"{out.wanted:,} tokens: {out.reason}")  # fmt: skip
+
+    def _state_at_or_below(self, dc: DiskConv, limit: int) -> tuple[int, bytes | None]:
+        """The deepest checkpoint at or below ``limit`` whose saved state reads back valid."""
+        for length in sorted(dc.state_keys, reverse=True):
+            if length > limit:
+                continue
+            store = self.holder(dc.state_keys[length])
+            if store is None:
+                continue
+            try:
+                blob = store.get_bytes(dc.state_keys[length], max_bytes=MAX_STATE_BYTES)
+            except StrataError:
+                continue
+            return length, blob
+        return 0, None
+
+    def _ladder_point(self, dc: DiskConv) -> Callable[[int], int]:
+        """The deepest point a restore may stop at below damage at token ``bad``: a whole page
+        for attention-only layouts (``page_resume``), else the deepest checkpoint."""
+
+        def resume_at(bad: int) -> int:
+            ckpt = max((c.length for c in dc.conv.checkpoints if c.length <= bad), default=0)
+            if self.cfg.page_resume:
+                return max(ckpt, dc.conv.page_floor(bad, self.fp.page_tokens))
+            return ckpt
+
+        return resume_at

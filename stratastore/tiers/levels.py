@@ -1,0 +1,98 @@
+"""Opening the disk levels of a configuration: the ordered list (``levels = [...]``, or the
+``warm_*``/``cold_*`` settings it aliases), each a :class:`SegmentStore` on its directory with
+its budget, age limit and the next level it degrades into (spec F-SC-5: the level byte each
+writes is :func:`~stratastore.config.level_byte`'s)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..catalog import Catalog
+from ..catalog.gc import Collector
+from ..catalog.recovery import finish_ticket, recover
+from ..config import StoreConfig, level_byte
+from ..errors import ConfigError
+from ..format import ModelFingerprint
+from ..io import files
+from ..store import SegmentStore
+from .admission import MIB
+from .disk import DiskLevel
+from .writer import DiskWriter
+
+__all__ = ["attach_catalog", "check_levels", "open_levels"]
+
+
+def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
+    """Start-up checks (issue 11 items 8, 9). A level is on only with a directory *and* a
+    budget (seed 000: "empty / 0 = off"); one without the other is said loudly here, never
+    silently absent. Two levels on one directory are refused: the first move down would lock
+    itself."""
+    given = cfg.levels or (
+        ("warm", cfg.warm_dir, cfg.warm_mib),
+        ("cold", cfg.cold_dir, cfg.cold_mib),
+    )
+    for spec in given:
+        name, d, mib = spec if isinstance(spec, tuple) else (spec.name, spec.dir, spec.mib)
+        if bool(d) != (mib > 0):
+            key = f"{name}_" if not cfg.levels else f"levels[{name}]."
+            warn(f"the {name} level is OFF: {key}dir={d!r} with {key}mib={mib}; a level needs "
+                 f"both (set its budget in MiB, or clear its directory)")  # fmt: skip
+    seen: dict[str, tuple[str, str]] = {}
+    for spec in cfg.disk_levels():
+        real = files.realpath(spec.dir)
+        if real in seen:
+            name, d = seen[real]
+            raise ConfigError(
+                f"{name}_dir={d!r} and {spec.name}_dir={spec.dir!r} are the same directory "
+                f"({real}); give the {spec.name} level a directory of its own (or turn it off)"
+            )
+        seen[real] = (spec.name, spec.dir)
+
+
+def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
+                warn: Callable[[str], None]) -> list[DiskLevel]:  # fmt: skip
+    """The disk levels, first to last, each linked to the next; all closed again on failure."""
+    check_levels(cfg, warn)
+    specs = cfg.disk_levels()
+    levels: list[DiskLevel] = []
+    try:
+        for i in reversed(range(len(specs))):  # the last first: each links to the next
+            spec = specs[i]
+            store = SegmentStore.open(spec.dir, fp, level=level_byte(i, len(specs), spec.name),
+                                      file_mode=cfg.file_mode)  # fmt: skip
+            try:
+                levels.insert(0, DiskLevel(spec.name, store, spec.mib * MIB,
+                                           max_age_s=spec.max_age_s, when_full=cfg.when_full,
+                                           next_level=levels[0] if levels else None))  # fmt: skip
+            except BaseException:
+                store.close()
+                raise
+    except BaseException:
+        for lvl in levels:
+            lvl.store.close()
+        raise
+    return levels
+
+
+def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manifest_dir: str,
+                   file_mode: int, warn: Callable[[str], None]
+                   ) -> tuple[Catalog, Collector, DiskWriter, list[tuple[str, str]]]:  # fmt: skip
+    """Open the shared catalog in the last level's environment (spec F-CAT-1), bring it in line
+    with the files (recovery), and wire the levels to its GC: the last level frees space by
+    shortening the oldest conversations, every level cuts the chains that name an unreadable
+    segment before it discards it. Returns the catalog, its GC, the disk writer and the
+    manifests that were refused at open (name, why)."""
+    last = levels[-1].store
+    assert isinstance(last, SegmentStore)  # the catalog lives in a local directory's LMDB
+    catalog = Catalog(last._index)
+    gc = Collector(catalog, lambda: [lvl.store for lvl in levels], manifest_dir, file_mode)
+    last_level = levels[-1].store
+    levels[-1].free = lambda before: gc.free_oldest(
+        before_ns=before, level=last_level if before is None else None
+    )
+    for lvl in levels:
+        lvl.discard = gc.discard
+    writer = DiskWriter(levels, catalog, gc, root, token_bytes, manifest_dir, file_mode, warn)
+    catalog.on_dead = lambda t: finish_ticket(catalog, gc, root, manifest_dir, t)
+    got = recover(catalog, gc, root, manifest_dir, warn)
+    return catalog, gc, writer, got.skipped

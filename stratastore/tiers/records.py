@@ -1,0 +1,62 @@
+"""The records the tiers pass around and return (a snapshot to park, a park's report, a
+restore's result) and the errors of the park path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..chain import Conversation
+from ..errors import ConfigError, StrataError
+
+__all__ = [
+    "MAX_STATE_BYTES",
+    "InvalidConversation",
+    "ParkReport",
+    "Restored",
+    "Snapshot",
+    "SpillRefused",
+]
+
+#: the largest running state a restore reads back (a bound on what a sidecar can make it allocate)
+MAX_STATE_BYTES = 1 << 32
+
+
+class InvalidConversation(ConfigError):
+    """A park or a session save that cannot be stored as given (a bad id, checkpoints or cuts
+    outside the tokens, a K/V of the wrong size, a name taken in the other namespace); raised
+    before anything is acknowledged or stored. The message names the conversation and the fix."""
+
+
+class SpillRefused(StrataError):
+    """A disk level refused the background write of an acknowledged park (full with
+    ``when_full=reject``, an entry larger than its budget, or its id became a session's name)."""
+
+
+@dataclass
+class Snapshot:
+    """A conversation and its K/V (``len(tokens) * token_bytes`` bytes, spec F-SEG-4 layout)."""
+
+    conv: Conversation
+    kv: npt.NDArray[np.uint8]
+    #: running state saved at checkpoints (hybrid/recurrent models): checkpoint length -> bytes
+    states: dict[int, bytes] = field(default_factory=dict)
+    pending: int = 0  #: bytes reserved for it in the disk levels while it waits in the outbox
+
+
+@dataclass(frozen=True, slots=True)
+class ParkReport:
+    where: Literal["ram", "disk", "discard"]
+    floor: str  #: which RAM floor admitted it ("parking", "transient", "none")
+    tokens: int  #: tokens kept (0 for a discard)
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    source: Literal["ram", "disk", "none"]
+    tokens: int
+    conv_id: str | None = None
+    state: bytes | None = None  #: the running state at ``tokens``, when one was saved there
