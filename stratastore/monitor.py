@@ -21,6 +21,7 @@ from .errors import StrataError
 from .format.naming import INDEX_DIR, parse_name
 from .io import files
 from .io.errors import NotARegularFile, StrataIOError, SymlinkRefused
+from .io.system import process_alive
 from .level_dirs import find_store_levels
 
 __all__ = ["MONITOR_FILE", "find_levels", "prometheus_text", "read_monitor"]
@@ -147,15 +148,7 @@ def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and process_alive(pid)
 
 
 def read_monitor(path: str | None = None, *, levels: list[str] | None = None) -> dict[str, Any]:

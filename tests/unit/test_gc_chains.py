@@ -18,39 +18,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stratastore import Checkpoint, Conversation, Store, StrataError
+from stratastore import Store, StrataError
 from stratastore.facade import SpillError
 from stratastore.format.manifest import MAX_MANIFEST_BYTES, decode_manifest
 from stratastore.format.naming import parse_name
 from tests.conftest import tiny_fp
+from tests.crash.catalog_worker import conversation, kv_of, tokens_of
 
 FP = tiny_fp()  # 64 bytes a token, pages of 4 tokens
 KV = npt.NDArray[np.uint8]
 Parts = Sequence[tuple[int, int]]
-
-
-def tokens_of(parts: Parts) -> npt.NDArray[np.uint32]:
-    """The concatenation of the ranges ``(first token, count)``."""
-    return np.concatenate([np.arange(b, b + n, dtype=np.uint32) for b, n in parts])
-
-
-def kv_of(tokens: npt.NDArray[np.uint32]) -> KV:
-    """K/V whose byte ``j`` of token ``i`` depends only on (token id, position, j): a shared
-    prefix has the same bytes in every conversation."""
-    t = tokens.astype(np.uint64)[:, None]
-    i = np.arange(len(tokens), dtype=np.uint64)[:, None]
-    j = np.arange(FP.token_bytes, dtype=np.uint64)[None, :]
-    mixed = (t * np.uint64(2654435761) + i * np.uint64(40503) + j * np.uint64(97)) ^ (t >> 5)
-    kv: KV = (mixed & np.uint64(0xFF)).astype(np.uint8).reshape(-1)
-    return kv
-
-
-def conversation(cid: str, parts: Parts, cuts: Sequence[int]) -> tuple[Conversation, KV]:
-    """Conversation ``cid`` cut into segments at ``cuts`` (0 first), a checkpoint at each end
-    (none pinned)."""
-    toks = tokens_of(parts)
-    ends = [*cuts[1:], len(toks)]
-    return Conversation(cid, toks, [Checkpoint(e) for e in ends], cuts=list(cuts)), kv_of(toks)
 
 
 def cold_store(tmp_path: Path, mib: int, **more: Any) -> Store:
