@@ -84,8 +84,9 @@ def _level_problem(name: object, dir: object, mib: object, max_age_s: object) ->
 class LevelSpec:
     """One disk level of :attr:`StoreConfig.levels`: its ``name`` (a-z, 0-9, ``_``, ``-``;
     ``warm`` and ``cold`` are the names the flat settings alias), its directory, its budget in
-    MiB (``0``: the level is off) and its age limit in seconds (``0``: none; a level older
-    entries leave: degraded into the next level, deleted from the last)."""
+    MiB (``0``: the level is off) and its age limit in seconds (``0``: none; segments sealed
+    longer ago are degraded into the next level; on the last level, conversations sealed longer
+    ago are shortened to their pinned prefix, never sessions)."""
 
     name: str
     dir: str

@@ -12,7 +12,7 @@ Pure: this module reads no file. :func:`reachability` takes the accepted manifes
 classify and two predicates (is a key committed in some level of the store, is it damaged), and
 returns the reachable keys and, for each other one, every chain that names it and where that
 chain stops (none: no manifest names it). ``strata fsck`` reports the unreachable ones as
-``SEGMENT_UNREACHABLE`` (format-spec/FSCK.md); capacity GC may reuse it to check itself.
+``SEGMENT_UNREACHABLE`` (format-spec/FSCK.md).
 """
 
 from __future__ import annotations

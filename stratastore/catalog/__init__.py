@@ -1,7 +1,18 @@
 """The shared catalog (DESIGN layer 5b): conversations, sessions and chain membership in LMDB,
-seen alike by every process; the GC that removes whole chains; explicit sessions.
-May import format/, io/, store/ and chain/; never tiers/ or the facade."""
+seen alike by every process (tables.py), what a manifest means to it (chains.py), the GC that
+removes whole chains (gc.py), opening it (recovery.py). May import format/, io/, store/, levels/
+and chain/; never tiers/ or the facade."""
 
-from .tables import Catalog, CatalogBusy, NameTaken, Removal, cut_manifest, pinned_length
+from .chains import conv_id_key, cut_manifest, manifest_keys, pinned_length
+from .tables import Catalog, CatalogBusy, NameTaken, Removal
 
-__all__ = ["Catalog", "CatalogBusy", "NameTaken", "Removal", "cut_manifest", "pinned_length"]
+__all__ = [
+    "Catalog",
+    "CatalogBusy",
+    "NameTaken",
+    "Removal",
+    "conv_id_key",
+    "cut_manifest",
+    "manifest_keys",
+    "pinned_length",
+]

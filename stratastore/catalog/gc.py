@@ -26,7 +26,8 @@ from ..format.manifest import ChainManifest
 from ..format.naming import chain_name
 from ..io import durable_write, guard
 from ..levels.backend import SegmentBackend
-from .tables import Catalog, Removal, pinned_length
+from .chains import pinned_length
+from .tables import Catalog, Removal
 
 __all__ = ["CANDIDATES", "Collector"]
 
@@ -35,7 +36,8 @@ CANDIDATES = 32
 
 
 class Collector:
-    """Removes conversations' tails and unnamed segments for the levels of one store."""
+    """Removes conversations' tails, and unreadable segments (:meth:`discard`), for the levels
+    of one store."""
 
     def __init__(self, catalog: Catalog, levels: Callable[[], Sequence[SegmentBackend]],
                  manifest_dir: str, file_mode: int) -> None:  # fmt: skip
@@ -84,9 +86,10 @@ class Collector:
         return 0
 
     def discard(self, key: bytes) -> bool:
-        """An unreadable segment leaves: cut every conversation that names it to the prefix
-        before it (F-CHAIN-3, so that no segment after a hole stays behind), then delete it from
-        every level. False, and nothing deleted, while a park in flight names it."""
+        """An unreadable segment leaves: every conversation that names it is cut to the prefix
+        before it (F-CHAIN-3, so that no segment after a hole stays behind), in any case; the
+        segment itself is then deleted from every level, unless a park in flight names it
+        (then False: it goes once that park has committed and GC meets it again)."""
         self.cut_before(key)
         r = self.catalog.doom_unnamed(key)
         if r is None:

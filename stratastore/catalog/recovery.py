@@ -2,17 +2,19 @@
 crashed process left in flight (spec F-CAT-2, F-CAT-7).
 
 The manifests are the truth (F-CHAIN-3); the catalog is derived from them. A store without a
-catalog (written by version 0.1, or whose index was deleted) has it built in one transaction
-from every manifest that reads back valid; one with a catalog is reconciled: a manifest file the
-catalog lacks, or whose stamp changed, is (re)entered (a crash between a file's write and its
-commit; a file replaced behind the store's back), an entry whose file is gone or refused is
-removed (a refused file is left for fsck). A park or a removal whose process is gone is finished
-from the files: the park's manifest, if written, is committed, else the segments only it named
-go; the removal's manifest file is made to match the catalog and its doomed keys are deleted.
-A segment nothing names that no ticket covers (written through :class:`SegmentStore` directly,
-or left by version 0.1) is never deleted here: fsck reports it (``SEGMENT_UNREACHABLE``) and
-repair quarantines it. All of it runs at open only: it lists the manifest directory once and
-stats each manifest, as the segment index's reconcile lists its directory.
+catalog (written before it: formats 1.0 and 1.1, or an index deleted) has it built in one
+transaction from every manifest that reads back valid; one with a catalog is reconciled: a
+manifest file the catalog lacks, or whose stamp changed, is (re)entered (a crash between a
+file's write and its commit; a file replaced behind the store's back), an entry whose file is
+gone or refused is removed (a refused file is left for fsck). A park or a removal whose process
+is gone is finished from the files: the park's manifest, if written, is committed, else the
+segments only it named go; the removal's manifest file is made to match the catalog and its
+doomed keys are deleted. A segment nothing names that no ticket covers (written through
+:class:`SegmentStore` directly, or left by a writer before the catalog) is never deleted here:
+fsck reports it (``SEGMENT_UNREACHABLE``) and repair quarantines it. Build and reconcile run at
+open only (they list the manifest directory once and stat each manifest, as the segment index's
+reconcile lists its directory); :func:`finish_ticket` also runs when a park or a removal waits
+on a dead process's ticket.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Tables (named databases; integers big-endian so that keys sort by them)::
                  conversation's key: BLAKE3 of its id (32 bytes, the digest of its file name)
     cat.members  segment key (32) + owner -> b"": owner is a C, or the ticket of a park in
                  flight (21 bytes: 0xFF + pid + the process's start time + nonce): real
-                 reference counts (F-IDX-2); a key no row names is no manifest's
+                 reference counts (F-CAT-3); a key no row names is no manifest's
     cat.ages     sealed_at_ns (8) + C -> conv id: the conversations GC may shorten, oldest
                  first (never a session, never one already cut to its pinned prefix)
     cat.pending  ticket -> C + the keys it registered: parks and session saves in flight
@@ -35,27 +35,16 @@ import itertools
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
-
-import blake3
 
 from ..errors import StrataError
 from ..format.manifest import ChainManifest, decode_manifest, encode_manifest
 from ..io.system import process_alive, process_start, this_process
 from ..store.index import SegmentIndex
+from .chains import conv_id_key, cut_manifest, evictable, manifest_keys
 
-__all__ = [
-    "Catalog",
-    "CatalogBusy",
-    "NameTaken",
-    "Removal",
-    "conv_id_key",
-    "cut_manifest",
-    "manifest_keys",
-    "pinned_length",
-    "ticket_pid",
-]
+__all__ = ["Catalog", "CatalogBusy", "NameTaken", "Removal", "ticket_pid"]
 
 SCHEMA = 1
 _SCHEMA_KEY, _GEN_KEY = b"schema", b"gen"
@@ -96,40 +85,6 @@ class Removal:
     freed_tokens: int
 
 
-def manifest_keys(m: ChainManifest) -> set[bytes]:
-    """Every segment key a manifest names: its K/V segments and its running states."""
-    keys = {k for _, _, k in m.segments}
-    keys.update(c.state_key for c in m.checkpoints if c.state_key)
-    return keys
-
-
-def pinned_length(m: ChainManifest) -> int:
-    """The prefix capacity GC keeps (spec F-CHAIN-5, F-CHAIN-6): all of a session; else the
-    segments that end at or below the deepest pinned checkpoint."""
-    if m.session:
-        return len(m.tokens)
-    pin = max((c.length for c in m.checkpoints if c.pinned), default=0)
-    return max((e for _, e, _ in m.segments if e <= pin), default=0)
-
-
-def cut_manifest(m: ChainManifest, length: int) -> ChainManifest | None:
-    """``m`` cut to its segments ending at or below ``length`` (a chain shortened from its
-    tail, F-CHAIN-3), or None when nothing is left."""
-    segs = tuple(s for s in m.segments if s[1] <= length)
-    end = segs[-1][1] if segs else 0
-    if end == 0:
-        return None
-    return replace(m, tokens=m.tokens[:end],
-                   checkpoints=tuple(c for c in m.checkpoints if c.length <= end),
-                   media=tuple(x for x in m.media if x[0] < end), segments=segs)  # fmt: skip
-
-
-def conv_id_key(conv_id: str) -> bytes:
-    """A conversation's key in the catalog: BLAKE3 of its id, the digest its manifest file is
-    named by (F-CHAIN-4); ids are up to 4 KiB, LMDB keys at most 511 bytes."""
-    return blake3.blake3(conv_id.encode()).digest()
-
-
 def ticket_pid(ticket: bytes) -> int:
     """The process a ticket of work in flight belongs to."""
     return int(_TICKET.unpack(ticket)[1])
@@ -141,10 +96,6 @@ def _pending_row(cid: bytes, keys: set[bytes]) -> bytes:
 
 def _pending_conv(row: bytes) -> bytes:
     return bytes(row[:KEY])
-
-
-def _evictable(m: ChainManifest) -> bool:
-    return not m.session and pinned_length(m) < len(m.tokens)
 
 
 class Catalog:
@@ -465,13 +416,19 @@ class Catalog:
                 self._put_conv(txn, cut, new, bytes(24))  # the file is rewritten after
             self._logged(txn, conv_id)
             freed = len(m.tokens) - (len(cut.tokens) if cut is not None else 0)
-            return new, self._doom(txn, ticket, touched, cid), freed
+            return new, self._doom(txn, ticket, touched, cid if touch_file else None), freed
 
         got = self._write(run)
         if got is None:
             _live.discard(ticket)
             return None
         return Removal(conv_id if touch_file else "", got[0], got[1], ticket, got[2])
+
+    def orphan(self, ticket: bytes) -> None:
+        """This process gives up on ``ticket`` without finishing it (its catalog commit failed
+        after its manifest became durable): its rows stay, protecting its segments, and the
+        next park that meets it or the next open finishes it from the file (F-CAT-7)."""
+        _live.discard(ticket)
 
     def finish(self, r: Removal) -> None:
         """A removal's files are gone (or rewritten): release its dooms."""
@@ -492,15 +449,20 @@ class Catalog:
     # -- rebuild and reconcile (stratastore.catalog.recovery drives these) ---------------------
     def replace_all(self, manifests: list[tuple[ChainManifest, bytes, bytes]]) -> bool:
         """Build the catalog from ``manifests`` in one transaction, unless another process
-        built it first (then False: that one is the truth, F-CAT-2)."""
+        built it first (then False: that one is the truth, F-CAT-2). Work in flight is kept:
+        the parks' registrations are entered again, so that a rebuild while other processes
+        run never leaves their segments unprotected."""
 
         def run(txn: Any) -> bool:
             raw = txn.get(_SCHEMA_KEY, db=self._meta)
             if raw is not None and int.from_bytes(raw, "big") == SCHEMA:
                 return False
-            for db in (self._convs, self._members, self._ages, self._pending, self._doomed,
-                       self._log):  # fmt: skip
+            for db in (self._convs, self._members, self._ages, self._log):
                 txn.drop(db, delete=False)
+            for ticket, row in list(txn.cursor(db=self._pending)):
+                tail = bytes(row[KEY:])
+                for i in range(0, len(tail) - KEY + 1, KEY):
+                    txn.put(tail[i : i + KEY] + bytes(ticket), b"", db=self._members)
             for m, data, stamp in manifests:
                 for k in manifest_keys(m):
                     txn.put(k + conv_id_key(m.conv_id), b"", db=self._members)
@@ -514,12 +476,12 @@ class Catalog:
         return built
 
     def reset(self) -> None:
-        """Forget everything (a damaged catalog: it is derived, the next recovery rebuilds it
-        from the manifests, F-CAT-2)."""
+        """Forget the conversations (a damaged catalog: it is derived, the next recovery
+        rebuilds it from the manifests, F-CAT-2); the work in flight is kept (see
+        :meth:`replace_all`)."""
 
         def run(txn: Any) -> None:
-            for db in (self._convs, self._members, self._ages, self._pending, self._doomed,
-                       self._log):  # fmt: skip
+            for db in (self._convs, self._members, self._ages, self._log):
                 txn.drop(db, delete=False)
             txn.delete(_SCHEMA_KEY, db=self._meta)
 
@@ -607,7 +569,7 @@ class Catalog:
         cid = conv_id_key(m.conv_id)
         txn.put(cid, _HEAD.pack(F_SESSION if m.session else 0, m.sealed_at_ns, stamp) + raw,
                 db=self._convs)  # fmt: skip
-        if _evictable(m):
+        if evictable(m):
             txn.put(_U64.pack(m.sealed_at_ns) + cid, m.conv_id.encode(), db=self._ages)
 
     def _unlink_conv(self, txn: Any, conv_id: str, m: ChainManifest) -> set[bytes]:

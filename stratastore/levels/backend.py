@@ -3,10 +3,10 @@
 A level stores the *sealed segments* of one model: a segment is a key (spec F-KEY), a sidecar
 (F-SC: the page digests, the stored sizes, the level that sealed it) and its *stored payload*
 (F-SEG-4: RAW pages, or one zstd frame a page). A backend keeps them, and nothing else; the
-policy above it (budgets, the cascade, pins) lives in ``tiers/``. The local directory store
-:class:`~stratastore.store.SegmentStore` is the first backend; ``tests/conformance`` proves the
-seam with an in-memory one, and :class:`~stratastore.testing.BackendTests` is the suite every
-backend passes.
+policy above it (budgets, the cascade, pins, GC) lives in ``tiers/`` and ``catalog/``. The
+local directory store :class:`~stratastore.store.SegmentStore` is the first backend;
+``tests/conformance`` proves the seam with an in-memory one, and
+:class:`~stratastore.testing.BackendTests` is the suite every backend passes.
 
 Contracts every backend keeps:
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -120,6 +120,10 @@ class Job:
     resume_at: Callable[[int], int]
     ladder: bool = True
     chunk_bytes: int = DEFAULT_CHUNK
+    #: where a segment lives now: a segment another process moved down (or whose level the
+    #: job was built with no longer holds it) is looked for again once before it counts as
+    #: missing (issue 12: a move is not damage)
+    locate: Callable[[bytes], SegmentBackend | None] | None = None
 
     def check_capacity(self) -> None:
         if self.wanted > self.dest.capacity():
@@ -148,9 +152,7 @@ class Job:
                     break
                 need = min(piece.end, self.wanted) - piece.start
                 try:
-                    if piece.store is None:
-                        raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
-                    bad = self._read_piece(piece, need, v)
+                    bad = self._read_moved(piece, need, v)
                 except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
                     out.first_bad, out.reason = piece.start, str(e)
                     out.damaged.append(piece.key)
@@ -166,6 +168,19 @@ class Job:
             raise
         out.read_s = time.perf_counter() - t0
         return v
+
+    def _read_moved(self, piece: Piece, need: int, v: Validated) -> int | None:
+        """:meth:`_read_piece`, looking once more (``locate``) for a segment not where the job
+        found it: ``SegmentNotFound`` is raised when opening, before anything is read."""
+        try:
+            if piece.store is None:
+                raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
+            return self._read_piece(piece, need, v)
+        except SegmentNotFound:
+            store = self.locate(piece.key) if self.locate is not None else None
+            if store is None or store is piece.store:
+                raise
+            return self._read_piece(replace(piece, store=store), need, v)
 
     def _direct(self) -> FlatKV | _PerToken | None:
         """The destination, when the read pass may read straight into it (``read_direct``)."""

@@ -16,7 +16,7 @@ sidecar bytes of every record) and ``ages`` holds one empty row per record keyed
 ``sealed_at_ns`` (u64 big-endian, so LMDB's bytewise order is age order) then its key. Every
 write of a record updates both in its own transaction, reading the old record there first, so
 :meth:`SegmentIndex.used_bytes` is one read and :meth:`SegmentIndex.oldest` a cursor walk. An
-index without them (written by 0.1) is rebuilt on open like one of another schema (F-IDX-3):
+index without them (written before them) is rebuilt on open like one of another schema (F-IDX-3):
 :meth:`SegmentIndex.totals_ok`. They live outside ``meta``, whose contents F-IDX-5 pins.
 """
 
@@ -257,7 +257,8 @@ class SegmentIndex:
 
     def totals_ok(self) -> bool:
         """The derived tables exist and cover every record (else open rebuilds the index: an
-        index of 0.1 has none, and a 0.1 writer would not have kept ``ages`` in step)."""
+        index written before them has none, and an older writer would not have kept ``ages`` in
+        step)."""
         with self._reading() as txn:
             if txn.get(_BYTES_KEY, db=self._totals) is None:
                 return False

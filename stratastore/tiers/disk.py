@@ -2,8 +2,8 @@
 
 A level is a segment backend (:class:`~stratastore.levels.backend.SegmentBackend`; a
 :class:`SegmentStore` on a local directory) with a byte budget, an optional age limit and a
-next level; the levels are an ordered list (``levels = [...]``; warm and cold are the names of
-the first two). When a level's GC runs (:meth:`DiskLevel.enforce_budget`,
+next level; the levels are an ordered list (``levels = [...]``; warm and cold are the names
+the flat settings give them). When a level's GC runs (:meth:`DiskLevel.enforce_budget`,
 :meth:`DiskLevel.enforce_age`) and a next level is set, its oldest entry is *degraded*: handed
 to the next level (:meth:`degrade_to_next` -> :meth:`adopt`), which makes room for it and takes
 it by rename-or-copy (:meth:`~stratastore.levels.backend.SegmentBackend.relocate_from`); only
@@ -77,8 +77,9 @@ class DiskLevel:
         self.counters = LevelCounters()
         self.last_refusal = ""
         #: the last level's way to free space (sealed before the time given, for age GC): how
-        #: much went, 0 when nothing may go. A level of a Store frees through the catalog's GC
-        #: (whole chains); a level used alone deletes its oldest segment (FIFO)
+        #: much went, 0 when nothing may go. A Store always sets it to the catalog's GC (whole
+        #: chains, F-CAT-4); the default, for a level used on its own without manifests (the
+        #: cascade's tests), deletes its oldest segment
         self.free: Callable[[int | None], int] = self._delete_oldest
         #: an unreadable segment leaves: cut the chains naming it, then delete it
         self.discard: Callable[[bytes], bool] = self._delete

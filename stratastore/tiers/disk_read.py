@@ -37,7 +37,7 @@ class DiskReader:
         then apply; on damage the ladder applies the deepest resume point below it."""
         pieces = [Piece(s, e, k, self.holder(k)) for s, e, k in dc.segments if s < length]
         return Job(pieces, length, dest, self.fp, self._ladder_point(dc), self.cfg.ladder,
-                   self.cfg.restore_chunk_mib * MIB)  # fmt: skip
+                   self.cfg.restore_chunk_mib * MIB, self.holder)  # fmt: skip
 
     def read(self, dc: DiskConv, length: int, dest: Destination) -> int:
         """Run one disk job now; the tokens it left in ``dest``, all validated."""

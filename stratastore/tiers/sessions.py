@@ -6,13 +6,15 @@ holds."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-from ..catalog import Catalog, NameTaken
+from ..catalog import Catalog, CatalogBusy, NameTaken
 from ..catalog.gc import Collector
+from ..catalog.tables import WAIT_S
 from ..chain import Conversation
 from ..errors import StrataError
 from ..format import ModelFingerprint
@@ -87,11 +89,19 @@ class Sessions:
 
     def delete(self, name: str, catalog: Catalog | None, gc: Collector | None) -> bool:
         """Remove a saved session (its manifest, and the segments nothing else names); False
-        when there is none by that name."""
-        if catalog is None or gc is None or catalog.is_session(name) is not True:
+        when there is none by that name. Waits while another process saves or removes it."""
+        if catalog is None or gc is None:
             return False
-        r = catalog.shorten(name, lambda m: 0, sessions=True)
-        if r is None:
-            return False
-        gc.carry_out(r)
-        return True
+        deadline = time.monotonic() + WAIT_S
+        while catalog.is_session(name) is True:
+            r = catalog.shorten(name, lambda m: 0, sessions=True)
+            if r is not None:
+                gc.carry_out(r)
+                return True
+            if time.monotonic() > deadline:
+                raise CatalogBusy(
+                    f"session {name!r} has been busy in another process for over {WAIT_S:.0f} "
+                    "s; retry, or stop that process if it hangs"
+                )
+            time.sleep(0.005)
+        return False

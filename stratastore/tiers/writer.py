@@ -1,5 +1,5 @@
 """Writing a snapshot down: its segments into the first disk level, then its manifest, then its
-commit in the shared catalog (spec F-CHAIN-3, F-CAT-4).
+commit in the shared catalog (spec F-CHAIN-3, F-CAT-5).
 
 Order: register the keys in the catalog (from here no process's GC removes them, and a park of
 the same conversation elsewhere waits), put each segment the levels do not hold yet (making room
@@ -103,22 +103,21 @@ class DiskWriter:
             raise
         try:
             removal = self.catalog.commit(ticket, m, raw, stamp)
-        except BaseException:  # the manifest is durable: the next open commits it (F-CAT-2)
-            self._withdraw(ticket, conv.conv_id, release_only=True)
+        except BaseException:  # the manifest is durable: whoever meets the ticket commits it
+            self.catalog.orphan(ticket)
             raise
         self.gc.carry_out(removal)
         return True
 
-    def _withdraw(self, ticket: bytes, conv_id: str, *, release_only: bool = False) -> None:
+    def _withdraw(self, ticket: bytes, conv_id: str) -> None:
         """Take back a park's registration after a failure, so that nothing of this process
         stays in flight (a later park of the conversation would wait on it). Best effort: a
-        second failure is said, and the first error is the one raised."""
+        second failure is said (the ticket is then left for whoever meets it, F-CAT-7), and the
+        first error is the one raised."""
         try:
-            if release_only:
-                self.catalog.clear_ticket(ticket)
-            else:
-                self.gc.carry_out(self.catalog.abort(ticket))
+            self.gc.carry_out(self.catalog.abort(ticket))
         except StrataError as e:
+            self.catalog.orphan(ticket)
             self.warn(f"conversation {conv_id}: withdrawing its write failed too: {e}")
 
     def refusal(self, snap: Snapshot, pending_bytes: int, reject: bool) -> int | str:
@@ -131,7 +130,7 @@ class DiskWriter:
         largest = max((e - s for s, e in snap.conv.boundaries()), default=0) * self.tb + _SLACK
         if largest > level.budget:
             return (f"{level.name} level: a segment of {largest:,} bytes is larger than its whole "
-                    f"budget ({level.budget:,} bytes); raise {level.name}_mib")  # fmt: skip
+                    f"budget ({level.budget:,} bytes); raise that level's budget")  # fmt: skip
         states = sum(_SLACK + len(b) for b in snap.states.values() if b)
         if not reject:
             return snap.kv.nbytes + states  # an upper bound; the last level makes room

@@ -169,3 +169,28 @@ def test_a_killed_park_is_finished_by_the_next_open(tmp_path: Path) -> None:
         store.park(c, kv)
         store.flush()
         assert restored(store, c) == 16
+
+
+def test_a_segment_moved_down_after_the_lookup_is_read_where_it_is_now(tmp_path: Path) -> None:
+    """A restore job names the level each segment was in when it was built; a segment another
+    process moved down meanwhile is found where it is now, not taken for damage (no ladder, no
+    "damaged segment" for fsck)."""
+    from stratastore.restore import FlatKV, restore_batch
+
+    config = {**cfg(tmp_path), "warm_dir": str(tmp_path / "warm"), "warm_mib": 64}
+    with Store.open(FP, config, probe=lambda: 1 << 40) as store:
+        a, kv = conv("a", 100)
+        store.park(a, kv)
+        store.flush()
+        t = store._tiers
+        warm, cold = t.levels[0].store, t.levels[1].store
+        dc = t._disk["a"]
+        assert all(k in warm for _, _, k in dc.segments)
+        out = np.zeros(len(a.tokens) * TB, np.uint8)
+        job = t.reader.job(dc, len(a.tokens), FlatKV(FP, out))
+        for _, _, key in dc.segments:  # what another process's cascade does meanwhile
+            cold.relocate_from(warm, key)
+        got = restore_batch([job])[0]
+        assert not isinstance(got, Exception)
+        assert got.tokens == 16 and not got.laddered and not got.damaged
+        assert np.array_equal(out, kv)
