@@ -20,6 +20,7 @@ __all__ = [
     "hash_page",
     "page_hashes",
     "parallel_copy",
+    "parallel_run",
     "start_page_hashes",
     "validated_copy",
 ]
@@ -108,6 +109,18 @@ def parallel_copy(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8]) -> Non
         dst[a : a + step] = src[a : a + step]
 
     for f in [_get_pool().submit(run, a) for a in range(0, n, step)]:
+        f.result()
+
+
+def parallel_run(tasks: list[Callable[[], None]], nbytes: int) -> None:
+    """Run ``tasks`` (strided numpy copies: they release the GIL) on the worker threads, or in
+    this thread when together they move less than two tasks' worth of ``nbytes``. Never call it
+    from a task of this pool."""
+    if nbytes <= 2 * _TASK_BYTES or len(tasks) < 2:
+        for task in tasks:
+            task()
+        return
+    for f in [_get_pool().submit(task) for task in tasks]:
         f.result()
 
 

@@ -21,13 +21,13 @@ destination is made, before a restore touches anything (issue 11 item 5).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from numba_kernels.cpu import parallel_copy
+from numba_kernels.cpu import parallel_copy, parallel_run
 
 from ..errors import ConfigError
 from ..format import ModelFingerprint
@@ -171,6 +171,23 @@ class _PerToken:
             for r in self._rows(layer, kind, token_start, n_tokens):
                 r[:] = 0
 
+    def page_runs(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
+                  page_tokens: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
+        """``data`` (consecutive stored pages of one segment) as at most two runs of equal
+        pages: ``(first token, [n_pages, layers, 2, p, row] view)``, the whole pages and then
+        the short last one. Views, never copies."""
+        full = n_tokens // page_tokens
+        runs = []
+        if full:
+            head = data[: full * page_tokens * self.tb]
+            runs.append((token_start, head.reshape(full, self.layers, 2, page_tokens, self.row)))
+        rest = n_tokens - full * page_tokens
+        if rest:
+            tail = data[full * page_tokens * self.tb : n_tokens * self.tb]
+            runs.append((token_start + full * page_tokens,
+                         tail.reshape(1, self.layers, 2, rest, self.row)))  # fmt: skip
+        return runs
+
     def pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
               page_tokens: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
         """``(first token, [layers, 2, p, row] view)`` of each page in ``data``."""
@@ -208,11 +225,22 @@ class LayerKV(_PerToken):
 
     def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                     page_tokens: int) -> None:  # fmt: skip
-        for t0, page in self.pages(token_start, n_tokens, data, page_tokens):
-            p = page.shape[2]
-            for layer in range(self.layers):
-                self.k[layer][t0 : t0 + p] = page[layer, 0]
-                self.v[layer][t0 : t0 + p] = page[layer, 1]
+        """One strided copy per layer and K/V for all the pages (and one for the short last
+        page), spread over the worker threads: never a copy per page (issue 13)."""
+        runs = self.page_runs(token_start, n_tokens, data, page_tokens)
+
+        def task(layer: int, kind: int) -> Callable[[], None]:
+            dst = (self.v if kind else self.k)[layer]
+
+            def run() -> None:
+                for t0, pages in runs:  # [n_pages, p, row] views of this layer's K or V
+                    n, p = pages.shape[0], pages.shape[3]
+                    dst[t0 : t0 + n * p].reshape(n, p, self.row)[...] = pages[:, layer, kind]
+
+            return run
+
+        parallel_run([task(i, kind) for i in range(self.layers) for kind in (0, 1)],
+                     n_tokens * self.tb)  # fmt: skip
 
 
 class PagedKV(_PerToken):
@@ -253,13 +281,24 @@ class PagedKV(_PerToken):
 
     def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                     page_tokens: int) -> None:  # fmt: skip
-        for t0, page in self.pages(token_start, n_tokens, data, page_tokens):
-            p = page.shape[2]
-            t = np.arange(t0, t0 + p)
-            slots = self.table[t // self.block_size] * self.block_size + t % self.block_size
-            for layer in range(self.layers):
-                self.pools[layer][0, slots] = page[layer, 0]
-                self.pools[layer][1, slots] = page[layer, 1]
+        """One scatter (a fancy-indexed assignment over the block table's slots) per layer and
+        K/V for all the pages, spread over the worker threads: never a copy per page."""
+        runs = []
+        for t0, pages in self.page_runs(token_start, n_tokens, data, page_tokens):
+            n, p = pages.shape[0], pages.shape[3]
+            t = np.arange(t0, t0 + n * p).reshape(n, p)
+            runs.append((self.table[t // self.block_size] * self.block_size
+                         + t % self.block_size, pages))  # fmt: skip
+
+        def task(layer: int, kind: int) -> Callable[[], None]:
+            def run() -> None:
+                for slots, pages in runs:
+                    self.pools[layer][kind][slots] = pages[:, layer, kind]
+
+            return run
+
+        parallel_run([task(i, kind) for i in range(self.layers) for kind in (0, 1)],
+                     n_tokens * self.tb)  # fmt: skip
 
 
 def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray[np.int64]:
@@ -326,28 +365,57 @@ def pack_pages(
     v: Sequence[npt.NDArray[np.generic]],
     n_tokens: int,
     cuts: Sequence[int] = (0,),
+    *,
+    out: npt.NDArray[np.uint8] | None = None,
 ) -> npt.NDArray[np.uint8]:
     """A conversation's K/V in the stored layout (spec F-SEG-4), the inverse of
     :class:`LayerKV`: ``n_tokens`` tokens given per layer as K and V arrays
     ``[tokens, n_kv_heads, head_dim]`` (any dtype of ``fp``'s item size, or bytes). Each segment
     (from each of ``cuts`` to the next, the conversation's segment boundaries) is laid out in
-    pages of ``page_tokens`` counted from its own start, the last one short."""
+    pages of ``page_tokens`` counted from its own start, the last one short.
+
+    One strided copy per layer, K/V and segment, spread over the worker threads (issue 13): each
+    source byte is copied once, into ``out`` when given (a flat uint8 buffer of at least
+    ``n_tokens * token_bytes`` bytes, C-contiguous and writable: reusing one spares a fresh
+    buffer's page faults) or into a new array. Returns the packed bytes (a view of ``out``)."""
     if len(k) != fp.n_layers or len(v) != fp.n_layers:
         raise ConfigError(f"pack_pages needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}")
     row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize
     parts = []
     for arr in (*k, *v):
-        b = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        b = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)  # a view when contiguous
         if b.size < n_tokens * row:
             raise ConfigError(f"a K/V array holds {b.size // row} tokens, {n_tokens} are needed")
         parts.append(b[: n_tokens * row].reshape(n_tokens, row))
-    n_layers, p = fp.n_layers, fp.page_tokens
-    a = np.stack([np.stack([parts[i], parts[n_layers + i]]) for i in range(n_layers)])
+    n_layers, p, tb = fp.n_layers, fp.page_tokens, fp.token_bytes
+    if out is None:
+        out = np.empty(n_tokens * tb, np.uint8)
+    else:
+        out = flat_bytes(out, "pack_pages out")
+        if out.size < n_tokens * tb:
+            raise DestinationRefused(f"pack_pages out holds {out.size:,} bytes; {n_tokens:,} "
+                                     f"tokens need {n_tokens * tb:,}")  # fmt: skip
+        out = out[: n_tokens * tb]
     bounds = sorted({0, *(c for c in cuts if 0 < c < n_tokens), n_tokens})
-    out = []
+    runs = []  # (segment's first token, [n_pages, layers, 2, p, row] view of out, p)
     for lo, hi in itertools.pairwise(bounds):
-        seg, n = a[:, :, lo:hi], hi - lo  # [layers, 2, n, row]
-        full = n // p * p
-        head = seg[:, :, :full].reshape(n_layers, 2, full // p, p, row).transpose(2, 0, 1, 3, 4)
-        out += [head.reshape(-1), seg[:, :, full:].reshape(-1)]
-    return np.concatenate(out) if out else np.zeros(0, np.uint8)
+        full = (hi - lo) // p * p
+        if full:
+            view = out[lo * tb : (lo + full) * tb]
+            runs.append((lo, view.reshape(full // p, n_layers, 2, p, row), p))
+        if hi - lo > full:
+            rest, view = hi - lo - full, out[(lo + full) * tb : hi * tb]
+            runs.append((lo + full, view.reshape(1, n_layers, 2, rest, row), rest))
+
+    def task(layer: int, kind: int) -> Callable[[], None]:
+        src = parts[kind * n_layers + layer]
+
+        def run() -> None:
+            for t0, view, q in runs:
+                n = view.shape[0]
+                view[:, layer, kind] = src[t0 : t0 + n * q].reshape(n, q, row)
+
+        return run
+
+    parallel_run([task(i, kind) for i in range(n_layers) for kind in (0, 1)], n_tokens * tb)
+    return out
