@@ -233,7 +233,7 @@ def _check_dir(d: str, deep: bool, manifests: list[tuple[str, str]], isolate_ind
     sidecars -= left_alone
     datas -= left_alone
     for key in sorted(datas - sidecars):
-        yield Finding("ORPHAN_FILE", "warning", os.path.join(d, f"strata-conv-{key.hex()}.seg"),
+        yield Finding("ORPHAN_FILE", "warning", os.path.join(d, data_name(key)),
                       "a data file without a sidecar (invisible); repair quarantines "
                       "it")  # fmt: skip
     valid: dict[bytes, Sidecar] = {}
@@ -334,7 +334,7 @@ def _check_modes(d: str, names: list[str]) -> Iterator[Finding]:
 
 def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
                    ) -> Generator[Finding, None, Sidecar | None]:  # fmt: skip
-    side = os.path.join(d, f"strata-conv-{key.hex()}.side")
+    side = os.path.join(d, sidecar_name(key))
     try:
         sc = decode_sidecar(files.read_file(side, MAX_SIDECAR_BYTES), side)
     except UnsupportedVersion as e:
@@ -349,7 +349,7 @@ def _check_segment(d: str, key: bytes, deep: bool, has_data: bool
     if sc.key != key:
         yield Finding("SIDECAR_KEY_MISMATCH", "error", side, f"it holds key {sc.key.hex()}")
         return None
-    data = os.path.join(d, f"strata-conv-{key.hex()}.seg")
+    data = os.path.join(d, data_name(key))
     if not has_data:
         yield Finding("DATA_MISSING", "error", data, "the sidecar commits a data file that is gone")
         return None
@@ -489,7 +489,7 @@ def _check_index(d: str, valid: dict[bytes, Sidecar], isolate: bool = True,
         return
     for key, raw in sorted(indexed.items()):
         if key not in valid and damaged and key in damaged:
-            left = damaged[key].finding.id in ("SYMLINK", "NOT_REGULAR_FILE")  # repair leaves it
+            left = damaged[key].finding.id in _LEFT_ALONE  # repair leaves it
             fix = "" if left else " (repair quarantines the segment and rebuilds the index)"
             damaged[key].consequences.append(f"the index {path} still names it{fix}")
             continue

@@ -41,7 +41,7 @@ from .errors import StrataError
 from .format.naming import INDEX_DIR, QUARANTINE_DIR, TEMP_PREFIX, is_chain_name, parse_name
 
 __all__ = ["ROOT_CONFIG", "NoStoreLevels", "StoreLevels", "find_store_levels", "is_level_dir",
-           "levels_of", "sibling_levels"]  # fmt: skip
+           "levels_of"]  # fmt: skip
 
 #: the order levels are listed in (the cascade's order, warm to cold); other names come after
 _RANK = {"warm": 0, "cold": 1}
@@ -150,14 +150,6 @@ def _root_levels(root: str, *, strict: bool) -> tuple[list[str], bool, str, list
             return dirs, True, f"the levels of config {cfg_path}", skipped
     complete = set(_RANK) <= {os.path.basename(d) for d in subs}
     return subs, complete, f"the levels of store root {root}", skipped
-
-
-def sibling_levels(dirs: Sequence[str]) -> list[str]:
-    """The other levels of the store whose root is the parent of each of ``dirs`` (see
-    :func:`levels_of`), not including ``dirs`` themselves."""
-    given = {os.path.realpath(d) for d in dirs}
-    store = levels_of(dirs).store
-    return [d for d in store if os.path.realpath(d) not in given]
 
 
 def _config_levels(cfg: StoreConfig, source: str) -> list[str]:

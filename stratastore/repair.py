@@ -16,17 +16,18 @@ repair, like fsck, is for a store no process has open.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import StrataError
 from .format import decode_sidecar, parse_name
-from .format.manifest import MAX_MANIFEST_BYTES, decode_manifest
-from .format.naming import INDEX_DIR, QUARANTINE_DIR
+from .format.manifest import MAX_MANIFEST_BYTES, decode_manifest, encode_manifest
+from .format.naming import INDEX_DIR, QUARANTINE_DIR, data_name, sidecar_name
 from .format.sidecar import MAX_SIDECAR_BYTES
 from .fsck import Finding, committed_keys, fsck, quarantined_keys
-from .io import files, guard, modes
+from .io import durable_write, files, guard, modes
 from .io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
 from .level_dirs import ROOT_CONFIG, StoreLevels, levels_of
 
@@ -140,16 +141,17 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
                                        for f in findings)}  # fmt: skip
     _rebuild_indexes(dirs, rebuild, actions)
     cuts = 0
-    for f in fsck(dirs, deep=False, levels=levels):  # chains broken by the quarantines above
-        if f.id == "CHAIN_BROKEN":
-            try:
-                cut = _truncate_chain(f.object, levels.store)
-            except _REFUSALS as e:
-                actions.append(Action("refused", e.path, str(e)))
-                continue
-            if cut is not None:
-                actions.append(cut)
-                cuts += 1
+    broken = [f for f in fsck(dirs, deep=False, levels=levels) if f.id == "CHAIN_BROKEN"]
+    present = committed_keys(levels.store) if broken else set()  # fsck's definition, once
+    for f in broken:  # chains broken by the quarantines above
+        try:
+            cut = _truncate_chain(f.object, present)
+        except _REFUSALS as e:
+            actions.append(Action("refused", e.path, str(e)))
+            continue
+        if cut is not None:
+            actions.append(cut)
+            cuts += 1
     if cuts and levels.complete:  # what a cut chain no longer reaches
         _quarantine_unreachable(dirs, levels, actions)
     return actions
@@ -190,8 +192,12 @@ def _quarantine_unreachable(dirs: Sequence[str], levels: StoreLevels,
 
 
 def _segment_files(path: str) -> list[str]:
-    base = path[: -len(".side")] if path.endswith(".side") else path[: -len(".seg")]
-    return [p for p in (base + ".side", base + ".seg") if os.path.lexists(p)]
+    """The sidecar and data file of the segment ``path`` names (either of them), those there."""
+    parsed = parse_name(os.path.basename(path))
+    assert parsed is not None, path  # fsck names segment files only
+    d = os.path.dirname(path)
+    names = (sidecar_name(parsed[0]), data_name(parsed[0]))
+    return [p for p in (os.path.join(d, n) for n in names) if os.path.lexists(p)]
 
 
 def _quarantine(path: str) -> None:
@@ -251,17 +257,12 @@ def _rebuild_index(d: str) -> None:
         guard.remove_index_dir(index)
 
 
-def _truncate_chain(path: str, dirs: Sequence[str]) -> Action | None:
+def _truncate_chain(path: str, present: set[bytes]) -> Action | None:
     """Keep a manifest's segments up to its deepest checkpoint below the first missing one (not
-    a regular sidecar in any of ``dirs``: :func:`~stratastore.fsck.committed_keys`); a manifest
-    that keeps nothing is quarantined. None when no segment is missing."""
-    import dataclasses
-
-    from .format.manifest import encode_manifest
-    from .io import durable_write
-
+    in ``present``: the keys of a regular sidecar in any level, as
+    :func:`~stratastore.fsck.committed_keys` finds them); a manifest that keeps nothing is
+    quarantined. None when no segment is missing."""
     m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
-    present = committed_keys(dirs)  # fsck's definition: a regular sidecar (lstat)
     gap = next((s for s, _, k in m.segments if k not in present), None)
     if gap is None:  # every segment is there again (changed since fsck looked): nothing to cut
         return None

@@ -6,7 +6,8 @@ catalog (written before it: formats 1.0 and 1.1, or an index deleted) has it bui
 transaction from every manifest that reads back valid; one with a catalog is reconciled: a
 manifest file the catalog lacks, or whose stamp changed, is (re)entered (a crash between a
 file's write and its commit; a file replaced behind the store's back), an entry whose file is
-gone or refused is removed (a refused file is left for fsck). A park or a removal whose process
+gone or refused is removed, deleting nothing (the file, and the segments only it named, are left
+for fsck and repair). A park or a removal whose process
 is gone is finished from the files: the park's manifest, if written, is committed, else the
 segments only it named go; the removal's manifest file is made to match the catalog and its
 doomed keys are deleted. A segment nothing names that no ticket covers (written through
@@ -78,13 +79,8 @@ def _file_of(digest: bytes) -> str:
     return f"{CHAIN_PREFIX}{digest.hex()}{CHAIN_SUFFIX}"
 
 
-def recover(
-    catalog: Catalog,
-    gc: Collector,
-    root: bytes,
-    manifest_dir: str,
-    warn: Callable[[str], None],
-) -> Recovered:
+def recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
+            warn: Callable[[str], None]) -> Recovered:  # fmt: skip
     """Bring the catalog in line with the files (see the module's docstring). A catalog entry
     that does not decode (the index's LMDB file damaged) has the catalog rebuilt."""
     try:
@@ -95,13 +91,8 @@ def recover(
         return _recover(catalog, gc, root, manifest_dir, warn)
 
 
-def _recover(
-    catalog: Catalog,
-    gc: Collector,
-    root: bytes,
-    manifest_dir: str,
-    warn: Callable[[str], None],
-) -> Recovered:
+def _recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
+             warn: Callable[[str], None]) -> Recovered:  # fmt: skip
     out = Recovered()
     names = {n for n in files.listdir(manifest_dir) if is_chain_name(n)}
 
@@ -144,18 +135,22 @@ def _reconcile(catalog: Catalog, gc: Collector, names: set[str], manifest_dir: s
                 gc.carry_out(r)
                 out.adopted += 1
         elif (entry := catalog.by_digest(digest)) is not None:
-            _drop(catalog, gc, entry.conv_id, out)
+            _drop(catalog, entry.conv_id, out)
     for digest in set(stamps) - {_digest_of(n) for n in names}:
         if files.exists(os.path.join(manifest_dir, _file_of(digest))):
             continue  # written after the listing
         if (gone := catalog.by_digest(digest)) is not None:
-            _drop(catalog, gc, gone.conv_id, out)
+            _drop(catalog, gone.conv_id, out)
 
 
-def _drop(catalog: Catalog, gc: Collector, conv_id: str, out: Recovered) -> None:
+def _drop(catalog: Catalog, conv_id: str, out: Recovered) -> None:
+    """Stop serving ``conv_id`` (its manifest is gone or refused), deleting nothing: its file is
+    left for fsck, and the segments only it named stay too, for fsck to report
+    (``SEGMENT_UNREACHABLE``) and repair to quarantine. An open never deletes data on its own
+    judgment of a file someone else changed."""
     r = catalog.shorten(conv_id, lambda m: 0, sessions=True, touch_file=False)
     if r is not None:
-        gc.carry_out(r)
+        catalog.finish(r)  # the dooms released, the keys left in place
         out.dropped += 1
 
 

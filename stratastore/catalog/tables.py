@@ -120,10 +120,10 @@ class Catalog:
 
     # -- transactions -------------------------------------------------------------------------
     def _write(self, fn: Callable[[Any], Any]) -> Any:
-        return self.index._write(fn)
+        return self.index.write_txn(fn)
 
     def _read(self, fn: Callable[[Any], Any]) -> Any:
-        with self.index._reading() as txn:
+        with self.index.read_txn() as txn:
             return fn(txn)
 
     def new_ticket(self) -> bytes:
@@ -144,10 +144,6 @@ class Catalog:
     def built(self) -> bool:
         raw = self._read(lambda t: t.get(_SCHEMA_KEY, db=self._meta))
         return raw is not None and int.from_bytes(raw, "big") == SCHEMA
-
-    def generation(self) -> int:
-        raw = self._read(lambda t: t.get(_GEN_KEY, db=self._meta))
-        return _U64.unpack(raw)[0] if raw else 0
 
     def changes_since(self, gen: int) -> tuple[int, set[str] | None]:
         """The generation now and the conversations changed after ``gen`` (None: the log no
@@ -184,15 +180,6 @@ class Catalog:
 
         rows: list[tuple[str, bytes]] = self._read(run)
         return [self._decode(cid, raw) for cid, raw in rows]
-
-    def digests(self) -> set[bytes]:
-        """:func:`conv_id_key` of every entry (a manifest file is named by the same digest)."""
-
-        def run(txn: Any) -> set[bytes]:
-            return {bytes(k) for k in txn.cursor(db=self._convs).iternext(values=False)}
-
-        out: set[bytes] = self._read(run)
-        return out
 
     def __len__(self) -> int:
         return int(self._read(lambda t: t.stat(self._convs)["entries"]))

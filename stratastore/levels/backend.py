@@ -34,20 +34,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from ..format import Codec, IndexRecord, Level, MediaRef, ModelFingerprint, Sidecar
-from ..store.relocation import relocate_by_copy
+from ..store.relocation import Relocated, relocate_by_copy
 from ..store.sealing import Buffer
 from ..store.segment_store import PutResult
 
 __all__ = ["OpenSegment", "Relocated", "SegmentBackend", "relocate_by_copy"]
-
-#: how :meth:`SegmentBackend.relocate_from` moved a segment
-Relocated = Literal["link", "copy", "present"]
 
 
 @runtime_checkable

@@ -173,31 +173,8 @@ class _PerToken:
 
     def page_runs(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                   page_tokens: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
-        """``data`` (consecutive stored pages of one segment) as at most two runs of equal
-        pages: ``(first token, [n_pages, layers, 2, p, row] view)``, the whole pages and then
-        the short last one. Views, never copies."""
-        full = n_tokens // page_tokens
-        runs = []
-        if full:
-            head = data[: full * page_tokens * self.tb]
-            runs.append((token_start, head.reshape(full, self.layers, 2, page_tokens, self.row)))
-        rest = n_tokens - full * page_tokens
-        if rest:
-            tail = data[full * page_tokens * self.tb : n_tokens * self.tb]
-            runs.append((token_start + full * page_tokens,
-                         tail.reshape(1, self.layers, 2, rest, self.row)))  # fmt: skip
-        return runs
-
-    def pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-              page_tokens: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
-        """``(first token, [layers, 2, p, row] view)`` of each page in ``data``."""
-        out, pos, off = [], 0, 0
-        while pos < n_tokens:
-            p = min(page_tokens, n_tokens - pos)
-            page = data[off : off + p * self.tb].reshape(self.layers, 2, p, self.row)
-            out.append((token_start + pos, page))
-            pos, off = pos + p, off + p * self.tb
-        return out
+        """See :func:`page_runs`."""
+        return page_runs(self.fp, token_start, n_tokens, data, page_tokens)
 
 
 class LayerKV(_PerToken):
@@ -359,6 +336,27 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
                              f"LayerKV, PagedKV), not {type(out).__name__}")  # fmt: skip
 
 
+def page_runs(fp: ModelFingerprint, token_start: int, n_tokens: int,
+              data: npt.NDArray[np.uint8], page_tokens: int
+              ) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
+    """``data`` (the consecutive stored pages of one segment, spec F-SEG-4) as at most two runs
+    of equal pages: ``(first token, [n_pages, layers, 2, p, row] view)``, the whole pages and
+    then the short last one. Views, never copies: what one strided copy per layer and K/V
+    walks, both ways."""
+    tb, row = fp.token_bytes, fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize
+    full = n_tokens // page_tokens
+    runs = []
+    if full:
+        head = data[: full * page_tokens * tb]
+        runs.append((token_start, head.reshape(full, fp.n_layers, 2, page_tokens, row)))
+    rest = n_tokens - full * page_tokens
+    if rest:
+        tail = data[full * page_tokens * tb : n_tokens * tb]
+        runs.append((token_start + full * page_tokens,
+                     tail.reshape(1, fp.n_layers, 2, rest, row)))  # fmt: skip
+    return runs
+
+
 def pack_pages(
     fp: ModelFingerprint,
     k: Sequence[npt.NDArray[np.generic]],
@@ -397,22 +395,15 @@ def pack_pages(
                                      f"tokens need {n_tokens * tb:,}")  # fmt: skip
         out = out[: n_tokens * tb]
     bounds = sorted({0, *(c for c in cuts if 0 < c < n_tokens), n_tokens})
-    runs = []  # (segment's first token, [n_pages, layers, 2, p, row] view of out, p)
-    for lo, hi in itertools.pairwise(bounds):
-        full = (hi - lo) // p * p
-        if full:
-            view = out[lo * tb : (lo + full) * tb]
-            runs.append((lo, view.reshape(full // p, n_layers, 2, p, row), p))
-        if hi - lo > full:
-            rest, view = hi - lo - full, out[(lo + full) * tb : hi * tb]
-            runs.append((lo + full, view.reshape(1, n_layers, 2, rest, row), rest))
+    runs = [run for lo, hi in itertools.pairwise(bounds)
+            for run in page_runs(fp, lo, hi - lo, out[lo * tb : hi * tb], p)]  # fmt: skip
 
     def task(layer: int, kind: int) -> Callable[[], None]:
         src = parts[kind * n_layers + layer]
 
         def run() -> None:
-            for t0, view, q in runs:
-                n = view.shape[0]
+            for t0, view in runs:
+                n, q = view.shape[0], view.shape[3]
                 view[:, layer, kind] = src[t0 : t0 + n * q].reshape(n, q, row)
 
         return run

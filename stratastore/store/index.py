@@ -182,6 +182,15 @@ class SegmentIndex:
                     "free space or fix the volume, then reopen to reconcile the index"
                 ) from e
 
+    def write_txn(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in one write transaction of this environment (the shared catalog's
+        tables live here too, F-CAT-1): retried when the map grows, errors as StoreError."""
+        return self._write(fn)
+
+    def read_txn(self) -> contextlib.AbstractContextManager[Any]:
+        """A read transaction of this environment (see :meth:`write_txn`)."""
+        return self._reading()
+
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Any]:
         """A read transaction; LMDB's own errors (a damaged ``data.mdb``) become a StoreError

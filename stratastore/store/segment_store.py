@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -147,6 +147,12 @@ class SegmentStore:
         except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
             self._index.close()
             raise
+
+    @property
+    def index(self) -> SegmentIndex:
+        """This directory's LMDB index (the environment the shared catalog also uses when
+        this is the last level, F-CAT-1)."""
+        return self._index
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
@@ -320,10 +326,10 @@ class SegmentStore:
         ``sidecar`` describes it. Checked first (model, size, every page: spec F-SC-3), then
         committed here under this level's own sidecar (this level, sealed now) by the put
         protocol of F-DUR. An already committed key writes nothing (``created=False``)."""
-        data = check_sealed(sidecar, stored, self.fingerprint)
         key = sidecar.key
         if self._committed(key) and self._index.get(key) is not None:
-            return PutResult(key, False, 0)
+            return PutResult(key, False, 0)  # content-addressed: nothing to hash or write
+        data = check_sealed(sidecar, stored, self.fingerprint)
         mine = relocation.resealed(sidecar, self.level)
         header = SegmentHeader(mine.kind, mine.codec, key, mine.page_count, mine.page_bytes,
                                mine.stored_bytes)  # fmt: skip
@@ -423,7 +429,7 @@ class SegmentStore:
             return False
 
     def relocate_from(self, src: SegmentBackend, key: bytes
-                      ) -> Literal["link", "copy", "present"]:  # fmt: skip
+                      ) -> relocation.Relocated:  # fmt: skip
         """Move the committed segment ``key`` from ``src`` (another level) into this store, all
         or nothing (spec F-DUR-8); see :func:`~stratastore.store.relocation.relocate`. From
         another directory store: hard link on one volume, durable copy across two; from any
@@ -514,15 +520,6 @@ class SegmentStore:
         """Start reading the segment's data file into the page cache (a hint for a restore that
         comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
         return files.advise_willneed(self._data_path(key))
-
-    def read_pages(self, key: bytes, pages: int | None = None
-                   ) -> tuple[Sidecar, npt.NDArray[np.uint8]]:  # fmt: skip
-        """The segment's sidecar and its first ``pages`` pages (default all), *not* validated
-        (the caller hashes them), in new memory this process owns: read for RAW, decompressed
-        for ZSTD (a frame that does not decode is left as zeros, so that its page fails
-        validation). The header and size are checked."""
-        with self.open_reader(key) as seg:
-            return seg.sidecar, seg.pages(pages)
 
     def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
         """The segment's validated payload as bytes (for small objects such as running states);

@@ -27,12 +27,11 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
     budget (seed 000: "empty / 0 = off"); one without the other is said loudly here, never
     silently absent. Two levels on one directory are refused: the first move down would lock
     itself."""
-    given = cfg.levels or (
+    given = [(lv.name, lv.dir, lv.mib) for lv in cfg.levels] or [
         ("warm", cfg.warm_dir, cfg.warm_mib),
         ("cold", cfg.cold_dir, cfg.cold_mib),
-    )
-    for spec in given:
-        name, d, mib = spec if isinstance(spec, tuple) else (spec.name, spec.dir, spec.mib)
+    ]
+    for name, d, mib in given:
         if bool(d) != (mib > 0):
             key = f"{name}_" if not cfg.levels else f"levels[{name}]."
             warn(f"the {name} level is OFF: {key}dir={d!r} with {key}mib={mib}; a level needs "
@@ -84,7 +83,7 @@ def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manif
     manifests that were refused at open (name, why)."""
     last = levels[-1].store
     assert isinstance(last, SegmentStore)  # the catalog lives in a local directory's LMDB
-    catalog = Catalog(last._index)
+    catalog = Catalog(last.index)
     gc = Collector(catalog, lambda: [lvl.store for lvl in levels], manifest_dir, file_mode)
     last_level = levels[-1].store
     levels[-1].free = lambda before: gc.free_oldest(

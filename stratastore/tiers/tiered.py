@@ -30,6 +30,7 @@ from ..levels.backend import SegmentBackend
 from ..restore import Destination, DestinationRefused, Job, as_destination, restore_batch
 from .admission import Admission, park_target
 from .checks import check_snapshot
+from .disk import DiskLevel
 from .disk_read import DiskReader
 from .levels import attach_catalog, open_levels
 from .outbox import Outbox
@@ -289,15 +290,16 @@ class Tiers:
         self.view.sync()
         return self.view.convs
 
-    def level(self, name: str) -> Any:
+    def level(self, name: str) -> DiskLevel | None:
+        """The disk level called ``name``, if it is on."""
         return next((lvl for lvl in self.levels if lvl.name == name), None)
 
     @property
-    def warm(self) -> Any:
+    def warm(self) -> DiskLevel | None:
         return self.level("warm")
 
     @property
-    def cold(self) -> Any:
+    def cold(self) -> DiskLevel | None:
         return self.level("cold")
 
     def stats(self) -> dict[str, Any]:

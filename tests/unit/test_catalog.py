@@ -82,6 +82,7 @@ def test_a_store_without_a_catalog_has_it_built_and_a_changed_file_is_read_again
     refused one is not served and is left in place for fsck."""
     a, kva = conv("a", 100)
     b, kvb = conv("b", 200)
+    c_b = conv("b", 200)[0]  # park may trim checkpoints: keep a copy for the keys
     with Store.open(FP, cfg(tmp_path), probe=lambda: 1 << 40) as store:
         store.park(a, kva)
         store.park(b, kvb)
@@ -112,6 +113,8 @@ def test_a_store_without_a_catalog_has_it_built_and_a_changed_file_is_read_again
         assert restored(store, b) == 8  # b's own manifest refused: only the prefix a shares
         assert [n for n, _ in store._tiers.skipped_manifests] == [chain_name("b")]
     assert (cold / chain_name("b")).read_bytes() == b"not a manifest"  # left for fsck
+    own = c_b.segment_keys(FP.digest())[1].key  # b's own segment: not deleted by the open
+    assert (cold / data_name(own)).exists()
 
 
 def test_a_shared_segment_goes_with_the_last_conversation_that_names_it(tmp_path: Path) -> None:
