@@ -167,7 +167,8 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
         # and BLAKE3 of every page there, on every core) and the apply pass (nothing left to copy
         # for a direct read: only the zeroing of what a ladder stop does not deliver)
         split = {f"restore {k}": nbytes / statistics.median(v[1:]) / 1e9
-                 for k, v in passes.items() if not k.endswith("warmup")}  # fmt: skip
+                 for k, v in passes.items()
+                 if not k.endswith("warmup") and statistics.median(v[1:]) > 0}  # fmt: skip
         return {"bytes": nbytes, "tokens": tokens, "segments": SEGMENTS, "rounds": rounds,
                 "cold_cache": how, "gb_per_s": gbs, "ratios": ratios,
                 "restore_passes_gb_per_s": split}  # fmt: skip

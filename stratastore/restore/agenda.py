@@ -1,22 +1,23 @@
-"""The batched read agenda (seed 000 item 7, issue 5): restores submitted together share one
-pipeline, so the disk, the hashing threads and the copy never wait for each other between
-requests.
+"""The read agenda (seed 000 item 7, issues 5 and 13): every restore, alone or submitted with
+others, runs through one pipeline, so the disk, the hashing threads and the copy never wait for
+each other, between chunks of one restore or between requests.
 
-For jobs ``0..n-1``, in order:
+For the chunks of jobs ``0..n-1``, in order (:meth:`~.two_pass.Job.chunks`):
 
 - **read-ahead**: when job ``i``'s read pass starts, the segment files of the next
   ``readahead`` jobs are handed to the kernel (``posix_fadvise`` WILLNEED), so their cold reads
   run while job ``i`` is hashed and applied;
-- **read pass** (a worker thread): job ``i``'s pages are read into memory the process owns
+- **read pass** (a worker thread): the next chunks are read into memory the process owns
   (staging, or a ``read_direct`` destination itself) and validated there (``pread`` and BLAKE3
   on a thread pool, both release the GIL);
-- **apply pass** (the calling thread): job ``i-1``'s validated pages are copied into its
-  destination while job ``i`` is being validated.
+- **apply pass** (the calling thread): the validated chunk before them is copied into its
+  destination (:class:`~.two_pass.Delivery`).
 
-Each job keeps the two-pass contract of :mod:`.two_pass` unchanged (nothing is applied before
-its whole prefix was validated; damage ladders or raises for that job alone). The hand-off
-queue holds one validated job, which bounds the memory held ahead of the copy (one job's staged
-or decompressed pages). One job runs inline, with no thread.
+Each job keeps the contract of :mod:`.two_pass` (nothing applied that was not validated, never
+anything past the prefix its outcome reports; damage ladders or raises for that job alone). The
+hand-off queue holds ``DEPTH`` validated chunks, which bounds the staging in flight to
+``DEPTH + 2`` chunks (one being read, one being applied). A restore of one chunk runs inline,
+with no thread.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Sequence
+from contextlib import closing
 
-from .two_pass import Job, Outcome, Validated
+from .two_pass import Chunk, Damage, Delivery, Job, Outcome, release
 
 __all__ = ["Job", "restore_batch"]
 
 DEFAULT_READAHEAD = 2  #: jobs whose files are prefetched ahead of the one being validated
+DEPTH = 2  #: validated chunks waiting for the apply pass
+
+_Item = tuple[int, Chunk | Damage | BaseException | None]  #: None: the job's read pass ended
 
 
 def restore_batch(jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
@@ -37,68 +42,112 @@ def restore_batch(jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
     """Run ``jobs`` through one agenda; returns, per job, its :class:`Outcome` or the exception
     it raised (a :class:`~.two_pass.RestoreFailed` or an I/O error of that job only: the others
     still complete). A destination too small for its job fails that job before any I/O."""
-    results: list[Outcome | Exception | None] = [None] * len(jobs)
-    runnable = []
-    for i, job in enumerate(jobs):
-        try:
-            job.check_capacity()
-            runnable.append(i)
-        except Exception as e:
-            results[i] = e
-    if len(runnable) == 1:
-        job = jobs[runnable[0]]
-        try:
-            results[runnable[0]] = job.apply(job.read())
-        except Exception as e:
-            results[runnable[0]] = e
-    elif runnable:
-        _pipeline(jobs, runnable, readahead, results)
-    return [r if r is not None else RuntimeError("restore job did not run") for r in results]
+    agenda = _Agenda(jobs)
+    if (
+        len(agenda.live) == 1
+        and jobs[agenda.order[0]].nbytes() <= jobs[agenda.order[0]].chunk_bytes
+    ):
+        agenda.inline(agenda.order[0])
+    elif agenda.live:
+        agenda.pipeline(readahead)
+    return [r if r is not None else RuntimeError("restore job did not run")
+            for r in agenda.results]  # fmt: skip
 
 
-def _pipeline(jobs: Sequence[Job], order: list[int], readahead: int,
-              results: list[Outcome | Exception | None]) -> None:  # fmt: skip
-    handoff: queue.Queue[tuple[int, Validated | Exception] | None] = queue.Queue(maxsize=1)
-    stop = threading.Event()
+class _Agenda:
+    """The jobs of one :func:`restore_batch`: a :class:`Delivery` for each job still running
+    (``live``), and each job's result once it ended."""
 
-    def reader() -> None:
-        try:
-            ahead = 0  # jobs of `order` whose files were handed to the kernel, each once
-            for n, i in enumerate(order):
-                if stop.is_set():
-                    return
-                while ahead < min(len(order), n + 1 + readahead):
-                    jobs[order[ahead]].prefetch()
-                    ahead += 1
-                job = jobs[i]
-                item: Validated | Exception
-                try:
-                    item = job.read()
-                except Exception as e:
-                    item = e
-                handoff.put((i, item))
-        finally:
-            handoff.put(None)
-
-    worker = threading.Thread(target=reader, name="strata-agenda-read", daemon=True)
-    worker.start()
-    try:
-        while (got := handoff.get()) is not None:
-            i, item = got
-            if isinstance(item, Exception):
-                results[i] = item
-                continue
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        self.jobs = jobs
+        self.results: list[Outcome | Exception | None] = [None] * len(jobs)
+        self.live: dict[int, Delivery] = {}
+        for i, job in enumerate(jobs):
             try:
-                results[i] = jobs[i].apply(item)
+                job.check_capacity()
+                self.live[i] = Delivery(job)
             except Exception as e:
-                results[i] = e
-    finally:
-        stop.set()
-        while worker.is_alive():  # unblock a reader waiting on a full hand-off
+                self.results[i] = e
+        self.order = list(self.live)
+
+    def inline(self, i: int) -> None:
+        """Job ``i``'s passes one chunk after the other, on this thread."""
+        try:
+            with closing(self.jobs[i].chunks()) as chunks:
+                for item in chunks:
+                    self.take(i, item)
+                    if i not in self.live:
+                        return
+        except Exception as e:
+            self.take(i, e)
+        self.take(i, None)
+
+    def take(self, i: int, item: Chunk | Damage | BaseException | None) -> None:
+        """Hand job ``i``'s next read-pass item (None: its read pass ended; an exception: it
+        failed) to its delivery; a chunk of a job that already ended is released."""
+        d = self.live.get(i)
+        if d is None:
+            if isinstance(item, Chunk):
+                release(self.jobs[i], item)
+            return
+        try:
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                del self.live[i]
+                self.results[i] = d.finish()
+            else:
+                d.take(item)
+        except Exception as e:
+            self.live.pop(i, None)
+            d.abort()
+            self.results[i] = e
+
+    def pipeline(self, readahead: int) -> None:
+        """The read passes on a worker thread, the apply passes on this one, ``DEPTH`` chunks
+        apart."""
+        handoff: queue.Queue[_Item | None] = queue.Queue(maxsize=DEPTH)
+        stop = threading.Event()
+
+        def reader() -> None:
             try:
-                left = handoff.get_nowait()
-            except queue.Empty:
-                worker.join(0.01)
-                continue
-            if left is not None and not isinstance(left[1], Exception):
-                jobs[left[0]].discard(left[1])  # never applied: deliver nothing of it
+                ahead = 0  # jobs of `order` whose files were handed to the kernel, each once
+                for n, i in enumerate(self.order):
+                    while ahead < min(len(self.order), n + 1 + readahead):
+                        self.jobs[self.order[ahead]].prefetch()
+                        ahead += 1
+                    try:
+                        with closing(self.jobs[i].chunks()) as chunks:
+                            for item in chunks:
+                                if stop.is_set():
+                                    if isinstance(item, Chunk):
+                                        release(self.jobs[i], item)
+                                    return
+                                handoff.put((i, item))
+                                if i not in self.live:  # the apply side failed it: no more
+                                    break
+                    except Exception as e:
+                        handoff.put((i, e))
+                        continue
+                    handoff.put((i, None))
+            finally:
+                handoff.put(None)
+
+        worker = threading.Thread(target=reader, name="strata-agenda-read", daemon=True)
+        worker.start()
+        try:
+            while (got := handoff.get()) is not None:
+                self.take(*got)
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a reader waiting on a full hand-off
+                try:
+                    left = handoff.get_nowait()
+                except queue.Empty:
+                    worker.join(0.01)
+                    continue
+                if left is not None and isinstance(left[1], Chunk):
+                    release(self.jobs[left[0]], left[1])  # never applied: deliver nothing
+            for i, d in list(self.live.items()):  # interrupted: those jobs deliver nothing
+                d.abort()
+                del self.live[i]

@@ -89,14 +89,15 @@ def flat_bytes(a: object, what: str) -> npt.NDArray[np.uint8]:
 class FlatKV:
     """The stored layout, one buffer for the whole conversation.
 
-    ``read_direct``: the restore's read pass may ``pread`` straight into ``buf`` and hash the
-    bytes there (no staging copy; what :class:`~stratastore.Store` uses). Past the prefix a
-    restore reports, ``buf`` then holds its old bytes, or zeros where the read pass placed
-    bytes the restore does not deliver (damage, a ladder stop, an error); never a byte that
-    failed validation. Without it (the default) nothing past that prefix is written."""
+    ``read_direct`` (the default): the restore's read pass ``pread``s straight into ``buf``
+    and hashes the bytes there, one copy; with ``read_direct=False`` it reads through bounded
+    staging buffers and copies the validated pages in. Either way, past the prefix a restore
+    reports ``buf`` holds its old bytes, or zeros where the restore wrote bytes it does not
+    deliver (damage, a ladder stop, an error, the ladder off); never a byte that failed
+    validation (issue 13)."""
 
     def __init__(self, fp: ModelFingerprint, buf: npt.NDArray[np.generic], *,
-                 read_direct: bool = False) -> None:  # fmt: skip
+                 read_direct: bool = True) -> None:  # fmt: skip
         self.tb = fp.token_bytes
         self.buf = flat_bytes(buf, "the K/V buffer")
         self.read_direct = read_direct
@@ -123,11 +124,13 @@ class FlatKV:
 class _PerToken:
     """Shared page walking: each page is [layers, 2, p, heads, dim*itemsize] bytes.
 
-    ``read_direct`` (as for :class:`FlatKV`): the read pass may scatter each stored page
-    straight into the arrays (:meth:`page_views`) and hash it there; past the prefix a restore
-    reports they then hold their old bytes or zeros, never a byte that failed validation."""
+    ``read_direct`` (the default, as for :class:`FlatKV`): the read pass scatters each stored
+    page straight into the arrays (:meth:`page_views`, one ``preadv``) and hashes it there;
+    ``read_direct=False`` reads through staging and copies (one strided copy per layer and
+    K/V). Past the prefix a restore reports they hold their old bytes or zeros, never a byte
+    that failed validation."""
 
-    read_direct = False
+    read_direct = True
 
     def __init__(self, fp: ModelFingerprint) -> None:
         self.fp = fp
@@ -181,7 +184,7 @@ class LayerKV(_PerToken):
     """``k[layer]`` and ``v[layer]``: arrays ``[max_tokens, n_kv_heads, head_dim]``."""
 
     def __init__(self, fp: ModelFingerprint, k: Sequence[npt.NDArray[np.generic]],
-                 v: Sequence[npt.NDArray[np.generic]], *, read_direct: bool = False
+                 v: Sequence[npt.NDArray[np.generic]], *, read_direct: bool = True
                  ) -> None:  # fmt: skip
         super().__init__(fp)
         self.read_direct = read_direct
@@ -226,7 +229,7 @@ class PagedKV(_PerToken):
 
     def __init__(self, fp: ModelFingerprint, pools: Sequence[npt.NDArray[np.generic]],
                  block_table: Sequence[int] | npt.NDArray[np.integer], *,
-                 read_direct: bool = False) -> None:  # fmt: skip
+                 read_direct: bool = True) -> None:  # fmt: skip
         super().__init__(fp)
         self.read_direct = read_direct
         if len(pools) != fp.n_layers:

@@ -1,26 +1,36 @@
-"""The two-pass streaming restore and the prefix restore ladder (seed 000, issue 5).
+"""The two-pass streaming restore and the prefix restore ladder (seed 000, issues 5 and 13).
 
-**Read pass**: read each segment of the prefix in order into memory this process owns (a
-reusable staging buffer, decompressed pages, or, for a ``read_direct`` destination, the
-destination's own memory) and hash every page it needs there against its sidecar (spec F-SC-3). It
-stops at the first page that fails, or at a segment that is missing, short, unreadable, or
-truncated under the read (a typed error, never a SIGBUS: files are never mapped). **Apply
-pass**: copy the validated pages into the destination in bounded chunks (``chunk_bytes``, 16 MiB
-by default) from that same memory (DESIGN "Delivered means validated": the bytes hashed are the
-bytes delivered, so a file changed between the passes cannot reach the caller).
+A restore walks its prefix in **chunks** of at most ``chunk_bytes`` (16 MiB by default, whole
+pages of one segment), and each chunk goes through the two passes:
 
-**Ladder**: when the read pass found damage at token ``t``, the restore does not fail; it applies
-the deepest resume point at or below ``t`` (``resume_at(t)``: the deepest checkpoint for models
-with running state, the deepest whole page for attention-only ones), reports how far it got and
-why, and names the damaged segments for fsck. With ``ladder=False`` damage raises
-:class:`RestoreFailed`. Every applied page was validated: the caller never gets a byte that
-failed.
+- **read pass**: ``pread`` the chunk into memory this process owns (a staging buffer from the
+  bounded pool, decompressed pages, or, for a ``read_direct`` destination, the destination's
+  own memory) and hash every page there against its sidecar (spec F-SC-3). It stops at the
+  first page that fails, or at a segment that is missing, short, unreadable or truncated under
+  the read (a typed error, never a SIGBUS: files are never mapped);
+- **apply pass**: copy the chunk's validated pages into the destination from that same memory
+  (DESIGN "Delivered means validated": the bytes hashed are the bytes delivered, so a file
+  changed after its read cannot reach the caller).
+
+:func:`~.agenda.restore_batch` runs the read pass of the next chunks on a worker thread while
+the caller's thread applies the current one, so a cold restore reads, hashes and copies at once,
+and memory is the destination plus a bounded number of chunks (issue 13).
+
+**Ladder**: when the read pass found damage at token ``t``, the restore does not fail; it
+delivers the deepest resume point at or below ``t`` (``resume_at(t)``: the deepest checkpoint for
+models with running state, the deepest whole page for attention-only ones), reports how far it
+got and why, and names the damaged segments for fsck. ``resume_at`` is non-decreasing, so once
+the pages up to ``v`` are validated, ``resume_at(v)`` tokens are delivered whatever comes later:
+a chunk is applied as soon as it lies below that point, and held (staged) until then. With
+``ladder=False`` damage raises :class:`RestoreFailed` and nothing is written to a destination
+that is not read directly (its chunks are all held until the whole prefix validated). Every
+applied page was validated: the caller never gets a byte that failed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -37,13 +47,24 @@ from ..store.staging import STAGING
 from .destinations import Destination, FlatKV, _PerToken
 from .reads import read_hashed, read_scattered_hashed
 
-__all__ = ["Job", "Outcome", "Piece", "Ready", "RestoreFailed", "Validated", "two_pass_restore"]
+__all__ = [
+    "Chunk",
+    "Damage",
+    "Delivery",
+    "Job",
+    "Outcome",
+    "Piece",
+    "RestoreFailed",
+    "two_pass_restore",
+]
 
 DEFAULT_CHUNK = 16 << 20
+#: what a read finds in a damaged image: the ladder stops there (anything else is raised)
+_DAMAGE = (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound)
 
 
 class RestoreFailed(StrataError):
-    """A damaged image with the ladder turned off: nothing was written to the caller."""
+    """A damaged image with the ladder turned off: nothing was delivered to the caller."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +84,8 @@ class Outcome:
     first_bad: int | None = None  #: token of the first damaged page (None: no damage)
     reason: str | None = None
     damaged: list[bytes] = field(default_factory=list)  #: keys for fsck
-    read_s: float = 0.0  #: seconds of the read (validation) pass
-    apply_s: float = 0.0  #: seconds of the apply (copy) pass
+    read_s: float = 0.0  #: seconds spent reading and validating (the read passes)
+    apply_s: float = 0.0  #: seconds spent copying into the destination (the apply passes)
 
     @property
     def laddered(self) -> bool:
@@ -81,37 +102,49 @@ def two_pass_restore(
     ladder: bool = True,
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> Outcome:
-    """Restore tokens ``[0, wanted)`` from ``pieces`` (consecutive, from token 0) into ``dest``."""
-    job = Job(pieces, wanted, dest, fp, resume_at, ladder, chunk_bytes)
-    job.check_capacity()
-    return job.apply(job.read())
+    """Restore tokens ``[0, wanted)`` from ``pieces`` (consecutive, from token 0) into ``dest``,
+    streaming chunk by chunk (see the module docstring). Raises what the restore raised."""
+    from .agenda import restore_batch  # the agenda runs the passes of every restore
+
+    got = restore_batch([Job(pieces, wanted, dest, fp, resume_at, ladder, chunk_bytes)])[0]
+    if isinstance(got, Exception):
+        raise got
+    return got
 
 
 @dataclass
-class Ready:
-    """One piece's validated pages, from the piece's first token: in ``data`` (memory the read
-    pass owns: staging or decompressed pages; ``staging`` is the pool buffer to give back), or,
-    with ``data`` None, already in the destination (a direct read of ``placed`` tokens)."""
+class Chunk:
+    """Validated tokens ``[lo, hi)`` of one piece (``lo`` on a page of the piece; ``hi`` on a
+    page or the piece's end): their bytes in ``data`` (memory the read pass owns: staging, whose
+    pool buffer is ``staging``, or decompressed pages; it may run on past ``hi``), or, with
+    ``data`` None, already in the destination: a direct read placed ``placed`` tokens from
+    ``lo`` there (``placed >= hi - lo``: what it placed past ``hi`` failed or was not wanted,
+    and is zeroed unless delivered)."""
 
     piece: Piece
+    lo: int
+    hi: int
     data: npt.NDArray[np.uint8] | None
     staging: npt.NDArray[np.uint8] | None = None
     placed: int = 0
+    read_s: float = 0.0
 
 
-@dataclass
-class Validated:
-    """What a read pass hands its apply pass: the outcome so far and the validated pages of
-    each piece, in token order (see :class:`Ready`)."""
+@dataclass(frozen=True)
+class Damage:
+    """Where the read pass stopped: the first bad token, why, and the damaged segment."""
 
-    out: Outcome
-    ready: list[Ready]
+    at: int
+    reason: str
+    key: bytes
 
 
 @dataclass(frozen=True)
 class Job:
-    """One restore: the arguments of :func:`two_pass_restore`, and its two passes (the batched
-    agenda runs the passes of several jobs on different threads)."""
+    """One restore: the arguments of :func:`two_pass_restore`. :meth:`chunks` is its read pass,
+    chunk by chunk; a :class:`Delivery` applies what it validated (the agenda runs the two on
+    different threads); :meth:`read` and :meth:`apply` run them one after the other, the whole
+    prefix validated before anything is applied."""
 
     pieces: Sequence[Piece]
     wanted: int
@@ -136,60 +169,51 @@ class Job:
             if p.store is not None and p.start < self.wanted:
                 p.store.prefetch(p.key)
 
-    def read(self) -> Validated:
-        """The read pass: read every page of ``[0, wanted)`` into memory this process owns and
-        validate it there against its sidecar (spec F-SC-3). Stops at the first bad page, or at
-        a segment that is missing, short, unreadable or truncated under the read. Writes no
-        caller buffer, except a ``read_direct`` destination (the bytes land in place; the apply
-        pass zeroes what it does not deliver)."""
-        pt = self.fp.page_tokens
-        v = Validated(Outcome(0, self.wanted), [])
-        out = v.out
-        t0 = time.perf_counter()
-        try:
-            for piece in self.pieces:
-                if piece.start >= self.wanted:
-                    break
-                need = min(piece.end, self.wanted) - piece.start
-                try:
-                    bad = self._read_moved(piece, need, v)
-                except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
-                    out.first_bad, out.reason = piece.start, str(e)
-                    out.damaged.append(piece.key)
-                    break
-                if bad is not None:
-                    out.first_bad = piece.start + bad * pt
-                    out.reason = (f"page {bad} of segment {piece.key.hex()[:16]} failed BLAKE3 "
-                                  "validation")  # fmt: skip
-                    out.damaged.append(piece.key)
-                    break
-        except BaseException:
-            self.discard(v)  # an unexpected failure delivers nothing
-            raise
-        out.read_s = time.perf_counter() - t0
-        return v
+    def nbytes(self) -> int:
+        return self.wanted * self.fp.token_bytes
 
-    def _read_moved(self, piece: Piece, need: int, v: Validated) -> int | None:
-        """:meth:`_read_piece`, looking once more (``locate``) for a segment not where the job
-        found it: ``SegmentNotFound`` is raised when opening, before anything is read."""
+    # -- the read pass ------------------------------------------------------------------------
+    def chunks(self) -> Generator[Chunk | Damage, None, None]:
+        """The read pass, in token order: each :class:`Chunk` of ``[0, wanted)`` read into
+        memory this process owns and validated there (spec F-SC-3), then at most one
+        :class:`Damage` where it stopped: a bad page, a segment missing, short, unreadable or
+        truncated under the read. Writes no caller buffer, except a ``read_direct``
+        destination (its chunks say what they placed). A chunk handed out belongs to the
+        taker (its staging goes back through :meth:`Delivery.take` or :func:`release`)."""
+        for piece in self.pieces:
+            if piece.start >= self.wanted:
+                return
+            need = min(piece.end, self.wanted) - piece.start
+            try:
+                yield from self._moved(piece, need)
+            except _Stop as stop:
+                yield stop.damage
+                return
+            except _DAMAGE as e:  # before any chunk of the piece was handed out
+                yield Damage(piece.start, str(e), piece.key)
+                return
+
+    def _moved(self, piece: Piece, need: int) -> Iterator[Chunk]:
+        """:meth:`_piece`, looking once more (``locate``) for a segment not where the job found
+        it: ``SegmentNotFound`` is raised when opening, before any chunk is handed out."""
         try:
             if piece.store is None:
                 raise SegmentNotFound(f"segment {piece.key.hex()[:16]} is in no level")
-            return self._read_piece(piece, need, v)
+            yield from self._piece(piece, need)
         except SegmentNotFound:
             store = self.locate(piece.key) if self.locate is not None else None
             if store is None or store is piece.store:
                 raise
-            return self._read_piece(replace(piece, store=store), need, v)
+            yield from self._piece(replace(piece, store=store), need)
 
     def _direct(self) -> FlatKV | _PerToken | None:
         """The destination, when the read pass may read straight into it (``read_direct``)."""
         d = self.dest
         return d if isinstance(d, FlatKV | _PerToken) and d.read_direct else None
 
-    def _read_piece(self, piece: Piece, need: int, v: Validated) -> int | None:
-        """Read and hash the pages of ``piece`` covering ``need`` tokens, appending their
-        :class:`Ready` to ``v``; the first bad page (None: all match)."""
+    def _piece(self, piece: Piece, need: int) -> Iterator[Chunk]:
+        """The validated chunks of ``piece`` covering ``need`` tokens; :class:`_Stop` at its
+        first bad page, after the chunk of the pages before it."""
         assert piece.store is not None
         pt = self.fp.page_tokens
         pages = -(-need // pt)
@@ -203,94 +227,232 @@ class Job:
             expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
             nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
             direct = self._direct()
-            if sc.codec is not Codec.RAW:
-                data = seg.pages(pages)  # decompressed into new memory, hashed there
+            if sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
+                t0 = time.perf_counter()
+                data = seg.pages(pages)
                 actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes)
-                v.ready.append(Ready(piece, data))
+                yield from self._checked(piece, 0, actual, expected, data, None, 0, t0)
             elif direct is not None:
-                actual = self._read_direct(seg, piece, need, nbytes, direct, v)
+                t0 = time.perf_counter()
+                actual, placed = self._read_direct(seg, piece, need, nbytes, direct)
+                yield from self._checked(piece, 0, actual, expected, None, None, placed, t0)
             else:
-                staging = STAGING.take(nbytes)
-                v.ready.append(Ready(piece, staging[:nbytes], staging))
-                actual = read_hashed(seg, staging[:nbytes], 0, sc.page_bytes)
+                per = max(1, self.chunk_bytes // sc.page_bytes)  # pages a chunk reads
+                for p0 in range(0, pages, per):
+                    a, b = p0 * sc.page_bytes, min((p0 + per) * sc.page_bytes, nbytes)
+                    t0 = time.perf_counter()
+                    staging = STAGING.take(b - a)
+                    try:
+                        actual = read_hashed(seg, staging[: b - a], a, sc.page_bytes)
+                    except BaseException as e:
+                        STAGING.give(staging)
+                        if p0 and isinstance(e, _DAMAGE):  # earlier chunks were handed out
+                            raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key)) from e
+                        raise
+                    yield from self._checked(piece, p0, actual, expected[p0 : p0 + per],
+                                             staging[: b - a], staging, 0, t0)  # fmt: skip
+
+    def _checked(self, piece: Piece, p0: int, actual: npt.NDArray[np.uint8],
+                 expected: npt.NDArray[np.uint8], data: npt.NDArray[np.uint8] | None,
+                 staging: npt.NDArray[np.uint8] | None, placed: int, t0: float
+                 ) -> Iterator[Chunk]:  # fmt: skip
+        """The chunk of pages ``p0..`` of ``piece`` whose digests are ``actual``: cut before
+        its first bad page, then :class:`_Stop` there."""
+        pt = self.fp.page_tokens
         bad = np.flatnonzero((actual != expected).any(axis=1))
-        return int(bad[0]) if bad.size else None
+        lo = piece.start + p0 * pt
+        hi = min(piece.start + (p0 + len(actual)) * pt, piece.end)
+        if data is None:
+            hi = min(hi, lo + placed)  # a direct read places whole wanted pages only
+        if bad.size:
+            hi = min(hi, lo + int(bad[0]) * pt)
+        yield Chunk(piece, lo, hi, data, staging, placed, time.perf_counter() - t0)
+        if bad.size:
+            raise _Stop(Damage(hi, f"page {p0 + int(bad[0])} of segment {piece.key.hex()[:16]} "
+                                   "failed BLAKE3 validation", piece.key))  # fmt: skip
 
     def _read_direct(self, seg: OpenSegment, piece: Piece, need: int, nbytes: int,
-                     dest: FlatKV | _PerToken, v: Validated) -> npt.NDArray[np.uint8]:  # fmt: skip
+                     dest: FlatKV | _PerToken) -> tuple[npt.NDArray[np.uint8], int]:  # fmt: skip
         """Read the pages the apply pass may deliver straight into ``dest`` (every page up to
         ``need``, the segment's short last page included: one region of a :class:`FlatKV`, or
         scattered into per-layer rows) and hash them there; a page cut by ``need`` goes through
-        a one-page staging buffer, hashed and never delivered. Their digests."""
+        a one-page staging buffer, hashed and never delivered. Their digests, and the tokens
+        placed in ``dest``. A failed read zeroes what it placed before it raises."""
         pt, pb = self.fp.page_tokens, seg.sidecar.page_bytes
         start, placed = piece.start, need if piece.start + need == piece.end else need // pt * pt
-        v.ready.append(Ready(piece, None, None, placed))  # zeroed by apply unless delivered
-        if isinstance(dest, FlatKV):
-            digests = [read_hashed(seg, dest.region(start, placed), 0, pb)]
-        else:
-            views = [dest.page_views(t, min(pt, start + placed - t))
-                     for t in range(start, start + placed, pt)]  # fmt: skip
-            digests = [read_scattered_hashed(seg, views, pb)]
+        try:
+            if isinstance(dest, FlatKV):
+                digests = [read_hashed(seg, dest.region(start, placed), 0, pb)]
+            else:
+                views = [dest.page_views(t, min(pt, start + placed - t))
+                         for t in range(start, start + placed, pt)]  # fmt: skip
+                digests = [read_scattered_hashed(seg, views, pb)]
+        except BaseException:
+            dest.zero(start, placed)
+            raise
         done = placed * self.fp.token_bytes
         if done < nbytes:
             tail = STAGING.take(nbytes - done)
             try:
                 digests.append(read_hashed(seg, tail[: nbytes - done], done, pb))
+            except BaseException:
+                dest.zero(start, placed)
+                raise
             finally:
                 STAGING.give(tail)
-        return np.concatenate(digests)
+        return np.concatenate(digests), placed
 
-    def apply(self, validated: Validated) -> Outcome:
-        """The apply pass: copy the validated pages into ``dest`` in chunks of ``chunk_bytes``:
-        all of them, or, after damage, those below ``resume_at(first_bad)`` (the ladder;
-        ``ladder=False`` raises :class:`RestoreFailed` instead and delivers nothing). Bytes a
-        direct read placed past what is delivered are zeroed."""
-        out = validated.out
-        t1 = time.perf_counter()
+    # -- the two passes one after the other -----------------------------------------------------
+    def read(self) -> Delivery:
+        """The whole read pass, every chunk held (nothing applied): what :meth:`apply` takes."""
+        d = Delivery(self, eager=False)
+        try:
+            for item in self.chunks():
+                d.take(item)
+        except BaseException:
+            d.abort()  # an unexpected failure delivers nothing
+            raise
+        return d
+
+    def apply(self, validated: Delivery) -> Outcome:
+        """The apply pass of what :meth:`read` validated (see :meth:`Delivery.finish`)."""
+        return validated.finish()
+
+    def write(self, chunk: Chunk, n: int) -> None:
+        """Copy the first ``n`` validated tokens of ``chunk`` into the destination, at most
+        ``chunk_bytes`` a call."""
+        pt, tb = self.fp.page_tokens, self.fp.token_bytes
+        assert chunk.data is not None
+        step = max(pt, self.chunk_bytes // (pt * tb) * pt)
+        for off in range(0, n, step):
+            m = min(step, n - off)
+            self.dest.write_pages(chunk.lo + off, m, chunk.data[off * tb : (off + m) * tb], pt)
+
+
+class _Stop(Exception):
+    """Raised inside the read pass at a bad page, after the chunk before it was handed out."""
+
+    def __init__(self, damage: Damage) -> None:
+        super().__init__(damage.reason)
+        self.damage = damage
+
+
+def release(job: Job, chunk: Chunk, keep: int = 0) -> None:
+    """Give ``chunk``'s staging back, and zero what a direct read placed from token ``keep`` on
+    (the tokens the restore does not deliver)."""
+    if chunk.staging is not None:
+        STAGING.give(chunk.staging)
+    chunk.staging = chunk.data = None
+    lo = max(chunk.lo, keep)
+    end = chunk.lo + chunk.placed
+    direct = job._direct()
+    if direct is not None and lo < end:
+        direct.zero(lo, end - lo)
+    chunk.placed = 0
+
+
+class Delivery:
+    """The apply side of one job: takes its chunks in order and applies each as soon as it is
+    validated, when the destination can ``zero`` what turns out to lie past the prefix (every
+    destination of this module); a destination that cannot gets a chunk only once no later
+    damage can take it back (below ``resume_at`` of the validated frontier, ladder on), and
+    holds the others. :meth:`finish` settles the prefix the outcome reports. ``eager=False``
+    holds everything until :meth:`finish` (the whole prefix validated first)."""
+
+    def __init__(self, job: Job, *, eager: bool = True) -> None:
+        self.job = job
+        self.out = Outcome(0, job.wanted)
+        zero = getattr(job.dest, "zero", None)
+        self.zero: Callable[[int, int], None] | None = zero if callable(zero) else None
+        self.eager = eager
+        self.held: list[Chunk] = []
+        self.applied = 0  #: tokens [0, applied) are in the destination, validated
+
+    def take(self, item: Chunk | Damage) -> None:
+        """One item of the job's read pass, in order. A chunk is applied, or held until it is
+        safe to; the copy's error (the destination's own) is raised."""
+        out = self.out
+        if isinstance(item, Damage):
+            out.first_bad, out.reason = item.at, item.reason
+            out.damaged.append(item.key)
+            return
+        out.read_s += item.read_s
+        self.held.append(item)
+        if not self.eager:
+            return
+        if self.zero is not None:
+            safe = item.hi  # what ends up past the prefix is zeroed by finish
+        elif self.job.ladder:
+            safe = min(self.job.resume_at(item.hi), item.hi)
+        else:
+            return
+        self._apply(min(safe, out.wanted), whole=True)
+
+    def finish(self) -> Outcome:
+        """Settle the prefix: everything wanted, or, after damage, the tokens below
+        ``resume_at(first_bad)`` (the ladder; ``ladder=False`` raises :class:`RestoreFailed`
+        and delivers nothing), cut to a whole page of its segment. What was written past it
+        (by an apply, or a direct read) is zeroed before this returns."""
+        out = self.out
         try:
             limit = out.wanted
             if out.first_bad is not None:
-                if not self.ladder:
+                if not self.job.ladder:
                     raise RestoreFailed(
                         f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was "
-                        "copied (turn the ladder on to restore the valid prefix)"
+                        "delivered (turn the ladder on to restore the valid prefix)"
                     )
-                limit = min(self.resume_at(out.first_bad), out.first_bad)
-            self._copy(validated, limit)
-        finally:
-            self.discard(validated)
-        out.apply_s = time.perf_counter() - t1
+                limit = min(self.job.resume_at(out.first_bad), out.first_bad)
+            out.tokens = self._cut(limit)
+            self._apply(out.tokens, whole=False)
+        except BaseException:
+            self.abort()
+            raise
+        self._release(out.tokens)
         return out
 
-    def _copy(self, validated: Validated, limit: int) -> None:
-        out, pt, tb = validated.out, self.fp.page_tokens, self.fp.token_bytes
-        chunk_tokens = max(pt, self.chunk_bytes // (pt * tb) * pt)
-        for r in validated.ready:
-            piece = r.piece
-            if piece.start >= limit:
-                break
-            n = min(piece.end, limit) - piece.start
-            if piece.start + n < piece.end and n % pt:
-                n -= n % pt  # stop on a whole page: a partial page is not laid out as a prefix
-            data = r.data  # None: a direct read already placed these pages in the destination
-            for off in range(0, n if data is not None else 0, chunk_tokens):
-                m = min(chunk_tokens, n - off)
-                assert data is not None
-                self.dest.write_pages(piece.start + off, m, data[off * tb : (off + m) * tb], pt)
-            out.tokens = piece.start + n
+    def abort(self) -> None:
+        """Deliver nothing (a failure: the restore raises): release what is held and zero
+        what was written."""
+        self.out.tokens = 0
+        self._release(0)
 
-    def discard(self, validated: Validated) -> None:
-        """Release what the read pass holds: give staging back, and zero the bytes a direct
-        read placed in the destination past the tokens the outcome delivers (all of them for a
-        job that is never applied, or that failed)."""
-        keep = validated.out.tokens
-        direct = self._direct()
-        for r in validated.ready:
-            if r.staging is not None:
-                STAGING.give(r.staging)
-                r.staging = r.data = None
-            if direct is not None and r.placed:
-                lo = max(r.piece.start, keep)
-                if lo < r.piece.start + r.placed:
-                    direct.zero(lo, r.piece.start + r.placed - lo)
-                r.placed = 0
+    def _cut(self, limit: int) -> int:
+        """``limit`` down to a whole page of the segment it falls in (a partial page is not
+        laid out as a prefix), unless it is that segment's end."""
+        pt = self.job.fp.page_tokens
+        for p in self.job.pieces:
+            if p.start <= limit < p.end:
+                return limit - (limit - p.start) % pt
+        return limit
+
+    def _release(self, keep: int) -> None:
+        """Give back the held chunks' staging and zero everything written from token ``keep``
+        on (by an apply, or placed by a direct read)."""
+        for c in self.held:
+            release(self.job, c, keep)
+        self.held.clear()
+        if self.applied > keep:
+            assert self.zero is not None, "written past the prefix with no way to zero it"
+            self.zero(keep, self.applied - keep)
+        self.applied = min(self.applied, keep)
+
+    def _apply(self, upto: int, *, whole: bool) -> None:
+        """Write the held chunks' tokens below ``upto`` into the destination, in order; with
+        ``whole``, only the chunks that lie below it entirely."""
+        while self.held:
+            c = self.held[0]
+            n = min(c.hi, upto) - c.lo
+            if n <= 0 or (whole and n < c.hi - c.lo):
+                return
+            if c.data is not None:
+                t0 = time.perf_counter()
+                try:
+                    self.job.write(c, n)
+                finally:
+                    self.out.apply_s += time.perf_counter() - t0
+            self.applied = c.lo + n
+            if n < c.hi - c.lo:
+                return  # the prefix ends inside this chunk: finish releases the rest
+            self.held.pop(0)
+            release(self.job, c, c.hi)

@@ -102,7 +102,8 @@ def test_a_batch_equals_its_restores_run_one_by_one(tmp_path: Path) -> None:
         for (_, kv), buf, n in zip(imgs, batch_bufs, got, strict=True):
             n = n or 0
             assert np.array_equal(buf[: n * TB], kv[: n * TB])
-            assert (buf[n * TB :] == 0xEE).all(), "nothing past the valid prefix was written"
+            past = buf[n * TB :]  # old bytes, or zeros where validated pages were taken back
+            assert np.isin(past, [0, 0xEE]).all(), "nothing past the valid prefix delivered"
         assert isinstance(batch[5], RestoreFailed)
 
 

@@ -35,7 +35,7 @@ from stratastore.restore import (
     restore_batch,
     two_pass_restore,
 )
-from stratastore.restore.two_pass import Validated
+from stratastore.restore.two_pass import Chunk
 from tests.conftest import tiny_fp
 from tests.unit.test_store_facade import conversation
 
@@ -98,7 +98,7 @@ BLOCK, TABLE = 6, [5, 0, 9, 3, 7, 1, 10, 2, 8, 4, 6]  # 6-token blocks: pages sp
 
 def dest_of(kind: str, n: int) -> tuple[object, object]:
     """A destination of ``kind`` for ``n`` tokens and what it fills (to compare)."""
-    direct = {"read_direct": True} if kind.endswith("-direct") else {}
+    direct = {"read_direct": kind.endswith("-direct")}
     if kind.startswith("layer"):
         k = [np.zeros((n, FP.n_kv_heads, FP.head_dim), np.float16) for _ in range(FP.n_layers)]
         v = [np.zeros((n, FP.n_kv_heads, FP.head_dim), np.float16) for _ in range(FP.n_layers)]
@@ -107,9 +107,7 @@ def dest_of(kind: str, n: int) -> tuple[object, object]:
         pools = [np.zeros((2, 11, BLOCK, FP.n_kv_heads, FP.head_dim), np.uint16) for _ in "kv"]
         return PagedKV(FP, pools, TABLE, **direct), pools
     out = np.zeros(n * TB, np.uint8)
-    if kind == "direct":
-        return FlatKV(FP, out, read_direct=True), out  # type: ignore[call-arg,unused-ignore]
-    return FlatKV(FP, out), out
+    return FlatKV(FP, out, read_direct=kind == "direct"), out
 
 
 def assert_holds(kind: str, got: object, kv: npt.NDArray[np.uint8], n: int) -> None:
@@ -330,16 +328,17 @@ def test_compressed_segments_restore_through_the_new_read_pass(tmp_path: Path, k
 
 
 class _OverwrittenBeforeApply(Job):
-    """A job whose data files are overwritten in place once its read pass is done (the agenda
-    runs the read pass on its worker thread and the apply pass on the caller's)."""
+    """A job whose data file is overwritten in place before each chunk of it is copied, after
+    the read pass validated that chunk (the agenda runs the read pass on its worker thread and
+    the apply pass on the caller's)."""
 
-    def apply(self, validated: Validated) -> Outcome:
-        for p in self.pieces:
-            assert p.store is not None
-            with open(seg_path(p.store, p.key), "r+b") as f:
-                f.seek(4096)
-                f.write(b"\x5a" * (os.fstat(f.fileno()).st_size - 4096))
-        return super().apply(validated)
+    def write(self, chunk: Chunk, n: int) -> None:
+        p = chunk.piece
+        assert p.store is not None
+        with open(seg_path(p.store, p.key), "r+b") as f:
+            f.seek(4096)
+            f.write(b"\x5a" * (os.fstat(f.fileno()).st_size - 4096))
+        super().write(chunk, n)
 
 
 @pytest.mark.parametrize("direct", [False, True])
