@@ -45,6 +45,11 @@ __all__ = [
 
 
 class Destination(Protocol):
+    """What a restore writes into. A destination may also offer ``zero(token_start, n_tokens)``
+    (every destination of this module does): the restore then applies each chunk as soon as it
+    is validated and zeroes what turns out to lie past the prefix it reports; without it, a
+    chunk is written only once no later damage can take it back, and held until then."""
+
     def capacity(self) -> int:
         """Tokens it can hold from position 0."""
         ...
