@@ -310,27 +310,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_peers(args: argparse.Namespace) -> int:
-    from .peers import run_peers
+    from .peers import render_peers, run_peers
 
     doc = run_peers(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
-    print(f"strata bench --peers: {doc['bytes'] / 2**30:.2f} GiB of K/V ({doc['tokens']:,} "
-          f"tokens of 128 KiB), medians of {doc['rounds']} rounds, cold cache by "
-          f"{doc['cold_cache']}")  # fmt: skip
-    ops = ["durable write", "read hot", "read cold"] if not args.hot_only else [
-        "durable write", "read hot"]  # fmt: skip
-    rows = []
-    for name, t in doc["peers"].items():
-        rows.append([name, *(f"{t[o]['gb_per_s']:.2f}" for o in ops),
-                     *(f"{t[o]['tokens_per_s'] / 1e3:,.0f}k" for o in ops),
-                     *(f"{t[o]['peak_extra_rss_mib']:,.0f}" for o in ops)])  # fmt: skip
-    _print_rows(["", *(f"{o} GB/s" for o in ops), *(f"{o} tok/s" for o in ops),
-                 *(f"{o} +RSS MiB" for o in ops)], rows)  # fmt: skip
-    _print_rows(["ratio", ""], [[k, f"{v:.2f}x"] for k, v in doc["ratios"].items()])
-    for n in doc["notes"]:
-        print(f"note: {n}")
+    print(json.dumps(doc, indent=2) if args.json else render_peers(doc))
     return 0
 
 
@@ -631,7 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--peers",
         action="store_true",
-        help="durable write and read vs raw, numpy, safetensors, torch",
+        help="durable write and reads in the engine layout vs the disk's limits, numpy, "
+        "safetensors, torch and LMCache (those installed), issue 13's protocol",
     )
     bench.set_defaults(func=cmd_bench)
     return p
