@@ -7,7 +7,7 @@ materialised array in the engine's layout), never the interpreter start, the imp
 engine's own modules are imported first, :data:`PRELOAD`), loading the source K/V or opening a
 store. Every read is then compared bit for bit with what was written, outside the clock; a
 mismatch is a :class:`~stratastore.peer_protocol.PeersBenchError`. ``maxrss`` is the process's
-``ru_maxrss`` when the clock stops.
+peak RSS (``VmHWM``) when the clock stops.
 
 The parent writes the K/V once to ``JOB["source"]`` in the engine layout, and its stored page
 layout (``pack_pages``) to ``JOB["packed"]``.

@@ -172,12 +172,23 @@ def fsync_dir(path: str) -> None:
 
 # -- measuring and checking -------------------------------------------------------------------
 def maxrss() -> int:
+    """This process's peak RSS in bytes: ``VmHWM`` of ``/proc/self/status``, the high-water mark
+    of its own memory. Not ``ru_maxrss``: Linux carries that across ``execve`` from the process
+    that spawned this one (``subprocess`` forks with ``vfork``), so every child would report at
+    least its parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def reset_peak_rss() -> bool:
-    """Reset this process's RSS high-water mark to its current RSS (Linux ``clear_refs`` 5;
-    ``ru_maxrss`` follows); False where the kernel refuses."""
+    """Reset this process's RSS high-water mark (``VmHWM``, what :func:`maxrss` reads) to its
+    current RSS (Linux ``clear_refs`` 5); False where the kernel refuses."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -187,7 +198,7 @@ def reset_peak_rss() -> bool:
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float, int]:
-    """(what ``fn`` returns, its seconds, ``ru_maxrss`` when it returned)."""
+    """(what ``fn`` returns, its seconds, the peak RSS (:func:`maxrss`) when it returned)."""
     t = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t, maxrss()

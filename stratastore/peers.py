@@ -24,7 +24,7 @@ protocol (issue 13, item 4).
   verified with ``mincore``: more than 1% of the pages still resident raises; the largest
   fraction seen is in the result.
 - **A fresh process per operation** (``python -m stratastore.peer_engines``, spawned, not
-  forked), which reports its seconds and ``ru_maxrss``: peak RSS counts the interpreter and
+  forked), which reports its seconds and peak RSS (``VmHWM``): it counts the interpreter and
   imports, the same for every engine; the clock excludes the start, the imports, loading the
   source and opening a store. LMCache keeps its index in the process that stored, so its store
   and reads share one process a round, its RSS high-water mark reset before each read
