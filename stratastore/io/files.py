@@ -409,6 +409,8 @@ def preadv_exact(fd: int, bufs: list[memoryview], offset: int, path: str) -> Non
         if n == 0:
             raise ShortRead(path, offset + done, offset + total)
         done += n
+        if done == total:
+            return  # everything filled (the usual case: no trimming pass over the buffers)
         while n and i < len(views):  # drop what was filled, trim a half-filled buffer
             take = min(n, views[i].nbytes)
             views[i], n = views[i][take:], n - take

@@ -170,7 +170,7 @@ class _PerToken:
     def page_views(self, t0: int, p: int) -> list[memoryview]:
         """Where the bytes of a stored page of tokens ``[t0, t0 + p)`` go, in their stored order
         (spec F-SEG-4: per layer, K then V, each ``[p, row]``): a scatter read's targets."""
-        return [r.data for layer in range(self.layers) for kind in (0, 1)
+        return [r.reshape(-1).data for layer in range(self.layers) for kind in (0, 1)
                 for r in self._rows(layer, kind, t0, p)]  # fmt: skip
 
     def zero(self, token_start: int, n_tokens: int) -> None:

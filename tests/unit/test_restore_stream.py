@@ -252,3 +252,38 @@ def test_every_chunk_boundary_and_page_cut(
         assert o.tokens == expect, (wanted, pages)
         assert np.array_equal(out[: expect * TB], kv[: expect * TB])
         assert not out[expect * TB :].any()
+
+
+def test_a_scatter_read_continues_after_short_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``preadv_exact`` fills every piece when the kernel returns less than asked, and stops
+    early only when everything was filled."""
+    import os
+
+    from stratastore.io import files
+
+    data = np.random.default_rng(1).integers(0, 256, 10_000, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    real = os.preadv
+    calls: list[int] = []
+
+    def short(fd: int, bufs: list[memoryview], offset: int) -> int:
+        calls.append(offset)
+        return real(fd, [bufs[0][: max(1, bufs[0].nbytes // 2)]], offset)  # half of one piece
+
+    outs = [np.zeros(n, np.uint8) for n in (3000, 1, 4999, 2000)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        monkeypatch.setattr(files.os, "preadv", short)
+        files.preadv_exact(fd, [o.data for o in outs], 0, str(path))
+        assert len(calls) > 4
+        monkeypatch.setattr(files.os, "preadv", real)
+        whole = [np.zeros(n, np.uint8) for n in (3000, 1, 4999, 2000)]
+        files.preadv_exact(fd, [o.data for o in whole], 0, str(path))
+    finally:
+        os.close(fd)
+    assert np.array_equal(np.concatenate(outs), data) and np.array_equal(
+        np.concatenate(whole), data
+    )
