@@ -16,8 +16,10 @@ For the chunks of jobs ``0..n-1``, in order (:meth:`~.two_pass.Job.chunks`):
 Each job keeps the contract of :mod:`.two_pass` (nothing applied that was not validated, never
 anything past the prefix its outcome reports; damage ladders or raises for that job alone). The
 hand-off queue holds ``DEPTH`` validated chunks, which bounds the staging in flight to
-``DEPTH + 2`` chunks (one being read, one being applied). A restore of one chunk runs inline,
-with no thread.
+``DEPTH + 2`` chunks (one being read, one being applied) for a destination that can ``zero``
+(every built-in one; one that cannot holds its chunks until no later damage can take them back).
+A restore of one chunk runs inline, with no thread. An interrupted restore (Ctrl-C) waits for
+its reads in flight, gives its staging back and delivers nothing.
 """
 
 from __future__ import annotations
@@ -73,14 +75,22 @@ class _Agenda:
     def inline(self, i: int) -> None:
         """Job ``i``'s passes one chunk after the other, on this thread."""
         try:
-            with closing(self.jobs[i].chunks()) as chunks:
-                for item in chunks:
-                    self.take(i, item)
-                    if i not in self.live:
-                        return
-        except Exception as e:
-            self.take(i, e)
-        self.take(i, None)
+            try:
+                with closing(self.jobs[i].chunks()) as chunks:
+                    for item in chunks:
+                        self.take(i, item)
+                        if i not in self.live:
+                            return
+            except Exception as e:
+                self.take(i, e)
+            self.take(i, None)
+        finally:
+            self.abort_live()  # interrupted (a BaseException): the job delivers nothing
+
+    def abort_live(self) -> None:
+        """The jobs still running deliver nothing (the restore was interrupted)."""
+        for i in list(self.live):
+            self.live.pop(i).abort()
 
     def take(self, i: int, item: Chunk | Damage | BaseException | None) -> None:
         """Hand job ``i``'s next read-pass item (None: its read pass ended; an exception: it
@@ -100,8 +110,11 @@ class _Agenda:
                 d.take(item)
         except Exception as e:
             self.live.pop(i, None)
-            d.abort()
             self.results[i] = e
+            try:
+                d.abort()
+            except Exception as again:  # the destination's zero() failed too: this job only
+                e.add_note(f"and taking back what was written failed: {again!r}")
 
     def pipeline(self, readahead: int) -> None:
         """The read passes on a worker thread, the apply passes on this one, ``DEPTH`` chunks
@@ -140,14 +153,15 @@ class _Agenda:
                 self.take(*got)
         finally:
             stop.set()
-            while worker.is_alive():  # unblock a reader waiting on a full hand-off
+            while True:  # unblock a reader waiting on a full hand-off, then empty it
+                alive = worker.is_alive()  # before the get: a dead reader put all it will
                 try:
                     left = handoff.get_nowait()
                 except queue.Empty:
+                    if not alive:
+                        break
                     worker.join(0.01)
                     continue
                 if left is not None and isinstance(left[1], Chunk):
                     release(self.jobs[left[0]], left[1])  # never applied: deliver nothing
-            for i, d in list(self.live.items()):  # interrupted: those jobs deliver nothing
-                d.abort()
-                del self.live[i]
+            self.abort_live()  # interrupted: those jobs deliver nothing

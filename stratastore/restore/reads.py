@@ -67,17 +67,17 @@ def read_hashed(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_
     return out
 
 
-def read_scattered_hashed(seg: OpenSegment, pages: list[list[memoryview]], page_bytes: int
-                          ) -> npt.NDArray[np.uint8]:  # fmt: skip
-    """Scatter the segment's pages ``0..len(pages)-1`` into the caller's memory (page ``i``
-    into the buffers ``pages[i]``, in turn: a destination's own layout) and return the
+def read_scattered_hashed(seg: OpenSegment, pages: list[list[memoryview]], page_bytes: int,
+                          first: int = 0) -> npt.NDArray[np.uint8]:  # fmt: skip
+    """Scatter the segment's pages ``first..first+len(pages)-1`` into the caller's memory (page
+    ``first + i`` into the buffers ``pages[i]``, in turn: a destination's own layout) and return the
     ``(pages, 32)`` BLAKE3 digests of each page as those buffers now hold it. Errors as
     :func:`read_hashed`, raised once no read is still running."""
     out = np.empty((len(pages), numba_kernels.DIGEST_BYTES), dtype=np.uint8)
 
     def run(lo: int, hi: int) -> None:
         for i in range(lo, hi):
-            seg.readv_into(pages[i], i * page_bytes)
+            seg.readv_into(pages[i], (first + i) * page_bytes)
             h = blake3.blake3()  # the reference hash of the page kernels, fed piece by piece
             for piece in pages[i]:
                 h.update(piece)
@@ -96,6 +96,14 @@ def _run_groups(run: Callable[[int, int], None], n: int, per: int) -> None:
             run(lo, hi)
         return
     futures: list[Future[None]] = [_get_pool().submit(run, lo, hi) for lo, hi in groups]
-    wait(futures)  # every read has ended before an error is raised (no late write into buf)
+    try:
+        wait(futures)  # every read has ended before an error is raised (no late write into buf)
+    except BaseException:  # interrupted (Ctrl-C): no read may land after this returns
+        for f in futures:
+            f.cancel()
+        for f in futures:
+            if not f.cancelled():
+                f.exception()  # waits for a running group to end; its error is not ours now
+        raise
     for f in futures:
         f.result()

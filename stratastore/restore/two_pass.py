@@ -1,7 +1,8 @@
 """The two-pass streaming restore and the prefix restore ladder (seed 000, issues 5 and 13).
 
 A restore walks its prefix in **chunks** of at most ``chunk_bytes`` (16 MiB by default, whole
-pages of one segment), and each chunk goes through the two passes:
+pages of one segment; a compressed segment is decoded whole, one chunk), and each chunk goes
+through the two passes:
 
 - **read pass**: ``pread`` the chunk into memory this process owns (a staging buffer from the
   bounded pool, decompressed pages, or, for a ``read_direct`` destination, the destination's
@@ -21,10 +22,12 @@ delivers the deepest resume point at or below ``t`` (``resume_at(t)``: the deepe
 models with running state, the deepest whole page for attention-only ones), reports how far it
 got and why, and names the damaged segments for fsck. ``resume_at`` is non-decreasing, so once
 the pages up to ``v`` are validated, ``resume_at(v)`` tokens are delivered whatever comes later:
-a chunk is applied as soon as it lies below that point, and held (staged) until then. With
-``ladder=False`` damage raises :class:`RestoreFailed` and nothing is written to a destination
-that is not read directly (its chunks are all held until the whole prefix validated). Every
-applied page was validated: the caller never gets a byte that failed.
+a destination that cannot ``zero`` gets a chunk as soon as it lies below that point, and
+holds it (staged) until then. A destination that can (every one of :mod:`.destinations`) gets
+each chunk as it validates; what turns out to lie past the prefix the restore reports (a ladder
+stop, or damage with ``ladder=False``, which raises :class:`RestoreFailed` and delivers
+nothing) is zeroed before the call returns. A read error inside a segment stops at the chunk it
+hit. Every applied page was validated: the caller never gets a byte that failed.
 """
 
 from __future__ import annotations
@@ -232,25 +235,32 @@ class Job:
                 data = seg.pages(pages)
                 actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes)
                 yield from self._checked(piece, 0, actual, expected, data, None, 0, t0)
-            elif direct is not None:
-                t0 = time.perf_counter()
-                actual, placed = self._read_direct(seg, piece, need, nbytes, direct)
-                yield from self._checked(piece, 0, actual, expected, None, None, placed, t0)
             else:
                 per = max(1, self.chunk_bytes // sc.page_bytes)  # pages a chunk reads
+                placed = need if piece.start + need == piece.end else need // pt * pt
                 for p0 in range(0, pages, per):
-                    a, b = p0 * sc.page_bytes, min((p0 + per) * sc.page_bytes, nbytes)
+                    p1 = min(p0 + per, pages)
                     t0 = time.perf_counter()
-                    staging = STAGING.take(b - a)
                     try:
-                        actual = read_hashed(seg, staging[: b - a], a, sc.page_bytes)
-                    except BaseException as e:
-                        STAGING.give(staging)
-                        if p0 and isinstance(e, _DAMAGE):  # earlier chunks were handed out
+                        if direct is not None:
+                            data, staging = None, None
+                            actual, n = self._read_direct(seg, piece, p0, p1, placed, nbytes,
+                                                          direct)  # fmt: skip
+                        else:
+                            a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
+                            staging, n = STAGING.take(b - a), 0
+                            data = staging[: b - a]
+                            try:
+                                actual = read_hashed(seg, data, a, sc.page_bytes)
+                            except BaseException:
+                                STAGING.give(staging)
+                                raise
+                    except _DAMAGE as e:
+                        if p0:  # earlier chunks were handed out: the ladder stops at this one
                             raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key)) from e
                         raise
-                    yield from self._checked(piece, p0, actual, expected[p0 : p0 + per],
-                                             staging[: b - a], staging, 0, t0)  # fmt: skip
+                    yield from self._checked(piece, p0, actual, expected[p0:p1], data, staging,
+                                             n, t0)  # fmt: skip
 
     def _checked(self, piece: Piece, p0: int, actual: npt.NDArray[np.uint8],
                  expected: npt.NDArray[np.uint8], data: npt.NDArray[np.uint8] | None,
@@ -271,36 +281,41 @@ class Job:
             raise _Stop(Damage(hi, f"page {p0 + int(bad[0])} of segment {piece.key.hex()[:16]} "
                                    "failed BLAKE3 validation", piece.key))  # fmt: skip
 
-    def _read_direct(self, seg: OpenSegment, piece: Piece, need: int, nbytes: int,
-                     dest: FlatKV | _PerToken) -> tuple[npt.NDArray[np.uint8], int]:  # fmt: skip
-        """Read the pages the apply pass may deliver straight into ``dest`` (every page up to
-        ``need``, the segment's short last page included: one region of a :class:`FlatKV`, or
-        scattered into per-layer rows) and hash them there; a page cut by ``need`` goes through
-        a one-page staging buffer, hashed and never delivered. Their digests, and the tokens
-        placed in ``dest``. A failed read zeroes what it placed before it raises."""
-        pt, pb = self.fp.page_tokens, seg.sidecar.page_bytes
-        start, placed = piece.start, need if piece.start + need == piece.end else need // pt * pt
+    def _read_direct(self, seg: OpenSegment, piece: Piece, p0: int, p1: int, placed: int,
+                     nbytes: int, dest: FlatKV | _PerToken
+                     ) -> tuple[npt.NDArray[np.uint8], int]:  # fmt: skip
+        """Read pages ``[p0, p1)`` of ``piece`` straight into ``dest`` (one region of a
+        :class:`FlatKV`, or scattered into per-layer rows) and hash them there: those of its
+        first ``placed`` tokens (every wanted page, the segment's short last page included); a
+        page cut by what is wanted goes through a one-page staging buffer, hashed and never
+        delivered. Their digests, and the tokens placed from page ``p0``. A failed read zeroes
+        what it placed before it raises, once no read into ``dest`` is running."""
+        pt, pb, tb = self.fp.page_tokens, seg.sidecar.page_bytes, self.fp.token_bytes
+        a, b = p0 * pt, max(p0 * pt, min(p1 * pt, placed))  # tokens of the piece placed
+        start = piece.start
+        digests = []
         try:
-            if isinstance(dest, FlatKV):
-                digests = [read_hashed(seg, dest.region(start, placed), 0, pb)]
-            else:
-                views = [dest.page_views(t, min(pt, start + placed - t))
-                         for t in range(start, start + placed, pt)]  # fmt: skip
-                digests = [read_scattered_hashed(seg, views, pb)]
+            if b > a:
+                if isinstance(dest, FlatKV):
+                    digests.append(read_hashed(seg, dest.region(start + a, b - a), a * tb, pb))
+                else:
+                    views = [dest.page_views(t, min(pt, start + b - t))
+                             for t in range(start + a, start + b, pt)]  # fmt: skip
+                    digests.append(read_scattered_hashed(seg, views, pb, p0))
         except BaseException:
-            dest.zero(start, placed)
+            dest.zero(start + a, b - a)
             raise
-        done = placed * self.fp.token_bytes
-        if done < nbytes:
-            tail = STAGING.take(nbytes - done)
+        end = min(p1 * pb, nbytes)
+        if b * tb < end:
+            tail = STAGING.take(end - b * tb)
             try:
-                digests.append(read_hashed(seg, tail[: nbytes - done], done, pb))
+                digests.append(read_hashed(seg, tail[: end - b * tb], b * tb, pb))
             except BaseException:
-                dest.zero(start, placed)
+                dest.zero(start + a, b - a)
                 raise
             finally:
                 STAGING.give(tail)
-        return np.concatenate(digests), placed
+        return np.concatenate(digests), b - a
 
     # -- the two passes one after the other -----------------------------------------------------
     def read(self) -> Delivery:
@@ -404,6 +419,13 @@ class Delivery:
                     )
                 limit = min(self.job.resume_at(out.first_bad), out.first_bad)
             out.tokens = self._cut(limit)
+            if self.zero is None and self.applied > out.tokens:
+                raise StrataError(
+                    f"restore: resume_at({out.first_bad}) = {limit} lies below token "
+                    f"{self.applied:,}, already applied to a destination that cannot zero what "
+                    "it holds: resume_at must be non-decreasing (or give the destination a "
+                    "zero(token_start, n_tokens) method)"
+                )
             self._apply(out.tokens, whole=False)
         except BaseException:
             self.abort()
@@ -428,14 +450,24 @@ class Delivery:
 
     def _release(self, keep: int) -> None:
         """Give back the held chunks' staging and zero everything written from token ``keep``
-        on (by an apply, or placed by a direct read)."""
-        for c in self.held:
-            release(self.job, c, keep)
-        self.held.clear()
-        if self.applied > keep:
-            assert self.zero is not None, "written past the prefix with no way to zero it"
-            self.zero(keep, self.applied - keep)
-        self.applied = min(self.applied, keep)
+        on (by an apply, or placed by a direct read; a destination without ``zero`` keeps
+        it: only a failure or a ``resume_at`` that decreased get there). Every chunk is
+        released even when a zero fails; the first failure is raised after."""
+        held, self.held = self.held, []
+        applied, self.applied = self.applied, min(self.applied, keep)
+        error: BaseException | None = None
+        for c in held:
+            try:
+                release(self.job, c, keep)
+            except BaseException as e:
+                error = error or e
+        if applied > keep and self.zero is not None:
+            try:
+                self.zero(keep, applied - keep)
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def _apply(self, upto: int, *, whole: bool) -> None:
         """Write the held chunks' tokens below ``upto`` into the destination, in order; with
@@ -445,13 +477,13 @@ class Delivery:
             n = min(c.hi, upto) - c.lo
             if n <= 0 or (whole and n < c.hi - c.lo):
                 return
-            if c.data is not None:
+            self.applied = max(self.applied, c.lo + n)  # before the copy: a failed one is
+            if c.data is not None:  # zeroed too
                 t0 = time.perf_counter()
                 try:
                     self.job.write(c, n)
                 finally:
                     self.out.apply_s += time.perf_counter() - t0
-            self.applied = c.lo + n
             if n < c.hi - c.lo:
                 return  # the prefix ends inside this chunk: finish releases the rest
             self.held.pop(0)

@@ -54,6 +54,9 @@ class DiskReader:
         got, state = out.tokens, None
         if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
             got, state = self._state_at_or_below(dc, got)
+            zero = getattr(job.dest, "zero", None)
+            if got < out.tokens and callable(zero):  # past what is delivered: old or zero
+                zero(got, out.tokens - got)
         self.counters["hits_disk"] += 1
         self.counters["tokens_restored"] += got
         return Restored("disk", got, dc.conv.conv_id, state)

@@ -232,7 +232,7 @@ def test_a_read_error_inside_a_segment_stops_at_its_chunk(
         out = np.full(160 * TB, 0xEE, np.uint8)
         o = two_pass_restore(pieces, 160, FlatKV(FP, out, read_direct=direct), FP,
                              resume_at=lambda t: t // PT * PT, chunk_bytes=CHUNK)  # fmt: skip
-        stop = 56 if not direct else 40  # a direct read takes the segment in one read
+        stop = 56  # the chunk the error hit: [56, 64) of the segment [40, 80)
         assert (o.tokens, o.first_bad) == (stop, stop) and "injected" in (o.reason or "")
         assert np.array_equal(out[: stop * TB], kv[: stop * TB])
         assert np.isin(out[stop * TB :], [0, 0xEE]).all()
