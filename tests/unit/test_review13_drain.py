@@ -21,9 +21,9 @@ import pytest
 from stratastore import SegmentStore
 from stratastore.restore import FlatKV, Piece, two_pass_restore
 from stratastore.restore.two_pass import Delivery
-from stratastore.store.staging import STAGING
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import flip, image
+from tests.unit.test_review13_interrupt import _watch_staging
 
 FP = tiny_fp()
 TB, PT = FP.token_bytes, FP.page_tokens
@@ -75,20 +75,7 @@ def test_a_staged_chunk_left_in_the_queue_is_never_given_back(
     img: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, pieces, _ = img
-    outstanding: dict[int, int] = {}
-    take, give = STAGING.take, STAGING.give
-
-    def taking(n: int) -> npt.NDArray[np.uint8]:
-        b = take(n)
-        outstanding[id(b)] = n
-        return b
-
-    def giving(b: npt.NDArray[np.uint8]) -> None:
-        outstanding.pop(id(b), None)
-        give(b)
-
-    monkeypatch.setattr(STAGING, "take", taking)
-    monkeypatch.setattr(STAGING, "give", giving)
+    outstanding = _watch_staging(monkeypatch)
     _ctrl_c_on_first_take(monkeypatch)
     out = np.zeros(160 * TB, np.uint8)
     with pytest.raises(KeyboardInterrupt):
