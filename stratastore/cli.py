@@ -287,6 +287,16 @@ def cmd_sim_low_ram(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Seeds 004 and 001 run through the Store turn by turn, beside the simulator and the seeds'
+    tables (:mod:`stratastore.replay`); exit 1 when a Store figure differs from a seed's."""
+    from .replay import format_replay, run_replay
+
+    rep = run_replay(os.path.abspath(args.dir) if args.dir is not None else None)
+    print(json.dumps(rep.to_json(), indent=2) if args.json else format_replay(rep))
+    return 0 if rep.ok else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
@@ -570,6 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
     _add_sim(sub)
+    rp = sub.add_parser("replay", help="seeds 004 and 001 through the Store, turn by turn, "
+                        "beside the simulator and the seeds' tables")  # fmt: skip
+    rp.add_argument("--dir", help="where seed 004's disk levels go (default: a temporary one)")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=cmd_replay)
     fk = sub.add_parser("fsck", help="check store directories offline (read-only)")
     fk.add_argument("dirs", nargs="*", metavar="PATH",
                     help="the store: its root directory (holding warm/ and cold/), a level "

@@ -44,6 +44,7 @@ from .io.modes import file_mode_problem
 __all__ = ["ALIASES", "MAX_LEVELS", "LevelSpec", "StoreConfig", "level_byte"]
 
 ParkTarget = Literal["ram", "disk", "auto"]
+RamPrefault = Literal["background", "lazy", "open"]
 SpillOn = Literal["park", "evict"]
 WhenFull = Literal["evict", "reject"]
 Retention = Literal["lru", "spread"]
@@ -61,6 +62,7 @@ _LEVEL_KEYS = ("name", "dir", "mib", "max_age_s")
 _LEVEL_ALIASES = {f"{n}_{k}": (n, k) for n in ("warm", "cold") for k in ("dir", "mib", "max_age_s")}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "park": ("ram", "disk", "auto"),
+    "ram_prefault": ("background", "lazy", "open"),
     "spill_on": ("park", "evict"),
     "when_full": ("evict", "reject"),
     "retention": ("lru", "spread"),
@@ -178,10 +180,16 @@ class StoreConfig:
 
     ram_mib: int = 8192  #: RAM level byte budget (0: no RAM level)
     slots: int = 4  #: parked conversations the RAM level holds at most
+    #: when the RAM arena's pages are faulted in (issue 14): ``background`` (a chunk on its first
+    #: use, and a thread keeps a slot's share of free chunks ready ahead of use), ``lazy`` (only
+    #: on first use) or ``open`` (all of it at open: ``ram_mib`` resident before the first call)
+    ram_prefault: RamPrefault = "background"
     min_free_mib: int = 2560  #: parking floor: free RAM a capture that stays in RAM must leave
     park_min_free_mib: int = 512  #: transient floor for a disk-bound capture (0: need only)
     park: ParkTarget = "ram"  #: where a parked conversation goes
     spill_on: SpillOn = "park"  #: mirror every park to disk, or write only what RAM evicts
+    #: close() writes down what only the RAM level holds, when a disk level exists (issue 14)
+    spill_on_close: bool = True
     warm_dir: str = ""  #: warm disk level (off unless both dir and budget are set)
     warm_mib: int = 0
     cold_dir: str = ""  #: cold disk level, the last: only it deletes (aliases spill_dir)

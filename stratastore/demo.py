@@ -58,7 +58,8 @@ class _Engine:
         self.reread = self.restored = self.no_cache = self.prefilled = 0
         self.restore_s = 0.0
         self.restore_bytes = 0
-        self.served = {"ram": 0, "disk": 0}  #: tokens restored, by where they came from
+        #: tokens restored, by where they came from (pending: a park whose write was in flight)
+        self.served = {"ram": 0, "pending": 0, "disk": 0}
         self._restore_buf = np.zeros(0, np.uint8)
 
     def request(self, c: int) -> None:
@@ -211,7 +212,11 @@ def _report(s: dict[str, Any], e: _Engine, verdict: str) -> None:
     print()
     gbs = e.restore_bytes / e.restore_s / 1e9 if e.restore_s else 0.0
     rows = [
-        ("tokens served from RAM / disk", f"{e.served['ram']:,} / {e.served['disk']:,}"),
+        (
+            "tokens served from RAM / disk",
+            f"{e.served['ram'] + e.served['pending']:,} / {e.served['disk']:,}",
+        ),
+        ("  of them, parks in flight", f"{e.served['pending']:,}"),
         ("tokens re-read (history)", f"{e.reread:,}"),
         ("tokens re-read without a cache", f"{e.no_cache:,}"),
         ("parks to RAM / disk", f"{s['parks_ram']} / {s['parks_disk']}"),
@@ -297,7 +302,9 @@ def _fsck_verdict(cfg: dict[str, Any], damage: tuple[str, int, str, bool] | None
     if damage is None:
         return ("clean", True) if not errors else (f"{len(errors)} errors", False)
     key = os.path.basename(damage[0]).removeprefix("strata-conv-").removesuffix(".seg")
-    ours = [f for f in errors if f.object == damage[0] or f.object.endswith(key)]
+    # by key: the damaged segment may have moved down a level since (close() writes what only
+    # RAM held, and the cascade makes room), and its index record names the key alone
+    ours = [f for f in errors if f.object == damage[0] or key in os.path.basename(f.object)]
     ids = ", ".join(sorted({f.id for f in errors}))
     if ours and len(ours) == len(errors):  # the data file, and its index record
         return f"only the flipped byte: {ids}", True

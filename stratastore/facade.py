@@ -3,8 +3,11 @@
 An engine calls :meth:`Store.park` when a slot is reused (the conversation leaves the GPU),
 :meth:`Store.restore` when a prompt arrives (the deepest stored prefix is copied into its K/V
 buffer, every disk page validated), and :meth:`Store.save_session` / :meth:`Store.load_session`
-for explicit saves that capacity GC never removes. Every method is thread-safe (one lock); disk
-writes of parks go through a background spill writer with a bounded queue, so a park returns
+for explicit saves that capacity GC never removes. Every method is thread-safe: one lock guards
+this process's state, and no call holds it over disk I/O or hashing (issue 14: restores on
+several threads run in parallel, and the spill writer's writes and fsyncs hold it only for their
+bookkeeping). Disk writes of parks go through a background spill writer with a bounded queue,
+so a park returns
 once the capture is handed over (it blocks only while the queue is full: back-pressure), and
 :meth:`close` flushes it. Several processes may open the same directories: each sees the
 segments and the conversations the others commit.
@@ -12,20 +15,23 @@ segments and the conversations the others commit.
 Errors belong to the call that caused them (DESIGN invariants): a disk write of a park that
 fails in the background is recorded and counted (``spill_errors``) and raised as a
 :class:`SpillError` by the engine's next :meth:`Store.flush` or :meth:`Store.close`, never by an
-unrelated ``lookup``/``restore`` (those wait for pending writes, to read the caller's own parks,
-but neither raise nor clear the writer's failures). A park is validated before it is
-acknowledged (:class:`~stratastore.tiers.tiered.InvalidConversation`), and every call on a
-closed store raises :class:`StoreClosed`.
+unrelated ``lookup``/``restore``. Those never wait for a pending disk write (issue 14): a park
+whose write is still in flight is served from its capture in memory (``Restored.source ==
+"pending"``), so a restore of one conversation never waits on another's write or fsync. A
+park is validated before it is acknowledged
+(:class:`~stratastore.tiers.tiered.InvalidConversation`), and every call on a closed store
+raises :class:`StoreClosed`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -89,6 +95,17 @@ class SpillError(StrataError):
         )
 
 
+def _max_tokens(cap: object, call: str) -> int | None:
+    """A restore's ``max_tokens``, checked: ``None`` or a count of tokens >= 0."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+        raise InvalidRequest(f"{call}: max_tokens must be a token count >= 0 or None, not "
+                             f"{cap!r}; pass len(prompt) - 1 to always leave a token to "
+                             "compute")  # fmt: skip
+    return int(cap)
+
+
 class Store:
     """Open with :meth:`open`; use as a context manager or call :meth:`close`."""
 
@@ -100,6 +117,7 @@ class Store:
         self._errors: list[tuple[str, BaseException]] = []
         self._closed = False
         self._enqueuing = 0  #: parks acknowledged whose disk writes are not queued yet
+        self._reading = 0  #: restores running outside the lock (close waits for them)
         tiers.defer_spills = True
         self._writer = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._writer.start()
@@ -163,9 +181,8 @@ class Store:
     def _write(self, snap: Snapshot) -> None:
         """One disk write of the spill writer; a failure (an I/O error, a refusal by the level)
         is recorded and counted, for the engine's next :meth:`flush`/:meth:`close`."""
-        try:
-            with self._lock:
-                self._tiers.write_disk_now(snap)
+        try:  # the lock only around the bookkeeping: no restore waits on this write (issue 14)
+            self._tiers.write_disk_now(snap, self._lock)
         except Exception as e:
             with self._lock:
                 self.counters["spill_errors"] += 1
@@ -208,12 +225,6 @@ class Store:
         if failures:
             raise SpillError(failures) from failures[0][1]
 
-    def _wait_for_writes(self) -> None:
-        """Read your own parks: pending disk writes land first. Their failures stay recorded
-        for :meth:`flush`/:meth:`close` (this call did not cause them)."""
-        if self._queue.unfinished_tasks:
-            self._queue.join()
-
     def flush(self) -> None:
         """Wait until every queued disk write is committed (spec F-DUR), then report the disk
         writes that failed since the last report: :class:`SpillError` names each conversation
@@ -227,12 +238,23 @@ class Store:
 
     # -- the engine's calls -------------------------------------------------------------------
     def park(self, conv: Conversation, kv: npt.NDArray[Any],
-             states: Mapping[int, bytes] | None = None) -> ParkReport:  # fmt: skip
+             states: Mapping[int, bytes] | None = None, *, pin: bool = False
+             ) -> ParkReport:  # fmt: skip
         """Keep a conversation leaving its slot: RAM, else disk, else discard (counted).
         ``states`` maps checkpoint lengths to the running state saved there (hybrid and
         recurrent models). The store keeps ``conv`` and ``kv`` (the capture) until they are
         copied or written, and may trim ``conv``'s checkpoints (retention) or tokens (the
         prefix that fits): do not reuse either.
+
+        Retention runs across the parks of one conversation id (seed 004): the checkpoints kept
+        are those the previous park kept that are still prefixes of these tokens, plus the new
+        ones, added one at a time under ``checkpoints``/``retention``; pass the newest
+        checkpoint or the whole list, alike (``conv.checkpoints`` says what was kept). With
+        ``park_truncate`` (seed 001) a snapshot that fails the RAM budget, or the parking floor
+        with no disk level to take it, parks its deepest checkpoint prefix that fits (the
+        report's ``tokens``). ``pin=True`` pins the RAM entry: another park never truncates or
+        evicts it (it is refused or truncated itself instead) until the entry is restored whole
+        or parked again (without ``pin``); a park that goes to disk is not pinned.
 
         Everything that can be checked is checked before the park is acknowledged: a bad
         conversation id (not a string, not UTF-8 encodable, over 4096 bytes, or a saved
@@ -247,7 +269,7 @@ class Store:
         snap = Snapshot(conv, self._kv_bytes(kv, "park"), dict(states or {}))
         with self._lock:
             self._check_open("park")
-            report = self._tiers.park(snap)
+            report = self._tiers.park(snap, pin=pin)
             spills = self._tiers.take_outbox()
             self._enqueuing += 1
         try:
@@ -259,21 +281,23 @@ class Store:
 
     def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer],
                media: Mapping[int, bytes] | None = None) -> tuple[str, int] | None:  # fmt: skip
-        """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``.
+        """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``;
+        ``source`` is ``"ram"``, ``"pending"`` (a park whose disk write is in flight) or
+        ``"disk"``.
         ``media`` maps the token position of each picture in ``prompt`` to its 32-byte digest
         (as in :class:`~stratastore.chain.Conversation`; spec F-KEY-7): a prefix matches only
         with the same pictures at the same positions."""
         self._check_open("lookup")
         tokens = as_tokens(prompt, "lookup: prompt")
         pictures = as_media(media, len(tokens), "lookup: media")
-        self._wait_for_writes()
         with self._lock:
             hit = self._tiers.lookup(tokens, pictures)
         return (hit[0], hit[1].length) if hit else None
 
     def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],
                 out: npt.NDArray[Any] | Destination,
-                media: Mapping[int, bytes] | None = None) -> Restored:  # fmt: skip
+                media: Mapping[int, bytes] | None = None, *,
+                max_tokens: int | None = None) -> Restored:  # fmt: skip
         """Copy the deepest stored prefix of ``prompt`` into ``out``: the engine's K/V buffer
         for this conversation in the page layout of spec F-SEG-4 (at least
         ``len(prompt) * token_bytes`` bytes), or a destination in the engine's own layout
@@ -283,23 +307,45 @@ class Store:
         holds; the engine prefills the rest. ``out`` is written in place: one that cannot be
         (not C-contiguous, Fortran-ordered, read-only) is refused with
         :class:`~stratastore.restore.DestinationRefused` before anything runs. ``media``: the
-        prompt's pictures, as in :meth:`lookup`."""
+        prompt's pictures, as in :meth:`lookup`.
+
+        ``max_tokens`` caps the restore: the deepest resume point at or below it (default: the
+        deepest stored prefix, which may be the whole prompt). An engine that needs the last
+        prompt token's logits passes ``len(prompt) - 1`` so that it always has a token to
+        compute (docs/ENGINE.md). A park whose disk write is still in flight is served from its
+        capture (``source == "pending"``); nothing waits for another conversation's write."""
         self._check_open("restore")
         tokens = as_tokens(prompt, "restore: prompt")
         pictures = as_media(media, len(tokens), "restore: media")
+        cap = _max_tokens(max_tokens, "restore")
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
-        self._wait_for_writes()
+        with self._reader("restore"):
+            r = self._tiers.restore(tokens, flat, pictures, cap, self._lock)
         with self._lock:
-            r = self._tiers.restore(tokens, flat, pictures)
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         return r
+
+    @contextlib.contextmanager
+    def _reader(self, call: str) -> Iterator[None]:
+        """A restore in flight: the Store's lock is held only to plan and account it (issue
+        14: restores on several threads run in parallel, and none waits on a disk write);
+        :meth:`close` waits for it before it closes the levels."""
+        with self._lock:
+            self._check_open(call)
+            self._reading += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reading -= 1
 
     def restore_many(
         self, requests: Sequence[tuple[Sequence[int] | npt.NDArray[np.integer],
                                        npt.NDArray[Any] | Destination]],
-        media: Sequence[Mapping[int, bytes] | None] = (),
+        media: Sequence[Mapping[int, bytes] | None] = (), *,
+        max_tokens: int | Sequence[int | None] | None = None,
     ) -> list[Restored]:  # fmt: skip
         """:meth:`restore` for several prompts submitted together (one destination each): their
         disk reads share one batched read agenda, read-ahead, validation and copy overlapping
@@ -307,12 +353,21 @@ class Store:
         :meth:`restore`. When some requests fail (the ladder turned off and an image damaged,
         an I/O error), the others still complete and :class:`BatchRestoreError` is raised,
         carrying every request's result. ``media[i]``, when given, is request ``i``'s pictures
-        (as in :meth:`lookup`)."""
+        (as in :meth:`lookup`). ``max_tokens``: as in :meth:`restore`, one cap for every
+        request or a list with one (or ``None``) per request."""
         self._check_open("restore_many")
         reqs, pictures = self._batch(requests, media)
-        self._wait_for_writes()
+        if max_tokens is None or isinstance(max_tokens, (int, np.integer)):
+            caps = [_max_tokens(max_tokens, "restore_many")] * len(reqs)
+        elif isinstance(max_tokens, Sequence) and len(max_tokens) == len(reqs):
+            caps = [_max_tokens(c, f"restore_many (request #{i})")
+                    for i, c in enumerate(max_tokens)]  # fmt: skip
+        else:
+            raise InvalidRequest(f"restore_many: max_tokens must be an int, None, or a list of "
+                                 f"{len(reqs)} (one per request), not {max_tokens!r}")  # fmt: skip
+        with self._reader("restore_many"):
+            got = self._tiers.restore_many(reqs, pictures, caps, self._lock)
         with self._lock:
-            got = self._tiers.restore_many(reqs, pictures)
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (
                     0 if isinstance(r, Exception) else r.tokens
@@ -443,19 +498,25 @@ class Store:
         return True
 
     def close(self) -> None:
-        """Flush the spill writer, then close every level; raise :class:`SpillError` for the
-        disk writes that failed and were not reported yet. A second close does nothing; every
+        """Write down what only the RAM level holds (``spill_on_close``, on by default, when a
+        disk level exists; each admitted under the transient floor), flush the spill writer,
+        then close every level; raise :class:`SpillError` for the disk writes that failed and
+        were not reported yet. A second close does nothing; every
         other call after close raises :class:`StoreClosed`."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         try:
-            while True:  # a park acknowledged before close() has its writes queued first
-                with self._lock:
-                    if not self._enqueuing:
+            while True:  # a park acknowledged before close() has its writes queued first,
+                with self._lock:  # and a restore in flight ends before the levels close
+                    if not self._enqueuing and not self._reading:
                         break
                 time.sleep(0.001)
+            with self._lock:  # what only RAM holds goes down too (spill_on_close, issue 14)
+                self._tiers.spill_ram_on_close()
+                spills = self._tiers.take_outbox()
+            self._enqueue(spills)
             self._queue.join()
             self._queue.put(_STOP)
             self._writer.join()

@@ -204,28 +204,56 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
 
 def prometheus_text(s: dict[str, Any]) -> str:
     """``Store.stats()`` (or the monitor's counters and levels) in the Prometheus text
-    exposition format; an absent counter is written as 0."""
+    exposition format. A counter or gauge the stats do not hold is absent, never written as 0
+    (seed 000: an absent counter is not a zero); the admission state and the park target are
+    info-style series (value 1, the state in a label)."""
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
+    def metric(name: str, kind: str, help_: str, rows: list[tuple[str, Any]]) -> None:
+        rows = [(labels, v) for labels, v in rows if v is not None]
+        if not rows:
+            return
         lines.append(f"# HELP strata_{name} {help_}")
         lines.append(f"# TYPE strata_{name} {kind}")
         lines.extend(f"strata_{name}{labels} {value}" for labels, value in rows)
 
+    def label(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    levels: dict[str, dict[str, Any]] = s.get("levels", {})
+    ram = levels.get("ram", {})
     metric("parks_total", "counter", "Parks by destination.",
-           [('{destination="ram"}', s.get("parks_ram", 0)),
-            ('{destination="disk"}', s.get("parks_disk", 0))])  # fmt: skip
+           [('{destination="ram"}', s.get("parks_ram")),
+            ('{destination="disk"}', s.get("parks_disk"))])  # fmt: skip
     metric("discards_total", "counter", "Captures neither RAM nor disk could take.",
-           [("", s.get("discards", 0))])  # fmt: skip
+           [("", s.get("discards"))])  # fmt: skip
     metric("hits_total", "counter", "Restores by source.",
-           [('{source="ram"}', s.get("hits_ram", 0)),
-            ('{source="disk"}', s.get("hits_disk", 0))])  # fmt: skip
+           [('{source="ram"}', s.get("hits_ram")),
+            ('{source="pending"}', s.get("hits_pending")),
+            ('{source="disk"}', s.get("hits_disk"))])  # fmt: skip
+    metric("refusals_total", "counter", "Admissions refused, by what asked.",
+           [('{kind="disk_hit"}', s.get("disk_hits_refused")),
+            ('{kind="spill"}', s.get("spills_refused"))])  # fmt: skip
+    metric("evictions_total", "counter", "Entries evicted (RAM) or deleted (the last disk "
+           "level, by budget and by age), per level.",
+           [('{level="ram"}', ram.get("evictions")),
+            *((f'{{level="{n}"}}', d["disk_evictions"] + d.get("age_evictions", 0))
+              for n, d in levels.items() if d.get("disk_evictions") is not None)])  # fmt: skip
     metric("ladder_restores_total", "counter", "Restores that stopped below damage.",
-           [("", s.get("ladder_restores", 0))])  # fmt: skip
+           [("", s.get("ladder_restores"))])  # fmt: skip
     metric("tokens_restored_total", "counter", "Tokens restored instead of re-read.",
-           [("", s.get("tokens_restored", 0))])  # fmt: skip
+           [("", s.get("tokens_restored"))])  # fmt: skip
     metric("tokens_reread_total", "counter", "Tokens the engine had to prefill again.",
-           [("", s.get("tokens_reread", 0))])  # fmt: skip
+           [("", s.get("tokens_reread"))])  # fmt: skip
+    metric("held_tokens", "gauge", "Tokens a restore could bring back now (each conversation "
+           "once).", [("", s.get("held_tokens"))])  # fmt: skip
+    if s.get("admission") is not None:
+        metric("admission_info", "gauge", "The last admission decision (where/floor).",
+               [(f'{{state="{label(s["admission"])}"}}', 1)])  # fmt: skip
+    if s.get("park_target") is not None:
+        metric("park_target_info", "gauge", "Where parks go, and why (configured or auto).",
+               [(f'{{target="{label(s["park_target"])}",'
+                 f'source="{label(s.get("park_target_source", ""))}"}}', 1)])  # fmt: skip
     for key, kind, help_ in [
         ("entries", "gauge", "Entries per level."),
         ("bytes", "gauge", "Bytes held per level."),
@@ -235,8 +263,7 @@ def prometheus_text(s: dict[str, Any]) -> str:
         ("age_evictions", "counter", "Deleted by age (last level only)."),
         ("degradations", "counter", "Handed to the next level."),
     ]:
-        rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in s["levels"].items()
+        rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in levels.items()
                 if d.get(key) is not None]  # fmt: skip
-        if rows:
-            metric(f"level_{key}", kind, help_, rows)
+        metric(f"level_{key}", kind, help_, rows)
     return "\n".join(lines) + "\n"

@@ -23,8 +23,8 @@ from .chain import (
     Conversation,
     Policy,
     PrefixIndex,
+    add_checkpoint,
     as_tokens,
-    enforce_count,
 )
 from .chain.parking import MIB, ConversationCache, SizeModel
 from .errors import ConfigError
@@ -73,9 +73,8 @@ def run_agent_edit(cfg: AgentEdit) -> dict[str, Any]:
     cuts = [0, cfg.system_tokens]
     for t in range(1, cfg.turns + 1):
         end = cfg.system_tokens + t * cfg.turn_tokens
-        chain.append(Checkpoint(end, last_used=t))
+        add_checkpoint(chain, Checkpoint(end, last_used=t), cfg.checkpoints, cfg.policy)
         cuts.append(end)
-        enforce_count(chain, cfg.checkpoints, cfg.policy)
     end = len(held)
     conv = Conversation("held", as_tokens(held), chain, cuts=cuts[:-1] if cuts[-1] == end else cuts)
     index = PrefixIndex()

@@ -2,7 +2,16 @@
 
 from .model import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens, page_floor
 from .prefix_index import Match, PrefixIndex
-from .retention import POLICIES, Policy, enforce_count, lru_victim, spread_victim, victim
+from .retained import RetainedChains
+from .retention import (
+    POLICIES,
+    Policy,
+    add_checkpoint,
+    enforce_count,
+    lru_victim,
+    spread_victim,
+    victim,
+)
 
 __all__ = [
     "POLICIES",
@@ -12,6 +21,8 @@ __all__ = [
     "Match",
     "Policy",
     "PrefixIndex",
+    "RetainedChains",
+    "add_checkpoint",
     "as_media",
     "as_tokens",
     "enforce_count",

@@ -21,8 +21,9 @@ Sizes come from :class:`SizeModel`; the memory probe is injectable so low-RAM ca
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,6 +141,29 @@ class ConversationCache:
         self.counters["parks"] += 1
         self.counters["truncated_parks"] += out.truncated
         return out
+
+    def pin(self, conv_id: str, pinned: bool = True) -> bool:
+        """Pin (or unpin) a parked entry: a pinned entry is never truncated, nor evicted to make
+        room for another park (seed 001); it leaves when it is taken or parked again. False
+        when ``conv_id`` is not parked."""
+        entry = self.entries.get(conv_id)
+        if entry is None:
+            return False
+        entry.pinned = pinned
+        return True
+
+    @contextlib.contextmanager
+    def gate(self, available: int, min_free: int) -> Iterator[None]:
+        """Within the block, the RAM gate of :meth:`park` is ``available >= snapshot +
+        min_free`` with this measure of the free RAM: what an owner whose own admission
+        measured it (once, for one park) hands the cache, so that a snapshot failing only that
+        floor parks the prefix that fits (with ``truncate``) instead of being refused whole."""
+        saved = self.available, self.min_free
+        self.available, self.min_free = (lambda: available), min_free
+        try:
+            yield
+        finally:
+            self.available, self.min_free = saved
 
     def _prefix_that_fits(self, conv: Conversation) -> int | None:
         for c in reversed(conv.checkpoints):

@@ -12,13 +12,22 @@ geometrically towards the root. Same count, no extra memory.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Literal
 
 from ..errors import ConfigError
 from .model import Checkpoint
 
-__all__ = ["POLICIES", "Policy", "enforce_count", "lru_victim", "spread_victim", "victim"]
+__all__ = [
+    "POLICIES",
+    "Policy",
+    "add_checkpoint",
+    "enforce_count",
+    "lru_victim",
+    "spread_victim",
+    "victim",
+]
 
 Policy = Literal["lru", "spread"]
 POLICIES: tuple[Policy, ...] = ("lru", "spread")
@@ -82,3 +91,16 @@ def enforce_count(chain: list[Checkpoint], count: int, policy: Policy) -> list[C
             break
         dropped.append(chain.pop(i))
     return dropped
+
+
+def add_checkpoint(chain: list[Checkpoint], new: Checkpoint, count: int,
+                   policy: Policy) -> list[Checkpoint]:  # fmt: skip
+    """Add ``new`` to ``chain`` (ascending; at its place by length) and hold the chain to
+    ``count``: the step an engine takes each time it saves a checkpoint (seed 004's simulation
+    adds one at each turn's end). Returns the dropped ones, in the order they left (``new``
+    itself among them only when the policy had nothing else to drop)."""
+    at = bisect.bisect_left([c.length for c in chain], new.length)
+    if at < len(chain) and chain[at].length == new.length:
+        raise ConfigError(f"checkpoint at {new.length} is already in the chain")
+    chain.insert(at, new)
+    return enforce_count(chain, count, policy)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import sys
+from collections.abc import Callable
 
-__all__ = ["mem_available", "process_alive", "process_start", "this_process"]
+__all__ = ["mem_available", "mem_total", "populate_write", "process_alive", "process_start",
+           "this_process"]  # fmt: skip
+
+#: ``madvise`` advice: fault a range in, writable, without changing its contents (Linux 5.14)
+MADV_POPULATE_WRITE = 23
 
 
 def mem_available(meminfo: str = "/proc/meminfo") -> int:
@@ -17,6 +25,47 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int:
     except (OSError, ValueError, IndexError):
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def mem_total(meminfo: str = "/proc/meminfo") -> int | None:
+    """Bytes of physical RAM this machine has (``MemTotal``; elsewhere the physical pages), or
+    ``None`` when neither can be read."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+@functools.cache
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise``, looked up once (``None``: not Linux, or no libc to call)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def populate_write(address: int, length: int) -> bool:
+    """Fault in ``length`` bytes of a private writable mapping at ``address`` (page-aligned)
+    for writing, without changing what they hold (``MADV_POPULATE_WRITE``): safe while another
+    thread writes the same pages. Runs with the GIL released (libc through ctypes; Python's
+    ``mmap.madvise`` holds it for the whole populate, stalling every other thread). Returns
+    False when it was not done: a kernel before 5.14 (``EINVAL``), another OS, or any other
+    failure; the caller then touches the pages itself or leaves them to fault on first use."""
+    fn = _libc_madvise()
+    return fn is not None and fn(address, length, MADV_POPULATE_WRITE) == 0
 
 
 def this_process() -> int:

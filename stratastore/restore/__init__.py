@@ -8,6 +8,7 @@ from .destinations import (
     LayerKV,
     PagedKV,
     as_destination,
+    deliver_capture,
     flat_bytes,
     pack_pages,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "Piece",
     "RestoreFailed",
     "as_destination",
+    "deliver_capture",
     "flat_bytes",
     "restore_batch",
     "pack_pages",

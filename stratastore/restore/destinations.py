@@ -39,6 +39,7 @@ __all__ = [
     "LayerKV",
     "PagedKV",
     "as_destination",
+    "deliver_capture",
     "flat_bytes",
     "pack_pages",
 ]
@@ -342,6 +343,24 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
         return cast(Destination, out)
     raise DestinationRefused(f"{what} must be a numpy array or a restore Destination (FlatKV, "
                              f"LayerKV, PagedKV), not {type(out).__name__}")  # fmt: skip
+
+
+def deliver_capture(dest: Destination, kv: npt.NDArray[np.uint8],
+                    boundaries: Sequence[tuple[int, int]], length: int, fp: ModelFingerprint
+                    ) -> None:  # fmt: skip
+    """Copy tokens ``[0, length)`` of a capture held in memory (``kv``: the stored page layout
+    of spec F-SEG-4, segment by segment along ``boundaries``, the conversation's
+    ``(start, end)`` cuts) into ``dest``. A capture in this process's memory (the RAM level, a
+    park whose disk write is in flight) is the engine's own bytes: nothing to validate."""
+    if isinstance(dest, FlatKV):
+        dest.write_pages(0, length, kv, fp.page_tokens)
+        return
+    for start, end in boundaries:
+        if start >= length:
+            break
+        end = min(end, length)
+        dest.write_pages(start, end - start, kv[start * fp.token_bytes : end * fp.token_bytes],
+                         fp.page_tokens)  # fmt: skip
 
 
 def page_runs(fp: ModelFingerprint, token_start: int, n_tokens: int,

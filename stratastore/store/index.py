@@ -53,7 +53,67 @@ _AGE = struct.Struct(">Q")  #: big-endian: bytewise order is numeric order
 _OLDEST_BATCH = 64  #: rows :meth:`SegmentIndex.oldest` reads per short read transaction
 
 _registry_lock = threading.Lock()
-_registry: dict[str, tuple[Any, int]] = {}
+_registry: dict[str, tuple[Any, int, _Gate]] = {}
+
+
+class _Gate:
+    """Transactions of one environment against a change of its map size. LMDB allows
+    ``set_mapsize`` only while the process has no transaction active; the Store runs restores
+    and its disk writer on several threads at once (issue 14), so every transaction passes
+    here shared and a resize waits, exclusive, until the other threads' transactions ended. A
+    thread may nest transactions; a resize waits only for the others' (LMDB's rule for its own
+    is the caller's, as before)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._resizing = False
+        self._mine = threading.local()
+
+    def _depth(self) -> int:
+        return int(getattr(self._mine, "n", 0))
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            if not self._depth():  # a nested transaction never waits for a resize
+                self._cond.wait_for(lambda: not self._resizing)
+            self._active += 1
+        self._mine.n = self._depth() + 1
+        try:
+            yield
+        finally:
+            self._mine.n = self._depth() - 1
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def leave_for_resize(self, env: Any) -> None:
+        """From inside :meth:`shared`: adopt the map size another process set
+        (``set_mapsize(0)``), counted out of the active transactions meanwhile."""
+        with self._cond:
+            self._active -= 1
+        self._mine.n = self._depth() - 1
+        try:
+            self.resize(env, 0)
+        finally:
+            with self._cond:
+                self._cond.wait_for(lambda: not self._resizing)
+                self._active += 1
+            self._mine.n = self._depth() + 1
+
+    def resize(self, env: Any, size: int) -> None:
+        """``env.set_mapsize(size)`` once no other thread is inside a transaction."""
+        own = self._depth()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._resizing)
+            self._resizing = True
+            try:
+                self._cond.wait_for(lambda: self._active <= own)
+                env.set_mapsize(size)
+            finally:
+                self._resizing = False
+                self._cond.notify_all()
 
 
 #: LMDB's meta page (64-bit builds): the page header (16 bytes), then mm_magic, mm_version,
@@ -104,9 +164,9 @@ def lmdb_file_problem(index_dir: str) -> str | None:
     return None
 
 
-def _open_env(path: str, file_mode: int) -> Any:
+def _open_env(path: str, file_mode: int) -> tuple[Any, _Gate]:
     with _registry_lock:
-        env, refs = _registry.get(path, (None, 0))
+        env, refs, gate = _registry.get(path, (None, 0, _Gate()))
         if env is None:
             problem = lmdb_file_problem(path)
             if problem is not None:
@@ -114,15 +174,15 @@ def _open_env(path: str, file_mode: int) -> Any:
             env = lmdb.open(path, subdir=True, max_dbs=16, map_size=_INITIAL_MAP, create=False,
                             sync=True, metasync=True, readahead=False, max_readers=256,
                             mode=file_mode)  # fmt: skip
-        _registry[path] = (env, refs + 1)
-        return env
+        _registry[path] = (env, refs + 1, gate)
+        return env, gate
 
 
 def _close_env(path: str) -> None:
     with _registry_lock:
-        env, refs = _registry[path]
+        env, refs, gate = _registry[path]
         if refs > 1:
-            _registry[path] = (env, refs - 1)
+            _registry[path] = (env, refs - 1, gate)
         else:
             del _registry[path]
             env.close()
@@ -140,7 +200,7 @@ class SegmentIndex:
         for name in ("data.mdb", "lock.mdb"):
             guard.require_regular(os.path.join(self.path, name), missing_ok=True)
         try:
-            self.env = _open_env(self.path, file_mode)
+            self.env, self._gate = _open_env(self.path, file_mode)
         except lmdb.Error as e:
             raise StoreError(
                 f"index {self.path} cannot be opened ({e}); it is derived state: delete that "
@@ -167,15 +227,15 @@ class SegmentIndex:
     def _write(self, fn: Callable[[Any], T]) -> T:
         while True:
             try:
-                with self.env.begin(write=True) as txn:
+                with self._gate.shared(), self.env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
                 size = self.env.info()["map_size"] * 2
                 if size > _MAX_MAP:
                     raise StoreError(f"index {self.path} is over {_MAX_MAP} bytes") from None
-                self.env.set_mapsize(size)
+                self._gate.resize(self.env, size)
             except lmdb.MapResizedError:  # another process grew the map: adopt its size
-                self.env.set_mapsize(0)
+                self._gate.resize(self.env, 0)
             except lmdb.Error as e:
                 raise StoreError(
                     f"index {self.path}: write failed ({e}); the segment files are the truth: "
@@ -197,19 +257,26 @@ class SegmentIndex:
         naming the fix, as the index is derived state (spec F-IDX-3). A map another process
         grew (the environment is shared) is adopted first."""
         try:
-            try:
-                txn = self.env.begin()
-            except lmdb.MapResizedError:
-                self.env.set_mapsize(0)
-                txn = self.env.begin()
-            with txn:
-                yield txn
+            with self._gate.shared():
+                txn = self._begin_read()
+                with txn:
+                    yield txn
         except lmdb.Error as e:
             raise StoreError(
                 f"index {self.path} is damaged ({e}); it is derived state: "
                 f"`strata fsck --repair --yes {os.path.dirname(self.path)}` rebuilds it from the "
                 "sidecars (or delete that directory and open the store again)"
             ) from e
+
+    def _begin_read(self) -> Any:
+        """A read transaction, the caller inside the gate: a map another process grew is
+        adopted (a resize needs the gate: left and taken again around it)."""
+        try:
+            return self.env.begin()
+        except lmdb.MapResizedError:
+            pass
+        self._gate.leave_for_resize(self.env)
+        return self.env.begin()
 
     # -- meta ---------------------------------------------------------------------------------
     def schema(self) -> int | None:

@@ -19,11 +19,19 @@ from typing import Literal
 from ..config import StoreConfig
 from ..io.system import mem_available
 
-__all__ = ["MIB", "Admission", "Placement", "admit", "park_target"]
+__all__ = ["MIB", "Admission", "Placement", "admit", "mib", "park_target"]
 
 MIB = 1 << 20
 Where = Literal["ram", "disk", "discard"]
 Floor = Literal["parking", "transient", "none"]
+
+
+def mib(n: int) -> str:
+    """Bytes for a log line, in MiB as the floors are: one decimal below 10 MiB, and KiB below
+    1 MiB (a small capture never reads "need 0 MiB")."""
+    if n < MIB:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / MIB:.1f} MiB" if n < 10 * MIB else f"{n / MIB:.0f} MiB"  # seed: "2560 MiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +40,33 @@ class Placement:
     floor: Floor  #: the floor that admitted it ("none" for a discard)
     need: int
     available: int
+    parking_floor: int = 0
+    transient_floor: int = 0
 
     def describe(self) -> str:
-        mib = self.need / MIB
+        """What the rule decided, with the figures it compared (seed 000's wording)."""
         if self.where == "discard":
-            return f"refused: need {mib:,.0f} MiB plus a floor, {self.available / MIB:,.0f} free"
-        return f"{self.where} under the {self.floor} RAM floor (need {mib:,.0f} MiB)"
+            return (f"physical RAM admission: need {mib(self.need)} plus "
+                    f"{mib(self.transient_floor)}, {mib(self.available)} free")  # fmt: skip
+        floor = self.parking_floor if self.floor == "parking" else self.transient_floor
+        return (f"{self.where} under the {self.floor} RAM floor (need {mib(self.need)} plus "
+                f"{mib(floor)})")  # fmt: skip
+
+    def log_line(self, what: str) -> str | None:
+        """Seed 000's admission log line for ``what`` (``"park"``, ``"disk hit"``, ``"session
+        save"``, ...): a refusal, or an admission under the transient floor; ``None`` for an
+        admission under the parking floor (the normal case says nothing)."""
+        if self.where == "discard":
+            floors = (f"plus {mib(self.parking_floor)}, or {mib(self.transient_floor)} for a "
+                      "disk-bound copy")  # fmt: skip
+            why = f"(physical RAM admission: need {mib(self.need)} {floors}; " + (
+                f"{mib(self.available)} free)"
+            )
+            return f"skip parking {why}" if what == "park" else f"{what} skipped {why}"
+        if self.floor == "transient":
+            return (f"{what} under the transient RAM floor (need {mib(self.need)} plus "
+                    f"{mib(self.transient_floor)}, not {mib(self.parking_floor)})")  # fmt: skip
+        return None
 
 
 class Admission:
@@ -68,18 +97,22 @@ def admit(need: int, available: int, parking_floor: int, transient_floor: int, *
           stays_in_ram: bool, disk: bool) -> Placement:  # fmt: skip
     """The rule itself, pure: RAM under the parking floor, else disk under either floor, else
     discard. A disk-bound request never lands in RAM."""
+    floors = (parking_floor, transient_floor)
     if available >= need + parking_floor:
-        return Placement("ram" if stays_in_ram else "disk", "parking", need, available)
+        return Placement("ram" if stays_in_ram else "disk", "parking", need, available, *floors)
     if disk and available >= need + transient_floor:
-        return Placement("disk", "transient", need, available)
-    return Placement("discard", "none", need, available)
+        return Placement("disk", "transient", need, available, *floors)
+    return Placement("discard", "none", need, available, *floors)
 
 
 def park_target(cfg: StoreConfig, admission: Admission, disk: bool, token_bytes: int,
                 warn: Callable[[str], None]) -> tuple[Literal["ram", "disk"], str]:  # fmt: skip
     """Where parks go (``park = ram | disk | auto``, seed 000) and why. ``auto`` sizes a
     snapshot per slot (a full context when ``context_tokens`` is given, else a slot's share of
-    the RAM budget) and picks disk when free RAM cannot hold them above the parking floor."""
+    the RAM budget) and picks disk when free RAM cannot hold them above the parking floor.
+    ``disk``: whether a disk level is on (from the config). Called before the RAM level is
+    built, so the free RAM it probes is not yet lowered by the arena, and a disk target
+    reserves no arena at all."""
     if cfg.park == "ram":
         return "ram", "configured"
     if not disk:

@@ -50,16 +50,26 @@ class DiskReader:
 
     def restored(self, dc: DiskConv, job: Job, out: Outcome) -> Restored:
         """Account a finished disk restore of a prompt, and find its running state."""
-        self.account(dc, job, out)
+        return self.account_restored(dc, job, out, self.resume_state(dc, job, out))
+
+    def resume_state(self, dc: DiskConv, job: Job, out: Outcome) -> Restored:
+        """Where a finished disk restore resumes, and its running state: a hybrid model
+        resumes only where a readable state was saved (past it the destination is zeroed).
+        Reads the state (I/O); accounts nothing (:meth:`account_restored`)."""
         got, state = out.tokens, None
-        if dc.state_keys:  # a hybrid model resumes only where a readable state was saved
+        if dc.state_keys:
             got, state = self._state_at_or_below(dc, got)
             zero = getattr(job.dest, "zero", None)
             if got < out.tokens and callable(zero):  # past what is delivered: old or zero
                 zero(got, out.tokens - got)
-        self.counters["hits_disk"] += 1
-        self.counters["tokens_restored"] += got
         return Restored("disk", got, dc.conv.conv_id, state)
+
+    def account_restored(self, dc: DiskConv, job: Job, out: Outcome, r: Restored) -> Restored:
+        """Count a finished disk restore (the caller serialises this: no I/O here)."""
+        self.account(dc, job, out)
+        self.counters["hits_disk"] += 1
+        self.counters["tokens_restored"] += r.tokens
+        return r
 
     def account(self, dc: DiskConv, job: Job, out: Outcome) -> None:
         """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck."""

@@ -4,10 +4,20 @@ A park handed to the outbox is checked first against what the disk levels can ta
 writes already waiting (:meth:`DiskWriter.refusal`), so that one the disk is certain to refuse
 is reported a discard at once rather than ``disk`` (issue 11 item 9); the bytes it will take are
 reserved until it is written or refused. What the check cannot foresee is reported by the
-writer (``SpillError`` from ``flush``/``close``)."""
+writer (``SpillError`` from ``flush``/``close``).
+
+A park waiting here is also readable (issue 14: read your own writes without a flush): the
+outbox indexes the newest waiting capture of each conversation by its prompt prefix, so a
+restore of that conversation is served from the capture in memory, and a restore of any other
+conversation never waits for these writes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..chain import Match, PrefixIndex
 from .records import Snapshot
 from .writer import DiskWriter
 
@@ -15,10 +25,13 @@ __all__ = ["Outbox"]
 
 
 class Outbox:
-    def __init__(self) -> None:
+    def __init__(self, model: bytes) -> None:
         self._waiting: list[Snapshot] = []
         self._bytes = 0  #: bytes reserved for the snapshots not written yet
         self._ids: dict[str, int] = {}  #: their conversation ids (how many of each)
+        self._model = model
+        self._index = PrefixIndex()  #: the newest waiting capture of each conversation
+        self._newest: dict[str, Snapshot] = {}
 
     def __contains__(self, conv_id: object) -> bool:
         """Whether a park of ``conv_id`` waits for its disk write (taken or not)."""
@@ -33,7 +46,21 @@ class Outbox:
         self._bytes += need
         self._ids[snap.conv.conv_id] = self._ids.get(snap.conv.conv_id, 0) + 1
         self._waiting.append(snap)
+        self._index.add(self._model, snap.conv)  # replaces an older capture of the same id
+        self._newest[snap.conv.conv_id] = snap
         return None
+
+    def lookup(self, prompt: np.ndarray | list[int], media: Mapping[int, bytes] | None,
+               page_tokens: int | None) -> Match | None:  # fmt: skip
+        """The deepest resume point for ``prompt`` among the captures waiting to be written
+        (the same rules as every level: checkpoints, or whole pages with ``page_tokens``)."""
+        return self._index.lookup(self._model, prompt, media, page_tokens=page_tokens)
+
+    def capture(self, conv_id: str) -> Snapshot:
+        """The newest waiting capture of ``conv_id`` (a :meth:`lookup` hit names it). The
+        caller reads it under the same lock that serialises :meth:`done`; the snapshot object
+        stays valid after its write finished (it is only unindexed)."""
+        return self._newest[conv_id]
 
     def take(self) -> list[Snapshot]:
         """The snapshots queued since the last take (for the spill writer)."""
@@ -50,3 +77,6 @@ class Outbox:
             self._ids[cid] = left
         else:
             self._ids.pop(cid, None)
+        if self._newest.get(cid) is snap:  # an older capture finishing keeps the newer indexed
+            del self._newest[cid]
+            self._index.remove(cid)

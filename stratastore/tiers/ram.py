@@ -4,6 +4,10 @@
 What the cache evicts is handed to ``spill`` (with ``spill_on = evict``: its last chance to
 reach disk) before its arena chunks are released; a restore that continues a RAM conversation
 takes it out (it is mounted live: the slot owns it now).
+
+The arena is reserved only when parks go to RAM (``reserve``): for a disk park target the RAM
+level keeps nothing (seed 000) and is off. Its pages are populated as it is used
+(``ram_prefault``, :mod:`.arena`), never all at open unless asked.
 """
 
 from __future__ import annotations
@@ -16,26 +20,56 @@ import numpy as np
 from ..chain import Conversation, Match
 from ..chain.parking import ConversationCache, SizeModel
 from ..config import StoreConfig
+from ..errors import ConfigError
 from ..format import ModelFingerprint
-from ..restore import Destination, FlatKV
-from .admission import MIB
+from ..io.system import mem_total
+from ..restore import Destination, FlatKV, deliver_capture
+from .admission import MIB, Admission
 from .arena import DEFAULT_CHUNK, Allocation, Arena
 from .records import Snapshot
 
-__all__ = ["RamLevel"]
+__all__ = ["RamLevel", "reserve_arena"]
+
+
+def reserve_arena(cfg: StoreConfig, physical: int | None = None,
+                  admission: Admission | None = None) -> Arena:  # fmt: skip
+    """The RAM level's arena: ``ram_mib`` plus a chunk of slack per slot (chunk rounding),
+    address space only, populated as ``ram_prefault`` says, a slot's share kept populated ahead
+    of use in the background while ``admission``'s parking floor holds with a chunk more (free
+    RAM is not spent ahead of a park that would be refused). More than the machine's physical
+    memory (``physical``, default its MemTotal) is a :class:`ConfigError` naming ``ram_mib``,
+    and so is a reservation the system refuses (the address space, ``RLIMIT_AS``,
+    overcommit)."""
+    size = cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK
+    setting = f"ram_mib={cfg.ram_mib} (with slots={cfg.slots})"
+    total = mem_total() if physical is None else physical
+    if total is not None and size > total:
+        raise ConfigError(
+            f"{setting} asks for {size / MIB:,.0f} MiB of RAM (the budget and "
+            f"{DEFAULT_CHUNK // MIB} MiB of chunk slack a slot) but this machine has "
+            f"{total / MIB:,.0f} MiB of physical memory (MemTotal); lower ram_mib to fit "
+            "beside the parking floor (min_free_mib) and the engine, or set park = disk "
+            "(the RAM level then keeps nothing)"
+        )
+    room = (None if admission is None
+            else lambda n: admission.probe() >= n + admission.parking_floor)  # fmt: skip
+    return Arena(size, prefault=cfg.ram_prefault, ahead_bytes=cfg.ram_mib * MIB // cfg.slots,
+                 room=room, setting=setting)  # fmt: skip
 
 
 class RamLevel:
     def __init__(self, cfg: StoreConfig, fp: ModelFingerprint,
-                 spill: Callable[[Snapshot], bool]) -> None:  # fmt: skip
+                 spill: Callable[[Snapshot], bool], *, reserve: bool = True,
+                 admission: Admission | None = None) -> None:  # fmt: skip
+        """``reserve``: whether parks may stay in RAM (the park target is ``ram``); without it,
+        or with ``ram_mib = 0``, no arena is reserved and the level is off. ``admission``: its
+        parking floor holds back the arena's background populate. An impossible ``ram_mib``
+        raises :class:`ConfigError` here (the caller builds this level first)."""
         self.fp = fp
         self.tb = fp.token_bytes
         self.spill_on_evict = cfg.spill_on == "evict"
         self.spill = spill
-        # the arena first: an impossible ram_mib fails before any level is opened
-        self.arena = (Arena(cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK,
-                            setting=f"ram_mib={cfg.ram_mib} (with slots={cfg.slots})")
-                      if cfg.ram_mib else None)  # fmt: skip
+        self.arena = reserve_arena(cfg, admission=admission) if cfg.ram_mib and reserve else None
         self.cache = ConversationCache(fp.digest(), SizeModel(self.tb),
                                        budget_bytes=cfg.ram_mib * MIB, slots=cfg.slots,
                                        min_tokens=cfg.min_tokens, min_free_bytes=0,
@@ -84,10 +118,12 @@ class RamLevel:
 
     def restore(self, m: Match, dest: Destination) -> bytes | None:
         """Copy a RAM hit into ``dest``; the running state at its length, if one was saved.
-        A hit on the whole of its conversation takes it out of RAM (mounted live)."""
+        A hit on the whole of its conversation takes it out of RAM (mounted live), unless it
+        is pinned (seed 001: a pinned entry stays; a system prompt serves every request)."""
         self.read(m.conv_id, m.length, dest)
         state = self._states.get(m.conv_id, {}).get(m.length)
-        if m.length == len(self.cache.entries[m.conv_id].conv.tokens):
+        entry = self.cache.entries[m.conv_id]
+        if m.length == len(entry.conv.tokens) and not entry.pinned:
             self.cache.take(m.conv_id)
             self._release(m.conv_id)
         return state
@@ -101,12 +137,7 @@ class RamLevel:
             return
         kv = np.empty(length * self.tb, dtype=np.uint8)
         self.arena.read_into(alloc, kv, length * self.tb)
-        for start, end in self.cache.entries[conv_id].conv.boundaries():  # no keys to hash
-            if start >= length:
-                break
-            end = min(end, length)
-            dest.write_pages(start, end - start, kv[start * self.tb : end * self.tb],
-                             self.fp.page_tokens)  # fmt: skip
+        deliver_capture(dest, kv, self.cache.entries[conv_id].conv.boundaries(), length, self.fp)
 
     def _release(self, conv_id: str) -> None:
         self._states.pop(conv_id, None)
@@ -114,13 +145,21 @@ class RamLevel:
         assert self.arena is not None
         self.arena.release(alloc)
 
+    def capture(self, conv_id: str) -> Snapshot:
+        """A copy of what RAM holds of ``conv_id`` (its conversation, K/V and states), to write
+        down: what an eviction spills, and what ``close()`` writes of a RAM-only conversation."""
+        alloc = self._allocs[conv_id]
+        kv = np.empty(alloc.nbytes, dtype=np.uint8)
+        assert self.arena is not None
+        self.arena.read_into(alloc, kv)
+        conv = self.cache.entries[conv_id].conv
+        return Snapshot(conv, kv, dict(self._states.get(conv_id, {})))
+
     def _evicted(self, conv: Conversation) -> None:
-        alloc = self._allocs[conv.conv_id]
         if self.spill_on_evict:
-            kv = np.empty(alloc.nbytes, dtype=np.uint8)
-            assert self.arena is not None
-            self.arena.read_into(alloc, kv)
-            if self.spill(Snapshot(conv, kv, dict(self._states.get(conv.conv_id, {})))):
+            snap = self.capture(conv.conv_id)
+            snap.conv = conv
+            if self.spill(snap):
                 self.evict_spills += 1
         self._release(conv.conv_id)
 

@@ -56,7 +56,9 @@ class ParkReport:
 
 @dataclass(frozen=True, slots=True)
 class Restored:
-    source: Literal["ram", "disk", "none"]
+    #: where the prefix came from: the RAM level, a park whose disk write is still in flight
+    #: (its capture, in memory), the disk levels (validated), or nowhere
+    source: Literal["ram", "pending", "disk", "none"]
     tokens: int
     conv_id: str | None = None
     state: bytes | None = None  #: the running state at ``tokens``, when one was saved there

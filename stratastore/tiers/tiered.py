@@ -14,8 +14,10 @@ by itself (the Store serialises calls).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -23,12 +25,19 @@ import numpy.typing as npt
 
 from ..catalog import Catalog, NameTaken
 from ..catalog.gc import Collector
-from ..chain import Conversation, Match, enforce_count
+from ..chain import Conversation, Match, RetainedChains
 from ..config import StoreConfig
 from ..format import ModelFingerprint
 from ..levels.backend import SegmentBackend
-from ..restore import Destination, DestinationRefused, Job, as_destination, restore_batch
-from .admission import Admission, park_target
+from ..restore import (
+    Destination,
+    DestinationRefused,
+    Job,
+    as_destination,
+    deliver_capture,
+    restore_batch,
+)
+from .admission import Admission, Placement, park_target
 from .checks import check_snapshot
 from .disk import DiskLevel
 from .disk_read import DiskReader
@@ -50,7 +59,9 @@ from .writer import DiskWriter
 __all__ = ["MAX_STATE_BYTES", "InvalidConversation", "ParkReport", "Restored", "Snapshot",
            "SpillRefused", "Tiers"]  # fmt: skip
 
-_COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram",
+_UNLOCKED = contextlib.nullcontext()  #: no lock: a Tiers used alone (the Store passes its own)
+
+_COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits_pending",
              "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses",
              "ladder_restores", "spills_refused")  # fmt: skip
 
@@ -63,7 +74,14 @@ class Tiers:
         self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
         self.admission = Admission(cfg, probe, legacy=legacy_admission)
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
-        self.ram = RamLevel(cfg, fp, self._spill)  # first: a bad ram_mib fails before any level
+        # where parks go is decided first, from the config (a disk level is on when its
+        # settings say so: open_levels opens exactly those), so the RAM level reserves its arena
+        # only for a RAM target, and a bad ram_mib fails before any level is opened
+        self.target, self.target_source = park_target(
+            cfg, self.admission, bool(cfg.disk_levels()), self.tb, self.warn
+        )
+        self.ram = RamLevel(cfg, fp, self._spill, reserve=self.target == "ram",
+                            admission=self.admission)  # fmt: skip
         try:
             self.levels = open_levels(cfg, fp, self.warn)
         except BaseException:
@@ -86,11 +104,10 @@ class Tiers:
         #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the caller (the
         #: Store's spill writer) instead of happening inside ``park``
         self.defer_spills = False
-        self.outbox = Outbox()
+        self.outbox = Outbox(self.root)
+        #: what each conversation's parks kept, so retention runs across parks (seed 004)
+        self._chains = RetainedChains(cfg.checkpoints, cfg.retention)
         self.last_admission = "none yet"
-        self.target, self.target_source = park_target(
-            cfg, self.admission, self.writer is not None, self.tb, self.warn
-        )
 
     def _open_catalog(self) -> None:
         if self.levels:
@@ -112,9 +129,19 @@ class Tiers:
         return None
 
     # -- parking ------------------------------------------------------------------------------
-    def park(self, snap: Snapshot) -> ParkReport:
+    def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
         """Place a snapshot: RAM under the parking floor, else disk under the transient floor,
-        else discard (counted). The caller must not change ``snap`` afterwards."""
+        else discard (counted). The caller must not change ``snap`` afterwards.
+
+        Retention runs across the parks of a conversation (seed 004, :meth:`_retain`).
+
+        With ``park_truncate`` (seed 001), a park parks the prefix that fits: the RAM level's
+        cache walks the chain deepest-first for the first prefix within its budget (as before)
+        and, when the whole snapshot fails the parking floor and no disk level admits it (none
+        configured, or the transient floor fails too), for the first prefix that passes the
+        parking floor as well, even below ``min_tokens``; the report says ``ram`` and its tokens.
+        ``pin``: the RAM entry is pinned (never truncated, nor evicted for another park, until it
+        is restored whole or parked again); it does nothing to a park that goes to disk."""
         check_snapshot(snap, self.fp)
         cid = snap.conv.conv_id
         if self.catalog is not None and self.catalog.is_session(cid):
@@ -123,26 +150,72 @@ class Tiers:
                 "conversations share one namespace (spec F-CHAIN-4): park under another id, or "
                 "delete_session() it"
             )
-        # retention: at most cfg.checkpoints per conversation, the policy choosing who leaves
-        snap.conv.checkpoints = list(snap.conv.checkpoints)
-        for gone in enforce_count(snap.conv.checkpoints, self.cfg.checkpoints,
-                                  self.cfg.retention):  # fmt: skip
-            snap.states.pop(gone.length, None)
+        self._retain(snap)
         disk = self.writer is not None
-        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=self.target == "ram"
-                                 and self.ram.on, disk=disk)  # fmt: skip
+        in_ram = self.target == "ram" and self.ram.on
+        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=in_ram, disk=disk)
         self.last_admission = f"{p.where}/{p.floor}"
-        if p.where == "ram" and self.ram.park(snap):
-            self.counters["parks_ram"] += 1
+        if p.where == "ram" and self._park_ram(snap, pin):
             if self.cfg.spill_on == "park" and disk and self._spill(snap):
                 self.counters["mirrors"] += 1
             return ParkReport("ram", p.floor, len(snap.conv.tokens))
         if p.where != "discard" and disk and self._spill(snap):
             self.counters["parks_disk"] += 1
+            self._log_admission(p, "park to disk", f"conversation {cid}")
             return ParkReport("disk", p.floor if p.where == "disk" else "parking",
                               len(snap.conv.tokens))  # fmt: skip
+        if p.where == "discard" and in_ram and self.cfg.park_truncate:
+            with self.ram.cache.gate(p.available, self.admission.parking_floor):
+                if self._park_ram(snap, pin):  # the prefix that passes the floor (seed 001)
+                    self.last_admission = "ram/parking"
+                    return ParkReport("ram", "parking", len(snap.conv.tokens))
         self.counters["discards"] += 1
+        self._log_admission(p, "park", f"conversation {cid} discarded")
         return ParkReport("discard", "none", 0)
+
+    def _log_admission(self, p: Placement, what: str, outcome: str) -> None:
+        """Seed 000's log line of an admission that refused, or that admitted under the
+        transient floor (``skip parking (physical RAM admission ...)``, ``disk hit skipped``,
+        ``... under the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``)."""
+        line = p.log_line(what)
+        if line is not None:
+            self.warn(f"{line}: {outcome}")
+
+    def _retain(self, snap: Snapshot) -> None:
+        """Retention across parks (seed 004): the checkpoints kept are those the previous park
+        of the conversation kept, still prefixes of these tokens, with the new ones added one at
+        a time under ``checkpoints``/``retention`` (:mod:`stratastore.chain.retained`);
+        ``snap.conv.checkpoints`` is set to them and the states of the others are dropped. The
+        store keeps no running state across parks: for a snapshot with ``states`` (a hybrid
+        model), a remembered checkpoint this park passes no state for still counts as kept but
+        is not parked as a resume point (a RAM hit there would have no state to give)."""
+        conv = snap.conv
+        passed = {c.length for c in conv.checkpoints}
+        for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id)):
+            snap.states.pop(gone.length, None)
+        if snap.states:
+            resumable = [c for c in conv.checkpoints
+                         if c.length in passed or c.length in snap.states]  # fmt: skip
+            conv.checkpoints = resumable or conv.checkpoints
+
+    def _park_ram(self, snap: Snapshot, pin: bool) -> bool:
+        """Park in the RAM level (the cache may keep only a prefix, seed 001); counted."""
+        if not self.ram.park(snap):
+            return False
+        self.counters["parks_ram"] += 1
+        if pin:
+            self.ram.cache.pin(snap.conv.conv_id)
+        return True
+
+    def _stored_chain(self, cid: str) -> Conversation | None:
+        """The chain the store holds for ``cid`` (RAM, else the catalog), for a park that has
+        no retention memory of it (a new process): retention continues from it."""
+        if cid in self.ram:
+            conv: Conversation = self.ram.entries[cid].conv
+            return conv
+        self.view.sync()
+        dc = self.view.get(cid)
+        return dc.conv if dc is not None and not dc.session else None
 
     def _spill(self, snap: Snapshot) -> bool:
         """Write ``snap`` to disk, or with ``defer_spills`` hand it to the spill writer (the
@@ -168,17 +241,47 @@ class Tiers:
             lvl.enforce_age()
         return done
 
+    def spill_ram_on_close(self) -> int:
+        """Before close (``spill_on_close``, issue 14): hand every conversation that only the
+        RAM level holds (not on disk with these tokens or more, nor waiting to be written) to the
+        disk writer, each admitted as a disk-bound capture under the transient floor (seed
+        000); one that is not admitted is left, with a warning. Returns how many were handed."""
+        if not (self.cfg.spill_on_close and self.writer is not None and self.ram.on):
+            return 0
+        self.view.sync()
+        handed = 0
+        for cid, entry in list(self.ram.entries.items()):
+            n = len(entry.conv.tokens)
+            dc = self.view.get(cid)
+            on_disk = dc is not None and np.array_equal(dc.conv.tokens[:n], entry.conv.tokens)
+            if cid in self.outbox or on_disk:
+                continue
+            nbytes = n * self.tb
+            p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
+            if p.where == "discard":
+                self.warn(f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}")
+                continue
+            if self._spill(self.ram.capture(cid)):
+                handed += 1
+        return handed
+
     def take_outbox(self) -> list[Snapshot]:
         return self.outbox.take()
 
-    def write_disk_now(self, snap: Snapshot) -> None:
+    def write_disk_now(self, snap: Snapshot, lock: AbstractContextManager[Any] = _UNLOCKED
+                       ) -> None:  # fmt: skip
         """Write a snapshot to disk at once (what the Store's spill writer calls). A write the
         disk level refuses is the capture lost after all: it counts as a discard and a refused
         spill, and raises :class:`SpillRefused` (the Store reports it to ``flush``/``close``);
         an I/O error propagates as it is. A park whose id became a saved session's name (in
         another process) since it was acknowledged is refused the same way: the catalog checks
         it in the transaction that registers the write, so it never replaces the session's
-        manifest (spec F-CHAIN-4)."""
+        manifest (spec F-CHAIN-4).
+
+        ``lock`` (the Store's) is held only for this process's bookkeeping (the outbox, the
+        counters), never over the write, its fsyncs or the levels' cascade: those are safe
+        beside this process's lookups and restores as beside another process's (issue 12), so
+        no restore waits for a disk write (issue 14)."""
         assert self.writer is not None
         cid = snap.conv.conv_id
         try:
@@ -189,9 +292,11 @@ class Tiers:
                 why = (f"its id {cid!r} is now a saved session's name (sessions and "
                        "conversations share one namespace); the session is kept")  # fmt: skip
         finally:
-            self.outbox.done(snap)
-        self.counters["discards"] += 1
-        self.counters["spills_refused"] += 1
+            with lock:
+                self.outbox.done(snap)
+        with lock:
+            self.counters["discards"] += 1
+            self.counters["spills_refused"] += 1
         raise SpillRefused(f"conversation {cid!r} was not written to disk: {why}")
 
     # -- lookup and restore -------------------------------------------------------------------
@@ -199,24 +304,29 @@ class Tiers:
                media: Mapping[int, bytes] | None = None) -> tuple[str, Match] | None:  # fmt: skip
         """The deepest resume point for ``prompt`` (with ``media``: position -> digest of each
         picture in it; a stored prefix matches only where its pictures match too, spec
-        F-KEY-4): ``("ram" | "disk", match)``. The disk side is what the catalog holds now."""
+        F-KEY-4): ``("ram" | "pending" | "disk", match)``. The disk side is what the catalog
+        holds now; ``pending`` is a park whose disk write is still in flight (its capture is in
+        memory: issue 14, read your own writes without waiting for them)."""
         self.view.sync()
         page = self.fp.page_tokens if self.cfg.page_resume else None
         best: tuple[str, Match] | None = None
         ram = self.ram.cache.index.lookup(self.root, prompt, media, page_tokens=page)
-        for source, m in (("ram", ram), ("disk", self.view.lookup(prompt, media, page))):
+        pending = self.outbox.lookup(prompt, media, page)
+        for source, m in (("ram", ram), ("pending", pending),
+                          ("disk", self.view.lookup(prompt, media, page))):  # fmt: skip
             if m is not None and (best is None or m.length > best[1].length):
                 best = (source, m)
         return best
 
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
                 out: npt.NDArray[np.uint8] | Destination,
-                media: Mapping[int, bytes] | None = None) -> Restored:  # fmt: skip
+                media: Mapping[int, bytes] | None = None, max_tokens: int | None = None,
+                lock: AbstractContextManager[Any] = _UNLOCKED) -> Restored:  # fmt: skip
         """Restore the deepest stored prefix of ``prompt`` (and its ``media``, as in
         :meth:`lookup`) into ``out``: a flat buffer in the stored page layout (at least
         ``len(prompt) * token_bytes``) or a :class:`~stratastore.restore.Destination`; returns
-        how many tokens it holds now."""
-        got = self.restore_many([(prompt, out)], [media])[0]
+        how many tokens it holds now (at most ``max_tokens``, when given)."""
+        got = self.restore_many([(prompt, out)], [media], [max_tokens], lock)[0]
         if isinstance(got, Exception):
             raise got
         return got
@@ -225,17 +335,76 @@ class Tiers:
         self, requests: Sequence[tuple[npt.NDArray[np.integer] | list[int],
                                        npt.NDArray[np.uint8] | Destination]],
         media: Sequence[Mapping[int, bytes] | None] = (),
+        max_tokens: Sequence[int | None] = (),
+        lock: AbstractContextManager[Any] = _UNLOCKED,
     ) -> list[Restored | Exception]:  # fmt: skip
         """:meth:`restore` for several prompts at once, each into its own destination: the
         lookups and RAM hits run in order, then the disk hits share one batched read agenda
         (:mod:`stratastore.restore.agenda`). Returns, per request, its :class:`Restored` or the
         error that request alone raised. A destination too small, or one that cannot be written
         in place, raises :class:`~stratastore.restore.DestinationRefused` before anything runs.
-        ``media[i]``, when given, is request ``i``'s pictures (see :meth:`lookup`)."""
+        ``media[i]``, when given, is request ``i``'s pictures (see :meth:`lookup`);
+        ``max_tokens[i]``, when given and not ``None``, caps how many tokens request ``i``
+        restores (the deepest resume point at or below it).
+
+        ``lock`` (the Store's) is held to plan (lookups, RAM hits, the jobs) and to account,
+        never over the copy of an in-flight capture, the disk reads or the hashing, so restores
+        on several threads run in parallel (issue 14). What the disk writer moves or removes
+        meanwhile is met as another process's move or removal would be (issue 12)."""
+        with lock:
+            dests = self._destinations(requests)
+            results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
+            captures: list[tuple[int, Snapshot, Match]] = []
+            pending: list[tuple[int, DiskConv, Job]] = []
+            for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
+                cap = max_tokens[i] if i < len(max_tokens) else None
+                hit = self.lookup(prompt if cap is None else prompt[:cap],
+                                  media[i] if i < len(media) else None)  # fmt: skip
+                if hit is None:
+                    self.counters["restore_misses"] += 1
+                    continue
+                source, m = hit
+                if source == "ram":
+                    state = self.ram.restore(m, dest)
+                    self.counters["hits_ram"] += 1
+                    self.counters["tokens_restored"] += m.length
+                    results[i] = Restored("ram", m.length, m.conv_id, state)
+                elif source == "pending":  # the snapshot stays valid once its write finished
+                    captures.append((i, self.outbox.capture(m.conv_id), m))
+                else:
+                    p = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
+                    dc = self.view.get(m.conv_id)
+                    if p.where == "discard" or dc is None:
+                        self.counters["disk_hits_refused"] += 1
+                        if p.where == "discard":
+                            self._log_admission(p, "disk hit", f"conversation {m.conv_id}, "
+                                                f"{m.length:,} tokens re-read")  # fmt: skip
+                        continue
+                    self._log_admission(p, "disk hit", f"conversation {m.conv_id}, "
+                                        f"{m.length:,} tokens")  # fmt: skip
+                    pending.append((i, dc, self.reader.job(dc, m.length, dest)))
+        for i, snap, m in captures:
+            deliver_capture(dests[i], snap.kv, snap.conv.boundaries(), m.length, self.fp)
+            results[i] = Restored("pending", m.length, m.conv_id, snap.states.get(m.length))
+        outcomes = restore_batch([job for _, _, job in pending])
+        found = [o if isinstance(o, Exception) else self.reader.resume_state(dc, job, o)
+                 for (_, dc, job), o in zip(pending, outcomes, strict=True)]  # fmt: skip
+        with lock:
+            for *_, m in captures:
+                self.counters["hits_pending"] += 1
+                self.counters["tokens_restored"] += m.length
+            for (i, dc, job), o, r in zip(pending, outcomes, found, strict=True):
+                results[i] = (r if isinstance(r, Exception) or isinstance(o, Exception)
+                              else self.reader.account_restored(dc, job, o, r))  # fmt: skip
+        return results
+
+    def _destinations(self, requests: Sequence[tuple[Any, Any]]) -> list[Destination]:
+        """Each request's destination, refused before any lookup or take when it cannot be
+        written in place or cannot hold the whole prompt."""
         dests = []
         for i, (prompt, out) in enumerate(requests):
             what = "out" if len(requests) == 1 else f"out #{i}"
-            dest = as_destination(self.fp, out, what)  # refused here, before any lookup or take
+            dest = as_destination(self.fp, out, what)
             if dest.capacity() < len(prompt):
                 raise DestinationRefused(
                     f"restore: the destination holds {dest.capacity():,} tokens ({what}); a prompt "
@@ -243,30 +412,7 @@ class Tiers:
                     f"({len(prompt) * self.tb:,} bytes, {self.tb} a token); pass one that large"
                 )
             dests.append(dest)
-        results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
-        pending: list[tuple[int, DiskConv, Job]] = []
-        for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
-            hit = self.lookup(prompt, media[i] if i < len(media) else None)
-            if hit is None:
-                self.counters["restore_misses"] += 1
-                continue
-            source, m = hit
-            if source == "ram":
-                state = self.ram.restore(m, dest)
-                self.counters["hits_ram"] += 1
-                self.counters["tokens_restored"] += m.length
-                results[i] = Restored("ram", m.length, m.conv_id, state)
-                continue
-            p = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
-            dc = self.view.get(m.conv_id)
-            if p.where == "discard" or dc is None:
-                self.counters["disk_hits_refused"] += 1
-                continue
-            pending.append((i, dc, self.reader.job(dc, m.length, dest)))
-        outcomes = restore_batch([job for _, _, job in pending])
-        for (i, dc, job), o in zip(pending, outcomes, strict=True):
-            results[i] = o if isinstance(o, Exception) else self.reader.restored(dc, job, o)
-        return results
+        return dests
 
     # -- sessions (explicit save/load: never removed by GC) -----------------------------------
     def save_session(self, snap: Snapshot) -> None:
@@ -302,6 +448,20 @@ class Tiers:
     def cold(self) -> DiskLevel | None:
         return self.level("cold")
 
+    def _held_tokens(self) -> int:
+        """Tokens a restore could bring back now, each conversation counted once (a RAM entry
+        mirrored on disk is one conversation; seed 000's ``held_tokens``): its RAM entry or its
+        disk chain, whichever is deeper, the disk chain only up to the first segment a restore
+        found damaged or missing (what the ladder would stop at)."""
+        held = {cid: len(e.conv.tokens) for cid, e in self.ram.entries.items()}
+        bad = set(self.damaged)
+        for cid, dc in self.view.convs.items():
+            n = len(dc.conv.tokens)
+            if bad:
+                n = next((s for s, _, k in dc.segments if k in bad), n)
+            held[cid] = max(held.get(cid, 0), n)
+        return sum(held.values())
+
     def stats(self) -> dict[str, Any]:
         levels: dict[str, Any] = {"ram": self.ram.stats()}
         for lvl in self.levels:
@@ -312,7 +472,7 @@ class Tiers:
         gc = {"gc_removed": self.gc.removed, "gc_cut": self.gc.cut} if self.gc else {}
         return {"park_target": self.target, "park_target_source": self.target_source,
                 **self.counters, "evict_spills": self.ram.evict_spills, **gc,
-                "held_tokens": self.ram.held_tokens() + self.view.held_tokens(),
+                "held_tokens": self._held_tokens(),
                 "admission": self.last_admission,
                 "damaged_segments": [k.hex() for k in self.damaged],
                 "unreadable_manifests": [n for n, _ in self.skipped_manifests],

@@ -39,6 +39,7 @@ def test_park_restore_from_ram_and_disk(tmp_path: Path) -> None:
         assert store.park(a, kva.copy()).where == "ram"
         free[0] = 50 * MIB  # now the parking floor fails: b spills to disk
         assert store.park(b, kvb.copy()).where == "disk"
+        store.flush()  # b's write has landed (before it, b is served from its capture: pending)
         for toks, kv, source in [(a.tokens, kva, "ram"), (b.tokens, kvb, "disk")]:
             prompt = np.concatenate([toks, [7, 7, 7]])
             assert store.lookup(prompt) == (source, 100)

@@ -1,0 +1,93 @@
+"""Issue 14, seed 000 through the Store: the admission log lines, the Prometheus series
+(admission state, park target, held tokens, evictions, refusals; an absent counter absent, not
+0) and a held-tokens figure that counts each conversation once. Each test failed before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stratastore import Checkpoint, Conversation, Store
+from stratastore.chain import as_tokens
+from stratastore.monitor import prometheus_text
+from tests.conftest import tiny_fp
+
+FP = tiny_fp()
+MIB = 1 << 20
+
+
+def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
+    conv = Conversation(cid, as_tokens(np.arange(base, base + n)), [Checkpoint(n)])
+    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
+    return conv, kv
+
+
+def test_a_refused_park_says_skip_parking_with_the_figures() -> None:
+    lines: list[str] = []
+    cfg = {"ram_mib": 4, "min_free_mib": 2560, "park_min_free_mib": 512}
+    with Store.open(FP, cfg, probe=lambda: 100 * MIB, warn=lines.append) as store:
+        c, kv = conversation("c1", 100, 0)
+        assert store.park(c, kv).where == "discard"
+    line = next(x for x in lines if "c1" in x)
+    assert line.startswith("skip parking (physical RAM admission: need 6.2 KiB plus 2560 MiB")
+    assert "100 MiB free" in line and "discarded" in line
+    assert "need 0 MiB" not in line and "a floor" not in line
+
+
+def test_disk_hits_under_the_transient_floor_and_skipped(tmp_path: Path) -> None:
+    lines: list[str] = []
+    free = [1 << 40]
+    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"), "cold_mib": 16,
+           "min_free_mib": 2560, "park_min_free_mib": 512}  # fmt: skip
+    with Store.open(FP, cfg, probe=lambda: free[0], warn=lines.append) as store:
+        c, kv = conversation("c1", 100, 0)
+        store.park(c, kv)
+        store.flush()
+        out = np.zeros(kv.size, np.uint8)
+        free[0] = 1000 * MIB  # above the transient floor only
+        assert store.restore(c.tokens, out).tokens == 100
+        hit = [x for x in lines if x.startswith("disk hit under the transient RAM floor")]
+        assert hit and "(need 6.2 KiB plus 512 MiB, not 2560 MiB)" in hit[0], lines
+        free[0] = 100 * MIB  # below both: the disk copy is not read
+        assert store.restore(c.tokens, out).tokens == 0
+        assert any(x.startswith("disk hit skipped (physical RAM admission") for x in lines), lines
+        # a park to disk under the transient floor says so too
+        free[0] = 1000 * MIB
+        d, kvd = conversation("d1", 100, 500)
+        assert store.park(d, kvd).where == "disk"
+        assert any(x.startswith("park to disk under the transient RAM floor") and "d1" in x
+                   for x in lines), lines  # fmt: skip
+
+
+def test_prometheus_has_the_seed_series_and_no_invented_zeros(tmp_path: Path) -> None:
+    cfg = {"ram_mib": 4, "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
+           "park_min_free_mib": 0}  # fmt: skip
+    with Store.open(FP, cfg) as store:
+        c, kv = conversation("c1", 100, 0)
+        store.park(c, kv)
+        store.flush()
+        prom = store.prometheus()
+    assert 'strata_admission_info{state="ram/parking"} 1' in prom
+    assert 'strata_park_target_info{target="ram",source="configured"} 1' in prom
+    assert "strata_held_tokens 100" in prom
+    assert 'strata_evictions_total{level="ram"} 0' in prom
+    assert 'strata_evictions_total{level="cold"} 0' in prom
+    assert 'strata_refusals_total{kind="disk_hit"} 0' in prom
+    # what the stats do not hold is not reported (another version's monitor file, say)
+    bare = prometheus_text({"parks_disk": 3, "levels": {}})
+    assert 'strata_parks_total{destination="disk"} 3' in bare
+    for absent in ('destination="ram"', "strata_discards_total", "strata_hits_total",
+                   "strata_held_tokens", "strata_admission_info"):  # fmt: skip
+        assert absent not in bare, absent
+
+
+def test_held_tokens_counts_a_mirrored_conversation_once(tmp_path: Path) -> None:
+    cfg = {"ram_mib": 4, "spill_on": "park", "cold_dir": str(tmp_path / "c"), "cold_mib": 16,
+           "min_free_mib": 0, "park_min_free_mib": 0}  # fmt: skip
+    with Store.open(FP, cfg) as store:
+        for i in range(10):
+            c, kv = conversation(f"c{i}", 100, 1000 * i)
+            assert store.park(c, kv).where == "ram"  # and mirrored to disk
+        store.flush()
+        assert store.stats()["held_tokens"] == 1000

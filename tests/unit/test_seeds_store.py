@@ -1,0 +1,221 @@
+"""Seeds 001 and 004 through the Store (issue 14, Deliver 7), driven as an engine drives it: one
+``Store.park`` per turn, the restores in between, not the simulator.
+
+Seed 004 (``--prompt-cache-spread``): 200 turns of 1,000 tokens after a 9,525-token system
+prompt, 6 checkpoints; spread keeps 0, 1K, 3K, 8K, 43K and 200K (the root) before the end, so an
+edit 6K back re-reads 8K and one 42K back 43K; least recent use keeps 0..4K and the root and
+re-reads 200K. Seed 001 (``STRATA_PARK_TRUNCATE``): a chain failing the RAM floor parks its
+deepest checkpoint prefix that passes it; pinned entries are never truncated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from stratastore import ModelFingerprint, Store
+from stratastore.chain import Checkpoint, Conversation, as_tokens
+from stratastore.sim import AgentEdit, run_agent_edit
+from tests.conftest import tiny_fp
+
+SYSTEM, TURNS, TURN = 9525, 200, 1000  # seed 004's simulation
+END = SYSTEM + TURNS * TURN
+BIG = 1 << 40
+MIB = 1 << 20
+SEED_004 = {  # policy -> (kept, tokens before the end), {edit back: tokens re-read}
+    "spread": ([0, 1000, 3000, 8000, 43000, 200000], {6000: 8000, 42000: 43000}),
+    "lru": ([0, 1000, 2000, 3000, 4000, 200000], {6000: 200000, 42000: 200000}),
+}
+# 4 bytes a token: the 209,525 tokens fit in 1 MiB
+FP4 = ModelFingerprint.create("seeds/tiny", n_layers=1, n_kv_heads=1, head_dim=1, page_tokens=16)
+RNG = np.random.default_rng(4)
+HELD = RNG.integers(0, 150_000, END, dtype=np.uint32)
+KV = RNG.integers(0, 256, END * FP4.token_bytes, dtype=np.uint8)
+
+
+def turn_conv(t: int, whole_list: bool) -> Conversation:
+    """Turn ``t``'s conversation as the engine parks it: the first park carries the pinned
+    root; later ones only the new turn's end, or (``whole_list``) every checkpoint it made."""
+    end = SYSTEM + t * TURN
+    root = Checkpoint(SYSTEM, pinned=True)
+    if whole_list:
+        cks = [root, *(Checkpoint(SYSTEM + i * TURN, last_used=i) for i in range(1, t + 1))]
+    else:
+        cks = [root, Checkpoint(end, last_used=t)] if t == 1 else [Checkpoint(end, last_used=t)]
+    return Conversation("agent", HELD[:end].copy(), cks, cuts=[0, *range(SYSTEM, end, TURN)])
+
+
+def engine_run(store: Store, turns: range, whole_list: bool,
+               restore: bool = True) -> Conversation:  # fmt: skip
+    """Each turn: restore the prompt (the previous park comes back whole), then park it."""
+    conv = None
+    for t in turns:
+        end = SYSTEM + t * TURN
+        if restore and t > 1:
+            out = np.zeros(end * FP4.token_bytes, np.uint8)
+            assert store.restore(HELD[:end], out).tokens == end - TURN
+        conv = turn_conv(t, whole_list)
+        store.park(conv, KV[: end * FP4.token_bytes].copy())
+    assert conv is not None
+    return conv
+
+
+def before_end(conv: Conversation) -> list[int]:
+    return sorted(len(conv.tokens) - c.length for c in conv.checkpoints)
+
+
+def reread_after_edit(store: Store, back: int) -> int:
+    """Re-read tokens of the held conversation rewritten ``back`` tokens before its end; the
+    restored prefix is the parked K/V, bit for bit."""
+    prompt = HELD.copy()
+    prompt[END - back] ^= 1  # the first rewritten token differs
+    out = np.zeros(END * FP4.token_bytes, np.uint8)
+    r = store.restore(prompt, out)
+    n = r.tokens * FP4.token_bytes
+    assert np.array_equal(out[:n], KV[:n])
+    return END - r.tokens
+
+
+def ram_store(policy: str, **kw: Any) -> Store:
+    cfg = {"ram_mib": 1, "slots": 2, "min_free_mib": 0, "checkpoints": 6, "retention": policy}
+    return Store.open(FP4, {**cfg, **kw}, probe=lambda: BIG)
+
+
+@pytest.mark.parametrize("policy", ["spread", "lru"])
+def test_seed_004_table_through_store_park_turn_by_turn(policy: str) -> None:
+    """Before issue 14 spread kept 0/1K/6K/24K/72K of a whole list (re-reading 6K and 72K) and
+    only the newest of a newest-only engine (re-reading everything)."""
+    kept, reread = SEED_004[policy]
+    for whole_list in (False, True):  # the engine passes its newest checkpoint, or them all
+        with ram_store(policy) as store:
+            conv = engine_run(store, range(1, TURNS + 1), whole_list)
+            assert before_end(conv) == kept  # what the last park kept (the store set it)
+            assert {back: reread_after_edit(store, back) for back in reread} == reread
+    for back, n in reread.items():  # the simulator says the same
+        sim = run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, 6, back, policy))  # type: ignore[arg-type]
+        assert (sim["kept"], sim["reread_tokens"]) == (kept, n)
+
+
+@pytest.mark.parametrize("whole_list", [False, True], ids=["newest-only", "whole-list"])
+def test_seed_004_continues_from_the_disk_chain_after_a_restart(
+    tmp_path: Path, whole_list: bool
+) -> None:
+    cfg = {"ram_mib": 0, "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, "min_free_mib": 0,
+           "checkpoints": 6, "retention": "spread"}  # fmt: skip
+    with Store.open(FP4, cfg, probe=lambda: BIG) as store:
+        engine_run(store, range(1, 151), whole_list=False, restore=False)
+    with Store.open(FP4, cfg, probe=lambda: BIG) as store:  # a new process: no memory but disk
+        conv = engine_run(store, range(151, TURNS + 1), whole_list, restore=False)
+        store.flush()
+        assert before_end(conv) == SEED_004["spread"][0]
+        assert {b: reread_after_edit(store, b) for b in (6000, 42000)} == SEED_004["spread"][1]
+
+
+def test_seed_004_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
+    with ram_store("spread") as store:
+        engine_run(store, range(1, TURNS + 1), whole_list=False)
+        edit_at = END - 6000  # the client rewrites the last 6K and adds 2K
+        tokens = np.concatenate([HELD[:edit_at], RNG.integers(0, 150_000, 8000, np.uint32)])
+        tokens[edit_at] = HELD[edit_at] ^ 1
+        n = len(tokens)
+        conv = Conversation("agent", as_tokens(tokens), [Checkpoint(n - 2000), Checkpoint(n)],
+                            cuts=[0, SYSTEM, edit_at])  # fmt: skip
+        store.park(conv, np.zeros(n * FP4.token_bytes, np.uint8))
+    old_kept = sorted(END - x for x in SEED_004["spread"][0])
+    assert [c.length for c in conv.checkpoints] == [
+        *(x for x in old_kept if x <= edit_at),  # root, 43K and 8K before the old end
+        n - 2000,
+        n,
+    ]
+    assert conv.checkpoints[0].pinned  # the remembered root keeps its pin
+
+
+def test_seed_004_a_hybrid_model_resumes_only_where_a_park_carried_a_state() -> None:
+    """The store keeps no running state across parks: a remembered checkpoint that a hybrid
+    model's park passes no state for counts as kept, but is not a resume point of that park."""
+    with ram_store("spread") as store:
+        for t in range(1, 11):
+            end = SYSTEM + t * TURN
+            if t > 1:
+                out = np.zeros(end * FP4.token_bytes, np.uint8)
+                assert store.restore(HELD[:end], out).state == b"%d" % (end - TURN)
+            conv = turn_conv(t, whole_list=False)
+            store.park(conv, KV[: end * FP4.token_bytes].copy(), {end: b"%d" % end})
+            assert [c.length for c in conv.checkpoints] == [SYSTEM, end][t > 1 :]  # as passed
+        prompt = HELD[:end].copy()
+        prompt[end - 1500] ^= 1  # resumable only at checkpoints with no state parked
+        r = store.restore(prompt, np.zeros(end * FP4.token_bytes, np.uint8))
+        assert (r.tokens, r.state) == (0, None)
+
+
+# -- seed 001 --------------------------------------------------------------------------------
+FP64 = tiny_fp()  # 64 bytes a token
+
+
+def chain_conv(cid: str, n: int, every: int, base: int) -> tuple[Conversation, npt.NDArray[Any]]:
+    lengths = [*range(every, n, every), n]
+    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
+                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
+    kv = np.random.default_rng(base).integers(0, 256, n * FP64.token_bytes, dtype=np.uint8)
+    return conv, kv
+
+
+def store_001(free: Callable[[], int], truncate: bool = True) -> Store:
+    cfg = {"ram_mib": 1, "slots": 2, "min_free_mib": 1, "park_truncate": truncate,
+           "min_tokens": 5000}  # fmt: skip
+    return Store.open(FP64, cfg, probe=free)
+
+
+def restored(store: Store, conv: Conversation) -> tuple[str, int, npt.NDArray[np.uint8]]:
+    out = np.zeros(len(conv.tokens) * FP64.token_bytes, np.uint8)
+    r = store.restore(conv.tokens, out)
+    return r.source, r.tokens, out
+
+
+def test_seed_001_no_disk_parks_the_prefix_that_passes_the_ram_floor() -> None:
+    # free RAM: the 1 MiB floor plus room for 2,500 of the 4,000 tokens (64 bytes each)
+    with store_001(lambda: MIB + 2500 * 64) as store:
+        conv, kv = chain_conv("a", 4000, 500, 0)
+        tokens = conv.tokens.copy()
+        rep = store.park(conv, kv.copy())
+        # the deepest checkpoint within the floor, even below min_tokens (5,000)
+        assert (rep.where, rep.floor, rep.tokens) == ("ram", "parking", 2500)
+        out = np.zeros(4000 * FP64.token_bytes, np.uint8)
+        r = store.restore(tokens, out)
+        assert (r.source, r.tokens) == ("ram", 2500)
+        assert np.array_equal(out[: 2500 * 64], kv[: 2500 * 64])  # bit-exact
+        assert not out[2500 * 64 :].any()
+    with store_001(lambda: MIB + 2500 * 64, truncate=False) as store:  # all or nothing
+        conv, kv = chain_conv("a", 4000, 500, 0)
+        rep = store.park(conv, kv)
+        assert (rep.where, rep.tokens) == ("discard", 0) and store.stats()["discards"] == 1
+
+
+def test_seed_001_a_pinned_entry_is_never_truncated() -> None:
+    a, kv_a = chain_conv("a", 10_000, 1000, 0)  # budget 1 MiB: 16,384 tokens
+    b, kv_b = chain_conv("b", 8000, 1000, 100_000)
+    with store_001(lambda: BIG) as store:  # unpinned, a is shrunk to its own checkpoint
+        store.park(a, kv_a.copy())
+        assert store.park(b, kv_b.copy()).where == "ram"
+        source, n, out = restored(store, a)
+        assert (source, n) == ("ram", 8000)  # 8,000 + 8,000 fit in 16,384: a's landing
+        assert np.array_equal(out[: n * 64], kv_a[: n * 64])
+    free = [BIG]
+    a, _ = chain_conv("a", 10_000, 1000, 0)
+    b, _ = chain_conv("b", 8000, 1000, 100_000)
+    with store_001(lambda: free[0]) as store:
+        assert store.park(a, kv_a.copy(), pin=True).where == "ram"
+        assert store.park(b, kv_b.copy()).where == "discard"  # refused: a is not shrunk for it
+        free[0] = MIB + 5500 * 64  # the floor now admits 5,500 tokens: 5,000 fit beside a
+        c, kv_c = chain_conv("c", 8000, 1000, 200_000)
+        rep = store.park(c, kv_c.copy())
+        assert (rep.where, rep.tokens) == ("ram", 5000)  # the newcomer truncated instead
+        free[0] = BIG
+        assert restored(store, c)[:2] == ("ram", 5000)
+        source, n, out = restored(store, a)
+        assert (source, n) == ("ram", 10_000) and np.array_equal(out, kv_a)  # whole
