@@ -356,9 +356,9 @@ def _real_model_phase(path: str) -> bool:
                     got = model(input_ids=ids[:, n:], cache=cache, use_cache=True)
                     want = model(input_ids=ids[:, n:], cache=base, use_cache=True)
                     worst = max(worst, int((got.logits != want.logits).sum()))
-                    cache = got.past_key_values
+                    cache = got.cache
                 else:
-                    cache = model(input_ids=ids, use_cache=True).past_key_values
+                    cache = model(input_ids=ids, use_cache=True).cache
                 kept[c] = copy.deepcopy(cache)
                 kv.park(f"chat-{c}", ids, cache, checkpoints=[ids.shape[1]])
                 history[c] = torch.cat([ids, torch.randint(0, 1000, (1, 60), generator=gen)], 1)

@@ -300,14 +300,14 @@ class Store:
                 max_tokens: int | None = None) -> Restored:  # fmt: skip
         """Copy the deepest stored prefix of ``prompt`` into ``out``: the engine's K/V buffer
         for this conversation in the page layout of spec F-SEG-4 (at least
-        ``len(prompt) * token_bytes`` bytes), or a destination in the engine's own layout
-        (:class:`~stratastore.restore.LayerKV`, :class:`~stratastore.restore.PagedKV` with a
-        block table). Every disk page is validated before any byte is applied; a damaged image
-        restores its deepest valid prefix (the ladder). Returns how many tokens ``out`` now
-        holds; the engine prefills the rest. ``out`` is written in place: one that cannot be
-        (not C-contiguous, Fortran-ordered, read-only) is refused with
-        :class:`~stratastore.restore.DestinationRefused` before anything runs. ``media``: the
-        prompt's pictures, as in :meth:`lookup`.
+        ``len(prompt) * token_bytes`` bytes; ``max_tokens`` of them when capped), or a
+        destination in the engine's own layout (:class:`~stratastore.restore.LayerKV`,
+        :class:`~stratastore.restore.PagedKV` with a block table). Every disk page is
+        validated before any byte is applied; a damaged image restores its deepest valid prefix
+        (the ladder). Returns how many tokens ``out`` now holds; the engine prefills the rest.
+        ``out`` is written in place: one that cannot be (not C-contiguous, Fortran-ordered,
+        read-only) is refused with :class:`~stratastore.restore.DestinationRefused` before
+        anything runs. ``media``: the prompt's pictures, as in :meth:`lookup`.
 
         ``max_tokens`` caps the restore: the deepest resume point at or below it (default: the
         deepest stored prefix, which may be the whole prompt). An engine that needs the last
@@ -453,17 +453,21 @@ class Store:
         return doc
 
     def info_line(self) -> str:
-        """One line for a log: targets, levels, parks, discards, hits, admission."""
+        """One line for a log (seed 000's INFO fields): the park target and its source, each
+        level (entries, bytes, budget; a disk level's folder), parks by destination, discards,
+        hits by source, tokens restored, re-read and held, and the last admission."""
         s = self._stats("info_line")
         lv = s["levels"]
         parts = [f"park={s['park_target']}({s['park_target_source']})"]
         for name, d in lv.items():
+            where = f"@{d['dir']}" if d.get("dir") else ""
             parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
-                         f"/{d['budget'] / 2**20:.0f}MiB")  # fmt: skip
+                         f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
         parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
-                  f"discards={s['discards']}", f"hits ram={s['hits_ram']} disk={s['hits_disk']}",
+                  f"discards={s['discards']}",
+                  f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}",
                   f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
-                  f"admission={s['admission']}"]  # fmt: skip
+                  f"held_tokens={s['held_tokens']}", f"admission={s['admission']}"]  # fmt: skip
         return "strata: " + " ".join(parts)
 
     def prometheus(self) -> str:

@@ -176,11 +176,34 @@ class ModelFingerprint:
             f"{self.page_tokens} tokens/page)"
         )
 
+    def differences(self, other: ModelFingerprint) -> list[str]:
+        """What tells ``other`` from this fingerprint: each differing field as ``"name:
+        other's vs this"`` (a digest as its first 12 hex digits), in field order."""
+        names = {"model_digest": "model id digest", "extra_digest": "architecture digest"}
+        out = []
+        for f in ("model_digest", "extra_digest", "n_layers", "n_kv_heads", "head_dim",
+                  "page_tokens", "dtype", "kv_layout"):  # fmt: skip
+            a, b = getattr(other, f), getattr(self, f)
+            if a != b:
+                out.append(f"{names.get(f, f)}: {_shown(a)} vs {_shown(b)}")
+        return out
+
     def require_same(self, other: ModelFingerprint, obj: str) -> None:
-        """Raise :class:`IncompatibleFingerprint` naming ``obj`` unless ``other == self``."""
+        """Raise :class:`IncompatibleFingerprint` naming ``obj`` unless ``other == self``; the
+        message names the fields that differ (two configs of one model id describe alike)."""
         if other != self:
             raise IncompatibleFingerprint(
                 f"{obj} was written for {other.describe()}, but this store is opened for "
-                f"{self.describe()}; open it with the model that wrote it, or use another "
+                f"{self.describe()} (written vs this: {'; '.join(self.differences(other))}); "
+                "open it with the model that wrote it, or use another "
                 "directory for this model"
             )
+
+
+def _shown(value: object) -> str:
+    """A fingerprint field for a message: a digest's first 12 hex digits, an enum's name."""
+    if isinstance(value, bytes):
+        return value.hex()[:12]
+    if isinstance(value, (DType, KVLayout)):
+        return value.name.lower()
+    return str(value)

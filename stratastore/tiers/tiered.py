@@ -191,8 +191,13 @@ class Tiers:
         is not parked as a resume point (a RAM hit there would have no state to give)."""
         conv = snap.conv
         passed = {c.length for c in conv.checkpoints}
-        for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id)):
+        # the boundaries the capture was packed with (its pages start at each, F-SEG-4): what
+        # retention keeps must be among them, and what it drops stays one (a cut), or the bytes
+        # would be read in another layout than they were written in
+        layout = {b for seg in conv.boundaries() for b in seg}
+        for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id), layout):
             snap.states.pop(gone.length, None)
+        conv.cuts = sorted(layout - {len(conv.tokens)}) or [0]
         if snap.states:
             resumable = [c for c in conv.checkpoints
                          if c.length in passed or c.length in snap.states]  # fmt: skip
@@ -352,7 +357,7 @@ class Tiers:
         on several threads run in parallel (issue 14). What the disk writer moves or removes
         meanwhile is met as another process's move or removal would be (issue 12)."""
         with lock:
-            dests = self._destinations(requests)
+            dests = self._destinations(requests, max_tokens)
             results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
             captures: list[tuple[int, Snapshot, Match]] = []
             pending: list[tuple[int, DiskConv, Job]] = []
@@ -398,18 +403,23 @@ class Tiers:
                               else self.reader.account_restored(dc, job, o, r))  # fmt: skip
         return results
 
-    def _destinations(self, requests: Sequence[tuple[Any, Any]]) -> list[Destination]:
+    def _destinations(self, requests: Sequence[tuple[Any, Any]],
+                      max_tokens: Sequence[int | None]) -> list[Destination]:  # fmt: skip
         """Each request's destination, refused before any lookup or take when it cannot be
-        written in place or cannot hold the whole prompt."""
+        written in place or cannot hold the whole prompt (``max_tokens`` of it, when capped)."""
         dests = []
         for i, (prompt, out) in enumerate(requests):
             what = "out" if len(requests) == 1 else f"out #{i}"
             dest = as_destination(self.fp, out, what)
-            if dest.capacity() < len(prompt):
+            cap = max_tokens[i] if i < len(max_tokens) else None
+            need = len(prompt) if cap is None else min(len(prompt), cap)
+            if dest.capacity() < need:
+                room = ("all of them" if need == len(prompt)
+                        else f"{need:,} of them (max_tokens={cap:,})")  # fmt: skip
                 raise DestinationRefused(
                     f"restore: the destination holds {dest.capacity():,} tokens ({what}); a prompt "
-                    f"of {len(prompt):,} tokens needs room for all of them "
-                    f"({len(prompt) * self.tb:,} bytes, {self.tb} a token); pass one that large"
+                    f"of {len(prompt):,} tokens needs room for {room} "
+                    f"({need * self.tb:,} bytes, {self.tb} a token); pass one that large"
                 )
             dests.append(dest)
         return dests

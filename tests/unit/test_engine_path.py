@@ -289,3 +289,73 @@ def test_a_pinned_ram_conversation_stays_after_a_whole_restore(tmp_path: Path) -
         out = np.zeros(32 * FP.token_bytes, np.uint8)
         assert store.restore(other.tokens, out).tokens == 32  # unpinned: taken out (live)
         assert store.lookup(other.tokens) is None
+
+
+def _layered(n: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    row = FP.n_kv_heads * FP.head_dim * 2
+    rng = np.random.default_rng(seed)
+    return ([rng.integers(0, 256, (n, row), np.uint8) for _ in range(FP.n_layers)],
+            [rng.integers(0, 256, (n, row), np.uint8) for _ in range(FP.n_layers)])  # fmt: skip
+
+
+Layers = list[np.ndarray]
+
+
+def _restore_layers(store: Store, tokens: np.ndarray, n: int) -> tuple[int, Layers, Layers]:
+    row = FP.n_kv_heads * FP.head_dim * 2
+    ko = [np.zeros((len(tokens), row), np.uint8) for _ in range(FP.n_layers)]
+    vo = [np.zeros((len(tokens), row), np.uint8) for _ in range(FP.n_layers)]
+    r = store.restore(tokens, LayerKV(FP, ko, vo))
+    return r.tokens, ko, vo
+
+
+@pytest.mark.parametrize("park", ["ram", "disk"])
+def test_retention_never_changes_the_layout_the_capture_was_packed_in(
+    tmp_path: Path, park: str
+) -> None:
+    """A capture is packed in pages that start at each segment boundary (cuts and checkpoints,
+    F-SEG-4). A checkpoint that retention drops, or one it remembers from an earlier park,
+    must not move a boundary: the bytes would be read in another layout than they were written
+    in, and delivered, validated, in the wrong places (a dropped checkpoint that was not a cut
+    did this before issue 14; a remembered one did in its first version)."""
+    cfg = {"ram_mib": 4 if park == "ram" else 0, "park": park, "checkpoints": 2,
+           "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
+           "park_min_free_mib": 0}  # fmt: skip
+    n = 90
+    k, v = _layered(n, 1)
+    toks = as_tokens(np.arange(1000, 1000 + n))
+    with Store.open(FP, cfg) as store:
+        # three checkpoints, not cuts, not on page boundaries; count 2: one is dropped
+        lengths = [10, 31, 50]
+        conv = Conversation("a", toks[:50], [Checkpoint(x) for x in lengths], cuts=[0])
+        cuts = [b for b, _ in conv.boundaries()]  # how the engine packed it: 0, 10, 31
+        store.park(conv, pack_pages(FP, [x[:50] for x in k], [x[:50] for x in v], 50, cuts))
+        store.flush()
+        got, ko, vo = _restore_layers(store, toks[:50], 50)
+        assert got == 50
+        for x in range(FP.n_layers):
+            assert np.array_equal(ko[x][:50], k[x][:50]) and np.array_equal(vo[x][:50], v[x][:50])
+        # the next turn: the engine passes only its newest checkpoint, packed with its own cuts
+        conv2 = Conversation("a", toks, [Checkpoint(n)], cuts=[0, 50])
+        store.park(conv2, pack_pages(FP, k, v, n, [0, 50]))
+        store.flush()
+        got, ko, vo = _restore_layers(store, toks, n)
+        assert got == n
+        for x in range(FP.n_layers):
+            assert np.array_equal(ko[x][:n], k[x][:n]) and np.array_equal(vo[x][:n], v[x][:n])
+
+
+def test_a_capped_restore_needs_room_only_for_its_cap(tmp_path: Path) -> None:
+    a, kva = conversation("a", 64, 0)
+    with Store.open(FP, disk_cfg(tmp_path)) as store:
+        store.park(a, kva.copy())
+        store.flush()
+        out = np.zeros(48 * FP.token_bytes, np.uint8)
+        assert store.restore(a.tokens, out, max_tokens=48).tokens == 48
+        assert np.array_equal(out, kva[: out.size])
+        from stratastore.restore import DestinationRefused
+
+        with pytest.raises(DestinationRefused, match=r"room for 48 of them \(max_tokens=48\)"):
+            store.restore(a.tokens, out[: 40 * FP.token_bytes], max_tokens=48)
+        with pytest.raises(DestinationRefused, match="room for all of them"):
+            store.restore(a.tokens, out)

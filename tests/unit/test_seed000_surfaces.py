@@ -91,3 +91,20 @@ def test_held_tokens_counts_a_mirrored_conversation_once(tmp_path: Path) -> None
             assert store.park(c, kv).where == "ram"  # and mirrored to disk
         store.flush()
         assert store.stats()["held_tokens"] == 1000
+
+
+def test_the_info_line_names_held_tokens_hits_by_source_and_the_levels_folders(
+    tmp_path: Path,
+) -> None:
+    cfg = {"ram_mib": 4, "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
+           "park_min_free_mib": 0}  # fmt: skip
+    with Store.open(FP, cfg) as store:
+        c, kv = conversation("c1", 100, 0)
+        store.park(c, kv)
+        store.flush()
+        line = store.info_line()
+        cold_dir = store.stats()["levels"]["cold"]["dir"]
+    assert "held_tokens=100" in line and "discards=0" in line
+    assert "hits ram=0 pending=0 disk=0" in line
+    assert cold_dir.endswith("/c") and f"/16MiB@{cold_dir} " in line
+    assert "admission=ram/parking" in line and "park=ram(configured)" in line

@@ -123,8 +123,10 @@ def test_seed_004_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> Non
         tokens = np.concatenate([HELD[:edit_at], RNG.integers(0, 150_000, 8000, np.uint32)])
         tokens[edit_at] = HELD[edit_at] ^ 1
         n = len(tokens)
+        # cut at every message opener, as turn_conv's engine does: a remembered checkpoint is
+        # kept only where the capture has a segment boundary (its bytes are packed that way)
         conv = Conversation("agent", as_tokens(tokens), [Checkpoint(n - 2000), Checkpoint(n)],
-                            cuts=[0, SYSTEM, edit_at])  # fmt: skip
+                            cuts=[0, *range(SYSTEM, edit_at, TURN), edit_at])  # fmt: skip
         store.park(conv, np.zeros(n * FP4.token_bytes, np.uint8))
     old_kept = sorted(END - x for x in SEED_004["spread"][0])
     assert [c.length for c in conv.checkpoints] == [
