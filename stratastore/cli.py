@@ -426,7 +426,9 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         elif args.prometheus:
             levels = {n: {k: v for k, v in lv.items() if k != "dir"}
                       for n, lv in doc["levels"].items()}  # fmt: skip
-            counters = {k: v for k, v in doc["counters"].items() if isinstance(v, int)}
+            # every series the Store publishes (text ones too: admission, park target); what
+            # the snapshot does not hold stays absent, never 0
+            counters = {k: v for k, v in doc["counters"].items() if v is not None}
             out = prometheus_text({**counters, "levels": levels})
         else:
             out = _monitor_table(doc)

@@ -291,6 +291,7 @@ class Store:
         tokens = as_tokens(prompt, "lookup: prompt")
         pictures = as_media(media, len(tokens), "lookup: media")
         with self._lock:
+            self._check_open("lookup")  # again: close() may have run meanwhile
             hit = self._tiers.lookup(tokens, pictures)
         return (hit[0], hit[1].length) if hit else None
 
@@ -421,19 +422,21 @@ class Store:
         lengths = sorted({*map(int, checkpoints), len(toks)} - {0})
         conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
                             cuts=[0, *lengths[:-1]])  # fmt: skip
-        with self._lock:
-            self._tiers.save_session(Snapshot(conv, data))
+        with self._reader("save_session"):  # the lock for the checks, not the write
+            self._tiers.save_session(Snapshot(conv, data), self._lock)
 
     def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
         self._check_open("load_session")
         name = self._session_name(name, "load_session")
-        with self._lock:
-            return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"))
+        with self._reader("load_session"):  # the lock to find and account, not to read
+            return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"),
+                                            self._lock)  # fmt: skip
 
     def delete_session(self, name: str) -> bool:
         self._check_open("delete_session")
         name = self._session_name(name, "delete_session")
         with self._lock:
+            self._check_open("delete_session")
             return self._tiers.delete_session(name)
 
     # -- state --------------------------------------------------------------------------------
@@ -490,14 +493,15 @@ class Store:
         if d is None or (not force and now - self._published < 1.0):
             return False
         self._published = now
-        doc = self._stats(None)
-        doc.update(pid=os.getpid(), written_at=time.time())
-        try:
+        try:  # best effort, on the spill writer's thread too: a failure never stops the writer
+            doc = self._stats(None)
+            doc.update(pid=os.getpid(), written_at=time.time())
             durable_write(os.path.join(d, INDEX_DIR, MONITOR_FILE),
                           json.dumps(doc, default=str).encode(),
                           mode=self._tiers.cfg.file_mode)  # fmt: skip
-        except StrataError:
-            self.counters["monitor_errors"] += 1
+        except Exception:
+            with self._lock:
+                self.counters["monitor_errors"] += 1
             return False
         return True
 
@@ -518,7 +522,11 @@ class Store:
                         break
                 time.sleep(0.001)
             with self._lock:  # what only RAM holds goes down too (spill_on_close, issue 14)
-                self._tiers.spill_ram_on_close()
+                try:
+                    self._tiers.spill_ram_on_close()
+                except Exception as e:  # reported below, after the writes already acknowledged
+                    self.counters["spill_errors"] += 1
+                    self._errors.append(("(close: writing down the RAM level)", e))
                 spills = self._tiers.take_outbox()
             self._enqueue(spills)
             self._queue.join()

@@ -31,8 +31,9 @@ MAX_MONITOR_BYTES = 1 << 20
 #: the Store counters the monitor shows
 _COUNTERS = (
     "park_target", "park_target_source", "parks_ram", "parks_disk", "discards", "evict_spills",
-    "hits_ram", "hits_disk", "ladder_restores", "tokens_restored", "tokens_reread",
-    "restore_misses", "spill_errors", "admission", "held_tokens",
+    "hits_ram", "hits_pending", "hits_disk", "ladder_restores", "tokens_restored",
+    "tokens_reread", "restore_misses", "spill_errors", "admission", "held_tokens",
+    "disk_hits_refused", "spills_refused", "restores_cut_by_gc",
 )  # fmt: skip
 
 

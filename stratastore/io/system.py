@@ -27,20 +27,33 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def mem_total(meminfo: str = "/proc/meminfo") -> int | None:
-    """Bytes of physical RAM this machine has (``MemTotal``; elsewhere the physical pages), or
-    ``None`` when neither can be read."""
+def mem_total(meminfo: str = "/proc/meminfo",
+              cgroup: str = "/sys/fs/cgroup/memory.max") -> int | None:  # fmt: skip
+    """Bytes of RAM this process can have: the machine's physical memory (``MemTotal``;
+    elsewhere the physical pages), or its container's limit when that is lower (cgroup v2
+    ``memory.max``); ``None`` when neither can be read."""
+    total: int | None = None
     try:
         with open(meminfo, encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
+                    total = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
+    if total is None:
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return None
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return None
+        with open(cgroup, encoding="ascii") as f:
+            limit = f.read().strip()
+        if limit.isdigit():  # "max": no limit
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
 
 
 @functools.cache

@@ -64,18 +64,27 @@ class DiskReader:
                 zero(got, out.tokens - got)
         return Restored("disk", got, dc.conv.conv_id, state)
 
-    def account_restored(self, dc: DiskConv, job: Job, out: Outcome, r: Restored) -> Restored:
-        """Count a finished disk restore (the caller serialises this: no I/O here)."""
-        self.account(dc, job, out)
+    def account_restored(self, dc: DiskConv, job: Job, out: Outcome, r: Restored,
+                         removed: Callable[[bytes], bool] | None = None) -> Restored:  # fmt: skip
+        """Count a finished disk restore (the caller serialises this: no I/O here);
+        ``removed`` as in :meth:`account`."""
+        self.account(dc, job, out, removed)
         self.counters["hits_disk"] += 1
         self.counters["tokens_restored"] += r.tokens
         return r
 
-    def account(self, dc: DiskConv, job: Job, out: Outcome) -> None:
-        """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck."""
+    def account(self, dc: DiskConv, job: Job, out: Outcome,
+                removed: Callable[[bytes], bool] | None = None) -> None:  # fmt: skip
+        """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck.
+        ``removed(key)``: the segment the restore stopped at was removed by GC meanwhile (no
+        level holds it and no chain names it now): a miss past what was delivered, not damage
+        (issue 14: GC runs beside restores, as another process's always could)."""
         for lvl in self.levels:  # a level counts a hit for each restore it served
             if any(p.store is lvl.store and p.start < out.tokens for p in job.pieces):
                 lvl.counters.hits += 1
+        if out.laddered and removed is not None and out.damaged and all(map(removed, out.damaged)):
+            self.counters["restores_cut_by_gc"] += 1
+            return
         if out.laddered:
             self.counters["ladder_restores"] += 1
             self.damaged.extend(k for k in out.damaged if k not in self.damaged)

@@ -67,6 +67,13 @@ class Outbox:
         out, self._waiting = self._waiting, []
         return out
 
+    def landed(self, snap: Snapshot, nbytes: int) -> None:
+        """Part of ``snap``'s write landed in a level (which counts those bytes now): release
+        that much of its reservation, so nothing is counted twice while the rest is written."""
+        n = min(nbytes, snap.pending)
+        snap.pending -= n
+        self._bytes = max(0, self._bytes - n)
+
     def done(self, snap: Snapshot) -> None:
         """``snap``'s write finished (written or refused): release its reservation."""
         self._bytes = max(0, self._bytes - snap.pending)

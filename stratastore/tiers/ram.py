@@ -12,6 +12,7 @@ level keeps nothing (seed 000) and is off. Its pages are populated as it is used
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,30 @@ from .admission import MIB, Admission
 from .arena import DEFAULT_CHUNK, Allocation, Arena
 from .records import Snapshot
 
-__all__ = ["RamLevel", "reserve_arena"]
+__all__ = ["RamLevel", "fit_default_ram", "reserve_arena"]
+
+
+def fit_default_ram(
+    cfg: StoreConfig, warn: Callable[[str], None], physical: int | None = None
+) -> StoreConfig:
+    """``cfg`` as given, or, when ``ram_mib`` is the default and the RAM level it sizes does
+    not fit in this machine's physical memory (``physical``, default MemTotal: an 8 GiB
+    machine has less than 8192 MiB plus the slots' slack), ``cfg`` with ``ram_mib`` lowered
+    to half of that memory, said in a warning: the defaults open on an ordinary machine. A
+    ``ram_mib`` other than the default that does not fit stays the user's error
+    (:func:`reserve_arena`). (An explicit ``ram_mib = 8192`` cannot be told from the default:
+    it is lowered too, with the same warning.)"""
+    default = StoreConfig.__dataclass_fields__["ram_mib"].default
+    total = mem_total() if physical is None else physical
+    if cfg.ram_mib != default or total is None:
+        return cfg
+    if cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK <= total:
+        return cfg
+    fit = max(1, total // 2 // MIB)
+    warn(f"ram_mib: the default {default} MiB does not fit this machine's "
+         f"{total / MIB:,.0f} MiB of physical memory; the RAM level takes {fit} MiB (set "
+         "ram_mib to choose)")  # fmt: skip
+    return dataclasses.replace(cfg, ram_mib=fit)
 
 
 def reserve_arena(cfg: StoreConfig, physical: int | None = None,
@@ -47,9 +71,9 @@ def reserve_arena(cfg: StoreConfig, physical: int | None = None,
         raise ConfigError(
             f"{setting} asks for {size / MIB:,.0f} MiB of RAM (the budget and "
             f"{DEFAULT_CHUNK // MIB} MiB of chunk slack a slot) but this machine has "
-            f"{total / MIB:,.0f} MiB of physical memory (MemTotal); lower ram_mib to fit "
-            "beside the parking floor (min_free_mib) and the engine, or set park = disk "
-            "(the RAM level then keeps nothing)"
+            f"{total / MIB:,.0f} MiB of physical memory (MemTotal, or the container's "
+            "memory.max); lower ram_mib to fit beside the parking floor (min_free_mib) and "
+            "the engine, or set park = disk (the RAM level then keeps nothing)"
         )
     room = (None if admission is None
             else lambda n: admission.probe() >= n + admission.parking_floor)  # fmt: skip
@@ -138,6 +162,15 @@ class RamLevel:
         kv = np.empty(length * self.tb, dtype=np.uint8)
         self.arena.read_into(alloc, kv, length * self.tb)
         deliver_capture(dest, kv, self.cache.entries[conv_id].conv.boundaries(), length, self.fp)
+
+    def states(self, conv_id: str) -> dict[int, bytes]:
+        """The running states parked with ``conv_id`` (checkpoint length -> bytes)."""
+        return self._states.get(conv_id, {})
+
+    def drop(self, conv_id: str) -> None:
+        """Forget ``conv_id``'s entry (a newer park of the id went elsewhere: superseded)."""
+        self.cache.take(conv_id)
+        self._release(conv_id)
 
     def _release(self, conv_id: str) -> None:
         self._states.pop(conv_id, None)

@@ -3,7 +3,8 @@ restore's result) and the errors of the park path."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -20,6 +21,9 @@ __all__ = [
     "Snapshot",
     "SpillRefused",
 ]
+
+#: no lock: what a Tiers used alone passes where the Store passes its own
+UNLOCKED = contextlib.nullcontext()
 
 #: the largest running state a restore reads back (a bound on what a sidecar can make it allocate)
 MAX_STATE_BYTES = 1 << 32
@@ -45,6 +49,16 @@ class Snapshot:
     #: running state saved at checkpoints (hybrid/recurrent models): checkpoint length -> bytes
     states: dict[int, bytes] = field(default_factory=dict)
     pending: int = 0  #: bytes reserved for it in the disk levels while it waits in the outbox
+
+    def detached(self) -> Snapshot:
+        """The same capture with a conversation of its own (its checkpoints, cuts and media
+        copied; the token and K/V arrays shared: nothing writes them): what the spill writer
+        takes, so that the RAM level shrinking its entry in place (seed 001) changes neither
+        what is written nor what a restore of the park in flight delivers."""
+        c = self.conv
+        conv = Conversation(c.conv_id, c.tokens, [replace(x) for x in c.checkpoints],
+                            dict(c.media), list(c.cuts))  # fmt: skip
+        return Snapshot(conv, self.kv, dict(self.states))
 
 
 @dataclass(frozen=True, slots=True)

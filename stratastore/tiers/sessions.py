@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,44 +20,53 @@ from ..catalog.tables import WAIT_S
 from ..chain import Conversation
 from ..errors import StrataError
 from ..format import ModelFingerprint
-from ..restore import DestinationRefused, FlatKV
-from .admission import Admission
+from ..restore import DestinationRefused, FlatKV, restore_batch
+from .admission import Admission, Placement
 from .checks import check_snapshot
 from .disk_read import DiskReader
-from .records import InvalidConversation, Snapshot
-from .view import DiskView
+from .records import UNLOCKED, InvalidConversation, Snapshot
+from .view import DiskConv, DiskView
 from .writer import DiskWriter
 
 __all__ = ["Sessions"]
 
 
+def _taken(name: str) -> str:
+    return (f"save_session: {name!r} is the id of a parked conversation; sessions and "
+            "conversations share one namespace (spec F-CHAIN-4): save the session under "
+            "another name")  # fmt: skip
+
+
 class Sessions:
+    """Saves and loads: each checks and is admitted under the caller's ``lock`` (the Store's),
+    then writes or reads without it (issue 14: no call holds the Store's lock over disk I/O or
+    hashing; a session's durable write is a park's, beside this process's restores as beside
+    another process's)."""
+
     def __init__(self, fp: ModelFingerprint, admission: Admission, writer: DiskWriter | None,
-                 reader: DiskReader, view: DiskView,
-                 parked_here: Callable[[str], bool]) -> None:  # fmt: skip
+                 reader: DiskReader, view: DiskView, parked_here: Callable[[str], bool],
+                 warn: Callable[[str], None] = lambda msg: None) -> None:  # fmt: skip
         self.fp = fp
         self.admission = admission
         self.writer = writer
         self.reader = reader
         self.view = view
         self.parked_here = parked_here  #: in this process's RAM, or waiting for its disk write
+        self.warn = warn
 
-    def save(self, snap: Snapshot) -> None:
+    def _log(self, p: Placement, what: str, name: str) -> None:
+        """Seed 000's line for an admission under the transient floor."""
+        line = p.log_line(what)
+        if line is not None:
+            self.warn(f"{line}: session {name!r}")
+
+    def save(self, snap: Snapshot, lock: AbstractContextManager[Any] = UNLOCKED) -> None:
         """Write ``snap`` to disk as the session ``snap.conv.conv_id``; refuses the id of a
-        parked conversation (:class:`InvalidConversation`)."""
-        check_snapshot(snap, self.fp, "save_session")
-        name = snap.conv.conv_id
-        taken = (f"save_session: {name!r} is the id of a parked conversation; sessions and "
-                 "conversations share one namespace (spec F-CHAIN-4): save the session under "
-                 "another name")  # fmt: skip
-        if self.parked_here(name):
-            raise InvalidConversation(taken)
-        if self.writer is None:
-            raise StrataError(f"session {name} cannot be saved: no disk level is configured "
-                              "(set cold_dir and cold_mib)")  # fmt: skip
-        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=False, disk=True)
-        if p.where == "discard":
-            raise StrataError(f"session {name} cannot be saved: {p.describe()}")
+        parked conversation (:class:`InvalidConversation`). Durable when this returns."""
+        with lock:
+            name = self._admit_save(snap)
+        assert self.writer is not None
+        taken = _taken(name)
         try:
             written = self.writer.write(snap, session=True)
         except NameTaken:
@@ -64,10 +75,42 @@ class Sessions:
             raise StrataError(f"session {name}: the disk level refused it: "
                               f"{self.writer.last_refusal}")  # fmt: skip
 
-    def load(self, name: str, out: npt.NDArray[np.uint8]) -> Conversation:
+    def _admit_save(self, snap: Snapshot) -> str:
+        """The checks of a save, and its admission (under the Store's lock)."""
+        check_snapshot(snap, self.fp, "save_session")
+        name = snap.conv.conv_id
+        if self.parked_here(name):
+            raise InvalidConversation(_taken(name))
+        if self.writer is None:
+            raise StrataError(f"session {name} cannot be saved: no disk level is configured "
+                              "(set cold_dir and cold_mib)")  # fmt: skip
+        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=False, disk=True)
+        if p.where == "discard":
+            raise StrataError(f"session {name} cannot be saved: {p.describe()}")
+        self._log(p, "session save", name)
+        return name
+
+    def load(self, name: str, out: npt.NDArray[np.uint8],
+             lock: AbstractContextManager[Any] = UNLOCKED) -> Conversation:  # fmt: skip
         """Restore a saved session into ``out``; its conversation (tokens, checkpoints). An
-        ``out`` that cannot be written in place is refused before anything else runs."""
+        ``out`` that cannot be written in place is refused before anything else runs. Found and
+        admitted under ``lock``; read and validated without it, then accounted under it."""
         dest = FlatKV(self.fp, out, read_direct=True)
+        with lock:
+            dc = self._admit_load(name, out)
+            n = len(dc.conv.tokens)
+            job = self.reader.job(dc, n, dest)
+        got = restore_batch([job])[0]
+        if isinstance(got, Exception):
+            raise got
+        with lock:
+            self.reader.account(dc, job, got)
+        if got.tokens < n:
+            raise StrataError(f"session {name!r}: only {got.tokens} of {n} tokens are readable")
+        return dc.conv
+
+    def _admit_load(self, name: str, out: npt.NDArray[np.uint8]) -> DiskConv:
+        """The session ``name`` on disk, checked against ``out`` and admitted (under the lock)."""
         self.view.sync()
         dc = self.view.get(name)
         if dc is None or not dc.session:
@@ -82,10 +125,8 @@ class Sessions:
         p = self.admission.admit(n * tb, stays_in_ram=False, disk=True)
         if p.where == "discard":
             raise StrataError(f"session {name!r} cannot be restored now: {p.describe()}")
-        got = self.reader.read(dc, n, dest)
-        if got < n:
-            raise StrataError(f"session {name!r}: only {got} of {n} tokens are readable")
-        return dc.conv
+        self._log(p, "session restore", name)
+        return dc
 
     def delete(self, name: str, catalog: Catalog | None, gc: Collector | None) -> bool:
         """Remove a saved session (its manifest, and the segments nothing else names); False

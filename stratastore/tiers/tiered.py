@@ -14,7 +14,7 @@ by itself (the Store serialises calls).
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -43,9 +43,10 @@ from .disk import DiskLevel
 from .disk_read import DiskReader
 from .levels import attach_catalog, open_levels
 from .outbox import Outbox
-from .ram import RamLevel
+from .ram import RamLevel, fit_default_ram
 from .records import (
     MAX_STATE_BYTES,
+    UNLOCKED,
     InvalidConversation,
     ParkReport,
     Restored,
@@ -59,19 +60,35 @@ from .writer import DiskWriter
 __all__ = ["MAX_STATE_BYTES", "InvalidConversation", "ParkReport", "Restored", "Snapshot",
            "SpillRefused", "Tiers"]  # fmt: skip
 
-_UNLOCKED = contextlib.nullcontext()  #: no lock: a Tiers used alone (the Store passes its own)
-
 _COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits_pending",
-             "hits_disk", "disk_hits_refused", "tokens_restored", "restore_misses",
-             "ladder_restores", "spills_refused")  # fmt: skip
+             "hits_disk", "restores_cut_by_gc", "disk_hits_refused", "tokens_restored",
+             "restore_misses", "ladder_restores", "spills_refused")  # fmt: skip
+
+
+def _extends(longer: Conversation, conv: Conversation) -> bool:
+    """Whether ``longer`` holds all of ``conv``: its tokens and pictures as a prefix."""
+    n = len(conv.tokens)
+    pictures = {p: d for p, d in longer.media.items() if p < n}
+    return np.array_equal(longer.tokens[:n], conv.tokens) and pictures == dict(conv.media)
+
+
+def _at_a_state(m: Match, states: Mapping[int, bytes]) -> Match | None:
+    """A hit on a capture in memory, for a hybrid model (one that saved running states): moved
+    down to the deepest checkpoint with a state, as the disk path does (``None``: none below
+    it). An attention-only capture (no states) resumes where it matched."""
+    if not states or m.length in states:
+        return m
+    below = max((n for n in states if n <= m.length), default=0)
+    return dataclasses.replace(m, length=below, via="checkpoint") if below else None
 
 
 class Tiers:
     def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, *,
                  probe: Callable[[], int] | None = None, legacy_admission: bool = False,
                  warn: Callable[[str], None] | None = None) -> None:  # fmt: skip
-        self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
         self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
+        cfg = fit_default_ram(cfg, self.warn)  # the defaults open on an 8 GiB machine
+        self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
         self.admission = Admission(cfg, probe, legacy=legacy_admission)
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         # where parks go is decided first, from the config (a disk level is on when its
@@ -100,7 +117,8 @@ class Tiers:
         self.view = DiskView(self.catalog, self.root)
         self.reader = DiskReader(cfg, fp, self.levels, self.holder, self.counters, self.warn)
         self.sessions = Sessions(fp, self.admission, self.writer, self.reader, self.view,
-                                 lambda n: n in self.ram or n in self.outbox)  # fmt: skip
+                                 lambda n: n in self.ram or n in self.outbox,
+                                 self.warn)  # fmt: skip
         #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the caller (the
         #: Store's spill writer) instead of happening inside ``park``
         self.defer_spills = False
@@ -161,6 +179,8 @@ class Tiers:
             return ParkReport("ram", p.floor, len(snap.conv.tokens))
         if p.where != "discard" and disk and self._spill(snap):
             self.counters["parks_disk"] += 1
+            if cid in self.ram:  # an older park of this id held in RAM is superseded now: it
+                self.ram.drop(cid)  # must not serve as the id's latest (close writes RAM down)
             self._log_admission(p, "park to disk", f"conversation {cid}")
             return ParkReport("disk", p.floor if p.where == "disk" else "parking",
                               len(snap.conv.tokens))  # fmt: skip
@@ -229,16 +249,22 @@ class Tiers:
         assert self.writer is not None
         if not self.defer_spills:
             return self._write(snap)
+        snap = snap.detached()  # the RAM level may shrink its own copy of conv before the write
         why = self.outbox.offer(snap, self.writer, self.cfg.when_full == "reject")
         if why is not None:
             self.counters["spills_refused"] += 1
             self.warn(f"conversation {snap.conv.conv_id} not written to disk: {why}")
         return why is None
 
-    def _write(self, snap: Snapshot) -> bool:
+    def _write(self, snap: Snapshot, lock: AbstractContextManager[Any] = UNLOCKED) -> bool:
         assert self.writer is not None
+
+        def landed(nbytes: int) -> None:
+            with lock:
+                self.outbox.landed(snap, nbytes)
+
         try:
-            done = self.writer.write(snap)
+            done = self.writer.write(snap, on_put=landed)
         except NameTaken:
             return False
         for lvl in self.levels:  # the cascade and the GC after every write
@@ -256,11 +282,13 @@ class Tiers:
         self.view.sync()
         handed = 0
         for cid, entry in list(self.ram.entries.items()):
-            n = len(entry.conv.tokens)
             dc = self.view.get(cid)
-            on_disk = dc is not None and np.array_equal(dc.conv.tokens[:n], entry.conv.tokens)
-            if cid in self.outbox or on_disk:
+            held = [dc.conv] if dc is not None else []
+            if cid in self.outbox:  # the newest park of the id waiting for its write
+                held.append(self.outbox.capture(cid).conv)
+            if any(_extends(c, entry.conv) for c in held):
                 continue
+            n = len(entry.conv.tokens)
             nbytes = n * self.tb
             p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
             if p.where == "discard":
@@ -273,7 +301,7 @@ class Tiers:
     def take_outbox(self) -> list[Snapshot]:
         return self.outbox.take()
 
-    def write_disk_now(self, snap: Snapshot, lock: AbstractContextManager[Any] = _UNLOCKED
+    def write_disk_now(self, snap: Snapshot, lock: AbstractContextManager[Any] = UNLOCKED
                        ) -> None:  # fmt: skip
         """Write a snapshot to disk at once (what the Store's spill writer calls). A write the
         disk level refuses is the capture lost after all: it counts as a discard and a refused
@@ -290,7 +318,7 @@ class Tiers:
         assert self.writer is not None
         cid = snap.conv.conv_id
         try:
-            if self._write(snap):
+            if self._write(snap, lock):
                 return
             why = self.writer.last_refusal or "the disk level refused it"
             if self.catalog is not None and self.catalog.is_session(cid):
@@ -326,7 +354,7 @@ class Tiers:
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
                 out: npt.NDArray[np.uint8] | Destination,
                 media: Mapping[int, bytes] | None = None, max_tokens: int | None = None,
-                lock: AbstractContextManager[Any] = _UNLOCKED) -> Restored:  # fmt: skip
+                lock: AbstractContextManager[Any] = UNLOCKED) -> Restored:  # fmt: skip
         """Restore the deepest stored prefix of ``prompt`` (and its ``media``, as in
         :meth:`lookup`) into ``out``: a flat buffer in the stored page layout (at least
         ``len(prompt) * token_bytes``) or a :class:`~stratastore.restore.Destination`; returns
@@ -341,7 +369,7 @@ class Tiers:
                                        npt.NDArray[np.uint8] | Destination]],
         media: Sequence[Mapping[int, bytes] | None] = (),
         max_tokens: Sequence[int | None] = (),
-        lock: AbstractContextManager[Any] = _UNLOCKED,
+        lock: AbstractContextManager[Any] = UNLOCKED,
     ) -> list[Restored | Exception]:  # fmt: skip
         """:meth:`restore` for several prompts at once, each into its own destination: the
         lookups and RAM hits run in order, then the disk hits share one batched read agenda
@@ -369,6 +397,14 @@ class Tiers:
                     self.counters["restore_misses"] += 1
                     continue
                 source, m = hit
+                if source != "disk":  # a hybrid model resumes only where a state was saved
+                    states = (self.ram.states(m.conv_id) if source == "ram"
+                              else self.outbox.capture(m.conv_id).states)  # fmt: skip
+                    at = _at_a_state(m, states)
+                    if at is None:
+                        self.counters["restore_misses"] += 1
+                        continue
+                    m = at
                 if source == "ram":
                     state = self.ram.restore(m, dest)
                     self.counters["hits_ram"] += 1
@@ -399,9 +435,25 @@ class Tiers:
                 self.counters["hits_pending"] += 1
                 self.counters["tokens_restored"] += m.length
             for (i, dc, job), o, r in zip(pending, outcomes, found, strict=True):
-                results[i] = (r if isinstance(r, Exception) or isinstance(o, Exception)
-                              else self.reader.account_restored(dc, job, o, r))  # fmt: skip
+                if isinstance(r, Exception) or isinstance(o, Exception):
+                    results[i] = r
+                else:
+                    results[i] = self.reader.account_restored(dc, job, o, r, self._removed_from(dc))
         return results
+
+    def _removed_from(self, dc: DiskConv) -> Callable[[bytes], bool]:
+        """Whether segment ``key`` of ``dc`` was removed by GC (in this process or another)
+        since the restore was planned: no level holds it, and the conversation's chain no
+        longer names it (removed, or cut before it). Under the Store's lock."""
+
+        def removed(key: bytes) -> bool:
+            if self.holder(key) is not None:
+                return False
+            self.view.sync()
+            now = self.view.get(dc.conv.conv_id)
+            return now is None or all(k != key for _, _, k in now.segments)
+
+        return removed
 
     def _destinations(self, requests: Sequence[tuple[Any, Any]],
                       max_tokens: Sequence[int | None]) -> list[Destination]:  # fmt: skip
@@ -425,13 +477,17 @@ class Tiers:
         return dests
 
     # -- sessions (explicit save/load: never removed by GC) -----------------------------------
-    def save_session(self, snap: Snapshot) -> None:
-        self.sessions.save(snap)
+    def save_session(self, snap: Snapshot, lock: AbstractContextManager[Any] = UNLOCKED
+                     ) -> None:  # fmt: skip
+        """Save a session: checked and admitted under ``lock``, written (durably) and the
+        levels' budgets enforced without it (:class:`~.sessions.Sessions`)."""
+        self.sessions.save(snap, lock)
         for lvl in self.levels:
             lvl.enforce_budget()
 
-    def load_session(self, name: str, out: npt.NDArray[np.uint8]) -> Conversation:
-        return self.sessions.load(name, out)
+    def load_session(self, name: str, out: npt.NDArray[np.uint8],
+                     lock: AbstractContextManager[Any] = UNLOCKED) -> Conversation:  # fmt: skip
+        return self.sessions.load(name, out, lock)
 
     def delete_session(self, name: str) -> bool:
         return self.sessions.delete(name, self.catalog, self.gc)

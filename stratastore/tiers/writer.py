@@ -54,10 +54,13 @@ class DiskWriter:
                 return lvl.store
         return None
 
-    def write(self, snap: Snapshot, *, session: bool = False) -> bool:
+    def write(self, snap: Snapshot, *, session: bool = False,
+              on_put: Callable[[int], None] | None = None) -> bool:  # fmt: skip
         """Write ``snap`` down (see the module's docstring); False when a level refused it
         (:attr:`last_refusal` says why). Raises
-        :class:`~stratastore.catalog.NameTaken` when its id is the other namespace's."""
+        :class:`~stratastore.catalog.NameTaken` when its id is the other namespace's.
+        ``on_put(n)``: called after each put with the bytes the level now counts for it (the
+        size :meth:`refusal` reserved for it), so a reservation is released as it lands."""
         conv = snap.conv
         specs = conv.segment_keys(self.root)
         ends = {s.end: s.key for s in specs}
@@ -74,6 +77,8 @@ class DiskWriter:
                     put = self.level.store.put_kv(
                         seg.parent, toks, kv, token_start=seg.start, media=seg.media
                     )
+                    if on_put is not None:
+                        on_put((seg.end - seg.start) * self.tb + _SLACK)
                     if put.key != seg.key:  # one derivation: a difference is a bug, never data
                         raise KeyMismatch(f"conversation {conv.conv_id}",
                                           f"segment {i} (tokens [{seg.start}, {seg.end}))",
@@ -82,6 +87,8 @@ class DiskWriter:
                 if self.holder(skeys[n]) is None:
                     self.level.make_room(len(blob) + _SLACK)
                     self.level.store.put_state(ends[n], blob, token_pos=n)
+                    if on_put is not None:
+                        on_put(len(blob) + _SLACK)
             m = ChainManifest(
                 conv.conv_id, self.root, conv.tokens.copy(),
                 tuple(ManifestCheckpoint(c.length, c.pinned, c.tail, skeys.get(c.length))

@@ -42,7 +42,7 @@ def disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
 
 # -- item 6: errors belong to the call that caused them ----------------------------------------
 def _failing_writes(store: Store, monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> None:
-    def boom(snap: Any, *, session: bool = False) -> bool:
+    def boom(snap: Any, **kw: Any) -> bool:
         time.sleep(delay)  # still pending when the engine's next call comes
         raise StrataError(f"injected: disk write of {snap.conv.conv_id} failed")
 
@@ -88,7 +88,7 @@ def test_a_refused_background_write_is_reported_to_flush(
     with Store.open(FP, disk_cfg(tmp_path)) as store:
         writer = store._tiers.writer
 
-        def refuse(snap: Any, *, session: bool = False) -> bool:
+        def refuse(snap: Any, **kw: Any) -> bool:
             writer.last_refusal = "cold level is full and when_full=reject"
             return False
 

@@ -271,3 +271,16 @@ def test_the_physical_memory_check_counts_the_slots_slack() -> None:
     with pytest.raises(ConfigError, match=r"ram_mib=64 \(with slots=4\) asks for 80 MiB"):
         reserve_arena(cfg, physical=79 * MIB)
     reserve_arena(cfg, physical=80 * MIB).close()
+
+
+def test_the_memory_a_process_can_have_is_its_containers_limit_when_lower(tmp_path: Path) -> None:
+    from stratastore.io.system import mem_total
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       8000000 kB\nMemFree: 1 kB\n")
+    limit = tmp_path / "memory.max"
+    limit.write_text("max\n")
+    assert mem_total(str(meminfo), str(limit)) == 8_000_000 * 1024
+    limit.write_text(f"{2 << 30}\n")
+    assert mem_total(str(meminfo), str(limit)) == 2 << 30
+    assert mem_total(str(meminfo), str(tmp_path / "absent")) == 8_000_000 * 1024
