@@ -160,7 +160,8 @@ class Store:
         queue blocks only the parking thread (back-pressure) and never the writer."""
         for snap in snaps:
             if self._queue.full():
-                self.counters["spill_queue_waits"] += 1
+                with self._lock:
+                    self.counters["spill_queue_waits"] += 1
             self._queue.put(snap)
 
     def _drain(self) -> None:

@@ -56,6 +56,10 @@ class Outbox:
         (the same rules as every level: checkpoints, or whole pages with ``page_tokens``)."""
         return self._index.lookup(self._model, prompt, media, page_tokens=page_tokens)
 
+    def newest(self) -> list[tuple[str, Snapshot]]:
+        """The newest waiting capture of each conversation (what :meth:`lookup` can hit)."""
+        return list(self._newest.items())
+
     def capture(self, conv_id: str) -> Snapshot:
         """The newest waiting capture of ``conv_id`` (a :meth:`lookup` hit names it). The
         caller reads it under the same lock that serialises :meth:`done`; the snapshot object

@@ -516,10 +516,12 @@ class Tiers:
 
     def _held_tokens(self) -> int:
         """Tokens a restore could bring back now, each conversation counted once (a RAM entry
-        mirrored on disk is one conversation; seed 000's ``held_tokens``): its RAM entry or its
-        disk chain, whichever is deeper, the disk chain only up to the first segment a restore
-        found damaged or missing (what the ladder would stop at)."""
+        mirrored on disk is one conversation; seed 000's ``held_tokens``): its RAM entry, its
+        park in flight or its disk chain, whichever is deeper, the disk chain only up to the
+        first segment a restore found damaged or missing (what the ladder would stop at)."""
         held = {cid: len(e.conv.tokens) for cid, e in self.ram.entries.items()}
+        for cid, snap in self.outbox.newest():  # a park whose write is in flight restores too
+            held[cid] = max(held.get(cid, 0), len(snap.conv.tokens))
         bad = set(self.damaged)
         for cid, dc in self.view.convs.items():
             n = len(dc.conv.tokens)

@@ -12,6 +12,7 @@ from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
 from stratastore.monitor import prometheus_text
 from tests.conftest import tiny_fp
+from tests.unit.test_engine_path import writer_held
 
 FP = tiny_fp()
 MIB = 1 << 20
@@ -108,3 +109,14 @@ def test_the_info_line_names_held_tokens_hits_by_source_and_the_levels_folders(
     assert "hits ram=0 pending=0 disk=0" in line
     assert cold_dir.endswith("/c") and f"/16MiB@{cold_dir} " in line
     assert "admission=ram/parking" in line and "park=ram(configured)" in line
+
+
+def test_held_tokens_counts_a_park_whose_write_is_in_flight(tmp_path: Path) -> None:
+    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"), "cold_mib": 16}
+    with Store.open(FP, cfg) as store:
+        with writer_held(store) as entered:
+            c, kv = conversation("c1", 100, 0)
+            store.park(c, kv)
+            assert entered.wait(30)
+            assert store.stats()["held_tokens"] == 100  # restorable now, from the capture
+        assert store.stats()["held_tokens"] == 100
