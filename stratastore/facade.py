@@ -117,7 +117,7 @@ class Store:
         self._errors: list[tuple[str, BaseException]] = []
         self._closed = False
         self._enqueuing = 0  #: parks acknowledged whose disk writes are not queued yet
-        self._reading = 0  #: restores running outside the lock (close waits for them)
+        self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
         tiers.defer_spills = True
         self._writer = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._writer.start()
@@ -323,17 +323,18 @@ class Store:
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
-        with self._reader("restore"):
+        with self._in_flight("restore"):
             r = self._tiers.restore(tokens, flat, pictures, cap, self._lock)
         with self._lock:
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         return r
 
     @contextlib.contextmanager
-    def _reader(self, call: str) -> Iterator[None]:
-        """A restore in flight: the Store's lock is held only to plan and account it (issue
-        14: restores on several threads run in parallel, and none waits on a disk write);
-        :meth:`close` waits for it before it closes the levels."""
+    def _in_flight(self, call: str) -> Iterator[None]:
+        """A call that does its disk I/O outside the Store's lock (a restore, a session save or
+        load: the lock is taken only to plan and account it, issue 14, so restores on several
+        threads run in parallel and none waits on a disk write); :meth:`close` waits for it
+        before it closes the levels."""
         with self._lock:
             self._check_open(call)
             self._reading += 1
@@ -367,7 +368,7 @@ class Store:
         else:
             raise InvalidRequest(f"restore_many: max_tokens must be an int, None, or a list of "
                                  f"{len(reqs)} (one per request), not {max_tokens!r}")  # fmt: skip
-        with self._reader("restore_many"):
+        with self._in_flight("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps, self._lock)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
@@ -423,13 +424,13 @@ class Store:
         lengths = sorted({*map(int, checkpoints), len(toks)} - {0})
         conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
                             cuts=[0, *lengths[:-1]])  # fmt: skip
-        with self._reader("save_session"):  # the lock for the checks, not the write
+        with self._in_flight("save_session"):  # the lock for the checks, not the write
             self._tiers.save_session(Snapshot(conv, data), self._lock)
 
     def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
         self._check_open("load_session")
         name = self._session_name(name, "load_session")
-        with self._reader("load_session"):  # the lock to find and account, not to read
+        with self._in_flight("load_session"):  # the lock to find and account, not to read
             return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"),
                                             self._lock)  # fmt: skip
 
