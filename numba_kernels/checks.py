@@ -1,0 +1,95 @@
+"""The kernels' boundary: every entry point checks its arguments before anything runs (issue 15
+item 4), so a wrong dtype, a strided buffer, a pool of another shape or a block table that names
+a block outside the pool is a typed :class:`KernelArgumentError` naming the argument and the
+fix, never an ``IndexError`` from inside a kernel, a wrong result or a write out of bounds.
+
+The same checks serve host (numpy) and device arrays (numba device arrays, or anything with
+``__cuda_array_interface__`` already wrapped by :func:`numba.cuda.as_cuda_array`): what they read
+is the shape, the dtype and the strides, and for a device block table its values (copied to the
+host: a table is a few bytes a page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KernelArgumentError", "flat_bytes", "check_digests", "check_ladder"]
+
+
+class KernelArgumentError(ValueError):
+    """A kernel's argument it cannot take (dtype, layout, shape, bounds); raised before any
+    launch or copy, with the argument and the fix in the message."""
+
+
+def _c_contiguous(a: Any) -> bool:
+    flags = getattr(a, "flags", None)
+    if flags is not None and "C_CONTIGUOUS" in getattr(flags, "keys", lambda: ())():
+        return bool(flags["C_CONTIGUOUS"])
+    is_c = getattr(a, "is_c_contiguous", None)
+    return bool(is_c()) if callable(is_c) else bool(np.asarray(a).flags.c_contiguous)
+
+
+def flat_bytes(a: Any, name: str) -> Any:
+    """``a`` as a 1-D uint8 array of the same memory (any number of dimensions, C-contiguous):
+    what the kernels index. A copy is never made: an array that cannot be viewed so is refused."""
+    dtype = np.dtype(getattr(a, "dtype", np.uint8))
+    if dtype != np.uint8:
+        raise KernelArgumentError(f"{name} holds {dtype}; the kernels take raw bytes: pass a "
+                                  f"uint8 view of it (.view(np.uint8))")  # fmt: skip
+    if not _c_contiguous(a):
+        strides = getattr(a, "strides", "?")
+        raise KernelArgumentError(f"{name} is not C-contiguous (strides {strides}); the "
+                                  "kernels read and write it in place: pass a contiguous "
+                                  "array")  # fmt: skip
+    return a if len(a.shape) == 1 else a.reshape(int(np.prod(a.shape)))
+
+
+def check_digests(actual: Any, expected: Any) -> None:
+    """Two ``(pages, 32)`` uint8 digest arrays of one shape."""
+    for name, a in (("actual", actual), ("expected", expected)):
+        shape = tuple(a.shape)
+        if len(shape) != 2 or shape[1] != 32 or np.dtype(a.dtype) != np.uint8:
+            raise KernelArgumentError(f"{name} digests are {np.dtype(a.dtype)} {shape}; pass "
+                                      "(pages, 32) uint8 BLAKE3 digests")  # fmt: skip
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise KernelArgumentError(f"digest arrays differ in shape: {tuple(actual.shape)} and "
+                                  f"{tuple(expected.shape)}; compare the same pages")  # fmt: skip
+
+
+def check_ladder(src: Any, page_bytes: int, n_pages: int, pool: Any,
+                 table: np.ndarray) -> tuple[Any, Any]:  # fmt: skip
+    """The arguments of a ladder copy, checked: ``src`` and ``pool`` as flat bytes (the pool
+    any shape, C-contiguous, whole blocks of ``page_bytes``), ``n_pages`` within ``src``, and
+    the first ``n_pages`` entries of ``table`` (the block table, on the host) naming distinct
+    blocks of the pool. Returns the flat ``src`` and ``pool``."""
+    if isinstance(page_bytes, bool) or not isinstance(page_bytes, (int, np.integer)) \
+            or page_bytes < 1:  # fmt: skip
+        raise KernelArgumentError(f"page_bytes must be a positive int, not {page_bytes!r}")
+    s, p = flat_bytes(src, "src"), flat_bytes(pool, "pool")
+    pages_in_src = -(-int(s.shape[0]) // int(page_bytes))
+    if isinstance(n_pages, bool) or not isinstance(n_pages, (int, np.integer)) \
+            or not 0 <= n_pages <= pages_in_src:  # fmt: skip
+        raise KernelArgumentError(f"n_pages={n_pages!r} is not within the {pages_in_src} "
+                                  f"pages of src ({s.shape[0]:,} bytes, {page_bytes}-byte "
+                                  "pages)")  # fmt: skip
+    if int(p.shape[0]) % int(page_bytes):
+        raise KernelArgumentError(f"the pool holds {p.shape[0]:,} bytes, not whole blocks of "
+                                  f"{page_bytes} (one page a block): pass the pool of this page "
+                                  "size")  # fmt: skip
+    blocks = int(p.shape[0]) // int(page_bytes)
+    if table.ndim != 1 or not np.issubdtype(table.dtype, np.integer):
+        raise KernelArgumentError(f"the block table is {table.dtype} {table.shape}; pass one "
+                                  "integer block id a page")  # fmt: skip
+    if table.shape[0] < n_pages:
+        raise KernelArgumentError(f"the block table names {table.shape[0]} blocks for "
+                                  f"{n_pages} pages; pass one block id a page")  # fmt: skip
+    used = table[:n_pages].astype(np.int64)
+    bad = used[(used < 0) | (used >= blocks)]
+    if bad.size:
+        raise KernelArgumentError(f"the block table names block {int(bad[0])}, outside the "
+                                  f"pool's {blocks} blocks (0..{blocks - 1})")  # fmt: skip
+    if np.unique(used).size != used.size:
+        raise KernelArgumentError("the block table names a block twice: two pages would land "
+                                  "in one block; pass distinct block ids")  # fmt: skip
+    return s, p
