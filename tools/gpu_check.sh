@@ -20,5 +20,6 @@ from numba import cuda
 assert cuda.is_available(), "numba sees no CUDA device"
 print("numba device:", cuda.get_current_device().name.decode(), cuda.get_current_device().compute_capability)
 PY
-timeout 240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_kernels_cuda.py tests/unit/test_kernels_cpu.py
+timeout 240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_kernels_cuda.py tests/unit/test_kernels_cpu.py \
+  tests/unit/test_kernels_boundary.py
 timeout 120 "$VENV/bin/python" tools/gpu_bench.py 512 64
