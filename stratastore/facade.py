@@ -264,6 +264,8 @@ class Store:
         :class:`~stratastore.tiers.tiered.InvalidConversation` and nothing is stored. A disk
         write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`)."""
         self._check_open("park")
+        if not isinstance(pin, bool):
+            raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
         if states is not None and not isinstance(states, Mapping):
             raise InvalidConversation(f"park: states must map checkpoint lengths to bytes, not "
                                       f"{type(states).__name__}")  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 
 # The CUDA kernels run in numba's simulator in every test run (there is no GPU here or in CI);
 # tools/gpu_check.sh runs the same tests on a real device with the simulator off.
@@ -17,7 +18,8 @@ import numpy.typing as npt
 import pytest
 from hypothesis import HealthCheck, settings
 
-from stratastore import ModelFingerprint, SegmentStore
+from stratastore import Checkpoint, Conversation, ModelFingerprint, SegmentStore, Store
+from stratastore.chain import as_tokens
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, print_blob=True,
@@ -35,6 +37,41 @@ def tiny_fp(name: str = "test/tiny") -> ModelFingerprint:
 def kv_bytes(fp: ModelFingerprint, n_tokens: int, seed: int = 0) -> npt.NDArray[np.uint8]:
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, n_tokens * fp.token_bytes, dtype=np.uint8)
+
+
+def conversation_kv(
+    cid: str, n: int, base: int, *, step: int = 16, fp: ModelFingerprint | None = None
+) -> tuple[Conversation, npt.NDArray[np.uint8]]:
+    """A conversation of ``n`` tokens ``base, base + 1, ...`` with a checkpoint (and a segment
+    cut) every ``step`` tokens and at its end (``step=0``: at its end only), and its random K/V
+    (seeded by ``base``) for ``fp`` (default :func:`tiny_fp`)."""
+    fp = fp or tiny_fp()
+    lengths = [*range(step, n, step), n] if step else [n]
+    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
+                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
+    kv = np.random.default_rng(base).integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
+    return conv, kv
+
+
+@contextmanager
+def writer_held(store: Store) -> Iterator[threading.Event]:
+    """Hold the Store's spill writer inside its next disk write until the block ends (then the
+    write goes on and the store is flushed); yields the event set once a write is held."""
+    release, entered = threading.Event(), threading.Event()
+    real = store._tiers.write_disk_now
+
+    def slow(snap: Any, *lock: Any) -> None:
+        entered.set()
+        release.wait(60)
+        real(snap, *lock)
+
+    store._tiers.write_disk_now = slow  # type: ignore[method-assign]
+    try:
+        yield entered
+    finally:
+        release.set()
+        store.flush()
+        store._tiers.write_disk_now = real  # type: ignore[method-assign]
 
 
 @pytest.fixture

@@ -213,6 +213,3 @@ class RamLevel:
     def stats(self) -> dict[str, int]:
         c = self.cache
         return {"entries": len(c.entries), "bytes": c.used, "budget": c.budget, **c.counters}
-
-    def held_tokens(self) -> int:
-        return sum(len(e.conv.tokens) for e in self.cache.entries.values())

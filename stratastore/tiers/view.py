@@ -48,7 +48,6 @@ class DiskView:
         self.index = PrefixIndex()
         self.convs: dict[str, DiskConv] = {}
         self.gen = -1
-        self._tokens = 0  #: tokens of every conversation in the view
 
     def sync(self) -> None:
         """Catch up with the catalog (see the module's docstring)."""
@@ -76,17 +75,12 @@ class DiskView:
                media: Mapping[int, bytes] | None, page: int | None) -> Match | None:  # fmt: skip
         return self.index.lookup(self.root, prompt, media, page_tokens=page)
 
-    def held_tokens(self) -> int:
-        return self._tokens
-
     def _remember(self, dc: DiskConv) -> None:
         self._forget(dc.conv.conv_id)
         self.convs[dc.conv.conv_id] = dc
-        self._tokens += len(dc.conv.tokens)
         self.index.add(self.root, dc.conv)
 
     def _forget(self, conv_id: str) -> None:
         dc = self.convs.pop(conv_id, None)
         if dc is not None:
-            self._tokens -= len(dc.conv.tokens)
             self.index.remove(conv_id)

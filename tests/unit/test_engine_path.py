@@ -6,8 +6,6 @@ Each test failed on the code before issue 14."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,43 +15,18 @@ import pytest
 from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import InvalidRequest, as_tokens
 from stratastore.restore import LayerKV, pack_pages
-from tests.conftest import tiny_fp
+from tests.conftest import conversation_kv, tiny_fp, writer_held
 
 FP = tiny_fp()
 MIB = 1 << 20
 
 
-def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
-    lengths = [*range(16, n, 16), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+conversation = conversation_kv
 
 
 def disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
     return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
             **kw}  # fmt: skip
-
-
-@contextmanager
-def writer_held(store: Store) -> Iterator[threading.Event]:
-    """Hold the Store's spill writer inside its next disk write until the event is set."""
-    release, entered = threading.Event(), threading.Event()
-    real = store._tiers.write_disk_now
-
-    def slow(snap: Any, *lock: Any) -> None:
-        entered.set()
-        release.wait(60)
-        real(snap, *lock)
-
-    store._tiers.write_disk_now = slow  # type: ignore[method-assign]
-    try:
-        yield entered
-    finally:
-        release.set()
-        store.flush()
-        store._tiers.write_disk_now = real  # type: ignore[method-assign]
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
@@ -359,3 +332,13 @@ def test_a_capped_restore_needs_room_only_for_its_cap(tmp_path: Path) -> None:
             store.restore(a.tokens, out[: 40 * FP.token_bytes], max_tokens=48)
         with pytest.raises(DestinationRefused, match="room for all of them"):
             store.restore(a.tokens, out)
+
+
+def test_pin_must_be_a_bool(tmp_path: Path) -> None:
+    from stratastore.tiers.tiered import InvalidConversation
+
+    a, kva = conversation("a", 32, 0)
+    with Store.open(FP, {"ram_mib": 4, "min_free_mib": 0}) as store:
+        with pytest.raises(InvalidConversation, match="pin must be True or False"):
+            store.park(a, kva, pin="yes")  # type: ignore[arg-type]
+        assert store.lookup(a.tokens) is None  # nothing was parked

@@ -12,20 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from stratastore import Checkpoint, Conversation, Store
-from stratastore.chain import as_tokens
+from stratastore import Store
 from stratastore.store.errors import StoreError
-from tests.conftest import tiny_fp
+from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
 
 
-def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
-    lengths = [*range(16, n, 16), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+conversation = conversation_kv
 
 
 def test_close_flushes_acknowledged_parks_even_when_the_ram_spill_step_fails(

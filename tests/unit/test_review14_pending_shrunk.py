@@ -9,8 +9,6 @@ engine then attends over K/V the store never wrote (its buffer's old contents)."
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,29 +17,10 @@ import numpy as np
 from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
 from stratastore.restore import LayerKV, pack_pages
-from tests.conftest import tiny_fp
+from tests.conftest import tiny_fp, writer_held
 
 FP = tiny_fp()
 ROW = FP.n_kv_heads * FP.head_dim * 2
-
-
-@contextmanager
-def writer_held(store: Store) -> Iterator[threading.Event]:
-    release, entered = threading.Event(), threading.Event()
-    real = store._tiers.write_disk_now
-
-    def slow(snap: Any, *lock: Any) -> None:
-        entered.set()
-        release.wait(30)
-        real(snap, *lock)
-
-    store._tiers.write_disk_now = slow  # type: ignore[method-assign]
-    try:
-        yield entered
-    finally:
-        release.set()
-        store.flush()
-        store._tiers.write_disk_now = real  # type: ignore[method-assign]
 
 
 def layered(

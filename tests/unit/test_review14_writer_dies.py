@@ -12,18 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from stratastore import Checkpoint, Conversation, Store
-from stratastore.chain import as_tokens
+from stratastore import Conversation, Store
 from stratastore.store.errors import StoreError
-from tests.conftest import tiny_fp
+from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
 
 
 def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)), [Checkpoint(n)])
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+    return conversation_kv(cid, n, base, step=0)
 
 
 def test_a_failed_publish_does_not_stop_the_spill_writer(tmp_path: Path) -> None:

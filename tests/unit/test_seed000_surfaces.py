@@ -8,20 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
-from stratastore import Checkpoint, Conversation, Store
-from stratastore.chain import as_tokens
+from stratastore import Conversation, Store
 from stratastore.monitor import prometheus_text
-from tests.conftest import tiny_fp
-from tests.unit.test_engine_path import writer_held
+from tests.conftest import conversation_kv, tiny_fp, writer_held
 
 FP = tiny_fp()
 MIB = 1 << 20
 
 
 def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)), [Checkpoint(n)])
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+    return conversation_kv(cid, n, base, step=0)
 
 
 def test_a_refused_park_says_skip_parking_with_the_figures() -> None:

@@ -11,22 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratastore import Checkpoint, ConfigError, Conversation, Store
-from stratastore.chain import as_tokens
-from tests.conftest import tiny_fp
+from stratastore import ConfigError, Store
+from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
-    toks = np.arange(base, base + n)
-    lengths = [*range(16, n, 16), n]
-    conv = Conversation(cid, as_tokens(toks), [Checkpoint(x) for x in lengths],
-                        cuts=[0, *lengths[:-1]])  # fmt: skip
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+conversation = conversation_kv
 
 
 def test_park_restore_from_ram_and_disk(tmp_path: Path) -> None:
