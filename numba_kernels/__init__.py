@@ -12,7 +12,14 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from .checks import KernelArgumentError, check_digests, check_ladder, flat_bytes
+from .checks import (
+    KernelArgumentError,
+    check_digests,
+    check_ladder,
+    check_rows,
+    check_scatter,
+    flat_bytes,
+)
 from .cpu import DIGEST_BYTES, hash_page, start_page_hashes, validated_copy
 from .cpu import page_hashes as _cpu_page_hashes
 
@@ -23,8 +30,10 @@ __all__ = [
     "hash_page",
     "ladder_copy",
     "page_hashes",
+    "scatter_rows",
     "start_page_hashes",
     "validated_copy",
+    "zero_rows",
 ]
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -85,6 +94,57 @@ def ladder_copy(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table:
         n = min(page_bytes, s.size - i * page_bytes)
         d = int(table[i]) * page_bytes
         p[d : d + n] = s[i * page_bytes : i * page_bytes + n]
+
+
+def scatter_rows(src: Any, n_tokens: int, page_tokens: int, layers: int, row: int, layer: int,
+                 dst_k: Any, dst_v: Any, slots: Any, device: Device = "auto") -> None:  # fmt: skip
+    """Copy layer ``layer``'s K and V rows of the ``n_tokens`` tokens that ``src`` holds as
+    consecutive stored pages of ``page_tokens`` (spec F-SEG-4: per layer, K then V, each
+    ``[p, row]``; the last page may be short) into rows ``slots[j]`` of ``dst_k`` and ``dst_v``
+    (any shape, C-contiguous, uint8): a contiguous cache (``slots`` = token positions) or a
+    paged pool (``slots`` = block id * block size + offset). Checked first on either path."""
+    if _on_device(src, device):
+        from .cuda import scatter_rows_device
+
+        host = slots.copy_to_host() if hasattr(slots, "copy_to_host") else np.asarray(slots)
+        s, k, v = check_scatter(src, n_tokens, page_tokens, layers, row, layer, dst_k, dst_v,
+                                host)  # fmt: skip
+        table = slots if hasattr(slots, "copy_to_host") else _to_device(host.astype(np.int64))
+        scatter_rows_device(s, int(n_tokens), int(page_tokens), int(layers), int(row),
+                            int(layer), k, v, table)  # fmt: skip
+        return
+    table = np.asarray(slots)
+    s, k, v = check_scatter(np.asarray(src), n_tokens, page_tokens, layers, row, layer,
+                            np.asarray(dst_k), np.asarray(dst_v), table)  # fmt: skip
+    full, tb = n_tokens // page_tokens, layers * 2 * row
+    rest = n_tokens - full * page_tokens
+    for kind, d in ((0, k), (1, v)):
+        parts = []
+        if full:
+            pages = s[: full * page_tokens * tb].reshape(full, layers, 2, page_tokens, row)
+            parts.append(pages[:, layer, kind].reshape(-1, row))
+        if rest:
+            tail = s[full * page_tokens * tb : n_tokens * tb].reshape(1, layers, 2, rest, row)
+            parts.append(tail[:, layer, kind].reshape(-1, row))
+        if parts:
+            d.reshape(-1, row)[table[:n_tokens].astype(np.int64)] = np.concatenate(parts)
+
+
+def zero_rows(dst: Any, row: int, slots: Any, device: Device = "auto") -> None:
+    """Zero rows ``slots`` (of ``row`` bytes) of ``dst`` (any shape, C-contiguous, uint8)."""
+    if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or row < 1:
+        raise KernelArgumentError(f"row must be a positive int, not {row!r}")
+    if _on_device(dst, device):
+        from .cuda import zero_rows_device
+
+        host = slots.copy_to_host() if hasattr(slots, "copy_to_host") else np.asarray(slots)
+        d = check_rows(dst, int(row), host, "dst")
+        table = slots if hasattr(slots, "copy_to_host") else _to_device(host.astype(np.int64))
+        zero_rows_device(d, int(row), table)
+        return
+    table = np.asarray(slots)
+    d = check_rows(np.asarray(dst), int(row), table, "dst")
+    d.reshape(-1, row)[table.astype(np.int64)] = 0
 
 
 def _to_device(a: npt.NDArray[Any]) -> Any:

@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KernelArgumentError", "flat_bytes", "check_digests", "check_ladder"]
+__all__ = [
+    "KernelArgumentError",
+    "check_digests",
+    "check_ladder",
+    "check_rows",
+    "check_scatter",
+    "flat_bytes",
+]
 
 
 class KernelArgumentError(ValueError):
@@ -93,3 +100,58 @@ def check_ladder(src: Any, page_bytes: int, n_pages: int, pool: Any,
         raise KernelArgumentError("the block table names a block twice: two pages would land "
                                   "in one block; pass distinct block ids")  # fmt: skip
     return s, p
+
+
+def _count(x: object, name: str, lo: int = 0) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
+        raise KernelArgumentError(f"{name} must be an int >= {lo}, not {x!r}")
+    return int(x)
+
+
+def check_rows(dst: Any, row: int, slots: np.ndarray, name: str) -> Any:
+    """``dst`` as flat bytes holding whole rows of ``row`` bytes, and ``slots`` (on the host)
+    naming distinct rows inside it. Returns the flat ``dst``."""
+    d = flat_bytes(dst, name)
+    if int(d.shape[0]) % row:
+        raise KernelArgumentError(f"{name} holds {d.shape[0]:,} bytes, not whole rows of {row}: "
+                                  "pass the K/V array of this model")  # fmt: skip
+    rows = int(d.shape[0]) // row
+    if slots.ndim != 1 or not np.issubdtype(slots.dtype, np.integer):
+        raise KernelArgumentError(f"the slots are {slots.dtype} {slots.shape}; pass one integer "
+                                  "row a token")  # fmt: skip
+    s = slots.astype(np.int64)
+    bad = s[(s < 0) | (s >= rows)]
+    if bad.size:
+        raise KernelArgumentError(f"slot {int(bad[0])} is outside {name}'s {rows} rows "
+                                  f"(0..{rows - 1})")  # fmt: skip
+    if np.unique(s).size != s.size:
+        raise KernelArgumentError("a slot is named twice: two tokens would land in one row; pass "
+                                  "distinct slots")  # fmt: skip
+    return d
+
+
+def check_scatter(src: Any, n_tokens: int, page_tokens: int, layers: int, row: int, layer: int,
+                  dst_k: Any, dst_v: Any, slots: np.ndarray) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The arguments of a row scatter (:func:`numba_kernels.scatter_rows`): ``src`` holds
+    ``n_tokens`` tokens of ``layers * 2 * row`` bytes as stored pages, ``layer`` is one of
+    them, the first ``n_tokens`` ``slots`` name distinct rows of ``dst_k`` and of ``dst_v``
+    (distinct arrays). Returns the flat ``src``, ``dst_k``, ``dst_v``."""
+    n = _count(n_tokens, "n_tokens")
+    _count(page_tokens, "page_tokens", 1)
+    _count(layers, "layers", 1)
+    _count(row, "row", 1)
+    if _count(layer, "layer") >= layers:
+        raise KernelArgumentError(f"layer {layer} is not one of the {layers} layers")
+    s = flat_bytes(src, "src")
+    if int(s.shape[0]) < n * layers * 2 * row:
+        raise KernelArgumentError(f"src holds {s.shape[0]:,} bytes; {n} tokens of {layers} "
+                                  f"layers x K/V x {row}-byte rows are "
+                                  f"{n * layers * 2 * row:,}")  # fmt: skip
+    if slots.shape[:1] != (n,):
+        raise KernelArgumentError(f"{slots.shape} slots for {n} tokens: pass one slot a token")
+    k = check_rows(dst_k, row, slots, "dst_k")
+    v = check_rows(dst_v, row, slots, "dst_v")
+    if dst_k is dst_v:
+        raise KernelArgumentError("dst_k and dst_v are one array: K and V would overwrite each "
+                                  "other; pass the layer's K and V arrays")  # fmt: skip
+    return s, k, v

@@ -18,6 +18,7 @@ how the arithmetic is tested quickly; the kernels themselves run in the simulato
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -154,16 +155,45 @@ MAX_RUN = 64  #: chunks one thread merges itself: pages up to MAX_THREADS * MAX_
 
 
 _KERNELS: dict[str, Any] = {}
+_CONSTS: list[Any] = []
+#: the numba CUDA simulator runs a kernel by swapping its module's global ``cuda`` for a fake;
+#: two threads launching at once would swap each other's, so under the simulator (and only
+#: there) launches take turns
+_SIM_LOCK = threading.Lock()
 
 
 def kernels() -> dict[str, Any]:
-    """The compiled kernels (importing numba.cuda is slow, so it happens on first use)."""
+    """The compiled kernels, one module per concern (importing numba.cuda is slow, so it
+    happens on first use)."""
     if not _KERNELS:
-        from . import _kernels
+        from . import _copy_kernels, _hash_kernel, _validate_kernel
 
-        _KERNELS.update(page_hash=_kernels.page_hash, first_bad=_kernels.first_bad,
-                        ladder_copy=_kernels.ladder_copy)  # fmt: skip
+        _KERNELS.update(page_hash=_hash_kernel.page_hash, first_bad=_validate_kernel.first_bad,
+                        ladder_copy=_copy_kernels.ladder_copy,
+                        scatter_rows=_copy_kernels.scatter_rows,
+                        zero_rows=_copy_kernels.zero_rows)  # fmt: skip
     return _KERNELS
+
+
+def _launch(name: str, grid: Any, block: int, *args: Any, stream: Any = 0) -> None:
+    """Launch kernel ``name`` (taking turns under the simulator, see ``_SIM_LOCK``)."""
+    from numba import config
+
+    k = kernels()[name]
+    if config.ENABLE_CUDASIM:
+        with _SIM_LOCK:
+            k[grid, block, stream](*args)
+    else:
+        k[grid, block, stream](*args)
+
+
+def _consts() -> tuple[Any, Any, Any]:
+    """BLAKE3's IV, message schedule and G indices on the device (copied once)."""
+    if not _CONSTS:
+        from numba import cuda
+
+        _CONSTS.extend([cuda.to_device(IV), cuda.to_device(SCHEDULE), cuda.to_device(G_IDX)])
+    return _CONSTS[0], _CONSTS[1], _CONSTS[2]
 
 
 def threads_for(page_bytes: int) -> int:
@@ -175,37 +205,48 @@ def threads_for(page_bytes: int) -> int:
     return min(MAX_THREADS, chunks)
 
 
-def page_hashes_device(data: Any, total: int, page_bytes: int, *, threads: int | None = None,
-                       pages: int | None = None) -> np.ndarray:  # fmt: skip
-    """(n_pages, 32) digests of the pages of a device array; ``n_pages`` is
-    ``ceil(total / page_bytes)`` (or ``pages``: 1 hashes an empty input). ``threads`` overrides
-    the block size (tests use it to give each thread several chunks)."""
+def page_hash_words(data: Any, total: int, page_bytes: int, *, threads: int | None = None,
+                    pages: int | None = None, stream: Any = 0) -> Any:  # fmt: skip
+    """The (n_pages, 8) uint32 root chaining values (the digests as little-endian words) of the
+    pages of a device array, left on the device (enqueued on ``stream``); ``n_pages`` is
+    ``ceil(total / page_bytes)`` (or ``pages``: 1 hashes an empty input). ``threads``
+    overrides the block size (tests use it to give each thread several chunks)."""
     from numba import cuda
 
     n = pages if pages is not None else -(-total // page_bytes)
+    out = cuda.device_array((n, 8), dtype=np.uint32, stream=stream)
     if n == 0:
-        return np.empty((0, 32), dtype=np.uint8)
+        return out
     chunks = max(1, -(-page_bytes // 1024))
     if threads is not None and not (1 <= threads <= MAX_THREADS and chunks <= threads * MAX_RUN):
         raise ValueError(f"{threads} threads cannot hash pages of {page_bytes} bytes "
                          f"(each thread merges at most {MAX_RUN} chunks)")  # fmt: skip
-    k = kernels()["page_hash"]
-    out = cuda.device_array((n, 8), dtype=np.uint32)
-    k[n, threads or threads_for(page_bytes)](data, total, page_bytes, cuda.to_device(IV),
-                                             cuda.to_device(SCHEDULE), cuda.to_device(G_IDX),
-                                             out)  # fmt: skip
-    return digest_words_to_bytes(out.copy_to_host())
+    iv, sched, gidx = _consts()
+    _launch("page_hash", n, threads or threads_for(page_bytes), data, total, page_bytes, iv,
+            sched, gidx, out, stream=stream)  # fmt: skip
+    return out
 
 
-def first_bad_device(actual: Any, expected: Any) -> int:
-    """The first page whose digest differs (device arrays of (n, 32) bytes), or -1."""
+def page_hashes_device(data: Any, total: int, page_bytes: int, *, threads: int | None = None,
+                       pages: int | None = None) -> np.ndarray:  # fmt: skip
+    """(n_pages, 32) digests (on the host) of the pages of a device array: see
+    :func:`page_hash_words`."""
+    words = page_hash_words(data, total, page_bytes, threads=threads, pages=pages)
+    if words.shape[0] == 0:
+        return np.empty((0, 32), dtype=np.uint8)
+    return digest_words_to_bytes(words.copy_to_host())
+
+
+def first_bad_device(actual: Any, expected: Any, *, stream: Any = 0) -> int:
+    """The first page whose digest differs (device arrays of one shape: (n, 32) bytes or
+    (n, 8) words), or -1. Waits for ``stream``: the answer is on the host."""
     from numba import cuda
 
     n = actual.shape[0]
-    result = cuda.to_device(np.array([n], dtype=np.int64))
+    result = cuda.to_device(np.array([n], dtype=np.int64), stream=stream)
     if n:
-        kernels()["first_bad"][-(-n // 128), 128](actual, expected, result)
-    got = int(result.copy_to_host()[0])
+        _launch("first_bad", -(-n // 128), 128, actual, expected, result, stream=stream)
+    got = int(result.copy_to_host(stream=stream)[0])
     return -1 if got >= n else got
 
 
@@ -214,4 +255,27 @@ def ladder_copy_device(src: Any, page_bytes: int, n_pages: int, pool: Any, block
     """Copy the first ``n_pages`` pages of ``src`` into ``pool`` blocks of ``page_bytes``
     through ``block_table`` (all device arrays)."""
     if n_pages > 0:
-        kernels()["ladder_copy"][n_pages, 128](src, page_bytes, n_pages, pool, block_table)
+        _launch("ladder_copy", n_pages, 128, src, page_bytes, n_pages, pool, block_table)
+
+
+def scatter_rows_device(src: Any, n_tokens: int, page_tokens: int, layers: int, row: int,
+                        layer: int, dst_k: Any, dst_v: Any, slots: Any, *, stream: Any = 0
+                        ) -> None:  # fmt: skip
+    """Layer ``layer``'s K and V rows of the ``n_tokens`` tokens stored in ``src`` (consecutive
+    pages, spec F-SEG-4) into rows ``slots`` of ``dst_k`` / ``dst_v`` (flat device bytes);
+    arguments checked by the caller (:func:`numba_kernels.checks.check_scatter`)."""
+    if n_tokens > 0:
+        _launch("scatter_rows", (n_tokens, 2), _row_threads(row), src, n_tokens, page_tokens,
+                layers, row, layer, dst_k, dst_v, slots, stream=stream)  # fmt: skip
+
+
+def zero_rows_device(dst: Any, row: int, slots: Any, *, stream: Any = 0) -> None:
+    """Zero rows ``slots`` (of ``row`` bytes) of ``dst`` (flat device bytes)."""
+    n = int(slots.shape[0])
+    if n > 0:
+        _launch("zero_rows", n, _row_threads(row), dst, row, slots, n, stream=stream)
+
+
+def _row_threads(row: int) -> int:
+    """Threads striding over a row of ``row`` bytes: a warp at least, 256 at most."""
+    return max(32, min(256, -(-row // 32) * 32))

@@ -16,8 +16,16 @@ from typing import Any
 
 __all__ = ["KERNELS", "compile_all", "nvcc_wheel_home"]
 
-#: the kernels of numba_kernels._kernels, each with the argument types its launcher passes
-KERNELS = ("page_hash", "first_bad", "ladder_copy")
+#: every kernel (one module per concern), each with the argument types its launchers pass
+KERNELS = ("page_hash", "first_bad", "first_bad_words", "ladder_copy", "scatter_rows",
+           "zero_rows")  # fmt: skip
+#: the module and kernel of each entry of :data:`KERNELS`
+_WHERE = {"page_hash": ("_hash_kernel", "page_hash"),
+          "first_bad": ("_validate_kernel", "first_bad"),
+          "first_bad_words": ("_validate_kernel", "first_bad"),
+          "ladder_copy": ("_copy_kernels", "ladder_copy"),
+          "scatter_rows": ("_copy_kernels", "scatter_rows"),
+          "zero_rows": ("_copy_kernels", "zero_rows")}  # fmt: skip
 
 
 def nvcc_wheel_home() -> str | None:
@@ -42,7 +50,11 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
                       types.Array(types.uint32, 2, "C")),
         "first_bad": (types.Array(types.uint8, 2, "C"), types.Array(types.uint8, 2, "C"),
                       types.Array(types.int64, 1, "C")),
+        "first_bad_words": (types.Array(types.uint32, 2, "C"), types.Array(types.uint32, 2, "C"),
+                            types.Array(types.int64, 1, "C")),
         "ladder_copy": (u8, i64, i64, u8, types.Array(types.int64, 1, "C")),
+        "scatter_rows": (u8, i64, i64, i64, i64, i64, u8, u8, types.Array(types.int64, 1, "C")),
+        "zero_rows": (u8, i64, types.Array(types.int64, 1, "C"), i64),
     }  # fmt: skip
 
 
@@ -57,10 +69,12 @@ def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
 
     # device functions compile for the current device's capability: make it `cc`
     dispatcher.get_current_device = lambda: _StandIn()  # type: ignore[attr-defined]
-    from . import _kernels
-
-    return {name: compile_ptx(getattr(_kernels, name).py_func, sig, cc=cc)[0]  # type: ignore[no-untyped-call]
-            for name, sig in _signatures().items()}  # fmt: skip
+    out = {}
+    for name, sig in _signatures().items():
+        module, kernel = _WHERE[name]
+        fn = getattr(importlib.import_module(f"{__package__}.{module}"), kernel).py_func
+        out[name] = compile_ptx(fn, sig, cc=cc)[0]  # type: ignore[no-untyped-call]
+    return out
 
 
 def _main() -> int:

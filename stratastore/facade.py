@@ -40,12 +40,14 @@ import numpy.typing as npt
 
 from .chain import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens
 from .config import StoreConfig
+from .device_arrays import is_device_array
 from .errors import ConfigError, StrataError
 from .format import ModelFingerprint
 from .format.naming import INDEX_DIR
 from .io import durable_write
 from .monitor import MONITOR_FILE, prometheus_text
 from .restore import Destination, flat_bytes
+from .tiers.device import device_snapshot, device_to_host
 from .tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
 
 __all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
@@ -195,10 +197,17 @@ class Store:
 
     @staticmethod
     def _kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
-        """The bytes of a capture to park or save (a copy where ``kv`` is not contiguous)."""
+        """The bytes of a capture to park or save (a copy where ``kv`` is not contiguous). A
+        device array (a session saved from the GPU) is copied to the host once, unhashed: its
+        pages are hashed as they are written (a park hashes on the device instead:
+        :func:`~stratastore.tiers.device.device_snapshot`)."""
+        if is_device_array(kv):
+            return device_to_host(kv, what)
         if not isinstance(kv, np.ndarray):
-            raise InvalidConversation(f"{what}: kv must be a numpy array, got "
-                                      f"{type(kv).__name__}")  # fmt: skip
+            raise InvalidConversation(f"{what}: kv must be a numpy array or a device array "
+                                      "(a numba device array, or one with "
+                                      "__cuda_array_interface__: a torch CUDA tensor, CuPy), "
+                                      f"got {type(kv).__name__}")  # fmt: skip
         if kv.dtype.hasobject:
             raise InvalidConversation(
                 f"{what}: kv has dtype {kv.dtype}, which holds references, not K/V bytes; pass "
@@ -238,7 +247,7 @@ class Store:
         self._raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
-    def park(self, conv: Conversation, kv: npt.NDArray[Any],
+    def park(self, conv: Conversation, kv: npt.NDArray[Any] | Any,
              states: Mapping[int, bytes] | None = None, *, pin: bool = False
              ) -> ParkReport:  # fmt: skip
         """Keep a conversation leaving its slot: RAM, else disk, else discard (counted).
@@ -262,14 +271,25 @@ class Store:
         session's name), checkpoints or cuts outside the tokens, a K/V of the wrong size, too
         many tokens or items for a manifest (spec F-CHAIN-2) raise
         :class:`~stratastore.tiers.tiered.InvalidConversation` and nothing is stored. A disk
-        write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`)."""
+        write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`).
+
+        ``kv`` may be device memory (issue 15 item 2): a numba device array, or any object with
+        ``__cuda_array_interface__`` (a torch CUDA tensor, a CuPy array), C-contiguous (else
+        ``InvalidConversation``: it is never copied to make it so). Once the checks above pass,
+        each segment's pages are hashed on the device, the K/V is copied to the host once, and
+        the sidecars get the device's digests: the capture is never hashed on the host (nor
+        twice), whether it is written now or from the RAM level later. The device array may be
+        reused when this returns."""
         self._check_open("park")
         if not isinstance(pin, bool):
             raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
         if states is not None and not isinstance(states, Mapping):
             raise InvalidConversation(f"park: states must map checkpoint lengths to bytes, not "
                                       f"{type(states).__name__}")  # fmt: skip
-        snap = Snapshot(conv, self._kv_bytes(kv, "park"), dict(states or {}))
+        if is_device_array(kv):  # hashed on the device, copied once, outside the lock
+            snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
+        else:
+            snap = Snapshot(conv, self._kv_bytes(kv, "park"), dict(states or {}))
         with self._lock:
             self._check_open("park")
             report = self._tiers.park(snap, pin=pin)

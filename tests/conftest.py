@@ -156,3 +156,20 @@ def run_with_timeout(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("result")
+
+
+class CudaInterface:
+    """Device memory seen only through ``__cuda_array_interface__`` (what a torch CUDA tensor
+    or a CuPy array shows): a device array's interface, simulated (under the simulator, device
+    memory is host memory: its numpy array's) or real; ``override`` changes its fields (e.g.
+    ``data=(ptr, True)``: read-only)."""
+
+    def __init__(self, dev: Any, **override: Any) -> None:
+        self.dev = dev  # keeps the memory alive
+        iface = getattr(dev, "__cuda_array_interface__", None)
+        self.__cuda_array_interface__ = {**dict(iface or dev.__array_interface__), **override}
+
+    def host(self) -> npt.NDArray[Any]:
+        """The memory's bytes now, on the host."""
+        out: npt.NDArray[Any] = self.dev.copy_to_host()
+        return out

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One shot on a machine with an NVIDIA GPU (the device tool's machine): install what the kernels
-# need, run the kernel tests on the real device (simulator off), print kernel throughput next to
-# a device-to-device memcpy. Meant to finish in well under 5 minutes.
+# need, run the kernel and device-path tests on the real device (simulator off), then
+# tools/gpu_bench.py: page hashing against the host-to-device and device-to-device copy rates,
+# and a validated 1 GiB restore into a device paged pool against a raw read plus an unvalidated
+# host-to-device copy of the same bytes (issue 15). Meant to finish in well under 5 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
@@ -20,6 +22,7 @@ from numba import cuda
 assert cuda.is_available(), "numba sees no CUDA device"
 print("numba device:", cuda.get_current_device().name.decode(), cuda.get_current_device().compute_capability)
 PY
-timeout 240 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_kernels_cuda.py tests/unit/test_kernels_cpu.py \
-  tests/unit/test_kernels_boundary.py
-timeout 120 "$VENV/bin/python" tools/gpu_bench.py 512 64
+timeout 180 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_kernels_cuda.py tests/unit/test_kernels_cpu.py \
+  tests/unit/test_kernels_boundary.py tests/unit/test_device_restore.py tests/unit/test_device_park.py \
+  tests/unit/test_gpu_bench.py
+timeout 120 "$VENV/bin/python" tools/gpu_bench.py 1024

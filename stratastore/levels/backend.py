@@ -113,11 +113,19 @@ class SegmentBackend(Protocol):
         token_start: int,
         media: Sequence[MediaRef] = (),
         codec: Codec = Codec.RAW,
+        page_hashes: npt.NDArray[np.uint8] | None = None,
     ) -> PutResult:
         """Seal and store the K/V pages of ``tokens`` after the prefix ``parent_key`` (key: spec
         F-KEY-2, layout F-SEG-4; :func:`~stratastore.store.sealing.kv_segment` checks and keys
         it). ``payload`` must be C-contiguous and exactly ``len(tokens) * token_bytes`` long,
-        else :class:`~stratastore.store.StoreError`. A key already held: ``created=False``."""
+        else :class:`~stratastore.store.StoreError`. A key already held: ``created=False``.
+
+        ``page_hashes`` (``None``: the backend hashes the pages): the ``(pages, 32)`` uint8
+        BLAKE3 digests of ``payload``'s pages, which the sidecar carries as they are, not
+        hashed again (a park from device memory, hashed there by the kernel over the same bytes
+        before their one copy to the host: issue 15 item 2). The caller vouches that they are
+        of these bytes; a wrong shape is a :class:`~stratastore.store.StoreError`, before
+        anything is stored (``kv_segment`` checks it)."""
         ...
 
     def put_state(

@@ -12,11 +12,15 @@ from .destinations import (
     flat_bytes,
     pack_pages,
 )
+from .device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
 from .two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
     "Destination",
     "DestinationRefused",
+    "DeviceFlatKV",
+    "DeviceLayerKV",
+    "DevicePagedKV",
     "FlatKV",
     "Job",
     "LayerKV",

@@ -334,15 +334,22 @@ def _refuse_overlaps(arrays: list[tuple[str, npt.NDArray[np.uint8]]]) -> None:
 
 
 def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Destination:
-    """Where a restore of ``fp``'s K/V writes: a :class:`Destination` as given, or a numpy array
-    as a ``read_direct`` :class:`FlatKV` (the stored layout, written in place). Anything else,
-    or an array that cannot be written in place, raises :class:`DestinationRefused`."""
+    """Where a restore of ``fp``'s K/V writes: a :class:`Destination` as given, a numpy array
+    as a ``read_direct`` :class:`FlatKV` (the stored layout, written in place), or device memory
+    (a numba device array, anything with ``__cuda_array_interface__``) as a
+    :class:`~.device.DeviceFlatKV`. Anything else, or an array that cannot be written in place,
+    raises :class:`DestinationRefused`."""
     if isinstance(out, np.ndarray):
         return FlatKV(fp, out, read_direct=True)
+    if hasattr(out, "__cuda_array_interface__") or hasattr(out, "copy_to_device"):
+        from .device import DeviceFlatKV  # device memory: validated on the device (issue 15)
+
+        return DeviceFlatKV(fp, out, what)
     if callable(getattr(out, "capacity", None)) and callable(getattr(out, "write_pages", None)):
         return cast(Destination, out)
-    raise DestinationRefused(f"{what} must be a numpy array or a restore Destination (FlatKV, "
-                             f"LayerKV, PagedKV), not {type(out).__name__}")  # fmt: skip
+    raise DestinationRefused(f"{what} must be a numpy array, device memory or a restore "
+                             "Destination (FlatKV, LayerKV, PagedKV, DeviceLayerKV, "
+                             f"DevicePagedKV), not {type(out).__name__}")  # fmt: skip
 
 
 def deliver_capture(dest: Destination, kv: npt.NDArray[np.uint8],

@@ -22,7 +22,7 @@ import numba_kernels
 
 from ..levels.backend import OpenSegment
 
-__all__ = ["read_hashed", "read_scattered_hashed"]
+__all__ = ["read_hashed", "read_plain", "read_scattered_hashed"]
 
 _GROUP_BYTES = 4 << 20  #: bytes read and hashed by one task (whole pages, at least one)
 _pool: ThreadPoolExecutor | None = None
@@ -65,6 +65,18 @@ def read_hashed(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_
 
     _run_groups(run, n_pages, per)
     return out
+
+
+def read_plain(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_bytes: int) -> None:
+    """Fill ``buf`` with the segment's payload from byte ``offset``, hashing nothing: for a
+    reader that validates the bytes elsewhere (the device path hashes them on the GPU,
+    :mod:`.device`). Errors as :func:`read_hashed`, raised once no read is still running."""
+
+    def run(lo: int, hi: int) -> None:
+        a, b = lo * page_bytes, min(hi * page_bytes, buf.size)
+        seg.read_into(buf[a:b], offset + a)
+
+    _run_groups(run, -(-buf.size // page_bytes), max(1, _GROUP_BYTES // page_bytes))
 
 
 def read_scattered_hashed(seg: OpenSegment, pages: list[list[memoryview]], page_bytes: int,

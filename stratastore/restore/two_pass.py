@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -46,9 +47,10 @@ from ..format import ChecksumMismatch, Codec, FormatError, ModelFingerprint
 from ..io.errors import StrataIOError
 from ..levels.backend import OpenSegment, SegmentBackend
 from ..store import SegmentNotFound
-from ..store.staging import STAGING
+from ..store.staging import STAGING, StagingPool
 from .destinations import Destination, FlatKV, _PerToken
-from .reads import read_hashed, read_scattered_hashed
+from .device import DeviceDestination, device_staging, stage_and_validate
+from .reads import read_hashed, read_plain, read_scattered_hashed
 
 __all__ = [
     "Chunk",
@@ -127,10 +129,11 @@ class Chunk:
     piece: Piece
     lo: int
     hi: int
-    data: npt.NDArray[np.uint8] | None
-    staging: npt.NDArray[np.uint8] | None = None
+    data: Any  #: host bytes (numpy), device staging, or None
+    staging: Any = None
     placed: int = 0
     read_s: float = 0.0
+    pool: StagingPool | None = None  #: where ``staging`` goes back (None: the host's STAGING)
 
 
 @dataclass(frozen=True)
@@ -230,11 +233,14 @@ class Job:
             expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
             nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
             direct = self._direct()
-            if sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
+            if isinstance(self.dest, DeviceDestination):
+                yield from self._device(seg, piece, pages, nbytes, expected)
+            elif sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
                 t0 = time.perf_counter()
                 data = seg.pages(pages)
                 actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes)
-                yield from self._checked(piece, 0, actual, expected, data, None, 0, t0)
+                yield from self._checked(piece, 0, len(actual), _first_bad(actual, expected),
+                                         data, None, 0, t0)  # fmt: skip
             else:
                 per = max(1, self.chunk_bytes // sc.page_bytes)  # pages a chunk reads
                 placed = need if piece.start + need == piece.end else need // pt * pt
@@ -259,27 +265,59 @@ class Job:
                         if p0:  # earlier chunks were handed out: the ladder stops at this one
                             raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key)) from e
                         raise
-                    yield from self._checked(piece, p0, actual, expected[p0:p1], data, staging,
+                    yield from self._checked(piece, p0, p1 - p0,
+                                             _first_bad(actual, expected[p0:p1]), data, staging,
                                              n, t0)  # fmt: skip
 
-    def _checked(self, piece: Piece, p0: int, actual: npt.NDArray[np.uint8],
-                 expected: npt.NDArray[np.uint8], data: npt.NDArray[np.uint8] | None,
-                 staging: npt.NDArray[np.uint8] | None, placed: int, t0: float
+    def _checked(self, piece: Piece, p0: int, n_pages: int, bad: int, data: Any,
+                 staging: Any, placed: int, t0: float, pool: StagingPool | None = None
                  ) -> Iterator[Chunk]:  # fmt: skip
-        """The chunk of pages ``p0..`` of ``piece`` whose digests are ``actual``: cut before
-        its first bad page, then :class:`_Stop` there."""
+        """The chunk of the ``n_pages`` pages ``p0..`` of ``piece``, whose first bad page is
+        ``bad`` (-1: none): cut before it, then :class:`_Stop` there."""
         pt = self.fp.page_tokens
-        bad = np.flatnonzero((actual != expected).any(axis=1))
         lo = piece.start + p0 * pt
-        hi = min(piece.start + (p0 + len(actual)) * pt, piece.end)
+        hi = min(piece.start + (p0 + n_pages) * pt, piece.end)
         if data is None:
             hi = min(hi, lo + placed)  # a direct read places whole wanted pages only
-        if bad.size:
-            hi = min(hi, lo + int(bad[0]) * pt)
-        yield Chunk(piece, lo, hi, data, staging, placed, time.perf_counter() - t0)
-        if bad.size:
-            raise _Stop(Damage(hi, f"page {p0 + int(bad[0])} of segment {piece.key.hex()[:16]} "
+        if bad >= 0:
+            hi = min(hi, lo + bad * pt)
+        yield Chunk(piece, lo, hi, data, staging, placed, time.perf_counter() - t0, pool)
+        if bad >= 0:
+            raise _Stop(Damage(hi, f"page {p0 + bad} of segment {piece.key.hex()[:16]} "
                                    "failed BLAKE3 validation", piece.key))  # fmt: skip
+
+    def _device(self, seg: OpenSegment, piece: Piece, pages: int, nbytes: int,
+                expected: npt.NDArray[np.uint8]) -> Iterator[Chunk]:  # fmt: skip
+        """The read pass into a device destination (:mod:`.device`): each chunk's pages read
+        into pinned host staging (a compressed segment: decoded whole, one chunk), copied to
+        device staging, hashed and checked there; the chunk's data is that device staging."""
+        sc, pt = seg.sidecar, self.fp.page_tokens
+        pinned, device = device_staging("pinned"), device_staging("device")
+        raw = sc.codec is Codec.RAW
+        per = max(1, self.chunk_bytes // sc.page_bytes) if raw else pages
+        for p0 in range(0, pages, per):
+            p1 = min(p0 + per, pages)
+            a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
+            t0 = time.perf_counter()
+            host, staging = None, device.take(b - a)
+            try:
+                if raw:
+                    host = pinned.take(b - a)
+                    read_plain(seg, host[: b - a], a, sc.page_bytes)
+                    data = host[: b - a]
+                else:
+                    data = seg.pages(pages)[:nbytes]
+                bad = stage_and_validate(data, staging[: b - a], expected[p0:p1], sc.page_bytes)
+            except BaseException as e:
+                device.give(staging)
+                if p0 and isinstance(e, _DAMAGE):  # earlier chunks were handed out
+                    raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key)) from e
+                raise
+            finally:
+                if host is not None:
+                    pinned.give(host)
+            yield from self._checked(piece, p0, p1 - p0, bad, staging[: b - a], staging, 0, t0,
+                                     device)  # fmt: skip
 
     def _read_direct(self, seg: OpenSegment, piece: Piece, p0: int, p1: int, placed: int,
                      nbytes: int, dest: FlatKV | _PerToken
@@ -344,6 +382,12 @@ class Job:
             self.dest.write_pages(chunk.lo + off, m, chunk.data[off * tb : (off + m) * tb], pt)
 
 
+def _first_bad(actual: npt.NDArray[np.uint8], expected: npt.NDArray[np.uint8]) -> int:
+    """The first page whose digest differs, or -1 (the host path's check)."""
+    bad = np.flatnonzero((actual != expected).any(axis=1))
+    return int(bad[0]) if bad.size else -1
+
+
 class _Stop(Exception):
     """Raised inside the read pass at a bad page, after the chunk before it was handed out."""
 
@@ -356,7 +400,7 @@ def release(job: Job, chunk: Chunk, keep: int = 0) -> None:
     """Give ``chunk``'s staging back, and zero what a direct read placed from token ``keep`` on
     (the tokens the restore does not deliver)."""
     if chunk.staging is not None:
-        STAGING.give(chunk.staging)
+        (chunk.pool or STAGING).give(chunk.staging)
     chunk.staging = chunk.data = None
     lo = max(chunk.lo, keep)
     end = chunk.lo + chunk.placed

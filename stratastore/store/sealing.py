@@ -3,8 +3,9 @@ stores anything (spec F-KEY, F-SEG-4, F-SC).
 
 A put is checked and keyed (:func:`kv_segment`, :func:`state_segment`: the key of spec F-KEY-2
 or F-KEY-5, the page size, the payload length), its pages encoded (:func:`encode`: RAW pages as
-they are, ZSTD one frame per page) and hashed (BLAKE3 per page of the *payload*, spec F-SC-3),
-and its sidecar built (:func:`sidecar_for`). :func:`seal` does the three in one call for a
+they are, ZSTD one frame per page) and hashed (BLAKE3 per page of the *payload*, spec F-SC-3;
+not here when the put brings its pages' digests, hashed on the device: issue 15 item 2), and
+its sidecar built (:func:`sidecar_for`). :func:`seal` does the three in one call for a
 backend that keeps the stored bytes in memory; the directory store overlaps the hashing with its
 file write instead. :func:`check_sealed` is the other direction: a sealed segment handed over by
 another level, checked before it is stored again.
@@ -21,6 +22,7 @@ import numpy.typing as npt
 import zstandard
 
 import numba_kernels
+from numba_kernels import DIGEST_BYTES
 
 from ..format import (
     Codec,
@@ -70,7 +72,8 @@ def byte_view(buf: Buffer) -> memoryview:
 @dataclass(frozen=True, slots=True)
 class Unsealed:
     """A put, checked and keyed, not yet encoded: the payload's pages and what the sidecar
-    says about them."""
+    says about them. ``hashes``: the ``(pages, 32)`` digests of the payload's pages when the
+    caller brought them (:func:`kv_segment`'s ``page_hashes``), else ``None`` (hashed here)."""
 
     key: bytes
     kind: Kind
@@ -80,6 +83,7 @@ class Unsealed:
     page_bytes: int
     payload: memoryview
     media: tuple[MediaRef, ...] = ()
+    hashes: npt.NDArray[np.uint8] | None = None
 
     @property
     def page_count(self) -> int:
@@ -94,10 +98,20 @@ def kv_segment(
     *,
     token_start: int,
     media: Sequence[MediaRef] = (),
+    page_hashes: npt.NDArray[np.uint8] | None = None,
 ) -> Unsealed:
     """The K/V segment of ``tokens`` after the prefix ``parent_key`` (spec F-KEY-2, F-SEG-4);
     :class:`StoreError` for no tokens, a payload of the wrong length, or a root segment that
-    does not start at token 0."""
+    does not start at token 0.
+
+    ``page_hashes``: the BLAKE3 digests of the payload's pages (``(pages, 32)`` uint8, pages of
+    ``fp.page_bytes`` from the payload's start), which the sidecar then carries instead of
+    digests computed here: what a park from device memory brings, hashed by the device kernel
+    over the same bytes before their one copy to the host (issue 15 item 2). The caller vouches
+    that they are of these bytes: they are not checked against them (that would be the hashing
+    they save), only their shape, else :class:`StoreError`. A wrong digest is not silent
+    damage all the same: every read validates against the sidecar, so the segment would read as
+    damaged (the ladder), never as wrong bytes."""
     n = len(tokens)
     view = byte_view(payload)
     if n < 1:
@@ -109,9 +123,22 @@ def kv_segment(
         )
     if parent_key == fp.digest() and token_start != 0:
         raise StoreError("a segment whose parent is the model root must start at token 0")
+    hashes = None if page_hashes is None else _page_hashes(page_hashes, -(-want // fp.page_bytes))
     key = segment_key(parent_key, tokens, media)
     return Unsealed(key, Kind.KV, parent_key, token_start, token_start + n, fp.page_bytes, view,
-                    tuple(media))  # fmt: skip
+                    tuple(media), hashes)  # fmt: skip
+
+
+def _page_hashes(hashes: object, pages: int) -> npt.NDArray[np.uint8]:
+    """A put's own page digests, checked: ``(pages, 32)`` uint8, else :class:`StoreError`."""
+    if (not isinstance(hashes, np.ndarray) or hashes.dtype != np.uint8
+            or hashes.shape != (pages, DIGEST_BYTES)):  # fmt: skip
+        got = (f"{hashes.dtype} {hashes.shape}" if isinstance(hashes, np.ndarray)
+               else type(hashes).__name__)  # fmt: skip
+        raise StoreError(f"page_hashes are {got}; this payload has {pages} pages: pass their "
+                         f"({pages}, {DIGEST_BYTES}) uint8 BLAKE3 digests, or None to hash them "
+                         "here")  # fmt: skip
+    return np.ascontiguousarray(hashes)
 
 
 def state_segment(checkpoint_key: bytes, payload: Buffer, *, token_pos: int) -> Unsealed:
@@ -137,12 +164,15 @@ class Encoded:
 
 
 def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded:
-    """Encode ``u``'s payload for storing; RAW pages are hashed on another thread meanwhile."""
+    """Encode ``u``'s payload for storing; RAW pages are hashed on another thread meanwhile.
+    A put that brought its digests (``u.hashes``) is not hashed at all, either codec."""
     view = u.payload
+    given = u.hashes
     if codec is Codec.RAW:
         return Encoded(codec, _chunks(view, write_chunk), (), len(view),
-                       numba_kernels.start_page_hashes(view, u.page_bytes))  # fmt: skip
-    hashes = numba_kernels.page_hashes(view, u.page_bytes)
+                       (lambda: given) if given is not None
+                       else numba_kernels.start_page_hashes(view, u.page_bytes))  # fmt: skip
+    hashes = given if given is not None else numba_kernels.page_hashes(view, u.page_bytes)
     cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
     frames = [memoryview(cctx.compress(p)) for p in _chunks(view, u.page_bytes)]
     lengths = tuple(len(f) for f in frames)

@@ -296,6 +296,7 @@ class SegmentStore:
         token_start: int,
         media: Sequence[MediaRef] = (),
         codec: Codec = Codec.RAW,
+        page_hashes: npt.NDArray[np.uint8] | None = None,
     ) -> PutResult:
         """Store the K/V pages of ``tokens`` (which follow the prefix ``parent_key``).
 
@@ -305,9 +306,15 @@ class SegmentStore:
         them (spec F-KEY-2) and the sidecar carries them, so a segment holding a picture is
         never filed under a media-free key. A put of an already committed key writes nothing
         and returns ``created=False``.
+
+        ``page_hashes``: the ``(pages, 32)`` uint8 BLAKE3 digests of ``payload``'s pages, which
+        the sidecar carries instead of hashing them here (a park from device memory: the device
+        kernel hashed the same bytes before their one copy to the host). The caller vouches that
+        they are of these bytes; a wrong shape is a :class:`StoreError`
+        (:func:`~stratastore.store.sealing.kv_segment`).
         """
         u = kv_segment(self.fingerprint, parent_key, tokens, payload, token_start=token_start,
-                       media=media)  # fmt: skip
+                       media=media, page_hashes=page_hashes)  # fmt: skip
         return self._put(u, codec)
 
     def put_state(

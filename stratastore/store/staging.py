@@ -11,6 +11,8 @@ allocated per read. Thread-safe.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,8 +28,12 @@ class StagingPool:
     """Byte buffers handed out by :meth:`take` and returned with :meth:`give`; at most
     ``keep_bytes`` of returned buffers are kept for the next :meth:`take`."""
 
-    def __init__(self, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
+    def __init__(self, keep_bytes: int = DEFAULT_KEEP_BYTES,
+                 alloc: Callable[[int], Any] | None = None) -> None:  # fmt: skip
+        """``alloc(n)``: a new buffer of ``n`` bytes (default: a numpy array; the device path
+        passes pinned host or device memory, which slice and have ``size`` alike)."""
         self.keep_bytes = keep_bytes
+        self._alloc = alloc or (lambda n: np.empty(n, dtype=np.uint8))
         self._free: list[npt.NDArray[np.uint8]] = []
         self._lock = threading.Lock()
 
@@ -38,7 +44,7 @@ class StagingPool:
             fits = [i for i, b in enumerate(self._free) if b.size >= nbytes]
             if fits:  # the smallest that fits (by position: arrays compare elementwise)
                 return self._free.pop(min(fits, key=lambda i: self._free[i].size))
-        return np.empty(max(_GRAIN, -(-nbytes // _GRAIN) * _GRAIN), dtype=np.uint8)
+        return self._alloc(max(_GRAIN, -(-nbytes // _GRAIN) * _GRAIN))
 
     def give(self, buf: npt.NDArray[np.uint8]) -> None:
         """Return a buffer :meth:`take` handed out; kept when the pool has room, else dropped."""

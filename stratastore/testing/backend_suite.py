@@ -306,6 +306,33 @@ class BackendTests:
                 b.put_kv(b.fingerprint.digest(), [], self.kv(0), token_start=0)
             assert b.keys() == [] and b.used() == 0
 
+    def test_put_with_page_hashes_carries_them(self, tmp_path: Path) -> None:
+        """``put_kv(page_hashes=...)`` (a park hashed on the device): the sidecar carries the
+        caller's digests as they are, either codec, and reads validate against them; digests of
+        another shape are a ``StoreError`` and nothing is stored."""
+        with self.opened(tmp_path / "a") as b:
+            root = b.fingerprint.digest()
+            key, data = self.put(b, 10)  # 3 pages, the last short: hashed by the backend
+            with b.open_reader(key) as seg:
+                hashes = np.frombuffer(seg.sidecar.page_hashes, np.uint8).reshape(-1, 32)
+            for i, codec in enumerate((Codec.RAW, Codec.ZSTD)):
+                k = b.put_kv(root, np.arange(10) + 100 * (i + 1), data, token_start=0,
+                             codec=codec, page_hashes=hashes.copy()).key  # fmt: skip
+                out = np.zeros_like(data)
+                assert b.get_into(k, out).page_hashes == hashes.tobytes()
+                assert np.array_equal(out, data)
+            wrong = hashes.copy()
+            wrong[1, 0] ^= 1  # not recomputed: the sidecar says what the caller vouched for
+            k = b.put_kv(root, np.arange(10) + 300, data, token_start=0, page_hashes=wrong).key
+            with _raises(ChecksumMismatch):
+                b.get_into(k, np.zeros_like(data))
+            held = len(b.keys())
+            bads: list[U8] = [hashes[:2], hashes[:, :16], hashes.view(np.int8)]
+            for bad in bads:
+                with _raises(StoreError):
+                    b.put_kv(root, np.arange(10) + 400, data, token_start=0, page_hashes=bad)
+            assert len(b.keys()) == held
+
     # -- damage -------------------------------------------------------------------------------
     def test_a_flipped_byte_is_refused_on_read(self, tmp_path: Path) -> None:
         with self.opened(tmp_path / "a") as b:

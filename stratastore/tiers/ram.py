@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..chain import Conversation, Match
 from ..chain.parking import ConversationCache, SizeModel
@@ -102,6 +103,8 @@ class RamLevel:
         self.cache.on_shrink = self._shrunk
         self._allocs: dict[str, Allocation] = {}
         self._states: dict[str, dict[int, bytes]] = {}
+        #: the device digests parked with each capture (Snapshot.page_hashes), for its writes
+        self._hashes: dict[str, dict[tuple[int, int], npt.NDArray[np.uint8]]] = {}
         self.evict_spills = 0  #: evicted entries written down (spill_on = evict)
 
     @property
@@ -138,6 +141,7 @@ class RamLevel:
         self._allocs[conv_id] = alloc
         self._states[conv_id] = {n: s for n, s in snap.states.items()
                                  if n <= out.parked_tokens}  # fmt: skip
+        self._hashes[conv_id] = _covered(snap.page_hashes, out.parked_tokens)
         return True
 
     def restore(self, m: Match, dest: Destination) -> bytes | None:
@@ -174,19 +178,22 @@ class RamLevel:
 
     def _release(self, conv_id: str) -> None:
         self._states.pop(conv_id, None)
+        self._hashes.pop(conv_id, None)
         alloc = self._allocs.pop(conv_id)
         assert self.arena is not None
         self.arena.release(alloc)
 
     def capture(self, conv_id: str) -> Snapshot:
-        """A copy of what RAM holds of ``conv_id`` (its conversation, K/V and states), to write
-        down: what an eviction spills, and what ``close()`` writes of a RAM-only conversation."""
+        """A copy of what RAM holds of ``conv_id`` (its conversation, K/V and states, and the
+        device digests parked with it: not hashed again), to write down: what an eviction
+        spills, and what ``close()`` writes of a RAM-only conversation."""
         alloc = self._allocs[conv_id]
         kv = np.empty(alloc.nbytes, dtype=np.uint8)
         assert self.arena is not None
         self.arena.read_into(alloc, kv)
         conv = self.cache.entries[conv_id].conv
-        return Snapshot(conv, kv, dict(self._states.get(conv_id, {})))
+        return Snapshot(conv, kv, dict(self._states.get(conv_id, {})),
+                        page_hashes=dict(self._hashes.get(conv_id, {})))  # fmt: skip
 
     def _evicted(self, conv: Conversation) -> None:
         if self.spill_on_evict:
@@ -209,7 +216,16 @@ class RamLevel:
         self._allocs[conv.conv_id] = new
         states = self._states.get(conv.conv_id, {})
         self._states[conv.conv_id] = {n: s for n, s in states.items() if n <= len(conv.tokens)}
+        self._hashes[conv.conv_id] = _covered(self._hashes.get(conv.conv_id, {}),
+                                              len(conv.tokens))  # fmt: skip
 
     def stats(self) -> dict[str, int]:
         c = self.cache
         return {"entries": len(c.entries), "bytes": c.used, "budget": c.budget, **c.counters}
+
+
+def _covered(hashes: dict[tuple[int, int], npt.NDArray[np.uint8]], tokens: int
+             ) -> dict[tuple[int, int], npt.NDArray[np.uint8]]:  # fmt: skip
+    """The device digests of segments within the first ``tokens`` tokens (what a capture
+    truncated to them still holds the bytes of)."""
+    return {k: h for k, h in hashes.items() if k[1] <= tokens}

@@ -42,23 +42,36 @@ class SpillRefused(StrataError):
 
 @dataclass
 class Snapshot:
-    """A conversation and its K/V (``len(tokens) * token_bytes`` bytes, spec F-SEG-4 layout)."""
+    """A conversation and its K/V (``len(tokens) * token_bytes`` bytes, spec F-SEG-4 layout).
+
+    ``page_hashes`` maps a segment's ``(start, end)`` tokens to the ``(pages, 32)`` BLAKE3
+    digests of ``kv[start * token_bytes : end * token_bytes]`` in pages of ``page_bytes`` from
+    ``start``: what a park from device memory brings (hashed there, issue 15 item 2), so the disk
+    writer puts those segments without hashing them again. An entry is a fact about the bytes
+    of ``kv`` alone, whatever conversation they are written under, so it holds for as long as
+    a copy of the capture keeps them (a prefix truncated at or past ``end``); a segment with no
+    entry (a host park, a segment whose bounds retention or truncation changed) is hashed as
+    it is written. Every copy of the capture carries the entries its bytes still cover
+    (:meth:`detached`, the RAM level's capture)."""
 
     conv: Conversation
     kv: npt.NDArray[np.uint8]
     #: running state saved at checkpoints (hybrid/recurrent models): checkpoint length -> bytes
     states: dict[int, bytes] = field(default_factory=dict)
     pending: int = 0  #: bytes reserved for it in the disk levels while it waits in the outbox
+    #: a segment's (start, end) tokens -> its pages' digests, computed on the device
+    page_hashes: dict[tuple[int, int], npt.NDArray[np.uint8]] = field(default_factory=dict)
 
     def detached(self) -> Snapshot:
         """The same capture with a conversation of its own (its checkpoints, cuts and media
         copied; the token and K/V arrays shared: nothing writes them): what the spill writer
         takes, so that the RAM level shrinking its entry in place (seed 001) changes neither
-        what is written nor what a restore of the park in flight delivers."""
+        what is written nor what a restore of the park in flight delivers. Its device digests
+        (``page_hashes``) go with it."""
         c = self.conv
         conv = Conversation(c.conv_id, c.tokens, [replace(x) for x in c.checkpoints],
                             dict(c.media), list(c.cuts))  # fmt: skip
-        return Snapshot(conv, self.kv, dict(self.states))
+        return Snapshot(conv, self.kv, dict(self.states), page_hashes=dict(self.page_hashes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,9 @@ class DiskWriter:
     def write(self, snap: Snapshot, *, session: bool = False,
               on_put: Callable[[int], None] | None = None) -> bool:  # fmt: skip
         """Write ``snap`` down (see the module's docstring); False when a level refused it
-        (:attr:`last_refusal` says why). Raises
+        (:attr:`last_refusal` says why). A segment whose ``(start, end)`` is in
+        ``snap.page_hashes`` (a park from device memory) is put with those digests, not hashed
+        again; the others are hashed by the level as they are written. Raises
         :class:`~stratastore.catalog.NameTaken` when its id is the other namespace's.
         ``on_put(n)``: called after each put with the bytes the level now counts for it (the
         size :meth:`refusal` reserved for it), so a reservation is released as it lands."""
@@ -74,9 +76,10 @@ class DiskWriter:
                     self.level.make_room((seg.end - seg.start) * self.tb + _SLACK)
                     kv = snap.kv[seg.start * self.tb : seg.end * self.tb]
                     toks = conv.tokens[seg.start : seg.end]
-                    put = self.level.store.put_kv(
-                        seg.parent, toks, kv, token_start=seg.start, media=seg.media
-                    )
+                    put = self.level.store.put_kv(  # digests from the device: not hashed again
+                        seg.parent, toks, kv, token_start=seg.start, media=seg.media,
+                        page_hashes=snap.page_hashes.get((seg.start, seg.end)),
+                    )  # fmt: skip
                     if on_put is not None:
                         on_put((seg.end - seg.start) * self.tb + _SLACK)
                     if put.key != seg.key:  # one derivation: a difference is a bug, never data

@@ -94,9 +94,10 @@ class MemoryBackend:
         token_start: int,
         media: Sequence[MediaRef] = (),
         codec: Codec = Codec.RAW,
+        page_hashes: npt.NDArray[np.uint8] | None = None,
     ) -> PutResult:
         u = kv_segment(self.fingerprint, parent_key, tokens, payload, token_start=token_start,
-                       media=media)  # fmt: skip
+                       media=media, page_hashes=page_hashes)  # fmt: skip
         return self._put(u, codec)
 
     def put_state(

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_kernels import KernelArgumentError, first_bad_page, ladder_copy, page_hashes
+from numba_kernels import (
+    KernelArgumentError,
+    first_bad_page,
+    ladder_copy,
+    page_hashes,
+    scatter_rows,
+    zero_rows,
+)
 
 PB = 256
 
@@ -103,3 +110,65 @@ def test_page_hashes_take_bytes_in_any_contiguous_shape_on_the_device() -> None:
         page_hashes(cuda.to_device(data.view(np.int32)), PB)
     with pytest.raises(KernelArgumentError, match="page_bytes"):
         page_hashes(cuda.to_device(data), 0)
+
+
+# -- the row scatter and zeroing of the device restore (issue 15 item 1) ------------------------
+LAYERS, ROW, PT = 3, 24, 4
+
+
+@pytest.mark.parametrize("n", [1, 4, 7, 12])  # less than a page, one page, a short last page
+def test_scatter_rows_is_bit_exact_on_the_device_and_the_host(n: int) -> None:
+    """Each layer's K and V rows of stored pages (spec F-SEG-4) land in the rows ``slots``
+    names, the same on both paths; rows not named are untouched."""
+    rng = np.random.default_rng(n)
+    src = rng.integers(0, 256, n * LAYERS * 2 * ROW, dtype=np.uint8)
+    slots = rng.permutation(16)[:n]
+    for layer in range(LAYERS):
+        k, v = np.full(16 * ROW, 7, np.uint8), np.full(16 * ROW, 9, np.uint8)
+        dk, dv = cuda.to_device(k), cuda.to_device(v)
+        scatter_rows(src, n, PT, LAYERS, ROW, layer, k, v, slots, device="cpu")
+        scatter_rows(cuda.to_device(src), n, PT, LAYERS, ROW, layer, dk, dv, slots)
+        assert np.array_equal(dk.copy_to_host(), k) and np.array_equal(dv.copy_to_host(), v)
+        full = n // PT
+        for j, slot in enumerate(slots):  # the stored layout, token by token
+            page, within = divmod(j, PT)
+            p = PT if page < full else n - full * PT
+            at = (page * PT * LAYERS * 2 + layer * 2 * p) * ROW + within * ROW
+            assert np.array_equal(k.reshape(16, ROW)[slot], src[at : at + ROW])
+            assert np.array_equal(v.reshape(16, ROW)[slot], src[at + p * ROW : at + p * ROW + ROW])
+        untouched = np.setdiff1d(np.arange(16), slots)
+        assert (k.reshape(16, ROW)[untouched] == 7).all()
+        zero_rows(dk, ROW, slots[:2])
+        zero_rows(k, ROW, slots[:2], device="cpu")
+        assert np.array_equal(dk.copy_to_host(), k) and not k.reshape(16, ROW)[slots[:2]].any()
+
+
+@pytest.mark.parametrize("where", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", ["slot-out", "slot-twice", "short-src", "layer", "same-kv",
+                                  "odd-rows", "dtype"])  # fmt: skip
+def test_bad_scatter_arguments_are_refused_before_anything_is_written(
+    where: str, case: str
+) -> None:
+    src = np.zeros(4 * LAYERS * 2 * ROW, np.uint8)
+    k, v = np.full(8 * ROW, 5, np.uint8), np.full(8 * ROW, 5, np.uint8)
+    slots, layer, n = np.arange(4), 0, 4
+    if case == "slot-out":
+        slots = np.array([0, 1, 2, 8])
+    elif case == "slot-twice":
+        slots = np.array([0, 1, 1, 2])
+    elif case == "short-src":
+        src = src[:-1]
+    elif case == "layer":
+        layer = LAYERS
+    elif case == "odd-rows":
+        k = np.full(8 * ROW + 3, 5, np.uint8)
+    elif case == "dtype":
+        src = src.view(np.uint16)
+    dk, dv = (cuda.to_device(k), cuda.to_device(v)) if where == "cuda" else (k, v)
+    s = cuda.to_device(src) if where == "cuda" else src
+    if case == "same-kv":
+        dv = dk
+    with pytest.raises(KernelArgumentError):
+        scatter_rows(s, n, PT, LAYERS, ROW, layer, dk, dv, slots, device=where)  # type: ignore[arg-type]
+    got = dk.copy_to_host() if where == "cuda" else dk
+    assert (got == 5).all(), "nothing was written"

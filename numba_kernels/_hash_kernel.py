@@ -1,7 +1,7 @@
-"""The CUDA kernels themselves (imported on first use by :func:`numba_kernels.cuda.kernels`).
-
-They live at module level because the numba CUDA simulator swaps the module global ``cuda`` for
-its fake while a kernel runs; see numba_kernels/cuda.py for the algorithm.
+"""The page-hash kernel: one CUDA block per page, BLAKE3 root chaining values (the algorithm:
+numba_kernels/cuda.py). Imported on first use by :func:`numba_kernels.cuda.kernels`; kernels live
+at module level, one module per concern (hash, validate, copy), because the numba CUDA simulator
+swaps a kernel module's global ``cuda`` for its fake while a kernel of it runs.
 """
 
 from numba import cuda, uint32
@@ -70,30 +70,3 @@ def page_hash(data, total, page_bytes, iv, sched, gidx, out):  # type: ignore[no
     if tid == 0:
         for w in range(8):
             out[page, w] = cvs[0, w]
-
-
-@cuda.jit  # type: ignore[misc]
-def first_bad(actual, expected, result):  # type: ignore[no-untyped-def]
-    """result[0] = the lowest page whose digest differs (unchanged when none does)."""
-    i = cuda.grid(1)
-    if i < actual.shape[0]:
-        for w in range(actual.shape[1]):
-            if actual[i, w] != expected[i, w]:
-                cuda.atomic.min(result, 0, i)
-                break
-
-
-@cuda.jit  # type: ignore[misc]
-def ladder_copy(src, page_bytes, n_pages, pool, block_table):  # type: ignore[no-untyped-def]
-    """Copy pages [0, n_pages) of ``src`` into ``pool`` blocks ``block_table[page]`` (one
-    CUDA block per page, threads striding over its bytes)."""
-    page = cuda.blockIdx.x
-    if page >= n_pages:
-        return
-    dst = block_table[page] * page_bytes
-    base = page * page_bytes
-    n = imin(page_bytes, src.shape[0] - base)
-    i = cuda.threadIdx.x
-    while i < n:
-        pool[dst + i] = src[base + i]
-        i += cuda.blockDim.x

@@ -1,0 +1,303 @@
+"""Device destinations: a restore straight into GPU memory, validated on the GPU (issue 15).
+
+:meth:`Store.restore <stratastore.Store.restore>` takes device memory as it takes host memory:
+a numba device array, or any object with ``__cuda_array_interface__`` (a torch CUDA tensor, a
+CuPy array), as
+
+* :class:`DeviceFlatKV`: one buffer in the stored layout (what a bare device array becomes);
+* :class:`DeviceLayerKV`: per-layer K and V arrays ``[max_tokens, n_kv_heads, head_dim]``;
+* :class:`DevicePagedKV`: per-layer pools ``[2, num_blocks, block_size, n_kv_heads, head_dim]``
+  addressed through a block table (vLLM's and SGLang's paged layout).
+
+The path of a disk chunk (:meth:`~stratastore.restore.two_pass.Job.chunks`): its pages are read
+into pinned host staging (a bounded pool), copied to device staging asynchronously on a stream,
+hashed there by the ``page_hash`` kernel, compared with the sidecar's digests by the
+``first_bad`` kernel (one integer comes back to the host), and the apply pass then copies the
+validated pages, and only those, from that same device staging into the destination (one
+``scatter_rows`` launch per layer, a device-to-device copy for the flat layout). The host never
+hashes; no byte past the first bad page reaches the destination; the contract, the ladder and
+the typed errors are the host path's (:mod:`.two_pass`). A RAM hit or a park in flight is the
+engine's own bytes: copied to the device and scattered, with nothing to validate.
+
+Nothing here imports ``numba.cuda`` until a device array is given: a host-only engine never
+pays for it. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: CI, no GPU) the same code
+runs on simulated device arrays, which is how it is tested bit-exact against the host path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..device_arrays import address, as_device_array, device_bytes
+from ..format import ModelFingerprint
+from ..store.staging import StagingPool
+from .destinations import DestinationRefused
+
+__all__ = [
+    "DeviceDestination",
+    "DeviceFlatKV",
+    "DeviceLayerKV",
+    "DevicePagedKV",
+    "device_staging",
+    "stage_and_validate",
+]
+
+#: idle staging kept for reuse, on the host (pinned) and on the device: a few chunks
+_KEEP_BYTES = 64 << 20
+_pools: dict[str, StagingPool] = {}
+_pools_lock = threading.Lock()
+
+
+_CONTIGUOUS_FIX = (
+    "a restore writes the stored layout in place: pass a contiguous tensor "
+    "(.contiguous()) and use that"
+)
+
+
+def _device_bytes(a: object, what: str) -> Any:
+    """``a`` (writable device memory, C-contiguous) as flat device bytes, or
+    :class:`DestinationRefused`."""
+    dev = as_device_array(a, what, DestinationRefused, writable=True)
+    return device_bytes(dev, what, DestinationRefused, _CONTIGUOUS_FIX)
+
+
+def device_staging(kind: str) -> StagingPool:
+    """The process's bounded pool of ``"pinned"`` host or ``"device"`` staging buffers."""
+    with _pools_lock:
+        pool = _pools.get(kind)
+        if pool is None:
+            from numba import cuda
+
+            alloc = cuda.pinned_array if kind == "pinned" else cuda.device_array
+            pool = _pools[kind] = StagingPool(_KEEP_BYTES,
+                                              alloc=lambda n: alloc(n, dtype=np.uint8))  # fmt: skip
+        return pool
+
+
+def stage_and_validate(host: npt.NDArray[np.uint8], dev: Any,
+                       expected: npt.NDArray[np.uint8], page_bytes: int) -> int:  # fmt: skip
+    """Copy ``host`` (pages read from a segment, pinned when it can be) into ``dev`` (device
+    staging of the same size) on a stream of its own, hash its pages there (``page_hash``) and
+    compare them with ``expected`` (the sidecar's ``(pages, 32)`` digests, ``first_bad``).
+    Returns the first page whose digest differs, or -1; the host hashes nothing."""
+    from numba import cuda
+
+    from numba_kernels.cuda import first_bad_device, page_hash_words
+
+    stream = cuda.stream()
+    n = int(host.size)
+    dev.copy_to_device(host, stream=stream)
+    words = page_hash_words(dev, n, page_bytes, stream=stream)
+    want = cuda.to_device(np.ascontiguousarray(expected).view("<u4").reshape(-1, 8), stream=stream)
+    return first_bad_device(words, want, stream=stream)
+
+
+class DeviceDestination:
+    """What the device destinations share: the model's geometry, the restore's device path
+    (:func:`stage_and_validate` in the read pass; ``write_pages`` and ``zero`` on the device)."""
+
+    on_device = True
+    read_direct = False
+
+    def __init__(self, fp: ModelFingerprint) -> None:
+        self.fp = fp
+        self.layers = fp.n_layers
+        self.row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize  # bytes of one token's K
+        self.tb = fp.token_bytes
+
+    def capacity(self) -> int:
+        raise NotImplementedError
+
+    def _on_device(self, data: Any, nbytes: int) -> tuple[Any, Any]:
+        """``data`` on the device: as given, or (host bytes: a RAM hit, a park in flight)
+        copied into device staging, which the caller gives back (the second item)."""
+        if hasattr(data, "copy_to_host"):
+            return data, None
+        pool = device_staging("device")
+        staging: Any = pool.take(nbytes)
+        staging[:nbytes].copy_to_device(np.ascontiguousarray(data[:nbytes]))
+        return staging[:nbytes], staging
+
+    def write_pages(self, token_start: int, n_tokens: int, data: Any, page_tokens: int) -> None:
+        """Write ``n_tokens`` tokens from ``token_start``, given as consecutive stored pages of
+        ``page_tokens`` in device memory (validated staging) or host memory (a capture)."""
+        if n_tokens <= 0:
+            return
+        src, staging = self._on_device(data, n_tokens * self.tb)
+        try:
+            self._write(token_start, n_tokens, src, page_tokens)
+        finally:
+            if staging is not None:
+                from numba import cuda
+
+                cuda.synchronize()  # type: ignore[no-untyped-call]  # the copies out of it have ended
+                device_staging("device").give(staging)
+
+    def _write(self, token_start: int, n_tokens: int, src: Any, page_tokens: int) -> None:
+        raise NotImplementedError
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        raise NotImplementedError
+
+
+class DeviceFlatKV(DeviceDestination):
+    """The stored layout in one device buffer (any dtype, C-contiguous): a segment's pages at
+    ``start * token_bytes``, as :class:`~stratastore.restore.FlatKV` on the host."""
+
+    def __init__(self, fp: ModelFingerprint, buf: object, what: str = "the device K/V buffer"
+                 ) -> None:  # fmt: skip
+        super().__init__(fp)
+        self.buf = _device_bytes(buf, what)
+
+    def capacity(self) -> int:
+        return int(self.buf.shape[0]) // self.tb
+
+    def _write(self, token_start: int, n_tokens: int, src: Any, page_tokens: int) -> None:
+        a, n = token_start * self.tb, n_tokens * self.tb
+        self.buf[a : a + n].copy_to_device(src[:n])
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        from numba_kernels.cuda import zero_rows_device
+
+        if n_tokens > 0:
+            rows = self.buf[: self.capacity() * self.tb]
+            zero_rows_device(
+                rows, self.tb, _rows_on_device(np.arange(token_start, token_start + n_tokens))
+            )
+
+
+class _DevicePerToken(DeviceDestination):
+    """Destinations addressed a row (one token's K or V of one layer) at a time."""
+
+    def _arrays(self, a: object, what: str, lead: tuple[int, ...]) -> Any:
+        """``a`` as flat device bytes after checking it is ``[*lead, tokens, n_kv_heads,
+        head_dim]`` of the model's item size."""
+        arr = as_device_array(a, what, DestinationRefused, writable=True)
+        fp, k = self.fp, len(lead)
+        shape = tuple(int(x) for x in arr.shape)
+        model = (fp.n_kv_heads, fp.head_dim)
+        fits = len(shape) == k + 3 and shape[k + 1 :] == model and shape[:k] == lead
+        if not fits or np.dtype(arr.dtype).itemsize != fp.dtype.itemsize:
+            want = ", ".join(map(str, [*lead, "tokens", *model]))
+            raise DestinationRefused(
+                f"{what} is {shape} of {np.dtype(arr.dtype)}; {fp.describe()} needs [{want}] of "
+                f"{fp.dtype.itemsize}-byte items: every token would land at a wrong offset"
+            )
+        return _device_bytes(arr, what)
+
+    def _pairs(self) -> list[tuple[Any, Any]]:
+        """Each layer's (K rows, V rows), as flat device bytes."""
+        raise NotImplementedError
+
+    def _slots(self, token_start: int, n_tokens: int) -> npt.NDArray[np.int64]:
+        """The rows of tokens ``[token_start, token_start + n_tokens)``."""
+        raise NotImplementedError
+
+    def _write(self, token_start: int, n_tokens: int, src: Any, page_tokens: int) -> None:
+        from numba_kernels.cuda import scatter_rows_device
+
+        slots = _rows_on_device(self._slots(token_start, n_tokens))
+        for layer, (k, v) in enumerate(self._pairs()):
+            scatter_rows_device(src, n_tokens, page_tokens, self.layers, self.row, layer, k, v,
+                                slots)  # fmt: skip
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        from numba_kernels.cuda import zero_rows_device
+
+        if n_tokens <= 0:
+            return
+        slots = _rows_on_device(self._slots(token_start, n_tokens))
+        for k, v in self._pairs():
+            zero_rows_device(k, self.row, slots)
+            zero_rows_device(v, self.row, slots)
+
+
+class DeviceLayerKV(_DevicePerToken):
+    """``k[layer]`` and ``v[layer]``: device arrays ``[max_tokens, n_kv_heads, head_dim]`` (a
+    contiguous cache on the GPU), as :class:`~stratastore.restore.LayerKV` on the host."""
+
+    def __init__(self, fp: ModelFingerprint, k: Sequence[object], v: Sequence[object]) -> None:
+        super().__init__(fp)
+        if len(k) != fp.n_layers or len(v) != fp.n_layers:
+            raise DestinationRefused(f"DeviceLayerKV needs {fp.n_layers} K and V arrays, got "
+                                     f"{len(k)}, {len(v)}")  # fmt: skip
+        self.k = [self._arrays(a, f"DeviceLayerKV K[{i}]", ()) for i, a in enumerate(k)]
+        self.v = [self._arrays(a, f"DeviceLayerKV V[{i}]", ()) for i, a in enumerate(v)]
+        _refuse_overlaps([(f"DeviceLayerKV {kind}[{i}]", a)
+                          for kind, arrays in (("K", self.k), ("V", self.v))
+                          for i, a in enumerate(arrays)])  # fmt: skip
+        self.max_tokens = min(int(a.shape[0]) // self.row for a in [*self.k, *self.v])
+
+    def capacity(self) -> int:
+        return self.max_tokens
+
+    def _pairs(self) -> list[tuple[Any, Any]]:
+        return list(zip(self.k, self.v, strict=True))
+
+    def _slots(self, token_start: int, n_tokens: int) -> npt.NDArray[np.int64]:
+        return np.arange(token_start, token_start + n_tokens, dtype=np.int64)
+
+
+class DevicePagedKV(_DevicePerToken):
+    """``pools[layer]``: device arrays ``[2, num_blocks, block_size, n_kv_heads, head_dim]``;
+    token ``t`` lives in block ``block_table[t // block_size]`` at slot ``t % block_size``, as
+    :class:`~stratastore.restore.PagedKV` on the host (the same block-table checks)."""
+
+    def __init__(self, fp: ModelFingerprint, pools: Sequence[object],
+                 block_table: Sequence[int] | npt.NDArray[np.integer]) -> None:  # fmt: skip
+        from .destinations import _block_table
+
+        super().__init__(fp)
+        if len(pools) != fp.n_layers:
+            raise DestinationRefused(f"DevicePagedKV needs {fp.n_layers} per-layer pools, got "
+                                     f"{len(pools)}")  # fmt: skip
+        arrays = [as_device_array(p, f"DevicePagedKV pool[{i}]", DestinationRefused, writable=True)
+                  for i, p in enumerate(pools)]  # fmt: skip
+        shape = tuple(int(x) for x in arrays[0].shape) if arrays else ()
+        if len(shape) != 5 or shape[0] != 2 or any(tuple(a.shape) != shape for a in arrays):
+            raise DestinationRefused(
+                f"each DevicePagedKV pool must be [2, num_blocks, block_size, {fp.n_kv_heads}, "
+                f"{fp.head_dim}], all of one shape; pool[0] is {shape}"
+            )
+        self.num_blocks, self.block_size = shape[1], shape[2]
+        flat = [self._arrays(a, f"DevicePagedKV pool[{i}]", (2, self.num_blocks))
+                for i, a in enumerate(arrays)]  # fmt: skip
+        half = self.num_blocks * self.block_size * self.row
+        self.pools = [(f[:half], f[half:]) for f in flat]  # K and V of each layer
+        self.table = _block_table(block_table, self.num_blocks, self.block_size)
+        _refuse_overlaps([(f"DevicePagedKV pool[{i}]", f) for i, f in enumerate(flat)])
+
+    def capacity(self) -> int:
+        return int(self.table.size) * int(self.block_size)
+
+    def _pairs(self) -> list[tuple[Any, Any]]:
+        return self.pools
+
+    def _slots(self, token_start: int, n_tokens: int) -> npt.NDArray[np.int64]:
+        t = np.arange(token_start, token_start + n_tokens, dtype=np.int64)
+        return self.table[t // self.block_size] * self.block_size + t % self.block_size
+
+
+def _rows_on_device(rows: npt.NDArray[np.int64]) -> Any:
+    from numba import cuda
+
+    return cuda.to_device(np.ascontiguousarray(rows, dtype=np.int64))
+
+
+def _refuse_overlaps(arrays: list[tuple[str, Any]]) -> None:
+    """Refuse device arrays that share memory (one tensor given for two layers, or K and V)."""
+    spans = sorted((address(a), address(a) + int(a.shape[0]), name) for name, a in arrays
+                   if int(a.shape[0]))  # fmt: skip
+    reach, widest = 0, ""
+    for start, end, name in spans:
+        if start < reach:
+            raise DestinationRefused(f"{name} overlaps {widest} in device memory: a restore "
+                                     "would write both into one place; pass distinct "
+                                     "tensors")  # fmt: skip
+        if end > reach:
+            reach, widest = end, name
