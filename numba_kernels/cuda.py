@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IV", "SCHEDULE", "build", "digest_words_to_bytes"]
+__all__ = ["IV", "MAX_PAGE_BYTES", "SCHEDULE", "build", "digest_words_to_bytes"]
 
 IV = np.array([0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A,
                0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19], dtype=np.uint32)  # fmt: skip
@@ -151,7 +151,10 @@ def digest_words_to_bytes(words: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(-1, 32)
 
 
-MAX_RUN = 64  #: chunks one thread merges itself: pages up to MAX_THREADS * MAX_RUN KiB (16 MiB)
+MAX_RUN = 256  #: chunks one thread merges itself (local memory: 8 KiB a thread at most)
+#: the largest page the page-hash kernel takes: MAX_THREADS * MAX_RUN KiB (64 MiB); the device
+#: path refuses a model with larger pages, typed, before anything runs
+MAX_PAGE_BYTES = MAX_THREADS * MAX_RUN * 1024
 
 
 _KERNELS: dict[str, Any] = {}
@@ -222,7 +225,8 @@ def page_hash_words(data: Any, total: int, page_bytes: int, *, threads: int | No
         raise ValueError(f"{threads} threads cannot hash pages of {page_bytes} bytes "
                          f"(each thread merges at most {MAX_RUN} chunks)")  # fmt: skip
     iv, sched, gidx = _consts()
-    _launch("page_hash", n, threads or threads_for(page_bytes), data, total, page_bytes, iv,
+    longest = max(1, min(page_bytes, total))  # the first page: no page is longer
+    _launch("page_hash", n, threads or threads_for(longest), data, total, page_bytes, iv,
             sched, gidx, out, stream=stream)  # fmt: skip
     return out
 

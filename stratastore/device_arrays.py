@@ -72,7 +72,7 @@ def as_device_array(obj: object, what: str, error: type[StrataError], *,
         raise error(
             f"{what} ({_name(obj)}) has a __cuda_array_interface__ numba cannot read "
             f"({type(e).__name__}: {e}); pass a numba device array, or a view of the same "
-            "memory numba reads (torch bfloat16: t.view(torch.uint16))"
+            "memory numba reads (torch bfloat16: t.view(torch.int16))"
         ) from None
     raise error(f"{what} is read-only device memory; pass a writable tensor (a restore writes "
                 "into it in place)")  # fmt: skip

@@ -35,6 +35,13 @@ into the tensors) (views ``[1, kv_heads, n, head_dim]`` of
 ``[tokens, kv_heads, head_dim]`` buffers: the model's next forward concatenates onto them, as
 it does on any ``DynamicCache``). Nothing is zero-filled: past the restored prefix a buffer
 holds whatever it held, and only ``[:n]`` is read.
+
+On a GPU (issue 15 item 3): a cache whose tensors live on CUDA is packed into the stored layout
+on the device (one strided torch copy per layer, K/V and page run), hashed there and copied to
+the host once (:meth:`Store.park` with device memory); with ``device="cuda"`` at
+:meth:`TransformersCache.open`, restores land in CUDA tensors, validated on the device
+(:class:`~stratastore.restore.DeviceLayerKV`). Nothing goes through ``.to("cpu")`` in the
+adapter.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from ..config import StoreConfig
 from ..errors import ConfigError
 from ..facade import Store
 from ..format import ModelFingerprint
-from ..restore import LayerKV, deliver_capture
+from ..restore import Destination, DeviceLayerKV, LayerKV, deliver_capture
 from ..restore.destinations import page_runs
 from ..tiers.tiered import ParkReport
 
@@ -274,19 +281,67 @@ def _pack(fp: ModelFingerprint, rows: Sequence[tuple[npt.NDArray[np.uint8],
     return out
 
 
-class _Buffers:
-    """Per-layer K and V tensors ``[tokens, heads, head_dim]`` of the cache's dtype, never
-    filled (``torch.empty``: a page the restore does not write is never touched), and the
-    :class:`LayerKV` destination writing into their memory."""
+def _pack_on_device(fp: ModelFingerprint, layers: Sequence[tuple[Any, Any]], n: int,
+                    cuts: Sequence[int]) -> Any:  # fmt: skip
+    """The stored layout (spec F-SEG-4, a segment from each cut) of ``n`` tokens given per
+    layer as ``(K, V)`` tensors ``[1, heads, n, dim]`` on the device, built on the device: a
+    uint8 tensor there, one strided torch copy per layer, K/V and page run (what :func:`_pack`
+    does on the host; bit-identical)."""
+    import torch
 
-    def __init__(self, fp: ModelFingerprint, dtype: Any, tokens: int) -> None:
+    tb, p = fp.token_bytes, fp.page_tokens
+    first = layers[0][0]
+    out = torch.empty(n * tb, dtype=torch.uint8, device=first.device)
+    bounds = sorted({0, *(c for c in cuts if 0 < c < n), n})
+    rows = [tuple((t if t.stride(-1) == 1 else t.contiguous()).detach()[0].transpose(0, 1)
+                  .view(torch.uint8) for t in kv) for kv in layers]  # fmt: skip
+    for lo, hi in itertools.pairwise(bounds):
+        full, rest = divmod(hi - lo, p)
+        for t0, count, q in ((lo, full, p), (lo + full * p, 1 if rest else 0, rest)):
+            if not count:
+                continue
+            a = t0 * tb
+            view = out[a : a + count * q * tb].view(count, fp.n_layers, 2, q, fp.n_kv_heads, -1)
+            for layer, kv in enumerate(rows):
+                for kind, src in enumerate(kv):
+                    view[:, layer, kind].copy_(src[t0 : t0 + count * q].unflatten(0, (count, q)))
+    return out
+
+
+def _is_cuda(where: Any) -> bool:
+    """Whether a tensor (or a torch device) is on a CUDA device."""
+    device = getattr(where, "device", where)
+    return getattr(device, "type", None) == "cuda"
+
+
+def _device_view(t: Any) -> Any:
+    """A CUDA tensor as device memory numba reads in place (``__cuda_array_interface__``):
+    itself, or for bfloat16, which the interface cannot describe, an int16 view of it."""
+    import torch
+
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+class _Buffers:
+    """Per-layer K and V tensors ``[tokens, heads, head_dim]`` of the cache's dtype on
+    ``device``, never filled (``torch.empty``: a page the restore does not write is never
+    touched), and the destination writing into their memory: :class:`LayerKV`, or on CUDA
+    :class:`~stratastore.restore.DeviceLayerKV` (validated on the device)."""
+
+    def __init__(self, fp: ModelFingerprint, dtype: Any, tokens: int, device: Any = "cpu"
+                 ) -> None:  # fmt: skip
         import torch
 
         shape = (max(tokens, 1), fp.n_kv_heads, fp.head_dim)
-        self.k = [torch.empty(shape, dtype=dtype) for _ in range(fp.n_layers)]
-        self.v = [torch.empty(shape, dtype=dtype) for _ in range(fp.n_layers)]
-        self.dest = LayerKV(fp, [_byte_view(t) for t in self.k], [_byte_view(t) for t in self.v],
-                            read_direct=True)  # fmt: skip
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(fp.n_layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(fp.n_layers)]
+        self.dest: Destination
+        if _is_cuda(device):
+            self.dest = DeviceLayerKV(fp, [_device_view(t) for t in self.k],
+                                      [_device_view(t) for t in self.v])  # fmt: skip
+        else:
+            self.dest = LayerKV(fp, [_byte_view(t) for t in self.k],
+                                [_byte_view(t) for t in self.v], read_direct=True)  # fmt: skip
 
     def cache(self, config: Any, n: int) -> Any:
         """A ``DynamicCache`` of the first ``n`` tokens, holding views of these tensors."""
@@ -320,12 +375,17 @@ class TransformersCache:
     """A :class:`~stratastore.Store` for one transformers model (batch size 1 caches).
 
     Every method is as thread-safe as the Store's. The caches :meth:`restore` returns live on
-    the CPU, in the adapter's dtype; move them to the model's device as any ``DynamicCache``."""
+    ``device`` (the CPU by default; a CUDA device restores straight into CUDA tensors, validated
+    there), in the adapter's dtype. A cache on CUDA parks from the device (hashed there, copied
+    to the host once)."""
 
     def __init__(self, store: Store, config: Any, fp: ModelFingerprint, dtype: Any,
-                 tokenizer: Any = None) -> None:  # fmt: skip
+                 tokenizer: Any = None, device: Any = "cpu") -> None:  # fmt: skip
+        import torch
+
         self.store, self.config, self.fp, self.dtype = store, config, fp, dtype
         self.tokenizer = tokenizer
+        self.device = torch.device(device)
         self.layers, self.heads, self.head_dim = _geometry(config)
 
     @classmethod
@@ -338,11 +398,14 @@ class TransformersCache:
         dtype: Any = None,
         page_tokens: int = 16,
         tokenizer: Any = None,
+        device: Any = "cpu",
         **store_kw: Any,
     ) -> TransformersCache:
         """Open a Store for this model; ``dtype`` defaults to the config's ``dtype`` (read
         without the deprecated ``torch_dtype``: opening logs and warns nothing), else float32.
         ``tokenizer``, when given, supplies the chat template :meth:`park`'s ``messages`` use.
+        ``device``: where restored caches live (``"cpu"``, or ``"cuda"``/``"cuda:N"``: restored
+        into CUDA tensors and validated on the GPU, issue 15).
 
         A config whose cache keeps a sliding window (:func:`sliding_window_of`) is refused with
         a :class:`ConfigError` naming the window, before anything is opened."""
@@ -354,7 +417,12 @@ class TransformersCache:
             dtype = getattr(torch, dtype, dtype)
         dtype = dtype or torch.float32
         fp = fingerprint_for(config, model_id, dtype, page_tokens=page_tokens)
-        return cls(Store.open(fp, store_config, **store_kw), config, fp, dtype, tokenizer)
+        try:
+            where = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(f"device={device!r} is not a torch device ({e}): pass 'cpu' or "
+                              "'cuda[:N]'") from None  # fmt: skip
+        return cls(Store.open(fp, store_config, **store_kw), config, fp, dtype, tokenizer, where)
 
     def close(self) -> None:
         self.store.close()
@@ -396,7 +464,7 @@ class TransformersCache:
         if tail_at is not None:
             lengths = sorted({*lengths, tail_at})
         cuts = [0, *lengths[:-1]]  # a segment per message: each checkpoint ends one
-        kv = _pack(self.fp, rows, n, cuts)
+        kv = self._packed(cache, rows, n, cuts)
         chain = [Checkpoint(x, pinned=x in pinned, tail=x == tail_at) for x in lengths]
         return self.store.park(Conversation(conv_id, ids, chain, cuts=cuts), kv, pin=pin)
 
@@ -417,7 +485,7 @@ class TransformersCache:
         land once, in the tensors the cache holds (nothing is zero-filled or copied after)."""
         ids = _ids(prompt_ids)
         cap = _cap(ids, max_tokens)
-        buf = _Buffers(self.fp, self.dtype, len(ids))  # the Store wants room for the prompt
+        buf = _Buffers(self.fp, self.dtype, len(ids), self.device)  # room for the prompt
         r = self.store.restore(ids, buf.dest, max_tokens=cap)
         return (buf.cache(self.config, r.tokens), r.tokens) if r.tokens else (None, 0)
 
@@ -436,7 +504,7 @@ class TransformersCache:
         else:
             raise ConfigError(f"restore_many: max_tokens must be an int, None, or one per prompt "
                               f"({len(ids)}), not {max_tokens!r}")  # fmt: skip
-        bufs = [_Buffers(self.fp, self.dtype, len(i)) for i in ids]
+        bufs = [_Buffers(self.fp, self.dtype, len(i), self.device) for i in ids]
         got = self.store.restore_many([(i, b.dest) for i, b in zip(ids, bufs, strict=True)],
                                       max_tokens=caps)  # fmt: skip
         return [(b.cache(self.config, r.tokens), r.tokens) if r.tokens else (None, 0)
@@ -452,7 +520,7 @@ class TransformersCache:
         n = len(ids)
         rows = self._rows(cache, n)
         lengths = sorted({*(c for c in checkpoints if 0 < c < n), n})
-        kv = _pack(self.fp, rows, n, [0, *lengths[:-1]])  # the Store's segments for a session
+        kv = self._packed(cache, rows, n, [0, *lengths[:-1]])  # the Store's session segments
         self.store.save_session(name, ids, kv, checkpoints)
 
     def load_session(self, name: str, *, capacity: int | None = None) -> tuple[Any, int]:
@@ -466,7 +534,7 @@ class TransformersCache:
         flat = np.empty(cap * self.fp.token_bytes, np.uint8)
         conv = self.store.load_session(name, flat)
         n = len(conv.tokens)
-        buf = _Buffers(self.fp, self.dtype, n)
+        buf = _Buffers(self.fp, self.dtype, n, self.device)
         starts = list(conv.cuts) or [0]
         deliver_capture(buf.dest, flat[: n * self.fp.token_bytes],
                         list(zip(starts, [*starts[1:], n], strict=True)), n, self.fp)  # fmt: skip
@@ -483,10 +551,21 @@ class TransformersCache:
                               "..., tokenizer=tok)) whose chat template renders them")  # fmt: skip
         return self.tokenizer
 
+    def _packed(self, cache: Any, rows: list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]],
+                n: int, cuts: Sequence[int]) -> Any:  # fmt: skip
+        """The stored layout of ``cache`` (checked by :meth:`_rows`): on the host from
+        ``rows``, or for a cache on CUDA built on the device (:func:`_pack_on_device`), as
+        device memory :meth:`Store.park` hashes there."""
+        if not rows:
+            pairs = [(layer.keys, layer.values) for layer in cache.layers]
+            return _device_view(_pack_on_device(self.fp, pairs, n, cuts))
+        return _pack(self.fp, rows, n, cuts)
+
     def _rows(self, cache: Any, n: int) -> list[tuple[npt.NDArray[np.uint8],
                                                       npt.NDArray[np.uint8]]]:  # fmt: skip
         """Each layer's ``(K, V)`` of ``cache`` as byte views ``[n, heads, dim * itemsize]``,
-        after checking the layer count, dtype and shape."""
+        after checking the layer count, dtype and shape (and that all are on one device);
+        none for a cache on CUDA (packed on the device: :meth:`_packed`)."""
         layers = getattr(cache, "layers", None)
         if layers is None or len(layers) != self.layers:
             raise ConfigError(
@@ -504,5 +583,12 @@ class TransformersCache:
                         f"layer {i} K/V shape {tuple(t.shape)} is not (1, {self.heads}, {n}, "
                         f"{self.head_dim}): one sequence whose length is the token count"
                     )
+        places = {str(t.device) for layer in layers for t in (layer.keys, layer.values)}
+        if len(places) > 1:
+            raise ConfigError(f"the cache's layers live on {sorted(places)}: park a cache whose "
+                              "K/V are on one device")  # fmt: skip
+        if _is_cuda(layers[0].keys):
+            return []  # packed, hashed on the device
+        for layer in layers:
             rows.append((_token_rows(layer.keys), _token_rows(layer.values)))
         return rows

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from numba_kernels.cpu import parallel_copy, parallel_run
 
+from ..device_arrays import is_device_array
 from ..errors import ConfigError
 from ..format import ModelFingerprint
 
@@ -104,6 +105,7 @@ class FlatKV:
 
     def __init__(self, fp: ModelFingerprint, buf: npt.NDArray[np.generic], *,
                  read_direct: bool = True) -> None:  # fmt: skip
+        self.fp = fp
         self.tb = fp.token_bytes
         self.buf = flat_bytes(buf, "the K/V buffer")
         self.read_direct = read_direct
@@ -341,11 +343,18 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
     raises :class:`DestinationRefused`."""
     if isinstance(out, np.ndarray):
         return FlatKV(fp, out, read_direct=True)
-    if hasattr(out, "__cuda_array_interface__") or hasattr(out, "copy_to_device"):
+    if is_device_array(out):
         from .device import DeviceFlatKV  # device memory: validated on the device (issue 15)
 
         return DeviceFlatKV(fp, out, what)
     if callable(getattr(out, "capacity", None)) and callable(getattr(out, "write_pages", None)):
+        made_for = getattr(out, "fp", None)
+        if isinstance(made_for, ModelFingerprint) and made_for.digest() != fp.digest():
+            raise DestinationRefused(
+                f"{what} was made for {made_for.describe()}; this store holds "
+                f"{fp.describe()}: every token would land at a wrong offset; make the "
+                "destination with the store's fingerprint"
+            )
         return cast(Destination, out)
     raise DestinationRefused(f"{what} must be a numpy array, device memory or a restore "
                              "Destination (FlatKV, LayerKV, PagedKV, DeviceLayerKV, "

@@ -105,13 +105,31 @@ class DeviceDestination:
     read_direct = False
 
     def __init__(self, fp: ModelFingerprint) -> None:
+        from numba_kernels.cuda import MAX_PAGE_BYTES
+
+        if fp.page_bytes > MAX_PAGE_BYTES:
+            raise DestinationRefused(
+                f"{fp.describe()} has pages of {fp.page_bytes:,} bytes; the device's page-hash "
+                f"kernel takes at most {MAX_PAGE_BYTES:,}: restore into host memory, or use a "
+                "model fingerprint with fewer page_tokens"
+            )
         self.fp = fp
+        self._stream: Any = None
         self.layers = fp.n_layers
         self.row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize  # bytes of one token's K
         self.tb = fp.token_bytes
 
     def capacity(self) -> int:
         raise NotImplementedError
+
+    @property
+    def stream(self) -> Any:
+        """The stream this destination's copies and zeroing run on (made on first use)."""
+        if self._stream is None:
+            from numba import cuda
+
+            self._stream = cuda.stream()
+        return self._stream
 
     def _on_device(self, data: Any, nbytes: int) -> tuple[Any, Any]:
         """``data`` on the device: as given, or (host bytes: a RAM hit, a park in flight)
@@ -120,22 +138,22 @@ class DeviceDestination:
             return data, None
         pool = device_staging("device")
         staging: Any = pool.take(nbytes)
-        staging[:nbytes].copy_to_device(np.ascontiguousarray(data[:nbytes]))
+        staging[:nbytes].copy_to_device(np.ascontiguousarray(data[:nbytes]), stream=self.stream)
         return staging[:nbytes], staging
 
     def write_pages(self, token_start: int, n_tokens: int, data: Any, page_tokens: int) -> None:
         """Write ``n_tokens`` tokens from ``token_start``, given as consecutive stored pages of
-        ``page_tokens`` in device memory (validated staging) or host memory (a capture)."""
+        ``page_tokens`` in device memory (validated staging) or host memory (a capture). The
+        copies have ended when this returns (its stream is synchronized, not the device): the
+        staging they read can be reused and the engine reads whole bytes on any stream."""
         if n_tokens <= 0:
             return
         src, staging = self._on_device(data, n_tokens * self.tb)
         try:
             self._write(token_start, n_tokens, src, page_tokens)
         finally:
+            self.stream.synchronize()
             if staging is not None:
-                from numba import cuda
-
-                cuda.synchronize()  # type: ignore[no-untyped-call]  # the copies out of it have ended
                 device_staging("device").give(staging)
 
     def _write(self, token_start: int, n_tokens: int, src: Any, page_tokens: int) -> None:
@@ -159,16 +177,16 @@ class DeviceFlatKV(DeviceDestination):
 
     def _write(self, token_start: int, n_tokens: int, src: Any, page_tokens: int) -> None:
         a, n = token_start * self.tb, n_tokens * self.tb
-        self.buf[a : a + n].copy_to_device(src[:n])
+        self.buf[a : a + n].copy_to_device(src[:n], stream=self.stream)
 
     def zero(self, token_start: int, n_tokens: int) -> None:
         from numba_kernels.cuda import zero_rows_device
 
         if n_tokens > 0:
             rows = self.buf[: self.capacity() * self.tb]
-            zero_rows_device(
-                rows, self.tb, _rows_on_device(np.arange(token_start, token_start + n_tokens))
-            )
+            tokens = _rows_on_device(np.arange(token_start, token_start + n_tokens), self.stream)
+            zero_rows_device(rows, self.tb, tokens, stream=self.stream)
+            self.stream.synchronize()
 
 
 class _DevicePerToken(DeviceDestination):
@@ -181,12 +199,15 @@ class _DevicePerToken(DeviceDestination):
         fp, k = self.fp, len(lead)
         shape = tuple(int(x) for x in arr.shape)
         model = (fp.n_kv_heads, fp.head_dim)
-        fits = len(shape) == k + 3 and shape[k + 1 :] == model and shape[:k] == lead
-        if not fits or np.dtype(arr.dtype).itemsize != fp.dtype.itemsize:
+        item = np.dtype(arr.dtype).itemsize
+        fits = len(shape) == k + 3 and shape[k + 1 :] == model and item == fp.dtype.itemsize
+        fits = fits or (not lead and len(shape) == 2 and shape[1] == self.row and item == 1)
+        if not fits or shape[:k] != lead:
             want = ", ".join(map(str, [*lead, "tokens", *model]))
+            alt = "" if lead else f" (or [tokens, {self.row}] of bytes)"
             raise DestinationRefused(
                 f"{what} is {shape} of {np.dtype(arr.dtype)}; {fp.describe()} needs [{want}] of "
-                f"{fp.dtype.itemsize}-byte items: every token would land at a wrong offset"
+                f"{fp.dtype.itemsize}-byte items{alt}: every token would land at a wrong offset"
             )
         return _device_bytes(arr, what)
 
@@ -201,20 +222,21 @@ class _DevicePerToken(DeviceDestination):
     def _write(self, token_start: int, n_tokens: int, src: Any, page_tokens: int) -> None:
         from numba_kernels.cuda import scatter_rows_device
 
-        slots = _rows_on_device(self._slots(token_start, n_tokens))
+        slots = _rows_on_device(self._slots(token_start, n_tokens), self.stream)
         for layer, (k, v) in enumerate(self._pairs()):
             scatter_rows_device(src, n_tokens, page_tokens, self.layers, self.row, layer, k, v,
-                                slots)  # fmt: skip
+                                slots, stream=self.stream)  # fmt: skip
 
     def zero(self, token_start: int, n_tokens: int) -> None:
         from numba_kernels.cuda import zero_rows_device
 
         if n_tokens <= 0:
             return
-        slots = _rows_on_device(self._slots(token_start, n_tokens))
+        slots = _rows_on_device(self._slots(token_start, n_tokens), self.stream)
         for k, v in self._pairs():
-            zero_rows_device(k, self.row, slots)
-            zero_rows_device(v, self.row, slots)
+            zero_rows_device(k, self.row, slots, stream=self.stream)
+            zero_rows_device(v, self.row, slots, stream=self.stream)
+        self.stream.synchronize()
 
 
 class DeviceLayerKV(_DevicePerToken):
@@ -283,10 +305,11 @@ class DevicePagedKV(_DevicePerToken):
         return self.table[t // self.block_size] * self.block_size + t % self.block_size
 
 
-def _rows_on_device(rows: npt.NDArray[np.int64]) -> Any:
+def _rows_on_device(rows: npt.NDArray[np.int64], stream: Any) -> Any:
+    """Row ids (a few bytes a token) on the device, copied on ``stream``."""
     from numba import cuda
 
-    return cuda.to_device(np.ascontiguousarray(rows, dtype=np.int64))
+    return cuda.to_device(np.ascontiguousarray(rows, dtype=np.int64), stream=stream)
 
 
 def _refuse_overlaps(arrays: list[tuple[str, Any]]) -> None:

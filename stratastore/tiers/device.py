@@ -65,8 +65,14 @@ def device_snapshot(conv: Conversation, kv: object, states: Mapping[int, bytes],
     device; then the whole K/V copied to the host once, into the snapshot's own buffer.
     ``page_hashes`` holds the digests by segment: a disk write of these bytes (now, or of the
     RAM level's copy later) puts them in the sidecars and hashes nothing."""
-    from numba_kernels.cuda import page_hashes_device
+    from numba_kernels.cuda import MAX_PAGE_BYTES, page_hashes_device
 
+    if fp.page_bytes > MAX_PAGE_BYTES:
+        raise InvalidConversation(
+            f"{call}: {fp.describe()} has pages of {fp.page_bytes:,} bytes; the device's "
+            f"page-hash kernel takes at most {MAX_PAGE_BYTES:,}: park from host memory, or use "
+            "a model fingerprint with fewer page_tokens"
+        )
     flat = _flat(kv, call)
     host = np.empty(int(flat.shape[0]), dtype=np.uint8)  # the capture's buffer, filled below
     snap = Snapshot(conv, host, dict(states))
