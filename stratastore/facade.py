@@ -331,7 +331,11 @@ class Store:
         (the ladder). Returns how many tokens ``out`` now holds; the engine prefills the rest.
         ``out`` is written in place: one that cannot be (not C-contiguous, Fortran-ordered,
         read-only) is refused with :class:`~stratastore.restore.DestinationRefused` before
-        anything runs. ``media``: the prompt's pictures, as in :meth:`lookup`.
+        anything runs. ``out`` may be device memory (a numba device array, anything with
+        ``__cuda_array_interface__``, :class:`~stratastore.restore.DeviceLayerKV`,
+        :class:`~stratastore.restore.DevicePagedKV`): the pages are then validated on the GPU
+        and only validated pages are copied in (issue 15; :mod:`stratastore.restore.device`).
+        ``media``: the prompt's pictures, as in :meth:`lookup`.
 
         ``max_tokens`` caps the restore: the deepest resume point at or below it (default: the
         deepest stored prefix, which may be the whole prompt). An engine that needs the last

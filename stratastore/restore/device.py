@@ -10,14 +10,15 @@ CuPy array), as
   addressed through a block table (vLLM's and SGLang's paged layout).
 
 The path of a disk chunk (:meth:`~stratastore.restore.two_pass.Job.chunks`): its pages are read
-into pinned host staging (a bounded pool), copied to device staging asynchronously on a stream,
-hashed there by the ``page_hash`` kernel, compared with the sidecar's digests by the
-``first_bad`` kernel (one integer comes back to the host), and the apply pass then copies the
-validated pages, and only those, from that same device staging into the destination (one
-``scatter_rows`` launch per layer, a device-to-device copy for the flat layout). The host never
-hashes; no byte past the first bad page reaches the destination; the contract, the ladder and
-the typed errors are the host path's (:mod:`.two_pass`). A RAM hit or a park in flight is the
-engine's own bytes: copied to the device and scattered, with nothing to validate.
+into pinned host staging (a pool that keeps a few chunks' worth for reuse), copied to device
+staging asynchronously on a stream, hashed there by the ``page_hash`` kernel, compared with the
+sidecar's digests by the ``first_bad`` kernel (one integer comes back to the host), and the
+apply pass then copies the validated pages, and only those, from that same device staging into
+the destination (one ``scatter_rows`` launch per layer, a device-to-device copy for the flat
+layout). The host never hashes; no byte past the first bad page reaches the destination; the
+contract, the ladder and the typed errors are the host path's (:mod:`.two_pass`). A RAM hit or a
+park in flight is the engine's own bytes: copied to the device and scattered, with nothing to
+validate.
 
 Nothing here imports ``numba.cuda`` until a device array is given: a host-only engine never
 pays for it. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: CI, no GPU) the same code
