@@ -10,6 +10,7 @@ host: a table is a few bytes a page)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -91,15 +92,23 @@ def check_ladder(src: Any, page_bytes: int, n_pages: int, pool: Any,
     if table.shape[0] < n_pages:
         raise KernelArgumentError(f"the block table names {table.shape[0]} blocks for "
                                   f"{n_pages} pages; pass one block id a page")  # fmt: skip
-    used = table[:n_pages].astype(np.int64)
-    bad = used[(used < 0) | (used >= blocks)]
-    if bad.size:
-        raise KernelArgumentError(f"the block table names block {int(bad[0])}, outside the "
-                                  f"pool's {blocks} blocks (0..{blocks - 1})")  # fmt: skip
-    if np.unique(used).size != used.size:
-        raise KernelArgumentError("the block table names a block twice: two pages would land "
-                                  "in one block; pass distinct block ids")  # fmt: skip
+    _distinct_within(table[:n_pages], blocks,
+                     lambda b: f"the block table names block {b}, outside the pool's {blocks} "
+                               f"blocks (0..{blocks - 1})",
+                     "the block table names a block twice: two pages would land in one block; "
+                     "pass distinct block ids")  # fmt: skip
     return s, p
+
+
+def _distinct_within(ids: np.ndarray, limit: int, outside: Callable[[int], str],
+                     twice: str) -> None:  # fmt: skip
+    """Refuse ids outside ``[0, limit)`` (``outside(id)`` says so) or given twice."""
+    used = ids.astype(np.int64)
+    bad = used[(used < 0) | (used >= limit)]
+    if bad.size:
+        raise KernelArgumentError(outside(int(bad[0])))
+    if np.unique(used).size != used.size:
+        raise KernelArgumentError(twice)
 
 
 def _count(x: object, name: str, lo: int = 0) -> int:
@@ -119,14 +128,10 @@ def check_rows(dst: Any, row: int, slots: np.ndarray, name: str) -> Any:
     if slots.ndim != 1 or not np.issubdtype(slots.dtype, np.integer):
         raise KernelArgumentError(f"the slots are {slots.dtype} {slots.shape}; pass one integer "
                                   "row a token")  # fmt: skip
-    s = slots.astype(np.int64)
-    bad = s[(s < 0) | (s >= rows)]
-    if bad.size:
-        raise KernelArgumentError(f"slot {int(bad[0])} is outside {name}'s {rows} rows "
-                                  f"(0..{rows - 1})")  # fmt: skip
-    if np.unique(s).size != s.size:
-        raise KernelArgumentError("a slot is named twice: two tokens would land in one row; pass "
-                                  "distinct slots")  # fmt: skip
+    _distinct_within(slots, rows, lambda r: f"slot {r} is outside {name}'s {rows} rows "
+                                            f"(0..{rows - 1})",
+                     "a slot is named twice: two tokens would land in one row; pass distinct "
+                     "slots")  # fmt: skip
     return d
 
 
