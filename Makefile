@@ -29,11 +29,13 @@ unit: $(STAMP)
 test: lint typecheck $(STAMP)
 	$(BIN)/python -m pytest -q --benchmark-disable
 
-# The adapter tests with the transformers extra installed into .venv (a CPU wheel of torch);
-# `make test` runs them too when the extra is there, and skips them, naming it, when it is not.
-# The reliability floors apply to the full run of `make test`, not to this one.
+# The adapter tests with the transformers and lmcache extras installed into .venv (CPU wheels
+# of torch): the transformers adapter and the LMCache storage plugin (issue 16, the real lmcache
+# package on the CPU). `make test` runs them too when the extras are there, and skips them,
+# naming the extra, when they are not. The reliability floors apply to the full run of
+# `make test`, not to this one.
 test-extras: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[transformers]'
+	$(BIN)/python -m pip install -q -e '.[transformers,lmcache]'
 	STRATA_RELIABILITY_ENFORCE=0 $(BIN)/python -m pytest -q tests/adapters
 
 # The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.

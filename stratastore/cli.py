@@ -302,6 +302,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.peers:
         return _bench_peers(args)
+    if args.lmcache:
+        return _bench_lmcache(args)
     doc = run_bench(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -324,6 +326,14 @@ def _bench_peers(args: argparse.Namespace) -> int:
 
     doc = run_peers(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     print(json.dumps(doc, indent=2) if args.json else render_peers(doc))
+    return 0
+
+
+def _bench_lmcache(args: argparse.Namespace) -> int:
+    from .lmcache_bench import render_lmcache, run_lmcache
+
+    doc = run_lmcache(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
+    print(json.dumps(doc, indent=2) if args.json else render_lmcache(doc))
     return 0
 
 
@@ -633,6 +643,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="durable write and reads in the engine layout vs the disk's limits, numpy, "
         "safetensors, torch and LMCache (those installed), issue 13's protocol",
+    )
+    bench.add_argument(
+        "--lmcache",
+        action="store_true",
+        help="LMCache with its local disk backend (+ fsync) beside LMCache with the stratastore "
+        "plugin: durable store, retrieve hot and cold, 50%% prefix (issue 16; the lmcache extra)",
     )
     bench.set_defaults(func=cmd_bench)
     return p

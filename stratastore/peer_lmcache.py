@@ -11,6 +11,11 @@ memory), then ``store`` and ``retrieve`` into a fresh ``torch.empty`` in the eng
   before the cold reads). The durable write is ``store``, the wait for its asynchronous file
   writes, and fsync of every file and of the directory: LMCache itself never fsyncs.
 - **ram**: the local CPU backend alone; its store is not durable, so only reads are compared.
+- **strata**: the stratastore plugin (:mod:`stratastore.adapters.lmcache`, ``local_cpu`` off),
+  its budget the K/V plus 64 MiB. The durable write is ``store`` and the plugin's ``flush()``
+  (every put's Future done: fsynced and committed by the plugin itself). It validates every page
+  it reads. (``strata bench --lmcache``, :mod:`stratastore.lmcache_bench`, sets it beside
+  **disk**.)
 
 LMCache allocates and touches its whole CPU buffer (``max_local_cpu_size``) when it starts, for
 both backends: it is sized to the K/V plus 64 MiB, the least that holds one store or one
@@ -52,66 +57,33 @@ from .peer_protocol import (
 __all__ = ["session"]
 
 INSTANCE = "strata-peers"
-
-
-def _connector() -> Any:
-    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
-
-    class CopyConnector(GPUConnectorInterface):  # type: ignore[misc]
-        """Copies between ``kvcaches`` (the engine layout) and memory objects."""
-
-        def __init__(self) -> None:
-            self.kvcaches = None
-
-        def get_shape(self, num_tokens: int) -> Any:
-            import torch
-
-            return torch.Size([2, LAYERS, num_tokens, HEADS * HEAD_DIM])
-
-        def from_gpu(self, obj: Any, start: int, end: int, **kw: Any) -> None:
-            self.batched_from_gpu([obj], [start], [end], **kw)
-
-        def to_gpu(self, obj: Any, start: int, end: int, **kw: Any) -> None:
-            self.batched_to_gpu([obj], [start], [end], **kw)
-
-        def batched_from_gpu(self, objs: Any, starts: Any, ends: Any, **kw: Any) -> None:
-            kv = kw["kvcaches"]
-            for obj, a, b in zip(objs, starts, ends, strict=True):
-                part = kv[:, :, a:b].reshape(LAYERS, 2, b - a, HEADS * HEAD_DIM)
-                obj.tensor.copy_(part.transpose(0, 1))
-
-        def batched_to_gpu(self, objs: Any = None, starts: Any = None, ends: Any = None,
-                           **kw: Any) -> None:  # fmt: skip
-            kv = kw["kvcaches"]
-            for obj, a, b in zip(objs, starts, ends, strict=True):
-                part = obj.tensor.view(2, LAYERS, b - a, HEADS, HEAD_DIM)
-                kv[:, :, a:b].copy_(part.transpose(0, 1))
-
-    return CopyConnector()
+PLUGIN = "stratastore"
 
 
 def _engine(job: Job) -> Any:
-    import torch
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.metadata import LMCacheMetadata
 
-    disk = job["backend"] == "disk"
+    from .adapters.lmcache_cpu import cpu_engine
+
+    backend = job["backend"]
     # LMCache touches its whole CPU buffer at start: give it the K/V and 64 MiB (GB = 2**30)
     room = job["tokens"] * TOKEN_BYTES / 2**30 + 1 / 16
+    extra = {}
+    if backend == "strata":  # the stratastore plugin (issue 16), its budget the K/V and more
+        p = f"storage_plugin.{PLUGIN}."
+        extra = {p + "module_path": "stratastore.adapters.lmcache",
+                 p + "class_name": "StrataStoragePlugin", p + "dir": job["path"],
+                 p + "budget_mib": job["tokens"] * TOKEN_BYTES // 2**20 + 64}  # fmt: skip
     cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=job["chunk"], local_cpu=not disk, max_local_cpu_size=room,
-        local_disk=job["path"] + "/" if disk else None,
-        max_local_disk_size=room if disk else 0.0,
+        chunk_size=job["chunk"], local_cpu=backend == "ram", max_local_cpu_size=room,
+        local_disk=job["path"] + "/" if backend == "disk" else None,
+        max_local_disk_size=room if backend == "disk" else 0.0,
+        storage_plugins=[PLUGIN] if extra else None, extra_config=extra or None,
     )  # fmt: skip
-    meta = LMCacheMetadata(model_name="bench/llama-3.1-8b-geometry", world_size=1,
-                           local_world_size=1, worker_id=0, local_worker_id=0,
-                           kv_dtype=torch.float16,
-                           kv_shape=(LAYERS, 2, job["chunk"], HEADS, HEAD_DIM),
-                           chunk_size=job["chunk"])  # fmt: skip
-    engine = LMCacheEngineBuilder.get_or_create(INSTANCE, cfg, meta, _connector(),
-                                                lambda t, r: None, lambda o, r: o)  # fmt: skip
-    engine.post_init()
+    engine = cpu_engine(INSTANCE, cfg, model_name="bench/llama-3.1-8b-geometry", layers=LAYERS,
+                        heads=HEADS, head_dim=HEAD_DIM, chunk=job["chunk"])  # fmt: skip
+    if extra and PLUGIN not in engine.storage_manager.storage_backends:
+        raise PeersBenchError("LMCache did not load the stratastore plugin (see its log)")
     return engine
 
 
@@ -123,7 +95,9 @@ def _store(engine: Any, job: Job, tokens: Any) -> Record:
 
     def store() -> None:
         engine.store(tokens, kvcaches=kv)
-        if job["backend"] == "disk":
+        if job["backend"] == "strata":  # durable when every put's Future is done
+            backends[PLUGIN].flush()
+        elif job["backend"] == "disk":
             worker = backends["LocalDiskBackend"].disk_worker
             while worker.put_tasks:  # its file writes are asynchronous
                 time.sleep(0.0005)
@@ -143,7 +117,7 @@ def session(job: Job) -> Record:
         engine = _engine(job)
     except Exception as e:  # an LMCache that cannot run here is a note, not a failure
         return {"unavailable": f"{type(e).__name__}: {e}"}
-    n, half, disk = job["tokens"], job["half"], job["backend"] == "disk"
+    n, half, disk = job["tokens"], job["half"], job["backend"] in ("disk", "strata")
     tokens = torch.arange(n)
     records = {"durable write" if disk else "store (RAM, not durable)": _store(engine, job, tokens)}
     gc.collect()  # the source K/V is gone: reads count what the engine holds
@@ -156,7 +130,8 @@ def session(job: Job) -> Record:
         nonlocal resets
         if op.endswith("cold"):
             if len(engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache):
-                raise PeersBenchError("LMCache disk: chunks are held in RAM, a read is not cold")
+                raise PeersBenchError(f"LMCache {job['backend']}: chunks are held in RAM, a read "
+                                      "is not cold")  # fmt: skip
             cold.append(evict(files))
         resets = reset_peak_rss() and resets
 

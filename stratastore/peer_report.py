@@ -8,7 +8,7 @@ from typing import Any
 
 from .peer_protocol import Record
 
-__all__ = ["TARGETS", "render", "summarise"]
+__all__ = ["TARGETS", "op_stats", "render", "summarise", "table_row"]
 
 LAYER, FLAT = "stratastore (LayerKV)", "stratastore (flat page layout)"
 LIMITS = {  # label: (raw op)
@@ -37,7 +37,7 @@ TARGETS: list[tuple[str, str, str, str, float, bool]] = [
 ]  # fmt: skip
 
 
-def _stats(recs: list[Record]) -> dict[str, Any]:
+def op_stats(recs: list[Record]) -> dict[str, Any]:
     secs = statistics.median(r["seconds"] for r in recs)
     out = {"seconds": secs, "gb_per_s": recs[0]["bytes"] / secs / 1e9,
            "samples_s": [r["seconds"] for r in recs],
@@ -48,7 +48,7 @@ def _stats(recs: list[Record]) -> dict[str, Any]:
     return out
 
 
-def _row(name: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def table_row(name: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def gbps(op: str) -> float | None:
         return ops[op]["gb_per_s"] if op in ops else None
 
@@ -102,12 +102,12 @@ def summarise(samples: dict[tuple[str, str], list[Record]], doc: dict[str, Any])
     peak RSS), ``rows`` (the table), ``limits`` and ``ratios`` (the targets)."""
     engines: dict[str, dict[str, Any]] = {}
     for (row, op), recs in samples.items():
-        engines.setdefault(row, {})[op] = _stats(recs)
+        engines.setdefault(row, {})[op] = op_stats(recs)
     raw = engines.pop("raw", {})
     limits = {k: raw[op]["gb_per_s"] for k, op in LIMITS.items() if op in raw}
     order = [LAYER, FLAT, *sorted(n for n in engines if n.startswith("LMCache")),
              *(n for n in engines if not n.startswith(("LMCache", "stratastore")))]  # fmt: skip
-    rows = {n: _row(n, engines[n]) for n in order if n in engines}
+    rows = {n: table_row(n, engines[n]) for n in order if n in engines}
     if FLAT in rows and LAYER in rows:  # one park serves both
         rows[FLAT]["rss_write"] = rows[LAYER]["rss_write"]
     notes = doc["notes"]

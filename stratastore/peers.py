@@ -71,7 +71,7 @@ from .peer_protocol import (
 )
 from .peer_report import FLAT, LAYER, render, summarise
 
-__all__ = ["PeersBenchError", "render_peers", "run_peers"]
+__all__ = ["PeersBenchError", "Run", "lmcache_engine", "render_peers", "run_peers", "write_source"]
 
 MAX_RESIDENT = 0.01  #: a cold read with more of its data files' pages resident is refused
 TIMEOUT_S = 1800
@@ -82,7 +82,7 @@ FILE_PEERS = {  # engine: (row, file)
 }
 
 
-class _Run:
+class Run:
     """One run: its directory, its processes, its samples and checks."""
 
     def __init__(self, root: str, tokens: int, cold: bool) -> None:
@@ -153,7 +153,7 @@ class _Run:
         self.hot_resident.append(warm(data_files(paths)))
 
 
-def _raw(run: _Run) -> None:
+def _raw(run: Run) -> None:
     path = run.file("raw.bin")
     if os.path.exists(path):
         os.unlink(path)
@@ -168,10 +168,10 @@ def _raw(run: _Run) -> None:
         run.add("raw", f"{op} cold", run.spawn("raw.read", path=path, touched=touched))
 
 
-def _file_peer(name: str) -> Callable[[_Run], None]:
+def _file_peer(name: str) -> Callable[[Run], None]:
     row, fname = FILE_PEERS[name]
 
-    def go(run: _Run) -> None:
+    def go(run: Run) -> None:
         path = run.file(fname)
         if os.path.exists(path):
             os.unlink(path)
@@ -186,7 +186,7 @@ def _file_peer(name: str) -> Callable[[_Run], None]:
     return go
 
 
-def _stratastore(run: _Run) -> None:
+def _stratastore(run: Run) -> None:
     store = run.file("store")
     shutil.rmtree(store, ignore_errors=True)
     run.add(LAYER, "durable write", run.spawn("stratastore.park", path=store))
@@ -200,8 +200,12 @@ def _stratastore(run: _Run) -> None:
                 run.add(row, f"{op} {heat}", rec)
 
 
-def _lmcache(backend: str, row: str) -> Callable[[_Run], None]:
-    def go(run: _Run) -> None:
+def lmcache_engine(backend: str, row: str) -> Callable[[Run], None]:
+    """One LMCache session a round (:func:`stratastore.peer_lmcache.session`: ``disk``,
+    ``ram`` or ``strata``, the stratastore plugin), its records added to ``row``; a backend
+    that cannot run here is noted in ``run.skipped``."""
+
+    def go(run: Run) -> None:
         path = run.file(f"lmcache-{backend}")
         shutil.rmtree(path, ignore_errors=True)
         chunk = 256  # LMCache's default; the prefix must be whole chunks
@@ -223,24 +227,26 @@ def _lmcache(backend: str, row: str) -> Callable[[_Run], None]:
     return go
 
 
-def _write_source(run: _Run) -> None:
-    """The K/V in the engine layout (``source.bin``) and in the stored page layout
-    (``packed.bin``, what the flat restore is compared with)."""
+def write_source(run: Run, *, packed: bool = True) -> None:
+    """The K/V in the engine layout (``source.bin``) and, with ``packed``, in the stored page
+    layout (``packed.bin``, what the flat restore is compared with)."""
     from .restore import pack_pages
 
     rng = np.random.default_rng(0)
     with open(run.file("source.bin"), "wb") as f:
         for _ in range(LAYERS):
             rng.integers(0, 256, run.tokens * TOKEN_BYTES // LAYERS, np.uint8).tofile(f)
+    if not packed:
+        return
     kv = np.memmap(run.file("source.bin"), np.float16, "r", shape=shape(run.tokens))
-    packed = pack_pages(fingerprint(), [kv[x, 0] for x in range(LAYERS)],
+    flat = pack_pages(fingerprint(), [kv[x, 0] for x in range(LAYERS)],
                         [kv[x, 1] for x in range(LAYERS)], run.tokens)  # fmt: skip
-    packed.tofile(run.file("packed.bin"))
+    flat.tofile(run.file("packed.bin"))
 
 
-def _engines(notes: list[str]) -> list[tuple[str, Callable[[_Run], None]]]:
+def _engines(notes: list[str]) -> list[tuple[str, Callable[[Run], None]]]:
     have = {m: importlib.util.find_spec(m) is not None for m in ("safetensors", "torch", "lmcache")}
-    out: list[tuple[str, Callable[[_Run], None]]] = [
+    out: list[tuple[str, Callable[[Run], None]]] = [
         ("raw", _raw), ("numpy", _file_peer("numpy")), ("stratastore", _stratastore)]  # fmt: skip
     for name in ("safetensors", "torch"):
         if have[name]:
@@ -249,9 +255,9 @@ def _engines(notes: list[str]) -> list[tuple[str, Callable[[_Run], None]]]:
             notes.append(f"{name} is not installed: skipped")
     if have["lmcache"] and have["torch"]:
         version = importlib.metadata.version("lmcache")
-        out.append(("lmcache-disk", _lmcache("disk", f"LMCache {version}, local disk backend "
+        out.append(("lmcache-disk", lmcache_engine("disk", f"LMCache {version}, local disk backend "
                                              "(+ fsync)")))  # fmt: skip
-        out.append(("lmcache-ram", _lmcache("ram", f"LMCache {version}, RAM backend")))
+        out.append(("lmcache-ram", lmcache_engine("ram", f"LMCache {version}, RAM backend")))
     else:
         notes.append("lmcache (with torch) is not installed: LMCache skipped")
     return out
@@ -275,9 +281,9 @@ def run_peers(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
     engines = _engines(notes)
     load_start = os.getloadavg()[0]
     root = tempfile.mkdtemp(prefix="strata-peers-", dir=work_dir)
-    run = _Run(root, tokens, cold)
+    run = Run(root, tokens, cold)
     try:
-        _write_source(run)
+        write_source(run)
         for rnd in range(rounds + 1):  # round 0 warms up and is dropped
             run.measuring = rnd > 0
             for name, go in engines if rnd % 2 else engines[::-1]:

@@ -1,0 +1,424 @@
+"""stratastore as a storage plugin of LMCache 0.5.6 (issue 16): LMCache's chunks kept durable,
+validated and within a byte budget in a stratastore segment directory.
+
+Configuration (LMCache's ``storage_plugins`` and ``extra_config``; docs/ENGINE.md has the
+snippet)::
+
+    storage_plugins: ["stratastore"]
+    extra_config:
+      storage_plugin.stratastore.module_path: stratastore.adapters.lmcache
+      storage_plugin.stratastore.class_name: StrataStoragePlugin
+      storage_plugin.stratastore.dir: /nvme/strata-lmcache     # one directory per model
+      storage_plugin.stratastore.budget_mib: 102400
+      storage_plugin.stratastore.put_threads: 4                # optional
+      storage_plugin.stratastore.read_threads: 4               # optional
+
+- **Keys**: each LMCache chunk key is stored under a key derived from its fields
+  (:func:`~stratastore.adapters.lmcache_chunks.chunk_id`: model, world size, worker, chunk
+  hash, dtype, layer, tags), never from Python's ``hash()``: a new process finds what an
+  earlier one stored. (The chunk hashes are LMCache's: under vLLM its ``sha256_cbor``; without
+  vLLM Python's ``hash()`` of the tokens, so set one ``PYTHONHASHSEED`` for every process.)
+- **Durable**: ``batched_submit_put_task`` returns at once with one ``Future`` a chunk; the
+  chunk is written on the plugin's writer threads. **A put is durable when its Future is done
+  with the result True** (then ``on_complete_callback(key)`` has been called and ``contains``
+  finds the chunk): its data file was fsynced and renamed in, the directory fsynced, its
+  sidecar written durably (fsync, rename, directory fsync) and indexed (spec F-DUR). Before
+  that a crash loses the chunk whole, never part of it. False: not stored (no room beside
+  pinned chunks, or another layout; counted in ``puts_refused``); an exception: the write
+  failed. :meth:`StrataStoragePlugin.flush` waits for every put submitted so far and raises
+  :class:`PutsFailed` for those that failed; ``close`` waits for them too.
+- **Validated**: a get delivers a memory object only after every page of the chunk was
+  BLAKE3-hashed in that memory; a damaged chunk is a miss (LMCache then stops the retrieve
+  there, so its successors are not used either), counted in ``damaged``, logged, and removed.
+- **Budget**: puts evict the oldest chunks (by seal time) to stay within ``budget_mib``; pinned
+  chunks (``contains(pin=True)``, ``pin``) are never evicted until unpinned; a chunk that
+  cannot fit is not stored (``puts_refused``). ``remove`` keeps the accounting exact: the
+  store's bytes come from its index, updated in the same transaction as the delete.
+- **Event loop**: ``batched_get_non_blocking`` runs its reads on a thread, never on LMCache's
+  loop; ``get_non_blocking`` returns a ``Future`` of the plugin's reader threads;
+  ``batched_async_contains`` answers from the LMDB index on the loop (no chunk or sidecar
+  file is read there).
+- **Stats**: :meth:`StrataStoragePlugin.stats` (``PluginCounters`` plus what the directory
+  holds), :meth:`StrataStoragePlugin.prometheus`.
+
+Chunks carrying ``cached_positions`` (CacheBlend) are not stored (``puts_refused``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
+from threading import Lock
+from typing import Any
+
+from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from ..errors import ConfigError, StrataError
+from ..format import DType, FormatError, ModelFingerprint
+from .lmcache_chunks import ChunkLayout, KeyFields, PluginCounters, chunk_id
+from .lmcache_store import ChunkStore, OpenChunk
+
+__all__ = ["PluginSettings", "PutsFailed", "StrataStoragePlugin", "fingerprint_of"]
+
+log = logging.getLogger("stratastore.adapters.lmcache")
+
+_DTYPES = {"torch.float16": DType.FLOAT16, "torch.bfloat16": DType.BFLOAT16,
+           "torch.float32": DType.FLOAT32, "torch.float8_e4m3fn": DType.FLOAT8_E4M3,
+           "torch.float8_e5m2": DType.FLOAT8_E5M2, "torch.int8": DType.INT8,
+           "torch.uint8": DType.INT8}  # fmt: skip
+
+
+class PutsFailed(StrataError):
+    """Puts whose write did not land (``failures``: the chunk key and the cause, each reported
+    once, by the next ``flush``); those chunks are not stored."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
+        self.failures = failures
+        first = "; ".join(f"{k}: {type(e).__name__}: {e}" for k, e in failures[:3])
+        super().__init__(f"{len(failures)} LMCache chunk put(s) failed and are not stored "
+                         f"({first}); check the disk and the plugin's directory")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSettings:
+    """The plugin's ``extra_config`` entries (``storage_plugin.<name>.*``)."""
+
+    name: str
+    path: str
+    budget_bytes: int
+    put_threads: int = 4
+    read_threads: int = 4
+
+    @classmethod
+    def from_config(cls, extra: Mapping[str, Any] | None, plugins: Sequence[str] | None
+                    ) -> PluginSettings:  # fmt: skip
+        """Read them; :class:`~stratastore.errors.ConfigError` naming the entry and the fix."""
+        extra = extra or {}
+        mine = [n for n in plugins or ()
+                if extra.get(f"storage_plugin.{n}.module_path") == __name__]  # fmt: skip
+        if len(mine) > 1:
+            raise ConfigError(f"storage_plugins {mine} all load {__name__}; use one (one "
+                              "directory per engine)")  # fmt: skip
+        name = mine[0] if mine else "stratastore"
+        p = f"storage_plugin.{name}."
+        path = extra.get(p + "dir")
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"extra_config {p}dir is not set: name the directory (on a local "
+                              "disk) where the plugin keeps its chunks")  # fmt: skip
+
+        def number(key: str, default: int | None) -> int:
+            v = extra.get(p + key, default)
+            if v is None:
+                raise ConfigError(f"extra_config {p}{key} is not set: give the most MiB the "
+                                  "plugin's directory may hold")  # fmt: skip
+            try:
+                n = int(v)
+            except (TypeError, ValueError):
+                n = 0
+            if n < 1 or isinstance(v, bool) or (isinstance(v, float) and v != n):
+                raise ConfigError(f"extra_config {p}{key} = {v!r}: use a whole number >= 1")
+            return n
+
+        return cls(name, os.path.abspath(path), number("budget_mib", None) << 20,
+                   number("put_threads", 4), number("read_threads", 4))  # fmt: skip
+
+
+def fingerprint_of(metadata: Any) -> ModelFingerprint:
+    """The directory's model fingerprint, from LMCache's metadata (model, K/V shape and dtype):
+    a directory written for another model refuses to open (``IncompatibleFingerprint``)."""
+    if metadata is None:
+        raise ConfigError("the LMCache metadata is missing: the plugin must be loaded by "
+                          "LMCache's storage manager (storage_plugins)")  # fmt: skip
+    layers, kv, _, heads, head_dim = (int(d) for d in metadata.kv_shape)
+    dtype = _DTYPES.get(str(metadata.kv_dtype))
+    if dtype is None:
+        raise ConfigError(f"K/V dtype {metadata.kv_dtype} is not one the plugin stores; use "
+                          f"one of {', '.join(sorted(_DTYPES))}")  # fmt: skip
+    extra = f"stratastore LMCache plugin chunks v1; kv={kv}; dtype={metadata.kv_dtype}".encode()
+    return ModelFingerprint.create(f"lmcache:{metadata.model_name}", n_layers=layers,
+                                   n_kv_heads=heads, head_dim=head_dim, page_tokens=16,
+                                   dtype=dtype, extra=extra)  # fmt: skip
+
+
+def key_fields(key: Any) -> KeyFields:
+    """The fields of an LMCache ``CacheEngineKey`` / ``LayerCacheEngineKey``."""
+    return KeyFields(str(key.model_name), int(key.world_size), int(key.worker_id),
+                     key.chunk_hash if isinstance(key.chunk_hash, bytes) else int(key.chunk_hash),
+                     str(key.dtype), int(getattr(key, "layer_id", -1)),
+                     tuple((str(k), str(v)) for k, v in key.tags or ()))  # fmt: skip
+
+
+class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
+    """LMCache's ``StoragePluginInterface`` over a :class:`ChunkStore` (the module docstring
+    says what each call promises)."""
+
+    def __init__(self, dst_device: str = "cpu", config: Any = None, metadata: Any = None,
+                 local_cpu_backend: Any = None, loop: asyncio.AbstractEventLoop | None = None
+                 ) -> None:  # fmt: skip
+        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
+                         local_cpu_backend=local_cpu_backend, loop=loop)  # fmt: skip
+        self.settings = PluginSettings.from_config(
+            getattr(config, "extra_config", None), getattr(config, "storage_plugins", None)
+        )
+        self.chunks = ChunkStore.open(self.settings.path, fingerprint_of(metadata),
+                                      self.settings.budget_bytes)  # fmt: skip
+        self._writers = ThreadPoolExecutor(self.settings.put_threads, "strata-lmcache-put")
+        self._readers = ThreadPoolExecutor(self.settings.read_threads, "strata-lmcache-read")
+        self._lock = Lock()
+        self._in_flight: dict[bytes, Future[bool]] = {}
+        self._failures: list[tuple[str, BaseException]] = []
+        self._lookup_pins: dict[str, list[bytes]] = {}
+        self._closed = False
+        log.info("stratastore: LMCache chunks in %s (budget %d MiB)", self.settings.path,
+                 self.settings.budget_bytes >> 20)  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.settings.name
+
+    # -- puts ---------------------------------------------------------------------------------
+    def batched_submit_put_task(self, keys: Sequence[Any], objs: list[Any],
+                                transfer_spec: Any = None,
+                                on_complete_callback: Callable[[Any], None] | None = None
+                                ) -> list[Future[bool]] | None:  # fmt: skip
+        """Start a durable put of each chunk not stored or in flight already; one Future a
+        started put (``True``: stored or present; ``False``: refused; an exception: failed)."""
+        started: list[Future[bool]] = []
+        for key, obj in zip(keys, objs, strict=True):
+            cid = chunk_id(key_fields(key))
+            with self._lock:
+                if cid in self._in_flight or self.chunks.contains(cid):
+                    self.chunks.count("puts_deduped")
+                    continue
+                obj.ref_count_up()  # held until written; the storage manager drops its own
+                fut = self._writers.submit(self._put, key, cid, obj, on_complete_callback)
+                self._in_flight[cid] = fut
+            fut.add_done_callback(partial(self._landed, cid))
+            started.append(fut)
+        return started or None
+
+    def _landed(self, cid: bytes, _fut: Future[bool]) -> None:
+        with self._lock:
+            self._in_flight.pop(cid, None)
+
+    def _put(self, key: Any, cid: bytes, obj: Any,
+             done: Callable[[Any], None] | None) -> bool:  # fmt: skip
+        try:
+            layout = self._layout_of(obj)
+            if layout is None or not self.chunks.accepts(layout):
+                return False
+            if self.chunks.put(cid, memoryview(obj.byte_array)) == "refused":
+                return False
+        except BaseException as e:
+            self.chunks.count("put_errors")
+            with self._lock:
+                self._failures.append((key.to_string(), e))
+            log.error("stratastore: the put of LMCache chunk %s failed: %s: %s",
+                      key.to_string(), type(e).__name__, e)  # fmt: skip
+            raise
+        finally:
+            obj.ref_count_down()
+        if done is not None:
+            try:
+                done(key)
+            except Exception as e:  # the interface: callback errors are logged, not raised
+                log.warning("stratastore: on_complete_callback failed for %s: %s", key, e)
+        return True
+
+    def _layout_of(self, obj: Any) -> ChunkLayout | None:
+        meta = obj.metadata
+        if meta.cached_positions is not None:
+            self.chunks.count("puts_refused")
+            return None
+        shapes = meta.shapes or [meta.shape]
+        dtypes = meta.dtypes or [meta.dtype]
+        try:
+            layout, tokens = ChunkLayout.of(meta.fmt.name, meta.fmt.token_dim(),
+                                            [str(d) for d in dtypes], [d.itemsize for d in dtypes],
+                                            [tuple(s) for s in shapes])  # fmt: skip
+        except FormatError as e:
+            log.error("stratastore: a memory object of %s is not stored: %s", meta.fmt, e)
+            self.chunks.count("puts_refused")
+            return None
+        if len(obj.byte_array) != tokens * layout.bytes_per_token:
+            log.error("stratastore: a memory object of %s holds %d bytes, not %d: not stored",
+                      meta.fmt, len(obj.byte_array), tokens * layout.bytes_per_token)  # fmt: skip
+            self.chunks.count("puts_refused")
+            return None
+        return layout
+
+    def exists_in_put_tasks(self, key: Any) -> bool:
+        with self._lock:
+            return chunk_id(key_fields(key)) in self._in_flight
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every put submitted so far has landed; :class:`PutsFailed` for those
+        that failed since the last ``flush`` (each reported once)."""
+        with self._lock:
+            pending = list(self._in_flight.values())
+        wait(pending, timeout)
+        with self._lock:
+            failures, self._failures = self._failures, []
+        if failures:
+            raise PutsFailed(failures)
+
+    # -- lookups and pins ---------------------------------------------------------------------
+    def contains(self, key: Any, pin: bool = False) -> bool:
+        cid = chunk_id(key_fields(key))
+        return self.chunks.pin(cid) if pin else self.chunks.contains(cid)
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[Any],
+                                     pin: bool = False) -> int:  # fmt: skip
+        hits: list[bytes] = []
+        for key in keys:
+            cid = chunk_id(key_fields(key))
+            if not (self.chunks.pin(cid) if pin else self.chunks.contains(cid)):
+                break
+            hits.append(cid)
+        if pin and hits:
+            with self._lock:
+                self._lookup_pins.setdefault(lookup_id, []).extend(hits)
+        return len(hits)
+
+    def pin(self, key: Any) -> bool:
+        return self.chunks.pin(chunk_id(key_fields(key)))
+
+    def unpin(self, key: Any) -> bool:
+        return self.chunks.unpin(chunk_id(key_fields(key)))
+
+    def touch_cache(self) -> None:
+        """Nothing to do: eviction goes by seal time, oldest first."""
+
+    # -- gets ---------------------------------------------------------------------------------
+    def get_blocking(self, key: Any) -> Any:
+        got = self._get_prefix([key], busy_loop=True)
+        return got[0] if got else None
+
+    def batched_get_blocking(self, keys: list[Any]) -> list[Any]:
+        got = self._get_prefix(keys, busy_loop=True)
+        return got + [None] * (len(keys) - len(got))
+
+    def get_non_blocking(self, key: Any, location: str | None = None) -> Future[Any] | None:
+        cid = chunk_id(key_fields(key))
+        if not self.chunks.contains(cid):
+            return None
+        return self._readers.submit(lambda: (self._get_prefix([key], busy_loop=False)
+                                             or [None])[0])  # fmt: skip
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any],
+                                       transfer_spec: Any = None) -> list[Any]:  # fmt: skip
+        """The longest stored, valid prefix of ``keys``, read on a thread (never on LMCache's
+        loop); releases the pins ``batched_async_contains`` took for ``lookup_id``."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self._get_prefix(keys, busy_loop=False)
+            )
+        finally:
+            with self._lock:
+                pins = self._lookup_pins.pop(lookup_id, [])
+            wanted = {chunk_id(key_fields(k)) for k in keys}
+            for cid in pins:
+                if cid in wanted:
+                    self.chunks.unpin(cid)
+
+    def _get_prefix(self, keys: Sequence[Any], *, busy_loop: bool) -> list[Any]:
+        """Memory objects of the longest prefix of ``keys`` stored and valid: opened and
+        allocated in order (LMCache's allocator one call at a time), then copied and validated
+        on the reader threads; everything past the first failure is released."""
+        opened: list[tuple[OpenChunk, Any]] = []
+        for key in keys:
+            chunk = self.chunks.open_chunk(chunk_id(key_fields(key)))
+            if chunk is None:
+                break
+            obj = self._allocate(chunk, busy_loop)
+            if obj is None:
+                chunk.reader.close()
+                break
+            opened.append((chunk, obj))
+
+        def copy(pair: tuple[OpenChunk, Any]) -> bool:
+            return self.chunks.copy_into(pair[0], memoryview(pair[1].byte_array))
+
+        oks: list[bool] = []
+        try:
+            oks = [copy(opened[0])] if len(opened) == 1 else list(self._readers.map(copy, opened))
+        finally:
+            for chunk, _ in opened[len(oks) :]:
+                chunk.reader.close()  # copies that never ran (closing twice is harmless)
+            good = next((i for i, ok in enumerate(oks) if not ok), len(oks))
+            for _, obj in opened[good:]:
+                obj.ref_count_down()
+        return [obj for _, obj in opened[:good]]
+
+    def _allocate(self, chunk: OpenChunk, busy_loop: bool) -> Any:
+        import torch
+
+        if self.local_cpu_backend is None:
+            raise ConfigError("the plugin has no LMCache CPU backend to allocate memory objects "
+                              "in: set max_local_cpu_size > 0")  # fmt: skip
+        layout = self.chunks.layout
+        assert layout is not None  # open_chunk() found the chunk's token count through it
+        shapes = [torch.Size(s) for s in layout.shapes_for(chunk.tokens)]
+        dtypes = [getattr(torch, d.removeprefix("torch.")) for d in layout.dtypes]
+        one = len(shapes) == 1
+        obj = self.local_cpu_backend.allocate(
+            shapes[0] if one else shapes,
+            dtypes[0] if one else dtypes,
+            MemoryFormat[layout.fmt],
+            busy_loop=busy_loop,
+        )
+        if obj is None:
+            self.chunks.count("alloc_failures")
+            log.warning("stratastore: LMCache's CPU buffer has no room for a chunk of %d "
+                        "tokens: a miss", chunk.tokens)  # fmt: skip
+        return obj
+
+    # -- removal, stats, close ----------------------------------------------------------------
+    def remove(self, key: Any, force: bool = True) -> bool:
+        """Delete the chunk; without ``force`` a pinned one stays (False)."""
+        cid = chunk_id(key_fields(key))
+        if not force and self.chunks.pinned(cid):
+            return False
+        return self.chunks.remove(cid)
+
+    def get_allocator_backend(self) -> Any:
+        if self.local_cpu_backend is None:
+            raise ConfigError("the plugin has no LMCache CPU backend: set max_local_cpu_size > 0")
+        return self.local_cpu_backend
+
+    def stats(self) -> dict[str, int]:
+        """The counters (:class:`PluginCounters`), what the directory holds, puts in flight."""
+        doc = self.chunks.stats()
+        with self._lock:
+            doc["puts_in_flight"] = len(self._in_flight)
+        return doc
+
+    def prometheus(self) -> str:
+        """The counters in the Prometheus text format (``strata_lmcache_<counter>_total``) and
+        the directory's bytes and budget as gauges."""
+        doc = self.stats()
+        lines = []
+        for name in PluginCounters().as_dict():
+            lines += [f"# TYPE strata_lmcache_{name}_total counter",
+                      f"strata_lmcache_{name}_total {doc[name]}"]  # fmt: skip
+        for name in ("entries", "used_bytes", "budget_bytes", "puts_in_flight"):
+            lines += [f"# TYPE strata_lmcache_{name} gauge", f"strata_lmcache_{name} {doc[name]}"]
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        """Wait for the puts in flight (failures are logged), then close the directory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        except PutsFailed as e:
+            log.error("stratastore: at close: %s", e)
+        self._writers.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self.chunks.close()
