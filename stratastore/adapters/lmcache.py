@@ -26,10 +26,14 @@ snippet)::
   that a crash loses the chunk whole, never part of it. False: not stored (no room beside
   pinned chunks, or another layout; counted in ``puts_refused``); an exception: the write
   failed. :meth:`StrataStoragePlugin.flush` waits for every put submitted so far and raises
-  :class:`PutsFailed` for those that failed; ``close`` waits for them too.
+  :class:`PutsFailed` for those that failed (:class:`FlushTimeout` when its timeout passed
+  first); ``close`` waits for them too, and puts submitted once it stopped accepting them are
+  not started (their Futures are done with False; no reference is taken on the memory object).
 - **Validated**: a get delivers a memory object only after every page of the chunk was
-  BLAKE3-hashed in that memory; a damaged chunk is a miss (LMCache then stops the retrieve
-  there, so its successors are not used either), counted in ``damaged``, logged, and removed.
+  BLAKE3-hashed in that memory; a chunk whose files fail validation is a miss (LMCache then
+  stops the retrieve there, so its successors are not used either), counted in ``damaged``,
+  logged, and removed (only if its files are still the ones that failed). A read that fails
+  otherwise (an I/O error) is a miss counted in ``read_errors``; the chunk is kept.
 - **Budget**: puts evict the oldest chunks (by seal time) to stay within ``budget_mib``; pinned
   chunks (``contains(pin=True)``, ``pin``) are never evicted until unpinned; a chunk that
   cannot fit is not stored (``puts_refused``). ``remove`` keeps the accounting exact: the
@@ -37,7 +41,11 @@ snippet)::
 - **Event loop**: ``batched_get_non_blocking`` runs its reads on a thread, never on LMCache's
   loop; ``get_non_blocking`` returns a ``Future`` of the plugin's reader threads;
   ``batched_async_contains`` answers from the LMDB index on the loop (no chunk or sidecar
-  file is read there).
+  file is read there, but the index is: an LMDB read, which may touch the disk). ``close``
+  waits for the reads in flight; gets after it began are misses.
+- **Memory**: a get allocates LMCache memory objects for a prefix one chunk at a time and
+  returns the longest prefix it could allocate (only the first chunk of a blocking get waits
+  for memory): it never waits for memory it holds itself.
 - **Stats**: :meth:`StrataStoragePlugin.stats` (``PluginCounters`` plus what the directory
   holds), :meth:`StrataStoragePlugin.prometheus`.
 
@@ -53,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
-from threading import Lock
+from threading import Condition, Lock
 from typing import Any
 
 from lmcache.v1.memory_management import MemoryFormat
@@ -62,9 +70,10 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from ..errors import ConfigError, StrataError
 from ..format import DType, FormatError, ModelFingerprint
 from .lmcache_chunks import ChunkLayout, KeyFields, PluginCounters, chunk_id
-from .lmcache_store import ChunkStore, OpenChunk
+from .lmcache_store import ChunkStore, OpenChunk, stored_bytes
 
-__all__ = ["PluginSettings", "PutsFailed", "StrataStoragePlugin", "fingerprint_of"]
+__all__ = ["FlushTimeout", "PluginSettings", "PutsFailed", "StrataStoragePlugin",
+           "fingerprint_of"]  # fmt: skip
 
 log = logging.getLogger("stratastore.adapters.lmcache")
 
@@ -83,6 +92,24 @@ class PutsFailed(StrataError):
         first = "; ".join(f"{k}: {type(e).__name__}: {e}" for k, e in failures[:3])
         super().__init__(f"{len(failures)} LMCache chunk put(s) failed and are not stored "
                          f"({first}); check the disk and the plugin's directory")  # fmt: skip
+
+
+class FlushTimeout(StrataError):
+    """``flush(timeout)`` gave up waiting: ``pending`` puts had not landed (they may still
+    land, or fail: the next ``flush`` reports them)."""
+
+    def __init__(self, pending: int, timeout: float) -> None:
+        self.pending = pending
+        super().__init__(f"{pending} LMCache chunk put(s) still in flight after {timeout} s: "
+                         "they are not known to be durable; flush again to wait")  # fmt: skip
+
+
+def chunk_bytes_of(metadata: Any) -> int:
+    """The payload bytes of one full chunk of LMCache's metadata (``kv_shape`` x dtype)."""
+    n = 1
+    for d in metadata.kv_shape:
+        n *= int(d)
+    return n * int(getattr(metadata.kv_dtype, "itemsize", 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +193,16 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.settings = PluginSettings.from_config(
             getattr(config, "extra_config", None), getattr(config, "storage_plugins", None)
         )
-        self.chunks = ChunkStore.open(self.settings.path, fingerprint_of(metadata),
+        fingerprint = fingerprint_of(metadata)
+        need = stored_bytes(chunk_bytes_of(metadata))
+        if self.settings.budget_bytes < need:
+            raise ConfigError(
+                f"extra_config storage_plugin.{self.settings.name}.budget_mib = "
+                f"{self.settings.budget_bytes >> 20} is smaller than one chunk "
+                f"({need:,} bytes stored, kv_shape {tuple(metadata.kv_shape)} x "
+                f"{metadata.kv_dtype}): nothing could be stored; use at least "
+                f"{-(-need >> 20) + 1} MiB")  # fmt: skip
+        self.chunks = ChunkStore.open(self.settings.path, fingerprint,
                                       self.settings.budget_bytes)  # fmt: skip
         self._writers = ThreadPoolExecutor(self.settings.put_threads, "strata-lmcache-put")
         self._readers = ThreadPoolExecutor(self.settings.read_threads, "strata-lmcache-read")
@@ -174,7 +210,10 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._in_flight: dict[bytes, Future[bool]] = {}
         self._failures: list[tuple[str, BaseException]] = []
         self._lookup_pins: dict[str, list[bytes]] = {}
-        self._closed = False
+        self._closed = False  #: close() began
+        self._refusing_puts = False  #: close() stopped accepting puts
+        self._reading = 0  #: gets in flight (close waits for them)
+        self._reads_done = Condition(self._lock)
         log.info("stratastore: LMCache chunks in %s (budget %d MiB)", self.settings.path,
                  self.settings.budget_bytes >> 20)  # fmt: skip
 
@@ -187,11 +226,19 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                                 on_complete_callback: Callable[[Any], None] | None = None
                                 ) -> list[Future[bool]] | None:  # fmt: skip
         """Start a durable put of each chunk not stored or in flight already; one Future a
-        started put (``True``: stored or present; ``False``: refused; an exception: failed)."""
+        started put (``True``: stored or present; ``False``: refused; an exception: failed).
+        Once ``close`` stopped accepting puts, each is refused: a Future done with False (no
+        reference taken on its memory object), counted in ``puts_refused``."""
         started: list[Future[bool]] = []
         for key, obj in zip(keys, objs, strict=True):
             cid = chunk_id(key_fields(key))
             with self._lock:
+                if self._refusing_puts:
+                    self.chunks.count("puts_refused")
+                    refused: Future[bool] = Future()
+                    refused.set_result(False)
+                    started.append(refused)
+                    continue
                 if cid in self._in_flight or self.chunks.contains(cid):
                     self.chunks.count("puts_deduped")
                     continue
@@ -257,11 +304,15 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             return chunk_id(key_fields(key)) in self._in_flight
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every put submitted so far has landed; :class:`PutsFailed` for those
-        that failed since the last ``flush`` (each reported once)."""
+        """Wait until every put submitted so far has landed. Returns normally only when all of
+        them landed and none failed since the last ``flush``; raises :class:`FlushTimeout` when
+        ``timeout`` seconds passed with some still in flight (failures are then kept for the
+        next ``flush``), else :class:`PutsFailed` for those that failed (each reported once)."""
         with self._lock:
             pending = list(self._in_flight.values())
-        wait(pending, timeout)
+        _, not_done = wait(pending, timeout)
+        if not_done:
+            raise FlushTimeout(len(not_done), timeout if timeout is not None else 0.0)
         with self._lock:
             failures, self._failures = self._failures, []
         if failures:
@@ -305,15 +356,17 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
 
     def get_non_blocking(self, key: Any, location: str | None = None) -> Future[Any] | None:
         cid = chunk_id(key_fields(key))
-        if not self.chunks.contains(cid):
-            return None
-        return self._readers.submit(lambda: (self._get_prefix([key], busy_loop=False)
-                                             or [None])[0])  # fmt: skip
+        with self._lock:
+            if self._closed or not self.chunks.contains(cid):
+                return None
+            return self._readers.submit(lambda: (self._get_prefix([key], busy_loop=False)
+                                                 or [None])[0])  # fmt: skip
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any],
                                        transfer_spec: Any = None) -> list[Any]:  # fmt: skip
         """The longest stored, valid prefix of ``keys``, read on a thread (never on LMCache's
-        loop); releases the pins ``batched_async_contains`` took for ``lookup_id``."""
+        loop; ``close`` waits for it); releases the pins ``batched_async_contains`` took for
+        ``lookup_id``."""
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self._get_prefix(keys, busy_loop=False)
@@ -327,19 +380,45 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                     self.chunks.unpin(cid)
 
     def _get_prefix(self, keys: Sequence[Any], *, busy_loop: bool) -> list[Any]:
-        """Memory objects of the longest prefix of ``keys`` stored and valid: opened and
-        allocated in order (LMCache's allocator one call at a time), then copied and validated
-        on the reader threads; everything past the first failure is released."""
+        """Memory objects of the longest prefix of ``keys`` stored and valid (a miss once
+        ``close`` began; ``close`` waits for the gets in flight)."""
+        with self._lock:
+            if self._closed:
+                return []
+            self._reading += 1
+        try:
+            return self._read_prefix(keys, busy_loop=busy_loop)
+        finally:
+            with self._lock:
+                self._reading -= 1
+                self._reads_done.notify_all()
+
+    def _read_prefix(self, keys: Sequence[Any], *, busy_loop: bool) -> list[Any]:
+        """Opened and allocated in order (LMCache's allocator one call at a time; only the
+        first chunk may wait for memory: a later one that does not fit ends the prefix, as this
+        call holds the memory it would wait for), then copied and validated on the reader
+        threads; everything past the first failure is released, and everything on an
+        exception."""
         opened: list[tuple[OpenChunk, Any]] = []
-        for key in keys:
-            chunk = self.chunks.open_chunk(chunk_id(key_fields(key)))
-            if chunk is None:
-                break
-            obj = self._allocate(chunk, busy_loop)
-            if obj is None:
+        try:
+            for key in keys:
+                chunk = self.chunks.open_chunk(chunk_id(key_fields(key)))
+                if chunk is None:
+                    break
+                try:
+                    obj = self._allocate(chunk, busy_loop and not opened)
+                except BaseException:
+                    chunk.reader.close()
+                    raise
+                if obj is None:
+                    chunk.reader.close()
+                    break
+                opened.append((chunk, obj))
+        except BaseException:
+            for chunk, obj in opened:
                 chunk.reader.close()
-                break
-            opened.append((chunk, obj))
+                obj.ref_count_down()
+            raise
 
         def copy(pair: tuple[OpenChunk, Any]) -> bool:
             return self.chunks.copy_into(pair[0], memoryview(pair[1].byte_array))
@@ -381,10 +460,7 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     # -- removal, stats, close ----------------------------------------------------------------
     def remove(self, key: Any, force: bool = True) -> bool:
         """Delete the chunk; without ``force`` a pinned one stays (False)."""
-        cid = chunk_id(key_fields(key))
-        if not force and self.chunks.pinned(cid):
-            return False
-        return self.chunks.remove(cid)
+        return self.chunks.remove(chunk_id(key_fields(key)), force=force)
 
     def get_allocator_backend(self) -> Any:
         if self.local_cpu_backend is None:
@@ -411,14 +487,25 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
-        """Wait for the puts in flight (failures are logged), then close the directory."""
-        if self._closed:
-            return
-        self._closed = True
+        """Wait for the puts in flight (puts submitted meanwhile are still started; once they
+        are waited for, further puts are refused), log their failures; refuse gets from now on
+        and wait for those in flight; then close the directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
             self.flush()
         except PutsFailed as e:
             log.error("stratastore: at close: %s", e)
+        with self._lock:
+            self._refusing_puts = True
         self._writers.shutdown(wait=True)
+        with self._lock:
+            failures, self._failures = self._failures, []
+            while self._reading:
+                self._reads_done.wait()
+        if failures:
+            log.error("stratastore: at close: %s", PutsFailed(failures))
         self._readers.shutdown(wait=True)
         self.chunks.close()

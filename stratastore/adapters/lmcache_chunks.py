@@ -205,7 +205,8 @@ class PluginCounters:
     hits: int = 0  #: chunks delivered (validated)
     hit_bytes: int = 0
     misses: int = 0  #: gets of a chunk not stored (or removed meanwhile)
-    damaged: int = 0  #: chunks that failed validation: a miss, logged, and removed
+    damaged: int = 0  #: chunks whose files failed validation: a miss, logged, and removed
+    read_errors: int = 0  #: gets that failed otherwise (I/O error, closing): a miss, kept
     alloc_failures: int = 0  #: gets LMCache's allocator had no memory for (a miss)
     removes: int = 0  #: chunks removed by LMCache (``remove``, ``clear``)
     evictions: int = 0  #: chunks evicted, oldest first, to stay within the budget

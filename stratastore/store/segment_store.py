@@ -36,7 +36,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -414,6 +414,14 @@ class SegmentStore:
         Returns False when it was not there."""
         with self._write_lock():
             return self._delete_locked(key)
+
+    def delete_if(self, key: bytes, still: Callable[[], bool]) -> bool:
+        """:meth:`delete` ``key`` only if ``still()`` holds, asked under the directory's commit
+        lock (spec F-DUR-7): no commit or delete of this or another process runs between the
+        check and the delete (a reader that found a copy damaged removes that copy, never one
+        written again since). Returns whether it deleted."""
+        with self._write_lock():
+            return still() and self._delete_locked(key)
 
     def _delete_locked(self, key: bytes) -> bool:
         had_record = self._index.delete(key)
