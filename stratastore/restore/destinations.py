@@ -349,7 +349,7 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
         return DeviceFlatKV(fp, out, what)
     if callable(getattr(out, "capacity", None)) and callable(getattr(out, "write_pages", None)):
         made_for = getattr(out, "fp", None)
-        if isinstance(made_for, ModelFingerprint) and made_for.digest() != fp.digest():
+        if isinstance(made_for, ModelFingerprint) and made_for != fp:
             raise DestinationRefused(
                 f"{what} was made for {made_for.describe()}; this store holds "
                 f"{fp.describe()}: every token would land at a wrong offset; make the "

@@ -7,7 +7,7 @@ state, or 32 tokens and the state, depending only on whether the disk write has 
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 
 from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
-from tests.conftest import tiny_fp
+from tests.conftest import tiny_fp, writer_held
 
 FP = tiny_fp()
 
@@ -38,24 +38,13 @@ def test_a_hybrid_restore_stops_where_a_state_was_saved(tmp_path: Path, source: 
     prompt = np.concatenate([np.arange(64), [1] * 6])
     out = np.zeros(70 * FP.token_bytes, np.uint8)
     with Store.open(FP, cfg) as store:
-        release, entered = threading.Event(), threading.Event()
-        if source == "pending":
-            real = store._tiers.write_disk_now
-
-            def held(snap: Any, *lock: Any) -> None:
-                entered.set()
-                release.wait(30)
-                real(snap, *lock)
-
-            store._tiers.write_disk_now = held  # type: ignore[method-assign]
-        try:
+        held = writer_held(store) if source == "pending" else contextlib.nullcontext(None)
+        with held as entered:
             conv, kv = conversation()
             store.park(conv, kv, states={32: b"state at 32"})
-            if source == "pending":
+            if entered is not None:
                 assert entered.wait(30)
             r = store.restore(prompt, out)
-        finally:
-            release.set()
         assert r.source == source
         assert r.state is not None and r.tokens == 32, (
             f"a hybrid restore from {source} resumed at {r.tokens} with state {r.state!r}; the "

@@ -35,18 +35,17 @@ def layered(
     return conv, pack_pages(FP, k, v, n, [0, *lengths[:-1]]), k, v
 
 
+def shrinking_cfg(tmp_path: Path) -> dict[str, Any]:
+    """A 1 MiB RAM level that truncates (seed 001) and mirrors every park to a cold level."""
+    return {"ram_mib": 1, "park_truncate": True, "spill_on": "park",
+            "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, "min_free_mib": 0,
+            "park_min_free_mib": 0}  # fmt: skip
+
+
 def test_a_pending_capture_shrunk_in_ram_meanwhile_delivers_what_it_reports(
     tmp_path: Path,
 ) -> None:
-    cfg: dict[str, Any] = {
-        "ram_mib": 1,
-        "park_truncate": True,
-        "spill_on": "park",
-        "cold_dir": str(tmp_path / "cold"),
-        "cold_mib": 64,
-        "min_free_mib": 0,
-        "park_min_free_mib": 0,
-    }
+    cfg = shrinking_cfg(tmp_path)
     n = 10_000  # 640 KB of the 1 MiB RAM budget
     x, kvx, kx, vx = layered("x", n, 0, 1000)
     y, kvy, _, _ = layered("y", 8_000, 50_000, 1000)
@@ -77,15 +76,7 @@ def test_a_mirror_write_in_flight_is_not_changed_under_the_writer_by_a_ram_shrin
     Store's lock, so the RAM shrink of another park can cut the conversation between the
     segments it planned and the manifest it builds. The acknowledged park's mirror then fails
     (``SpillError``: "a K/V segment needs at least one token") and nothing of it is on disk."""
-    cfg: dict[str, Any] = {
-        "ram_mib": 1,
-        "park_truncate": True,
-        "spill_on": "park",
-        "cold_dir": str(tmp_path / "cold"),
-        "cold_mib": 64,
-        "min_free_mib": 0,
-        "park_min_free_mib": 0,
-    }
+    cfg = shrinking_cfg(tmp_path)
     x, kvx, _, _ = layered("x", 10_000, 0, 1000)
     y, kvy, _, _ = layered("y", 8_000, 50_000, 1000)
     with Store.open(FP, cfg, warn=lambda m: None) as store:

@@ -14,19 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from stratastore import Checkpoint, Conversation, Store
-from stratastore.chain import as_tokens
-from tests.conftest import tiny_fp
+from stratastore import Conversation, Store
+from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
 
 
 def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
-    lengths = [*range(1000, n, 1000), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+    return conversation_kv(cid, n, base, step=1000, fp=FP)
 
 
 def test_a_park_that_fits_is_not_refused_while_another_write_finishes(tmp_path: Path) -> None:

@@ -13,20 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stratastore import Checkpoint, Conversation, Store
-from stratastore.chain import as_tokens
+from stratastore import Conversation, Store
 from stratastore.restore import two_pass
-from tests.conftest import tiny_fp
+from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
 
 
 def conversation(cid: str, n: int, base: int, seg: int) -> tuple[Conversation, np.ndarray]:
-    lengths = [*range(seg, n, seg), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
-    kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
-    return conv, kv
+    return conversation_kv(cid, n, base, step=seg, fp=FP)
 
 
 def test_a_restore_racing_the_writers_gc_reports_no_damage(
