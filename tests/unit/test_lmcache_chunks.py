@@ -7,6 +7,7 @@ and turns a damaged chunk into a counted miss that is removed. The LMCache side 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import struct
 import subprocess
@@ -171,3 +172,17 @@ def test_a_damaged_chunk_is_a_counted_miss_and_is_removed(tmp_path: Path,
     assert store.stats()["damaged"] == 1
     assert store.put(cid(1), payload(1)) == "stored" and read(store, 1) == bytes(payload(1))
     store.close()
+
+
+def test_strata_bench_lmcache_without_the_extra_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``strata bench --lmcache`` where lmcache is not installed: exit 2 and a line naming the
+    extra, no traceback (skipped where the extra is installed)."""
+    if importlib.util.find_spec("lmcache") is not None:
+        pytest.skip("the lmcache extra is installed: the benchmark would run")
+    from stratastore.cli import main
+
+    assert main(["bench", "--lmcache"]) == 2
+    err = capsys.readouterr().err
+    assert "stratastore[lmcache]" in err and "Traceback" not in err
