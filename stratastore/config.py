@@ -32,7 +32,7 @@ import errno
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import ConfigError
@@ -48,6 +48,7 @@ RamPrefault = Literal["background", "lazy", "open"]
 SpillOn = Literal["park", "evict"]
 WhenFull = Literal["evict", "reject"]
 Retention = Literal["lru", "spread"]
+RemoteEviction = Literal["store", "redis"]
 
 #: alias -> canonical name (seed 000: the cold level is the existing disk tier's field)
 MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
@@ -66,6 +67,14 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "spill_on": ("park", "evict"),
     "when_full": ("evict", "reject"),
     "retention": ("lru", "spread"),
+    "remote_eviction": ("store", "redis"),
+}
+#: settings that are strings but not directories (their type error says so)
+_TEXT = {
+    "remote_url": "a Redis URL",
+    "remote_name": "a name",
+    "remote_username": "a user name",
+    "remote_password": "a password",
 }
 
 
@@ -211,6 +220,24 @@ class StoreConfig:
     #: the disk levels in order (empty: warm then cold, from the flat settings); see the module
     #: docstring. Given as a list or tuple of LevelSpec or of mappings; held as a tuple.
     levels: tuple[LevelSpec, ...] = ()
+    #: the shared remote level (issue 17): ``redis://host:port/0``, ``rediss://`` (TLS) or
+    #: ``redis+cluster://host:port,host:port`` (empty: off). It needs a local disk level.
+    remote_url: str = field(default="", repr=False)  #: (a URL may carry a password)
+    remote_name: str = "default"  #: the store's name in the namespace of every key it writes
+    #: who evicts: ``store`` (this store deletes its oldest segments past ``remote_mib``) or
+    #: ``redis`` (the server's ``maxmemory`` with an LRU policy; ``remote_mib`` is not used)
+    remote_eviction: RemoteEviction = "store"
+    remote_mib: int = 0  #: the remote level's budget with remote_eviction=store
+    remote_keep_local: bool = True  #: a restore from the remote level is kept locally too
+    remote_part_mib: int = 16  #: a segment is stored in Redis values of at most this size
+    remote_timeout_ms: int = 5000  #: every Redis call: connect, read, write
+    #: credentials (else ``STRATA_REMOTE_USERNAME``/``STRATA_REMOTE_PASSWORD``, else the URL's);
+    #: never shown in a message, ``strata monitor`` or Prometheus
+    remote_username: str = field(default="", repr=False)
+    remote_password: str = field(default="", repr=False)
+    remote_tls_ca: str = ""  #: CA file of the server's certificate (rediss://)
+    remote_tls_cert: str = ""  #: a client certificate and its key, when the server asks
+    remote_tls_key: str = ""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -232,8 +259,11 @@ class StoreConfig:
                         f"setting {f.name}={value!r} must be an integer in 0..{MAX_SETTING}"
                     )
             elif not isinstance(value, str):
-                raise ConfigError(f"setting {f.name}={value!r} must be a string (a directory)")
-        for name in ("slots", "checkpoints", "restore_chunk_mib"):
+                what = _TEXT.get(f.name, "a directory" if f.name.endswith("dir") else "a path")
+                shown = "<hidden>" if f.name == "remote_password" else repr(value)
+                raise ConfigError(f"setting {f.name}={shown} must be a string ({what})")
+        for name in ("slots", "checkpoints", "restore_chunk_mib", "remote_part_mib",
+                     "remote_timeout_ms"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1")
         problem = file_mode_problem(self.file_mode)
@@ -244,6 +274,26 @@ class StoreConfig:
         object.__setattr__(self, "levels", levels)
         if levels:
             self._sync_level_aliases()
+        self._check_remote()
+
+    def _check_remote(self) -> None:
+        """The remote level's settings, checked without connecting (issue 17): its URL parses,
+        its name is one a key can carry, its budget goes with ``remote_eviction=store``."""
+        from .levels.redis_settings import RemoteSettings, check_name
+
+        check_name(self.remote_name)
+        if not self.remote_url:
+            return
+        RemoteSettings.from_config(self, env={})
+        if self.remote_eviction == "store" and self.remote_mib == 0:
+            raise ConfigError("setting remote_url is set with remote_eviction=store but "
+                              "remote_mib=0: give the remote level a budget (MiB), or let "
+                              "Redis evict (remote_eviction = \"redis\", with maxmemory and "
+                              "an LRU policy on the server)")  # fmt: skip
+        if self.remote_eviction == "redis" and self.remote_mib:
+            raise ConfigError(f"setting remote_mib={self.remote_mib} is not used with "
+                              "remote_eviction=redis (the server's maxmemory is the budget); "
+                              "set remote_mib = 0, or remote_eviction = \"store\"")  # fmt: skip
 
     def _sync_level_aliases(self) -> None:
         """With ``levels`` given, set each flat ``warm_*``/``cold_*`` setting from the entry it

@@ -305,8 +305,8 @@ class Store:
     def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer],
                media: Mapping[int, bytes] | None = None) -> tuple[str, int] | None:  # fmt: skip
         """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``;
-        ``source`` is ``"ram"``, ``"pending"`` (a park whose disk write is in flight) or
-        ``"disk"``.
+        ``source`` is ``"ram"``, ``"pending"`` (a park whose disk write is in flight),
+        ``"disk"`` or ``"remote"`` (the shared remote level, issue 17).
         ``media`` maps the token position of each picture in ``prompt`` to its 32-byte digest
         (as in :class:`~stratastore.chain.Conversation`; spec F-KEY-7): a prefix matches only
         with the same pictures at the same positions."""
@@ -353,7 +353,22 @@ class Store:
             r = self._tiers.restore(tokens, flat, pictures, cap, self._lock)
         with self._lock:
             self.counters["tokens_reread"] += len(tokens) - r.tokens
+        self._enqueue_kept()
         return r
+
+    def _enqueue_kept(self) -> None:
+        """Hand the spill writer what a restore from the remote level keeps locally
+        (``remote_keep_local``, issue 17): the tiers queued it as a park would."""
+        with self._lock:
+            kept = self._tiers.take_outbox()
+            if not kept:
+                return
+            self._enqueuing += 1
+        try:
+            self._enqueue(kept)
+        finally:
+            with self._lock:
+                self._enqueuing -= 1
 
     @contextlib.contextmanager
     def _in_flight(self, call: str) -> Iterator[None]:
@@ -401,6 +416,7 @@ class Store:
                 self.counters["tokens_reread"] += len(tokens) - (
                     0 if isinstance(r, Exception) else r.tokens
                 )
+        self._enqueue_kept()
         if any(isinstance(r, Exception) for r in got):
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
@@ -496,7 +512,8 @@ class Store:
                          f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
         parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
                   f"discards={s['discards']}",
-                  f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}",
+                  f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
+                  + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
                   f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
                   f"held_tokens={s['held_tokens']}", f"admission={s['admission']}"]  # fmt: skip
         return "strata: " + " ".join(parts)

@@ -33,7 +33,12 @@ _COUNTERS = (
     "park_target", "park_target_source", "parks_ram", "parks_disk", "discards", "evict_spills",
     "hits_ram", "hits_pending", "hits_disk", "ladder_restores", "tokens_restored",
     "tokens_reread", "restore_misses", "spill_errors", "admission", "held_tokens",
-    "disk_hits_refused", "spills_refused", "restores_cut_by_gc",
+    "disk_hits_refused", "spills_refused", "restores_cut_by_gc", "hits_remote",
+)  # fmt: skip
+#: the remote level's counters (issue 17), shown by the monitor and exported to Prometheus
+_REMOTE = (
+    "remote_hits", "remote_misses", "remote_puts", "remote_put_errors", "remote_errors",
+    "remote_skipped", "remote_ladder_stops", "remote_kept_local", "remote_evictions",
 )  # fmt: skip
 
 
@@ -184,6 +189,11 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
                             "evictions": ((lv.get("disk_evictions") or 0)
                                           + (lv.get("age_evictions") or 0)
                                           if lv else None)}  # fmt: skip
+    remote = snap.get("levels", {}).get("remote") if snap is not None else None
+    if isinstance(remote, dict):  # the shared level (issue 17): its URL has no credentials
+        out_levels["remote"] = {"dir": remote.get("dir"), "entries": remote.get("entries"),
+                                "bytes": remote.get("bytes"), "budget": remote.get("budget"),
+                                **{k: remote.get(k) for k in _REMOTE}}  # fmt: skip
     rank = {"ram": 0, "warm": 1, "cold": 2}
     out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))
     counters = {}
@@ -231,7 +241,8 @@ def prometheus_text(s: dict[str, Any]) -> str:
     metric("hits_total", "counter", "Restores by source.",
            [('{source="ram"}', s.get("hits_ram")),
             ('{source="pending"}', s.get("hits_pending")),
-            ('{source="disk"}', s.get("hits_disk"))])  # fmt: skip
+            ('{source="disk"}', s.get("hits_disk")),
+            ('{source="remote"}', s.get("hits_remote"))])  # fmt: skip
     metric("refusals_total", "counter", "Admissions refused, by what asked.",
            [('{kind="disk_hit"}', s.get("disk_hits_refused")),
             ('{kind="spill"}', s.get("spills_refused"))])  # fmt: skip
@@ -267,4 +278,8 @@ def prometheus_text(s: dict[str, Any]) -> str:
         rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in levels.items()
                 if d.get(key) is not None]  # fmt: skip
         metric(f"level_{key}", kind, help_, rows)
+    remote = levels.get("remote", {})
+    for key in _REMOTE:  # the shared remote level (issue 17); absent when it is off
+        metric(f"{key}_total", "counter", f"The remote level: {key.split('_', 1)[1]}.",
+               [("", remote.get(key))])  # fmt: skip
     return "\n".join(lines) + "\n"

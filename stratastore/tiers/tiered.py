@@ -27,12 +27,16 @@ from ..catalog import Catalog, NameTaken
 from ..catalog.gc import Collector
 from ..chain import Conversation, Match, RetainedChains
 from ..config import StoreConfig
+from ..errors import ConfigError, StrataError
 from ..format import ModelFingerprint
 from ..levels.backend import SegmentBackend
+from ..levels.redis_settings import RemoteSettings
 from ..restore import (
     Destination,
     DestinationRefused,
+    FlatKV,
     Job,
+    Outcome,
     as_destination,
     deliver_capture,
     restore_batch,
@@ -53,6 +57,7 @@ from .records import (
     Snapshot,
     SpillRefused,
 )
+from .remote import RemoteHit, RemoteLevel
 from .sessions import Sessions
 from .view import DiskConv, DiskView
 from .writer import DiskWriter
@@ -62,7 +67,7 @@ __all__ = ["MAX_STATE_BYTES", "InvalidConversation", "ParkReport", "Restored", "
 
 _COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits_pending",
              "hits_disk", "restores_cut_by_gc", "disk_hits_refused", "tokens_restored",
-             "restore_misses", "ladder_restores", "spills_refused")  # fmt: skip
+             "restore_misses", "ladder_restores", "spills_refused", "hits_remote")  # fmt: skip
 
 
 def _extends(longer: Conversation, conv: Conversation) -> bool:
@@ -109,8 +114,10 @@ class Tiers:
         self.writer: DiskWriter | None = None
         self.manifest_dir = self.levels[-1].store.path if self.levels else None
         self.skipped_manifests: list[tuple[str, str]] = []
+        self.remote: RemoteLevel | None = None
         try:
             self._open_catalog()
+            self.remote = self._open_remote()
         except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
             self.close()
             raise
@@ -134,16 +141,36 @@ class Tiers:
                 self.levels, self.root, self.tb, self.manifest_dir, self.cfg.file_mode, self.warn
             )
 
+    def _open_remote(self) -> RemoteLevel | None:
+        """The shared remote level (issue 17), when ``remote_url`` is set: it needs a local
+        disk level (the catalog lives there, and a park is acknowledged by the local write)."""
+        if not self.cfg.remote_url:
+            return None
+        if not self.levels:
+            raise ConfigError("setting remote_url needs a local disk level (cold_dir and "
+                              "cold_mib, or levels): a park is written there first, then "
+                              "copied to the remote level")  # fmt: skip
+        return RemoteLevel(RemoteSettings.from_config(self.cfg), self.fp, self.warn)
+
     def close(self) -> None:
         for lvl in self.levels:
             lvl.store.close()
+        if self.remote is not None:
+            self.remote.close()
         self.ram.close()
 
     def holder(self, key: bytes) -> SegmentBackend | None:
-        """The level that holds segment ``key`` now."""
+        """The level that holds segment ``key`` now: a local level first, else the remote
+        level (issue 17; a remote failure reads as not held)."""
         for lvl in self.levels:
             if key in lvl.store:
                 return lvl.store
+        if self.remote is not None:
+            try:
+                if key in self.remote.store:
+                    return self.remote.store
+            except StrataError:
+                return None
         return None
 
     # -- parking ------------------------------------------------------------------------------
@@ -270,6 +297,8 @@ class Tiers:
         for lvl in self.levels:  # the cascade and the GC after every write
             lvl.enforce_budget()
             lvl.enforce_age()
+        if done and self.remote is not None:  # acknowledged locally: now the shared copy
+            self.remote.push(snap)
         return done
 
     def spill_ram_on_close(self) -> int:
@@ -337,9 +366,11 @@ class Tiers:
                media: Mapping[int, bytes] | None = None) -> tuple[str, Match] | None:  # fmt: skip
         """The deepest resume point for ``prompt`` (with ``media``: position -> digest of each
         picture in it; a stored prefix matches only where its pictures match too, spec
-        F-KEY-4): ``("ram" | "pending" | "disk", match)``. The disk side is what the catalog
-        holds now; ``pending`` is a park whose disk write is still in flight (its capture is in
-        memory: issue 14, read your own writes without waiting for them)."""
+        F-KEY-4): ``("ram" | "pending" | "disk" | "remote", match)``. The disk side is what the
+        catalog holds now; ``pending`` is a park whose disk write is still in flight (its
+        capture is in memory: issue 14, read your own writes without waiting for them);
+        ``remote`` is the shared remote level (issue 17), asked only when the local levels do
+        not hold the whole prompt, and taken only when it holds more of it."""
         self.view.sync()
         page = self.fp.page_tokens if self.cfg.page_resume else None
         best: tuple[str, Match] | None = None
@@ -349,6 +380,10 @@ class Tiers:
                           ("disk", self.view.lookup(prompt, media, page))):  # fmt: skip
             if m is not None and (best is None or m.length > best[1].length):
                 best = (source, m)
+        if self.remote is not None and (best is None or best[1].length < len(prompt)):
+            hit = self.remote.lookup(np.asarray(prompt), media)
+            if hit is not None and (best is None or hit.match.length > best[1].length):
+                best = ("remote", hit.match)
         return best
 
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
@@ -389,6 +424,7 @@ class Tiers:
             results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
             captures: list[tuple[int, Snapshot, Match]] = []
             pending: list[tuple[int, DiskConv, Job]] = []
+            remote: dict[int, RemoteHit] = {}  #: the pending jobs that read the remote level
             for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
                 cap = max_tokens[i] if i < len(max_tokens) else None
                 hit = self.lookup(prompt if cap is None else prompt[:cap],
@@ -397,7 +433,7 @@ class Tiers:
                     self.counters["restore_misses"] += 1
                     continue
                 source, m = hit
-                if source != "disk":  # a hybrid model resumes only where a state was saved
+                if source not in ("disk", "remote"):  # a hybrid model resumes at a state
                     states = (self.ram.states(m.conv_id) if source == "ram"
                               else self.outbox.capture(m.conv_id).states)  # fmt: skip
                     at = _at_a_state(m, states)
@@ -414,7 +450,8 @@ class Tiers:
                     captures.append((i, self.outbox.capture(m.conv_id), m))
                 else:
                     p = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
-                    dc = self.view.get(m.conv_id)
+                    rhit = self.remote.hits.get(m.conv_id) if self.remote is not None else None
+                    dc = rhit.dc if source == "remote" and rhit else self.view.get(m.conv_id)
                     if p.where == "discard" or dc is None:
                         self.counters["disk_hits_refused"] += 1
                         if p.where == "discard":
@@ -423,6 +460,8 @@ class Tiers:
                         continue
                     self._log_admission(p, "disk hit", f"conversation {m.conv_id}, "
                                         f"{m.length:,} tokens")  # fmt: skip
+                    if source == "remote" and rhit is not None:
+                        remote[len(pending)] = rhit
                     pending.append((i, dc, self.reader.job(dc, m.length, dest)))
         for i, snap, m in captures:
             deliver_capture(dests[i], snap.kv, snap.conv.boundaries(), m.length, self.fp)
@@ -434,12 +473,52 @@ class Tiers:
             for *_, m in captures:
                 self.counters["hits_pending"] += 1
                 self.counters["tokens_restored"] += m.length
-            for (i, dc, job), o, r in zip(pending, outcomes, found, strict=True):
+            for n, ((i, dc, job), o, r) in enumerate(zip(pending, outcomes, found, strict=True)):
                 if isinstance(r, Exception) or isinstance(o, Exception):
                     results[i] = r
+                elif n in remote:
+                    results[i] = self._account_remote(dc, o, r)
                 else:
                     results[i] = self.reader.account_restored(dc, job, o, r, self._removed_from(dc))
+        for n, rhit in remote.items():  # remote_keep_local: the validated prefix, written here
+            got = results[pending[n][0]]
+            if isinstance(got, Restored) and got.tokens:
+                self._keep_local(rhit, got.tokens, pending[n][2].dest, lock)
         return results
+
+    def _account_remote(self, dc: DiskConv, o: Outcome, r: Restored) -> Restored:
+        """Count a finished restore from the remote level (under the Store's lock); a ladder
+        stop there (a bad page, a part evicted, a dropped connection) is said and counted, and
+        is not local damage for fsck."""
+        assert self.remote is not None
+        self.counters["hits_remote"] += 1
+        self.counters["tokens_restored"] += r.tokens
+        if o.laddered:
+            self.remote.counters["remote_ladder_stops"] += 1
+            self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {o.tokens:,} of "
+                      f"{o.wanted:,} tokens: {o.reason}")  # fmt: skip
+        return Restored("remote", r.tokens, r.conv_id, r.state)
+
+    def _keep_local(self, hit: RemoteHit, tokens: int, dest: Destination,
+                    lock: AbstractContextManager[Any]) -> None:  # fmt: skip
+        """``remote_keep_local``: write the first ``tokens`` of a remote restore to the local
+        levels (through the spill writer when the Store has one), taken from the destination
+        when it is host memory in the stored layout (validated there), else read again."""
+        assert self.remote is not None
+        if not self.remote.settings.keep_local or self.writer is None:
+            return
+        snap: Snapshot | None = None
+        if isinstance(dest, FlatKV) and not hit.dc.state_keys:
+            snap = self.remote.fetch(hit, tokens, dest.buf[: tokens * self.tb].copy())
+        else:
+            snap = self.remote.fetch(hit, tokens)
+        if snap is None:
+            return
+        with lock:
+            try:
+                self._spill(snap)
+            except StrataError as e:
+                self.warn(f"{hit.dc.conv.conv_id}: not kept locally: {e}")
 
     def _removed_from(self, dc: DiskConv) -> Callable[[bytes], bool]:
         """Whether segment ``key`` of ``dc`` was removed by GC (in this process or another)
@@ -536,6 +615,8 @@ class Tiers:
             levels[lvl.name] = {"dir": lvl.store.path, "entries": len(lvl.store),
                                 "bytes": lvl.store.used(), "budget": lvl.budget,
                                 **lvl.counters.as_dict()}  # fmt: skip
+        if self.remote is not None:
+            levels["remote"] = {**self.remote.stats(), **self.remote.counters}
         self.view.sync()
         gc = {"gc_removed": self.gc.removed, "gc_cut": self.gc.cut} if self.gc else {}
         return {"park_target": self.target, "park_target_source": self.target_source,

@@ -1,0 +1,276 @@
+"""The shared remote level in the flow (issue 17): what a park sends to it, how a prompt is
+found in it, what a restore from it keeps locally.
+
+The remote level (:class:`~stratastore.levels.redis_backend.RedisBackend`) is shared by every
+node; it is not in the local cascade (no local level degrades into it, and no node's catalog
+GC deletes from it: another node's chains name its segments). What it holds is a copy:
+
+* **push**: after a conversation is written to the local disk levels (acknowledged, durable
+  there), its K/V segments and running states the remote level lacks are put there, hashed
+  from the bytes sent (never digests of another copy). A segment another node stored is not
+  stored twice (content keys). A failure is counted and said, never raised: the park stands
+  on the local levels.
+* **find**: a prompt the local levels do not hold whole is walked through the remote level's
+  chain index from the fingerprint's root: at each step the children of the prefix, each
+  checked by deriving its key from the prompt's own tokens (spec F-KEY-2), so a match is never
+  a guess. Whole segments only (and, for a hybrid model, ends with a saved state).
+* **restore** reads through the ordinary two-pass job (every page validated in the memory it is
+  delivered from; the ladder on a bad page, a missing part or a dropped connection). With
+  ``remote_keep_local`` the validated prefix is then written to the local levels as a
+  conversation of its own (``remote:<key>``), so the next restore is local.
+* **faults**: a call that fails opens a breaker: for a while (1 s, doubling to 30 s) the level
+  is skipped (``remote_skipped``), so a dead server costs one timeout, not one per call.
+* **budget** (``remote_eviction=store``): after each push, the oldest segments go until the
+  level is within ``remote_mib``; with ``redis``, the server's ``maxmemory`` policy evicts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..chain import Checkpoint, Conversation, Match
+from ..errors import ConfigError, StrataError
+from ..format import ModelFingerprint, segment_key
+from ..format.keys import segment_media, state_key
+from ..levels.redis_backend import RedisBackend, RemoteError
+from ..levels.redis_settings import RemoteSettings
+from .records import MAX_STATE_BYTES, Snapshot
+from .view import DiskConv
+
+__all__ = ["RemoteHit", "RemoteLevel"]
+
+MAX_DEPTH = 65536  #: segments a walk follows at most
+_BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
+
+_COUNTERS = ("remote_hits", "remote_misses", "remote_puts", "remote_put_errors",
+             "remote_errors", "remote_skipped", "remote_ladder_stops", "remote_kept_local",
+             "remote_evictions")  # fmt: skip
+
+
+@dataclass
+class RemoteHit:
+    """A prompt's prefix found in the remote level: the chain as a disk conversation (its
+    segments, a checkpoint at each segment's end, its saved states) and the match."""
+
+    dc: DiskConv
+    match: Match
+
+
+class RemoteLevel:
+    def __init__(self, settings: RemoteSettings, fp: ModelFingerprint,
+                 warn: Callable[[str], None],
+                 backend: RedisBackend | None = None) -> None:  # fmt: skip
+        self.settings = settings
+        self.fp = fp
+        self.root = fp.digest()
+        self.warn = warn
+        self.store = backend if backend is not None else RedisBackend(settings, fp)
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.hits: dict[str, RemoteHit] = {}  #: the last lookup's hits, by conversation id
+        self._down_until = 0.0
+        self._pause = _BACKOFF[0]
+        self.last_error = ""
+        try:  # a wrong password or TLS setting is the user's to fix now; a server down is not
+            self.store._call("connect", "", lambda: self.store._r.ping())
+        except RemoteError as e:
+            if e.errno == 13:  # EACCES: authentication refused
+                self.store.close()
+                raise ConfigError(f"the remote level {settings.shown}: {e}") from None
+            self._failed(e, "connect")
+
+    @property
+    def name(self) -> str:
+        return "remote"
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- the breaker --------------------------------------------------------------------------
+    def _usable(self) -> bool:
+        if time.monotonic() < self._down_until:
+            self.counters["remote_skipped"] += 1
+            return False
+        return True
+
+    def _failed(self, e: StrataError, what: str) -> None:
+        self.counters["remote_errors"] += 1
+        self.last_error = str(e)
+        first = time.monotonic() >= self._down_until
+        self._down_until = time.monotonic() + self._pause
+        if first:
+            self.warn(
+                f"the remote level {self.settings.shown} failed ({what}): {e}; it is "
+                f"skipped for {self._pause:.0f} s, the local levels serve meanwhile"
+            )
+        self._pause = min(self._pause * 2, _BACKOFF[1])
+
+    def _ok(self) -> None:
+        self._pause = _BACKOFF[0]
+
+    # -- push ---------------------------------------------------------------------------------
+    def push(self, snap: Snapshot) -> int:
+        """Put ``snap``'s segments and states the remote level lacks (see the module): its
+        pages hashed as they are written (or the device's digests of these bytes, a park from
+        device memory). Returns how many were stored; never raises (counted, said)."""
+        if not self._usable():
+            return 0
+        conv, tb, stored = snap.conv, self.fp.token_bytes, 0
+        try:
+            specs = conv.segment_keys(self.root)
+            ends = {s.end: s.key for s in specs}
+            for seg in specs:
+                if seg.key in self.store:
+                    continue
+                hashes = snap.page_hashes.get((seg.start, seg.end))
+                got = self.store.put_kv(seg.parent, conv.tokens[seg.start : seg.end],
+                                        snap.kv[seg.start * tb : seg.end * tb],
+                                        token_start=seg.start, media=seg.media,
+                                        page_hashes=hashes)  # fmt: skip
+                stored += got.created
+            for n, blob in sorted(snap.states.items()):
+                if n in ends and blob and state_key(ends[n]) not in self.store:
+                    stored += self.store.put_state(ends[n], blob, token_pos=n).created
+            self.enforce_budget()
+        except RemoteError as e:
+            self.counters["remote_put_errors"] += 1
+            self._failed(e, f"storing conversation {conv.conv_id}")
+            return stored
+        except StrataError as e:  # a refusal of these bytes: said, the park stands locally
+            self.counters["remote_put_errors"] += 1
+            self.warn(f"conversation {conv.conv_id} not copied to the remote level: {e}")
+            return stored
+        self._ok()
+        self.counters["remote_puts"] += stored
+        return stored
+
+    def enforce_budget(self) -> None:
+        """``remote_eviction=store``: delete the oldest segments until the level is within
+        ``remote_mib`` (every node does this; a delete of what another node deleted first is a
+        no-op). A chain that loses a segment is restored up to it (the ladder)."""
+        budget = self.settings.budget_bytes
+        if self.settings.eviction != "store" or not budget:
+            return
+        while self.store.used() > budget:
+            gone = False
+            for key, _ in self.store.oldest():
+                gone = self.store.delete(key)
+                self.counters["remote_evictions"] += gone
+                break
+            if not gone and self.store.used() > budget:
+                return
+
+    # -- find ---------------------------------------------------------------------------------
+    def lookup(self, prompt: npt.NDArray[np.integer], media: Mapping[int, bytes] | None
+               ) -> RemoteHit | None:  # fmt: skip
+        """The deepest whole-segment prefix of ``prompt`` the remote level holds (see the
+        module), or None; a remote failure is a miss (counted)."""
+        if not self._usable():
+            return None
+        try:
+            hit = self._walk(prompt, sorted((media or {}).items()))
+        except RemoteError as e:
+            self._failed(e, "lookup")
+            return None
+        self._ok()
+        if hit is None:
+            self.counters["remote_misses"] += 1
+            return None
+        self.counters["remote_hits"] += 1
+        self.hits = {hit.dc.conv.conv_id: hit}
+        return hit
+
+    def _walk(self, prompt: npt.NDArray[np.integer], media: list[tuple[int, bytes]]
+              ) -> RemoteHit | None:  # fmt: skip
+        parent, pos = self.root, 0
+        segments: list[tuple[int, int, bytes]] = []
+        while pos < len(prompt) and len(segments) < MAX_DEPTH:
+            by_end: dict[int, list[bytes]] = {}
+            for key, s, e in self.store.children(parent):
+                if s == pos and pos < e <= len(prompt):
+                    by_end.setdefault(e, []).append(key)
+            step = None
+            for end in sorted(by_end, reverse=True):  # the longest child first
+                derived = segment_key(parent, prompt[pos:end], segment_media(media, pos, end))
+                if derived in by_end[end]:
+                    step = (pos, end, derived)
+                    break
+            if step is None:
+                break
+            segments.append(step)
+            parent, pos = step[2], step[1]
+        if not segments:
+            return None
+        states = self._states([k for _, _, k in segments], [e for _, e, _ in segments])
+        length = pos
+        if states:  # a hybrid model resumes only where a state was saved
+            length = max(states)
+            segments = [s for s in segments if s[0] < length]
+        tokens = np.asarray(prompt[:length])
+        conv = Conversation(f"remote:{segments[-1][2].hex()[:32]}", tokens,
+                            [Checkpoint(0)] + [Checkpoint(e) for _, e, _ in segments],
+                            {p: d for p, d in media if p < length},
+                            [s for s, _, _ in segments])  # fmt: skip
+        dc = DiskConv(conv, segments, False, states)
+        return RemoteHit(dc, Match(conv.conv_id, length, length, "checkpoint"))
+
+    def _states(self, keys: list[bytes], ends: list[int]) -> dict[int, bytes]:
+        """The segment ends with a running state saved in the remote level: end -> its key."""
+        skeys = [state_key(k) for k in keys]
+        there = self.store._pipeline("lookup", "", [("exists", self.store._rec_key(k))
+                                                    for k in skeys])  # fmt: skip
+        return {e: k for e, k, n in zip(ends, skeys, there, strict=True) if n}
+
+    # -- after a restore ------------------------------------------------------------------------
+    def fetch(self, hit: RemoteHit, tokens: int, kv: npt.NDArray[np.uint8] | None = None
+              ) -> Snapshot | None:  # fmt: skip
+        """The first ``tokens`` of ``hit`` as a snapshot (what ``remote_keep_local`` writes
+        locally): ``kv`` when given (those bytes, validated by the restore that delivered
+        them), else read again from the remote level, validated; None when that read fails
+        (evicted, damaged, the server gone: counted, said)."""
+        dc = hit.dc
+        tb = self.fp.token_bytes
+        states: dict[int, bytes] = {}
+        try:
+            if kv is None:
+                kv = np.empty(tokens * tb, np.uint8)
+                for s, e, key in dc.segments:
+                    if s >= tokens:
+                        break
+                    self.store.get_into(key, kv[s * tb : e * tb])
+            if tokens in dc.state_keys:
+                states[tokens] = self.store.get_bytes(dc.state_keys[tokens],
+                                                      max_bytes=MAX_STATE_BYTES)  # fmt: skip
+        except StrataError as e:
+            if isinstance(e, RemoteError):
+                self._failed(e, "keeping a restore locally")
+            else:
+                self.warn(f"{dc.conv.conv_id}: not kept locally: {e}")
+            return None
+        c = dc.conv
+        segs = [(s, e) for s, e, _ in dc.segments if e <= tokens]
+        conv = Conversation(c.conv_id, c.tokens[:tokens],
+                            [Checkpoint(0)] + [Checkpoint(e) for _, e in segs],
+                            {p: d for p, d in c.media.items() if p < tokens},
+                            [s for s, _ in segs] or [0])  # fmt: skip
+        self.counters["remote_kept_local"] += 1
+        return Snapshot(conv, kv, states)
+
+    def stats(self) -> dict[str, object]:
+        """The level's figures for ``Store.stats()['levels']['remote']`` (no credentials)."""
+        out: dict[str, object] = {"dir": self.settings.shown, "namespace": self.store.ns,
+                                  "eviction": self.settings.eviction,
+                                  "budget": self.settings.budget_bytes}  # fmt: skip
+        out.update((f"backend_{k}", v) for k, v in self.store.counters.items())
+        if self._usable():
+            try:
+                out.update(entries=len(self.store), bytes=self.store.used())
+            except RemoteError as e:
+                self._failed(e, "stats")
+        if "entries" not in out:
+            out.update(entries=None, bytes=None)
+        return out
