@@ -214,7 +214,7 @@ class RedisBackend:
         self.ns = namespace(settings.name, fingerprint)
         self.path = f"{settings.shown}#{self.ns}"
         self.part_bytes = settings.part_bytes
-        self._r = client if client is not None else settings.client()
+        self._client = client
         self._lock = threading.Lock()
         self.counters: dict[str, int] = dict.fromkeys(
             ("errors", "timeouts", "missing_parts", "raced_puts", "stale_index"), 0
@@ -257,6 +257,16 @@ class RedisBackend:
         return f"{self.ns}used"
 
     # -- calls --------------------------------------------------------------------------------
+    @property
+    def _r(self) -> Any:
+        """The redis-py client, made at first use (a cluster client connects as it is made: a
+        cluster that is down is then a :class:`RemoteError` of the call, not of the open)."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self.settings.client()
+        return self._client
+
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] = self.counters.get(name, 0) + n
@@ -277,8 +287,8 @@ class RedisBackend:
             self._count("errors")
             raise RemoteError(op, where, "authentication refused (check remote_username and "
                               "remote_password)", errno.EACCES) from None  # fmt: skip
-        except (rx.ConnectionError, rx.ClusterError, rx.ClusterDownError,
-                rx.TryAgainError, rx.ResponseError, rx.RedisError) as e:  # fmt: skip
+        except (rx.ConnectionError, rx.ClusterError, rx.ClusterDownError, rx.TryAgainError,
+                rx.ResponseError, rx.RedisError, rx.RedisClusterException) as e:  # fmt: skip
             self._count("errors")
             why = type(e).__name__ if "@" in str(e) else f"{type(e).__name__}: {e}"
             err = errno.ECONNRESET if isinstance(e, rx.ConnectionError) else errno.EIO
@@ -552,8 +562,9 @@ class RedisBackend:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):  # a client that never connected
-            self._r.close()
+        if self._client is not None:
+            with contextlib.suppress(Exception):  # a client that never connected
+                self._client.close()
 
     # -- checking the namespace -----------------------------------------------------------------
     def fsck(self, *, repair: bool = False) -> RemoteReport:

@@ -165,12 +165,17 @@ class RemoteSettings:
         try:
             import redis
             import redis.cluster
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError:
             raise ConfigError("the remote level needs the redis extra: pip install "
                               "'stratastore[redis]'") from None  # fmt: skip
         kw: dict[str, Any] = {
             "socket_timeout": self.timeout_s, "socket_connect_timeout": self.timeout_s,
             "username": self.username or None, "password": self.password or None,
+            # one quick retry (a pooled connection the server closed), never a backoff ladder:
+            # a server that is down costs one timeout, and the level's breaker does the rest
+            "retry": Retry(NoBackoff(), 1),
         }  # fmt: skip
         if self.tls:
             kw.update(
