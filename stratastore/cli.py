@@ -341,6 +341,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     from .fsck import fsck
     from .repair import repair
 
+    if args.remote:
+        return _fsck_remote(args)
     levels = _store_levels(args)
     dirs = list(levels.checked)
     if not args.json:
@@ -365,6 +367,52 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             print(f"{f.severity}: {f.id}: {f.object}: {f.detail}")
         print(f"{len(findings)} findings, {errors} errors in {len(dirs)} level(s)")
     return 1 if errors else 0
+
+
+def _fsck_remote(args: argparse.Namespace) -> int:
+    """``strata fsck --remote``: the remote level's namespaces of ``--config``'s store name
+    (issue 17); exit 1 when one is not clean (after ``--repair``: when one could not be)."""
+    from .levels.redis_fsck import fsck_remote
+    from .levels.redis_settings import RemoteSettings
+
+    cfg: StoreConfig | None = args.store_config
+    if cfg is None or not cfg.remote_url:
+        raise ConfigError("fsck --remote checks the remote level of a config: pass --config "
+                          "FILE with remote_url (and remote_name) set")  # fmt: skip
+    if args.dirs:
+        raise ConfigError("fsck --remote takes no PATH: it checks --config's remote level")
+    if args.repair and not args.yes:
+        raise ConfigError("fsck --remote --repair deletes orphan parts and segments missing a "
+                          "part in the remote namespace: add --yes to confirm")  # fmt: skip
+    settings = RemoteSettings.from_config(cfg)
+    found = fsck_remote(settings, repair=args.repair)
+    bad = 0
+    rows = []
+    for ns in found:
+        rep = ns.report
+        clean = rep is not None and (rep.clean or rep.repaired)
+        bad += not clean
+        rows.append({"namespace": ns.prefix, "model": ns.model, "problem": ns.problem,
+                     "clean": clean, **({} if rep is None else {
+                         "segments": rep.segments, "orphan_parts": len(rep.orphan_parts),
+                         "missing_parts": len(rep.missing_parts),
+                         "bad_records": len(rep.bad_records),
+                         "stale_index": len(rep.stale_index), "unindexed": len(rep.unindexed),
+                         "used_recorded": rep.used_recorded, "used_actual": rep.used_actual,
+                         "repaired": rep.repaired})})  # fmt: skip
+    if args.json:
+        print(json.dumps({"remote": settings.shown, "name": settings.name, "namespaces": rows,
+                          "not_clean": bad}, indent=2))  # fmt: skip
+    else:
+        print(f"remote level {settings.shown}, store name {settings.name!r}: "
+              f"{len(rows)} namespace(s)")  # fmt: skip
+        for r in rows:
+            what = r["problem"] or ", ".join(f"{k}={r[k]}" for k in (
+                "segments", "orphan_parts", "missing_parts", "bad_records", "stale_index",
+                "unindexed", "used_recorded", "used_actual", "repaired"))  # fmt: skip
+            print(f"{'ok' if r['clean'] else 'NOT CLEAN'}: {r['namespace']} ({r['model']}): "
+                  f"{what}")  # fmt: skip
+    return 1 if bad else 0
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
@@ -606,6 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--repair", action="store_true",
                     help="fix what can be fixed without losing valid data (offline)")  # fmt: skip
     fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
+    fk.add_argument("--remote", action="store_true",
+                    help="check the remote level of --config (remote_url, remote_name) instead: "
+                    "its namespaces only, never another key on the server")  # fmt: skip
     fk.set_defaults(func=cmd_fsck)
     cf = sub.add_parser("conformance", help="check directories against the spec's MUST clauses")
     cf.add_argument("dirs", nargs="*", metavar="PATH",

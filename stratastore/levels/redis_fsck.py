@@ -1,0 +1,83 @@
+"""``strata fsck --remote``: the remote level's namespaces of one store name, checked (and with
+``repair`` fixed) by :meth:`~.redis_backend.RedisBackend.fsck`; nothing outside them is read,
+changed or deleted (issue 17 item 5).
+
+A store name holds one namespace per model (``strata/<name>/<fp>/``, :func:`.namespace`). The
+models are found from the keys themselves: each namespace's first commit record that decodes
+names its fingerprint, and a namespace whose records name another one is reported, never
+repaired (a key placed by hand, or damage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from ..errors import StrataError
+from ..format import ModelFingerprint, decode_sidecar
+from .redis_backend import RedisBackend, RemoteReport
+from .redis_settings import RemoteSettings, check_name, namespace
+
+__all__ = ["NamespaceReport", "fsck_remote"]
+
+
+@dataclass
+class NamespaceReport:
+    """One namespace: its prefix, its model (``None``: no commit record decodes), what fsck
+    found there (``None`` with ``problem`` when it could not be checked)."""
+
+    prefix: str
+    model: str | None
+    report: RemoteReport | None
+    problem: str = ""
+
+
+def fsck_remote(settings: RemoteSettings, *, repair: bool = False) -> list[NamespaceReport]:
+    """Check every namespace of ``settings.name`` on the server (see the module); raises
+    :class:`~.redis_backend.RemoteError` when the server cannot be reached."""
+    base = f"strata/{check_name(settings.name)}/"
+    scout = RedisBackend(settings, ModelFingerprint.create("fsck/scout", n_layers=1,
+                                                           n_kv_heads=1, head_dim=1,
+                                                           page_tokens=1))  # fmt: skip
+    try:
+        names = scout._call("fsck", "", lambda: [k.decode() for k in scout._r.scan_iter(
+            match=f"{base}*", count=1000)])  # fmt: skip
+        prefixes = sorted({base + n[len(base):].split("/", 1)[0] + "/" for n in names
+                           if n.startswith(base) and "/" in n[len(base):]})  # fmt: skip
+        out = []
+        for prefix in prefixes:
+            out.append(_one(scout, settings, prefix, repair))
+        return out
+    finally:
+        scout.close()
+
+
+def _one(scout: RedisBackend, settings: RemoteSettings, prefix: str,
+         repair: bool) -> NamespaceReport:  # fmt: skip
+    fp = _model(scout, prefix)
+    if fp is None:
+        return NamespaceReport(prefix, None, None, "no commit record here decodes: nothing "
+                               "names its model (left as it is)")  # fmt: skip
+    if namespace(settings.name, fp) != prefix:
+        return NamespaceReport(prefix, fp.describe(), None, "its records name a model of "
+                               "another namespace (left as it is)")  # fmt: skip
+    b = RedisBackend(settings, fp)
+    try:
+        return NamespaceReport(prefix, fp.describe(), b.fsck(repair=repair))
+    finally:
+        b.close()
+
+
+def _model(scout: RedisBackend, prefix: str) -> ModelFingerprint | None:
+    """The fingerprint the first decodable commit record under ``prefix`` names."""
+    for name in scout._call("fsck", prefix, lambda: list(scout._r.scan_iter(
+            match=f"{prefix}s/*", count=1000))):  # fmt: skip
+        raw = scout._call("fsck", prefix, partial(scout._r.get, name))
+        if raw is None:
+            continue
+        try:
+            head = raw.split(b":", 4)
+            return decode_sidecar(head[4]).fingerprint if len(head) == 5 else None
+        except StrataError:
+            continue
+    return None
