@@ -313,9 +313,11 @@ class Store:
         self._check_open("lookup")
         tokens = as_tokens(prompt, "lookup: prompt")
         pictures = as_media(media, len(tokens), "lookup: media")
+        with self._in_flight("lookup"):  # the remote level's walk (network), without the lock
+            found = self._tiers.find_remote(tokens, pictures)
         with self._lock:
             self._check_open("lookup")  # again: close() may have run meanwhile
-            hit = self._tiers.lookup(tokens, pictures)
+            hit = self._tiers.lookup(tokens, pictures, found)
         return (hit[0], hit[1].length) if hit else None
 
     def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],

@@ -71,7 +71,6 @@ class RemoteLevel:
         self.warn = warn
         self.store = backend if backend is not None else RedisBackend(settings, fp)
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
-        self.hits: dict[str, RemoteHit] = {}  #: the last lookup's hits, by conversation id
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
         self.last_error = ""
@@ -181,7 +180,6 @@ class RemoteLevel:
             self.counters["remote_misses"] += 1
             return None
         self.counters["remote_hits"] += 1
-        self.hits = {hit.dc.conv.conv_id: hit}
         return hit
 
     def _walk(self, prompt: npt.NDArray[np.integer], media: list[tuple[int, bytes]]

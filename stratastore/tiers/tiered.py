@@ -70,6 +70,10 @@ _COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits
              "restore_misses", "ladder_restores", "spills_refused", "hits_remote")  # fmt: skip
 
 
+def _cap(max_tokens: Sequence[int | None], i: int) -> int | None:
+    return max_tokens[i] if i < len(max_tokens) else None
+
+
 def _extends(longer: Conversation, conv: Conversation) -> bool:
     """Whether ``longer`` holds all of ``conv``: its tokens and pictures as a prefix."""
     n = len(conv.tokens)
@@ -362,15 +366,25 @@ class Tiers:
         raise SpillRefused(f"conversation {cid!r} was not written to disk: {why}")
 
     # -- lookup and restore -------------------------------------------------------------------
+    def find_remote(self, prompt: npt.NDArray[np.integer] | list[int],
+                    media: Mapping[int, bytes] | None = None) -> RemoteHit | None:  # fmt: skip
+        """The deepest prefix of ``prompt`` the shared remote level holds (issue 17), or None
+        (no remote level, a miss, a failure). Network calls: run it without the Store's lock,
+        and hand the hit to :meth:`lookup`."""
+        if self.remote is None:
+            return None
+        return self.remote.lookup(np.asarray(prompt), media)
+
     def lookup(self, prompt: npt.NDArray[np.integer] | list[int],
-               media: Mapping[int, bytes] | None = None) -> tuple[str, Match] | None:  # fmt: skip
+               media: Mapping[int, bytes] | None = None,
+               remote: RemoteHit | None = None) -> tuple[str, Match] | None:  # fmt: skip
         """The deepest resume point for ``prompt`` (with ``media``: position -> digest of each
         picture in it; a stored prefix matches only where its pictures match too, spec
         F-KEY-4): ``("ram" | "pending" | "disk" | "remote", match)``. The disk side is what the
         catalog holds now; ``pending`` is a park whose disk write is still in flight (its
         capture is in memory: issue 14, read your own writes without waiting for them);
-        ``remote`` is the shared remote level (issue 17), asked only when the local levels do
-        not hold the whole prompt, and taken only when it holds more of it."""
+        ``remote`` is the shared remote level's hit (issue 17, :meth:`find_remote`, found
+        without the lock), taken only when it holds more of the prompt than the local levels."""
         self.view.sync()
         page = self.fp.page_tokens if self.cfg.page_resume else None
         best: tuple[str, Match] | None = None
@@ -380,10 +394,8 @@ class Tiers:
                           ("disk", self.view.lookup(prompt, media, page))):  # fmt: skip
             if m is not None and (best is None or m.length > best[1].length):
                 best = (source, m)
-        if self.remote is not None and (best is None or best[1].length < len(prompt)):
-            hit = self.remote.lookup(np.asarray(prompt), media)
-            if hit is not None and (best is None or hit.match.length > best[1].length):
-                best = ("remote", hit.match)
+        if remote is not None and (best is None or remote.match.length > best[1].length):
+            best = ("remote", remote.match)
         return best
 
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
@@ -418,7 +430,11 @@ class Tiers:
         ``lock`` (the Store's) is held to plan (lookups, RAM hits, the jobs) and to account,
         never over the copy of an in-flight capture, the disk reads or the hashing, so restores
         on several threads run in parallel (issue 14). What the disk writer moves or removes
-        meanwhile is met as another process's move or removal would be (issue 12)."""
+        meanwhile is met as another process's move or removal would be (issue 12). The remote
+        level (issue 17) is walked first, without ``lock``."""
+        walked = [self.find_remote(prompt if (c := _cap(max_tokens, i)) is None else prompt[:c],
+                                   media[i] if i < len(media) else None)
+                  for i, (prompt, _) in enumerate(requests)]  # fmt: skip
         with lock:
             dests = self._destinations(requests, max_tokens)
             results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
@@ -428,7 +444,7 @@ class Tiers:
             for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
                 cap = max_tokens[i] if i < len(max_tokens) else None
                 hit = self.lookup(prompt if cap is None else prompt[:cap],
-                                  media[i] if i < len(media) else None)  # fmt: skip
+                                  media[i] if i < len(media) else None, walked[i])  # fmt: skip
                 if hit is None:
                     self.counters["restore_misses"] += 1
                     continue
@@ -450,8 +466,8 @@ class Tiers:
                     captures.append((i, self.outbox.capture(m.conv_id), m))
                 else:
                     p = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
-                    rhit = self.remote.hits.get(m.conv_id) if self.remote is not None else None
-                    dc = rhit.dc if source == "remote" and rhit else self.view.get(m.conv_id)
+                    rhit = walked[i] if source == "remote" else None
+                    dc = rhit.dc if rhit is not None else self.view.get(m.conv_id)
                     if p.where == "discard" or dc is None:
                         self.counters["disk_hits_refused"] += 1
                         if p.where == "discard":
