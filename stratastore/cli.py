@@ -457,7 +457,7 @@ def _monitor_table(doc: dict[str, Any]) -> str:
                  f"{'hits':>7}{'moved down':>12}{'evicted':>9}  folder")  # fmt: skip
     for name, lv in doc["levels"].items():
         lines.append(f"  {name:<6}{val(lv['entries']):>9}{mib(lv['bytes']):>9}"
-                     f"{mib(lv['budget']):>12}{val(lv['oldest_age_s']):>10}"
+                     f"{mib(lv['budget']):>12}{val(lv.get('oldest_age_s')):>10}"
                      f"{val(lv.get('hits')):>7}{val(lv.get('degradations')):>12}"
                      f"{val(lv.get('evictions')):>9}  {lv['dir'] or '(in process)'}")  # fmt: skip
     c = doc["counters"]

@@ -260,7 +260,8 @@ class StoreConfig:
                     )
             elif not isinstance(value, str):
                 what = _TEXT.get(f.name, "a directory" if f.name.endswith("dir") else "a path")
-                shown = "<hidden>" if f.name == "remote_password" else repr(value)
+                # a password, or a URL that may carry one, is never shown
+                shown = "<hidden>" if f.name in ("remote_password", "remote_url") else repr(value)
                 raise ConfigError(f"setting {f.name}={shown} must be a string ({what})")
         for name in ("slots", "checkpoints", "restore_chunk_mib", "remote_part_mib",
                      "remote_timeout_ms"):  # fmt: skip

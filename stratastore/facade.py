@@ -510,6 +510,9 @@ class Store:
         parts = [f"park={s['park_target']}({s['park_target_source']})"]
         for name, d in lv.items():
             where = f"@{d['dir']}" if d.get("dir") else ""
+            if d["bytes"] is None:  # the remote level while it is down: entries, bytes unknown
+                parts.append(f"{name}=-e/-MiB/{d['budget'] / 2**20:.0f}MiB{where}")
+                continue
             parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
                          f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
         parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",

@@ -190,9 +190,10 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
                                           + (lv.get("age_evictions") or 0)
                                           if lv else None)}  # fmt: skip
     remote = snap.get("levels", {}).get("remote") if snap is not None else None
-    if isinstance(remote, dict):  # the shared level (issue 17): its URL has no credentials
+    if snap is not None and isinstance(remote, dict):  # issue 17: its URL has no credentials
         out_levels["remote"] = {"dir": remote.get("dir"), "entries": remote.get("entries"),
                                 "bytes": remote.get("bytes"), "budget": remote.get("budget"),
+                                "oldest_age_s": None, "hits": snap.get("hits_remote"),
                                 **{k: remote.get(k) for k in _REMOTE}}  # fmt: skip
     rank = {"ram": 0, "warm": 1, "cold": 2}
     out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -60,9 +61,8 @@ from ..format import (
     MediaRef,
     ModelFingerprint,
     Sidecar,
-    decode_sidecar,
-    encode_sidecar,
 )
+from ..format.remote_record import CommitRecord, decode_commit_record
 from ..io.errors import StrataIOError
 from ..store import OutOfRange, PayloadReader, PutResult, SegmentNotFound, StoreError
 from ..store.relocation import Relocated, relocate_by_copy, resealed
@@ -81,9 +81,9 @@ from .redis_settings import RemoteSettings, namespace
 __all__ = ["RedisBackend", "RemoteError", "RemoteReport"]
 
 T = TypeVar("T")
-_MAGIC = b"SRC1"
 PENDING_MS = 600_000  #: how long an uncommitted part lives (a write abandoned mid-way expires)
 _BATCH = 256  #: rows ``oldest`` reads at a time
+_WIRE_CHUNK = 16 << 10  #: bytes a direct read takes at a time for a reply's header and CRLF
 
 # KEYS[1] the commit record, KEYS[2..] the parts; ARGV[1] the record. 1: committed here; 0:
 # another writer committed the key first (the caller removes its parts); -1: a part is gone
@@ -150,17 +150,19 @@ class _Commit:
 
     @property
     def head(self) -> bytes:
-        return f"SRC1:{self.nonce}:{self.parts}:{self.part_bytes}:".encode()
-
-
-def _head(nonce: str, parts: int, part_bytes: int) -> bytes:
-    return f"SRC1:{nonce}:{parts}:{part_bytes}:".encode()
+        return CommitRecord(self.nonce, self.parts, self.part_bytes, self.sidecar).head
 
 
 class RedisSegment(PayloadReader):
     """A committed segment open for range reads: each read fetches the parts it spans (one
     pipelined round trip, ``GETRANGE`` each) into the caller's memory. Reads name the write
-    that was open (its nonce): a part missing, short or of another write is a typed error."""
+    that was open (its nonce): a part missing, short or of another write is a typed error.
+
+    The bytes go from the socket straight into the caller's memory (:func:`_recv_bulks`: one
+    kernel copy, no parser buffer, few system calls, so the GIL is released for long stretches
+    and the hashing threads run meanwhile); any reply that is not exactly the bulk string
+    expected (an error, a redirection, a part missing or short) drops that connection and the
+    read runs again through the client's own parser, which gives it its typed outcome."""
 
     def __init__(self, backend: RedisBackend, commit: _Commit) -> None:
         self.sidecar = commit.sidecar
@@ -183,6 +185,11 @@ class RedisSegment(PayloadReader):
                 done += take
             offset += n
         if not ranges:
+            return
+        names = [self._b._part(key, self._c.nonce, p) for _, p, _, _ in ranges]
+        if self._b._read_direct(key, [("GETRANGE", n, a, z) for n, (_, _, a, z)
+                                      in zip(names, ranges, strict=True)],
+                                [dst for dst, *_ in ranges]):  # fmt: skip
             return
         got = self._b._pipeline(
             "read", key,
@@ -273,6 +280,8 @@ class RedisBackend:
 
     def _call(self, op: str, key: bytes | str, fn: Callable[[], T]) -> T:
         """Run one Redis call; its failures as :class:`RemoteError` (counted)."""
+        import ssl
+
         import redis.exceptions as rx
 
         what = key.hex()[:16] if isinstance(key, bytes) else key
@@ -286,12 +295,30 @@ class RedisBackend:
         except rx.AuthenticationError:
             self._count("errors")
             raise RemoteError(op, where, "authentication refused (check remote_username and "
-                              "remote_password)", errno.EACCES) from None  # fmt: skip
+                              "remote_password, or STRATA_REMOTE_USERNAME and "
+                              "STRATA_REMOTE_PASSWORD)", errno.EACCES) from None  # fmt: skip
         except (rx.ConnectionError, rx.ClusterError, rx.ClusterDownError, rx.TryAgainError,
                 rx.ResponseError, rx.RedisError, rx.RedisClusterException) as e:  # fmt: skip
             self._count("errors")
             why = type(e).__name__ if "@" in str(e) else f"{type(e).__name__}: {e}"
             err = errno.ECONNRESET if isinstance(e, rx.ConnectionError) else errno.EIO
+            # a TLS setting is the user's to fix (EACCES, as a refused password: the level's
+            # open says so at once), not a server that is down: the server's certificate not
+            # trusted, or the client's TLS files missing or not matching
+            cause = e.__context__ if isinstance(e, rx.ConnectionError) else None
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                err = errno.EACCES
+                why = (f"TLS: the server's certificate was refused ({cause.verify_message}); "
+                       "set remote_tls_ca to the CA file that signed it, and name the server in "
+                       "remote_url as its certificate does")  # fmt: skip
+            elif self.settings.tls and (
+                (isinstance(cause, ssl.SSLError) and cause.library in ("PEM", "X509"))
+                or type(cause) in (FileNotFoundError, PermissionError, IsADirectoryError)
+            ):
+                err = errno.EACCES
+                why = (f"TLS: the files of remote_tls_ca, remote_tls_cert and remote_tls_key "
+                       f"cannot be used ({cause}); name readable PEM files, the certificate "
+                       "with its own key")  # fmt: skip
             raise RemoteError(op, where, why, err) from None
         except OSError as e:  # a TLS handshake, a socket the client did not wrap
             self._count("errors")
@@ -310,6 +337,38 @@ class RedisBackend:
 
         return self._call(op, key, run)
 
+    def _read_direct(self, key: bytes, cmds: list[tuple[str, str, int, int]],
+                     into: list[memoryview]) -> bool:  # fmt: skip
+        """Send ``cmds`` (reads of one segment: one hash slot) pipelined on a connection of the
+        client's pool and receive each reply straight into its buffer in ``into``, which must
+        be exactly that long (:func:`_recv_bulks`). False, having read nothing that counts,
+        where this does not apply (a client that is not a plain redis-py one, a buffer that is
+        not contiguous bytes) or a reply is anything else: the caller then reads through the
+        client's parser. A timeout is a :class:`RemoteError` as for every call."""
+        if not all(v.format == "B" and v.ndim == 1 and v.contiguous for v in into):
+            return False
+        pool = self._pool_of(cmds[0][1])
+        if pool is None:
+            return False
+        return self._call("read", key, partial(_pipelined_into, pool, cmds, into))
+
+    def _pool_of(self, name: str) -> Any:
+        """The connection pool of the server holding key ``name`` (a cluster: the primary of
+        its slot, as the client's slot map says), or None for a client of another kind."""
+        import redis
+        import redis.cluster
+
+        r = self._r
+        try:
+            if isinstance(r, redis.cluster.RedisCluster):
+                node = r.get_node_from_key(name)  # type: ignore[no-untyped-call]
+                return r.get_redis_connection(node).connection_pool
+            if isinstance(r, redis.Redis):
+                return r.connection_pool
+        except Exception:  # a slot not covered, a node gone: the client's own path says so
+            return None
+        return None
+
     def _commit(self, key: bytes) -> _Commit | None:
         """The key's commit record, decoded; None when it is not committed."""
         raw = self._call("read", key, lambda: self._r.get(self._rec_key(key)))
@@ -318,24 +377,16 @@ class RedisBackend:
         return self._decode(key, raw)
 
     def _decode(self, key: bytes, raw: bytes) -> _Commit:
+        """``raw`` as the commit record of ``key`` (spec F-REM-2, then identity: F-READ-1 step
+        8): a :class:`FormatError` for one that does not decode or names another segment, an
+        :class:`IncompatibleFingerprint` for another model's."""
         obj = f"the commit record of segment {key.hex()[:16]} in {self.path}"
-        try:
-            magic, nonce, parts, pb, _ = raw.split(b":", 4)
-            head = len(b":".join((magic, nonce, parts, pb))) + 1
-            if magic != _MAGIC or len(nonce) != 32:
-                raise ValueError("bad head")
-            c = _Commit(nonce.decode(), int(parts), int(pb), decode_sidecar(raw[head:], obj),
-                        len(raw))  # fmt: skip
-        except (ValueError, UnicodeDecodeError):
-            raise FormatError(f"{obj} is damaged (not a stratastore commit record)") from None
-        sc = c.sidecar
+        rec = decode_commit_record(raw, obj)
+        sc = rec.sidecar
         if sc.key != key:
             raise FormatError(f"{obj} names segment {sc.key.hex()[:16]} (damaged or misplaced)")
         self.fingerprint.require_same(sc.fingerprint, obj)
-        if c.parts != -(-sc.stored_bytes // c.part_bytes) or c.part_bytes < 1:
-            raise FormatError(f"{obj} is damaged: {c.parts} parts of {c.part_bytes} bytes for "
-                              f"{sc.stored_bytes} stored bytes")  # fmt: skip
-        return c
+        return _Commit(rec.nonce, rec.parts, rec.part_bytes, sc, len(raw))
 
     def _need(self, key: bytes) -> _Commit:
         c = self._commit(key)
@@ -395,7 +446,7 @@ class RedisBackend:
             self._pipeline("put", key, [("set", parts[i], stored[i * pb : (i + 1) * pb],
                                          None, PENDING_MS) for i in range(n)])  # fmt: skip
             sc = sidecar()
-            value = _head(nonce, n, pb) + encode_sidecar(sc)
+            value = CommitRecord(nonce, n, pb, sc).encode()
             got = self._call("commit", key, lambda: self._r.eval(
                 _COMMIT, len(parts) + 1, self._rec_key(key), *parts, value))  # fmt: skip
         except BaseException:
@@ -572,18 +623,27 @@ class RedisBackend:
         commit records that decode and whose parts are all there, parts of no commit (not
         pending: an in-flight write's parts have a TTL), and the derived listing and ``used``
         against the commit records. With ``repair``: orphan parts are deleted, segments missing
-        a part are deleted, the listing and ``used`` are rebuilt from the commit records."""
+        a part are deleted, the listing and ``used`` are rebuilt from the commit records (a
+        listing entry that does not decode is stale: dropped, and listed again when its segment
+        is whole). A name in the namespace that is not shaped as this backend's keys is left as
+        it is (never judged, never deleted)."""
         rep = RemoteReport()
         commits: dict[bytes, _Commit] = {}
         parts: dict[str, list[str]] = {}
         for raw_name in self._call("fsck", "", lambda: list(self._r.scan_iter(
                 match=f"{self.ns}*", count=1000))):  # fmt: skip
-            name = raw_name.decode()
+            try:
+                name = raw_name.decode()
+            except UnicodeDecodeError:  # not a name this backend writes: left as it is
+                continue
             if not name.startswith(self.ns):  # never anything outside the namespace
                 continue
             rest = name[len(self.ns) :]
             if rest.startswith("s/{"):
-                key = bytes.fromhex(rest[3:-1])
+                try:
+                    key = bytes.fromhex(rest[3:-1] if rest.endswith("}") else "-")
+                except ValueError:  # not a name this backend writes: left as it is
+                    continue
                 raw = self._call("fsck", key, partial(self._r.get, name))
                 if raw is None:
                     continue
@@ -595,7 +655,10 @@ class RedisBackend:
                 parts.setdefault(rest[3:].split("}", 1)[0], []).append(name)
         rep.segments = len(commits)
         for khex, names in parts.items():
-            c = commits.get(bytes.fromhex(khex))
+            try:
+                c = commits.get(bytes.fromhex(khex))
+            except ValueError:  # not a name this backend writes: left as it is
+                continue
             for name in names:
                 nonce = name.rsplit("/", 2)[1]
                 if c is None or nonce != c.nonce:
@@ -607,11 +670,27 @@ class RedisBackend:
             have = self._call("fsck", key, partial(self._r.exists, *names))
             if have != c.parts:
                 rep.missing_parts.append(key)
-        listed = dict(self.records())
+        # the listing as stored: an entry whose field or record does not decode is stale
+        listed: dict[bytes, IndexRecord | None] = {}
+        fields: dict[bytes, bytes] = {}  #: listed key -> its field (itself when not hex)
+        for f, v in self._call("fsck", "", lambda: self._r.hgetall(self._recs)).items():
+            try:
+                key = bytes.fromhex(f.decode())
+            except ValueError:  # UnicodeDecodeError included
+                key = f
+            fields[key] = f
+            try:
+                listed[key] = IndexRecord.unpack(v) if key != f else None
+            except FormatError:
+                listed[key] = None
         whole = {k: c for k, c in commits.items() if k not in rep.missing_parts}
-        rep.stale_index = [k for k in listed if k not in whole]
-        rep.unindexed = [k for k in whole if k not in listed]
-        rep.used_recorded = self.used()
+        rep.stale_index = [k for k, r in listed.items() if k not in whole or r is None]
+        rep.unindexed = [k for k in whole if listed.get(k) is None]
+        raw_used = self._call("fsck", "", lambda: self._r.get(self._used))
+        try:
+            rep.used_recorded = int(raw_used or 0)
+        except ValueError:  # not a number: never equal to the actual bytes
+            rep.used_recorded = -1
         rep.used_actual = sum(c.raw_len + c.sidecar.stored_bytes for c in whole.values())
         if repair and not rep.clean:
             for name in rep.orphan_parts:
@@ -620,7 +699,11 @@ class RedisBackend:
                 self.delete(key)
                 self._call("repair", key, partial(self._r.delete, self._rec_key(key)))
             for key in rep.stale_index:
-                self._index_drop(key, listed[key])
+                rec = listed[key]
+                if rec is not None:
+                    self._index_drop(key, rec)
+                else:  # nothing to undo but the entry itself (used is rebuilt below)
+                    self._call("repair", key, partial(self._r.hdel, self._recs, fields[key]))
             for key in rep.unindexed:
                 c = whole[key]
                 rec = IndexRecord.from_sidecar(c.sidecar, c.raw_len, c.sidecar.stored_bytes)
@@ -629,6 +712,80 @@ class RedisBackend:
             self._call("repair", "", lambda: self._r.set(self._used, now))
             rep.repaired = True
         return rep
+
+
+def _pipelined_into(pool: Any, cmds: list[tuple[str, str, int, int]],
+                    into: list[memoryview]) -> bool:  # fmt: skip
+    """:meth:`RedisBackend._read_direct` on one connection of ``pool``: sent, received into
+    ``into``; False at the first reply that is not the bulk string expected, or a connection
+    the pool handed out dropped (the caller's retry through the client reconnects). Any
+    connection not left exactly between replies is dropped before it goes back to the pool."""
+    import redis.exceptions as rx
+
+    try:
+        conn = pool.get_connection()
+    except (rx.TimeoutError, rx.AuthenticationError):
+        raise
+    except (OSError, rx.ConnectionError):  # refused: the client's own path retries, says so
+        return False
+    clean = False
+    try:
+        sock = getattr(conn, "_sock", None)
+        if not isinstance(sock, socket.socket):  # a caching or proxy connection: not ours
+            clean = True
+            return False
+        conn.send_packed_command(conn.pack_commands(cmds))
+        clean = _recv_bulks(sock, into)
+        return clean
+    except TimeoutError:  # socket.timeout: the settings' timeout, per receive
+        raise rx.TimeoutError("Timeout reading from socket") from None
+    except (rx.TimeoutError, rx.AuthenticationError):
+        raise
+    except (OSError, rx.ConnectionError):  # dropped: the client's own path reconnects
+        return False
+    finally:
+        if not clean:
+            conn.disconnect()
+        pool.release(conn)
+
+
+def _recv_bulks(sock: socket.socket, into: list[memoryview]) -> bool:
+    """Receive one RESP bulk string reply of exactly ``len(v)`` bytes into each ``v`` of
+    ``into``, in turn, from ``sock``: the header and the CRLF through a small buffer, the
+    payload with ``recv_into`` straight into ``v`` (the few payload bytes that came with a
+    header are copied from that buffer). True when every reply was that and nothing followed;
+    False at the first reply that is not (an error, a null, another length): the connection is
+    then out of step and must be dropped. A closed connection raises ConnectionError."""
+    pend = bytearray()
+
+    def more() -> None:
+        chunk = sock.recv(_WIRE_CHUNK)
+        if not chunk:
+            raise ConnectionError("connection closed by the server")
+        pend.extend(chunk)
+
+    for v in into:
+        n = v.nbytes
+        head = b"$%d\r\n" % n
+        while len(pend) < len(head) and b"\n" not in pend:
+            more()
+        if not pend.startswith(head):
+            return False
+        del pend[: len(head)]
+        got = min(n, len(pend))
+        v[:got] = pend[:got]
+        del pend[:got]
+        while got < n:
+            k = sock.recv_into(v[got:], n - got)
+            if not k:
+                raise ConnectionError("connection closed by the server")
+            got += k
+        while len(pend) < 2:
+            more()
+        if pend[:2] != b"\r\n":
+            return False
+        del pend[:2]
+    return not pend
 
 
 if TYPE_CHECKING:  # the protocol check (mypy strict), as backend.py does for the directory

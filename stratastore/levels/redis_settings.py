@@ -62,7 +62,7 @@ class RemoteSettings:
     """A remote level's connection: parsed from :class:`~stratastore.config.StoreConfig`'s
     ``remote_*`` settings by :meth:`from_config`, or built directly (tests, benchmarks)."""
 
-    url: str
+    url: str = field(repr=False)  #: may carry user:password@ (repr: ``nodes`` and ``db``)
     name: str = "default"
     username: str = field(default="", repr=False)
     password: str = field(default="", repr=False)

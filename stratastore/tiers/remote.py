@@ -136,10 +136,12 @@ class RemoteLevel:
                     stored += self.store.put_state(ends[n], blob, token_pos=n).created
             self.enforce_budget()
         except RemoteError as e:
+            self.counters["remote_puts"] += stored  # the segments stored before the failure
             self.counters["remote_put_errors"] += 1
             self._failed(e, f"storing conversation {conv.conv_id}")
             return stored
         except StrataError as e:  # a refusal of these bytes: said, the park stands locally
+            self.counters["remote_puts"] += stored
             self.counters["remote_put_errors"] += 1
             self.warn(f"conversation {conv.conv_id} not copied to the remote level: {e}")
             return stored
@@ -264,7 +266,7 @@ class RemoteLevel:
                                   "eviction": self.settings.eviction,
                                   "budget": self.settings.budget_bytes}  # fmt: skip
         out.update((f"backend_{k}", v) for k, v in self.store.counters.items())
-        if self._usable():
+        if time.monotonic() >= self._down_until:  # (a stats call is not a skipped call)
             try:
                 out.update(entries=len(self.store), bytes=self.store.used())
             except RemoteError as e:

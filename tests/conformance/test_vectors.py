@@ -108,6 +108,12 @@ BEHAVIOUR_TESTS = {
     "F-COMPAT-5": "tests/conformance/test_vectors.py::test_superseded_vectors_name_their_fix",
     "F-IDX-5": "tests/conformance/test_reader_clauses.py::test_lmdb_key_encoding",
     "F-DIR-8": "tests/unit/test_fs_safety.py::test_repair_never_unlinks_through_a_symlinked_index",
+    "F-REM-1": "tests/remote/test_auth_tls_namespace.py::"
+    "test_parks_evictions_deletes_and_fsck_never_touch_foreign_keys",
+    "F-REM-2": "tests/unit/test_remote_record.py::test_a_malformed_head_is_a_format_error",
+    "F-REM-3": "tests/remote/test_faults.py::test_killed_between_the_parts_and_the_commit",
+    "F-REM-4": "tests/remote/test_redis_backend.py::"
+    "test_a_deleted_and_reput_segment_is_never_a_mix",
     "F-SEG-7": "tests/unit/test_media_and_manifest_keys.py::"
     "test_multimodal_conversation_parked_to_disk_restores_whole",
 }

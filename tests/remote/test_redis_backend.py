@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from stratastore.format import Level, ModelFingerprint
+from stratastore.format.remote_record import CommitRecord
 from stratastore.levels import SegmentBackend
 from stratastore.levels.redis_backend import RedisBackend
 from stratastore.levels.redis_settings import RemoteSettings
@@ -82,6 +83,8 @@ def test_ranges_across_parts(url: str, tmp_path: Path) -> None:
     key = b.put_kv(fp.digest(), np.arange(300), data, token_start=0).key
     c = b._need(key)
     assert c.parts == 5 and c.part_bytes == PART
+    # the commit record as stored (F-REM-2): its head, then the sidecar's bytes
+    assert b._r.get(b._rec_key(key)) == CommitRecord(c.nonce, 5, PART, c.sidecar).encode()
     for lo, n in ((0, 19200), (4000, 200), (4095, 4098), (8191, 1), (16000, 3200)):
         out = np.zeros(n, np.uint8)
         assert b.read_into(key, lo, out) == n
