@@ -23,6 +23,7 @@ from .io import files
 from .io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from .io.system import process_alive
 from .level_dirs import find_store_levels
+from .tiers.remote import REMOTE_COUNTERS
 
 __all__ = ["MONITOR_FILE", "find_levels", "prometheus_text", "read_monitor"]
 
@@ -36,10 +37,7 @@ _COUNTERS = (
     "disk_hits_refused", "spills_refused", "restores_cut_by_gc", "hits_remote",
 )  # fmt: skip
 #: the remote level's counters (issue 17), shown by the monitor and exported to Prometheus
-_REMOTE = (
-    "remote_hits", "remote_misses", "remote_puts", "remote_put_errors", "remote_errors",
-    "remote_skipped", "remote_ladder_stops", "remote_kept_local", "remote_evictions",
-)  # fmt: skip
+_REMOTE = REMOTE_COUNTERS
 
 
 def find_levels(path: str) -> list[str]:

@@ -7,6 +7,7 @@ compare them with the manifest; they never call this script.
     python tools/make_vectors.py format-spec/vectors/v1
     python tools/make_vectors.py --v1.1 format-spec/vectors/v1.1
     python tools/make_vectors.py --v1.1-errata1 format-spec/vectors/v1.1-errata1
+    python tools/make_vectors.py --v1.2 format-spec/vectors/v1.2
 """
 
 from __future__ import annotations
@@ -592,6 +593,89 @@ def main_v1_1_errata1(out: str, vectors_root: str = "format-spec/vectors") -> in
     return 0
 
 
+V1_2 = "v1.2"
+
+
+def main_v1_2(out: str) -> int:
+    """Writers of 1.2: the shared remote level's key names and commit records (spec F-REM-1,
+    F-REM-2). Deterministic: same inputs, same bytes (tests/conformance/test_vectors.py runs it
+    into a temporary folder and compares)."""
+    from stratastore.format.remote_record import CommitRecord, RemoteNames
+
+    if os.path.exists(os.path.join(out, "MANIFEST.json")):
+        print(f"{out} already has a manifest: released vectors are never regenerated",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    os.makedirs(out, exist_ok=True)
+    entries: list[dict[str, object]] = []
+
+    def put(name: str, data: bytes, kind: str, expect: str, clauses: list[str]) -> None:
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entries.append({"file": name, "blake3": blake3.blake3(data).hexdigest(),
+                        "kind": kind, "expect": expect, "clauses": clauses})  # fmt: skip
+
+    def once(data: bytes, old: bytes, new: bytes) -> bytes:
+        assert data.count(old) == 1, "the patched bytes must be unique"
+        return data.replace(old, new)
+
+    root = FP.digest()
+    tokens = list(range(100, 200))  # 100 tokens of 64 bytes: 6,400 stored bytes, pages of 256
+    sc, _ = kv_sidecar(tokens, root, 0, pattern(len(tokens) * FP.token_bytes), Codec.RAW)
+    nonce = "00112233445566778899aabbccddeeff"
+    good = CommitRecord.for_sidecar(nonce, sc, 4096).encode()  # 2 parts: 4,096 and 2,304
+    head = f"SRC1:{nonce}:2:4096:".encode()
+    assert good.startswith(head)
+    put("fingerprint.bin", FP.pack(), "fingerprint", "ok", ["F-FP-1"])
+    put("remote_commit_ok.rec", good, "remote_commit", "ok", ["F-REM-2", "F-SC-1"])
+    put("remote_commit_one_part.rec", CommitRecord.for_sidecar(nonce, sc, 8192).encode(),
+        "remote_commit", "ok", ["F-REM-2"])  # fmt: skip
+    bad_heads = [
+        ("remote_commit_bad_magic.rec", b"SRC2:"),
+        ("remote_commit_nonce_upper.rec", f"SRC1:{nonce.upper()}:2:4096:".encode()),
+        ("remote_commit_parts_short.rec", f"SRC1:{nonce}:1:4096:".encode()),
+        ("remote_commit_parts_leading_zero.rec", f"SRC1:{nonce}:02:4096:".encode()),
+        ("remote_commit_part_bytes_zero.rec", f"SRC1:{nonce}:2:0:".encode()),
+        ("remote_commit_part_under_4kib.rec", f"SRC1:{nonce}:2:4095:".encode()),
+        ("remote_commit_part_over_512mib.rec", f"SRC1:{nonce}:1:{(512 << 20) + 1}:".encode()),
+        ("remote_commit_no_colon.rec", f"SRC1:{nonce}:2:4096".encode()),
+    ]
+    for name, new in bad_heads:
+        old = head if new.startswith(b"SRC1:") else b"SRC1:"
+        put(name, once(good, old, new), "remote_commit", "FormatError", ["F-REM-2"])
+    flipped = bytearray(good)
+    flipped[len(head) + 100] ^= 1  # a byte of the sidecar's head: its trailer no longer matches
+    put("remote_commit_sidecar_flip.rec", bytes(flipped), "remote_commit", "ChecksumMismatch",
+        ["F-REM-2", "F-SC-1"])  # fmt: skip
+
+    names = RemoteNames("chat-prod", root)
+    part = 2
+    case = {"name": names.name, "fingerprint": "fingerprint.bin", "key": sc.key.hex(),
+            "parent": sc.parent_key.hex(), "nonce": nonce, "part": part,
+            "names": {"record": names.record(sc.key), "part": names.part(sc.key, nonce, part),
+                      "recs": names.recs, "ages": names.ages, "used": names.used,
+                      "kids": names.kids(sc.parent_key)}}  # fmt: skip
+
+    def keys_json(doc: dict[str, object]) -> bytes:
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    put("remote_keys.json", keys_json(case), "remote_keys", "ok", ["F-REM-1"])
+    whole = {k: v.replace(root.hex()[:32], root.hex()) for k, v in case["names"].items()}
+    put("remote_keys_whole_digest.json", keys_json({**case, "names": whole}), "remote_keys",
+        "KeyMismatch", ["F-REM-1"])  # fmt: skip
+    no_tag = {**case["names"], "part": f"{names.ns}p/{sc.key.hex()}/{nonce}/{part}"}
+    put("remote_keys_no_hash_tag.json", keys_json({**case, "names": no_tag}), "remote_keys",
+        "KeyMismatch", ["F-REM-1"])  # fmt: skip
+    put("remote_keys_bad_name.json", keys_json({**case, "name": "Chat/Prod"}), "remote_keys",
+        "FormatError", ["F-REM-1"])  # fmt: skip
+    doc = {"format_version": "1.1", "writers": "1.2", "generator": f"tools/make_vectors.py "
+           f"--{V1_2}", "vectors": entries}  # fmt: skip
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}")
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--v1.1":
         raise SystemExit(
@@ -601,4 +685,7 @@ if __name__ == "__main__":
         raise SystemExit(main_v1_1_errata1(
             sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{ERRATA_1}",
             sys.argv[3] if len(sys.argv) > 3 else "format-spec/vectors"))  # fmt: skip
+    if len(sys.argv) > 1 and sys.argv[1] == f"--{V1_2}":
+        raise SystemExit(main_v1_2(sys.argv[2] if len(sys.argv) > 2
+                                   else f"format-spec/vectors/{V1_2}"))  # fmt: skip
     raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "format-spec/vectors/v1"))

@@ -30,7 +30,7 @@ tokens and every byte):
   run, against a plain pipeline ``SET`` of the same bytes in the same part sizes (one pipeline
   per segment, its parts under one hash tag).
 
-Each figure is the best of ``--runs`` runs after a warmup round, the rows interleaved (the order
+Each figure is the median of ``--runs`` runs after a warmup round, the rows interleaved (the order
 reversed every other round); GB = 1e9 B. Target (issue 17): restore from Redis >= 0.8x the plain
 MGET while validating every page. A tiny run (``8``) is the test's (tests/unit/
 test_remote_bench.py); its figures mean nothing.
@@ -43,6 +43,7 @@ import contextlib
 import os
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -89,11 +90,11 @@ def engine_fp() -> ModelFingerprint:
 
 @dataclass
 class Section:
-    """The figures of one server: best seconds per row, and what the rows were checked for."""
+    """The figures of one server: median seconds per row, and what the rows were checked for."""
 
     kind: str  #: "standalone" or "cluster"
     url: str
-    best: dict[str, float] = field(default_factory=dict)
+    best: dict[str, float] = field(default_factory=dict)  #: median seconds per row
     lookup_s: float = 0.0  #: the remote level's chain walk alone (part of every restore)
 
 
@@ -145,10 +146,10 @@ def part_names(be: RedisBackend, segs: list[SegmentKey]) -> list[list[str]]:
 
 def run_rounds(ops: list[tuple[str, Callable[[], None], Callable[[], None]]], runs: int
                ) -> dict[str, float]:  # fmt: skip
-    """Best seconds of each ``(row, op, after)`` over ``runs`` rounds after a warmup round, the
-    rows interleaved (the order reversed every other round); ``after`` (untimed) checks what the
-    op did and cleans up after it."""
-    best: dict[str, float] = {}
+    """Median seconds of each ``(row, op, after)`` over ``runs`` rounds after a warmup round,
+    the rows interleaved (the order reversed every other round); ``after`` (untimed) checks what
+    the op did and cleans up after it."""
+    times: dict[str, list[float]] = {}
     for rnd in range(runs + 1):
         order = ops if rnd % 2 else list(reversed(ops))
         for row, op, after in order:
@@ -157,8 +158,8 @@ def run_rounds(ops: list[tuple[str, Callable[[], None], Callable[[], None]]], ru
             dt = time.perf_counter() - t
             after()
             if rnd:
-                best[row] = min(best.get(row, dt), dt)
-    return best
+                times.setdefault(row, []).append(dt)
+    return {row: statistics.median(ts) for row, ts in times.items()}
 
 
 def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int,
@@ -282,7 +283,7 @@ def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int
             t = time.perf_counter()
             assert second.lookup(img.prompt) == ("remote", n)
             looks.append(time.perf_counter() - t)
-        sec.lookup_s = min(looks)
+        sec.lookup_s = statistics.median(looks)
     return sec
 
 
@@ -302,7 +303,7 @@ def table(img: Image, sections: list[Section], runs: int, command: str,
         f"remote level benchmark: {img.nbytes / MIB:,.0f} MiB conversation ({n:,} tokens x "
         f"{_size(fp.token_bytes)}, {SEGMENTS} segments of {_size(per * fp.token_bytes)}, "
         f"{_size(RemoteSettings('redis://x').part_bytes)} parts, "
-        f"{_size(fp.page_tokens * fp.token_bytes)} pages); best of {runs} runs after a "
+        f"{_size(fp.page_tokens * fp.token_bytes)} pages); medians of {runs} runs after a "
         "warmup, rows interleaved; GB = 1e9 B; loopback",
         f"command: {command}",
         "",
@@ -383,7 +384,7 @@ def _command() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("mib", nargs="?", type=int, default=1024, help="conversation size, MiB")
-    ap.add_argument("--runs", type=int, default=5, help="timed runs of each row (best kept)")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs of each row (median kept)")
     args = ap.parse_args(argv)
     if args.mib < 1 or args.runs < 1:
         ap.error("MiB and --runs must be at least 1")

@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -55,6 +57,7 @@ from ..errors import StrataError
 from ..format import (
     Codec,
     FormatError,
+    IncompatibleFingerprint,
     IndexRecord,
     Kind,
     Level,
@@ -62,7 +65,13 @@ from ..format import (
     ModelFingerprint,
     Sidecar,
 )
-from ..format.remote_record import CommitRecord, decode_commit_record
+from ..format.remote_record import (
+    MAX_COMMIT_RECORD_BYTES,
+    CommitRecord,
+    RemoteNames,
+    decode_commit_record,
+    parse_remote_name,
+)
 from ..io.errors import StrataIOError
 from ..store import OutOfRange, PayloadReader, PutResult, SegmentNotFound, StoreError
 from ..store.relocation import Relocated, relocate_by_copy, resealed
@@ -76,13 +85,14 @@ from ..store.sealing import (
     sidecar_for,
     state_segment,
 )
-from .redis_settings import RemoteSettings, namespace
+from .redis_settings import RemoteSettings, check_name
 
 __all__ = ["RedisBackend", "RemoteError", "RemoteReport"]
 
 T = TypeVar("T")
 PENDING_MS = 600_000  #: how long an uncommitted part lives (a write abandoned mid-way expires)
 _BATCH = 256  #: rows ``oldest`` reads at a time
+_NAMES = 1024  #: part names one call checks or deletes at most
 _WIRE_CHUNK = 16 << 10  #: bytes a direct read takes at a time for a reply's header and CRLF
 
 # KEYS[1] the commit record, KEYS[2..] the parts; ARGV[1] the record. 1: committed here; 0:
@@ -97,13 +107,34 @@ for i = 2, #KEYS do redis.call('PERSIST', KEYS[i]) end
 redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
-# KEYS[1] the commit record, KEYS[2..] its parts; ARGV[1] the record's head (its nonce): the
-# record is removed only if it is still that write's. 1: removed; 0: not (gone or replaced).
+# KEYS[1] the commit record; ARGV[1] the record's head (its nonce): the record is removed only
+# if it is still that write's. 1: removed; 0: not (gone or replaced). The parts go after it, in
+# batches (a segment of any number of parts; Lua's unpack takes ~8,000 values at most).
 _DELETE = """
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, string.len(ARGV[1])) ~= ARGV[1] then return 0 end
-redis.call('DEL', unpack(KEYS))
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
+local v = redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1)
+if v ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
 return 1
+"""
+# fsck --repair: KEYS[1] a commit record, KEYS[2..] parts of one write, ARGV[1] that write's
+# head prefix ``SRC1:<nonce>:``. Deletes the parts that have no expiry (not pending) only while
+# the record does not name the write: a write committed since fsck looked keeps its parts.
+_DROP_ORPHANS = """
+if redis.call('TYPE', KEYS[1]).ok == 'string' then
+  if redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1) == ARGV[1] then return 0 end
+end
+local n = 0
+for i = 2, #KEYS do
+  if redis.call('PTTL', KEYS[i]) == -1 then redis.call('DEL', KEYS[i]); n = n + 1 end
+end
+return n
+"""
+# fsck --repair: KEYS[1] a commit record's name holding a value of another type: deleted,
+# only while it still is (a string there since is a commit: kept).
+_DROP_NOT_STRING = """
+if redis.call('TYPE', KEYS[1]).ok == 'string' then return 0 end
+return redis.call('DEL', KEYS[1])
 """
 
 
@@ -218,7 +249,8 @@ class RedisBackend:
         self.settings = settings
         self.fingerprint = fingerprint
         self.level = level
-        self.ns = namespace(settings.name, fingerprint)
+        self.names = RemoteNames(check_name(settings.name), fingerprint.digest())
+        self.ns = self.names.ns
         self.path = f"{settings.shown}#{self.ns}"
         self.part_bytes = settings.part_bytes
         self._client = client
@@ -241,27 +273,27 @@ class RedisBackend:
             raise
         return b
 
-    # -- keys ---------------------------------------------------------------------------------
+    # -- keys (spec F-REM-1: format/remote_record.py names them) ------------------------------
     def _rec_key(self, key: bytes) -> str:
-        return f"{self.ns}s/{{{key.hex()}}}"
+        return self.names.record(key)
 
     def _part(self, key: bytes, nonce: str, i: int) -> str:
-        return f"{self.ns}p/{{{key.hex()}}}/{nonce}/{i}"
+        return self.names.part(key, nonce, i)
 
     def _kids(self, parent: bytes) -> str:
-        return f"{self.ns}kids/{{{parent.hex()}}}"
+        return self.names.kids(parent)
 
     @property
     def _recs(self) -> str:
-        return f"{self.ns}recs"
+        return self.names.recs
 
     @property
     def _ages(self) -> str:
-        return f"{self.ns}ages"
+        return self.names.ages
 
     @property
     def _used(self) -> str:
-        return f"{self.ns}used"
+        return self.names.used
 
     # -- calls --------------------------------------------------------------------------------
     @property
@@ -297,8 +329,16 @@ class RedisBackend:
             raise RemoteError(op, where, "authentication refused (check remote_username and "
                               "remote_password, or STRATA_REMOTE_USERNAME and "
                               "STRATA_REMOTE_PASSWORD)", errno.EACCES) from None  # fmt: skip
+        except rx.ResponseError as e:
+            if not str(e).startswith("WRONGTYPE"):  # (never a URL: "@" would say so)
+                self._count("errors")
+                why = type(e).__name__ if "@" in str(e) else f"{type(e).__name__}: {e}"
+                raise RemoteError(op, where, why) from None
+            raise FormatError(f"{where}: a value of another type where this backend keeps its "
+                              "own (damage, or a key written by hand): strata fsck --remote "
+                              "reports it") from None  # fmt: skip
         except (rx.ConnectionError, rx.ClusterError, rx.ClusterDownError, rx.TryAgainError,
-                rx.ResponseError, rx.RedisError, rx.RedisClusterException) as e:  # fmt: skip
+                rx.RedisError, rx.RedisClusterException) as e:  # fmt: skip
             self._count("errors")
             why = type(e).__name__ if "@" in str(e) else f"{type(e).__name__}: {e}"
             err = errno.ECONNRESET if isinstance(e, rx.ConnectionError) else errno.EIO
@@ -350,7 +390,8 @@ class RedisBackend:
         pool = self._pool_of(cmds[0][1])
         if pool is None:
             return False
-        return self._call("read", key, partial(_pipelined_into, pool, cmds, into))
+        return self._call("read", key, partial(_pipelined_into, pool, cmds, into,
+                                               self.settings.timeout_s))  # fmt: skip
 
     def _pool_of(self, name: str) -> Any:
         """The connection pool of the server holding key ``name`` (a cluster: the primary of
@@ -369,23 +410,40 @@ class RedisBackend:
             return None
         return None
 
+    def _record_bytes(self, op: str, key: bytes) -> tuple[int, bytes]:
+        """``(length, bytes)`` of the value at ``key``'s commit record, of which at most
+        :data:`MAX_COMMIT_RECORD_BYTES` are read (one round trip): a hostile value is never
+        read whole. ``(0, b"")`` when there is none."""
+        name = self._rec_key(key)
+        n, raw = self._pipeline(
+            op, key, [("strlen", name), ("getrange", name, 0, MAX_COMMIT_RECORD_BYTES - 1)]
+        )
+        return int(n), bytes(raw or b"")
+
     def _commit(self, key: bytes) -> _Commit | None:
         """The key's commit record, decoded; None when it is not committed."""
-        raw = self._call("read", key, lambda: self._r.get(self._rec_key(key)))
-        if raw is None:
+        n, raw = self._record_bytes("read", key)
+        if not n:
             return None
+        if n > len(raw):
+            raise FormatError(f"the commit record of segment {key.hex()[:16]} in {self.path} is "
+                              f"{n:,} bytes, longer than any commit record (damage, or a key "
+                              "written by hand)")  # fmt: skip
         return self._decode(key, raw)
 
     def _decode(self, key: bytes, raw: bytes) -> _Commit:
         """``raw`` as the commit record of ``key`` (spec F-REM-2, then identity: F-READ-1 step
-        8): a :class:`FormatError` for one that does not decode or names another segment, an
-        :class:`IncompatibleFingerprint` for another model's."""
+        8): a :class:`FormatError` for one that does not decode, names another segment or
+        another model (damage under this namespace, never the caller's mistake)."""
         obj = f"the commit record of segment {key.hex()[:16]} in {self.path}"
         rec = decode_commit_record(raw, obj)
         sc = rec.sidecar
         if sc.key != key:
             raise FormatError(f"{obj} names segment {sc.key.hex()[:16]} (damaged or misplaced)")
-        self.fingerprint.require_same(sc.fingerprint, obj)
+        try:  # another model's record under this model's namespace: damage, a ladder stop
+            self.fingerprint.require_same(sc.fingerprint, obj)
+        except IncompatibleFingerprint as e:
+            raise FormatError(f"{e} (damaged or misplaced)") from None
         return _Commit(rec.nonce, rec.parts, rec.part_bytes, sc, len(raw))
 
     def _need(self, key: bytes) -> _Commit:
@@ -464,9 +522,16 @@ class RedisBackend:
         self._index_add(key, sc, IndexRecord.from_sidecar(sc, len(value), sc.stored_bytes))
         return PutResult(key, True, sc.stored_bytes)
 
-    def _drop_parts(self, key: bytes, parts: list[str]) -> None:
-        with contextlib.suppress(RemoteError):  # pending parts expire anyway (PENDING_MS)
-            self._call("put", key, lambda: self._r.delete(*parts))
+    def _drop_parts(self, key: bytes, parts: Iterable[str]) -> None:
+        """Delete ``parts`` (one write's, one slot) in batches of :data:`_NAMES`, stopping
+        after a batch of which none was there (a record that claimed more parts than were
+        ever written: what is left, if anything, is an orphan for fsck). Best effort: pending
+        parts expire anyway (:data:`PENDING_MS`)."""
+        it = iter(parts)
+        with contextlib.suppress(RemoteError):
+            while batch := list(itertools.islice(it, _NAMES)):
+                if not self._call("put", key, partial(self._r.delete, *batch)):
+                    return
 
     def _index_add(self, key: bytes, sc: Sidecar, rec: IndexRecord) -> None:
         cmds: list[tuple[Any, ...]] = [
@@ -503,12 +568,19 @@ class RedisBackend:
         return IndexRecord.unpack(raw, f"the index record of {key.hex()[:16]} in {self.path}")
 
     def keys(self) -> list[bytes]:
+        """The listed segments (a listing entry that does not decode is skipped: fsck)."""
         got = self._call("list", "", lambda: self._r.hkeys(self._recs))
-        return [bytes.fromhex(k.decode()) for k in got]
+        return [k for k in map(_hex_key, got) if k is not None]
 
     def records(self) -> list[tuple[bytes, IndexRecord]]:
+        """The listed segments and their index records (entries that do not decode skipped)."""
         got = self._call("list", "", lambda: self._r.hgetall(self._recs))
-        return [(bytes.fromhex(k.decode()), IndexRecord.unpack(v)) for k, v in got.items()]
+        out = []
+        for f, v in got.items():
+            key, rec = _hex_key(f), _index_record(v)
+            if key is not None and rec is not None:
+                out.append((key, rec))
+        return out
 
     def open_reader(self, key: bytes) -> RedisSegment:
         return RedisSegment(self, self._need(key))
@@ -554,31 +626,32 @@ class RedisBackend:
     def children(self, parent: bytes) -> list[tuple[bytes, int, int]]:
         """The K/V segments stored after the prefix ``parent``: ``(key, start, end)`` each (how
         a node that did not park a chain finds it from a prompt's tokens)."""
-        got = self._call("lookup", parent, lambda: self._r.hgetall(self._kids(parent)))
-        out = []
-        for k, v in got.items():
-            try:
-                s, e = (int(x) for x in v.split(b":"))
-                out.append((bytes.fromhex(k.decode()), s, e))
-            except ValueError:
-                continue  # a damaged entry finds nothing (the walk validates by key anyway)
-        return out
+        return self.children_many([parent])[0]
+
+    def children_many(self, parents: Sequence[bytes]) -> list[list[tuple[bytes, int, int]]]:
+        """:meth:`children` of each of ``parents``, in one pipelined round trip."""
+        got = self._pipeline("lookup", parents[0] if parents else "",
+                             [("hgetall", self._kids(p)) for p in parents])  # fmt: skip
+        return [_children(kids) for kids in got]
 
     # -- managing -----------------------------------------------------------------------------
     def delete(self, key: bytes) -> bool:
-        raw = self._call("delete", key, lambda: self._r.get(self._rec_key(key)))
+        """Remove ``key``: its commit record (a script: only while it names the write read
+        here), then its parts, in batches, then its derived entries. A record that does not
+        decode goes too; its parts are orphans for fsck."""
+        n, raw = self._record_bytes("delete", key)
         rec_raw = self._call("delete", key, lambda: self._r.hget(self._recs, key.hex()))
         removed = False
-        if raw is not None:
-            try:
-                c = self._decode(key, raw)
-                keys = [self._rec_key(key)] + [self._part(key, c.nonce, i) for i in range(c.parts)]
-                head = c.head
-            except StrataError:  # a damaged record goes; its parts are orphans for fsck
-                keys, head = [self._rec_key(key)], raw[:8]
+        if n:
+            c: _Commit | None = None
+            with contextlib.suppress(StrataError):  # damaged: removed by its own first bytes
+                c = self._decode(key, raw) if n <= len(raw) else None
+            head = c.head if c is not None else raw[:8]
             removed = self._call("delete", key, lambda: self._r.eval(
-                _DELETE, len(keys), *keys, head)) == 1  # fmt: skip
-        if rec_raw is not None and (removed or raw is None):
+                _DELETE, 1, self._rec_key(key), head)) == 1  # fmt: skip
+            if removed and c is not None:
+                self._drop_parts(key, (self._part(key, c.nonce, i) for i in range(c.parts)))
+        if rec_raw is not None and (removed or not n):
             try:
                 self._index_drop(key, IndexRecord.unpack(rec_raw))
             except FormatError:
@@ -590,21 +663,27 @@ class RedisBackend:
 
     def used(self) -> int:
         got = self._call("list", "", lambda: self._r.get(self._used))
-        return max(0, int(got or 0))
+        try:
+            return max(0, int(got or 0))
+        except ValueError:
+            raise FormatError(f"the byte count {self._used} in {self.path} is not a number "
+                              "(damage, or a key written by hand): strata fsck --remote "
+                              "--repair rebuilds it") from None  # fmt: skip
 
     def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
-        after = "-"
+        after: bytes = b"-"
         while True:
             rows: list[bytes] = self._call("list", "", partial(
                 self._r.zrangebylex, self._ages, after, "+", start=0, num=_BATCH))  # fmt: skip
             if not rows:
                 return
-            keys = [r.decode().split(":", 1)[1] for r in rows]
+            keys = [r.split(b":", 1)[-1] for r in rows]  # a row of another shape finds nothing
             recs = self._call("list", "", partial(self._r.hmget, self._recs, keys))
             for k, raw in zip(keys, recs, strict=True):
-                if raw is not None:
-                    yield bytes.fromhex(k), IndexRecord.unpack(raw)
-            after = "(" + rows[-1].decode()
+                key, rec = _hex_key(k), _index_record(raw)
+                if key is not None and rec is not None:
+                    yield key, rec
+            after = b"(" + rows[-1]
 
     def relocate_from(self, src: Any, key: bytes) -> Relocated:
         return relocate_by_copy(self, src, key)
@@ -622,104 +701,149 @@ class RedisBackend:
         """Check this namespace and nothing else (every key scanned starts with :attr:`ns`):
         commit records that decode and whose parts are all there, parts of no commit (not
         pending: an in-flight write's parts have a TTL), and the derived listing and ``used``
-        against the commit records. With ``repair``: orphan parts are deleted, segments missing
-        a part are deleted, the listing and ``used`` are rebuilt from the commit records (a
-        listing entry that does not decode is stale: dropped, and listed again when its segment
-        is whole). A name in the namespace that is not shaped as this backend's keys is left as
-        it is (never judged, never deleted)."""
+        against the commit records. With ``repair``: orphan parts are deleted (each in a script
+        that re-checks, in the segment's slot, that no commit names its write and that it has
+        no expiry: a write committed meanwhile keeps its parts), segments missing a part are
+        deleted, the listing and ``used`` are rebuilt from the commit records (a listing entry
+        that does not decode is stale: dropped, and listed again when its segment is whole).
+        Only the names of spec F-REM-1 are judged; a name of any other shape in the namespace
+        is left as it is (never judged, never deleted)."""
         rep = RemoteReport()
         commits: dict[bytes, _Commit] = {}
-        parts: dict[str, list[str]] = {}
+        parts: dict[tuple[bytes, str], list[str]] = {}  #: (key, nonce) -> names seen
         for raw_name in self._call("fsck", "", lambda: list(self._r.scan_iter(
                 match=f"{self.ns}*", count=1000))):  # fmt: skip
-            try:
-                name = raw_name.decode()
-            except UnicodeDecodeError:  # not a name this backend writes: left as it is
-                continue
+            name = raw_name.decode("utf-8", "replace")
             if not name.startswith(self.ns):  # never anything outside the namespace
                 continue
-            rest = name[len(self.ns) :]
-            if rest.startswith("s/{"):
-                try:
-                    key = bytes.fromhex(rest[3:-1] if rest.endswith("}") else "-")
-                except ValueError:  # not a name this backend writes: left as it is
-                    continue
-                raw = self._call("fsck", key, partial(self._r.get, name))
-                if raw is None:
-                    continue
-                try:
-                    commits[key] = self._decode(key, raw)
-                except StrataError:
-                    rep.bad_records.append(key)
-            elif rest.startswith("p/{"):
-                parts.setdefault(rest[3:].split("}", 1)[0], []).append(name)
-        rep.segments = len(commits)
-        for khex, names in parts.items():
+            shaped = parse_remote_name(name[len(self.ns) :])
+            if shaped is None:  # not a name this backend writes: left as it is
+                continue
+            key, nonce, _ = shaped
+            if nonce is not None:
+                parts.setdefault((key, nonce), []).append(name)
+                continue
             try:
-                c = commits.get(bytes.fromhex(khex))
-            except ValueError:  # not a name this backend writes: left as it is
+                c = self._commit(key)
+            except StrataError:  # damaged, too long, of another type
+                rep.bad_records.append(key)
+                continue
+            if c is not None:
+                commits[key] = c
+        rep.segments = len(commits)
+        for (key, nonce), names in parts.items():
+            c = commits.get(key)
+            if c is not None and c.nonce == nonce:
                 continue
             for name in names:
-                nonce = name.rsplit("/", 2)[1]
-                if c is None or nonce != c.nonce:
-                    ttl = self._call("fsck", name, partial(self._r.pttl, name))
-                    if ttl == -1:  # not pending: nobody will commit it
-                        rep.orphan_parts.append(name)
+                if self._call("fsck", name, partial(self._r.pttl, name)) == -1:  # not pending
+                    rep.orphan_parts.append(name)
         for key, c in commits.items():
-            names = [self._part(key, c.nonce, i) for i in range(c.parts)]
-            have = self._call("fsck", key, partial(self._r.exists, *names))
-            if have != c.parts:
+            if not self._parts_there(key, c):
                 rep.missing_parts.append(key)
         # the listing as stored: an entry whose field or record does not decode is stale
         listed: dict[bytes, IndexRecord | None] = {}
         fields: dict[bytes, bytes] = {}  #: listed key -> its field (itself when not hex)
         for f, v in self._call("fsck", "", lambda: self._r.hgetall(self._recs)).items():
-            try:
-                key = bytes.fromhex(f.decode())
-            except ValueError:  # UnicodeDecodeError included
-                key = f
+            key = _hex_key(f) or f
             fields[key] = f
-            try:
-                listed[key] = IndexRecord.unpack(v) if key != f else None
-            except FormatError:
-                listed[key] = None
+            listed[key] = _index_record(v) if key != f else None
         whole = {k: c for k, c in commits.items() if k not in rep.missing_parts}
         rep.stale_index = [k for k, r in listed.items() if k not in whole or r is None]
         rep.unindexed = [k for k in whole if listed.get(k) is None]
-        raw_used = self._call("fsck", "", lambda: self._r.get(self._used))
         try:
-            rep.used_recorded = int(raw_used or 0)
-        except ValueError:  # not a number: never equal to the actual bytes
+            rep.used_recorded = self.used()
+        except FormatError:  # not a number: never equal to the actual bytes
             rep.used_recorded = -1
         rep.used_actual = sum(c.raw_len + c.sidecar.stored_bytes for c in whole.values())
         if repair and not rep.clean:
-            for name in rep.orphan_parts:
-                self._call("repair", name, partial(self._r.delete, name))
-            for key in rep.missing_parts + rep.bad_records:
-                self.delete(key)
-                self._call("repair", key, partial(self._r.delete, self._rec_key(key)))
-            for key in rep.stale_index:
-                rec = listed[key]
-                if rec is not None:
-                    self._index_drop(key, rec)
-                else:  # nothing to undo but the entry itself (used is rebuilt below)
-                    self._call("repair", key, partial(self._r.hdel, self._recs, fields[key]))
-            for key in rep.unindexed:
-                c = whole[key]
-                rec = IndexRecord.from_sidecar(c.sidecar, c.raw_len, c.sidecar.stored_bytes)
-                self._index_add(key, c.sidecar, rec)
-            now = sum(r.total_bytes for _, r in self.records())
-            self._call("repair", "", lambda: self._r.set(self._used, now))
-            rep.repaired = True
+            self._repair(rep, listed, fields, whole)
         return rep
+
+    def _parts_there(self, key: bytes, c: _Commit) -> bool:
+        """Whether every part of ``c`` exists (checked in batches; the first gap ends it)."""
+        names = (self._part(key, c.nonce, i) for i in range(c.parts))
+        while batch := list(itertools.islice(names, _NAMES)):
+            if self._call("fsck", key, partial(self._r.exists, *batch)) != len(batch):
+                return False
+        return True
+
+    def _repair(self, rep: RemoteReport, listed: dict[bytes, IndexRecord | None],
+                fields: dict[bytes, bytes], whole: dict[bytes, _Commit]) -> None:  # fmt: skip
+        """:meth:`fsck`'s repairs of what ``rep`` found (see there)."""
+        by_write: dict[tuple[bytes, str], list[str]] = {}
+        for name in rep.orphan_parts:
+            shaped = parse_remote_name(name[len(self.ns) :])
+            assert shaped is not None and shaped[1] is not None
+            by_write.setdefault((shaped[0], shaped[1]), []).append(name)
+        for (key, nonce), names in by_write.items():
+            for at in range(0, len(names), _NAMES):
+                batch = names[at : at + _NAMES]
+                self._call("repair", key, partial(self._r.eval, _DROP_ORPHANS, len(batch) + 1,
+                                                  self._rec_key(key), *batch,
+                                                  f"SRC1:{nonce}:"))  # fmt: skip
+        for key in rep.missing_parts + rep.bad_records:
+            try:
+                self.delete(key)
+            except FormatError:  # a value of another type at the record's name: it goes
+                self._call("repair", key, partial(self._r.eval, _DROP_NOT_STRING, 1,
+                                                  self._rec_key(key)))  # fmt: skip
+        for key in rep.stale_index:
+            rec = listed[key]
+            if rec is not None:
+                self._index_drop(key, rec)
+            else:  # nothing to undo but the entry itself (used is rebuilt below)
+                self._call("repair", key, partial(self._r.hdel, self._recs, fields[key]))
+        for key in rep.unindexed:
+            c = whole[key]
+            rec = IndexRecord.from_sidecar(c.sidecar, c.raw_len, c.sidecar.stored_bytes)
+            self._index_add(key, c.sidecar, rec)
+        now = sum(r.total_bytes for _, r in self.records())
+        self._call("repair", "", lambda: self._r.set(self._used, now))
+        rep.repaired = True
+
+
+def _children(kids: dict[bytes, bytes]) -> list[tuple[bytes, int, int]]:
+    """A ``kids`` hash as ``(key, start, end)`` rows; a damaged entry finds nothing (the walk
+    checks every child by its key anyway)."""
+    out = []
+    for k, v in kids.items():
+        key = _hex_key(k)
+        try:
+            s, e = (int(x) for x in v.split(b":"))
+        except ValueError:
+            continue
+        if key is not None:
+            out.append((key, s, e))
+    return out
+
+
+def _hex_key(field: bytes) -> bytes | None:
+    """A listing's field as a segment key (64 hex digits), or None for anything else."""
+    try:
+        key = bytes.fromhex(field.decode("ascii"))
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return key if len(key) == 32 else None
+
+
+def _index_record(raw: bytes | None) -> IndexRecord | None:
+    """A listing's value as an index record, or None (absent, or not one: fsck says so)."""
+    if raw is None:
+        return None
+    try:
+        return IndexRecord.unpack(raw)
+    except FormatError:
+        return None
 
 
 def _pipelined_into(pool: Any, cmds: list[tuple[str, str, int, int]],
-                    into: list[memoryview]) -> bool:  # fmt: skip
+                    into: list[memoryview], timeout: float) -> bool:  # fmt: skip
     """:meth:`RedisBackend._read_direct` on one connection of ``pool``: sent, received into
     ``into``; False at the first reply that is not the bulk string expected, or a connection
     the pool handed out dropped (the caller's retry through the client reconnects). Any
-    connection not left exactly between replies is dropped before it goes back to the pool."""
+    connection not left exactly between replies is dropped before it goes back to the pool.
+    ``timeout`` bounds the whole call (the replies of a server that trickles included)."""
     import redis.exceptions as rx
 
     try:
@@ -735,7 +859,11 @@ def _pipelined_into(pool: Any, cmds: list[tuple[str, str, int, int]],
             clean = True
             return False
         conn.send_packed_command(conn.pack_commands(cmds))
-        clean = _recv_bulks(sock, into)
+        before = sock.gettimeout()  # the client's own, per operation: put back after
+        try:
+            clean = _recv_bulks(sock, into, time.monotonic() + timeout)
+        finally:
+            sock.settimeout(before)
         return clean
     except TimeoutError:  # socket.timeout: the settings' timeout, per receive
         raise rx.TimeoutError("Timeout reading from socket") from None
@@ -749,16 +877,24 @@ def _pipelined_into(pool: Any, cmds: list[tuple[str, str, int, int]],
         pool.release(conn)
 
 
-def _recv_bulks(sock: socket.socket, into: list[memoryview]) -> bool:
+def _recv_bulks(sock: socket.socket, into: list[memoryview], deadline: float) -> bool:
     """Receive one RESP bulk string reply of exactly ``len(v)`` bytes into each ``v`` of
     ``into``, in turn, from ``sock``: the header and the CRLF through a small buffer, the
     payload with ``recv_into`` straight into ``v`` (the few payload bytes that came with a
     header are copied from that buffer). True when every reply was that and nothing followed;
     False at the first reply that is not (an error, a null, another length): the connection is
-    then out of step and must be dropped. A closed connection raises ConnectionError."""
+    then out of step and must be dropped. A closed connection raises ConnectionError; the
+    monotonic ``deadline`` passed, TimeoutError (each receive waits at most until it)."""
     pend = bytearray()
 
+    def wait() -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the read's deadline passed")
+        sock.settimeout(left)
+
     def more() -> None:
+        wait()
         chunk = sock.recv(_WIRE_CHUNK)
         if not chunk:
             raise ConnectionError("connection closed by the server")
@@ -776,6 +912,7 @@ def _recv_bulks(sock: socket.socket, into: list[memoryview]) -> bool:
         v[:got] = pend[:got]
         del pend[:got]
         while got < n:
+            wait()
             k = sock.recv_into(v[got:], n - got)
             if not k:
                 raise ConnectionError("connection closed by the server")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from ..errors import StrataError
-from ..format import ModelFingerprint, decode_sidecar
+from ..format import ModelFingerprint
+from ..format.remote_record import decode_commit_record
 from .redis_backend import RedisBackend, RemoteReport
 from .redis_settings import RemoteSettings, check_name, namespace
 
@@ -40,8 +41,9 @@ def fsck_remote(settings: RemoteSettings, *, repair: bool = False) -> list[Names
                                                            n_kv_heads=1, head_dim=1,
                                                            page_tokens=1))  # fmt: skip
     try:
-        names = scout._call("fsck", "", lambda: [k.decode() for k in scout._r.scan_iter(
-            match=f"{base}*", count=1000)])  # fmt: skip
+        names = scout._call("fsck", "", lambda: [k.decode(errors="replace") for k in
+                                                 scout._r.scan_iter(match=f"{base}*",
+                                                                    count=1000)])  # fmt: skip
         prefixes = sorted({base + n[len(base):].split("/", 1)[0] + "/" for n in names
                            if n.startswith(base) and "/" in n[len(base):]})  # fmt: skip
         out = []
@@ -76,8 +78,7 @@ def _model(scout: RedisBackend, prefix: str) -> ModelFingerprint | None:
         if raw is None:
             continue
         try:
-            head = raw.split(b":", 4)
-            return decode_sidecar(head[4]).fingerprint if len(head) == 5 else None
+            return decode_commit_record(raw).sidecar.fingerprint
         except StrataError:
             continue
     return None

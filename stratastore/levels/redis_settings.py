@@ -25,36 +25,33 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
 from ..format import ModelFingerprint
+from ..format.remote_record import RemoteNames, check_remote_name
 
 if TYPE_CHECKING:
     from ..config import StoreConfig
 
-__all__ = ["NAME_CHARS", "RemoteSettings", "check_name", "namespace"]
+__all__ = ["RemoteSettings", "check_name", "namespace"]
 
-#: the characters of a remote store name (it is part of every key: no glob or hash-tag ones)
-NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
-MAX_NAME = 64
 _SCHEMES = {"redis": (False, False), "rediss": (True, False),
             "redis+cluster": (False, True), "rediss+cluster": (True, True)}  # fmt: skip
 Eviction = Literal["store", "redis"]
 
 
 def check_name(name: object) -> str:
-    """A remote store name, checked: 1..64 of a-z, 0-9, ``_``, ``-``, ``.``."""
-    if (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME
-            or not set(name) <= NAME_CHARS):  # fmt: skip
+    """A remote store name, checked (spec F-REM-1: 1..64 of a-z, 0-9, ``_``, ``-``, ``.``)."""
+    try:
+        return check_remote_name(name)  # type: ignore[arg-type]
+    except ValueError:
         raise ConfigError(
-            f"setting remote_name={name!r} must be 1..{MAX_NAME} characters "
+            f"setting remote_name={name!r} must be 1..64 characters "
             "of a-z, 0-9, _, - and . (every key the store writes carries it)"
-        )
-    return name
+        ) from None
 
 
 def namespace(name: str, fp: ModelFingerprint) -> str:
     """The prefix of every key of store ``name`` for model ``fp``: ``strata/<name>/<fp>/``
-    (``<fp>``: the first 32 hex digits of the fingerprint's digest). No key of another store or
-    model starts with it (names have no ``/``)."""
-    return f"strata/{check_name(name)}/{fp.digest().hex()[:32]}/"
+    (spec F-REM-1). No key of another store or model starts with it (names have no ``/``)."""
+    return RemoteNames(check_name(name), fp.digest()).ns
 
 
 @dataclass(frozen=True)
@@ -93,6 +90,12 @@ class RemoteSettings:
             )
         tls, cluster = _SCHEMES[scheme]
         userinfo, _, hostpart = rest.rpartition("@")
+        if "?" in hostpart or "#" in hostpart:  # a query may carry a password: never shown
+            raise ConfigError(
+                f"setting remote_url={_redact(self.url)!r} has a query or fragment (?..., "
+                "#...), which this setting does not take; give credentials in remote_username "
+                "and remote_password (or the URL's user:password@) and the database as /N"
+            )
         hostpart, _, dbpart = hostpart.partition("/")
         nodes: list[tuple[str, int]] = []
         for seed in hostpart.split(","):
@@ -194,8 +197,11 @@ class RemoteSettings:
 
 
 def _redact(url: str) -> str:
-    """``url`` with any ``user:password@`` dropped (for a message about a bad URL)."""
+    """``url`` with any ``user:password@``, query and fragment dropped (for a message about a
+    bad URL: any of them may carry a password)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return "<not a URL>" if "@" in url else url
-    return f"{scheme}://{rest.rpartition('@')[2]}"
+        return "<not a URL>" if any(c in url for c in "@?#") else url
+    host = rest.rpartition("@")[2]
+    cut = min((i for i in (host.find("?"), host.find("#")) if i >= 0), default=-1)
+    return f"{scheme}://{host[:cut] + '?...' if cut >= 0 else host}"

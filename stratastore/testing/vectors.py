@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import StrataError
 from ..format import (
     ChecksumMismatch,
+    FormatError,
     IndexRecord,
     ModelFingerprint,
     data_name,
@@ -34,6 +35,7 @@ from ..format import (
     state_key,
 )
 from ..format.manifest import decode_manifest, verify_manifest_keys
+from ..format.remote_record import RemoteNames, decode_commit_record
 from ..store import SegmentStore
 
 __all__ = ["REFUSALS", "load_manifest", "load_vectors", "refusal_class", "vector_outcome"]
@@ -96,6 +98,10 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
             return _store_layout(vector_dir, json.loads(data))
         elif kind == "key_case":
             return _key_case(vector_dir, entry, json.loads(data))
+        elif kind == "remote_commit":
+            decode_commit_record(data, entry["file"])
+        elif kind == "remote_keys":
+            return _remote_keys(vector_dir, json.loads(data))
         else:
             raise ValueError(f"unknown vector kind {kind!r}")
     except StrataError as e:
@@ -126,6 +132,21 @@ def _key_case(vector_dir: str, entry: dict[str, Any], case: dict[str, Any]) -> s
         media = [(off, bytes.fromhex(h)) for off, h in case["media"]]
         key = segment_key(fp.digest(), case["tokens"], media)
     return "ok" if key.hex() == case.get("key") else "KeyMismatch"
+
+
+def _remote_keys(vector_dir: str, case: dict[str, Any]) -> str:
+    """Name the case's Redis keys (spec F-REM-1); ``KeyMismatch`` when one differs from the
+    recorded names, ``FormatError`` for a store name a writer may not use."""
+    fp = ModelFingerprint.unpack(_read(vector_dir, case["fingerprint"]))
+    try:
+        names = RemoteNames(case["name"], fp.digest())
+    except ValueError as e:
+        raise FormatError(f"remote store name {case['name']!r}: {e}") from None
+    key, parent = bytes.fromhex(case["key"]), bytes.fromhex(case["parent"])
+    ours = {"record": names.record(key), "part": names.part(key, case["nonce"], case["part"]),
+            "recs": names.recs, "ages": names.ages, "used": names.used,
+            "kids": names.kids(parent)}  # fmt: skip
+    return "ok" if ours == case["names"] else "KeyMismatch"
 
 
 def _store_layout(vector_dir: str, recipe: dict[str, Any]) -> str:

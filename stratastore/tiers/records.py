@@ -61,6 +61,9 @@ class Snapshot:
     pending: int = 0  #: bytes reserved for it in the disk levels while it waits in the outbox
     #: a segment's (start, end) tokens -> its pages' digests, computed on the device
     page_hashes: dict[tuple[int, int], npt.NDArray[np.uint8]] = field(default_factory=dict)
+    #: a copy the store made of its own accord (``remote_keep_local``), not a park anyone was
+    #: told of: a write of it that fails is said and counted, never reported as a lost park
+    kept: bool = False
 
     def detached(self) -> Snapshot:
         """The same capture with a conversation of its own (its checkpoints, cuts and media
@@ -71,7 +74,8 @@ class Snapshot:
         c = self.conv
         conv = Conversation(c.conv_id, c.tokens, [replace(x) for x in c.checkpoints],
                             dict(c.media), list(c.cuts))  # fmt: skip
-        return Snapshot(conv, self.kv, dict(self.states), page_hashes=dict(self.page_hashes))
+        return Snapshot(conv, self.kv, dict(self.states), page_hashes=dict(self.page_hashes),
+                        kept=self.kept)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

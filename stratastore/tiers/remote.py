@@ -42,14 +42,16 @@ from ..levels.redis_settings import RemoteSettings
 from .records import MAX_STATE_BYTES, Snapshot
 from .view import DiskConv
 
-__all__ = ["RemoteHit", "RemoteLevel"]
+__all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel"]
 
-MAX_DEPTH = 65536  #: segments a walk follows at most
+MAX_NODES = 65536  #: stored segments a walk meets at most
 _BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
 
-_COUNTERS = ("remote_hits", "remote_misses", "remote_puts", "remote_put_errors",
-             "remote_errors", "remote_skipped", "remote_ladder_stops", "remote_kept_local",
-             "remote_evictions")  # fmt: skip
+#: the level's counters (``Store.stats()["levels"]["remote"]``, the monitor, Prometheus)
+REMOTE_COUNTERS = ("remote_hits", "remote_misses", "remote_puts", "remote_put_errors",
+                   "remote_errors", "remote_skipped", "remote_ladder_stops",
+                   "remote_kept_local", "remote_kept_local_errors",
+                   "remote_evictions")  # fmt: skip
 
 
 @dataclass
@@ -70,7 +72,7 @@ class RemoteLevel:
         self.root = fp.digest()
         self.warn = warn
         self.store = backend if backend is not None else RedisBackend(settings, fp)
-        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.counters: dict[str, int] = dict.fromkeys(REMOTE_COUNTERS, 0)
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
         self.last_error = ""
@@ -111,6 +113,17 @@ class RemoteLevel:
     def _ok(self) -> None:
         self._pause = _BACKOFF[0]
 
+    def holds(self, key: bytes) -> bool:
+        """Whether the level holds segment ``key`` now; False while the breaker is open, and
+        on a failure (which opens it): a dead server costs one timeout, not one per call."""
+        if not self._usable():
+            return False
+        try:
+            return key in self.store
+        except RemoteError as e:
+            self._failed(e, "lookup")
+            return False
+
     # -- push ---------------------------------------------------------------------------------
     def push(self, snap: Snapshot) -> int:
         """Put ``snap``'s segments and states the remote level lacks (see the module): its
@@ -140,10 +153,12 @@ class RemoteLevel:
             self.counters["remote_put_errors"] += 1
             self._failed(e, f"storing conversation {conv.conv_id}")
             return stored
-        except StrataError as e:  # a refusal of these bytes: said, the park stands locally
+        except Exception as e:  # a refusal, damage in the namespace, a bug: said, and the park
+            # stands locally (it was acknowledged there; this is only the copy)
             self.counters["remote_puts"] += stored
             self.counters["remote_put_errors"] += 1
-            self.warn(f"conversation {conv.conv_id} not copied to the remote level: {e}")
+            what = str(e) if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
+            self.warn(f"conversation {conv.conv_id} not copied to the remote level: {what}")
             return stored
         self._ok()
         self.counters["remote_puts"] += stored
@@ -186,44 +201,53 @@ class RemoteLevel:
 
     def _walk(self, prompt: npt.NDArray[np.integer], media: list[tuple[int, bytes]]
               ) -> RemoteHit | None:  # fmt: skip
-        parent, pos = self.root, 0
-        segments: list[tuple[int, int, bytes]] = []
-        while pos < len(prompt) and len(segments) < MAX_DEPTH:
-            by_end: dict[int, list[bytes]] = {}
-            for key, s, e in self.store.children(parent):
-                if s == pos and pos < e <= len(prompt):
-                    by_end.setdefault(e, []).append(key)
-            step = None
-            for end in sorted(by_end, reverse=True):  # the longest child first
-                derived = segment_key(parent, prompt[pos:end], segment_media(media, pos, end))
-                if derived in by_end[end]:
-                    step = (pos, end, derived)
-                    break
-            if step is None:
-                break
-            segments.append(step)
-            parent, pos = step[2], step[1]
-        if not segments:
+        """Every stored segment on a path of ``prompt`` from the root, level by level (one
+        round trip a level): a child counts only where its key is the one derived from the
+        prompt's own tokens (and pictures) after its parent. Content keys make this a tree
+        (a key names its whole prefix), so each node is met once; the deepest node wins, or,
+        where running states are saved (a hybrid model), the deepest node with a state."""
+        found: dict[bytes, tuple[int, int, bytes]] = {}  #: key -> (start, end, parent)
+        level = [(self.root, 0)]
+        while level and len(found) < MAX_NODES:
+            nxt = []
+            kids = self.store.children_many([k for k, _ in level])
+            for (parent, pos), children in zip(level, kids, strict=True):
+                ends = {e for key, st, e in children if st == pos and pos < e <= len(prompt)}
+                keys = {key for key, _, _ in children}
+                for end in sorted(ends, reverse=True):
+                    derived = segment_key(parent, prompt[pos:end], segment_media(media, pos, end))
+                    if derived in keys and derived not in found and len(found) < MAX_NODES:
+                        found[derived] = (pos, end, parent)
+                        nxt.append((derived, end))
+            level = nxt
+        if not found:
             return None
-        states = self._states([k for _, _, k in segments], [e for _, e, _ in segments])
-        length = pos
-        if states:  # a hybrid model resumes only where a state was saved
-            length = max(states)
-            segments = [s for s in segments if s[0] < length]
+        states = self._states(list(found))
+        tip = max((k for k in found if not states or k in states), key=lambda k: found[k][1])
+        segments: list[tuple[int, int, bytes]] = []
+        at = tip
+        while at != self.root:
+            start, end, parent = found[at]
+            segments.append((start, end, at))
+            at = parent
+        segments.reverse()
+        length = segments[-1][1]
+        on_path = {e: states[k] for _, e, k in segments if k in states}
         tokens = np.asarray(prompt[:length])
         conv = Conversation(f"remote:{segments[-1][2].hex()[:32]}", tokens,
                             [Checkpoint(0)] + [Checkpoint(e) for _, e, _ in segments],
                             {p: d for p, d in media if p < length},
                             [s for s, _, _ in segments])  # fmt: skip
-        dc = DiskConv(conv, segments, False, states)
+        dc = DiskConv(conv, segments, False, on_path)
         return RemoteHit(dc, Match(conv.conv_id, length, length, "checkpoint"))
 
-    def _states(self, keys: list[bytes], ends: list[int]) -> dict[int, bytes]:
-        """The segment ends with a running state saved in the remote level: end -> its key."""
+    def _states(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The segments of ``keys`` whose end has a running state saved in the remote level:
+        segment key -> the state's key (one round trip)."""
         skeys = [state_key(k) for k in keys]
         there = self.store._pipeline("lookup", "", [("exists", self.store._rec_key(k))
                                                     for k in skeys])  # fmt: skip
-        return {e: k for e, k, n in zip(ends, skeys, there, strict=True) if n}
+        return {k: sk for k, sk, n in zip(keys, skeys, there, strict=True) if n}
 
     # -- after a restore ------------------------------------------------------------------------
     def fetch(self, hit: RemoteHit, tokens: int, kv: npt.NDArray[np.uint8] | None = None
@@ -257,8 +281,7 @@ class RemoteLevel:
                             [Checkpoint(0)] + [Checkpoint(e) for _, e in segs],
                             {p: d for p, d in c.media.items() if p < tokens},
                             [s for s, _ in segs] or [0])  # fmt: skip
-        self.counters["remote_kept_local"] += 1
-        return Snapshot(conv, kv, states)
+        return Snapshot(conv, kv, states, kept=True)
 
     def stats(self) -> dict[str, object]:
         """The level's figures for ``Store.stats()['levels']['remote']`` (no credentials)."""
@@ -271,6 +294,8 @@ class RemoteLevel:
                 out.update(entries=len(self.store), bytes=self.store.used())
             except RemoteError as e:
                 self._failed(e, "stats")
+            except StrataError as e:  # damage in the namespace (fsck --remote says what)
+                out["problem"] = str(e)
         if "entries" not in out:
             out.update(entries=None, bytes=None)
         return out

@@ -169,12 +169,8 @@ class Tiers:
         for lvl in self.levels:
             if key in lvl.store:
                 return lvl.store
-        if self.remote is not None:
-            try:
-                if key in self.remote.store:
-                    return self.remote.store
-            except StrataError:
-                return None
+        if self.remote is not None and self.remote.holds(key):
+            return self.remote.store
         return None
 
     # -- parking ------------------------------------------------------------------------------
@@ -301,8 +297,8 @@ class Tiers:
         for lvl in self.levels:  # the cascade and the GC after every write
             lvl.enforce_budget()
             lvl.enforce_age()
-        if done and self.remote is not None:  # acknowledged locally: now the shared copy
-            self.remote.push(snap)
+        if done and self.remote is not None and not snap.kept:  # acknowledged: share a copy
+            self.remote.push(snap)  # (a kept copy came from there)
         return done
 
     def spill_ram_on_close(self) -> int:
@@ -417,6 +413,8 @@ class Tiers:
         media: Sequence[Mapping[int, bytes] | None] = (),
         max_tokens: Sequence[int | None] = (),
         lock: AbstractContextManager[Any] = UNLOCKED,
+        *,
+        use_remote: bool = True,
     ) -> list[Restored | Exception]:  # fmt: skip
         """:meth:`restore` for several prompts at once, each into its own destination: the
         lookups and RAM hits run in order, then the disk hits share one batched read agenda
@@ -431,10 +429,13 @@ class Tiers:
         never over the copy of an in-flight capture, the disk reads or the hashing, so restores
         on several threads run in parallel (issue 14). What the disk writer moves or removes
         meanwhile is met as another process's move or removal would be (issue 12). The remote
-        level (issue 17) is walked first, without ``lock``."""
+        level (issue 17) is walked first, without ``lock`` (``use_remote=False``: not at all);
+        a restore from it that delivers less than the local levels hold (a part evicted, the
+        server gone mid-read) is done again from the local levels."""
         walked = [self.find_remote(prompt if (c := _cap(max_tokens, i)) is None else prompt[:c],
-                                   media[i] if i < len(media) else None)
+                                   media[i] if i < len(media) else None) if use_remote else None
                   for i, (prompt, _) in enumerate(requests)]  # fmt: skip
+        local: dict[int, int] = {}  #: a remote job -> the tokens the local levels hold
         with lock:
             dests = self._destinations(requests, max_tokens)
             results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
@@ -478,6 +479,9 @@ class Tiers:
                                         f"{m.length:,} tokens")  # fmt: skip
                     if source == "remote" and rhit is not None:
                         remote[len(pending)] = rhit
+                        here = self.lookup(prompt if cap is None else prompt[:cap],
+                                           media[i] if i < len(media) else None)  # fmt: skip
+                        local[len(pending)] = here[1].length if here is not None else 0
                     pending.append((i, dc, self.reader.job(dc, m.length, dest)))
         for i, snap, m in captures:
             deliver_capture(dests[i], snap.kv, snap.conv.boundaries(), m.length, self.fp)
@@ -489,18 +493,42 @@ class Tiers:
             for *_, m in captures:
                 self.counters["hits_pending"] += 1
                 self.counters["tokens_restored"] += m.length
+            again: list[int] = []  #: remote jobs to do again from the local levels
             for n, ((i, dc, job), o, r) in enumerate(zip(pending, outcomes, found, strict=True)):
-                if isinstance(r, Exception) or isinstance(o, Exception):
+                if n in remote and local[n] > (0 if isinstance(r, Exception) else r.tokens):
+                    again.append(n)
+                    self._remote_fell_short(dc, o, r, local[n])
+                elif isinstance(r, Exception) or isinstance(o, Exception):
                     results[i] = r
                 elif n in remote:
                     results[i] = self._account_remote(dc, o, r)
                 else:
                     results[i] = self.reader.account_restored(dc, job, o, r, self._removed_from(dc))
+        for n in again:
+            i = pending[n][0]
+            results[i] = self.restore_many(
+                [requests[i]],
+                [media[i] if i < len(media) else None],
+                [_cap(max_tokens, i)],
+                lock,
+                use_remote=False,
+            )[0]
         for n, rhit in remote.items():  # remote_keep_local: the validated prefix, written here
             got = results[pending[n][0]]
-            if isinstance(got, Restored) and got.tokens:
+            if n not in again and isinstance(got, Restored) and got.tokens:
                 self._keep_local(rhit, got.tokens, pending[n][2].dest, lock)
         return results
+
+    def _remote_fell_short(self, dc: DiskConv, o: Outcome | Exception,
+                           r: Restored | Exception, here: int) -> None:  # fmt: skip
+        """A restore from the remote level delivered less than the ``here`` tokens the local
+        levels hold (it is done again from them): said and counted as a ladder stop there."""
+        assert self.remote is not None
+        self.remote.counters["remote_ladder_stops"] += 1
+        got = r.tokens if isinstance(r, Restored) else 0
+        why = o.reason if isinstance(o, Outcome) else str(o)
+        self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {got:,} tokens "
+                  f"({why}); restoring the {here:,} the local levels hold instead")  # fmt: skip
 
     def _account_remote(self, dc: DiskConv, o: Outcome, r: Restored) -> Restored:
         """Count a finished restore from the remote level (under the Store's lock); a ladder
@@ -532,7 +560,8 @@ class Tiers:
             return
         with lock:
             try:
-                self._spill(snap)
+                if self._spill(snap):
+                    self.remote.counters["remote_kept_local"] += 1
             except StrataError as e:
                 self.warn(f"{hit.dc.conv.conv_id}: not kept locally: {e}")
 

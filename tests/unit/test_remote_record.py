@@ -10,6 +10,7 @@ import pytest
 from stratastore.format import ChecksumMismatch, Codec, FormatError, Level, encode_sidecar
 from stratastore.format.remote_record import (
     MAX_PART_BYTES,
+    MIN_PART_BYTES,
     CommitRecord,
     decode_commit_record,
 )
@@ -36,7 +37,7 @@ def test_the_record_is_its_head_then_the_sidecar() -> None:
 
 
 def test_parts_cover_the_stored_bytes_exactly() -> None:
-    for pb, parts in ((6400, 1), (6399, 2), (1, 6400), (MAX_PART_BYTES, 1), (3200, 2)):
+    for pb, parts in ((6400, 1), (6399, 2), (4096, 2), (MAX_PART_BYTES, 1), (MIN_PART_BYTES, 2)):
         rec = _record(part_bytes=pb)
         assert rec.parts == parts
         assert decode_commit_record(rec.encode()).parts == parts
@@ -59,6 +60,8 @@ def test_parts_cover_the_stored_bytes_exactly() -> None:
         b"SRC1:%s:1:4096:",
         b"SRC1:%s:99999999999:4096:",  # more digits than any count
         b"SRC1:%s:1:536870913:",  # a part over 512 MiB
+        b"SRC1:%s:2:4095:",  # a part under 4 KiB (the bound on a record's part count)
+        b"SRC1:%s:6400:1:",
     ],
 )
 def test_a_malformed_head_is_a_format_error(head: bytes) -> None:
@@ -91,6 +94,6 @@ def test_the_sidecar_is_checked_as_from_a_file() -> None:
 
 def test_a_writer_refuses_parts_outside_the_bounds() -> None:
     sc = _record().sidecar
-    for pb in (0, -1, MAX_PART_BYTES + 1):
+    for pb in (0, -1, 1, MIN_PART_BYTES - 1, MAX_PART_BYTES + 1):
         with pytest.raises(ValueError):
             CommitRecord.for_sidecar(NONCE, sc, pb)
