@@ -334,7 +334,8 @@ def table(img: Image, sections: list[Section], runs: int, command: str,
         "and read by the warmup round; nothing dropped). Redis holds everything in memory.",
         "- the remote restore includes its chain walk through the remote level's index ("
         + ", ".join(f"{s.kind} {s.lookup_s * 1e3:.1f} ms" for s in sections)
-        + ") and one GET of each segment's commit record; every page is BLAKE3-validated before "
+        + ") and one round trip for each segment's commit record (STRLEN and a bounded GETRANGE); "
+        "every page is BLAKE3-validated before "
         "it is delivered. MGET, SET and the unvalidated reads validate nothing.",
         "- plain MGET copies each value redis-py returns into the same preallocated buffer; "
         "cluster, all parts: mget_nonatomic (one MGET per hash slot, one cluster pipeline).",
