@@ -39,7 +39,8 @@ from ..format import ModelFingerprint, segment_key
 from ..format.keys import segment_media, state_key
 from ..levels.redis_backend import RedisBackend, RemoteError
 from ..levels.redis_settings import RemoteSettings
-from .records import MAX_STATE_BYTES, Snapshot
+from ..restore.two_pass import Outcome
+from .records import MAX_STATE_BYTES, Restored, Snapshot
 from .view import DiskConv
 
 __all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel"]
@@ -250,6 +251,24 @@ class RemoteLevel:
         return {k: sk for k, sk, n in zip(keys, skeys, there, strict=True) if n}
 
     # -- after a restore ------------------------------------------------------------------------
+    def restored(self, dc: DiskConv, o: Outcome) -> None:
+        """A restore from this level finished: a ladder stop there (a bad page, a part
+        evicted, a dropped connection) is said and counted, and is not local damage for fsck."""
+        if o.laddered:
+            self.counters["remote_ladder_stops"] += 1
+            self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {o.tokens:,} of "
+                      f"{o.wanted:,} tokens: {o.reason}")  # fmt: skip
+
+    def fell_short(self, dc: DiskConv, o: Outcome | Exception, r: Restored | Exception,
+                   here: int) -> None:  # fmt: skip
+        """A restore from this level delivered less than the ``here`` tokens the local levels
+        hold (the caller does it again from them): said and counted as a ladder stop."""
+        self.counters["remote_ladder_stops"] += 1
+        got = r.tokens if isinstance(r, Restored) else 0
+        why = o.reason if isinstance(o, Outcome) else str(o)
+        self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {got:,} tokens "
+                  f"({why}); restoring the {here:,} the local levels hold instead")  # fmt: skip
+
     def fetch(self, hit: RemoteHit, tokens: int, kv: npt.NDArray[np.uint8] | None = None
               ) -> Snapshot | None:  # fmt: skip
         """The first ``tokens`` of ``hit`` as a snapshot (what ``remote_keep_local`` writes

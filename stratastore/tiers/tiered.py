@@ -496,8 +496,9 @@ class Tiers:
             again: list[int] = []  #: remote jobs to do again from the local levels
             for n, ((i, dc, job), o, r) in enumerate(zip(pending, outcomes, found, strict=True)):
                 if n in remote and local[n] > (0 if isinstance(r, Exception) else r.tokens):
+                    assert self.remote is not None
                     again.append(n)
-                    self._remote_fell_short(dc, o, r, local[n])
+                    self.remote.fell_short(dc, o, r, local[n])
                 elif isinstance(r, Exception) or isinstance(o, Exception):
                     results[i] = r
                 elif n in remote:
@@ -519,28 +520,12 @@ class Tiers:
                 self._keep_local(rhit, got.tokens, pending[n][2].dest, lock)
         return results
 
-    def _remote_fell_short(self, dc: DiskConv, o: Outcome | Exception,
-                           r: Restored | Exception, here: int) -> None:  # fmt: skip
-        """A restore from the remote level delivered less than the ``here`` tokens the local
-        levels hold (it is done again from them): said and counted as a ladder stop there."""
-        assert self.remote is not None
-        self.remote.counters["remote_ladder_stops"] += 1
-        got = r.tokens if isinstance(r, Restored) else 0
-        why = o.reason if isinstance(o, Outcome) else str(o)
-        self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {got:,} tokens "
-                  f"({why}); restoring the {here:,} the local levels hold instead")  # fmt: skip
-
     def _account_remote(self, dc: DiskConv, o: Outcome, r: Restored) -> Restored:
-        """Count a finished restore from the remote level (under the Store's lock); a ladder
-        stop there (a bad page, a part evicted, a dropped connection) is said and counted, and
-        is not local damage for fsck."""
+        """Count a finished restore from the remote level (under the Store's lock)."""
         assert self.remote is not None
         self.counters["hits_remote"] += 1
         self.counters["tokens_restored"] += r.tokens
-        if o.laddered:
-            self.remote.counters["remote_ladder_stops"] += 1
-            self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {o.tokens:,} of "
-                      f"{o.wanted:,} tokens: {o.reason}")  # fmt: skip
+        self.remote.restored(dc, o)
         return Restored("remote", r.tokens, r.conv_id, r.state)
 
     def _keep_local(self, hit: RemoteHit, tokens: int, dest: Destination,
