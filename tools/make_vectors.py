@@ -84,13 +84,20 @@ def patch_head(raw: bytes, offset: int, fmt: str, value: int) -> bytes:
     return resign(bytes(b))
 
 
-def main(out: str) -> int:
+def fresh_folder(out: str) -> bool:
+    """Make ``out``; False (said) when it already has a manifest: a released folder is never
+    regenerated (spec F-COMPAT-4)."""
     if os.path.exists(os.path.join(out, "MANIFEST.json")):
-        print(
-            f"{out} already has a manifest: released vectors are never regenerated", file=sys.stderr
-        )
-        return 1
+        print(f"{out} already has a manifest: released vectors are never regenerated",
+              file=sys.stderr)  # fmt: skip
+        return False
     os.makedirs(out, exist_ok=True)
+    return True
+
+
+def main(out: str) -> int:
+    if not fresh_folder(out):
+        return 1
     entries: list[dict[str, object]] = []
 
     def put(name: str, data: bytes, kind: str, expect: str, clauses: list[str], **extra: object
@@ -358,11 +365,8 @@ def main_v1_1(out: str) -> int:
     """Format 1.1 adds the chain manifest (spec F-CHAIN)."""
     from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
 
-    if os.path.exists(os.path.join(out, "MANIFEST.json")):
-        print(f"{out} already has a manifest: released vectors are never regenerated",
-              file=sys.stderr)  # fmt: skip
+    if not fresh_folder(out):
         return 1
-    os.makedirs(out, exist_ok=True)
     entries: list[dict[str, object]] = []
 
     def put(name: str, data: bytes, expect: str, clauses: list[str]) -> None:
@@ -421,11 +425,8 @@ def main_v1_1_errata1(out: str, vectors_root: str = "format-spec/vectors") -> in
     from stratastore.format import key_chain
     from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
 
-    if os.path.exists(os.path.join(out, "MANIFEST.json")):
-        print(f"{out} already has a manifest: released vectors are never regenerated",
-              file=sys.stderr)  # fmt: skip
+    if not fresh_folder(out):
         return 1
-    os.makedirs(out, exist_ok=True)
     v1 = os.path.join(vectors_root, "v1")
     v1_1 = os.path.join(vectors_root, "v1.1")
     entries: list[dict[str, object]] = []
@@ -602,11 +603,8 @@ def main_v1_2(out: str) -> int:
     into a temporary folder and compares)."""
     from stratastore.format.remote_record import CommitRecord, RemoteNames
 
-    if os.path.exists(os.path.join(out, "MANIFEST.json")):
-        print(f"{out} already has a manifest: released vectors are never regenerated",
-              file=sys.stderr)  # fmt: skip
+    if not fresh_folder(out):
         return 1
-    os.makedirs(out, exist_ok=True)
     entries: list[dict[str, object]] = []
 
     def put(name: str, data: bytes, kind: str, expect: str, clauses: list[str]) -> None:
