@@ -371,7 +371,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 def _fsck_remote(args: argparse.Namespace) -> int:
     """``strata fsck --remote``: the remote level's namespaces of ``--config``'s store name
-    (issue 17); exit 1 when one is not clean (after ``--repair``: when one could not be)."""
+    (issue 17); exit 1 when one is not clean (after ``--repair``: when it is not clean when
+    checked again). The counts are what the check found, before any repair."""
     from .levels.redis_fsck import fsck_remote
     from .levels.redis_settings import RemoteSettings
 
@@ -390,7 +391,8 @@ def _fsck_remote(args: argparse.Namespace) -> int:
     rows = []
     for ns in found:
         rep = ns.report
-        clean = rep is not None and (rep.clean or rep.repaired)
+        # clean as checked, or as checked again after the repair (what the repair left)
+        clean = rep is not None and (ns.after.clean if ns.after is not None else rep.clean)
         bad += not clean
         rows.append({"namespace": ns.prefix, "model": ns.model, "problem": ns.problem,
                      "clean": clean, **({} if rep is None else {

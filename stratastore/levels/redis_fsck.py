@@ -29,8 +29,9 @@ class NamespaceReport:
 
     prefix: str
     model: str | None
-    report: RemoteReport | None
+    report: RemoteReport | None  #: what fsck found (before any repair)
     problem: str = ""
+    after: RemoteReport | None = None  #: with ``repair``: the namespace checked again after it
 
 
 def fsck_remote(settings: RemoteSettings, *, repair: bool = False) -> list[NamespaceReport]:
@@ -65,7 +66,9 @@ def _one(scout: RedisBackend, settings: RemoteSettings, prefix: str,
                                "another namespace (left as it is)")  # fmt: skip
     b = RedisBackend(settings, fp)
     try:
-        return NamespaceReport(prefix, fp.describe(), b.fsck(repair=repair))
+        found = b.fsck(repair=repair)
+        after = b.fsck() if found.repaired else None  # what the repair left, checked again
+        return NamespaceReport(prefix, fp.describe(), found, after=after)
     finally:
         b.close()
 
