@@ -685,6 +685,32 @@ class RedisBackend:
                     yield key, rec
             after = b"(" + rows[-1]
 
+    def eviction_settings(self) -> dict[str, tuple[int, str]] | None:
+        """Each server's ``maxmemory`` and ``maxmemory-policy`` (a cluster: every primary's),
+        by ``host:port``; None where the server does not say (``CONFIG`` refused, as managed
+        services and restricted ACL users do)."""
+        import redis.cluster
+
+        r: Any = self._r
+        per: dict[str, Any]
+        try:
+            if isinstance(self._r, redis.cluster.RedisCluster):
+                got: dict[str, Any] = self._call("connect", "", lambda: r.config_get(
+                    "maxmemory*", target_nodes=redis.cluster.RedisCluster.PRIMARIES))  # fmt: skip
+                per = got if all(isinstance(v, dict) for v in got.values()) else {"?": got}
+            else:
+                per = {
+                    self.settings.shown: self._call(
+                        "connect", "", lambda: r.config_get("maxmemory*")
+                    )
+                }
+            out: dict[str, tuple[int, str]] = {}
+            for node, cfg in per.items():
+                out[node] = (int(cfg.get("maxmemory") or 0), str(cfg.get("maxmemory-policy", "")))
+            return out
+        except (RemoteError, ValueError, AttributeError, TypeError):
+            return None
+
     def relocate_from(self, src: Any, key: bytes) -> Relocated:
         return relocate_by_copy(self, src, key)
 

@@ -84,6 +84,23 @@ class RemoteLevel:
                 self.store.close()
                 raise ConfigError(f"the remote level {settings.shown}: {e}") from None
             self._failed(e, "connect")
+        else:
+            if settings.eviction == "redis":
+                self._check_eviction()
+
+    def _check_eviction(self) -> None:
+        """``remote_eviction = "redis"`` leaves the budget to the server: say so at open when
+        a server will never evict this level's keys (no ``maxmemory``, or a policy other than
+        ``allkeys-*``: ``volatile-*`` evicts only keys with an expiry, which committed parts
+        have not). A server that does not say (``CONFIG`` refused) is taken at its word."""
+        found = self.store.eviction_settings()
+        for node, (maxmemory, policy) in sorted((found or {}).items()):
+            if not maxmemory or not policy.startswith("allkeys-"):
+                self.warn(f"the remote level {self.settings.shown}: remote_eviction = \"redis\" "
+                          f"but server {node} has maxmemory {maxmemory} and maxmemory-policy "
+                          f"{policy or '?'}, so it never evicts committed segments and fills "
+                          "up; set maxmemory and maxmemory-policy allkeys-lru there, or use "
+                          "remote_eviction = \"store\" with remote_mib")  # fmt: skip
 
     @property
     def name(self) -> str:
