@@ -191,8 +191,8 @@ class Store:
                 if snap.kept and self._tiers.remote is not None:  # the store's own copy
                     # (remote_keep_local): nobody was told of it, so it is not a lost park
                     self._tiers.remote.counters["remote_kept_local_errors"] += 1
-                    self._tiers.warn(f"conversation {snap.conv.conv_id} read from the remote "
-                                     f"level was not kept locally: {e}")  # fmt: skip
+                    self._tiers.warn(f"{snap.conv.conv_id} (read from the remote level) not "
+                                     f"kept locally: {e}")  # fmt: skip
                     return
                 self.counters["spill_errors"] += 1
                 self._errors.append((snap.conv.conv_id, e))

@@ -141,7 +141,7 @@ class CommitRecord:
         if not MIN_PART_BYTES <= part_bytes <= MAX_PART_BYTES:
             raise ValueError(f"part_bytes {part_bytes} is outside "
                              f"{MIN_PART_BYTES}..{MAX_PART_BYTES}")  # fmt: skip
-        parts = max(1, -(-sidecar.stored_bytes // part_bytes))
+        parts = -(-sidecar.stored_bytes // part_bytes)
         return cls(nonce, parts, part_bytes, sidecar)
 
 
@@ -162,7 +162,7 @@ def decode_commit_record(raw: bytes, obj: str = "commit record") -> CommitRecord
         raise FormatError(f"{obj} names parts of {part_bytes:,} bytes, outside the "
                           f"{MIN_PART_BYTES:,}..{MAX_PART_BYTES:,} allowed")  # fmt: skip
     sc = decode_sidecar(raw[m.end() :], obj)
-    if parts != max(1, -(-sc.stored_bytes // part_bytes)):
+    if parts != -(-sc.stored_bytes // part_bytes):
         raise FormatError(f"{obj} is damaged: {parts} parts of {part_bytes} bytes for "
                           f"{sc.stored_bytes} stored bytes")  # fmt: skip
     return CommitRecord(m[1].decode(), parts, part_bytes, sc)

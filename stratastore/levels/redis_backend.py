@@ -93,6 +93,7 @@ T = TypeVar("T")
 PENDING_MS = 600_000  #: how long an uncommitted part lives (a write abandoned mid-way expires)
 _BATCH = 256  #: rows ``oldest`` reads at a time
 _NAMES = 1024  #: part names one call checks or deletes at most
+_RAISE = object()  #: :meth:`RedisBackend._pipeline`: a reply of another type raises
 _WIRE_CHUNK = 16 << 10  #: bytes a direct read takes at a time for a reply's header and CRLF
 
 # KEYS[1] the commit record, KEYS[2..] the parts; ARGV[1] the record. 1: committed here; 0:
@@ -330,7 +331,8 @@ class RedisBackend:
                               "remote_password, or STRATA_REMOTE_USERNAME and "
                               "STRATA_REMOTE_PASSWORD)", errno.EACCES) from None  # fmt: skip
         except rx.ResponseError as e:
-            if not str(e).startswith("WRONGTYPE"):  # (never a URL: "@" would say so)
+            # (a pipeline words it "Command # 1 (...) of pipeline caused error: WRONGTYPE ...")
+            if "WRONGTYPE" not in str(e):  # (never a URL: "@" would say so)
                 self._count("errors")
                 why = type(e).__name__ if "@" in str(e) else f"{type(e).__name__}: {e}"
                 raise RemoteError(op, where, why) from None
@@ -365,14 +367,24 @@ class RedisBackend:
             raise RemoteError(op, where, f"{type(e).__name__}: {e.strerror or e}",
                               e.errno or errno.EIO) from None  # fmt: skip
 
-    def _pipeline(self, op: str, key: bytes | str, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Run ``cmds`` (``(method, *args)``) in one pipelined round trip (no transaction)."""
+    def _pipeline(self, op: str, key: bytes | str, cmds: Sequence[tuple[Any, ...]], *,
+                  wrong_type: Any = _RAISE) -> list[Any]:  # fmt: skip
+        """Run ``cmds`` (``(method, *args)``) in one pipelined round trip (no transaction).
+        A reply that is a value of another type raises :class:`FormatError`, or with
+        ``wrong_type`` given is that instead (one damaged key does not fail the others)."""
 
         def run() -> list[Any]:
+            import redis.exceptions as rx
+
             p = self._r.pipeline(transaction=False)
             for name, *args in cmds:
                 getattr(p, name)(*args)
-            out: list[Any] = p.execute()
+            out: list[Any] = p.execute(raise_on_error=wrong_type is _RAISE)
+            for i, got in enumerate(out):
+                if isinstance(got, rx.ResponseError) and "WRONGTYPE" in str(got):
+                    out[i] = wrong_type
+                elif isinstance(got, Exception):
+                    raise got
             return out
 
         return self._call(op, key, run)
@@ -411,13 +423,16 @@ class RedisBackend:
         return None
 
     def _record_bytes(self, op: str, key: bytes) -> tuple[int, bytes]:
-        """``(length, bytes)`` of the value at ``key``'s commit record, of which at most
+        """``(length, bytes)`` of the value at ``key``'s commit record (:meth:`bounded_get`)."""
+        return self.bounded_get(op, self._rec_key(key), key)
+
+    def bounded_get(self, op: str, name: str, key: bytes | str = "") -> tuple[int, bytes]:
+        """``(length, bytes)`` of the string at ``name``, of which at most
         :data:`MAX_COMMIT_RECORD_BYTES` are read (one round trip): a hostile value is never
-        read whole. ``(0, b"")`` when there is none."""
-        name = self._rec_key(key)
-        n, raw = self._pipeline(
-            op, key, [("strlen", name), ("getrange", name, 0, MAX_COMMIT_RECORD_BYTES - 1)]
-        )
+        read whole. ``(0, b"")`` when there is none; a value of another type is a
+        :class:`FormatError`."""
+        n, raw = self._pipeline(op, key or name, [
+            ("strlen", name), ("getrange", name, 0, MAX_COMMIT_RECORD_BYTES - 1)])  # fmt: skip
         return int(n), bytes(raw or b"")
 
     def _commit(self, key: bytes) -> _Commit | None:
@@ -631,7 +646,8 @@ class RedisBackend:
     def children_many(self, parents: Sequence[bytes]) -> list[list[tuple[bytes, int, int]]]:
         """:meth:`children` of each of ``parents``, in one pipelined round trip."""
         got = self._pipeline("lookup", parents[0] if parents else "",
-                             [("hgetall", self._kids(p)) for p in parents])  # fmt: skip
+                             [("hgetall", self._kids(p)) for p in parents],
+                             wrong_type={})  # a damaged listing finds nothing  # fmt: skip
         return [_children(kids) for kids in got]
 
     # -- managing -----------------------------------------------------------------------------
@@ -751,7 +767,9 @@ class RedisBackend:
                 continue
             try:
                 c = self._commit(key)
-            except StrataError:  # damaged, too long, of another type
+            except RemoteError:  # the server failed: nothing is judged on a failed read
+                raise
+            except StrataError:  # damaged, too long, of another type, another model's
                 rep.bad_records.append(key)
                 continue
             if c is not None:
@@ -816,6 +834,8 @@ class RedisBackend:
                                                   self._rec_key(key)))  # fmt: skip
         for key in rep.stale_index:
             rec = listed[key]
+            if rec is not None and key in self:  # committed since the scan: listed, keep it
+                continue
             if rec is not None:
                 self._index_drop(key, rec)
             else:  # nothing to undo but the entry itself (used is rebuilt below)

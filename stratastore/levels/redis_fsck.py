@@ -11,12 +11,11 @@ repaired (a key placed by hand, or damage).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 from ..errors import StrataError
 from ..format import ModelFingerprint
 from ..format.remote_record import decode_commit_record
-from .redis_backend import RedisBackend, RemoteReport
+from .redis_backend import RedisBackend, RemoteError, RemoteReport
 from .redis_settings import RemoteSettings, check_name, namespace
 
 __all__ = ["NamespaceReport", "fsck_remote"]
@@ -74,14 +73,16 @@ def _one(scout: RedisBackend, settings: RemoteSettings, prefix: str,
 
 
 def _model(scout: RedisBackend, prefix: str) -> ModelFingerprint | None:
-    """The fingerprint the first decodable commit record under ``prefix`` names."""
+    """The fingerprint the first decodable commit record under ``prefix`` names (each value
+    read bounded; one of another type, too long or damaged is passed over)."""
     for name in scout._call("fsck", prefix, lambda: list(scout._r.scan_iter(
             match=f"{prefix}s/*", count=1000))):  # fmt: skip
-        raw = scout._call("fsck", prefix, partial(scout._r.get, name))
-        if raw is None:
-            continue
         try:
-            return decode_commit_record(raw).sidecar.fingerprint
+            n, raw = scout.bounded_get("fsck", name.decode("utf-8", "replace"))
+            if n and n <= len(raw):
+                return decode_commit_record(raw).sidecar.fingerprint
+        except RemoteError:
+            raise
         except StrataError:
             continue
     return None

@@ -89,14 +89,16 @@ class RemoteSettings:
                 "redis+cluster://host:port,host:port (a cluster's seeds)"
             )
         tls, cluster = _SCHEMES[scheme]
-        userinfo, _, hostpart = rest.rpartition("@")
-        if "?" in hostpart or "#" in hostpart:  # a query may carry a password: never shown
+        authority, tail = _split_authority(rest)
+        if any(c in tail for c in "?#@"):  # a query may carry a password: never shown
             raise ConfigError(
-                f"setting remote_url={_redact(self.url)!r} has a query or fragment (?..., "
-                "#...), which this setting does not take; give credentials in remote_username "
-                "and remote_password (or the URL's user:password@) and the database as /N"
+                f"setting remote_url={_redact(self.url)!r} has a query, a fragment or an @ "
+                "after the host, which this setting does not take; give credentials in "
+                "remote_username and remote_password (or as user:password@ before the host, "
+                "percent-encoded: @ as %40, / as %2F) and the database as /N"
             )
-        hostpart, _, dbpart = hostpart.partition("/")
+        userinfo, _, hostpart = authority.rpartition("@")
+        dbpart = tail[1:]
         nodes: list[tuple[str, int]] = []
         for seed in hostpart.split(","):
             try:
@@ -196,12 +198,23 @@ class RemoteSettings:
         return redis.Redis(host=host, port=port, db=self.db, **kw)
 
 
+def _split_authority(rest: str) -> tuple[str, str]:
+    """``rest`` (a URL after ``scheme://``) as its authority (``user:password@hosts``) and
+    what follows it: the authority ends at the first ``/``, ``?`` or ``#`` (RFC 3986)."""
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    return rest[:cut], rest[cut:]
+
+
 def _redact(url: str) -> str:
-    """``url`` with any ``user:password@``, query and fragment dropped (for a message about a
-    bad URL: any of them may carry a password)."""
+    """``url`` as a message about it may show it: without its ``user:password@`` and anything
+    after its path (a query or a fragment may carry a password); where an ``@`` leaves it
+    unclear what is the host (an unencoded ``/``, ``?`` or ``#`` in a password), only its
+    scheme."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "<not a URL>" if any(c in url for c in "@?#") else url
-    host = rest.rpartition("@")[2]
-    cut = min((i for i in (host.find("?"), host.find("#")) if i >= 0), default=-1)
-    return f"{scheme}://{host[:cut] + '?...' if cut >= 0 else host}"
+    authority, tail = _split_authority(rest)
+    path = tail.split("?", 1)[0].split("#", 1)[0]
+    if "@" in path:
+        return f"{scheme}://(not shown)"
+    return f"{scheme}://{authority.rpartition('@')[2]}{path}" + ("?..." if path != tail else "")

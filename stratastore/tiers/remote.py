@@ -210,6 +210,10 @@ class RemoteLevel:
         except RemoteError as e:
             self._failed(e, "lookup")
             return None
+        except StrataError as e:  # damage in the namespace (fsck --remote): a miss, said
+            self.counters["remote_misses"] += 1
+            self.warn(f"the remote level {self.settings.shown}: lookup: {e}")
+            return None
         self._ok()
         if hit is None:
             self.counters["remote_misses"] += 1
@@ -282,7 +286,7 @@ class RemoteLevel:
         hold (the caller does it again from them): said and counted as a ladder stop."""
         self.counters["remote_ladder_stops"] += 1
         got = r.tokens if isinstance(r, Restored) else 0
-        why = o.reason if isinstance(o, Outcome) else str(o)
+        why = (o.reason or "a shallower resume point") if isinstance(o, Outcome) else str(o)
         self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {got:,} tokens "
                   f"({why}); restoring the {here:,} the local levels hold instead")  # fmt: skip
 
@@ -306,10 +310,11 @@ class RemoteLevel:
                 states[tokens] = self.store.get_bytes(dc.state_keys[tokens],
                                                       max_bytes=MAX_STATE_BYTES)  # fmt: skip
         except StrataError as e:
+            self.counters["remote_kept_local_errors"] += 1
             if isinstance(e, RemoteError):
                 self._failed(e, "keeping a restore locally")
             else:
-                self.warn(f"{dc.conv.conv_id}: not kept locally: {e}")
+                self.warn(f"{dc.conv.conv_id} (read from the remote level) not kept locally: {e}")
             return None
         c = dc.conv
         segs = [(s, e) for s, e, _ in dc.segments if e <= tokens]

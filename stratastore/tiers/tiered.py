@@ -70,6 +70,11 @@ _COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits
              "restore_misses", "ladder_restores", "spills_refused", "hits_remote")  # fmt: skip
 
 
+def _delivered(r: Restored | Exception) -> int:
+    """The tokens a restore's result delivered (an error: none)."""
+    return r.tokens if isinstance(r, Restored) else 0
+
+
 def _cap(max_tokens: Sequence[int | None], i: int) -> int | None:
     return max_tokens[i] if i < len(max_tokens) else None
 
@@ -278,7 +283,10 @@ class Tiers:
             return self._write(snap)
         snap = snap.detached()  # the RAM level may shrink its own copy of conv before the write
         why = self.outbox.offer(snap, self.writer, self.cfg.when_full == "reject")
-        if why is not None:
+        if why is not None and snap.kept and self.remote is not None:  # the store's own copy
+            self.remote.counters["remote_kept_local_errors"] += 1
+            self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {why}")
+        elif why is not None:
             self.counters["spills_refused"] += 1
             self.warn(f"conversation {snap.conv.conv_id} not written to disk: {why}")
         return why is None
@@ -297,8 +305,10 @@ class Tiers:
         for lvl in self.levels:  # the cascade and the GC after every write
             lvl.enforce_budget()
             lvl.enforce_age()
-        if done and self.remote is not None and not snap.kept:  # acknowledged: share a copy
-            self.remote.push(snap)  # (a kept copy came from there)
+        if done and self.remote is not None and snap.kept:  # a remote restore, now local
+            self.remote.counters["remote_kept_local"] += 1
+        elif done and self.remote is not None:  # acknowledged locally: now the shared copy
+            self.remote.push(snap)
         return done
 
     def spill_ram_on_close(self) -> int:
@@ -356,9 +366,10 @@ class Tiers:
         finally:
             with lock:
                 self.outbox.done(snap)
-        with lock:
-            self.counters["discards"] += 1
-            self.counters["spills_refused"] += 1
+        if not snap.kept:  # a kept copy (remote_keep_local) was no park: the Store counts it
+            with lock:
+                self.counters["discards"] += 1
+                self.counters["spills_refused"] += 1
         raise SpillRefused(f"conversation {cid!r} was not written to disk: {why}")
 
     # -- lookup and restore -------------------------------------------------------------------
@@ -415,6 +426,7 @@ class Tiers:
         lock: AbstractContextManager[Any] = UNLOCKED,
         *,
         use_remote: bool = True,
+        fallback: bool = True,
     ) -> list[Restored | Exception]:  # fmt: skip
         """:meth:`restore` for several prompts at once, each into its own destination: the
         lookups and RAM hits run in order, then the disk hits share one batched read agenda
@@ -431,7 +443,8 @@ class Tiers:
         meanwhile is met as another process's move or removal would be (issue 12). The remote
         level (issue 17) is walked first, without ``lock`` (``use_remote=False``: not at all);
         a restore from it that delivers less than the local levels hold (a part evicted, the
-        server gone mid-read) is done again from the local levels."""
+        server gone mid-read) is done again from the local levels (``fallback=False``: not),
+        and the deeper of the two is returned (:meth:`_redo_locally`)."""
         walked = [self.find_remote(prompt if (c := _cap(max_tokens, i)) is None else prompt[:c],
                                    media[i] if i < len(media) else None) if use_remote else None
                   for i, (prompt, _) in enumerate(requests)]  # fmt: skip
@@ -481,7 +494,8 @@ class Tiers:
                         remote[len(pending)] = rhit
                         here = self.lookup(prompt if cap is None else prompt[:cap],
                                            media[i] if i < len(media) else None)  # fmt: skip
-                        local[len(pending)] = here[1].length if here is not None else 0
+                        held = here[1].length if here is not None and fallback else 0
+                        local[len(pending)] = held
                     pending.append((i, dc, self.reader.job(dc, m.length, dest)))
         for i, snap, m in captures:
             deliver_capture(dests[i], snap.kv, snap.conv.boundaries(), m.length, self.fp)
@@ -493,32 +507,47 @@ class Tiers:
             for *_, m in captures:
                 self.counters["hits_pending"] += 1
                 self.counters["tokens_restored"] += m.length
-            again: list[int] = []  #: remote jobs to do again from the local levels
+            again: dict[int, tuple[DiskConv, Outcome | Exception, Restored | Exception]] = {}
             for n, ((i, dc, job), o, r) in enumerate(zip(pending, outcomes, found, strict=True)):
-                if n in remote and local[n] > (0 if isinstance(r, Exception) else r.tokens):
-                    assert self.remote is not None
-                    again.append(n)
-                    self.remote.fell_short(dc, o, r, local[n])
+                if n in remote and local[n] > _delivered(r):  # redone below, from the local
+                    again[n] = (dc, o, r)
                 elif isinstance(r, Exception) or isinstance(o, Exception):
                     results[i] = r
                 elif n in remote:
                     results[i] = self._account_remote(dc, o, r)
                 else:
                     results[i] = self.reader.account_restored(dc, job, o, r, self._removed_from(dc))
-        for n in again:
-            i = pending[n][0]
-            results[i] = self.restore_many(
-                [requests[i]],
-                [media[i] if i < len(media) else None],
-                [_cap(max_tokens, i)],
-                lock,
-                use_remote=False,
-            )[0]
+        for n, (dc, o, r) in again.items():
+            results[pending[n][0]] = self._redo_locally(
+                requests, media, max_tokens, pending[n][0], pending[n][2].dest, dc, o, r, lock
+            )
         for n, rhit in remote.items():  # remote_keep_local: the validated prefix, written here
             got = results[pending[n][0]]
             if n not in again and isinstance(got, Restored) and got.tokens:
                 self._keep_local(rhit, got.tokens, pending[n][2].dest, lock)
         return results
+
+    def _redo_locally(
+        self, requests: Sequence[tuple[Any, Any]], media: Sequence[Mapping[int, bytes] | None],
+        max_tokens: Sequence[int | None], i: int, dest: Destination, dc: DiskConv,
+        o: Outcome | Exception, r: Restored | Exception, lock: AbstractContextManager[Any],
+    ) -> Restored | Exception:  # fmt: skip
+        """Request ``i``'s restore from the remote level delivered less than the local levels
+        hold (``r``): done again from them; where that delivers less still (damaged there
+        too), from the remote level again, with no fallback. Whatever an earlier pass left
+        past the prefix returned is zeroed (the destinations that can zero)."""
+        assert self.remote is not None
+        one = ([requests[i]], [media[i] if i < len(media) else None], [_cap(max_tokens, i)])
+        redo = self.restore_many(*one, lock, use_remote=False)[0]
+        if _delivered(redo) >= _delivered(r):
+            self.remote.fell_short(dc, o, r, _delivered(redo))
+            return redo
+        final = self.restore_many(*one, lock, fallback=False)[0]
+        past = max(_delivered(r), _delivered(redo))
+        zero = getattr(dest, "zero", None)
+        if _delivered(final) < past and zero is not None:
+            zero(_delivered(final), past - _delivered(final))
+        return final
 
     def _account_remote(self, dc: DiskConv, o: Outcome, r: Restored) -> Restored:
         """Count a finished restore from the remote level (under the Store's lock)."""
@@ -545,10 +574,11 @@ class Tiers:
             return
         with lock:
             try:
-                if self._spill(snap):
-                    self.remote.counters["remote_kept_local"] += 1
+                self._spill(snap)  # counted as it lands, or as it is refused
             except StrataError as e:
-                self.warn(f"{hit.dc.conv.conv_id}: not kept locally: {e}")
+                self.remote.counters["remote_kept_local_errors"] += 1
+                self.warn(f"{hit.dc.conv.conv_id} (read from the remote level) not kept "
+                          f"locally: {e}")  # fmt: skip
 
     def _removed_from(self, dc: DiskConv) -> Callable[[bytes], bool]:
         """Whether segment ``key`` of ``dc`` was removed by GC (in this process or another)
