@@ -70,6 +70,14 @@ _COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits
              "restore_misses", "ladder_restores", "spills_refused", "hits_remote")  # fmt: skip
 
 
+def _deeper(local: tuple[str, Match] | None, remote: RemoteHit | None
+            ) -> tuple[str, Match] | None:  # fmt: skip
+    """The local levels' best resume point, or the remote level's where it is deeper."""
+    if remote is not None and (local is None or remote.match.length > local[1].length):
+        return ("remote", remote.match)
+    return local
+
+
 def _delivered(r: Restored | Exception) -> int:
     """The tokens a restore's result delivered (an error: none)."""
     return r.tokens if isinstance(r, Restored) else 0
@@ -392,6 +400,11 @@ class Tiers:
         capture is in memory: issue 14, read your own writes without waiting for them);
         ``remote`` is the shared remote level's hit (issue 17, :meth:`find_remote`, found
         without the lock), taken only when it holds more of the prompt than the local levels."""
+        return _deeper(self._lookup_local(prompt, media), remote)
+
+    def _lookup_local(self, prompt: npt.NDArray[np.integer] | list[int],
+                      media: Mapping[int, bytes] | None) -> tuple[str, Match] | None:  # fmt: skip
+        """:meth:`lookup` over this node's own levels only (RAM, in flight, disk)."""
         self.view.sync()
         page = self.fp.page_tokens if self.cfg.page_resume else None
         best: tuple[str, Match] | None = None
@@ -401,8 +414,6 @@ class Tiers:
                           ("disk", self.view.lookup(prompt, media, page))):  # fmt: skip
             if m is not None and (best is None or m.length > best[1].length):
                 best = (source, m)
-        if remote is not None and (best is None or remote.match.length > best[1].length):
-            best = ("remote", remote.match)
         return best
 
     def restore(self, prompt: npt.NDArray[np.integer] | list[int],
@@ -457,8 +468,9 @@ class Tiers:
             remote: dict[int, RemoteHit] = {}  #: the pending jobs that read the remote level
             for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
                 cap = max_tokens[i] if i < len(max_tokens) else None
-                hit = self.lookup(prompt if cap is None else prompt[:cap],
-                                  media[i] if i < len(media) else None, walked[i])  # fmt: skip
+                here = self._lookup_local(prompt if cap is None else prompt[:cap],
+                                          media[i] if i < len(media) else None)  # fmt: skip
+                hit = _deeper(here, walked[i])
                 if hit is None:
                     self.counters["restore_misses"] += 1
                     continue
@@ -492,10 +504,7 @@ class Tiers:
                                         f"{m.length:,} tokens")  # fmt: skip
                     if source == "remote" and rhit is not None:
                         remote[len(pending)] = rhit
-                        here = self.lookup(prompt if cap is None else prompt[:cap],
-                                           media[i] if i < len(media) else None)  # fmt: skip
-                        held = here[1].length if here is not None and fallback else 0
-                        local[len(pending)] = held
+                        local[len(pending)] = here[1].length if here and fallback else 0
                     pending.append((i, dc, self.reader.job(dc, m.length, dest)))
         for i, snap, m in captures:
             deliver_capture(dests[i], snap.kv, snap.conv.boundaries(), m.length, self.fp)
