@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from stratastore import Checkpoint, Conversation, ModelFingerprint, Store, StoreConfig
 from stratastore.chain import as_tokens
+from stratastore.format import DATA_OFFSET, data_name
 from stratastore.levels.redis_backend import RedisBackend
 from stratastore.levels.redis_settings import RemoteSettings
 from tests.conftest import run_with_timeout, tiny_fp
@@ -65,3 +66,30 @@ def park(store: Store, conv: Conversation, kv: npt.NDArray[np.uint8]) -> None:
 
 def backend(url: str, name: str, fp: ModelFingerprint = FP, **kw: Any) -> RedisBackend:
     return RedisBackend.open(RemoteSettings(url, name=name, **kw), fp)
+
+
+def evict_parts(url: str, name: str, key: bytes) -> int:
+    """Delete every part of segment ``key`` of store ``name`` (as an eviction would)."""
+    import redis
+
+    from stratastore.levels.redis_settings import namespace
+
+    r = redis.Redis.from_url(url)
+    try:
+        names = list(r.scan_iter(match=f"{namespace(name, FP)}p/{{{key.hex()}}}/*", count=1000))
+        return int(r.delete(*names)) if names else 0
+    finally:
+        r.close()
+
+
+def segment_of(conv: Conversation, start: int) -> bytes:
+    """The key of ``conv``'s segment starting at token ``start``."""
+    return next(k for s, _, k in conv.segments(FP.digest()) if s == start)
+
+
+def flip_local(folder: Path, key: bytes, offset: int) -> None:
+    """Flip one payload byte (``offset`` bytes into the payload) of a local segment file."""
+    path = folder / data_name(key)
+    raw = bytearray(path.read_bytes())
+    raw[DATA_OFFSET + offset] ^= 0x01
+    path.write_bytes(bytes(raw))

@@ -23,13 +23,13 @@ from tests.remote.review.helpers import (
     conversation,
     open_store,
     park,
+    segment_of,
     store_config,
     unique_name,
 )
 
 redis = import_or_skip("redis")
 
-from tests.remote.review2.helpers import segment_of  # noqa: E402
 
 TB = FP.token_bytes
 

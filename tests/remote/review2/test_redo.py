@@ -16,15 +16,17 @@ from tests.remote.review.helpers import (
     BOUND,
     FP,
     conversation,
+    evict_parts,
+    flip_local,
     open_store,
     park,
+    segment_of,
     store_config,
     unique_name,
 )
 
 import_or_skip("redis")
 
-from tests.remote.review2.helpers import evict_parts, flip_local, segment_of  # noqa: E402
 
 TB = FP.token_bytes
 
