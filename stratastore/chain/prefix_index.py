@@ -287,7 +287,9 @@ class PrefixIndex:
 
         Checkpoints are always candidates; with ``page_tokens`` (attention-only layouts) so is
         the last whole page at or below the end of the match. A point is returned only if every
-        token (and media digest) before it equals the prompt's.
+        token (and media digest) before it equals the prompt's. A point of zero tokens (a
+        checkpoint at 0, which every conversation of the model shares) restores nothing: it is
+        no resume point, and the lookup is a miss (``None``).
         """
         tree = self._trees.get(model)
         if tree is None:
@@ -316,4 +318,4 @@ class PrefixIndex:
             page = page_floor(cuts, min(matched, last.max_extent), page_tokens)
             if page > 0 and (result is None or page > result.length):
                 result = Match(last.max_conv, page, matched, "page")
-        return result
+        return result if result is not None and result.length > 0 else None

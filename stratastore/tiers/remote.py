@@ -257,7 +257,7 @@ class RemoteLevel:
         on_path = {e: states[k] for _, e, k in segments if k in states}
         tokens = np.asarray(prompt[:length])
         conv = Conversation(f"remote:{segments[-1][2].hex()[:32]}", tokens,
-                            [Checkpoint(0)] + [Checkpoint(e) for _, e, _ in segments],
+                            [Checkpoint(e) for _, e, _ in segments],
                             {p: d for p, d in media if p < length},
                             [s for s, _, _ in segments])  # fmt: skip
         dc = DiskConv(conv, segments, False, on_path)
@@ -318,8 +318,10 @@ class RemoteLevel:
             return None
         c = dc.conv
         segs = [(s, e) for s, e, _ in dc.segments if e <= tokens]
+        if not segs:  # (a restore delivers whole segments: nothing to keep)
+            return None
         conv = Conversation(c.conv_id, c.tokens[:tokens],
-                            [Checkpoint(0)] + [Checkpoint(e) for _, e in segs],
+                            [Checkpoint(e) for _, e in segs],  # none at 0: no resume point
                             {p: d for p, d in c.media.items() if p < tokens},
                             [s for s, _ in segs] or [0])  # fmt: skip
         return Snapshot(conv, kv, states, kept=True)
