@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -478,6 +479,9 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     ``--prometheus`` are for machines: one document, printed once, no screen codes."""
     from .monitor import prometheus_text, read_monitor
 
+    if not (math.isfinite(args.interval) and args.interval > 0):  # sleep(-1) raises, 0 spins
+        raise ConfigError(f"--interval {args.interval:g} must be a positive number of "
+                          "seconds (e.g. --interval 1, the default)")  # fmt: skip
     once = args.once or args.json or args.prometheus
     while True:
         doc = read_monitor(args.dir) if args.dir else read_monitor(levels=_config_dirs(args))
@@ -676,7 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = mon.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true")
-    mon.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    mon.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between refreshes, more than 0 (default 1)")  # fmt: skip
     mon.set_defaults(func=cmd_monitor)
     ini = sub.add_parser("init", help="measure this machine, ask a few questions, write a config")
     ini.add_argument("--yes", action="store_true", help="ask nothing: write the defaults")
