@@ -22,7 +22,8 @@ off"; each level is switched off by its own budget). A mapping or TOML file that
 the pair and omits the other is a :class:`ConfigError` (a half-configured level, not a level
 switched off); an explicit empty directory or ``0`` budget beside the other is allowed, and the
 Store warns at start-up that the level is off. Checks that need the filesystem (``warm_dir`` and
-``cold_dir`` naming one directory) run when the Store opens its levels.
+``cold_dir`` naming one directory; a level directory whose parent does not exist, unless
+``create_dirs``) run when the Store opens its levels.
 """
 
 from __future__ import annotations
@@ -217,6 +218,10 @@ class StoreConfig:
     #: permission bits of every file the store creates (spec F-DIR-9): private by default;
     #: 0o640 for a store a group shares. Directories get an x bit per r bit (0o700, 0o750).
     file_mode: int = 0o600
+    #: a level directory whose parent does not exist is made, parents and all; off, only the
+    #: level directory itself is: a config naming ``/nvme/strata`` with no disk mounted at
+    #: ``/nvme`` is a ConfigError at open, not a directory on the root filesystem
+    create_dirs: bool = False
     #: the disk levels in order (empty: warm then cold, from the flat settings); see the module
     #: docstring. Given as a list or tuple of LevelSpec or of mappings; held as a tuple.
     levels: tuple[LevelSpec, ...] = ()
@@ -260,8 +265,9 @@ class StoreConfig:
                     )
             elif not isinstance(value, str):
                 what = _TEXT.get(f.name, "a directory" if f.name.endswith("dir") else "a path")
-                # a password, or a URL that may carry one, is never shown
-                shown = "<hidden>" if f.name in ("remote_password", "remote_url") else repr(value)
+                # a credential, or a URL that may carry one, is never shown
+                secret = f.name in ("remote_password", "remote_username", "remote_url")
+                shown = "<hidden>" if secret else repr(value)
                 raise ConfigError(f"setting {f.name}={shown} must be a string ({what})")
         for name in ("slots", "checkpoints", "restore_chunk_mib", "remote_part_mib",
                      "remote_timeout_ms"):  # fmt: skip

@@ -19,6 +19,7 @@ read or delete each other's segments.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -95,7 +96,7 @@ class RemoteSettings:
                 f"setting remote_url={_redact(self.url)!r} has a query, a fragment or an @ "
                 "after the host, which this setting does not take; give credentials in "
                 "remote_username and remote_password (or as user:password@ before the host, "
-                "percent-encoded: @ as %40, / as %2F) and the database as /N"
+                "percent-encoded: @ as %40, / as %2F, ? as %3F, # as %23) and the database as /N"
             )
         userinfo, _, hostpart = authority.rpartition("@")
         dbpart = tail[1:]
@@ -107,7 +108,8 @@ class RemoteSettings:
             except ValueError:
                 host, port = None, 0
             if not host:
-                raise ConfigError(f"setting remote_url={_redact(self.url)!r}: {seed!r} is not "
+                what = repr(seed) if _SHOWN_HOSTS.fullmatch(seed) else "a server"
+                raise ConfigError(f"setting remote_url={_redact(self.url)!r}: {what} is not "
                                   "host:port")  # fmt: skip
             nodes.append((host, port))
         if not cluster and len(nodes) != 1:
@@ -205,16 +207,23 @@ def _split_authority(rest: str) -> tuple[str, str]:
     return rest[:cut], rest[cut:]
 
 
+_SHOWN_SCHEME = re.compile(r"[a-z][a-z0-9+]{0,19}")
+_SHOWN_HOSTS = re.compile(r"[A-Za-z0-9.\-_:,\[\]]{1,512}(/[0-9]{0,9})?")
+
+
 def _redact(url: str) -> str:
-    """``url`` as a message about it may show it: without its ``user:password@`` and anything
-    after its path (a query or a fragment may carry a password); where an ``@`` leaves it
-    unclear what is the host (an unencoded ``/``, ``?`` or ``#`` in a password), only its
-    scheme."""
+    """``url`` as a message about it may show it: its scheme and its hosts (with ``/db``) only,
+    and only where they are plainly that. The hosts are shown where the URL read by RFC 3986
+    (the authority ends at the first ``/``, ``?`` or ``#``; userinfo is what precedes its
+    last ``@``) and read leniently (everything up to the URL's last ``@`` is userinfo) name
+    the same hosts, with nothing but ``/db`` after them; else (a ``#``, ``?`` or ``/`` in a
+    password, a query, a fragment) the scheme alone, and for a text that is not
+    ``scheme://...`` nothing of it."""
     scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "<not a URL>" if any(c in url for c in "@?#") else url
+    if not sep or not _SHOWN_SCHEME.fullmatch(scheme):
+        return "(not shown: not a URL)"
     authority, tail = _split_authority(rest)
-    path = tail.split("?", 1)[0].split("#", 1)[0]
-    if "@" in path:
+    hosts = authority.rpartition("@")[2] + tail
+    if hosts != rest.rpartition("@")[2] or not _SHOWN_HOSTS.fullmatch(hosts):
         return f"{scheme}://(not shown)"
-    return f"{scheme}://{authority.rpartition('@')[2]}{path}" + ("?..." if path != tail else "")
+    return f"{scheme}://{hosts}"
