@@ -419,13 +419,19 @@ def _fsck_remote(args: argparse.Namespace) -> int:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
+    """Check the levels against the spec's MUST clauses; the verdict cites the spec and the
+    finding ids by their paths in the installed package (the conformance kit it ships)."""
     from .testing.conformance import check_conformance
+    from .testing.vectors import kit_path
 
     levels = _store_levels(args)
     report = check_conformance(levels.checked, levels=levels)
+    spec, ids = kit_path("SPEC.md"), kit_path("FSCK.md")
     if args.json:
         print(json.dumps({
             **_levels_doc(levels),
+            "spec": spec,
+            "finding_ids": ids,
             "conforms": report.conforms,
             "violations": {c: [f.as_dict() for f in fs] for c, fs in report.violations.items()},
             "allowed": [f.as_dict() for f in report.allowed],
@@ -437,8 +443,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 print(f"VIOLATES {clause}: {f.id}: {f.object}: {f.detail}")
         for f in report.allowed:
             print(f"allowed: {f.id}: {f.object}: {f.detail}")
-        print("conforms to format-spec/SPEC.md" if report.conforms else
-              f"{len(report.violations)} MUST clauses violated")  # fmt: skip
+        print(f"conforms to {spec}" if report.conforms else
+              f"{len(report.violations)} MUST clauses violated (clauses: {spec}; "
+              f"finding ids: {ids})")  # fmt: skip
     return 0 if report.conforms else 1
 
 

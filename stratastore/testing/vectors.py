@@ -10,12 +10,17 @@ opened and read. Manifest vectors are decoded, then their keys checked (spec F-C
 A vector found wrong is never edited (spec F-COMPAT-5): a later folder lists it under
 ``supersedes`` with the outcome a conforming reader gives; :func:`load_vectors` applies those
 records, so ``entry["expect"]`` is always the answer to compare with.
+
+The vectors ship inside the package with the spec they test (:func:`kit_path`: ``SPEC.md``,
+``FSCK.md`` and ``vectors/``, one folder per format version), so an installed stratastore checks
+itself, or another implementation, without a checkout of the repository.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -38,7 +43,19 @@ from ..format.manifest import decode_manifest, verify_manifest_keys
 from ..format.remote_record import RemoteNames, decode_commit_record
 from ..store import SegmentStore
 
-__all__ = ["REFUSALS", "load_manifest", "load_vectors", "refusal_class", "vector_outcome"]
+__all__ = ["REFUSALS", "kit_path", "load_manifest", "load_vectors", "refusal_class",
+           "vector_outcome"]  # fmt: skip
+
+#: the conformance kit's folder in the installed package (package data; format-spec/ at the
+#: repository root is a link to it)
+_KIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "format_spec")
+
+
+def kit_path(*parts: str) -> str:
+    """The absolute path of ``parts`` inside the conformance kit shipped with this package:
+    ``kit_path("SPEC.md")``, ``kit_path("FSCK.md")``, ``kit_path("vectors", "v1")``;
+    ``kit_path()`` is the kit's folder. Existence is not checked."""
+    return os.path.join(_KIT, *parts)
 
 
 def load_manifest(vector_dir: str) -> dict[str, Any]:
@@ -47,14 +64,23 @@ def load_manifest(vector_dir: str) -> dict[str, Any]:
     return doc
 
 
-def load_vectors(vectors_root: str, versions: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+def load_vectors(
+    vectors_root: str | os.PathLike[str] | None = None, versions: Iterable[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
     """``(version, entry)`` for every vector of the folders ``versions`` under ``vectors_root``,
     with every ``supersedes`` record of any of those folders applied (spec F-COMPAT-5): a
     superseded entry's ``expect`` becomes the superseding record's, and the entry gains
     ``superseded_by`` (``"<folder>/<file>"`` of its replacement, or the folder) and
-    ``violates`` (the clauses the committed vector breaks)."""
-    versions = list(versions)
-    docs = {v: load_manifest(os.path.join(vectors_root, v)) for v in versions}
+    ``violates`` (the clauses the committed vector breaks).
+
+    Both arguments are optional: ``vectors_root`` defaults to the vectors shipped in the package
+    (``kit_path("vectors")``), ``versions`` to every folder under ``vectors_root`` that holds a
+    ``MANIFEST.json``, in version order (``v1``, ``v1.1``, ``v1.1-errata1``, ``v1.2``, ...).
+    Given explicitly, they behave as before: exactly those folders, in the order given; a
+    folder without a manifest raises :class:`FileNotFoundError`."""
+    root = kit_path("vectors") if vectors_root is None else os.fspath(vectors_root)
+    versions = _version_folders(root) if versions is None else list(versions)
+    docs = {v: load_manifest(os.path.join(root, v)) for v in versions}
     fixes: dict[str, tuple[str, dict[str, Any]]] = {}
     for v, doc in docs.items():
         for rec in doc.get("supersedes", []):
@@ -70,6 +96,17 @@ def load_vectors(vectors_root: str, versions: Iterable[str]) -> list[tuple[str, 
                          else by}  # fmt: skip
             out.append((v, entry))
     return out
+
+
+def _version_folders(root: str) -> list[str]:
+    """The folders under ``root`` holding a ``MANIFEST.json``, numbers compared as numbers."""
+
+    def order(name: str) -> list[tuple[int, str]]:
+        return [(int(t), "") if t.isdigit() else (-1, t) for t in re.split(r"(\d+)", name)]
+
+    found = [e.name for e in os.scandir(root)
+             if e.is_dir() and os.path.isfile(os.path.join(e.path, "MANIFEST.json"))]  # fmt: skip
+    return sorted(found, key=order)
 
 
 def _read(vector_dir: str, name: str) -> bytes:
