@@ -312,13 +312,19 @@ class Store:
                media: Mapping[int, bytes] | None = None) -> tuple[str, int] | None:  # fmt: skip
         """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``;
         ``source`` is ``"ram"``, ``"pending"`` (a park whose disk write is in flight),
-        ``"disk"`` or ``"remote"`` (the shared remote level, issue 17).
+        ``"disk"`` or ``"remote"`` (the shared remote level, asked only when the local levels
+        do not hold the whole prompt).
         ``media`` maps the token position of each picture in ``prompt`` to its 32-byte digest
         (as in :class:`~stratastore.chain.Conversation`; spec F-KEY-7): a prefix matches only
         with the same pictures at the same positions."""
         self._check_open("lookup")
         tokens = as_tokens(prompt, "lookup: prompt")
         pictures = as_media(media, len(tokens), "lookup: media")
+        with self._lock:
+            self._check_open("lookup")
+            hit, ask = self._tiers.lookup_here(tokens, pictures)
+            if not ask:  # held whole here, or no remote level: never waits on one
+                return (hit[0], hit[1].length) if hit else None
         with self._in_flight("lookup"):  # the remote level's walk (network), without the lock
             found = self._tiers.find_remote(tokens, pictures)
         with self._lock:

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import StrataError
+from ..errors import ConfigError, StrataError
 from ..format import (
     Codec,
     FormatError,
@@ -260,6 +260,7 @@ class RedisBackend:
             ("errors", "timeouts", "missing_parts", "raced_puts", "stale_index"), 0
         )  # fmt: skip
         self._closed = False
+        self._until = threading.local()  #: this thread's :meth:`deadline`, if any
 
     @classmethod
     def open(cls, settings: RemoteSettings, fingerprint: ModelFingerprint,
@@ -311,16 +312,90 @@ class RedisBackend:
         with self._lock:
             self.counters[name] = self.counters.get(name, 0) + n
 
-    def _call(self, op: str, key: bytes | str, fn: Callable[[], T]) -> T:
-        """Run one Redis call; its failures as :class:`RemoteError` (counted)."""
+    @contextlib.contextmanager
+    def deadline(self, seconds: float) -> Iterator[None]:
+        """Every call this thread makes inside the block ends by ``seconds`` from now, all of
+        them together (the chain walk of one lookup: one deadline for its round trips)."""
+        outer = getattr(self._until, "t", None)
+        self._until.t = min(time.monotonic() + seconds, outer if outer is not None else 1e300)
+        try:
+            yield
+        finally:
+            self._until.t = outer
+
+    def _left(self, op: str, where: str) -> float:
+        """Seconds this call may take: the settings' timeout, or what is left of this
+        thread's :meth:`deadline` when less (none left: :class:`RemoteError`, timed out)."""
+        left = self.settings.timeout_s
+        until = getattr(self._until, "t", None)
+        if until is not None:
+            left = min(left, until - time.monotonic())
+        if left <= 0:
+            raise RemoteError(op, where, "timed out", errno.ETIMEDOUT)
+        return left
+
+    def _bounded(self, op: str, where: str, fn: Callable[[], T],
+                 late: Callable[[T], object] | None = None) -> T:  # fmt: skip
+        """``fn()`` run on a thread of its own while the caller waits at most :meth:`_left`:
+        one deadline for the whole call, whatever the client does underneath (its retry, a
+        cluster's redirects and slot-map refreshes). A call past it is left to end by its own
+        socket timeouts, its result handed to ``late`` (a connection back to its pool) or
+        dropped; the caller gets :class:`RemoteError` (timed out) now. ``fn`` must write no
+        memory the caller keeps: what it returns is the caller's only once it is handed over."""
+        left = self._left(op, where)
+        gate = threading.Lock()
+        done = threading.Event()
+        box: list[tuple[bool, Any]] = []
+        left_behind = False
+
+        def run() -> None:
+            try:
+                got: tuple[bool, Any] = (True, fn())
+            except BaseException as e:  # handed to the caller (or dropped, if it left)
+                got = (False, e)
+            with gate:
+                if not left_behind:
+                    box.append(got)
+                    done.set()
+                    return
+            if got[0] and late is not None:
+                late(got[1])
+
+        threading.Thread(target=run, name="strata-remote-call", daemon=True).start()
+        if not done.wait(left):
+            with gate:
+                if not box:
+                    left_behind = True
+            if left_behind:
+                raise RemoteError(op, where, "timed out", errno.ETIMEDOUT)
+        ok, got = box[0]
+        if not ok:
+            raise got
+        return got  # type: ignore[no-any-return]
+
+    def _call(self, op: str, key: bytes | str, fn: Callable[[], T], *,
+              late: Callable[[T], object] | None = None, inline: bool = False) -> T:  # fmt: skip
+        """Run one Redis call within one deadline (:meth:`_bounded`; ``inline``: on this
+        thread, ``fn`` bounding itself by :meth:`_left`, for a call that writes the caller's
+        memory); its failures as :class:`RemoteError` (counted). Without the ``redis``
+        extra, a :class:`~stratastore.errors.ConfigError` naming it."""
         import ssl
 
-        import redis.exceptions as rx
+        try:
+            import redis.exceptions as rx
+        except ImportError:
+            raise ConfigError("the remote level needs the redis extra: pip install "
+                              "'stratastore[redis]'") from None  # fmt: skip
 
         what = key.hex()[:16] if isinstance(key, bytes) else key
         where = f"{self.path} {what}".rstrip()
         try:
-            return fn()
+            return fn() if inline else self._bounded(op, where, fn, late)
+        except RemoteError as e:
+            self._count("errors")
+            if e.errno == errno.ETIMEDOUT:
+                self._count("timeouts")
+            raise
         except rx.TimeoutError:
             self._count("timeouts")
             self._count("errors")
@@ -344,10 +419,12 @@ class RedisBackend:
             self._count("errors")
             why = type(e).__name__ if "@" in str(e) else f"{type(e).__name__}: {e}"
             err = errno.ECONNRESET if isinstance(e, rx.ConnectionError) else errno.EIO
+            cause = e.__context__ if isinstance(e, rx.ConnectionError) else None
+            if isinstance(cause, OSError) and cause.errno:  # refused, unreachable, reset
+                err = cause.errno
             # a TLS setting is the user's to fix (EACCES, as a refused password: the level's
             # open says so at once), not a server that is down: the server's certificate not
             # trusted, or the client's TLS files missing or not matching
-            cause = e.__context__ if isinstance(e, rx.ConnectionError) else None
             if isinstance(cause, ssl.SSLCertVerificationError):
                 err = errno.EACCES
                 why = (f"TLS: the server's certificate was refused ({cause.verify_message}); "
@@ -402,8 +479,17 @@ class RedisBackend:
         pool = self._pool_of(cmds[0][1])
         if pool is None:
             return False
-        return self._call("read", key, partial(_pipelined_into, pool, cmds, into,
-                                               self.settings.timeout_s))  # fmt: skip
+        # the connection within one deadline (a connect may retry); the replies received into
+        # ``into`` on this thread, each receive bounded by what is left of it, so nothing
+        # writes the caller's memory once this call has returned
+        conn = self._call("read", key, partial(_connection, pool),
+                          late=lambda c: c is not None and pool.release(c))  # fmt: skip
+        if conn is None:
+            return False
+        where = f"{self.path} {key.hex()[:16]}"
+        deadline = time.monotonic() + self._left("read", where)
+        return self._call("read", key, partial(_pipelined_into, pool, conn, cmds, into, deadline),
+                          inline=True)  # fmt: skip
 
     def _pool_of(self, name: str) -> Any:
         """The connection pool of the server holding key ``name`` (a cluster: the primary of
@@ -883,35 +969,44 @@ def _index_record(raw: bytes | None) -> IndexRecord | None:
         return None
 
 
-def _pipelined_into(pool: Any, cmds: list[tuple[str, str, int, int]],
-                    into: list[memoryview], timeout: float) -> bool:  # fmt: skip
-    """:meth:`RedisBackend._read_direct` on one connection of ``pool``: sent, received into
-    ``into``; False at the first reply that is not the bulk string expected, or a connection
-    the pool handed out dropped (the caller's retry through the client reconnects). Any
-    connection not left exactly between replies is dropped before it goes back to the pool.
-    ``timeout`` bounds the whole call (the replies of a server that trickles included)."""
+def _connection(pool: Any) -> Any:
+    """A connection of ``pool``, connected; None where it cannot be had but the client's own
+    path may still work (refused now: its retry says so)."""
     import redis.exceptions as rx
 
     try:
-        conn = pool.get_connection()
+        return pool.get_connection()
     except (rx.TimeoutError, rx.AuthenticationError):
         raise
-    except (OSError, rx.ConnectionError):  # refused: the client's own path retries, says so
-        return False
+    except (OSError, rx.ConnectionError):
+        return None
+
+
+def _pipelined_into(pool: Any, conn: Any, cmds: list[tuple[str, str, int, int]],
+                    into: list[memoryview], deadline: float) -> bool:  # fmt: skip
+    """:meth:`RedisBackend._read_direct` on ``conn``, a connection of ``pool``: sent, received
+    into ``into``; False at the first reply that is not the bulk string expected, or a
+    connection the pool handed out dropped (the caller's retry through the client reconnects).
+    Any connection not left exactly between replies is dropped before it goes back to the
+    pool. The monotonic ``deadline`` bounds the whole call (the send, and the replies of a
+    server that trickles)."""
+    import redis.exceptions as rx
+
     clean = False
     try:
         sock = getattr(conn, "_sock", None)
         if not isinstance(sock, socket.socket):  # a caching or proxy connection: not ours
             clean = True
             return False
-        conn.send_packed_command(conn.pack_commands(cmds))
         before = sock.gettimeout()  # the client's own, per operation: put back after
         try:
-            clean = _recv_bulks(sock, into, time.monotonic() + timeout)
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            conn.send_packed_command(conn.pack_commands(cmds))
+            clean = _recv_bulks(sock, into, deadline)
         finally:
             sock.settimeout(before)
         return clean
-    except TimeoutError:  # socket.timeout: the settings' timeout, per receive
+    except TimeoutError:  # socket.timeout: the deadline passed
         raise rx.TimeoutError("Timeout reading from socket") from None
     except (rx.TimeoutError, rx.AuthenticationError):
         raise

@@ -202,11 +202,13 @@ class RemoteLevel:
     def lookup(self, prompt: npt.NDArray[np.integer], media: Mapping[int, bytes] | None
                ) -> RemoteHit | None:  # fmt: skip
         """The deepest whole-segment prefix of ``prompt`` the remote level holds (see the
-        module), or None; a remote failure is a miss (counted)."""
+        module), or None; a remote failure is a miss (counted). Its round trips take one
+        deadline (``remote_timeout_ms``) together, whatever the server does."""
         if not self._usable():
             return None
         try:
-            hit = self._walk(prompt, sorted((media or {}).items()))
+            with self.store.deadline(self.settings.timeout_s):  # the whole walk: one deadline
+                hit = self._walk(prompt, sorted((media or {}).items()))
         except RemoteError as e:
             self._failed(e, "lookup")
             return None

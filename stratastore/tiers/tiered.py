@@ -390,6 +390,18 @@ class Tiers:
             return None
         return self.remote.lookup(np.asarray(prompt), media)
 
+    def lookup_here(self, prompt: npt.NDArray[np.integer] | list[int],
+                    media: Mapping[int, bytes] | None = None, max_tokens: int | None = None
+                    ) -> tuple[tuple[str, Match] | None, bool]:  # fmt: skip
+        """The local levels' deepest resume point for ``prompt`` (as :meth:`lookup`, capped at
+        ``max_tokens``), and whether the remote level is worth asking: there is one, and the
+        local levels hold less of the prompt than the caller can use (all of it, or
+        ``max_tokens`` of it). A local hit never waits on the remote level, however it is
+        (healthy, slow, paused or gone). Under the Store's lock."""
+        need = len(prompt) if max_tokens is None else min(len(prompt), max_tokens)
+        here = self._lookup_local(prompt if max_tokens is None else prompt[:max_tokens], media)
+        return here, self.remote is not None and (here is None or here[1].length < need)
+
     def lookup(self, prompt: npt.NDArray[np.integer] | list[int],
                media: Mapping[int, bytes] | None = None,
                remote: RemoteHit | None = None) -> tuple[str, Match] | None:  # fmt: skip
@@ -452,12 +464,17 @@ class Tiers:
         never over the copy of an in-flight capture, the disk reads or the hashing, so restores
         on several threads run in parallel (issue 14). What the disk writer moves or removes
         meanwhile is met as another process's move or removal would be (issue 12). The remote
-        level (issue 17) is walked first, without ``lock`` (``use_remote=False``: not at all);
-        a restore from it that delivers less than the local levels hold (a part evicted, the
-        server gone mid-read) is done again from the local levels (``fallback=False``: not),
-        and the deeper of the two is returned (:meth:`_redo_locally`)."""
+        level is walked, without ``lock``, only for the requests the local levels do not hold
+        whole (:meth:`lookup_here`; ``use_remote=False``: not at all); a restore from it that
+        delivers less than the local levels hold (a part evicted, the server gone mid-read) is
+        done again from the local levels (``fallback=False``: not), and the deeper of the two
+        is returned (:meth:`_redo_locally`)."""
+        with lock:
+            ask = [use_remote and self.lookup_here(prompt, media[i] if i < len(media) else None,
+                                                   _cap(max_tokens, i))[1]
+                   for i, (prompt, _) in enumerate(requests)]  # fmt: skip
         walked = [self.find_remote(prompt if (c := _cap(max_tokens, i)) is None else prompt[:c],
-                                   media[i] if i < len(media) else None) if use_remote else None
+                                   media[i] if i < len(media) else None) if ask[i] else None
                   for i, (prompt, _) in enumerate(requests)]  # fmt: skip
         local: dict[int, int] = {}  #: a remote job -> the tokens the local levels hold
         with lock:

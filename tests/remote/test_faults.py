@@ -157,12 +157,12 @@ def test_killed_between_the_parts_and_the_commit(redis_bin: tuple[str, str],
             backend = a._tiers.remote.store  # type: ignore[union-attr]
             real, commits = backend._call, []
 
-            def call(op: str, key: Any, fn: Callable[[], Any]) -> Any:
+            def call(op: str, key: Any, fn: Callable[[], Any], **kw: Any) -> Any:
                 if op == "commit":
                     commits.append(key)
                     if len(commits) == 2:
                         server.kill()
-                return real(op, key, fn)
+                return real(op, key, fn, **kw)
 
             backend._call = call  # type: ignore[method-assign]
             park(a, conv, kv)  # acknowledged: the disk level holds it
@@ -176,7 +176,8 @@ def test_killed_between_the_parts_and_the_commit(redis_bin: tuple[str, str],
             calls = s["remote_skipped"] + s["remote_errors"]
             local_roundtrip(a, "local", 5000)  # with the server down: skipped (or failed)
             s = remote_stats(a)["levels"]["remote"]
-            assert s["remote_skipped"] + s["remote_errors"] >= calls + 2  # its park, its restore
+            # its park (its restore is a local hit: it never asks the remote level)
+            assert s["remote_skipped"] + s["remote_errors"] >= calls + 1
         finally:
             run_with_timeout(a.close, BOUND)
 
@@ -386,7 +387,7 @@ def test_a_connection_dropped_mid_read(redis_session_server: RedisServer,
         calls = rs["remote_skipped"] + rs["remote_errors"]
         local_roundtrip(b, "local", 9000)
         rs = remote_stats(b)["levels"]["remote"]
-        assert rs["remote_skipped"] + rs["remote_errors"] >= calls + 2
+        assert rs["remote_skipped"] + rs["remote_errors"] >= calls + 1  # its park
     finally:
         run_with_timeout(b.close, BOUND)
         proxy.close()
@@ -653,9 +654,9 @@ def test_a_server_that_never_answers(silent: Silent, tmp_path: Path) -> None:
         park(store, conv, kv)  # the level is skipped: the park stands locally
         assert remote_stats(store)["levels"]["remote"]["remote_skipped"] == 1
         r = restore(store, conv.tokens, kv, {120})
-        assert r.source == "disk"
+        assert r.source == "disk"  # a local hit: the remote level is not asked (nor skipped)
         s = remote_stats(store)["levels"]["remote"]
-        assert s["remote_skipped"] == 2 and s["remote_errors"] == 1
+        assert s["remote_skipped"] == 1 and s["remote_errors"] == 1
 
         level._down_until = 0.0  # the pause is over: the next calls try again, and time out
         conv2, kv2 = conversation("d", 3000, [16, 32])
@@ -663,10 +664,12 @@ def test_a_server_that_never_answers(silent: Silent, tmp_path: Path) -> None:
         s = remote_stats(store)["levels"]["remote"]
         assert s["remote_put_errors"] == 1 and s["remote_errors"] == 2
         level._down_until = 0.0
-        r = restore(store, conv2.tokens, kv2, {32})
+        longer = np.arange(3000, 3040)  # held in part here: the remote level is asked
+        r = restore(store, longer, np.concatenate([kv2, np.zeros(8 * FP.token_bytes, np.uint8)]),
+                    {32})  # fmt: skip
         assert r.source == "disk"
         s = remote_stats(store)["levels"]["remote"]
         assert s["remote_errors"] == 3 and s["backend_timeouts"] >= 3
-        assert s["remote_hits"] == 0 and s["remote_puts"] == 0 and s["remote_skipped"] == 2
+        assert s["remote_hits"] == 0 and s["remote_puts"] == 0 and s["remote_skipped"] == 1
     finally:
         run_with_timeout(store.close, BOUND)

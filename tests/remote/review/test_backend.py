@@ -50,11 +50,11 @@ def test_fsck_repair_beside_a_writer_never_deletes_a_committed_segment(
     at_commit, go = threading.Event(), threading.Event()
     real_w, real_c = writer._call, checker._call
 
-    def w_call(op: str, key: Any, fn: Callable[[], Any]) -> Any:
+    def w_call(op: str, key: Any, fn: Callable[[], Any], **kw: Any) -> Any:
         if op == "commit":
             at_commit.set()
             assert go.wait(BOUND)
-        return real_w(op, key, fn)
+        return real_w(op, key, fn, **kw)
 
     writer._call = w_call  # type: ignore[method-assign]
     kv = kv_bytes(FP, 256)
@@ -67,12 +67,12 @@ def test_fsck_repair_beside_a_writer_never_deletes_a_committed_segment(
     )
     released: list[str] = []
 
-    def c_call(op: str, key: Any, fn: Callable[[], Any]) -> Any:
+    def c_call(op: str, key: Any, fn: Callable[[], Any], **kw: Any) -> Any:
         if op == "fsck" and isinstance(key, str) and "/p/" in key and not released:
             released.append(key)  # fsck's first look at a part's TTL: the commit lands now
             go.set()
             t.join(BOUND)
-        return real_c(op, key, fn)
+        return real_c(op, key, fn, **kw)
 
     checker._call = c_call  # type: ignore[method-assign]
     try:

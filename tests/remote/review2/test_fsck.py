@@ -47,11 +47,11 @@ def test_fsck_repair_never_deletes_a_segment_whose_record_read_timed_out(
         real = b._call
         faults: list[bytes] = []
 
-        def call(op: str, key: Any, fn: Callable[[], Any]) -> Any:
+        def call(op: str, key: Any, fn: Callable[[], Any], **kw: Any) -> Any:
             if op == "read" and key == put.key and not faults:
                 faults.append(key)
                 raise RemoteError("read", b.path, "timed out", errno.ETIMEDOUT)
-            return real(op, key, fn)
+            return real(op, key, fn, **kw)
 
         b._call = call  # type: ignore[method-assign]
         with contextlib.suppress(StrataError):  # an aborted fsck is fine; a deletion is not
@@ -82,12 +82,12 @@ def test_fsck_repair_never_unlists_a_segment_committed_while_it_ran(
         seen: list[int] = []
         put: list[Any] = []
 
-        def call(op: str, key: Any, fn: Callable[[], Any]) -> Any:
+        def call(op: str, key: Any, fn: Callable[[], Any], **kw: Any) -> Any:
             if op == "fsck" and key == "":
                 seen.append(1)
                 if len(seen) == 2:  # after the scan, before the listing is read
                     put.append(writer.put_kv(FP.digest(), np.arange(16), kv, token_start=0))
-            return real(op, key, fn)
+            return real(op, key, fn, **kw)
 
         checker._call = call  # type: ignore[method-assign]
         run_with_timeout(lambda: checker.fsck(repair=True), BOUND)
