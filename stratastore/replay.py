@@ -75,6 +75,7 @@ from .chain import Checkpoint, Conversation, Policy, as_tokens
 from .errors import ConfigError
 from .facade import Store
 from .format import ModelFingerprint
+from .io import files
 from .sim import AgentEdit, ParkTruncate, run_agent_edit, run_park_truncate
 from .tiers.records import Restored
 
@@ -409,6 +410,7 @@ def run_replay(work_dir: str | None = None) -> Replay:
     if work_dir is None:
         with tempfile.TemporaryDirectory(prefix="strata-replay-") as d:
             return run_replay(d)
+    files.makedirs(work_dir)  # the --dir named: its levels are made in it
     policies: tuple[Policy, ...] = ("spread", "lru")
     for p in policies:
         d = os.path.join(work_dir, f"seed-004-{p}")

@@ -188,7 +188,11 @@ class LowRam:
 
 
 def run_low_ram(cfg: LowRam, work_dir: str) -> dict[str, Any]:
-    """Run the same workload and free-RAM trace under the old rule and the new one."""
+    """Run the same workload and free-RAM trace under the old rule and the new one, with the
+    disk levels in ``work_dir`` (made when it does not exist)."""
+    from .io import files
+
+    files.makedirs(work_dir)
     return {"scenario": "low-ram", "scale": cfg.scale,
             "old": _low_ram_once(cfg, f"{work_dir}/old", legacy=True),
             "new": _low_ram_once(cfg, f"{work_dir}/new", legacy=False)}  # fmt: skip

@@ -56,6 +56,7 @@ __all__ = [
     "link",
     "listdir",
     "makedirs",
+    "missing_parent",
     "open_read",
     "open_write",
     "fd_size",
@@ -224,6 +225,14 @@ def makedirs(path: str, *, mode: int = DEFAULT_FILE_MODE) -> None:
             raise NotADirectoryError(_errno.ENOTDIR, os.strerror(_errno.ENOTDIR), path)
 
     _do("mkdir", path, run)
+
+
+def missing_parent(path: str) -> str | None:
+    """The parent directory of ``path`` when neither exists (what :func:`makedirs` would make
+    besides ``path`` itself), else None: a look-up only, nothing is made."""
+    p = os.path.abspath(path)
+    parent = os.path.dirname(p)
+    return parent if not os.path.exists(p) and not os.path.exists(parent) else None
 
 
 def rmdir(path: str) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ..catalog import Catalog
 from ..catalog.gc import Collector
 from ..catalog.recovery import finish_ticket, recover
-from ..config import StoreConfig, level_byte
+from ..config import LevelSpec, StoreConfig, level_byte
 from ..errors import ConfigError
 from ..format import ModelFingerprint
 from ..io import files
@@ -26,7 +26,7 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
     """Start-up checks (issue 11 items 8, 9). A level is on only with a directory *and* a
     budget (seed 000: "empty / 0 = off"); one without the other is said loudly here, never
     silently absent. Two levels on one directory are refused: the first move down would lock
-    itself."""
+    itself. A level directory whose parent does not exist is refused unless ``create_dirs``."""
     given = [(lv.name, lv.dir, lv.mib) for lv in cfg.levels] or [
         ("warm", cfg.warm_dir, cfg.warm_mib),
         ("cold", cfg.cold_dir, cfg.cold_mib),
@@ -46,6 +46,23 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
                 f"({real}); give the {spec.name} level a directory of its own (or turn it off)"
             )
         seen[real] = (spec.name, spec.dir)
+    if not cfg.create_dirs:
+        for spec in cfg.disk_levels():
+            _require_parent(cfg, spec)
+
+
+def _require_parent(cfg: StoreConfig, spec: LevelSpec) -> None:
+    """A level directory is made only under a parent that exists (unless ``create_dirs``): a
+    ``/nvme/strata`` with no disk mounted at ``/nvme`` must not land on the root filesystem."""
+    parent = files.missing_parent(spec.dir)
+    if parent is None:
+        return
+    setting = (f"levels[{cfg.levels.index(spec)}] ({spec.name}) dir" if cfg.levels
+               else f"{spec.name}_dir")  # fmt: skip
+    raise ConfigError(f"{setting}={spec.dir!r}: its parent directory {parent} does not exist "
+                      f"(a disk not mounted, or a typo); mount or create {parent}, correct "
+                      f"the setting, or set create_dirs = true to make the missing "
+                      f"directories")  # fmt: skip
 
 
 def open_levels(cfg: StoreConfig, fp: ModelFingerprint,

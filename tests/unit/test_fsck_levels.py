@@ -186,8 +186,9 @@ def _snapshot(*dirs: Path) -> dict[str, bytes]:
 
 def _warm_cold_store(warm: Path, cold: Path) -> tuple[dict[str, Any], Conversation, Any]:
     """A chain whose manifest is in cold and whose segments are in warm (where parks go)."""
+    # the store root (the levels' parent) is made with its levels
     cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64}  # fmt: skip
+           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64, "create_dirs": True}  # fmt: skip
     conv, kv = _park_chain(cfg)
     assert [p for p in cold.iterdir() if is_chain_name(p.name)]
     assert not list(cold.glob("strata-conv-*")) and list(warm.glob("strata-conv-*.side"))

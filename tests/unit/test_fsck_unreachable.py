@@ -46,8 +46,9 @@ def _kv(tokens: npt.NDArray[np.integer]) -> npt.NDArray[np.uint8]:
 
 def _store(warm: Path, cold: Path) -> dict[str, Any]:
     """Parks a, b and c to disk (segments in warm, manifests in cold); returns the config."""
+    # the store root (the levels' parent) is made with its levels
     cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64}  # fmt: skip
+           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64, "create_dirs": True}  # fmt: skip
     with Store.open(FP, cfg) as store:
         for cid, tokens in TOKENS.items():
             n = len(tokens)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stratastore import SegmentStore
+from stratastore import ConfigError, SegmentStore, Store, StoreConfig
 from stratastore.cli import main
+from stratastore.installer import to_toml
 from tests.conftest import tiny_fp
 
 
@@ -38,3 +39,46 @@ def test_monitor_refuses_an_interval_that_is_not_a_positive_number(
     assert slept == []  # refused before the first refresh
     line = _one_line_error(capsys.readouterr().err)
     assert f"--interval {interval}" in line and "positive" in line
+
+
+def _cold(d: Path, **more: object) -> dict[str, object]:
+    return {"ram_mib": 0, "cold_dir": str(d), "cold_mib": 4, **more}
+
+
+def test_store_open_refuses_a_level_directory_under_a_missing_parent(tmp_path: Path) -> None:
+    d = tmp_path / "nvme" / "strata"  # a disk not mounted at /nvme: no /nvme
+    with pytest.raises(ConfigError) as e:
+        Store.open(tiny_fp(), _cold(d))
+    msg = str(e.value)
+    assert "cold_dir" in msg and str(d) in msg and str(d.parent) in msg
+    assert "create_dirs = true" in msg
+    assert not d.parent.exists()  # nothing was made on the wrong filesystem
+    levels = {"ram_mib": 0, "levels": [{"name": "off", "dir": str(tmp_path / "off"), "mib": 0},
+                                       {"name": "fast", "dir": str(d), "mib": 4}]}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"levels\[1\] \(fast\) dir=.*create_dirs = true"):
+        Store.open(tiny_fp(), levels)
+    assert not d.parent.exists()
+
+
+def test_create_dirs_makes_the_missing_parents(tmp_path: Path) -> None:
+    d = tmp_path / "nvme" / "strata"
+    Store.open(tiny_fp(), _cold(d, create_dirs=True)).close()
+    assert d.is_dir()
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_level_directory_that_exists_or_whose_parent_does_opens(tmp_path: Path,
+                                                                 exists: bool) -> None:  # fmt: skip
+    d = tmp_path / "cold"
+    if exists:
+        d.mkdir()
+    Store.open(tiny_fp(), _cold(d)).close()
+    assert d.is_dir()
+
+
+def test_create_dirs_is_a_setting_off_by_default() -> None:
+    assert StoreConfig().create_dirs is False
+    assert "create_dirs = false" in to_toml(StoreConfig())  # strata init --yes: the default
+    assert StoreConfig.from_toml_bytes(b"create_dirs = true\n").create_dirs is True
+    with pytest.raises(ConfigError, match=r"create_dirs='yes' must be true or false"):
+        StoreConfig.from_mapping({"create_dirs": "yes"})

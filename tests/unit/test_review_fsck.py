@@ -30,8 +30,9 @@ FP = tiny_fp()
 
 def _store(warm: Path, cold: Path) -> tuple[dict[str, Any], Conversation, Any]:
     """One chain: its manifest in cold, its segments in warm (where parks go)."""
+    # the store root (the levels' parent) is made with its levels
     cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64}  # fmt: skip
+           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64, "create_dirs": True}  # fmt: skip
     conv = Conversation("c", as_tokens(np.arange(48)), [Checkpoint(16), Checkpoint(32),
                         Checkpoint(48)], cuts=[0, 16, 32])  # fmt: skip
     kv = kv_bytes(FP, 48)

@@ -24,7 +24,7 @@ def test_parents_made_by_the_store_are_private_under_umask_0(tmp_path: Path) -> 
     old = os.umask(0)
     try:
         cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "cold_dir": str(cold),
-               "cold_mib": 8}  # fmt: skip
+               "cold_mib": 8, "create_dirs": True}  # fmt: skip
         Store.open(FP, cfg, probe=lambda: 1 << 40).close()
     finally:
         os.umask(old)
