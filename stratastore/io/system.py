@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 __all__ = ["mem_available", "mem_total", "populate_write", "process_alive", "process_start",
-           "this_process"]  # fmt: skip
+           "this_process", "volume_bytes"]  # fmt: skip
 
 #: ``madvise`` advice: fault a range in, writable, without changing its contents (Linux 5.14)
 MADV_POPULATE_WRITE = 23
@@ -79,6 +79,16 @@ def populate_write(address: int, length: int) -> bool:
     failure; the caller then touches the pages itself or leaves them to fault on first use."""
     fn = _libc_madvise()
     return fn is not None and fn(address, length, MADV_POPULATE_WRITE) == 0
+
+
+def volume_bytes(path: str) -> int | None:
+    """The size in bytes of the filesystem ``path`` is on (``statvfs``: ``f_blocks`` fragments
+    of ``f_frsize`` bytes, used and free), or ``None`` when it cannot be asked."""
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):  # gone meanwhile; no statvfs on this OS
+        return None
+    return st.f_blocks * st.f_frsize
 
 
 def this_process() -> int:

@@ -14,6 +14,7 @@ from ..config import LevelSpec, StoreConfig, level_byte
 from ..errors import ConfigError
 from ..format import ModelFingerprint
 from ..io import files
+from ..io.system import volume_bytes
 from ..store import SegmentStore
 from .admission import MIB
 from .disk import DiskLevel
@@ -65,6 +66,20 @@ def _require_parent(cfg: StoreConfig, spec: LevelSpec) -> None:
                       f"directories")  # fmt: skip
 
 
+def _warn_over_volume(cfg: StoreConfig, spec: LevelSpec, warn: Callable[[str], None]) -> None:
+    """Say so when a level's budget is more than the whole volume its directory is on: the
+    disk fills (and writes fail) before the level ever frees space for its budget."""
+    size = volume_bytes(spec.dir)
+    if size is None or spec.mib * MIB <= size:
+        return
+    setting = (f"levels[{cfg.levels.index(spec)}] ({spec.name}) mib" if cfg.levels
+               else f"{spec.name}_mib")  # fmt: skip
+    warn(f"the {spec.name} level's budget {setting}={spec.mib} ({spec.mib:,} MiB) is more than "
+         f"the volume {spec.dir} is on holds ({size // MIB:,} MiB): the disk fills before the "
+         f"level frees space; set {setting} to at most {size // MIB} (less what else uses the "
+         f"volume)")  # fmt: skip
+
+
 def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
                 warn: Callable[[str], None]) -> list[DiskLevel]:  # fmt: skip
     """The disk levels, first to last, each linked to the next; all closed again on failure."""
@@ -76,6 +91,7 @@ def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
             spec = specs[i]
             store = SegmentStore.open(spec.dir, fp, level=level_byte(i, len(specs), spec.name),
                                       file_mode=cfg.file_mode)  # fmt: skip
+            _warn_over_volume(cfg, spec, warn)
             try:
                 levels.insert(0, DiskLevel(spec.name, store, spec.mib * MIB,
                                            max_age_s=spec.max_age_s, when_full=cfg.when_full,

@@ -4,6 +4,7 @@ loop or a silent surprise on the filesystem."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,17 @@ def test_create_dirs_is_a_setting_off_by_default() -> None:
     assert StoreConfig.from_toml_bytes(b"create_dirs = true\n").create_dirs is True
     with pytest.raises(ConfigError, match=r"create_dirs='yes' must be true or false"):
         StoreConfig.from_mapping({"create_dirs": "yes"})
+
+
+def test_a_budget_larger_than_the_levels_volume_is_warned(tmp_path: Path) -> None:
+    st = os.statvfs(tmp_path)
+    volume_mib = st.f_blocks * st.f_frsize >> 20
+    said: list[str] = []
+    cfg = {"ram_mib": 0, "warm_dir": str(tmp_path / "warm"), "warm_mib": 4,
+           "cold_dir": str(tmp_path / "cold"), "cold_mib": volume_mib + 1}  # fmt: skip
+    Store.open(tiny_fp(), cfg, warn=said.append).close()
+    (line,) = [m for m in said if "volume" in m]  # the cold level only: warm fits
+    assert "cold_mib" in line and f"{volume_mib + 1:,} MiB" in line and str(tmp_path) in line
+    said.clear()
+    Store.open(tiny_fp(), {**cfg, "cold_mib": 4}, warn=said.append).close()
+    assert not [m for m in said if "volume" in m]
