@@ -387,9 +387,9 @@ def _fsck_remote(args: argparse.Namespace) -> int:
         raise ConfigError("fsck --remote --repair deletes orphan parts and segments missing a "
                           "part in the remote namespace: add --yes to confirm")  # fmt: skip
     settings = RemoteSettings.from_config(cfg)
-    found = fsck_remote(settings, repair=args.repair)
+    found = fsck_remote(settings, repair=args.repair, deep=args.deep)
     bad = 0
-    rows = []
+    rows: list[dict[str, Any]] = []
     for ns in found:
         rep = ns.report
         # clean as checked, or as checked again after the repair (what the repair left)
@@ -401,8 +401,11 @@ def _fsck_remote(args: argparse.Namespace) -> int:
                          "missing_parts": len(rep.missing_parts),
                          "bad_records": len(rep.bad_records),
                          "stale_index": len(rep.stale_index), "unindexed": len(rep.unindexed),
+                         "damaged": len(rep.damaged),
                          "used_recorded": rep.used_recorded, "used_actual": rep.used_actual,
-                         "repaired": rep.repaired})})  # fmt: skip
+                         "repaired": rep.repaired,
+                         "findings": [{"id": "PAGE_HASH_MISMATCH", "segment": k.hex(),
+                                       "page": page} for k, page in rep.damaged]})})  # fmt: skip
     if args.json:
         print(json.dumps({"remote": settings.shown, "name": settings.name, "namespaces": rows,
                           "not_clean": bad}, indent=2))  # fmt: skip
@@ -412,9 +415,12 @@ def _fsck_remote(args: argparse.Namespace) -> int:
         for r in rows:
             what = r["problem"] or ", ".join(f"{k}={r[k]}" for k in (
                 "segments", "orphan_parts", "missing_parts", "bad_records", "stale_index",
-                "unindexed", "used_recorded", "used_actual", "repaired"))  # fmt: skip
-            print(f"{'ok' if r['clean'] else 'NOT CLEAN'}: {r['namespace']} ({r['model']}): "
-                  f"{what}")  # fmt: skip
+                "unindexed", "damaged", "used_recorded", "used_actual", "repaired"))  # fmt: skip
+            model = r["model"] or "no commit record names its model"
+            print(f"{'ok' if r['clean'] else 'NOT CLEAN'}: {r['namespace']} ({model}): {what}")
+            for f in r.get("findings", []):
+                print(f"  {f['id']}: segment {f['segment']} page {f['page']}"
+                      + (" (removed)" if r["repaired"] else ""))  # fmt: skip
     return 1 if bad else 0
 
 

@@ -55,6 +55,7 @@ import numpy.typing as npt
 
 from ..errors import ConfigError, StrataError
 from ..format import (
+    ChecksumMismatch,
     Codec,
     FormatError,
     IncompatibleFingerprint,
@@ -159,6 +160,8 @@ class RemoteReport:
     bad_records: list[bytes] = field(default_factory=list)  #: commit records that do not decode
     stale_index: list[bytes] = field(default_factory=list)  #: listed, not committed
     unindexed: list[bytes] = field(default_factory=list)  #: committed, not listed
+    #: committed and whole, a page failing its digest (spec F-SC-3): (key, first bad page)
+    damaged: list[tuple[bytes, int]] = field(default_factory=list)
     used_recorded: int = 0
     used_actual: int = 0
     repaired: bool = False
@@ -166,7 +169,7 @@ class RemoteReport:
     @property
     def clean(self) -> bool:
         return not (self.orphan_parts or self.missing_parts or self.bad_records
-                    or self.stale_index or self.unindexed
+                    or self.stale_index or self.unindexed or self.damaged
                     or self.used_recorded != self.used_actual)  # fmt: skip
 
 
@@ -246,11 +249,14 @@ class RedisBackend:
     method from any thread, every call bounded by the timeout."""
 
     def __init__(self, settings: RemoteSettings, fingerprint: ModelFingerprint,
-                 level: Level = Level.COLD, *, client: Any = None) -> None:  # fmt: skip
+                 level: Level = Level.COLD, *, client: Any = None,
+                 names: RemoteNames | None = None) -> None:  # fmt: skip
+        """``names``: the keys of another namespace than ``fingerprint``'s (fsck of a namespace
+        whose records name no model of its own: each is then judged another model's)."""
         self.settings = settings
         self.fingerprint = fingerprint
         self.level = level
-        self.names = RemoteNames(check_name(settings.name), fingerprint.digest())
+        self.names = names or RemoteNames(check_name(settings.name), fingerprint.digest())
         self.ns = self.names.ns
         self.path = f"{settings.shown}#{self.ns}"
         self.part_bytes = settings.part_bytes
@@ -745,9 +751,12 @@ class RedisBackend:
         rec_raw = self._call("delete", key, lambda: self._r.hget(self._recs, key.hex()))
         removed = False
         if n:
-            c: _Commit | None = None
+            c: CommitRecord | None = None
             with contextlib.suppress(StrataError):  # damaged: removed by its own first bytes
-                c = self._decode(key, raw) if n <= len(raw) else None
+                c = decode_commit_record(raw) if n <= len(raw) else None
+            if c is not None and c.sidecar.key != key:  # another segment's: its parts are not
+                c = None  # this name's (fsck finds this name's as orphans)
+            # (another model's record, under this name: removed with its parts)
             head = c.head if c is not None else raw[:8]
             removed = self._call("delete", key, lambda: self._r.eval(
                 _DELETE, 1, self._rec_key(key), head)) == 1  # fmt: skip
@@ -825,7 +834,7 @@ class RedisBackend:
                 self._client.close()
 
     # -- checking the namespace -----------------------------------------------------------------
-    def fsck(self, *, repair: bool = False) -> RemoteReport:
+    def fsck(self, *, repair: bool = False, deep: bool = False) -> RemoteReport:
         """Check this namespace and nothing else (every key scanned starts with :attr:`ns`):
         commit records that decode and whose parts are all there, parts of no commit (not
         pending: an in-flight write's parts have a TTL), and the derived listing and ``used``
@@ -835,7 +844,10 @@ class RedisBackend:
         deleted, the listing and ``used`` are rebuilt from the commit records (a listing entry
         that does not decode is stale: dropped, and listed again when its segment is whole).
         Only the names of spec F-REM-1 are judged; a name of any other shape in the namespace
-        is left as it is (never judged, never deleted)."""
+        is left as it is (never judged, never deleted). Every whole segment's pages are hashed
+        against its sidecar (``deep``: every page; else the first and the last), read a
+        bounded chunk at a time; one that fails is ``damaged`` and, with ``repair``, deleted
+        under the commit protocol (F-REM-3). A read that fails judges nothing (raised)."""
         rep = RemoteReport()
         commits: dict[bytes, _Commit] = {}
         parts: dict[tuple[bytes, str], list[str]] = {}  #: (key, nonce) -> names seen
@@ -871,6 +883,8 @@ class RedisBackend:
         for key, c in commits.items():
             if not self._parts_there(key, c):
                 rep.missing_parts.append(key)
+            elif (bad := self._first_bad_page(key, deep)) >= 0:
+                rep.damaged.append((key, bad))
         # the listing as stored: an entry whose field or record does not decode is stale
         listed: dict[bytes, IndexRecord | None] = {}
         fields: dict[bytes, bytes] = {}  #: listed key -> its field (itself when not hex)
@@ -878,7 +892,8 @@ class RedisBackend:
             key = _hex_key(f) or f
             fields[key] = f
             listed[key] = _index_record(v) if key != f else None
-        whole = {k: c for k, c in commits.items() if k not in rep.missing_parts}
+        gone = {*rep.missing_parts, *(k for k, _ in rep.damaged)}
+        whole = {k: c for k, c in commits.items() if k not in gone}
         rep.stale_index = [k for k, r in listed.items() if k not in whole or r is None]
         rep.unindexed = [k for k in whole if listed.get(k) is None]
         try:
@@ -889,6 +904,18 @@ class RedisBackend:
         if repair and not rep.clean:
             self._repair(rep, listed, fields, whole)
         return rep
+
+    def _first_bad_page(self, key: bytes, deep: bool) -> int:
+        """The first page of committed segment ``key`` failing its digest (-1: none; 0 for a
+        compressed payload that does not decode); every page with ``deep``, else the first and
+        the last. A part gone meanwhile is a page that fails (its segment is not whole)."""
+        try:
+            with self.open_reader(key) as seg:
+                return seg.first_bad_page(sample=not deep)
+        except RemoteError:  # the server failed: nothing is judged on a failed read
+            raise
+        except (FormatError, ChecksumMismatch, SegmentNotFound):
+            return 0
 
     def _parts_there(self, key: bytes, c: _Commit) -> bool:
         """Whether every part of ``c`` exists (checked in batches; the first gap ends it)."""
@@ -912,7 +939,7 @@ class RedisBackend:
                 self._call("repair", key, partial(self._r.eval, _DROP_ORPHANS, len(batch) + 1,
                                                   self._rec_key(key), *batch,
                                                   f"SRC1:{nonce}:"))  # fmt: skip
-        for key in rep.missing_parts + rep.bad_records:
+        for key in rep.missing_parts + rep.bad_records + [k for k, _ in rep.damaged]:
             try:
                 self.delete(key)
             except FormatError:  # a value of another type at the record's name: it goes

@@ -68,6 +68,11 @@ DEFAULT_CHUNK = 16 << 20
 _DAMAGE = (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound)
 
 
+def _corrupt(e: BaseException) -> bool:
+    """Whether a read's error says the stored bytes are wrong (not an I/O error, not a gap)."""
+    return isinstance(e, (FormatError, ChecksumMismatch))
+
+
 class RestoreFailed(StrataError):
     """A damaged image with the ladder turned off: nothing was delivered to the caller."""
 
@@ -89,6 +94,9 @@ class Outcome:
     first_bad: int | None = None  #: token of the first damaged page (None: no damage)
     reason: str | None = None
     damaged: list[bytes] = field(default_factory=list)  #: keys for fsck
+    #: of ``damaged``, the keys whose stored bytes are wrong (a page failing its digest, a
+    #: record that does not decode), not a read that failed or a segment gone
+    corrupt: list[bytes] = field(default_factory=list)
     read_s: float = 0.0  #: seconds spent reading and validating (the read passes)
     apply_s: float = 0.0  #: seconds spent copying into the destination (the apply passes)
 
@@ -143,6 +151,7 @@ class Damage:
     at: int
     reason: str
     key: bytes
+    corrupt: bool = False  #: the stored bytes are wrong (not a read that failed, not a gap)
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,7 @@ class Job:
                 yield stop.damage
                 return
             except _DAMAGE as e:  # before any chunk of the piece was handed out
-                yield Damage(piece.start, str(e), piece.key)
+                yield Damage(piece.start, str(e), piece.key, _corrupt(e))
                 return
 
     def _moved(self, piece: Piece, need: int) -> Iterator[Chunk]:
@@ -263,7 +272,9 @@ class Job:
                                 raise
                     except _DAMAGE as e:
                         if p0:  # earlier chunks were handed out: the ladder stops at this one
-                            raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key)) from e
+                            raise _Stop(
+                                Damage(piece.start + p0 * pt, str(e), piece.key, _corrupt(e))
+                            ) from e
                         raise
                     yield from self._checked(piece, p0, p1 - p0,
                                              _first_bad(actual, expected[p0:p1]), data, staging,
@@ -284,7 +295,7 @@ class Job:
         yield Chunk(piece, lo, hi, data, staging, placed, time.perf_counter() - t0, pool)
         if bad >= 0:
             raise _Stop(Damage(hi, f"page {p0 + bad} of segment {piece.key.hex()[:16]} "
-                                   "failed BLAKE3 validation", piece.key))  # fmt: skip
+                                   "failed BLAKE3 validation", piece.key, True))  # fmt: skip
 
     def _device(self, seg: OpenSegment, piece: Piece, pages: int, nbytes: int,
                 expected: npt.NDArray[np.uint8]) -> Iterator[Chunk]:  # fmt: skip
@@ -311,7 +322,9 @@ class Job:
             except BaseException as e:
                 device.give(staging)
                 if p0 and isinstance(e, _DAMAGE):  # earlier chunks were handed out
-                    raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key)) from e
+                    raise _Stop(
+                        Damage(piece.start + p0 * pt, str(e), piece.key, _corrupt(e))
+                    ) from e
                 raise
             finally:
                 if host is not None:
@@ -434,6 +447,8 @@ class Delivery:
         if isinstance(item, Damage):
             out.first_bad, out.reason = item.at, item.reason
             out.damaged.append(item.key)
+            if item.corrupt:
+                out.corrupt.append(item.key)
             return
         out.read_s += item.read_s
         self.held.append(item)

@@ -52,7 +52,7 @@ _BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
 REMOTE_COUNTERS = ("remote_hits", "remote_misses", "remote_puts", "remote_put_errors",
                    "remote_errors", "remote_skipped", "remote_ladder_stops",
                    "remote_kept_local", "remote_kept_local_errors",
-                   "remote_evictions")  # fmt: skip
+                   "remote_evictions", "remote_damaged")  # fmt: skip
 
 
 @dataclass
@@ -274,13 +274,68 @@ class RemoteLevel:
         return {k: sk for k, sk, n in zip(keys, skeys, there, strict=True) if n}
 
     # -- after a restore ------------------------------------------------------------------------
-    def restored(self, dc: DiskConv, o: Outcome) -> None:
-        """A restore from this level finished: a ladder stop there (a bad page, a part
-        evicted, a dropped connection) is said and counted, and is not local damage for fsck."""
-        if o.laddered:
-            self.counters["remote_ladder_stops"] += 1
-            self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {o.tokens:,} of "
-                      f"{o.wanted:,} tokens: {o.reason}")  # fmt: skip
+    def restored(self, dc: DiskConv, o: Outcome, caller: str) -> list[bytes]:
+        """A restore from this level finished (``caller``: what asked, for the messages): a
+        ladder stop there (a bad page, a part evicted, a dropped connection) is counted, and is
+        not local damage for fsck. Returns the segments whose stored bytes looked wrong, for
+        :meth:`settle_damage` after the Store's lock (network calls); a stop for any other
+        reason is said now. No network call."""
+        if not o.laddered:
+            return []
+        self.counters["remote_ladder_stops"] += 1
+        bad = self.suspects(dc, o)
+        if not bad:
+            self.warn(f"{self._restored(o, caller)}: {o.reason}")
+        return bad
+
+    @staticmethod
+    def suspects(dc: DiskConv, o: Outcome) -> list[bytes]:
+        """The segments of ``dc`` (read from this level) whose stored bytes ``o`` found wrong."""
+        held = {k for _, _, k in dc.segments}
+        return [k for k in o.corrupt if k in held]
+
+    def _restored(self, o: Outcome, caller: str) -> str:
+        return (f"{caller} (remote level): restored {o.tokens:,} of {o.wanted:,} tokens from "
+                f"{self.settings.shown}")  # fmt: skip
+
+    def settle_damage(self, keys: list[bytes], o: Outcome, caller: str, said: bool) -> None:
+        """The segments a restore found damaged (:meth:`restored`), each checked again and,
+        damaged, removed (:meth:`drop_damaged`): said once, with what asked, so that no node
+        reads it again; one that reads whole now is said as a ladder stop (unless ``said``
+        already). Without the Store's lock."""
+        for key in keys:
+            if self.drop_damaged(key):
+                self.warn(f"{self._restored(o, caller)}: its segment {key.hex()[:16]} is damaged "
+                          f"there ({o.reason}); it is removed, so no node reads it again (a "
+                          "node holding it locally puts it back with its next park)")  # fmt: skip
+            elif not said:
+                self.warn(f"{self._restored(o, caller)}: {o.reason}")
+
+    def drop_damaged(self, key: bytes) -> bool:
+        """Segment ``key``, which a restore found damaged, read again and checked (every page,
+        bounded reads: a failed read judges nothing) and, when its bytes are wrong, deleted
+        under the commit protocol (spec F-REM-3: only the write read here). Counted once; True
+        when it was damaged and is gone now."""
+        from ..format import ChecksumMismatch, FormatError
+
+        try:
+            with self.store.open_reader(key) as seg:
+                damaged = seg.first_bad_page() >= 0
+        except (FormatError, ChecksumMismatch):
+            damaged = True
+        except StrataError:  # gone already, or the server failed: nothing judged
+            return False
+        if not damaged:
+            return False
+        try:
+            self.store.delete(key)
+        except StrataError as e:
+            self.warn(f"the remote level {self.settings.shown}: segment {key.hex()[:16]} is "
+                      f"damaged and could not be removed ({e}); strata fsck --remote --repair "
+                      "removes it")  # fmt: skip
+            return False
+        self.counters["remote_damaged"] += 1
+        return True
 
     def fell_short(self, dc: DiskConv, o: Outcome | Exception, r: Restored | Exception,
                    here: int) -> None:  # fmt: skip

@@ -70,6 +70,10 @@ _COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits
              "restore_misses", "ladder_restores", "spills_refused", "hits_remote")  # fmt: skip
 
 
+#: remote segments a restore found damaged: (keys, its outcome, what asked, already said)
+_Damage = tuple[list[bytes], Outcome, str, bool]
+
+
 def _deeper(local: tuple[str, Match] | None, remote: RemoteHit | None
             ) -> tuple[str, Match] | None:  # fmt: skip
     """The local levels' best resume point, or the remote level's where it is deeper."""
@@ -477,6 +481,7 @@ class Tiers:
                                    media[i] if i < len(media) else None) if ask[i] else None
                   for i, (prompt, _) in enumerate(requests)]  # fmt: skip
         local: dict[int, int] = {}  #: a remote job -> the tokens the local levels hold
+        asked: dict[int, str] = {}  #: a remote job -> what asked for it (its messages say)
         with lock:
             dests = self._destinations(requests, max_tokens)
             results: list[Restored | Exception] = [Restored("none", 0)] * len(requests)
@@ -522,6 +527,8 @@ class Tiers:
                     if source == "remote" and rhit is not None:
                         remote[len(pending)] = rhit
                         local[len(pending)] = here[1].length if here and fallback else 0
+                        asked[len(pending)] = (f"conversation {here[1].conv_id}" if here else
+                                               f"a prompt of {len(prompt):,} tokens")  # fmt: skip
                     pending.append((i, dc, self.reader.job(dc, m.length, dest)))
         for i, snap, m in captures:
             deliver_capture(dests[i], snap.kv, snap.conv.boundaries(), m.length, self.fp)
@@ -534,15 +541,21 @@ class Tiers:
                 self.counters["hits_pending"] += 1
                 self.counters["tokens_restored"] += m.length
             again: dict[int, tuple[DiskConv, Outcome | Exception, Restored | Exception]] = {}
+            damage: list[_Damage] = []  #: settled after the lock (network calls)
             for n, ((i, dc, job), o, r) in enumerate(zip(pending, outcomes, found, strict=True)):
                 if n in remote and local[n] > _delivered(r):  # redone below, from the local
                     again[n] = (dc, o, r)
+                    if isinstance(o, Outcome) and (bad := RemoteLevel.suspects(dc, o)):
+                        damage.append((bad, o, asked[n], True))  # (said by fell_short)
                 elif isinstance(r, Exception) or isinstance(o, Exception):
                     results[i] = r
                 elif n in remote:
-                    results[i] = self._account_remote(dc, o, r)
+                    results[i] = self._account_remote(dc, o, r, asked[n], damage)
                 else:
                     results[i] = self.reader.account_restored(dc, job, o, r, self._removed_from(dc))
+        for bad, o, caller, said in damage:  # network calls: without the lock
+            assert self.remote is not None
+            self.remote.settle_damage(bad, o, caller, said)
         for n, (dc, o, r) in again.items():
             results[pending[n][0]] = self._redo_locally(
                 requests, media, max_tokens, pending[n][0], pending[n][2].dest, dc, o, r, lock
@@ -575,12 +588,16 @@ class Tiers:
             zero(_delivered(final), past - _delivered(final))
         return final
 
-    def _account_remote(self, dc: DiskConv, o: Outcome, r: Restored) -> Restored:
-        """Count a finished restore from the remote level (under the Store's lock)."""
+    def _account_remote(
+        self, dc: DiskConv, o: Outcome, r: Restored, caller: str, damage: list[_Damage]
+    ) -> Restored:
+        """Count a finished restore from the remote level (under the Store's lock); the
+        segments it found damaged go on ``damage``, settled after the lock."""
         assert self.remote is not None
         self.counters["hits_remote"] += 1
         self.counters["tokens_restored"] += r.tokens
-        self.remote.restored(dc, o)
+        if bad := self.remote.restored(dc, o, caller):
+            damage.append((bad, o, caller, False))
         return Restored("remote", r.tokens, r.conv_id, r.state)
 
     def _keep_local(self, hit: RemoteHit, tokens: int, dest: Destination,
