@@ -7,6 +7,7 @@ Commands: ``demo`` (the main job: a small end-to-end run of what exists), ``insp
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -562,9 +563,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_sim(sub: Any) -> None:
-    sim = sub.add_parser("sim", help="replay a workload against the real policy code")
+def _add_sim(command: Any, common: list[argparse.ArgumentParser]) -> None:
+    sim = command("sim", help="replay a workload against the real policy code")
     scen = sim.add_subparsers(dest="scenario", metavar="SCENARIO", required=True)
+    scenario = functools.partial(scen.add_parser, parents=common)
 
     def agent_args(p: argparse.ArgumentParser, edit_default: str) -> None:
         p.add_argument("--system-tokens", type=_positive, default=9525)
@@ -586,7 +588,7 @@ def _add_sim(sub: Any) -> None:
         p.add_argument("--page-tokens", type=_positive, default=16)
         p.add_argument("--json", action="store_true")
 
-    ae = scen.add_parser("agent-edit", help="seed 004: retention against an edit back in history")
+    ae = scenario("agent-edit", help="seed 004: retention against an edit back in history")
     agent_args(ae, "6000")
     ae.add_argument("--policy", choices=["spread", "lru"], default="spread")
     ae.add_argument(
@@ -596,10 +598,10 @@ def _add_sim(sub: Any) -> None:
         help="attention: resume on any whole page, not only on checkpoints",
     )
     ae.set_defaults(func=cmd_sim_agent_edit)
-    sw = scen.add_parser("edit-sweep", help="re-read tokens of lru, spread and page resume")
+    sw = scenario("edit-sweep", help="re-read tokens of lru, spread and page resume")
     agent_args(sw, "1000,2000,4000,6000,8000,16000,32000,42000,64000,100000,150000")
     sw.set_defaults(func=cmd_sim_edit_sweep)
-    pt = scen.add_parser("park-truncate", help="seed 001: park the prefix that fits")
+    pt = scenario("park-truncate", help="seed 001: park the prefix that fits")
     pt.add_argument("--budget-mib", type=_positive, default=3500)
     pt.add_argument("--slots", type=_positive, default=2)
     pt.add_argument("--min-tokens", type=int, default=4096)
@@ -616,7 +618,7 @@ def _add_sim(sub: Any) -> None:
     pt.add_argument("--truncate", choices=["on", "off", "both"], default="both")
     pt.add_argument("--json", action="store_true")
     pt.set_defaults(func=cmd_sim_park_truncate)
-    lr = scen.add_parser("low-ram", help="seed 000: a rejected park spills to disk")
+    lr = scenario("low-ram", help="seed 000: a rejected park spills to disk")
     lr.add_argument("--slots", type=_positive, default=4)
     lr.add_argument("--conversations", type=_positive, default=6)
     lr.add_argument("--requests", type=_positive, default=40)
@@ -637,7 +639,22 @@ def _positive(text: str) -> int:
     return value
 
 
+def _global_options() -> argparse.ArgumentParser:
+    """The options every command also takes after its name (``strata fsck --config FILE``):
+    their default SUPPRESS leaves the value given before the name in place, so either position
+    works, and one given after the name wins."""
+    g = argparse.ArgumentParser(add_help=False)
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="a TOML config (what strata init writes); the same as --config before the command",
+    )
+    return g
+
+
 def build_parser() -> argparse.ArgumentParser:
+    common = [_global_options()]
     p = argparse.ArgumentParser(
         prog="strata",
         description="stratastore: durable, tiered, validated storage for LLM conversation state",
@@ -646,25 +663,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE",
                    help="a TOML config (strata init writes one): its level directories are the "
                    "default DIRs of fsck, conformance, inspect and monitor; demo takes its "
-                   "settings but keeps its own small levels")  # fmt: skip
+                   "settings but keeps its own small levels (also accepted after "
+                   "COMMAND)")  # fmt: skip
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="run the end-to-end demo (the main job of `make demo`)")
+    command = functools.partial(sub.add_parser, parents=common)  # each takes --config too
+    demo = command("demo", help="run the end-to-end demo (the main job of `make demo`)")
     demo.add_argument("--dir", help="store directory to use (default: a temporary one)")
     demo.add_argument(
         "--requests", type=_positive, default=60, help="requests to serve (default 60)"
     )
     demo.set_defaults(func=cmd_demo)
-    ins = sub.add_parser("inspect", help="list the segments of a store directory")
+    ins = command("inspect", help="list the segments of a store directory")
     ins.add_argument("dir", nargs="?", help="store directory (default: --config's last level)")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
-    _add_sim(sub)
-    rp = sub.add_parser("replay", help="seeds 004 and 001 through the Store, turn by turn, "
-                        "beside the simulator and the seeds' tables")  # fmt: skip
+    _add_sim(command, common)
+    rp = command("replay", help="seeds 004 and 001 through the Store, turn by turn, "
+                 "beside the simulator and the seeds' tables")  # fmt: skip
     rp.add_argument("--dir", help="where seed 004's disk levels go (default: a temporary one)")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=cmd_replay)
-    fk = sub.add_parser("fsck", help="check store directories offline (read-only)")
+    fk = command("fsck", help="check store directories offline (read-only)")
     fk.add_argument("dirs", nargs="*", metavar="PATH",
                     help="the store: its root directory (holding warm/ and cold/), a level "
                     "directory or its config file (default: --config's levels)")  # fmt: skip
@@ -677,13 +696,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="check the remote level of --config (remote_url, remote_name) instead: "
                     "its namespaces only, never another key on the server")  # fmt: skip
     fk.set_defaults(func=cmd_fsck)
-    cf = sub.add_parser("conformance", help="check directories against the spec's MUST clauses")
+    cf = command("conformance", help="check directories against the spec's MUST clauses")
     cf.add_argument("dirs", nargs="*", metavar="PATH",
                     help="a store written by any implementation: its root directory, a level "
                     "directory or its config file (default: --config's levels)")  # fmt: skip
     cf.add_argument("--json", action="store_true")
     cf.set_defaults(func=cmd_conformance)
-    mon = sub.add_parser("monitor", help="what a store's levels hold and its Store's counters")
+    mon = command("monitor", help="what a store's levels hold and its Store's counters")
     mon.add_argument("dir", nargs="?",
                      help="a store level directory, or the folder holding its levels (default: "
                      "--config's levels)")  # fmt: skip
@@ -696,14 +715,14 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--interval", type=float, default=1.0,
                      help="seconds between refreshes, more than 0 (default 1)")  # fmt: skip
     mon.set_defaults(func=cmd_monitor)
-    ini = sub.add_parser("init", help="measure this machine, ask a few questions, write a config")
+    ini = command("init", help="measure this machine, ask a few questions, write a config")
     ini.add_argument("--yes", action="store_true", help="ask nothing: write the defaults")
     ini.add_argument("--output", default="strata.toml", help="where to write (strata.toml)")
     ini.add_argument("--model-size", choices=sorted(MODEL_SIZES),
                      help="the model, for the estimates it prints (asked otherwise)")  # fmt: skip
     ini.add_argument("--force", action="store_true", help="replace an existing file")
     ini.set_defaults(func=cmd_init)
-    bench = sub.add_parser("bench", help="validated restore vs raw read and np.load, hot and cold")
+    bench = command("bench", help="validated restore vs raw read and np.load, hot and cold")
     bench.add_argument("--dir", help="where to write the image (default: a temporary directory)")
     bench.add_argument("--mib", type=_positive, default=1024, help="image size (default 1024)")
     bench.add_argument("--rounds", type=_positive, default=3)

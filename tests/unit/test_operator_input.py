@@ -97,3 +97,31 @@ def test_a_budget_larger_than_the_levels_volume_is_warned(tmp_path: Path) -> Non
     said.clear()
     Store.open(tiny_fp(), {**cfg, "cold_mib": 4}, warn=said.append).close()
     assert not [m for m in said if "volume" in m]
+
+
+def _level_config(tmp_path: Path) -> Path:
+    SegmentStore.open(tmp_path / "cold", tiny_fp()).close()
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text(f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 4\n')
+    return cfg
+
+
+@pytest.mark.parametrize("command", [["fsck"], ["conformance"], ["monitor", "--once", "--json"]])
+def test_the_global_config_option_is_accepted_after_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    cfg = str(_level_config(tmp_path))
+    assert main(["--config", cfg, *command]) == 0  # before the command, as always
+    before = capsys.readouterr().out
+    assert main([*command, "--config", cfg]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == before.splitlines()[0]
+
+
+def test_the_config_given_after_the_command_wins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = str(_level_config(tmp_path))
+    missing = str(tmp_path / "none.toml")
+    assert main(["--config", missing, "fsck", "--config", cfg]) == 0
+    assert main(["--config", cfg, "fsck", "--config", missing]) == 2
+    assert "none.toml does not exist" in _one_line_error(capsys.readouterr().err)
