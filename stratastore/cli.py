@@ -1,7 +1,8 @@
 """The ``strata`` command line. User errors print one line and exit non-zero, never a traceback.
 
-Commands: ``demo`` (the main job: a small end-to-end run of what exists), ``inspect DIR``
-(list a store's segments). Later issues add fsck, monitor, init, bench and sim.
+Commands: ``demo`` (the main job: a small end-to-end run of what exists), ``inspect PATH``
+(list a store's segments, level by level; PATH as fsck takes it). Later issues add fsck,
+monitor, init, bench and sim.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from .store import SegmentStore
 __all__ = ["main"]
 
 
-def _fingerprint_from_dir(path: str) -> ModelFingerprint:
-    """The fingerprint of the first committed sidecar in ``path`` (inspect needs no model)."""
-    if not os.path.isdir(path):
-        raise ConfigError(f"{path} is not a directory; pass a store directory")
+def _fingerprint_from_dir(path: str) -> ModelFingerprint | None:
+    """The fingerprint of the first committed sidecar in level ``path`` (inspect needs no
+    model), or None when it holds no segment (a level that holds only chains, or nothing yet)."""
     first: StrataError | None = None
     for name in sorted(files.listdir(path)):
         if name.startswith("strata-conv-") and name.endswith(".side"):
@@ -44,7 +44,7 @@ def _fingerprint_from_dir(path: str) -> ModelFingerprint:
                 first = first or e
     if first is not None:  # not one sidecar could be read: why the first could not
         raise first
-    raise ConfigError(f"{path} holds no stratastore segments (no strata-conv-*.side files)")
+    return None
 
 
 def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
@@ -61,9 +61,12 @@ def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
     return None
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    path = os.path.abspath(args.dir or _config_dirs(args)[-1])
+def _inspect_level(path: str) -> dict[str, Any]:
+    """One level's segments (as a store opening it reads them) and what it did not adopt."""
     fp = _fingerprint_from_dir(path)
+    if fp is None:
+        return {"dir": path, "model": None, "entries": 0, "disk_bytes": 0, "segments": [],
+                "skipped": []}  # fmt: skip
     with SegmentStore.open(path, fp, create=False) as store:
         rows: list[dict[str, Any]] = []
         skipped = [{"file": s.name, "reason": s.reason} for s in store.skipped]
@@ -84,27 +87,44 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     "sealed_at_ns": rec.sealed_at_ns,
                 }
             )
-        stats = store.stats()
+        disk_bytes = store.stats().disk_bytes
+    return {"dir": path, "model": fp.describe(), "entries": len(rows), "disk_bytes": disk_bytes,
+            "segments": rows, "skipped": skipped}  # fmt: skip
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """The segments of each level of the store named as fsck takes it (a store root, a level
+    directory or a config file; default: ``--config``'s levels)."""
+    levels = _store_levels(args)
+    found = [_inspect_level(d) for d in levels.checked]
     if args.json:
+        models = {lv["model"] for lv in found if lv["model"] is not None}
         doc = {
-            "dir": path,
-            "model": fp.describe(),
-            "entries": len(rows),  # the segments a store reads
-            "disk_bytes": stats.disk_bytes,
-            "segments": rows,
-            "skipped": skipped,
-        }
+            "dirs": args.dirs,
+            **_levels_doc(levels),
+            "model": models.pop() if len(models) == 1 else None,  # None: none, or several
+            "entries": sum(lv["entries"] for lv in found),  # the segments a store reads
+            "disk_bytes": sum(lv["disk_bytes"] for lv in found),
+            "segments": [{"level": lv["dir"], **r} for lv in found for r in lv["segments"]],
+            "skipped": [{"level": lv["dir"], **s} for lv in found for s in lv["skipped"]],
+            "by_level": [{k: v for k, v in lv.items() if k not in ("segments", "skipped")}
+                         for lv in found],
+        }  # fmt: skip
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"{path}: {len(rows)} segments, {stats.disk_bytes:,} bytes, {fp.describe()}")
-    for r in rows:
-        t0, t1 = r["tokens"]
-        print(
-            f"  {r['key'][:16]}  {r['kind']:<5} {r['codec']:<4} tokens [{t0}, {t1}) "
-            f"{r['pages']} pages {r['bytes']:,} B"
-        )
-    for s in skipped:
-        print(f"  not adopted: {s['file']}: {s['reason']}")
+    if not (len(args.dirs) == 1 and levels.checked == (os.path.abspath(args.dirs[0]),)):
+        print(levels.describe())  # how the levels were found, unless one level was named
+    for lv in found:
+        print(f"{lv['dir']}: {lv['entries']} segments, {lv['disk_bytes']:,} bytes"
+              + (f", {lv['model']}" if lv["model"] else ""))  # fmt: skip
+        for r in lv["segments"]:
+            t0, t1 = r["tokens"]
+            print(
+                f"  {r['key'][:16]}  {r['kind']:<5} {r['codec']:<4} tokens [{t0}, {t1}) "
+                f"{r['pages']} pages {r['bytes']:,} B"
+            )
+        for s in lv["skipped"]:
+            print(f"  not adopted: {s['file']}: {s['reason']}")
     return 0
 
 
@@ -673,8 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=_positive, default=60, help="requests to serve (default 60)"
     )
     demo.set_defaults(func=cmd_demo)
-    ins = command("inspect", help="list the segments of a store directory")
-    ins.add_argument("dir", nargs="?", help="store directory (default: --config's last level)")
+    ins = command("inspect", help="list the segments of a store's levels")
+    ins.add_argument("dirs", nargs="*", metavar="PATH",
+                     help="the store as fsck takes it: its root directory, a level directory or "
+                     "its config file (default: --config's levels)")  # fmt: skip
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(func=cmd_inspect)
     _add_sim(command, common)

@@ -106,8 +106,8 @@ def test_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["inspect", "/nonexistent/x"], "is not a directory"),
-        (["inspect", "{empty}"], "holds no stratastore segments"),
+        (["inspect", "/nonexistent/x"], "does not exist"),  # fsck's discovery, and its words
+        (["inspect", "{empty}"], "holds no store level"),
         (["inspect", "{garbage}"], "not a valid v1 sidecar"),
         (["demo", "--requests", "0"], "must be at least 1"),
         (["demo", "--requests", "many"], "is not an integer"),

@@ -4,6 +4,7 @@ loop or a silent surprise on the filesystem."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from stratastore import ConfigError, SegmentStore, Store, StoreConfig
 from stratastore.cli import main
 from stratastore.installer import to_toml
-from tests.conftest import tiny_fp
+from tests.conftest import conversation_kv, tiny_fp
 
 
 def _one_line_error(err: str) -> str:
@@ -125,3 +126,42 @@ def test_the_config_given_after_the_command_wins(
     assert main(["--config", missing, "fsck", "--config", cfg]) == 0
     assert main(["--config", cfg, "fsck", "--config", missing]) == 2
     assert "none.toml does not exist" in _one_line_error(capsys.readouterr().err)
+
+
+def _warm_cold_root(tmp_path: Path) -> Path:
+    """A store root (``strata demo --dir``'s layout: warm/ and cold/) with one conversation:
+    its segments in warm, its chain manifest in cold (which holds no segment)."""
+    root = tmp_path / "store"
+    root.mkdir()
+    cfg = {"ram_mib": 0, "park": "disk", "warm_dir": str(root / "warm"), "warm_mib": 64,
+           "cold_dir": str(root / "cold"), "cold_mib": 64}  # fmt: skip
+    with Store.open(tiny_fp(), cfg) as store:
+        conv, kv = conversation_kv("c", 48, 0)
+        store.park(conv, kv)
+        store.flush()
+    (root / "strata.toml").write_text(to_toml(StoreConfig.from_mapping(cfg)))
+    return root
+
+
+@pytest.mark.parametrize("named", ["root", "config", "--config", "level"])
+def test_inspect_takes_the_paths_fsck_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            named: str) -> None:  # fmt: skip
+    root = _warm_cold_root(tmp_path)
+    warm, cold = str(root / "warm"), str(root / "cold")
+    args = {
+        "root": [str(root)],
+        "config": [str(root / "strata.toml")],
+        "--config": ["--config", str(root / "strata.toml")],
+        "level": [warm],
+    }[named]
+    assert main(["fsck", *args]) == 0  # fsck accepts it ...
+    capsys.readouterr()
+    assert main(["inspect", *args, "--json"]) == 0  # ... and so does inspect
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["levels"] == ([warm] if named == "level" else [warm, cold])
+    assert doc["entries"] == 3 == len(doc["segments"])  # 3 segments, all in warm
+    assert {s["level"] for s in doc["segments"]} == {warm}
+    assert main(["inspect", *args]) == 0
+    out = capsys.readouterr().out
+    assert f"{warm}: 3 segments" in out
+    assert (f"{cold}: 0 segments" in out) == (named != "level")
