@@ -7,9 +7,11 @@ opened with another fingerprint refuses the files instead of restoring foreign b
 
 from __future__ import annotations
 
+import operator
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import SupportsIndex
 
 import blake3
 
@@ -89,20 +91,33 @@ class ModelFingerprint:
         dtype: DType | str = DType.FLOAT16,
         extra: bytes = b"",
     ) -> ModelFingerprint:
-        """Build and validate a fingerprint from a model's description."""
+        """Build and validate a fingerprint from a model's description. An argument of the
+        wrong type (``extra="text"``, ``n_layers="32"``) is a :class:`FormatError` naming it
+        and what it takes, like one out of range; a numpy integer counts as an integer."""
+        if not isinstance(model_id, str):
+            raise FormatError(f"ModelFingerprint.create: model_id={_arg(model_id)} must be a "
+                              "str naming the weights (\"org/model@revision\")")  # fmt: skip
+        if not isinstance(extra, (bytes, bytearray, memoryview)):
+            fix = f"; pass {_arg(extra)}.encode()" if isinstance(extra, str) else ""
+            raise FormatError(f"ModelFingerprint.create: extra={_arg(extra)} must be bytes (the "
+                              f"engine's further identity, e.g. b\"rope=yarn\"){fix}")  # fmt: skip
         if isinstance(dtype, str):
             try:
                 dtype = DType[dtype.upper()]
             except KeyError:
                 allowed = ", ".join(d.name.lower() for d in DType)
                 raise FormatError(f"dtype {dtype!r} is not known; use one of {allowed}") from None
+        elif not isinstance(dtype, DType):
+            allowed = ", ".join(d.name.lower() for d in DType)
+            raise FormatError(f"ModelFingerprint.create: dtype={_arg(dtype)} must be a DType or "
+                              f"the name of one ({allowed})")  # fmt: skip
         fp = cls(
             model_digest=blake3.blake3(model_id.encode()).digest(),
             extra_digest=blake3.blake3(extra).digest(),
-            n_layers=n_layers,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            page_tokens=page_tokens,
+            n_layers=_count("n_layers", n_layers),
+            n_kv_heads=_count("n_kv_heads", n_kv_heads),
+            head_dim=_count("head_dim", head_dim),
+            page_tokens=_count("page_tokens", page_tokens),
             dtype=dtype,
         )
         fp.validate()
@@ -198,6 +213,21 @@ class ModelFingerprint:
                 "open it with the model that wrote it, or use another "
                 "directory for this model"
             )
+
+
+def _arg(value: object) -> str:
+    """An argument as a message shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(name: str, value: object) -> int:
+    """A geometry argument of :meth:`ModelFingerprint.create` as an int (a numpy integer is
+    one; a bool, a float or a string is not): the range is :meth:`~ModelFingerprint.validate`'s."""
+    if isinstance(value, SupportsIndex) and not isinstance(value, bool):
+        return operator.index(value)
+    raise FormatError(f"ModelFingerprint.create: {name}={_arg(value)} must be an integer "
+                      f"({type(value).__name__} given)")  # fmt: skip
 
 
 def _shown(value: object) -> str:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stratastore import ConfigError, SegmentStore, Store, StoreConfig
+from stratastore import ConfigError, ModelFingerprint, SegmentStore, Store, StoreConfig
 from stratastore.cli import main
+from stratastore.format.errors import FormatError
 from stratastore.installer import to_toml
 from tests.conftest import conversation_kv, tiny_fp
 
@@ -165,3 +166,40 @@ def test_inspect_takes_the_paths_fsck_takes(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert f"{warm}: 3 segments" in out
     assert (f"{cold}: 0 segments" in out) == (named != "level")
+
+
+_GEOMETRY = {"n_layers": 2, "n_kv_heads": 2, "head_dim": 4, "page_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ({"extra": "rope=yarn"}, "extra"),
+        ({"extra": 7}, "extra"),
+        ({"model_id": b"org/model"}, "model_id"),
+        ({"model_id": None}, "model_id"),
+        ({"n_layers": "32"}, "n_layers"),
+        ({"n_kv_heads": 2.0}, "n_kv_heads"),
+        ({"head_dim": True}, "head_dim"),
+        ({"page_tokens": None}, "page_tokens"),
+        ({"dtype": 1}, "dtype"),
+        ({"dtype": None}, "dtype"),
+    ],
+)
+def test_fingerprint_create_refuses_an_argument_of_the_wrong_type(args: dict[str, object],
+                                                                  named: str) -> None:  # fmt: skip
+    call = {"model_id": "org/model", **_GEOMETRY, **args}
+    with pytest.raises(FormatError) as e:
+        ModelFingerprint.create(**call)  # type: ignore[arg-type]
+    msg = str(e.value)
+    assert msg.startswith(f"ModelFingerprint.create: {named}=") and " must be " in msg, msg
+
+
+def test_fingerprint_create_takes_what_its_types_say() -> None:
+    import numpy as np
+
+    base = ModelFingerprint.create("org/model", **_GEOMETRY, extra=b"rope=yarn")
+    same = ModelFingerprint.create("org/model", n_layers=np.int64(2), n_kv_heads=2, head_dim=4,
+                                   page_tokens=4, extra=bytearray(b"rope=yarn"))  # fmt: skip
+    assert same == base and type(same.n_layers) is int
+    assert ModelFingerprint.create("org/model", **_GEOMETRY, dtype="bfloat16").dtype.itemsize == 2
