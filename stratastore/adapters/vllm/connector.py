@@ -227,7 +227,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return False, None
         self._saves.append(SaveJob(request.request_id, tokens[:n],
                                    tuple(block_ids[: n // self.block_size]),
-                                   save_cuts(n, loaded)))  # fmt: skip
+                                   save_cuts(n, loaded, self.block_size)))  # fmt: skip
         return True, None
 
     # -- worker side ----------------------------------------------------------------------
@@ -307,8 +307,15 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Release this side's hold on the Store; the last one closes it, waiting for every
         park in flight to be durable."""
         key, self._store_key = self._store_key, None
-        if key is not None:
-            _release_store(key)
+        if key is None:
+            return
+        c = self.counters
+        if self.role == KVConnectorRole.WORKER:
+            log.warning("stratastore: StrataConnector worker: %d loads, %d tokens loaded, %d "
+                        "short (%d blocks recomputed); %d parks, %d tokens, %d not parked",
+                        c.loads, c.tokens_loaded, c.load_shortfalls, c.blocks_recomputed,
+                        c.saves, c.tokens_saved, c.save_errors)  # fmt: skip
+        _release_store(key)
 
     def _need_pool(self) -> Pool:
         if self.pool is None:

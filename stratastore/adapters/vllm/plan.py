@@ -11,8 +11,8 @@
 * **How much a request loads** (:func:`loadable`): the deepest stored prefix of its prompt, in
   whole vLLM blocks, never the whole prompt (vLLM computes at least its last token).
 * **What a finished request parks** (:func:`saved_tokens`, :func:`save_cuts`): every whole
-  block whose K/V vLLM computed, its segments cut where it resumed from the store, so the next
-  turn of the conversation, which extends it, shares those segments (content keys)."""
+  block whose K/V vLLM computed, cut into chunks and where it resumed from the store, so that
+  a shared prefix and the next turn of the conversation share those segments (content keys)."""
 
 from __future__ import annotations
 
@@ -140,8 +140,14 @@ def saved_tokens(computed: int, n_blocks: int, block_size: int) -> int:
     return n - n % block_size
 
 
-def save_cuts(n_tokens: int, loaded: int) -> tuple[int, ...]:
-    """Segment cuts of a park of ``n_tokens``: 0 and where the request resumed from the store
-    (``loaded``: its first segments are the stored ones, so shared by content key). The next
-    turn of the conversation, which extends it, resumes at its end: at a segment bound."""
-    return tuple(sorted({0, *(c for c in (loaded,) if 0 < c < n_tokens)}))
+CHUNK_TOKENS = 256  #: a park is cut at least this often (rounded up to whole blocks)
+
+
+def save_cuts(n_tokens: int, loaded: int, block_size: int) -> tuple[int, ...]:
+    """Segment cuts of a park of ``n_tokens``: every chunk of :data:`CHUNK_TOKENS` (rounded up
+    to whole blocks), so that requests sharing a prefix of whole chunks (a system prompt)
+    store it once (content keys, spec F-KEY), and where the request resumed from the store
+    (``loaded``: its first segments are the stored ones). The next turn of the conversation,
+    which extends it, resumes at its end: a segment bound."""
+    chunk = block_size * max(1, -(-CHUNK_TOKENS // block_size))
+    return tuple(sorted({*range(0, n_tokens, chunk), *(c for c in (loaded,) if 0 < c < n_tokens)}))
