@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,25 @@ if TYPE_CHECKING:
 __all__ = ["StrataConnector", "StrataMetadata"]
 
 log = logging.getLogger("stratastore.vllm")
+
+#: vLLM's CPU setting of the cores it keeps from its workers' OMP threads
+RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def _keep_vllms_threads() -> None:
+    """Keep vLLM's CPU threads what they are without a connector. vLLM on the CPU reserves one
+    more core per worker when any KV connector is configured (for a transfer thread:
+    ``vllm/utils/ompmultiprocessing.py``), so its workers would compute with other OMP thread
+    counts, and so other bits of K/V and logits, than vLLM alone: greedy tokens could differ.
+    This connector needs no core of its own (a load runs on the worker's thread before the
+    forward, a park's write on the Store's writer), so unless the user set
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU``, it is set to vLLM's own reservation without a connector
+    (one core). vLLM imports this module while it checks its config, before it starts the
+    engine and its workers, which inherit it."""
+    os.environ.setdefault(RESERVED_CPU_ENV, "1")
+
+
+_keep_vllms_threads()
 
 _STORES: dict[tuple[str, bytes], tuple[Store, int]] = {}  #: this process's open stores
 _STORES_LOCK = threading.Lock()

@@ -1,0 +1,149 @@
+"""Benchmark: a returning conversation's second turn after a restart, in the real vLLM (CPU).
+
+    .venv-vllm/bin/python tools/vllm_bench.py [--sizes 2048,4096,8192] [--dir DIR]
+
+A random Llama with Llama-3-8B's K/V per token (32 layers x 8 kv heads x 128 dims, bfloat16:
+128 KiB a token) and a small MLP, made under DIR. For each prompt size, turn 1 (the prompt,
+16 reply tokens) runs in one vLLM process and turn 2 (turn 1, its reply and 64 new tokens) in a
+fresh one, timed from ``generate`` to the first token (``max_tokens=1``), with:
+
+* ``StrataConnector`` (every page validated, every park fsynced before the next process);
+* no connector: vLLM recomputes the whole prompt;
+* vLLM's ``ExampleConnector`` (safetensors files, no validation, no fsync).
+
+Prints per size the tokens loaded (``num_cached_tokens``), the seconds, the ratios against the
+recompute, whether turn 2's tokens match the recompute's, and the 1-minute load. Each phase is
+a process of its own (``--phase``); nothing is downloaded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CONNECTORS = ("strata", "none", "example")
+
+
+def make_model(dir: Path) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from tests.vllm.models import make_llama
+
+    return make_llama(dir, layers=32, kv_heads=8, head_dim=128, heads=8, intermediate=256,
+                      vocab=1000, max_positions=16384)  # fmt: skip
+
+
+def phase(job: dict[str, Any]) -> dict[str, Any]:
+    """One vLLM process: ``job["turn"]`` of each size's conversation, with ``job["via"]``."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    via, store = job["via"], job["store"]
+    kt = None
+    if via == "strata":
+        kt = KVTransferConfig(kv_connector="StrataConnector",
+                              kv_connector_module_path="stratastore.adapters.vllm",
+                              kv_role="kv_both",
+                              kv_connector_extra_config={"strata": {
+                                  "cold_dir": store, "cold_mib": 65536,
+                                  "create_dirs": True}})  # fmt: skip
+    elif via == "example":
+        kt = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both",
+                              kv_connector_extra_config={"shared_storage_path": store})  # fmt: skip
+    llm = LLM(model=job["model"], dtype="bfloat16", max_model_len=max(job["sizes"]) + 512,
+              enforce_eager=True, seed=0, kv_transfer_config=kt)  # fmt: skip
+    out = []
+    if job.get("warm"):  # vLLM keeps the conversations: turn 1 first, in this process
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["warm"]],
+                     SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # fmt: skip
+    for size, prompt in zip(job["sizes"], job["prompts"], strict=True):
+        sp = SamplingParams(temperature=0, max_tokens=16 if job["turn"] == 1 else 1)
+        t0 = time.monotonic()
+        [got] = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+        out.append({"size": size, "seconds": time.monotonic() - t0,
+                    "tokens": list(got.outputs[0].token_ids),
+                    "cached": got.num_cached_tokens, "prompt": len(prompt)})  # fmt: skip
+    return {"results": out}
+
+
+def run_phase(job: dict[str, Any], work: Path, name: str) -> dict[str, Any]:
+    jf, of = work / f"{name}.job.json", work / f"{name}.out.json"
+    jf.write_text(json.dumps(job))
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "6")}  # fmt: skip
+    got = subprocess.run([sys.executable, __file__, "--phase", str(jf), str(of)], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    if got.returncode != 0 or not of.exists():
+        sys.exit(f"phase {name} failed:\n{got.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(of.read_text())
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="2048,4096,8192")
+    ap.add_argument("--dir", default="/tmp/strata-vllm-bench")
+    ap.add_argument("--phase", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.phase:
+        job = json.loads(Path(args.phase[0]).read_text())
+        Path(args.phase[1]).write_text(json.dumps(phase(job)))
+        return 0
+    import numpy as np
+
+    work = Path(args.dir)
+    work.mkdir(parents=True, exist_ok=True)
+    model = str(make_model(work / "model"))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rng = np.random.default_rng(0)
+    turn1 = [rng.integers(3, 1000, n - 80).tolist() for n in sizes]
+    new = [rng.integers(3, 1000, 64).tolist() for _ in sizes]
+    base = {"model": model, "sizes": sizes}
+    # turn 1 without a connector gives the replies every turn 2 is built on
+    first = run_phase({**base, "via": "none", "store": "", "turn": 1, "prompts": turn1},
+                      work, "none-turn1")  # fmt: skip
+    replies = [r["tokens"] for r in first["results"]]
+    prompts = [p + r + n for p, r, n in zip(turn1, replies, new, strict=True)]
+    table: dict[str, list[dict[str, Any]]] = {}
+    for via in CONNECTORS:
+        store = str(work / f"store-{via}")
+        subprocess.run(["rm", "-rf", store], check=True)
+        if via != "none":  # turn 1 stores the conversation (and must reply as vLLM alone)
+            got = run_phase({**base, "via": via, "store": store, "turn": 1, "prompts": turn1},
+                            work, f"{via}-turn1")  # fmt: skip
+            if [r["tokens"] for r in got["results"]] != replies:
+                print(f"{via}: turn 1 replied otherwise than vLLM alone")
+        table[via] = run_phase({**base, "via": via, "store": store, "turn": 2,
+                                "prompts": prompts}, work, f"{via}-turn2")["results"]  # fmt: skip
+    kept = run_phase({**base, "via": "none", "store": "", "turn": 2, "prompts": prompts,
+                      "warm": turn1}, work, "kept-turn2")["results"]  # fmt: skip
+    load = os.getloadavg()[0]
+    print(f"second turn after a restart, time to first token (1-minute load {load:.2f})")
+    print(
+        "tokens: the first token against vLLM keeping the conversation in its own prefix "
+        "cache (turn 2 in turn 1's process) / against the recompute"
+    )
+    print(f"{'prompt':>7} {'connector':<12}{'loaded':>8}{'seconds':>9}{'vs recompute':>14}"
+          f"  tokens")  # fmt: skip
+    for i in range(len(sizes)):
+        ref = table["none"][i]
+        for via in CONNECTORS:
+            r = table[via][i]
+            same = "/".join("same" if r["tokens"] == x["tokens"] else "differ"
+                            for x in (kept[i], ref))  # fmt: skip
+            print(f"{r['prompt']:>7} {via:<12}{r['cached']:>8}{r['seconds']:>9.2f}"
+                  f"{ref['seconds'] / r['seconds']:>13.1f}x  {same}")  # fmt: skip
+        k = kept[i]
+        print(f"{k['prompt']:>7} {'(kept)':<12}{k['cached']:>8}{k['seconds']:>9.2f}"
+              f"{ref['seconds'] / k['seconds']:>13.1f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
