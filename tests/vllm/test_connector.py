@@ -69,7 +69,7 @@ def engine(tmp: Path, name: str, model: Path, store: dict[str, Any] | None,
 def worker_summary(stderr: str) -> dict[str, int]:
     """The connector worker's counts, from the line it logs at shutdown."""
     m = re.search(r"StrataConnector worker: (\d+) loads, (\d+) tokens loaded, (\d+) short "
-                  r"\((\d+) blocks recomputed\); (\d+) parks", stderr)  # fmt: skip
+                  r"\((\d+) blocks recomputed\) in [0-9.]+ s; (\d+) parks", stderr)  # fmt: skip
     assert m is not None, stderr[-3000:]
     return dict(zip(("loads", "loaded", "short", "recomputed", "parks"),
                     map(int, m.groups()), strict=True))  # fmt: skip

@@ -15,9 +15,10 @@ per process. The scheduler side decides, the worker side moves the bytes:
   (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
 * a finished request: :meth:`request_finished` keeps its blocks (vLLM frees them when the
   worker says so) and the next step's metadata carries them to the worker, whose
-  :meth:`wait_for_save` gathers every computed token from the blocks and parks it; the blocks
-  are handed back at once (:meth:`get_finished`), and the disk write and its fsyncs run on the
-  Store's spill writer, never in a forward. :meth:`shutdown` waits for them.
+  :meth:`wait_for_save` hands them to a saver thread: it copies every computed whole block out
+  of them and parks it, then hands the blocks back (:meth:`get_finished`); the disk write and
+  its fsyncs run on the Store's spill writer. No step waits for a park. :meth:`shutdown`
+  waits for the parks handed over, and the Store's close for their writes.
 
 Nothing here is vLLM policy: what is kept, where, for how long and how it degrades is the
 Store's (its levels, budgets, floors and the remote level), configured through
@@ -28,7 +29,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +170,8 @@ class Counters:
     saves: int = 0
     tokens_saved: int = 0
     save_errors: int = 0
+    load_seconds: float = 0.0  #: in start_load_kv, the restores (the forward waits on them)
+    save_seconds: float = 0.0  #: on the saver thread: the copies out of the blocks, the parks
 
 
 class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
@@ -189,8 +194,11 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saves: list[SaveJob] = []
         # worker side
         self.pool: Pool | None = None
-        self._saved: set[str] = set()
         self._load_errors: set[int] = set()
+        self._saves_done: set[str] = set()  #: parks whose blocks vLLM may free now
+        self._saves_lock = threading.Lock()
+        self._save_queue: queue.SimpleQueue[SaveJob | None] = queue.SimpleQueue()
+        self._saver: threading.Thread | None = None
 
     # -- scheduler side -------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
@@ -262,8 +270,10 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not isinstance(meta, StrataMetadata) or not meta.loads:
             return
         pool = self._need_pool()
+        started = time.perf_counter()
         for job in meta.loads:
             self._load(pool, job)
+        self.counters.load_seconds += time.perf_counter() - started
 
     def _load(self, pool: Pool, job: LoadJob) -> None:
         want = len(job.tokens)
@@ -290,19 +300,34 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return  # a request is parked whole when it finishes (wait_for_save)
 
     def wait_for_save(self) -> None:
-        """Park each finished request of this step's metadata: its K/V copied out of the
-        blocks (then free), the disk write on the Store's spill writer."""
+        """Hand each finished request of this step's metadata to the saver thread, which
+        copies its K/V out of the blocks and parks it (the disk write on the Store's spill
+        writer); nothing of it runs in the step. The blocks stay vLLM's until the copy is done
+        (:meth:`get_finished`)."""
         meta = self._connector_metadata
         if not isinstance(meta, StrataMetadata) or not meta.saves:
             return
-        pool = self._need_pool()
+        self._need_pool()
+        if self._saver is None:
+            self._saver = threading.Thread(target=self._save_loop, name="strata-vllm-saver",
+                                           daemon=True)  # fmt: skip
+            self._saver.start()
         for job in meta.saves:
+            self._save_queue.put(job)
+
+    def _save_loop(self) -> None:
+        pool = self._need_pool()
+        while (job := self._save_queue.get()) is not None:
+            started = time.perf_counter()
             try:
                 self._park(pool, job)
-            except StrataError as e:  # never a failed request: the conversation is recomputed
+            except Exception as e:  # never a failed request: the conversation is recomputed
                 self.counters.save_errors += 1
-                log.warning("stratastore: park of request %s: %s", job.req_id, e)
-            self._saved.add(job.req_id)
+                what = str(e) if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
+                log.warning("stratastore: park of request %s: %s", job.req_id, what)
+            with self._saves_lock:
+                self.counters.save_seconds += time.perf_counter() - started
+                self._saves_done.add(job.req_id)
 
     def _park(self, pool: Pool, job: SaveJob) -> None:
         n = len(job.tokens)
@@ -316,7 +341,10 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def get_finished(self, finished_req_ids: set[str]
                      ) -> tuple[set[str] | None, set[str] | None]:  # fmt: skip
-        done, self._saved = self._saved, set()
+        """The requests whose K/V the saver has copied out of their blocks (parked, or given
+        up on: the blocks are vLLM's again either way)."""
+        with self._saves_lock:
+            done, self._saves_done = self._saves_done, set()
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -329,12 +357,16 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         key, self._store_key = self._store_key, None
         if key is None:
             return
+        if self._saver is not None:  # the parks handed over so far, then the thread ends
+            self._save_queue.put(None)
+            self._saver.join()
         c = self.counters
         if self.role == KVConnectorRole.WORKER:
             log.warning("stratastore: StrataConnector worker: %d loads, %d tokens loaded, %d "
-                        "short (%d blocks recomputed); %d parks, %d tokens, %d not parked",
-                        c.loads, c.tokens_loaded, c.load_shortfalls, c.blocks_recomputed,
-                        c.saves, c.tokens_saved, c.save_errors)  # fmt: skip
+                        "short (%d blocks recomputed) in %.3f s; %d parks, %d tokens, %d not "
+                        "parked, %.3f s on the saver thread", c.loads, c.tokens_loaded,
+                        c.load_shortfalls, c.blocks_recomputed, c.load_seconds, c.saves,
+                        c.tokens_saved, c.save_errors, c.save_seconds)  # fmt: skip
         _release_store(key)
 
     def _need_pool(self) -> Pool:

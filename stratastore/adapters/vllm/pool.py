@@ -86,8 +86,9 @@ class CpuBlocks:
         fp, ids = self.fp, self.ids[:n_blocks]
         out = np.empty((n_blocks, fp.n_layers, 2, self.bs, fp.n_kv_heads, fp.head_dim),
                        dtype=self.blocks[0].dtype)  # fmt: skip
-        for layer, blk in enumerate(self.blocks):
-            out[:, layer] = blk[ids].transpose(0, 2, 3, 1, 4)
+        for i, b in enumerate(ids.tolist()):  # one strided copy a block and layer, no temporary
+            for layer, blk in enumerate(self.blocks):
+                np.copyto(out[i, layer], blk[b].transpose(1, 2, 0, 3))
         return out.reshape(-1).view(np.uint8)
 
 
