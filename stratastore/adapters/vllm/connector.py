@@ -7,9 +7,9 @@ per process. The scheduler side decides, the worker side moves the bytes:
 * a new request: :meth:`get_num_new_matched_tokens` looks its prompt up in the store and
   promises the stored prefix, in whole blocks, never the whole prompt (:func:`.plan.loadable`);
   :meth:`update_state_after_alloc` and :meth:`build_connector_meta` tell the worker which
-  blocks to fill; the worker's :meth:`start_load_kv` restores straight into vLLM's blocks
-  (:class:`~stratastore.restore.PagedKV`: every page validated in the block it is delivered
-  to, before the forward that reads it). A restore that stops short (a damaged page, a segment
+  blocks to fill; the worker's :meth:`start_load_kv` restores into vLLM's blocks before the
+  forward that reads them (:class:`.pool.Pool`: vLLM's CPU layout, or the paged layout through
+  :class:`~stratastore.restore.PagedKV`), every page validated before it is delivered. A restore that stops short (a damaged page, a segment
   gone) reports the blocks it did not fill (:meth:`get_block_ids_with_load_errors`): vLLM
   recomputes them, so the tokens are a recompute's. The connector asks vLLM for that
   (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
