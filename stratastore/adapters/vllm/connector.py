@@ -9,10 +9,11 @@ per process. The scheduler side decides, the worker side moves the bytes:
   :meth:`update_state_after_alloc` and :meth:`build_connector_meta` tell the worker which
   blocks to fill; the worker's :meth:`start_load_kv` restores into vLLM's blocks before the
   forward that reads them (:class:`.pool.Pool`: vLLM's CPU layout, or the paged layout through
-  :class:`~stratastore.restore.PagedKV`), every page validated before it is delivered. A restore that stops short (a damaged page, a segment
-  gone) reports the blocks it did not fill (:meth:`get_block_ids_with_load_errors`): vLLM
-  recomputes them, so the tokens are a recompute's. The connector asks vLLM for that
-  (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
+  :class:`~stratastore.restore.PagedKV`), every page validated before it is delivered. A
+  restore that stops short (a damaged page, a segment gone) reports the blocks it did not fill
+  (:meth:`get_block_ids_with_load_errors`): vLLM recomputes them, so the tokens are a
+  recompute's. The connector asks vLLM for that (``kv_load_failure_policy = "recompute"``): a
+  store's damage is never a failed request.
 * a finished request: :meth:`request_finished` keeps its blocks (vLLM frees them when the
   worker says so) and the next step's metadata carries them to the worker, whose
   :meth:`wait_for_save` hands them to a saver thread: it copies every computed whole block out
