@@ -132,8 +132,11 @@ def test_loadable_leaves_a_token_and_whole_blocks() -> None:
 def test_parks_are_whole_blocks_cut_where_they_resumed() -> None:
     assert saved_tokens(320, 3, 128) == 256
     assert saved_tokens(1000, 2, 128) == 256
-    assert save_cuts(512, 256) == (0, 256) and save_cuts(256, 0) == (0,)
-    assert save_cuts(256, 256) == (0,)
+    assert save_cuts(512, 256, 128) == (0, 256) and save_cuts(256, 0, 128) == (0,)
+    assert save_cuts(256, 256, 128) == (0,)
+    assert save_cuts(1000, 384, 128) == (0, 256, 384, 512, 768)
+    assert save_cuts(96, 48, 16) == (0, 48) and save_cuts(600, 0, 16) == (0, 256, 512)
+    assert save_cuts(1024, 0, 384) == (0, 384, 768)  # a chunk is whole blocks
 
 
 def test_layer_order_is_by_layer_number() -> None:
