@@ -7,7 +7,9 @@ A random Llama with Llama-3-8B's K/V per token (32 layers x 8 kv heads x 128 dim
 16 reply tokens) runs in one vLLM process and turn 2 (turn 1, its reply and 64 new tokens) in a
 fresh one, timed from ``generate`` to the first token (``max_tokens=1``), with:
 
-* ``StrataConnector`` (every page validated, every park fsynced before the next process);
+* ``StrataConnector`` (every page validated, every park fsynced before the next process: turn
+  1's process lingers 30 s after its last request, as a server would run on, so the parks of
+  its last requests land before vLLM's shutdown, which does not wait long for its workers);
 * no connector: vLLM recomputes the whole prompt;
 * vLLM's ``ExampleConnector`` (safetensors files, no validation, no fsync).
 
@@ -69,6 +71,8 @@ def phase(job: dict[str, Any]) -> dict[str, Any]:
         out.append({"size": size, "seconds": time.monotonic() - t0,
                     "tokens": list(got.outputs[0].token_ids),
                     "cached": got.num_cached_tokens, "prompt": len(prompt)})  # fmt: skip
+    if job["turn"] == 1 and via != "none":  # the parks of the last requests land before exit
+        time.sleep(job.get("linger", 30))
     return {"results": out}
 
 
