@@ -67,13 +67,21 @@ def phase(job: dict[str, Any]) -> dict[str, Any]:
     for size, prompt in zip(job["sizes"], job["prompts"], strict=True):
         sp = SamplingParams(temperature=0, max_tokens=16 if job["turn"] == 1 else 1)
         t0 = time.monotonic()
-        [got] = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+        try:
+            [got] = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+        except Exception as e:  # a peer that fails (its engine is gone): said, and the rest
+            out.append({"size": size, "failed": f"{type(e).__name__}: {e}"[-300:]})
+            break
         out.append({"size": size, "seconds": time.monotonic() - t0,
                     "tokens": list(got.outputs[0].token_ids),
                     "cached": got.num_cached_tokens, "prompt": len(prompt)})  # fmt: skip
     if job["turn"] == 1 and via != "none":  # the parks of the last requests land before exit
         time.sleep(job.get("linger", 30))
     return {"results": out}
+
+
+def size_of(r: dict[str, Any]) -> int:
+    return int(r.get("prompt", r.get("size", 0)))
 
 
 def run_phase(job: dict[str, Any], work: Path, name: str) -> dict[str, Any]:
@@ -84,7 +92,9 @@ def run_phase(job: dict[str, Any], work: Path, name: str) -> dict[str, Any]:
     got = subprocess.run([sys.executable, __file__, "--phase", str(jf), str(of)], env=env,
                          capture_output=True, text=True)  # fmt: skip
     if got.returncode != 0 or not of.exists():
-        sys.exit(f"phase {name} failed:\n{got.stderr[-4000:]}")
+        errors = [ln for ln in got.stderr.splitlines() if "Error" in ln] or ["(no error line)"]
+        print(f"phase {name} failed: {errors[-1][-300:]}")
+        return {"failed": errors[-1][-300:]}
     result: dict[str, Any] = json.loads(of.read_text())
     return result
 
@@ -114,17 +124,24 @@ def main() -> int:
                       work, "none-turn1")  # fmt: skip
     replies = [r["tokens"] for r in first["results"]]
     prompts = [p + r + n for p, r, n in zip(turn1, replies, new, strict=True)]
-    table: dict[str, list[dict[str, Any]]] = {}
+    table: dict[str, list[dict[str, Any]] | None] = {}
     for via in CONNECTORS:
         store = str(work / f"store-{via}")
         subprocess.run(["rm", "-rf", store], check=True)
         if via != "none":  # turn 1 stores the conversation (and must reply as vLLM alone)
             got = run_phase({**base, "via": via, "store": store, "turn": 1, "prompts": turn1},
                             work, f"{via}-turn1")  # fmt: skip
-            if [r["tokens"] for r in got["results"]] != replies:
-                print(f"{via}: turn 1 replied otherwise than vLLM alone")
-        table[via] = run_phase({**base, "via": via, "store": store, "turn": 2,
-                                "prompts": prompts}, work, f"{via}-turn2")["results"]  # fmt: skip
+            if "failed" in got:
+                table[via] = None
+                continue
+            for r, want in zip(got["results"], replies, strict=False):
+                if "failed" in r:
+                    print(f"{via}: turn 1 of {r['size']} tokens failed: {r['failed'][:200]}")
+                elif r["tokens"] != want:
+                    print(f"{via}: turn 1 of {r['size']} tokens replied otherwise than vLLM alone")
+        done = run_phase({**base, "via": via, "store": store, "turn": 2, "prompts": prompts},
+                         work, f"{via}-turn2")  # fmt: skip
+        table[via] = done.get("results")
     kept = run_phase({**base, "via": "none", "store": "", "turn": 2, "prompts": prompts,
                       "warm": turn1}, work, "kept-turn2")["results"]  # fmt: skip
     load = os.getloadavg()[0]
@@ -136,9 +153,15 @@ def main() -> int:
     print(f"{'prompt':>7} {'connector':<12}{'loaded':>8}{'seconds':>9}{'vs recompute':>14}"
           f"  tokens")  # fmt: skip
     for i in range(len(sizes)):
-        ref = table["none"][i]
+        ref = (table["none"] or [])[i]
         for via in CONNECTORS:
-            r = table[via][i]
+            if table[via] is None:
+                print(f"{'':>7} {via:<12} failed (above)")
+                continue
+            r = table[via][i] if i < len(table[via]) else {"failed": "not run"}
+            if "failed" in r:
+                print(f"{size_of(ref):>7} {via:<12} failed: {r['failed'][:120]}")
+                continue
             same = "/".join("same" if r["tokens"] == x["tokens"] else "differ"
                             for x in (kept[i], ref))  # fmt: skip
             print(f"{r['prompt']:>7} {via:<12}{r['cached']:>8}{r['seconds']:>9.2f}"
