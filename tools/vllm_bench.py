@@ -61,8 +61,9 @@ def phase(job: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model=job["model"], dtype="bfloat16", max_model_len=max(job["sizes"]) + 512,
               enforce_eager=True, seed=0, kv_transfer_config=kt)  # fmt: skip
     out = []
-    if job.get("warm"):  # vLLM keeps the conversations: turn 1 first, in this process
-        llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["warm"]],
+    for p in job.get("warm", []):  # vLLM keeps the conversations: turn 1 first, in this
+        # process, one request at a time as turn 1's own phase runs them
+        llm.generate([TokensPrompt(prompt_token_ids=p)],
                      SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # fmt: skip
     for size, prompt in zip(job["sizes"], job["prompts"], strict=True):
         sp = SamplingParams(temperature=0, max_tokens=16 if job["turn"] == 1 else 1)
