@@ -608,7 +608,7 @@ def _add_sim(command: Any, common: list[argparse.ArgumentParser]) -> None:
         p.add_argument("--page-tokens", type=_positive, default=16)
         p.add_argument("--json", action="store_true")
 
-    ae = scenario("agent-edit", help="seed 004: retention against an edit back in history")
+    ae = scenario("agent-edit", help="retention against an edit back in history")
     agent_args(ae, "6000")
     ae.add_argument("--policy", choices=["spread", "lru"], default="spread")
     ae.add_argument(
@@ -621,7 +621,7 @@ def _add_sim(command: Any, common: list[argparse.ArgumentParser]) -> None:
     sw = scenario("edit-sweep", help="re-read tokens of lru, spread and page resume")
     agent_args(sw, "1000,2000,4000,6000,8000,16000,32000,42000,64000,100000,150000")
     sw.set_defaults(func=cmd_sim_edit_sweep)
-    pt = scenario("park-truncate", help="seed 001: park the prefix that fits")
+    pt = scenario("park-truncate", help="park the prefix that fits")
     pt.add_argument("--budget-mib", type=_positive, default=3500)
     pt.add_argument("--slots", type=_positive, default=2)
     pt.add_argument("--min-tokens", type=int, default=4096)
@@ -638,7 +638,7 @@ def _add_sim(command: Any, common: list[argparse.ArgumentParser]) -> None:
     pt.add_argument("--truncate", choices=["on", "off", "both"], default="both")
     pt.add_argument("--json", action="store_true")
     pt.set_defaults(func=cmd_sim_park_truncate)
-    lr = scenario("low-ram", help="seed 000: a rejected park spills to disk")
+    lr = scenario("low-ram", help="a rejected park spills to disk")
     lr.add_argument("--slots", type=_positive, default=4)
     lr.add_argument("--conversations", type=_positive, default=6)
     lr.add_argument("--requests", type=_positive, default=40)
