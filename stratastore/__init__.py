@@ -6,12 +6,12 @@ Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesyst
 format-spec/SPEC.md.
 """
 
-from .catalog import CatalogBusy
-from .chain import Checkpoint, Conversation, InvalidRequest
-from .config import LevelSpec, StoreConfig
-from .errors import ConfigError, StrataError
-from .facade import BatchRestoreError, SpillError, Store, StoreClosed
-from .format import (
+from stratastore.catalog import CatalogBusy
+from stratastore.chain import Checkpoint, Conversation, InvalidRequest
+from stratastore.config import LevelSpec, StoreConfig
+from stratastore.errors import ConfigError, StrataError
+from stratastore.facade import BatchRestoreError, SpillError, Store, StoreClosed
+from stratastore.format import (
     ChecksumMismatch,
     Codec,
     DType,
@@ -22,10 +22,16 @@ from .format import (
     ModelFingerprint,
     UnsupportedVersion,
 )
-from .io import StrataIOError
-from .levels import SegmentBackend
-from .store import PutResult, SegmentNotFound, SegmentStore, StoreError, StoreStats
-from .tiers.tiered import InvalidConversation
+from stratastore.io import StrataIOError
+from stratastore.levels import SegmentBackend
+from stratastore.levels.local import (
+    PutResult,
+    SegmentNotFound,
+    SegmentStore,
+    StoreError,
+    StoreStats,
+)
+from stratastore.tiers.tiered import InvalidConversation
 
 __version__ = "0.1.0"
 

@@ -18,15 +18,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
-from .config import StoreConfig
-from .errors import ConfigError, StrataError
-from .format import ModelFingerprint, decode_sidecar
-from .format.sidecar import MAX_SIDECAR_BYTES
-from .installer import MODEL_SIZES
-from .io import files
-from .level_dirs import StoreLevels, find_store_levels
-from .store import SegmentStore
+from stratastore import __version__
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import ModelFingerprint, decode_sidecar
+from stratastore.format.sidecar import MAX_SIDECAR_BYTES
+from stratastore.io import files
+from stratastore.levels.local import SegmentStore
+from stratastore.ops.installer import MODEL_SIZES
+from stratastore.ops.level_dirs import StoreLevels, find_store_levels
 
 __all__ = ["main"]
 
@@ -50,8 +50,8 @@ def _fingerprint_from_dir(path: str) -> ModelFingerprint | None:
 def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
     """Why a segment's sidecar or data file is not one a store reads (a symbolic link, a FIFO:
     ``lstat``, spec F-DIR-8), as an entry of inspect's skipped list; None when both are."""
-    from .format import data_name, sidecar_name
-    from .io import guard
+    from stratastore.format import data_name, sidecar_name
+    from stratastore.io import guard
 
     for name in (sidecar_name(key), data_name(key)):
         try:
@@ -129,7 +129,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from stratastore.harness.demo import run_demo
 
     if args.dir is not None:
         return run_demo(os.path.abspath(args.dir), args.requests, args.store_config)
@@ -154,7 +154,7 @@ def _print_rows(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
 
 def cmd_sim_agent_edit(args: argparse.Namespace) -> int:
-    from .sim import AgentEdit, run_agent_edit
+    from stratastore.harness.sim import AgentEdit, run_agent_edit
 
     results = [
         run_agent_edit(
@@ -196,7 +196,7 @@ def cmd_sim_agent_edit(args: argparse.Namespace) -> int:
 
 
 def cmd_sim_edit_sweep(args: argparse.Namespace) -> int:
-    from .sim import AgentEdit, run_agent_edit
+    from stratastore.harness.sim import AgentEdit, run_agent_edit
 
     rows, doc = [], []
     for d in args.edit_back:
@@ -238,7 +238,7 @@ def cmd_sim_edit_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_sim_park_truncate(args: argparse.Namespace) -> int:
-    from .sim import ParkTruncate, run_park_truncate
+    from stratastore.harness.sim import ParkTruncate, run_park_truncate
 
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.truncate]
     results = [
@@ -288,7 +288,7 @@ def cmd_sim_park_truncate(args: argparse.Namespace) -> int:
 
 
 def cmd_sim_low_ram(args: argparse.Namespace) -> int:
-    from .sim import LowRam, run_low_ram
+    from stratastore.harness.sim import LowRam, run_low_ram
 
     cfg = LowRam(args.slots, args.conversations, args.requests, args.scale, args.seed)
     if args.dir is not None:
@@ -311,8 +311,8 @@ def cmd_sim_low_ram(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Seeds 004 and 001 run through the Store turn by turn, beside the simulator and the seeds'
-    tables (:mod:`stratastore.replay`); exit 1 when a Store figure differs from a seed's."""
-    from .replay import format_replay, run_replay
+    tables (:mod:`stratastore.harness.replay`); exit 1 when a Store figure differs from a seed's."""
+    from stratastore.harness.replay import format_replay, run_replay
 
     rep = run_replay(os.path.abspath(args.dir) if args.dir is not None else None)
     print(json.dumps(rep.to_json(), indent=2) if args.json else format_replay(rep))
@@ -320,7 +320,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from stratastore.harness.bench import run_bench
 
     if args.peers:
         return _bench_peers(args)
@@ -344,7 +344,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_peers(args: argparse.Namespace) -> int:
-    from .peers import render_peers, run_peers
+    from stratastore.harness.peers import render_peers, run_peers
 
     doc = run_peers(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     print(json.dumps(doc, indent=2) if args.json else render_peers(doc))
@@ -352,7 +352,7 @@ def _bench_peers(args: argparse.Namespace) -> int:
 
 
 def _bench_lmcache(args: argparse.Namespace) -> int:
-    from .lmcache_bench import render_lmcache, run_lmcache
+    from stratastore.harness.lmcache_bench import render_lmcache, run_lmcache
 
     doc = run_lmcache(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     print(json.dumps(doc, indent=2) if args.json else render_lmcache(doc))
@@ -360,8 +360,8 @@ def _bench_lmcache(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    from .fsck import fsck
-    from .repair import repair
+    from stratastore.ops.fsck import fsck
+    from stratastore.ops.repair import repair
 
     if args.remote:
         return _fsck_remote(args)
@@ -395,8 +395,8 @@ def _fsck_remote(args: argparse.Namespace) -> int:
     """``strata fsck --remote``: the remote level's namespaces of ``--config``'s store name
     (issue 17); exit 1 when one is not clean (after ``--repair``: when it is not clean when
     checked again). The counts are what the check found, before any repair."""
-    from .levels.redis_fsck import fsck_remote
-    from .levels.redis_settings import RemoteSettings
+    from stratastore.levels.redis.fsck import fsck_remote
+    from stratastore.levels.redis.settings import RemoteSettings
 
     cfg: StoreConfig | None = args.store_config
     if cfg is None or not cfg.remote_url:
@@ -448,8 +448,8 @@ def _fsck_remote(args: argparse.Namespace) -> int:
 def cmd_conformance(args: argparse.Namespace) -> int:
     """Check the levels against the spec's MUST clauses; the verdict cites the spec and the
     finding ids by their paths in the installed package (the conformance kit it ships)."""
-    from .testing.conformance import check_conformance
-    from .testing.vectors import kit_path
+    from stratastore.testing.conformance import check_conformance
+    from stratastore.testing.vectors import kit_path
 
     levels = _store_levels(args)
     report = check_conformance(levels.checked, levels=levels)
@@ -511,7 +511,7 @@ def _monitor_table(doc: dict[str, Any]) -> str:
 def cmd_monitor(args: argparse.Namespace) -> int:
     """The table refreshes in place until Ctrl-C (unless ``--once``); ``--json`` and
     ``--prometheus`` are for machines: one document, printed once, no screen codes."""
-    from .monitor import prometheus_text, read_monitor
+    from stratastore.metrics.monitor import prometheus_text, read_monitor
 
     if not (math.isfinite(args.interval) and args.interval > 0):  # sleep(-1) raises, 0 spins
         raise ConfigError(f"--interval {args.interval:g} must be a positive number of "
@@ -565,7 +565,7 @@ def _config_dirs(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from .installer import measure_machine, run_init, write_config
+    from stratastore.ops.installer import measure_machine, run_init, write_config
 
     def ask(question: str) -> str:
         try:

@@ -36,11 +36,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .errors import ConfigError
-from .format.sidecar import Level
-from .io import files
-from .io.errors import NotARegularFile, StrataIOError
-from .io.modes import file_mode_problem
+from stratastore.errors import ConfigError
+from stratastore.format.sidecar import Level
+from stratastore.io import files
+from stratastore.io.errors import NotARegularFile, StrataIOError
+from stratastore.io.modes import file_mode_problem
 
 __all__ = ["ALIASES", "MAX_LEVELS", "LevelSpec", "StoreConfig", "level_byte"]
 
@@ -286,7 +286,7 @@ class StoreConfig:
     def _check_remote(self) -> None:
         """The remote level's settings, checked without connecting (issue 17): its URL parses,
         its name is one a key can carry, its budget goes with ``remote_eviction=store``."""
-        from .levels.redis_settings import RemoteSettings, check_name
+        from stratastore.levels.redis.settings import RemoteSettings, check_name
 
         check_name(self.remote_name)
         if not self.remote_url:

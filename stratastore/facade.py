@@ -38,17 +38,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .chain import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens
-from .config import StoreConfig
-from .device_arrays import is_device_array
-from .errors import ConfigError, StrataError
-from .format import ModelFingerprint
-from .format.naming import INDEX_DIR
-from .io import durable_write
-from .monitor import MONITOR_FILE, prometheus_text
-from .restore import Destination, flat_bytes
-from .tiers.device import device_snapshot, device_to_host
-from .tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
+from stratastore.chain import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import ModelFingerprint
+from stratastore.format.naming import INDEX_DIR
+from stratastore.io import durable_write
+from stratastore.metrics.monitor import MONITOR_FILE, prometheus_text
+from stratastore.restore import Destination, flat_bytes
+from stratastore.restore.device_arrays import is_device_array
+from stratastore.tiers.device import device_snapshot, device_to_host
+from stratastore.tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
 
 __all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
 

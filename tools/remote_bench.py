@@ -62,8 +62,8 @@ from stratastore import Checkpoint, Conversation, Store, StoreConfig  # noqa: E4
 from stratastore.chain import as_tokens  # noqa: E402
 from stratastore.format import ModelFingerprint  # noqa: E402
 from stratastore.format.keys import SegmentKey  # noqa: E402
-from stratastore.levels.redis_backend import RedisBackend  # noqa: E402
-from stratastore.levels.redis_settings import RemoteSettings  # noqa: E402
+from stratastore.levels.redis.backend import RedisBackend  # noqa: E402
+from stratastore.levels.redis.settings import RemoteSettings  # noqa: E402
 from stratastore.restore.reads import read_plain  # noqa: E402
 from tests.redis_servers import RedisCluster, RedisServer, find_redis  # noqa: E402
 

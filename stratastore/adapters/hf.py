@@ -57,15 +57,14 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
 from numba_kernels.cpu import parallel_run
-
-from ..chain import Checkpoint, Conversation, as_tokens
-from ..config import StoreConfig
-from ..errors import ConfigError
-from ..facade import Store
-from ..format import ModelFingerprint
-from ..restore import Destination, DeviceLayerKV, LayerKV, deliver_capture
-from ..restore.destinations import page_runs
-from ..tiers.tiered import ParkReport
+from stratastore.chain import Checkpoint, Conversation, as_tokens
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError
+from stratastore.facade import Store
+from stratastore.format import ModelFingerprint
+from stratastore.restore import Destination, DeviceLayerKV, LayerKV, deliver_capture
+from stratastore.restore.destinations import page_runs
+from stratastore.tiers.tiered import ParkReport
 
 __all__ = ["TransformersCache", "cuts_from_chat_template", "fingerprint_for", "sliding_window_of"]
 

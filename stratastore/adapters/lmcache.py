@@ -67,10 +67,10 @@ from typing import Any
 from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-from ..errors import ConfigError, StrataError
-from ..format import DType, FormatError, ModelFingerprint
-from .lmcache_chunks import ChunkLayout, KeyFields, PluginCounters, chunk_id
-from .lmcache_store import ChunkStore, OpenChunk, stored_bytes
+from stratastore.adapters.lmcache_chunks import ChunkLayout, KeyFields, PluginCounters, chunk_id
+from stratastore.adapters.lmcache_store import ChunkStore, OpenChunk, stored_bytes
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import DType, FormatError, ModelFingerprint
 
 __all__ = ["FlushTimeout", "PluginSettings", "PutsFailed", "StrataStoragePlugin",
            "fingerprint_of"]  # fmt: skip

@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 
 import blake3
 
-from ..format import FormatError
+from stratastore.format import FormatError
 
 __all__ = [
     "LAYOUT_ID",

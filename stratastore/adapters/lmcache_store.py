@@ -4,7 +4,7 @@ import; :mod:`stratastore.adapters.lmcache` is the LMCache side).
 
 A chunk is addressed by its **chunk id** (:func:`~stratastore.adapters.lmcache_chunks.chunk_id`
 of its LMCache key) and stored as the running-state segment ``state_key(chunk id)`` of a
-:class:`~stratastore.store.SegmentStore` (spec F-KEY-5): the store's durable put protocol
+:class:`~stratastore.levels.local.SegmentStore` (spec F-KEY-5): the store's durable put protocol
 (F-DUR: data file written and fsynced, renamed in, directory fsynced, sidecar written durably,
 indexed), its LMDB index rebuilt from the sidecars at open (F-IDX), BLAKE3 per page (F-SC-3).
 
@@ -36,8 +36,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import StrataError
-from ..format import (
+from stratastore.adapters.lmcache_chunks import LAYOUT_ID, ChunkLayout, PluginCounters
+from stratastore.errors import StrataError
+from stratastore.format import (
     DATA_OFFSET,
     ChecksumMismatch,
     Codec,
@@ -48,15 +49,14 @@ from ..format import (
     data_name,
     sidecar_name,
 )
-from ..format.keys import state_key
-from ..format.sidecar import SIDECAR_HEAD, TRAILER_BYTES
-from ..io import files
-from ..io.errors import ShortRead, StrataIOError
-from ..io.modes import DEFAULT_FILE_MODE
-from ..store import SegmentNotFound, SegmentStore
-from ..store.reader import SegmentReader, require_valid
-from ..store.sealing import STATE_PAGE_BYTES
-from .lmcache_chunks import LAYOUT_ID, ChunkLayout, PluginCounters
+from stratastore.format.keys import state_key
+from stratastore.format.sidecar import SIDECAR_HEAD, TRAILER_BYTES
+from stratastore.io import files
+from stratastore.io.errors import ShortRead, StrataIOError
+from stratastore.io.modes import DEFAULT_FILE_MODE
+from stratastore.levels.local import SegmentNotFound, SegmentStore
+from stratastore.levels.reader import SegmentReader, require_valid
+from stratastore.levels.sealing import STATE_PAGE_BYTES
 
 __all__ = ["ChunkStore", "OpenChunk", "PutOutcome", "stored_bytes"]
 

@@ -3,8 +3,8 @@ seen alike by every process (tables.py), what a manifest means to it (chains.py)
 removes whole chains (gc.py), opening it (recovery.py). May import format/, io/, store/, levels/
 and chain/; never tiers/ or the facade."""
 
-from .chains import conv_id_key, cut_manifest, manifest_keys, pinned_length
-from .tables import Catalog, CatalogBusy, NameTaken, Removal
+from stratastore.catalog.chains import conv_id_key, cut_manifest, manifest_keys, pinned_length
+from stratastore.catalog.tables import Catalog, CatalogBusy, NameTaken, Removal
 
 __all__ = [
     "Catalog",

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import blake3
 
-from ..format.manifest import ChainManifest
+from stratastore.format.manifest import ChainManifest
 
 __all__ = ["conv_id_key", "cut_manifest", "evictable", "manifest_keys", "pinned_length"]
 

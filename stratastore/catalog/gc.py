@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from ..format.manifest import ChainManifest
-from ..format.naming import chain_name
-from ..io import durable_write, guard
-from ..levels.backend import SegmentBackend
-from .chains import pinned_length
-from .tables import Catalog, Removal
+from stratastore.catalog.chains import pinned_length
+from stratastore.catalog.tables import Catalog, Removal
+from stratastore.format.manifest import ChainManifest
+from stratastore.format.naming import chain_name
+from stratastore.io import durable_write, guard
+from stratastore.levels.backend import SegmentBackend
 
 __all__ = ["CANDIDATES", "Collector"]
 

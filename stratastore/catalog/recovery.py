@@ -24,18 +24,18 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..format import ChecksumMismatch, FormatError, KeyMismatch
-from ..format.manifest import (
+from stratastore.catalog.gc import Collector
+from stratastore.catalog.tables import Catalog, Removal
+from stratastore.format import ChecksumMismatch, FormatError, KeyMismatch
+from stratastore.format.manifest import (
     MAX_MANIFEST_BYTES,
     ChainManifest,
     decode_manifest,
     verify_manifest_keys,
 )
-from ..format.naming import CHAIN_PREFIX, CHAIN_SUFFIX, chain_name, is_chain_name
-from ..io import durable_write, files, guard
-from ..io.errors import StrataIOError
-from .gc import Collector
-from .tables import Catalog, Removal
+from stratastore.format.naming import CHAIN_PREFIX, CHAIN_SUFFIX, chain_name, is_chain_name
+from stratastore.io import durable_write, files, guard
+from stratastore.io.errors import StrataIOError
 
 __all__ = ["Recovered", "finish_ticket", "load_manifest", "recover"]
 

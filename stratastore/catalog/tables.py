@@ -38,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StrataError
-from ..format.manifest import ChainManifest, decode_manifest, encode_manifest
-from ..io.system import process_alive, process_start, this_process
-from ..store.index import SegmentIndex
-from .chains import conv_id_key, cut_manifest, evictable, manifest_keys
+from stratastore.catalog.chains import conv_id_key, cut_manifest, evictable, manifest_keys
+from stratastore.errors import StrataError
+from stratastore.format.manifest import ChainManifest, decode_manifest, encode_manifest
+from stratastore.io.system import process_alive, process_start, this_process
+from stratastore.levels.local.index import SegmentIndex
 
 __all__ = ["Catalog", "CatalogBusy", "NameTaken", "Removal", "ticket_pid"]
 

@@ -1,9 +1,16 @@
 """Checkpoint chains, prefix lookup, retention and parking policy (DESIGN layer 4)."""
 
-from .model import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens, page_floor
-from .prefix_index import Match, PrefixIndex
-from .retained import RetainedChains
-from .retention import (
+from stratastore.chain.model import (
+    Checkpoint,
+    Conversation,
+    InvalidRequest,
+    as_media,
+    as_tokens,
+    page_floor,
+)
+from stratastore.chain.prefix_index import Match, PrefixIndex
+from stratastore.chain.retained import RetainedChains
+from stratastore.chain.retention import (
     POLICIES,
     Policy,
     add_checkpoint,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError
-from ..format.keys import SegmentKey, key_chain
+from stratastore.errors import ConfigError
+from stratastore.format.keys import SegmentKey, key_chain
 
 __all__ = [
     "Checkpoint",

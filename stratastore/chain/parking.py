@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError
-from .model import Conversation
-from .prefix_index import Match, PrefixIndex
+from stratastore.chain.model import Conversation
+from stratastore.chain.prefix_index import Match, PrefixIndex
+from stratastore.errors import ConfigError
 
 __all__ = ["ConversationCache", "ParkOutcome", "SizeModel"]
 

@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .model import Conversation, Tokens, as_tokens, page_floor
+from stratastore.chain.model import Conversation, Tokens, as_tokens, page_floor
 
 __all__ = ["Match", "PrefixIndex"]
 

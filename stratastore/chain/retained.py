@@ -41,9 +41,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import ConfigError
-from .model import Checkpoint, Conversation
-from .retention import Policy, add_checkpoint, enforce_count
+from stratastore.chain.model import Checkpoint, Conversation
+from stratastore.chain.retention import Policy, add_checkpoint, enforce_count
+from stratastore.errors import ConfigError
 
 __all__ = ["RetainedChains", "prefix_digests"]
 

@@ -16,8 +16,8 @@ import bisect
 from collections.abc import Sequence
 from typing import Literal
 
-from ..errors import ConfigError
-from .model import Checkpoint
+from stratastore.chain.model import Checkpoint
+from stratastore.errors import ConfigError
 
 __all__ = [
     "POLICIES",

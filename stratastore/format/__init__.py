@@ -1,15 +1,15 @@
 """Pure encode/decode of every on-disk structure (format-spec/SPEC.md). No I/O, no policy."""
 
-from .errors import (
+from stratastore.format.errors import (
     ChecksumMismatch,
     FormatError,
     IncompatibleFingerprint,
     KeyMismatch,
     UnsupportedVersion,
 )
-from .fingerprint import DType, KVLayout, ModelFingerprint
-from .index_record import INDEX_SCHEMA, IndexRecord
-from .keys import (
+from stratastore.format.fingerprint import DType, KVLayout, ModelFingerprint
+from stratastore.format.index_record import INDEX_SCHEMA, IndexRecord
+from stratastore.format.keys import (
     KEY_BYTES,
     MediaRef,
     SegmentKey,
@@ -19,9 +19,14 @@ from .keys import (
     segment_media,
     state_key,
 )
-from .naming import data_name, parse_name, sidecar_name
-from .segment import DATA_OFFSET, SegmentHeader, decode_segment_header, encode_segment_header
-from .sidecar import Codec, Kind, Level, Sidecar, decode_sidecar, encode_sidecar
+from stratastore.format.naming import data_name, parse_name, sidecar_name
+from stratastore.format.segment import (
+    DATA_OFFSET,
+    SegmentHeader,
+    decode_segment_header,
+    encode_segment_header,
+)
+from stratastore.format.sidecar import Codec, Kind, Level, Sidecar, decode_sidecar, encode_sidecar
 
 __all__ = [
     "DATA_OFFSET",

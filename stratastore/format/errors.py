@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import StrataError
+from stratastore.errors import StrataError
 
 __all__ = [
     "ChecksumMismatch",

@@ -15,7 +15,7 @@ from typing import SupportsIndex
 
 import blake3
 
-from .errors import FormatError, IncompatibleFingerprint
+from stratastore.format.errors import FormatError, IncompatibleFingerprint
 
 __all__ = [
     "FINGERPRINT",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .errors import FormatError
-from .sidecar import Codec, Kind, Level, Sidecar
+from stratastore.format.errors import FormatError
+from stratastore.format.sidecar import Codec, Kind, Level, Sidecar
 
 __all__ = ["INDEX_RECORD", "INDEX_SCHEMA", "IndexRecord"]
 

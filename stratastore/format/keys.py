@@ -17,7 +17,7 @@ import blake3
 import numpy as np
 import numpy.typing as npt
 
-from .errors import FormatError
+from stratastore.format.errors import FormatError
 
 __all__ = [
     "KEY_BYTES",

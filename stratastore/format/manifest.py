@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
-from .errors import ChecksumMismatch, FormatError, KeyMismatch, UnsupportedVersion
-from .keys import key_chain, state_key
+from stratastore.format.errors import ChecksumMismatch, FormatError, KeyMismatch, UnsupportedVersion
+from stratastore.format.keys import key_chain, state_key
 
 __all__ = [
     "MANIFEST_HEAD",

@@ -12,8 +12,8 @@ import re
 
 import blake3
 
-from .errors import FormatError
-from .keys import KEY_BYTES
+from stratastore.format.errors import FormatError
+from stratastore.format.keys import KEY_BYTES
 
 __all__ = [
     "CHAIN_PREFIX",

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import FormatError
-from .sidecar import MAX_SIDECAR_BYTES, Sidecar, decode_sidecar, encode_sidecar
+from stratastore.format.errors import FormatError
+from stratastore.format.sidecar import MAX_SIDECAR_BYTES, Sidecar, decode_sidecar, encode_sidecar
 
 __all__ = [
     "MAX_COMMIT_RECORD_BYTES",

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import blake3
 
-from .errors import ChecksumMismatch, FormatError, UnsupportedVersion
-from .sidecar import MAX_PAGES, Codec, Kind, Sidecar
+from stratastore.format.errors import ChecksumMismatch, FormatError, UnsupportedVersion
+from stratastore.format.sidecar import MAX_PAGES, Codec, Kind, Sidecar
 
 __all__ = [
     "DATA_OFFSET",

@@ -22,9 +22,9 @@ from enum import IntEnum
 
 import blake3
 
-from .errors import ChecksumMismatch, FormatError, UnsupportedVersion
-from .fingerprint import FINGERPRINT, MAX_PAGE_BYTES, ModelFingerprint
-from .keys import KEY_BYTES, MediaRef
+from stratastore.format.errors import ChecksumMismatch, FormatError, UnsupportedVersion
+from stratastore.format.fingerprint import FINGERPRINT, MAX_PAGE_BYTES, ModelFingerprint
+from stratastore.format.keys import KEY_BYTES, MediaRef
 
 __all__ = [
     "MAX_MEDIA",

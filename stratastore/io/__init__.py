@@ -5,10 +5,10 @@ F-DIR-8), ``modes`` the permission modes (F-DIR-9), ``durable`` the write protoc
 rename-or-copy, ``faults`` the injection seam every durability test targets.
 """
 
-from . import faults, files, guard, modes
-from .durable import DurableFile, durable_write
-from .errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
-from .relocate import relocate_file
+from stratastore.io import faults, files, guard, modes
+from stratastore.io.durable import DurableFile, durable_write
+from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
+from stratastore.io.relocate import relocate_file
 
 __all__ = [
     "DurableFile",

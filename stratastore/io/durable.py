@@ -19,11 +19,11 @@ import os
 import secrets
 from types import TracebackType
 
-from ..format.naming import TEMP_PREFIX
-from . import files
-from .errors import StrataIOError
-from .guard import remove_store_file
-from .modes import DEFAULT_FILE_MODE
+from stratastore.format.naming import TEMP_PREFIX
+from stratastore.io import files
+from stratastore.io.errors import StrataIOError
+from stratastore.io.guard import remove_store_file
+from stratastore.io.modes import DEFAULT_FILE_MODE
 
 __all__ = ["WRITEBACK_MIN", "DurableFile", "durable_write", "temp_path_for"]
 

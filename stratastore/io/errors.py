@@ -6,7 +6,7 @@ import errno as _errno
 import os
 import stat
 
-from ..errors import StrataError
+from stratastore.errors import StrataError
 
 __all__ = [
     "NotARegularFile",

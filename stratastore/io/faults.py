@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .errors import StrataIOError
+from stratastore.io.errors import StrataIOError
 
 __all__ = [
     "CRASH_ENV",

@@ -36,10 +36,10 @@ import struct
 from collections.abc import Callable
 from typing import cast
 
-from . import faults
-from .errors import ShortRead, StrataIOError, SymlinkRefused, refusal
-from .faults import call as _do
-from .modes import DEFAULT_FILE_MODE, dir_mode
+from stratastore.io import faults
+from stratastore.io.errors import ShortRead, StrataIOError, SymlinkRefused, refusal
+from stratastore.io.faults import call as _do
+from stratastore.io.modes import DEFAULT_FILE_MODE, dir_mode
 
 __all__ = [
     "NETWORK_FILESYSTEMS",

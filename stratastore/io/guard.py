@@ -30,10 +30,16 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..format.naming import INDEX_DIR, QUARANTINE_DIR, TEMP_PREFIX, is_chain_name, parse_name
-from .errors import NotAStoreName, StrataIOError, refusal
-from .faults import call
-from .modes import DEFAULT_FILE_MODE, dir_mode
+from stratastore.format.naming import (
+    INDEX_DIR,
+    QUARANTINE_DIR,
+    TEMP_PREFIX,
+    is_chain_name,
+    parse_name,
+)
+from stratastore.io.errors import NotAStoreName, StrataIOError, refusal
+from stratastore.io.faults import call
+from stratastore.io.modes import DEFAULT_FILE_MODE, dir_mode
 
 __all__ = [
     "INDEX_FILES",

@@ -13,9 +13,9 @@ import errno as _errno
 import os
 from typing import Literal
 
-from . import files
-from .durable import DurableFile
-from .errors import StrataIOError
+from stratastore.io import files
+from stratastore.io.durable import DurableFile
+from stratastore.io.errors import StrataIOError
 
 __all__ = ["COPY_CHUNK", "link_or_copy", "relocate_file"]
 

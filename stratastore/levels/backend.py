@@ -4,7 +4,7 @@ A level stores the *sealed segments* of one model: a segment is a key (spec F-KE
 (F-SC: the page digests, the stored sizes, the level that sealed it) and its *stored payload*
 (F-SEG-4: RAW pages, or one zstd frame a page). A backend keeps them, and nothing else; the
 policy above it (budgets, the cascade, pins, GC) lives in ``tiers/`` and ``catalog/``. The
-local directory store :class:`~stratastore.store.SegmentStore` is the first backend;
+local directory store :class:`~stratastore.levels.local.SegmentStore` is the first backend;
 ``tests/conformance`` proves the seam with an in-memory one, and
 :class:`~stratastore.testing.BackendTests` is the suite every backend passes.
 
@@ -19,11 +19,11 @@ Contracts every backend keeps:
   memory they deliver from and raise :class:`~stratastore.format.ChecksumMismatch` for one
   that does not match; ``read_into`` and the reader's range reads deliver *stored* bytes
   unvalidated, for a caller that hashes what it reads (the restore's read pass).
-* **typed errors**: a key not held is :class:`~stratastore.store.SegmentNotFound` on every
+* **typed errors**: a key not held is :class:`~stratastore.levels.local.SegmentNotFound` on every
   read (including one deleted by another process between two calls); another model's segment
   :class:`~stratastore.format.IncompatibleFingerprint`; a bad buffer or argument
-  :class:`~stratastore.store.StoreError`; a range past the end
-  :class:`~stratastore.store.OutOfRange`; damage a
+  :class:`~stratastore.levels.local.StoreError`; a range past the end
+  :class:`~stratastore.levels.local.OutOfRange`; damage a
   :class:`~stratastore.format.FormatError` / ``ChecksumMismatch``; never a crash or a raw OS
   error for a missing key.
 * **cost that does not grow with the store**: ``used`` is O(1); ``oldest`` O(log n) a row.
@@ -33,24 +33,44 @@ Contracts every backend keeps:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from ..format import Codec, IndexRecord, Level, MediaRef, ModelFingerprint, Sidecar
-from ..store.relocation import Relocated, relocate_by_copy
-from ..store.sealing import Buffer
-from ..store.segment_store import PutResult
+from stratastore.format import Codec, IndexRecord, Level, MediaRef, ModelFingerprint, Sidecar
+from stratastore.levels.relocation import Relocated, relocate_by_copy
+from stratastore.levels.sealing import Buffer
 
-__all__ = ["OpenSegment", "Relocated", "SegmentBackend", "relocate_by_copy"]
+__all__ = [
+    "OpenSegment",
+    "PutResult",
+    "Relocated",
+    "SegmentBackend",
+    "StoreStats",
+    "relocate_by_copy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    key: bytes
+    created: bool  #: False when the key was already committed (nothing was written)
+    stored_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    entries: int
+    disk_bytes: int  #: data files plus sidecars of the indexed segments
 
 
 @runtime_checkable
 class OpenSegment(Protocol):
     """A committed segment held open for reads of its stored payload into memory the caller
-    owns (what the restore's read pass uses; :class:`~stratastore.store.PayloadReader` builds
+    owns (what the restore's read pass uses; :class:`~stratastore.levels.local.PayloadReader` builds
     every method but the positional read, so a backend implements only that). Once open, its
     reads see one version of the segment: a delete meanwhile is a typed error at the read or
     the old bytes, never a mix."""
@@ -59,7 +79,7 @@ class OpenSegment(Protocol):
 
     def read_into(self, buf: npt.NDArray[np.uint8] | memoryview, offset: int = 0) -> None:
         """Fill all of ``buf`` with stored bytes from ``offset``, unvalidated;
-        :class:`~stratastore.store.OutOfRange` past the end."""
+        :class:`~stratastore.levels.local.OutOfRange` past the end."""
         ...
 
     def readv_into(self, bufs: list[memoryview], offset: int = 0) -> None:
@@ -116,15 +136,15 @@ class SegmentBackend(Protocol):
         page_hashes: npt.NDArray[np.uint8] | None = None,
     ) -> PutResult:
         """Seal and store the K/V pages of ``tokens`` after the prefix ``parent_key`` (key: spec
-        F-KEY-2, layout F-SEG-4; :func:`~stratastore.store.sealing.kv_segment` checks and keys
+        F-KEY-2, layout F-SEG-4; :func:`~stratastore.levels.sealing.kv_segment` checks and keys
         it). ``payload`` must be C-contiguous and exactly ``len(tokens) * token_bytes`` long,
-        else :class:`~stratastore.store.StoreError`. A key already held: ``created=False``.
+        else :class:`~stratastore.levels.local.StoreError`. A key already held: ``created=False``.
 
         ``page_hashes`` (``None``: the backend hashes the pages): the ``(pages, 32)`` uint8
         BLAKE3 digests of ``payload``'s pages, which the sidecar carries as they are, not
         hashed again (a park from device memory, hashed there by the kernel over the same bytes
         before their one copy to the host: issue 15 item 2). The caller vouches that they are
-        of these bytes; a wrong shape is a :class:`~stratastore.store.StoreError`, before
+        of these bytes; a wrong shape is a :class:`~stratastore.levels.local.StoreError`, before
         anything is stored (``kv_segment`` checks it)."""
         ...
 
@@ -137,7 +157,7 @@ class SegmentBackend(Protocol):
     def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
         """Store a segment another level sealed (the generic relocation's write): ``stored``
         is its stored payload. Checked first, model, size and every page
-        (:func:`~stratastore.store.sealing.check_sealed`), then committed under this level's
+        (:func:`~stratastore.levels.sealing.check_sealed`), then committed under this level's
         own sidecar (its ``level``, sealed now: F-SC-5, F-DUR-8)."""
         ...
 
@@ -169,8 +189,8 @@ class SegmentBackend(Protocol):
     def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
         """Copy *stored* bytes of ``key`` from ``offset`` into ``out``, unvalidated: as many as
         fit, up to the end; returns the count (0 at the end).
-        :class:`~stratastore.store.OutOfRange` for an offset before 0 or past the end;
-        :class:`~stratastore.store.StoreError` for a read-only or non-contiguous ``out``."""
+        :class:`~stratastore.levels.local.OutOfRange` for an offset before 0 or past the end;
+        :class:`~stratastore.levels.local.StoreError` for a read-only or non-contiguous ``out``."""
         ...
 
     def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
@@ -220,6 +240,6 @@ class SegmentBackend(Protocol):
 
 
 if TYPE_CHECKING:  # the first implementation satisfies the protocol (mypy strict checks this)
-    from ..store.segment_store import SegmentStore
+    from stratastore.levels.local.segment_store import SegmentStore
 
     _local: type[SegmentBackend] = SegmentStore

@@ -1,7 +1,7 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
-from .agenda import restore_batch
-from .destinations import (
+from stratastore.restore.agenda import restore_batch
+from stratastore.restore.destinations import (
     Destination,
     DestinationRefused,
     FlatKV,
@@ -12,8 +12,8 @@ from .destinations import (
     flat_bytes,
     pack_pages,
 )
-from .device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
-from .two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
+from stratastore.restore.device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
+from stratastore.restore.two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
     "Destination",

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from contextlib import closing
 
-from .two_pass import Chunk, Damage, Delivery, Job, Outcome, release
+from stratastore.restore.two_pass import Chunk, Damage, Delivery, Job, Outcome, release
 
 __all__ = ["Job", "restore_batch"]
 

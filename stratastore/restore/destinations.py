@@ -28,10 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from numba_kernels.cpu import parallel_copy, parallel_run
-
-from ..device_arrays import is_device_array
-from ..errors import ConfigError
-from ..format import ModelFingerprint
+from stratastore.errors import ConfigError
+from stratastore.format import ModelFingerprint
+from stratastore.restore.device_arrays import is_device_array
 
 __all__ = [
     "Destination",
@@ -344,7 +343,9 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
     if isinstance(out, np.ndarray):
         return FlatKV(fp, out, read_direct=True)
     if is_device_array(out):
-        from .device import DeviceFlatKV  # device memory: validated on the device (issue 15)
+        from stratastore.restore.device import (
+            DeviceFlatKV,  # device memory: validated on the device (issue 15)
+        )
 
         return DeviceFlatKV(fp, out, what)
     if callable(getattr(out, "capacity", None)) and callable(getattr(out, "write_pages", None)):

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..device_arrays import address, as_device_array, device_bytes
-from ..format import ModelFingerprint
-from ..store.staging import StagingPool
-from .destinations import DestinationRefused
+from stratastore.format import ModelFingerprint
+from stratastore.levels.staging import StagingPool
+from stratastore.restore.destinations import DestinationRefused
+from stratastore.restore.device_arrays import address, as_device_array, device_bytes
 
 __all__ = [
     "DeviceDestination",
@@ -273,7 +273,7 @@ class DevicePagedKV(_DevicePerToken):
 
     def __init__(self, fp: ModelFingerprint, pools: Sequence[object],
                  block_table: Sequence[int] | npt.NDArray[np.integer]) -> None:  # fmt: skip
-        from .destinations import _block_table
+        from stratastore.restore.destinations import _block_table
 
         super().__init__(fp)
         if len(pools) != fp.n_layers:

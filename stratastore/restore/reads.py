@@ -19,8 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 import numba_kernels
-
-from ..levels.backend import OpenSegment
+from stratastore.levels.backend import OpenSegment
 
 __all__ = ["read_hashed", "read_plain", "read_scattered_hashed"]
 

@@ -41,16 +41,15 @@ import numpy as np
 import numpy.typing as npt
 
 import numba_kernels
-
-from ..errors import StrataError
-from ..format import ChecksumMismatch, Codec, FormatError, ModelFingerprint
-from ..io.errors import StrataIOError
-from ..levels.backend import OpenSegment, SegmentBackend
-from ..store import SegmentNotFound
-from ..store.staging import STAGING, StagingPool
-from .destinations import Destination, FlatKV, _PerToken
-from .device import DeviceDestination, device_staging, stage_and_validate
-from .reads import read_hashed, read_plain, read_scattered_hashed
+from stratastore.errors import StrataError
+from stratastore.format import ChecksumMismatch, Codec, FormatError, ModelFingerprint
+from stratastore.io.errors import StrataIOError
+from stratastore.levels.backend import OpenSegment, SegmentBackend
+from stratastore.levels.local import SegmentNotFound
+from stratastore.levels.staging import STAGING, StagingPool
+from stratastore.restore.destinations import Destination, FlatKV, _PerToken
+from stratastore.restore.device import DeviceDestination, device_staging, stage_and_validate
+from stratastore.restore.reads import read_hashed, read_plain, read_scattered_hashed
 
 __all__ = [
     "Chunk",
@@ -117,7 +116,9 @@ def two_pass_restore(
 ) -> Outcome:
     """Restore tokens ``[0, wanted)`` from ``pieces`` (consecutive, from token 0) into ``dest``,
     streaming chunk by chunk (see the module docstring). Raises what the restore raised."""
-    from .agenda import restore_batch  # the agenda runs the passes of every restore
+    from stratastore.restore.agenda import (
+        restore_batch,  # the agenda runs the passes of every restore
+    )
 
     got = restore_batch([Job(pieces, wanted, dest, fp, resume_at, ladder, chunk_bytes)])[0]
     if isinstance(got, Exception):

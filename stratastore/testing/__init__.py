@@ -3,10 +3,10 @@ of the format can check themselves: the golden vectors (format-spec/vectors/), t
 ``strata conformance`` check of a directory, the abstract ``StoreTests`` suite, and
 ``BackendTests``, the suite every segment backend (a level) passes."""
 
-from .backend_suite import BackendTests
-from .conformance import CLAUSES, ConformanceReport, check_conformance
-from .suite import StoreTests
-from .vectors import load_manifest, load_vectors, vector_outcome
+from stratastore.testing.backend_suite import BackendTests
+from stratastore.testing.conformance import CLAUSES, ConformanceReport, check_conformance
+from stratastore.testing.suite import StoreTests
+from stratastore.testing.vectors import load_manifest, load_vectors, vector_outcome
 
 __all__ = [
     "BackendTests",

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import StrataError
-from ..format import (
+from stratastore.errors import StrataError
+from stratastore.format import (
     ChecksumMismatch,
     Codec,
     IncompatibleFingerprint,
@@ -39,8 +39,8 @@ from ..format import (
     Level,
     ModelFingerprint,
 )
-from ..levels.backend import SegmentBackend
-from ..store import OutOfRange, SegmentNotFound, SegmentStore, StoreError
+from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.local import OutOfRange, SegmentNotFound, SegmentStore, StoreError
 
 __all__ = ["BackendTests"]
 

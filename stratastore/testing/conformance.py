@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..fsck import Finding, fsck
-from ..level_dirs import StoreLevels
+from stratastore.ops.fsck import Finding, fsck
+from stratastore.ops.level_dirs import StoreLevels
 
 __all__ = ["CLAUSES", "ConformanceReport", "check_conformance"]
 
@@ -64,7 +64,7 @@ def check_conformance(dirs: Sequence[str], *, levels: StoreLevels | None = None
                       ) -> ConformanceReport:  # fmt: skip
     """Every page of the level directories ``dirs`` re-hashed; each finding filed under the
     clauses it breaks (or as allowed). ``levels``: the store's levels, for chain checks (default:
-    ``dirs`` and their sibling levels); :func:`~stratastore.level_dirs.find_store_levels` finds
+    ``dirs`` and their sibling levels); :func:`~stratastore.ops.level_dirs.find_store_levels` finds
     them from a store root or a config file, as ``strata conformance`` does."""
     report = ConformanceReport(levels=[str(d) for d in dirs])
     for f in fsck(dirs, deep=True, levels=levels):

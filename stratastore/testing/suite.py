@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..format import ChecksumMismatch, ModelFingerprint, data_name
-from .conformance import check_conformance
+from stratastore.format import ChecksumMismatch, ModelFingerprint, data_name
+from stratastore.testing.conformance import check_conformance
 
 __all__ = ["StoreTests"]
 

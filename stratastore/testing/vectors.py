@@ -26,8 +26,8 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import StrataError
-from ..format import (
+from stratastore.errors import StrataError
+from stratastore.format import (
     ChecksumMismatch,
     FormatError,
     IndexRecord,
@@ -39,9 +39,9 @@ from ..format import (
     sidecar_name,
     state_key,
 )
-from ..format.manifest import decode_manifest, verify_manifest_keys
-from ..format.remote_record import RemoteNames, decode_commit_record
-from ..store import SegmentStore
+from stratastore.format.manifest import decode_manifest, verify_manifest_keys
+from stratastore.format.remote_record import RemoteNames, decode_commit_record
+from stratastore.levels.local import SegmentStore
 
 __all__ = ["REFUSALS", "kit_path", "load_manifest", "load_vectors", "refusal_class",
            "vector_outcome"]  # fmt: skip

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import StoreConfig
-from ..io.system import mem_available
+from stratastore.config import StoreConfig
+from stratastore.io.system import mem_available
 
 __all__ = ["MIB", "Admission", "Placement", "admit", "mib", "park_target"]
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..config import RamPrefault
-from ..errors import ConfigError
-from ..io.system import populate_write
+from stratastore.config import RamPrefault
+from stratastore.errors import ConfigError
+from stratastore.io.system import populate_write
 
 __all__ = ["Allocation", "Arena"]
 

@@ -4,11 +4,11 @@ is refused here, with :class:`~stratastore.tiers.records.InvalidConversation`.""
 
 from __future__ import annotations
 
-from ..chain import Conversation, as_media, as_tokens
-from ..format import ModelFingerprint
-from ..format.manifest import MAX_CONV_ID, MAX_ITEMS, MAX_TOKENS
-from ..format.sidecar import MAX_PAGES
-from .records import MAX_STATE_BYTES, InvalidConversation, Snapshot
+from stratastore.chain import Conversation, as_media, as_tokens
+from stratastore.format import ModelFingerprint
+from stratastore.format.manifest import MAX_CONV_ID, MAX_ITEMS, MAX_TOKENS
+from stratastore.format.sidecar import MAX_PAGES
+from stratastore.tiers.records import MAX_STATE_BYTES, InvalidConversation, Snapshot
 
 __all__ = ["check_snapshot"]
 

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Conversation
-from ..device_arrays import as_device_array, device_bytes
-from ..format import ModelFingerprint
-from .checks import check_snapshot
-from .records import InvalidConversation, Snapshot
+from stratastore.chain import Conversation
+from stratastore.format import ModelFingerprint
+from stratastore.restore.device_arrays import as_device_array, device_bytes
+from stratastore.tiers.checks import check_snapshot
+from stratastore.tiers.records import InvalidConversation, Snapshot
 
 __all__ = ["device_snapshot", "device_to_host"]
 

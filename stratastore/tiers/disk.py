@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from ..errors import StrataError
-from ..format import ChecksumMismatch, FormatError
-from ..io.errors import NotARegularFile, SymlinkRefused
-from ..levels.backend import SegmentBackend
-from ..store import SegmentNotFound
+from stratastore.errors import StrataError
+from stratastore.format import ChecksumMismatch, FormatError
+from stratastore.io.errors import NotARegularFile, SymlinkRefused
+from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.local import SegmentNotFound
 
 __all__ = ["DiskLevel", "LevelCounters", "LevelRefused"]
 
@@ -196,7 +196,7 @@ class DiskLevel:
 
     def adopt(self, src: DiskLevel, key: bytes) -> None:
         """Take ``key`` from the level above, making room first; all or nothing. Raises
-        :class:`~stratastore.store.SegmentNotFound` when ``src`` no longer holds it."""
+        :class:`~stratastore.levels.local.SegmentNotFound` when ``src`` no longer holds it."""
         size = src.store.record(key).total_bytes
         self.make_room(size)
         self.store.relocate_from(src.store, key)

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import StoreConfig
-from ..errors import StrataError
-from ..format import ModelFingerprint
-from ..levels.backend import SegmentBackend
-from ..restore import Destination, Job, Outcome, Piece, restore_batch
-from .admission import MIB
-from .disk import DiskLevel
-from .records import MAX_STATE_BYTES, Restored
-from .view import DiskConv
+from stratastore.config import StoreConfig
+from stratastore.errors import StrataError
+from stratastore.format import ModelFingerprint
+from stratastore.levels.backend import SegmentBackend
+from stratastore.restore import Destination, Job, Outcome, Piece, restore_batch
+from stratastore.tiers.admission import MIB
+from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.records import MAX_STATE_BYTES, Restored
+from stratastore.tiers.view import DiskConv
 
 __all__ = ["DiskReader"]
 

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..catalog import Catalog
-from ..catalog.gc import Collector
-from ..catalog.recovery import finish_ticket, recover
-from ..config import LevelSpec, StoreConfig, level_byte
-from ..errors import ConfigError
-from ..format import ModelFingerprint
-from ..io import files
-from ..io.system import volume_bytes
-from ..store import SegmentStore
-from .admission import MIB
-from .disk import DiskLevel
-from .writer import DiskWriter
+from stratastore.catalog import Catalog
+from stratastore.catalog.gc import Collector
+from stratastore.catalog.recovery import finish_ticket, recover
+from stratastore.config import LevelSpec, StoreConfig, level_byte
+from stratastore.errors import ConfigError
+from stratastore.format import ModelFingerprint
+from stratastore.io import files
+from stratastore.io.system import volume_bytes
+from stratastore.levels.local import SegmentStore
+from stratastore.tiers.admission import MIB
+from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["attach_catalog", "check_levels", "open_levels"]
 

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..chain import Match, PrefixIndex
-from .records import Snapshot
-from .writer import DiskWriter
+from stratastore.chain import Match, PrefixIndex
+from stratastore.tiers.records import Snapshot
+from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["Outbox"]
 

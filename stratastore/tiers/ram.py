@@ -19,16 +19,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Conversation, Match
-from ..chain.parking import ConversationCache, SizeModel
-from ..config import StoreConfig
-from ..errors import ConfigError
-from ..format import ModelFingerprint
-from ..io.system import mem_total
-from ..restore import Destination, FlatKV, deliver_capture
-from .admission import MIB, Admission
-from .arena import DEFAULT_CHUNK, Allocation, Arena
-from .records import Snapshot
+from stratastore.chain import Conversation, Match
+from stratastore.chain.parking import ConversationCache, SizeModel
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError
+from stratastore.format import ModelFingerprint
+from stratastore.io.system import mem_total
+from stratastore.restore import Destination, FlatKV, deliver_capture
+from stratastore.tiers.admission import MIB, Admission
+from stratastore.tiers.arena import DEFAULT_CHUNK, Allocation, Arena
+from stratastore.tiers.records import Snapshot
 
 __all__ = ["RamLevel", "fit_default_ram", "reserve_arena"]
 

@@ -10,8 +10,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Conversation
-from ..errors import ConfigError, StrataError
+from stratastore.chain import Conversation
+from stratastore.errors import ConfigError, StrataError
 
 __all__ = [
     "MAX_STATE_BYTES",

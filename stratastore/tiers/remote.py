@@ -1,7 +1,7 @@
 """The shared remote level in the flow (issue 17): what a park sends to it, how a prompt is
 found in it, what a restore from it keeps locally.
 
-The remote level (:class:`~stratastore.levels.redis_backend.RedisBackend`) is shared by every
+The remote level (:class:`~stratastore.levels.redis.backend.RedisBackend`) is shared by every
 node; it is not in the local cascade (no local level degrades into it, and no node's catalog
 GC deletes from it: another node's chains name its segments). What it holds is a copy:
 
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..chain import Checkpoint, Conversation, Match
-from ..errors import ConfigError, StrataError
-from ..format import ModelFingerprint, segment_key
-from ..format.keys import segment_media, state_key
-from ..levels.redis_backend import RedisBackend, RemoteError
-from ..levels.redis_settings import RemoteSettings
-from ..restore.two_pass import Outcome
-from .records import MAX_STATE_BYTES, Restored, Snapshot
-from .view import DiskConv
+from stratastore.chain import Checkpoint, Conversation, Match
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import ModelFingerprint, segment_key
+from stratastore.format.keys import segment_media, state_key
+from stratastore.levels.redis.backend import RedisBackend, RemoteError
+from stratastore.levels.redis.settings import RemoteSettings
+from stratastore.restore.two_pass import Outcome
+from stratastore.tiers.records import MAX_STATE_BYTES, Restored, Snapshot
+from stratastore.tiers.view import DiskConv
 
 __all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel"]
 
@@ -316,7 +316,7 @@ class RemoteLevel:
         bounded reads: a failed read judges nothing) and, when its bytes are wrong, deleted
         under the commit protocol (spec F-REM-3: only the write read here). Counted once; True
         when it was damaged and is gone now."""
-        from ..format import ChecksumMismatch, FormatError
+        from stratastore.format import ChecksumMismatch, FormatError
 
         try:
             with self.store.open_reader(key) as seg:

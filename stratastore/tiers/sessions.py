@@ -14,19 +14,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..catalog import Catalog, CatalogBusy, NameTaken
-from ..catalog.gc import Collector
-from ..catalog.tables import WAIT_S
-from ..chain import Conversation
-from ..errors import StrataError
-from ..format import ModelFingerprint
-from ..restore import DestinationRefused, FlatKV, restore_batch
-from .admission import Admission, Placement
-from .checks import check_snapshot
-from .disk_read import DiskReader
-from .records import UNLOCKED, InvalidConversation, Snapshot
-from .view import DiskConv, DiskView
-from .writer import DiskWriter
+from stratastore.catalog import Catalog, CatalogBusy, NameTaken
+from stratastore.catalog.gc import Collector
+from stratastore.catalog.tables import WAIT_S
+from stratastore.chain import Conversation
+from stratastore.errors import StrataError
+from stratastore.format import ModelFingerprint
+from stratastore.restore import DestinationRefused, FlatKV, restore_batch
+from stratastore.tiers.admission import Admission, Placement
+from stratastore.tiers.checks import check_snapshot
+from stratastore.tiers.disk_read import DiskReader
+from stratastore.tiers.records import UNLOCKED, InvalidConversation, Snapshot
+from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["Sessions"]
 

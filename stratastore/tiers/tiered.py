@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..catalog import Catalog, NameTaken
-from ..catalog.gc import Collector
-from ..chain import Conversation, Match, RetainedChains
-from ..config import StoreConfig
-from ..errors import ConfigError, StrataError
-from ..format import ModelFingerprint
-from ..levels.backend import SegmentBackend
-from ..levels.redis_settings import RemoteSettings
-from ..restore import (
+from stratastore.catalog import Catalog, NameTaken
+from stratastore.catalog.gc import Collector
+from stratastore.chain import Conversation, Match, RetainedChains
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import ModelFingerprint
+from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.redis.settings import RemoteSettings
+from stratastore.restore import (
     Destination,
     DestinationRefused,
     FlatKV,
@@ -41,14 +41,14 @@ from ..restore import (
     deliver_capture,
     restore_batch,
 )
-from .admission import Admission, Placement, park_target
-from .checks import check_snapshot
-from .disk import DiskLevel
-from .disk_read import DiskReader
-from .levels import attach_catalog, open_levels
-from .outbox import Outbox
-from .ram import RamLevel, fit_default_ram
-from .records import (
+from stratastore.tiers.admission import Admission, Placement, park_target
+from stratastore.tiers.checks import check_snapshot
+from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.disk_read import DiskReader
+from stratastore.tiers.levels import attach_catalog, open_levels
+from stratastore.tiers.outbox import Outbox
+from stratastore.tiers.ram import RamLevel, fit_default_ram
+from stratastore.tiers.records import (
     MAX_STATE_BYTES,
     UNLOCKED,
     InvalidConversation,
@@ -57,10 +57,10 @@ from .records import (
     Snapshot,
     SpillRefused,
 )
-from .remote import RemoteHit, RemoteLevel
-from .sessions import Sessions
-from .view import DiskConv, DiskView
-from .writer import DiskWriter
+from stratastore.tiers.remote import RemoteHit, RemoteLevel
+from stratastore.tiers.sessions import Sessions
+from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["MAX_STATE_BYTES", "InvalidConversation", "ParkReport", "Restored", "Snapshot",
            "SpillRefused", "Tiers"]  # fmt: skip

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ..catalog import Catalog
-from ..chain import Checkpoint, Conversation, Match, PrefixIndex
-from ..format.manifest import ChainManifest
+from stratastore.catalog import Catalog
+from stratastore.chain import Checkpoint, Conversation, Match, PrefixIndex
+from stratastore.format.manifest import ChainManifest
 
 __all__ = ["DiskConv", "DiskView"]
 

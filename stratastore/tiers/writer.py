@@ -15,17 +15,17 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from ..catalog import Catalog
-from ..catalog.gc import Collector
-from ..errors import StrataError
-from ..format import KeyMismatch
-from ..format.keys import state_key
-from ..format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
-from ..format.naming import chain_name
-from ..io import durable_write, files
-from ..levels.backend import SegmentBackend
-from .disk import DiskLevel, LevelRefused
-from .records import Snapshot
+from stratastore.catalog import Catalog
+from stratastore.catalog.gc import Collector
+from stratastore.errors import StrataError
+from stratastore.format import KeyMismatch
+from stratastore.format.keys import state_key
+from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
+from stratastore.format.naming import chain_name
+from stratastore.io import durable_write, files
+from stratastore.levels.backend import SegmentBackend
+from stratastore.tiers.disk import DiskLevel, LevelRefused
+from stratastore.tiers.records import Snapshot
 
 __all__ = ["DiskWriter"]
 

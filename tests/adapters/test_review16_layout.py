@@ -54,7 +54,7 @@ def test_valid_chunks_survive_a_repaired_layout_record(tmp_path: Path) -> None:
     from stratastore.adapters.lmcache_chunks import LAYOUT_ID
     from stratastore.format import data_name
     from stratastore.format.keys import state_key
-    from stratastore.repair import repair
+    from stratastore.ops.repair import repair
     from tests.unit.test_lmcache_chunks import open_store
 
     d = tmp_path / "d"

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from stratastore.cli import main
-from stratastore.peer_protocol import PeersBenchError, compare, evict, resident, shape, warm
-from stratastore.peer_report import TARGETS
-from stratastore.peers import render_peers, run_peers
+from stratastore.harness.peer_protocol import PeersBenchError, compare, evict, resident, shape, warm
+from stratastore.harness.peer_report import TARGETS
+from stratastore.harness.peers import render_peers, run_peers
 
 LAYER, FLAT = "stratastore (LayerKV)", "stratastore (flat page layout)"
 NUMPY = "numpy np.save / np.load (+ fsync)"

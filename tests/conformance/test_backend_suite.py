@@ -25,7 +25,7 @@ from stratastore.format import (
     encode_sidecar,
 )
 from stratastore.levels import Relocated, SegmentBackend, relocate_by_copy
-from stratastore.store import (
+from stratastore.levels.local import (
     OutOfRange,
     PayloadReader,
     PutResult,
@@ -33,8 +33,8 @@ from stratastore.store import (
     SegmentStore,
     StoreError,
 )
-from stratastore.store.relocation import resealed
-from stratastore.store.sealing import (
+from stratastore.levels.relocation import resealed
+from stratastore.levels.sealing import (
     Buffer,
     Unsealed,
     byte_view,

@@ -11,7 +11,7 @@ import numpy as np
 from stratastore import ModelFingerprint, SegmentStore
 from stratastore.cli import main
 from stratastore.format import data_name
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from stratastore.testing import CLAUSES, StoreTests, check_conformance
 
 

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
 from stratastore.format import data_name
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()

@@ -25,10 +25,10 @@ from stratastore.chain import as_tokens
 from stratastore.format import data_name
 from stratastore.format.manifest import decode_manifest
 from stratastore.format.naming import TEMP_PREFIX, chain_name
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from stratastore.io import faults
 from stratastore.io.faults import CRASH_EXIT, Fault
-from stratastore.repair import repair
+from stratastore.ops.repair import repair
 from tests.reliability.counts import SCALE
 
 #: 2 layers x 4 kv heads x 64 dims fp16: 2 KiB a token, 32 KiB pages of 16 tokens

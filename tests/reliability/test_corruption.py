@@ -16,8 +16,8 @@ from stratastore import Store, StrataError
 from stratastore.format import DATA_OFFSET, decode_segment_header, decode_sidecar
 from stratastore.format.manifest import decode_manifest
 from stratastore.format.segment import SEGMENT_HEAD
-from stratastore.fsck import fsck
-from stratastore.repair import repair
+from stratastore.ops.fsck import fsck
+from stratastore.ops.repair import repair
 from tests.reliability import counts
 from tests.reliability.counts import SCALE
 from tests.reliability.harness import FP, N_TOKENS, TB, WORKLOADS, conversation
@@ -75,7 +75,7 @@ def _verify(root: Path, damaged: Path | None, expect_finding: bool) -> None:
     # before repair: a damaged store opens (or refuses with a typed error) and restores
     # validated bytes. Not with a damaged LMDB file: LMDB trusts its pages, and a damaged one
     # can kill the reading process (SIGBUS); fsck reads the index in a child process for that
-    # reason, and the Store only checks the meta pages (stratastore/store/index.py)
+    # reason, and the Store only checks the meta pages (stratastore/levels/local/index.py)
     try:
         if damaged is not None and damaged.name == "data.mdb":
             raise StrataError("not opened: see above")

@@ -26,8 +26,8 @@ import pytest
 
 from stratastore import ModelFingerprint, Store, StoreConfig
 from stratastore.errors import ConfigError, StrataError
-from stratastore.levels.redis_backend import RedisBackend, RemoteError
-from stratastore.levels.redis_settings import RemoteSettings, namespace
+from stratastore.levels.redis.backend import RedisBackend, RemoteError
+from stratastore.levels.redis.settings import RemoteSettings, namespace
 from tests.conftest import conversation_kv, tiny_fp
 from tests.redis_servers import RedisServer, TlsFiles, free_port
 from tests.remote.conftest import ALICE_PASSWORD, AUTH_PASSWORD, import_or_skip

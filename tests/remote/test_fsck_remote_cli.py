@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from stratastore.levels.redis_backend import RedisBackend
-from stratastore.levels.redis_settings import RemoteSettings
+from stratastore.levels.redis.backend import RedisBackend
+from stratastore.levels.redis.settings import RemoteSettings
 from tests.conftest import kv_bytes, tiny_fp
 from tests.redis_servers import RedisServer, free_port
 from tests.remote.conftest import import_or_skip

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from stratastore.levels.redis_backend import RedisBackend
-from stratastore.levels.redis_settings import RemoteSettings
+from stratastore.levels.redis.backend import RedisBackend
+from stratastore.levels.redis.settings import RemoteSettings
 from tests.redis_servers import RedisCluster, RedisServer
 from tests.remote.conftest import import_or_skip
 from tests.remote.node_worker import fingerprint, kv

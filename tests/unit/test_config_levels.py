@@ -13,7 +13,7 @@ import pytest
 from stratastore import ConfigError
 from stratastore.config import MAX_LEVELS, MAX_SETTING, LevelSpec, StoreConfig, level_byte
 from stratastore.format.sidecar import Level
-from stratastore.installer import to_toml
+from stratastore.ops.installer import to_toml
 
 WARM = {"name": "warm", "dir": "/nvme/strata", "mib": 65536}
 COLD = {"name": "cold", "dir": "/hdd/strata", "mib": 1048576, "max_age_s": 2592000}

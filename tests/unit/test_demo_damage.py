@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stratastore import demo
-from stratastore.fsck import fsck
+from stratastore.harness import demo
+from stratastore.ops.fsck import fsck
 
 
 @pytest.mark.parametrize("requests", [1, 20, 60, 120])

@@ -20,8 +20,8 @@ from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR
-from stratastore.fsck import fsck
-from stratastore.repair import repair
+from stratastore.ops.fsck import fsck
+from stratastore.ops.repair import repair
 from tests.conftest import kv_bytes, tiny_fp
 
 FP = tiny_fp()

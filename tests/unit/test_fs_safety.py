@@ -23,9 +23,9 @@ from stratastore import SegmentStore
 from stratastore.errors import StrataError
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR, chain_name
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from stratastore.io import files, guard
-from stratastore.repair import repair
+from stratastore.ops.repair import repair
 from tests.conftest import kv_bytes, tiny_fp
 
 FP = tiny_fp()
@@ -290,7 +290,7 @@ def test_fifo_does_not_hang_monitor(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     (level,) = doc["levels"].values()
     assert level["entries"] == 3  # the FIFO is not counted as an entry
-    r = run_child("import sys; from stratastore.monitor import read_monitor; "
+    r = run_child("import sys; from stratastore.metrics.monitor import read_monitor; "
                   "doc = read_monitor(sys.argv[1]); print(doc['snapshot']); "
                   "print(doc['snapshot_problem'])", str(d))  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -14,7 +14,7 @@ from stratastore import SegmentStore
 from stratastore.cli import main
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
 
 FP = tiny_fp()
@@ -129,7 +129,7 @@ DAMAGES = [
 
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_repair_cleans_without_losing_valid_data(tmp_path: Path, damage: str) -> None:
-    from stratastore.repair import repair
+    from stratastore.ops.repair import repair
 
     d = tmp_path / "s"
     keys = make(d)
@@ -180,7 +180,7 @@ def _damage(d: Path, key: bytes, damage: str) -> None:
 def test_repair_truncates_a_broken_chain(tmp_path: Path) -> None:
     from stratastore import Checkpoint, Conversation, Store
     from stratastore.chain import as_tokens
-    from stratastore.repair import repair
+    from stratastore.ops.repair import repair
 
     cold = tmp_path / "cold"
     cfg = {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64, "min_free_mib": 1}

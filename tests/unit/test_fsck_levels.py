@@ -20,8 +20,8 @@ from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.format import IndexRecord, data_name
 from stratastore.format.naming import INDEX_DIR, is_chain_name
-from stratastore.fsck import fsck
-from stratastore.repair import repair
+from stratastore.ops.fsck import fsck
+from stratastore.ops.repair import repair
 from stratastore.testing import check_conformance
 from tests.conftest import kv_bytes, tiny_fp
 
@@ -32,7 +32,7 @@ FP = tiny_fp()
 def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What ``strata demo --dir X`` leaves: ``X/warm`` and ``X/cold``, one page byte of a cold
     segment (not a conversation's first) flipped by design."""
-    from stratastore.demo import run_demo
+    from stratastore.harness.demo import run_demo
 
     root = tmp_path_factory.mktemp("demo") / "x"
     run_demo(str(root), 24)
@@ -284,7 +284,7 @@ def test_fsck_given_a_config_with_a_levels_list(
 def test_a_third_level_of_a_config_is_found_in_its_order(tmp_path: Path) -> None:
     """Every level of the list that is on, in the config's order (a level with mib = 0 is
     off); a store root whose strata.toml names a level elsewhere is complete with it."""
-    from stratastore.level_dirs import ROOT_CONFIG, find_store_levels
+    from stratastore.ops.level_dirs import ROOT_CONFIG, find_store_levels
 
     fast, mid, slow, off = (tmp_path / n for n in ("z-fast", "m-mid", "a-slow", "off"))
     for d in (fast, mid, slow):

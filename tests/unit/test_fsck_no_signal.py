@@ -14,7 +14,7 @@ import numpy as np
 
 from stratastore import SegmentStore
 from stratastore.format import DATA_OFFSET, data_name
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from stratastore.io import faults
 from tests.conftest import kv_bytes, tiny_fp
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHILD = r"""
 import json, os, sys
 import numba_kernels
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 
 store, data, header = sys.argv[1], os.path.realpath(sys.argv[2]), int(sys.argv[3])
 done = []

@@ -19,10 +19,10 @@ from stratastore.cli import main
 from stratastore.format import Level, data_name, sidecar_name
 from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, decode_manifest
 from stratastore.format.naming import QUARANTINE_DIR, chain_name
-from stratastore.fsck import Finding, fsck
-from stratastore.level_dirs import StoreLevels
-from stratastore.reachability import reachability
-from stratastore.repair import repair
+from stratastore.ops.fsck import Finding, fsck
+from stratastore.ops.level_dirs import StoreLevels
+from stratastore.ops.reachability import reachability
+from stratastore.ops.repair import repair
 from stratastore.testing import check_conformance
 from tests.conftest import tiny_fp
 

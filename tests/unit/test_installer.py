@@ -13,7 +13,7 @@ import pytest
 from stratastore import Store, StoreConfig
 from stratastore.cli import main
 from stratastore.errors import ConfigError
-from stratastore.installer import MODEL_SIZES, Machine, run_init, to_toml, write_config
+from stratastore.ops.installer import MODEL_SIZES, Machine, run_init, to_toml, write_config
 from tests.conftest import tiny_fp
 
 GIB = 1 << 30

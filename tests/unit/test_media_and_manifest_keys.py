@@ -22,8 +22,8 @@ from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.format.manifest import decode_manifest, encode_manifest
 from stratastore.format.naming import chain_name
-from stratastore.fsck import fsck
-from stratastore.repair import repair
+from stratastore.ops.fsck import fsck
+from stratastore.ops.repair import repair
 from stratastore.testing import check_conformance
 from stratastore.tiers.tiered import Snapshot, Tiers
 from tests.conftest import tiny_fp

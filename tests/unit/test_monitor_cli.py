@@ -17,7 +17,7 @@ import pytest
 from stratastore import Store
 from stratastore.cli import main
 from stratastore.format.naming import INDEX_DIR
-from stratastore.monitor import MONITOR_FILE
+from stratastore.metrics.monitor import MONITOR_FILE
 from tests.conftest import tiny_fp
 from tests.unit.test_store_facade import conversation
 

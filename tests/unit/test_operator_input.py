@@ -13,7 +13,7 @@ import pytest
 from stratastore import ConfigError, ModelFingerprint, SegmentStore, Store, StoreConfig
 from stratastore.cli import main
 from stratastore.format.errors import FormatError
-from stratastore.installer import to_toml
+from stratastore.ops.installer import to_toml
 from tests.conftest import conversation_kv, tiny_fp
 
 

@@ -14,7 +14,7 @@ from stratastore.format.remote_record import (
     CommitRecord,
     decode_commit_record,
 )
-from stratastore.store.sealing import encode, kv_segment, sidecar_for
+from stratastore.levels.sealing import encode, kv_segment, sidecar_for
 from tests.conftest import kv_bytes, tiny_fp
 
 NONCE = "0123456789abcdef" * 2

@@ -19,7 +19,7 @@ from stratastore.levels.backend import OpenSegment
 from stratastore.restore import FlatKV, LayerKV, Outcome, Piece, restore_batch, two_pass_restore
 from stratastore.restore.agenda import DEPTH
 from stratastore.restore.two_pass import Job
-from stratastore.store.staging import STAGING
+from stratastore.levels.staging import STAGING
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import flip, image
 

@@ -15,7 +15,7 @@ import pytest
 
 from stratastore.catalog import Catalog
 from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
-from stratastore.store import SegmentStore
+from stratastore.levels.local import SegmentStore
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()

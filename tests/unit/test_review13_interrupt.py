@@ -25,8 +25,8 @@ import stratastore.restore.reads as reads
 from stratastore import SegmentStore
 from stratastore.restore import FlatKV, Piece, two_pass_restore
 from stratastore.restore.two_pass import Delivery
-from stratastore.store.reader import SegmentReader
-from stratastore.store.staging import STAGING
+from stratastore.levels.reader import SegmentReader
+from stratastore.levels.staging import STAGING
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import image
 

@@ -19,7 +19,7 @@ import pytest
 from stratastore import SegmentStore
 from stratastore.restore import two_pass_restore
 from stratastore.restore.agenda import DEPTH
-from stratastore.store.staging import STAGING
+from stratastore.levels.staging import STAGING
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import image
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from stratastore import Store
-from stratastore.store.errors import StoreError
+from stratastore.levels.errors import StoreError
 from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()

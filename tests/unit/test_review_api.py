@@ -27,7 +27,7 @@ from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.facade import Store, StoreClosed
 from stratastore.format.naming import INDEX_DIR
-from stratastore.monitor import MONITOR_FILE, read_monitor
+from stratastore.metrics.monitor import MONITOR_FILE, read_monitor
 from stratastore.restore import DestinationRefused, LayerKV, PagedKV
 from tests.conftest import run_with_timeout, tiny_fp
 

@@ -21,7 +21,7 @@ from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.format import ChecksumMismatch, data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR, is_chain_name
-from stratastore.fsck import fsck
+from stratastore.ops.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
 from tests.unit.test_fsck_levels import _restores
 
@@ -241,7 +241,7 @@ def test_inspect_lists_a_special_sidecar_and_carries_on(
 def test_repair_in_a_linked_level_takes_the_levels_own_mode(tmp_path: Path) -> None:
     """A level named through a link: the quarantine repair makes gets the mode of the level
     directory itself, not the link's own 0o777."""
-    from stratastore.repair import repair
+    from stratastore.ops.repair import repair
 
     real, link = tmp_path / "real", tmp_path / "link"
     with SegmentStore.open(real, FP) as s:

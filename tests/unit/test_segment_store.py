@@ -29,7 +29,7 @@ from stratastore.format import data_name, segment_key, sidecar_name, state_key
 from stratastore.format.naming import INDEX_DIR
 from stratastore.io import faults
 from stratastore.io.faults import Fault
-from stratastore.store import STATE_PAGE_BYTES
+from stratastore.levels.local import STATE_PAGE_BYTES
 from tests.conftest import kv_bytes, tiny_fp
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from stratastore import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.facade import Store
-from stratastore.levels.redis_settings import RemoteSettings
+from stratastore.levels.redis.settings import RemoteSettings
 from tests.conftest import conversation_kv, tiny_fp
 
 MARK = set("ZQXJ")  #: the letters of every credential here, and of no message

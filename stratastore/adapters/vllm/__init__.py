@@ -21,7 +21,7 @@ __all__ = ["StrataConnector", "StrataMetadata"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import connector
+        from stratastore.adapters.vllm import connector
 
         return getattr(connector, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -43,12 +43,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from ...chain import Checkpoint, Conversation
-from ...errors import ConfigError, StrataError
-from ...facade import Store
-from ...format import ModelFingerprint
-from .plan import LoadJob, SaveJob, fingerprint, loadable, save_cuts, saved_tokens, store_config
-from .pool import Pool
+from stratastore.adapters.vllm.plan import (
+    LoadJob,
+    SaveJob,
+    fingerprint,
+    loadable,
+    save_cuts,
+    saved_tokens,
+    store_config,
+)
+from stratastore.adapters.vllm.pool import Pool
+from stratastore.chain import Checkpoint, Conversation
+from stratastore.errors import ConfigError, StrataError
+from stratastore.facade import Store
+from stratastore.format import ModelFingerprint
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

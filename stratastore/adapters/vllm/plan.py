@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...config import StoreConfig
-from ...errors import ConfigError
-from ...format import DType, ModelFingerprint
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError
+from stratastore.format import DType, ModelFingerprint
 
 __all__ = ["LoadJob", "SaveJob", "default_store_dir", "fingerprint", "loadable", "save_cuts",
            "saved_tokens", "store_config"]  # fmt: skip

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...errors import ConfigError
-from ...format import ModelFingerprint
-from ...restore import DestinationRefused, PagedKV
+from stratastore.errors import ConfigError
+from stratastore.format import ModelFingerprint
+from stratastore.restore import DestinationRefused, PagedKV
 
 __all__ = ["CpuBlocks", "Pool", "layer_order"]
 

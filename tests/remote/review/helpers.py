@@ -12,8 +12,8 @@ import numpy.typing as npt
 from stratastore import Checkpoint, Conversation, ModelFingerprint, Store, StoreConfig
 from stratastore.chain import as_tokens
 from stratastore.format import DATA_OFFSET, data_name
-from stratastore.levels.redis_backend import RedisBackend
-from stratastore.levels.redis_settings import RemoteSettings
+from stratastore.levels.redis.backend import RedisBackend
+from stratastore.levels.redis.settings import RemoteSettings
 from tests.conftest import run_with_timeout, tiny_fp
 
 FP = tiny_fp()
@@ -72,7 +72,7 @@ def evict_parts(url: str, name: str, key: bytes) -> int:
     """Delete every part of segment ``key`` of store ``name`` (as an eviction would)."""
     import redis
 
-    from stratastore.levels.redis_settings import namespace
+    from stratastore.levels.redis.settings import namespace
 
     r = redis.Redis.from_url(url)
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stratastore.levels.redis_backend import RemoteError
+from stratastore.levels.redis.backend import RemoteError
 from tests.conftest import kv_bytes, run_with_timeout
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip

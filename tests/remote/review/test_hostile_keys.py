@@ -18,7 +18,7 @@ import pytest
 
 from stratastore.errors import StrataError
 from stratastore.format.remote_record import CommitRecord, decode_commit_record
-from stratastore.levels.redis_settings import namespace
+from stratastore.levels.redis.settings import namespace
 from tests.conftest import kv_bytes, run_with_timeout, tiny_fp
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip
@@ -128,8 +128,8 @@ _GIANT = textwrap.dedent(
     import dataclasses, resource, sys
     sys.path.insert(0, sys.argv[2])
     from stratastore.errors import StrataError
-    from stratastore.levels.redis_backend import RedisBackend
-    from stratastore.levels.redis_settings import RemoteSettings
+    from stratastore.levels.redis.backend import RedisBackend
+    from stratastore.levels.redis.settings import RemoteSettings
     from tests.conftest import tiny_fp
     b = RedisBackend.open(RemoteSettings(sys.argv[1], name=sys.argv[3]), tiny_fp())
     key = bytes.fromhex(sys.argv[4])

@@ -7,7 +7,7 @@ import pytest
 
 from stratastore import StoreConfig
 from stratastore.errors import ConfigError
-from stratastore.levels.redis_settings import RemoteSettings
+from stratastore.levels.redis.settings import RemoteSettings
 
 SECRET = "Qu3ry-secret-pw"
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from stratastore.errors import StrataError
-from stratastore.levels.redis_backend import RemoteError
-from stratastore.levels.redis_fsck import fsck_remote
-from stratastore.levels.redis_settings import RemoteSettings
+from stratastore.levels.redis.backend import RemoteError
+from stratastore.levels.redis.fsck import fsck_remote
+from stratastore.levels.redis.settings import RemoteSettings
 from tests.conftest import kv_bytes, run_with_timeout
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from stratastore.levels.redis_settings import namespace
+from stratastore.levels.redis.settings import namespace
 from tests.conftest import kv_bytes, run_with_timeout
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip

@@ -1,0 +1,589 @@
+"""The content-addressed segment store of one directory (one disk level).
+
+A *segment* is the pages of one object (the K/V of a token range, or a running state) in a data
+file ``strata-conv-<key>.seg``, committed by its sidecar ``strata-conv-<key>.side`` (spec F-SC).
+The LMDB index in ``strata-index/`` maps key -> record and is derived state (spec F-IDX).
+
+Order of operations (spec F-DUR):
+
+* **put**: hash the pages while writing the data file to a temp name and fsyncing it (no lock
+  held); then, under the directory's write lock: if the key is already committed, drop the temp
+  file (dedupe); else rename the data file in, fsync the directory, write the sidecar with the
+  durable protocol, and index it. A crash before the sidecar's rename leaves at most an orphan
+  data or temp file, which no reader sees.
+* **delete**: unindex, unlink the sidecar, fsync the directory, unlink the data file, fsync.
+* **open**: list the directory; index every committed sidecar the index lacks (validating the
+  sidecar and the data file's header and size, not rehashing pages) and drop every record whose
+  sidecar is gone. Opening never writes, renames or deletes a segment file. A segment name that
+  is a symbolic link or not a regular file (a FIFO, a directory) is never followed or read: it
+  is skipped and reported in :attr:`SegmentStore.skipped` (spec F-DIR-8).
+* **files**: created with the store's ``file_mode`` (default ``0o600``; directories
+  ``0o700``), spec F-DIR-9; every removal goes through the io layer's store-name guard.
+* **get**: read the sidecar, open the data file and check its header and size, then ``pread``
+  the pages into memory this process owns, hash them there and deliver them from that same
+  memory only if they match (``verify=True``, the default). Data files are never mapped: a file
+  truncated or failing under a reader is a typed error, never a SIGBUS (spec F-SC-3). The read
+  side is :mod:`stratastore.levels.reader` (:class:`SegmentReader`, :meth:`open_reader`).
+* **relocate**: :mod:`stratastore.levels.relocation` (spec F-DUR-8). **seal** (keys, page
+  hashes, compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
+* **used / oldest**: counters and an age table kept in the index's own transactions
+  (:mod:`stratastore.levels.local.index`), so neither grows with the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from stratastore.errors import StrataError
+from stratastore.format import (
+    DATA_OFFSET,
+    ChecksumMismatch,
+    Codec,
+    FormatError,
+    IncompatibleFingerprint,
+    IndexRecord,
+    Level,
+    MediaRef,
+    ModelFingerprint,
+    SegmentHeader,
+    Sidecar,
+    data_name,
+    decode_segment_header,
+    decode_sidecar,
+    encode_segment_header,
+    encode_sidecar,
+    parse_name,
+    sidecar_name,
+)
+from stratastore.format.index_record import INDEX_SCHEMA
+from stratastore.format.sidecar import MAX_SIDECAR_BYTES
+from stratastore.io import DurableFile, durable_write, files, guard
+from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
+from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
+from stratastore.levels import relocation
+from stratastore.levels.backend import PutResult, StoreStats
+from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
+from stratastore.levels.local.relocation import relocate
+from stratastore.levels.reader import OutOfRange, SegmentReader, check_data, require_valid
+from stratastore.levels.sealing import (
+    STATE_PAGE_BYTES,
+    Buffer,
+    Unsealed,
+    byte_view,
+    check_sealed,
+    encode,
+    kv_segment,
+    sidecar_for,
+    state_segment,
+)
+
+if TYPE_CHECKING:
+    from stratastore.levels.backend import SegmentBackend
+
+__all__ = [
+    "STATE_PAGE_BYTES",
+    "PutResult",
+    "SegmentStore",
+    "Skipped",
+    "StoreStats",
+]
+
+_WRITE_CHUNK = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A ``strata-conv-`` sidecar that open did not adopt, and why (fsck reports it too)."""
+
+    name: str
+    reason: str
+    error: str  #: the error's class name (FormatError, ChecksumMismatch, ...)
+
+
+class SegmentStore:
+    """Segments of one model in one directory; thread-safe, one writer at a time per directory
+    across processes (readers never block). Use :meth:`open`.
+
+    The first implementation of the level protocol
+    :class:`~stratastore.levels.backend.SegmentBackend` (checked there, statically).
+    """
+
+    def __init__(self, path: str, fingerprint: ModelFingerprint, level: Level,
+                 file_mode: int = DEFAULT_FILE_MODE) -> None:  # fmt: skip
+        self.path = path
+        self.fingerprint = fingerprint
+        self.level = level
+        self.file_mode = file_mode
+        self.root_key = fingerprint.digest()
+        self.skipped: list[Skipped] = []
+        self._lock = threading.Lock()
+        self._index = SegmentIndex(path, file_mode=file_mode)
+        try:
+            self._flock = files.FileLock(os.path.join(self._index.path, "write.lock"),
+                                         mode=file_mode)  # fmt: skip
+        except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
+            self._index.close()
+            raise
+
+    @property
+    def index(self) -> SegmentIndex:
+        """This directory's LMDB index (the environment the shared catalog also uses when
+        this is the last level, F-CAT-1)."""
+        return self._index
+
+    # -- opening ------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        fingerprint: ModelFingerprint,
+        *,
+        level: Level = Level.COLD,
+        create: bool = True,
+        mountinfo: str = "/proc/self/mountinfo",
+        file_mode: int = DEFAULT_FILE_MODE,
+    ) -> SegmentStore:
+        """Open (and with ``create``, make) the store in ``path`` and reconcile its index.
+
+        Files this store creates get ``file_mode`` and directories it creates
+        ``dir_mode(file_mode)`` (spec F-DIR-9: ``0o600`` / ``0o700`` by default).
+
+        Raises :class:`StoreError` for a missing directory (without ``create``), one on a
+        network filesystem or a bad ``file_mode``, :class:`IncompatibleFingerprint` when the
+        directory holds another model's segments, :class:`SymlinkRefused` /
+        :class:`NotARegularFile` when ``strata-index/`` (or a file in it) is a symbolic link or
+        not what it must be (spec F-DIR-8).
+        """
+        problem = file_mode_problem(file_mode)
+        if problem is not None:
+            raise StoreError(f"file_mode {problem}; use 0o600 (private) or 0o640 (group)")
+        path = os.path.abspath(os.fspath(path))
+        if create:
+            files.makedirs(path, mode=file_mode)
+        elif not os.path.isdir(path):
+            raise StoreError(f"store directory {path} does not exist; create it or pass create")
+        fstype = files.filesystem_type(path, mountinfo)
+        if fstype in files.NETWORK_FILESYSTEMS:
+            raise StoreError(
+                f"store directory {path} is on a {fstype} filesystem; its LMDB index cannot live "
+                "on a network filesystem: use a local disk"
+            )
+        store = cls(path, fingerprint, level, file_mode)
+        try:
+            with store._write_lock():  # no commit or delete may interleave with the listing
+                store._reconcile()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _reconcile(self) -> None:
+        on_disk: dict[bytes, set[str]] = {}
+        for name in files.listdir(self.path):
+            parsed = parse_name(name)
+            if parsed is not None:
+                on_disk.setdefault(parsed[0], set()).add(parsed[1])
+        committed = {k for k, kinds in on_disk.items() if "side" in kinds}
+        if self._index.schema() != INDEX_SCHEMA or not self._index.totals_ok():
+            indexed: set[bytes] = set()
+            rebuild = True
+        else:
+            indexed = set(self._index.keys())
+            rebuild = False
+        stored_fp = self._index.meta_get(FINGERPRINT_KEY)
+        if stored_fp is not None and stored_fp != self.fingerprint.pack() and committed:
+            self.fingerprint.require_same(ModelFingerprint.unpack(stored_fp), f"store {self.path}")
+        adopted: dict[bytes, IndexRecord] = {}
+        for key in sorted(committed - indexed):
+            try:
+                _, rec = self._inspect(key)
+            except IncompatibleFingerprint:
+                raise
+            except (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound) as e:
+                self.skipped.append(Skipped(sidecar_name(key), str(e), type(e).__name__))
+                continue
+            adopted[key] = rec
+        dangling = sorted(indexed - committed)
+        if rebuild:
+            self._index.replace_all(adopted, self.fingerprint.pack())
+        elif adopted or dangling:
+            self._index.apply(adopted, dangling)
+        if stored_fp != self.fingerprint.pack():
+            self._index.meta_put(FINGERPRINT_KEY, self.fingerprint.pack())
+
+    def _inspect(self, key: bytes) -> tuple[Sidecar, IndexRecord]:
+        """Read and check a committed segment's sidecar and data header (no page hashing).
+        :class:`SegmentNotFound` when it was deleted meanwhile (its sidecar is gone)."""
+        sc, side_bytes = self._read_sidecar(key)
+        try:
+            head, size = files.read_head(self._data_path(key), DATA_OFFSET)
+        except StrataIOError as e:
+            self._raise_if_deleted(key, e)
+            raise
+        hdr = decode_segment_header(head, data_name(key))
+        check_data(sc, hdr, size)
+        return sc, IndexRecord.from_sidecar(sc, side_bytes, size)
+
+    def _raise_if_deleted(self, key: bytes, e: StrataIOError) -> None:
+        """A data file that vanished under a read: :class:`SegmentNotFound` when the segment was
+        deleted (its sidecar is gone too; another process moved or dropped it), else return
+        (a committed sidecar without its data file is damage: the caller re-raises ``e``)."""
+        if e.errno == errno.ENOENT and not self._committed(key):
+            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
+
+    def close(self) -> None:
+        self._flock.close()
+        self._index.close()
+
+    def __enter__(self) -> SegmentStore:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- paths --------------------------------------------------------------------------------
+    def _data_path(self, key: bytes) -> str:
+        return os.path.join(self.path, data_name(key))
+
+    def _sidecar_path(self, key: bytes) -> str:
+        return os.path.join(self.path, sidecar_name(key))
+
+    def _read_sidecar(self, key: bytes) -> tuple[Sidecar, int]:
+        try:
+            raw = files.read_file(self._sidecar_path(key), MAX_SIDECAR_BYTES)
+        except StrataIOError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
+        sc = decode_sidecar(raw, sidecar_name(key))
+        self.fingerprint.require_same(sc.fingerprint, sidecar_name(key))
+        if sc.key != key:
+            raise FormatError(f"{sidecar_name(key)}: it holds key {sc.key.hex()}, not its name's")
+        return sc, len(raw)
+
+    # -- writing ------------------------------------------------------------------------------
+    def put_kv(
+        self,
+        parent_key: bytes,
+        tokens: Sequence[int] | npt.NDArray[np.integer],
+        payload: Buffer,
+        *,
+        token_start: int,
+        media: Sequence[MediaRef] = (),
+        codec: Codec = Codec.RAW,
+        page_hashes: npt.NDArray[np.uint8] | None = None,
+    ) -> PutResult:
+        """Store the K/V pages of ``tokens`` (which follow the prefix ``parent_key``).
+
+        ``payload`` holds ``len(tokens) * fingerprint.token_bytes`` bytes in the page layout of
+        spec F-SEG-4. ``media`` are the segment's own media items at offsets within it (spec
+        F-KEY-7: :func:`~stratastore.format.keys.key_chain` gives them): the key is derived with
+        them (spec F-KEY-2) and the sidecar carries them, so a segment holding a picture is
+        never filed under a media-free key. A put of an already committed key writes nothing
+        and returns ``created=False``.
+
+        ``page_hashes``: the ``(pages, 32)`` uint8 BLAKE3 digests of ``payload``'s pages, which
+        the sidecar carries instead of hashing them here (a park from device memory: the device
+        kernel hashed the same bytes before their one copy to the host). The caller vouches that
+        they are of these bytes; a wrong shape is a :class:`StoreError`
+        (:func:`~stratastore.levels.sealing.kv_segment`).
+        """
+        u = kv_segment(self.fingerprint, parent_key, tokens, payload, token_start=token_start,
+                       media=media, page_hashes=page_hashes)  # fmt: skip
+        return self._put(u, codec)
+
+    def put_state(
+        self,
+        checkpoint_key: bytes,
+        payload: Buffer,
+        *,
+        token_pos: int,
+        codec: Codec = Codec.RAW,
+    ) -> PutResult:
+        """Store the running state saved at the checkpoint ``checkpoint_key`` (spec F-KEY-5)."""
+        return self._put(state_segment(checkpoint_key, payload, token_pos=token_pos), codec)
+
+    def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
+        """Store a segment another level sealed: ``stored`` is its stored payload as
+        ``sidecar`` describes it. Checked first (model, size, every page: spec F-SC-3), then
+        committed here under this level's own sidecar (this level, sealed now) by the put
+        protocol of F-DUR. An already committed key writes nothing (``created=False``)."""
+        key = sidecar.key
+        if self._committed(key) and self._index.get(key) is not None:
+            return PutResult(key, False, 0)  # content-addressed: nothing to hash or write
+        data = check_sealed(sidecar, stored, self.fingerprint)
+        mine = relocation.resealed(sidecar, self.level)
+        header = SegmentHeader(mine.kind, mine.codec, key, mine.page_count, mine.page_bytes,
+                               mine.stored_bytes)  # fmt: skip
+        with DurableFile(self._data_path(key), mode=self.file_mode) as f:
+            f.write(encode_segment_header(header))
+            f.write(data.data)
+            f.prepare()
+            return self._commit(f, mine, header)
+
+    def _committed(self, key: bytes) -> bool:
+        return files.exists(self._sidecar_path(key))
+
+    def _put(self, u: Unsealed, codec: Codec) -> PutResult:
+        if self._committed(u.key) and self._index.get(u.key) is not None:
+            return PutResult(u.key, False, 0)
+        enc = encode(u, codec, write_chunk=_WRITE_CHUNK)
+        header = SegmentHeader(u.kind, codec, u.key, u.page_count, u.page_bytes, enc.stored_bytes)
+        with DurableFile(self._data_path(u.key), mode=self.file_mode) as data:
+            data.write(encode_segment_header(header))
+            for chunk in enc.chunks:
+                data.write(chunk)
+            data.prepare()
+            sc = sidecar_for(u, enc, enc.hashes(), self.fingerprint, self.level)
+            return self._commit(data, sc, header)
+
+    def _commit(self, data: DurableFile, sc: Sidecar, header: SegmentHeader) -> PutResult:
+        """Under the write lock: drop ``data`` when the key is committed already (dedupe), else
+        publish it, write the sidecar durably and index it (spec F-DUR-2)."""
+        key = sc.key
+        side = encode_sidecar(sc)
+        with self._write_lock():
+            if self._committed(key):
+                data.abort()
+                self._ensure_indexed(key)
+                return PutResult(key, False, 0)
+            try:
+                data.publish()
+                durable_write(self._sidecar_path(key), side, mode=self.file_mode)
+                self._index.put(key, IndexRecord.from_sidecar(sc, len(side), header.file_bytes))
+            except BaseException:
+                self._roll_back(key)
+                raise
+        return PutResult(key, True, sc.stored_bytes)
+
+    def _roll_back(self, key: bytes) -> None:
+        """Make a put that failed after publishing its data file invisible again (best effort:
+        if this fails too, what stays is a whole segment or an orphan file, never a torn one)."""
+        try:
+            self._index.delete(key)
+            if self._remove(self._sidecar_path(key)):
+                files.fsync_dir(self.path)
+            self._remove(self._data_path(key))
+        except StrataError:
+            pass
+
+    def _ensure_indexed(self, key: bytes) -> None:
+        """Index a segment another writer committed but did not index (it crashed or is racing
+        us to it); the caller holds the write lock."""
+        if self._index.get(key) is None:
+            _, rec = self._inspect(key)
+            self._index.put(key, rec)
+
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        """The directory's commit lock (spec F-DUR-7): this process's threads, then flock."""
+        with self._lock:
+            self._flock.acquire()
+            try:
+                yield
+            finally:
+                self._flock.release()
+
+    def delete(self, key: bytes) -> bool:
+        """Remove a segment (spec F-DUR-5: unindex, unlink sidecar, fsync, unlink data, fsync).
+        Returns False when it was not there."""
+        with self._write_lock():
+            return self._delete_locked(key)
+
+    def delete_if(self, key: bytes, still: Callable[[], bool]) -> bool:
+        """:meth:`delete` ``key`` only if ``still()`` holds, asked under the directory's commit
+        lock (spec F-DUR-7): no commit or delete of this or another process runs between the
+        check and the delete (a reader that found a copy damaged removes that copy, never one
+        written again since). Returns whether it deleted."""
+        with self._write_lock():
+            return still() and self._delete_locked(key)
+
+    def _delete_locked(self, key: bytes) -> bool:
+        had_record = self._index.delete(key)
+        had_sidecar = self._remove(self._sidecar_path(key))
+        if had_sidecar:
+            files.fsync_dir(self.path)
+        had_data = self._remove(self._data_path(key))
+        if had_data:
+            files.fsync_dir(self.path)
+        return had_record or had_sidecar
+
+    def _remove(self, path: str) -> bool:
+        """Unlink a segment file through the io layer's guard (spec F-DIR-8); a name that is a
+        symbolic link or not a regular file is left alone and reported in :attr:`skipped` (it
+        is not the store's: fsck reports it too). True when a file was removed."""
+        try:
+            return guard.remove_store_file(path, missing_ok=True)
+        except (SymlinkRefused, NotARegularFile) as e:
+            self.skipped.append(Skipped(os.path.basename(path), str(e), type(e).__name__))
+            return False
+
+    def relocate_from(self, src: SegmentBackend, key: bytes
+                      ) -> relocation.Relocated:  # fmt: skip
+        """Move the committed segment ``key`` from ``src`` (another level) into this store, all
+        or nothing (spec F-DUR-8); see :func:`~stratastore.levels.local.relocation.relocate`. From
+        another directory store: hard link on one volume, durable copy across two; from any
+        other backend: read, validate, put, then drop it there. :class:`SegmentNotFound` when
+        ``src`` does not hold ``key`` (another process moved or deleted it meanwhile);
+        ``"present"`` when this store already holds it (``src``'s copy is dropped)."""
+        return relocate(self, src, key)
+
+    adopt = relocate_from  #: the name of 0.1 (tiers/disk.py)
+
+    def _reindex(self, key: bytes) -> None:
+        """Put back the record of a committed segment (after a failed move); best effort."""
+        with contextlib.suppress(StrataError):
+            if self._committed(key) and self._index.get(key) is None:
+                self._index.put(key, self._inspect(key)[1])
+
+    # -- reading ------------------------------------------------------------------------------
+    def contains(self, key: bytes) -> bool:
+        return self._index.get(key) is not None
+
+    __contains__ = contains
+
+    def record(self, key: bytes) -> IndexRecord:
+        rec = self._index.get(key)
+        if rec is None:
+            raise SegmentNotFound(f"segment {key.hex()} is not in {self.path}")
+        return rec
+
+    def sidecar(self, key: bytes) -> Sidecar:
+        self.record(key)
+        return self._read_sidecar(key)[0]
+
+    def keys(self) -> list[bytes]:
+        return self._index.keys()
+
+    def records(self) -> list[tuple[bytes, IndexRecord]]:
+        """Every ``(key, record)`` of the index."""
+        return list(self._index.items())
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(len(self._index), self._index.used_bytes())
+
+    def used(self) -> int:
+        """Data-file plus sidecar bytes of every indexed segment: one index read, O(1)."""
+        return self._index.used_bytes()
+
+    def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
+        """``(key, record)`` of every segment, oldest ``sealed_at`` first, lazily (the index's
+        ``ages`` table: O(log n) a row, no transaction held between rows)."""
+        return self._index.oldest()
+
+    def open_reader(self, key: bytes) -> SegmentReader:
+        """The committed segment ``key`` held open for reads into memory the caller owns (the
+        restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager).
+        :class:`SegmentNotFound` when it is not here, or was deleted meanwhile."""
+        self.record(key)
+        sc = self._read_sidecar(key)[0]
+        try:
+            return SegmentReader(sc, self._data_path(key))
+        except StrataIOError as e:
+            self._raise_if_deleted(key, e)
+            raise
+
+    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
+        """Copy the *stored* bytes of ``key`` from ``offset`` into ``out`` (RAW: the pages;
+        ZSTD: the frames; not validated: the caller hashes what it reads, spec F-SC-3): as
+        many as fit, up to the end. Returns the count (0 at the end); :class:`OutOfRange` for
+        an offset before 0 or past the end."""
+        dst = byte_view(out)
+        if dst.readonly:
+            raise StoreError("the output buffer is read-only")
+        with self.open_reader(key) as seg:
+            end = seg.sidecar.stored_bytes
+            if offset < 0 or offset > end:
+                raise OutOfRange(f"segment {key.hex()}: offset {offset} is outside its {end} "
+                                 "stored bytes")  # fmt: skip
+            n = min(len(dst), end - offset)
+            seg.read_into(dst[:n], offset)
+        return n
+
+    def prefetch(self, key: bytes) -> bool:
+        """Start reading the segment's data file into the page cache (a hint for a restore that
+        comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
+        return files.advise_willneed(self._data_path(key))
+
+    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
+        """The segment's validated payload as bytes (for small objects such as running states);
+        refuses one larger than ``max_bytes`` before allocating it."""
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if sc.payload_bytes > max_bytes:
+                raise StoreError(
+                    f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
+                    f"{max_bytes:,} this read allows"
+                )
+            out = bytearray(sc.payload_bytes)
+            seg.copy_validated(memoryview(out), True)
+        return bytes(out)
+
+    def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
+        """Copy the segment's pages into ``out`` (at least ``payload_bytes`` long).
+
+        With ``verify`` every page is read into staging memory, hashed there and copied from
+        there only if it matches its sidecar digest (the bytes hashed are the bytes delivered);
+        a mismatch raises :class:`ChecksumMismatch` naming the first bad page, and ``out`` then
+        holds validated pages only (spec F-SC-3). A read error or a file truncated meanwhile
+        raises :class:`StrataIOError` / :class:`~stratastore.io.errors.ShortRead`. Returns the
+        sidecar.
+        """
+        dst = byte_view(out)
+        if dst.readonly:
+            raise StoreError("the output buffer is read-only")
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if len(dst) < sc.payload_bytes:
+                raise StoreError(
+                    f"output buffer is {len(dst)} bytes; segment {key.hex()} needs "
+                    f"{sc.payload_bytes}"
+                )
+            seg.copy_validated(dst[: sc.payload_bytes], verify)
+        return sc
+
+    def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
+        """A read-only uint8 array of the segment's pages (RAW codec only), read into new memory
+        this process owns: never a mapping, so a file truncated or deleted later cannot fault
+        the caller (it keeps what it got).
+
+        With ``verify`` every page of that memory is hashed and a mismatch raises
+        :class:`ChecksumMismatch`.
+        """
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if sc.codec is not Codec.RAW:
+                raise StoreError(
+                    f"segment {key.hex()} is {sc.codec.name.lower()}-compressed and cannot be "
+                    "viewed raw; use get_into"
+                )
+            payload = seg.pages()
+        if verify:
+            require_valid(sc, payload)
+        payload.flags.writeable = False
+        return payload
+
+    def verify(self, key: bytes) -> int:
+        """Hash every page of a segment: the first bad page, or -1 when all match."""
+        with self.open_reader(key) as seg:
+            return seg.first_bad_page()

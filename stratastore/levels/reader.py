@@ -1,0 +1,349 @@
+"""Reading a committed segment into memory the caller owns (spec F-SC-3; DESIGN "Delivered
+means validated").
+
+A :class:`SegmentReader` holds a segment's data file open, checked against its sidecar, and
+``pread``s the stored payload into buffers the caller owns. Data files are never mapped: a file
+truncated, replaced or failing under a reader is a typed error at the read
+(:class:`~stratastore.io.errors.ShortRead`, :class:`~stratastore.io.errors.StrataIOError`),
+never a SIGBUS at a later access. Validation hashes the bytes in that memory (RAW pages staged a
+chunk at a time in :data:`~stratastore.levels.staging.STAGING`, compressed pages decoded one at a
+time) and delivers only pages that match their sidecar digests: the bytes hashed are the bytes
+delivered. The store's reads (``SegmentStore.get_into``, ``view``, ``verify``), the restore's
+read pass and fsck's page check all read through it.
+
+:class:`PayloadReader` is what every backend's reader shares (the protocol
+:class:`~stratastore.levels.backend.OpenSegment`): range checks (:class:`OutOfRange`), decoding
+and validation over one positional read that each backend implements (``pread`` here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+import numba_kernels
+from stratastore.format import (
+    DATA_OFFSET,
+    ChecksumMismatch,
+    Codec,
+    FormatError,
+    SegmentHeader,
+    Sidecar,
+    data_name,
+    decode_segment_header,
+)
+from stratastore.io import files
+from stratastore.levels.errors import StoreError
+from stratastore.levels.staging import STAGING
+
+__all__ = [
+    "OutOfRange",
+    "PayloadReader",
+    "SegmentReader",
+    "check_data",
+    "first_bad_page",
+    "require_valid",
+    "validate_stored",
+]
+
+
+def check_data(sc: Sidecar, hdr: SegmentHeader, size: int) -> None:
+    """Check a data file's header against its sidecar (spec F-SEG-2) and its size against its
+    header (F-SEG-3); raises :class:`FormatError`."""
+    name = data_name(sc.key)
+    if not hdr.matches(sc):
+        raise FormatError(f"{name}: header does not match its sidecar (spec F-SEG-2)")
+    if size != hdr.file_bytes:
+        raise FormatError(
+            f"{name}: {size} bytes, its header needs {hdr.file_bytes} (truncated or padded)"
+        )
+
+
+class OutOfRange(StoreError, IndexError):
+    """A read of bytes past the end of a segment's stored payload (or before its start)."""
+
+
+class PayloadReader:
+    """A committed segment open for reads of its *stored payload* (RAW: the pages; ZSTD: the
+    frames, spec F-SEG-4) into memory the caller owns; the base of every backend's reader.
+
+    A backend implements :meth:`_read_at` (fill a byte view from an offset of the stored
+    payload, all of it or a typed error) and :meth:`close`; the reads the restore path and the
+    store's validated reads use (:meth:`read_into`, :meth:`readv_into`, :meth:`pages`,
+    :meth:`copy_validated`, :meth:`first_bad_page`) are built here on it. Ranges are checked
+    against the sidecar's ``stored_bytes`` first (:class:`OutOfRange`).
+    """
+
+    sidecar: Sidecar
+
+    def _read_at(self, view: memoryview, offset: int) -> None:
+        raise NotImplementedError
+
+    def _readv_at(self, views: list[memoryview], offset: int) -> None:
+        for v in views:
+            self._read_at(v, offset)
+            offset += v.nbytes
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or offset + nbytes > self.sidecar.stored_bytes:
+            raise OutOfRange(
+                f"segment {self.sidecar.key.hex()}: bytes [{offset}, {offset + nbytes}) are "
+                f"outside its {self.sidecar.stored_bytes} stored bytes"
+            )
+
+    def read_into(self, buf: npt.NDArray[np.uint8] | memoryview, offset: int = 0) -> None:
+        """Fill all of ``buf`` with the stored payload from byte ``offset`` (RAW: the pages;
+        ZSTD: the frames); not validated. :class:`OutOfRange` past the end."""
+        view = buf if isinstance(buf, memoryview) else buf.data
+        self._check_range(offset, view.nbytes)
+        self._read_at(view, offset)
+
+    def readv_into(self, bufs: list[memoryview], offset: int = 0) -> None:
+        """Fill ``bufs`` in turn (a scatter read) with the stored payload from byte ``offset``."""
+        self._check_range(offset, sum(b.nbytes for b in bufs))
+        self._readv_at(bufs, offset)
+
+    def stored(self) -> npt.NDArray[np.uint8]:
+        """The whole stored payload, in new memory."""
+        out = np.empty(self.sidecar.stored_bytes, dtype=np.uint8)
+        self.read_into(out)
+        return out
+
+    def pages(self, pages: int | None = None) -> npt.NDArray[np.uint8]:
+        """The first ``pages`` pages (default all), not validated, in new memory: read for RAW,
+        decompressed for ZSTD (a frame that does not decode left as zeros)."""
+        sc = self.sidecar
+        n = sc.page_count if pages is None else max(0, min(pages, sc.page_count))
+        nbytes = (n - 1) * sc.page_bytes + sc.page_len(n - 1) if n else 0
+        if sc.codec is not Codec.RAW:
+            return _decode_prefix(sc, self.stored(), n, nbytes)
+        out = np.empty(nbytes, dtype=np.uint8)
+        self.read_into(out)
+        return out
+
+    def copy_validated(self, dst: memoryview, verify: bool) -> None:
+        """Fill ``dst`` (``payload_bytes`` long) with the pages; with ``verify`` only pages that
+        match their digests reach it (raises :class:`ChecksumMismatch` at the first that
+        does not)."""
+        _copy_validated(self, dst, verify)
+
+    def first_bad_page(self, *, sample: bool = False) -> int:
+        """The first page that fails its sidecar digest, or -1, read into memory this process
+        owns (a RAW segment staged a chunk at a time). ``sample`` checks only the first and the
+        last page of a RAW segment (fsck's quick mode); a compressed one is decoded whole."""
+        sc = self.sidecar
+        if sc.codec is not Codec.RAW:
+            return first_bad_page(sc, self.stored())
+        if not sample:
+            return _first_bad_raw(self)
+        for i in sorted({0, sc.page_count - 1}):
+            page = np.empty(sc.page_len(i), dtype=np.uint8)
+            self.read_into(page, i * sc.page_bytes)
+            if numba_kernels.hash_page(page.data) != sc.page_hash(i):
+                return i
+        return -1
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class SegmentReader(PayloadReader):
+    """A committed segment's data file held open for reads into memory the caller owns (spec
+    F-SC-3; DESIGN "Delivered means validated").
+
+    Opening checks the data file ``path`` of the committed segment ``sidecar`` (its header and
+    size, :func:`check_data`) on the open descriptor (a rename over the name later cannot change
+    what is read). Reads ``pread`` into the caller's buffer: never a mapping, so a file
+    truncated, replaced or failing under the reader is a typed error at the read
+    (:class:`~stratastore.io.errors.ShortRead`, :class:`StrataIOError`), never a SIGBUS at a
+    later access.
+    """
+
+    def __init__(self, sidecar: Sidecar, path: str) -> None:
+        self.sidecar = sidecar
+        self.path = path
+        self._fd = files.open_read(self.path)
+        try:
+            size = files.fd_size(self._fd, self.path)
+            head = bytearray(min(DATA_OFFSET, size))
+            files.pread_exact(self._fd, memoryview(head), 0, self.path)
+            hdr = decode_segment_header(bytes(head), data_name(sidecar.key))
+            check_data(self.sidecar, hdr, size)
+        except BaseException:
+            self.close()
+            raise
+        self._start = hdr.data_offset
+
+    def _read_at(self, view: memoryview, offset: int) -> None:
+        files.pread_exact(self._fd, view, self._start + offset, self.path)
+
+    def _readv_at(self, views: list[memoryview], offset: int) -> None:
+        files.preadv_exact(self._fd, views, self._start + offset, self.path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            files.close(self._fd)
+            self._fd = -1
+
+
+#: a verified read stages (and hashes) this many bytes at a time
+_STAGE_BYTES = 16 << 20
+
+
+def _stage_step(sc: Sidecar) -> int:
+    return max(1, _STAGE_BYTES // sc.page_bytes) * sc.page_bytes
+
+
+_Staged = Generator[tuple[int, npt.NDArray[np.uint8], npt.NDArray[np.uint8]], None, None]
+
+
+def _staged(seg: PayloadReader) -> _Staged:
+    """The payload of a RAW segment read into reusable staging memory, a bounded chunk of whole
+    pages at a time: ``(first page, the chunk, the digests the sidecar records for its pages)``.
+    The chunk is valid until the next step."""
+    sc = seg.sidecar
+    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
+    step = _stage_step(sc)
+    stage = STAGING.take(min(step, sc.payload_bytes))
+    try:
+        for a in range(0, sc.payload_bytes, step):
+            chunk = stage[: min(step, sc.payload_bytes - a)]
+            seg.read_into(chunk, a)
+            p0 = a // sc.page_bytes
+            yield p0, chunk, expected[p0 : p0 - (-chunk.size // sc.page_bytes)]
+    finally:
+        STAGING.give(stage)
+
+
+def _copy_validated(seg: PayloadReader, dst: memoryview, verify: bool) -> None:
+    """Fill ``dst`` (``payload_bytes`` long) with the segment's pages. With ``verify``, RAW
+    pages go through staging memory: read, hashed, and copied from that memory only if they
+    match (a page that fails never reaches ``dst``)."""
+    sc = seg.sidecar
+    if sc.codec is not Codec.RAW:
+        _decompress_into(sc, seg.stored(), dst, verify)
+        return
+    if not verify:
+        seg.read_into(dst)
+        return
+    with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
+        for p0, chunk, want in chunks:
+            a = p0 * sc.page_bytes
+            bad = numba_kernels.validated_copy(chunk, dst[a : a + chunk.size], sc.page_bytes,
+                                               want)  # fmt: skip
+            if bad >= 0:
+                _raise_page(sc, chunk, bad, p0)
+
+
+def _first_bad_raw(seg: PayloadReader) -> int:
+    """The first page of a RAW segment that fails its digest (-1: none), hashed in staging."""
+    with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
+        for p0, chunk, want in chunks:
+            actual = numba_kernels.page_hashes(chunk, seg.sidecar.page_bytes)
+            bad = np.flatnonzero((actual != want).any(axis=1))
+            if bad.size:
+                return p0 + int(bad[0])
+    return -1
+
+
+def _raise_page(sc: Sidecar, payload: npt.NDArray[np.uint8], page: int, first: int = 0) -> None:
+    """Raise :class:`ChecksumMismatch` for page ``first + page`` of the segment, which is page
+    ``page`` of ``payload`` (pages ``first..`` of it)."""
+    a = page * sc.page_bytes
+    actual = numba_kernels.hash_page(payload[a : a + sc.page_len(first + page)].data)
+    raise ChecksumMismatch(data_name(sc.key), sc.page_hash(first + page), actual, first + page)
+
+
+def _decode_prefix(sc: Sidecar, stored: npt.NDArray[np.uint8], n: int, nbytes: int
+                   ) -> npt.NDArray[np.uint8]:  # fmt: skip
+    """The first ``n`` pages (``nbytes``) of a ZSTD segment, decompressed, not validated: a
+    frame that does not decode (or decodes to the wrong size) ends the decoding, leaving that
+    page and the ones after it zeros (so they fail validation)."""
+    out = np.zeros(nbytes, dtype=np.uint8)
+    dctx = zstandard.ZstdDecompressor()
+    for i, off in enumerate(sc.stored_offsets()[:n]):
+        want = sc.page_len(i)
+        try:
+            page = dctx.decompress(stored[off : off + sc.stored_lengths[i]].tobytes(),
+                                   max_output_size=want)  # fmt: skip
+        except zstandard.ZstdError:
+            break
+        if len(page) != want:
+            break
+        out[i * sc.page_bytes : i * sc.page_bytes + want] = np.frombuffer(page, np.uint8)
+    return out
+
+
+def first_bad_page(sc: Sidecar, payload: npt.NDArray[np.uint8], *, sample: bool = False) -> int:
+    """The first page of ``payload`` (a data file's pages) that fails its sidecar digest, or -1.
+    ``sample`` checks only the first and the last page of a RAW segment (fsck's quick mode); a
+    compressed segment is always decoded whole."""
+    if sc.codec is not Codec.RAW:
+        try:
+            _decompress_into(sc, payload, None, True)
+        except ChecksumMismatch as e:
+            return e.page if e.page is not None else 0
+        return -1
+    expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
+    if not sample:
+        actual = numba_kernels.page_hashes(payload, sc.page_bytes)
+        bad = np.flatnonzero((actual != expected).any(axis=1))
+        return int(bad[0]) if bad.size else -1
+    for i in sorted({0, sc.page_count - 1}):
+        a = i * sc.page_bytes
+        if numba_kernels.hash_page(payload[a : a + sc.page_len(i)].data) != expected[i].tobytes():
+            return i
+    return -1
+
+
+def _decompress_into(
+    sc: Sidecar, payload: npt.NDArray[np.uint8], dst: memoryview | None, verify: bool
+) -> None:
+    """Decompress each zstd page (bounded by its recorded size), validate it, then copy it into
+    ``dst`` (``None``: validate only). One page is held in memory at a time."""
+    dctx = zstandard.ZstdDecompressor()
+    name = data_name(sc.key)
+    for i, off in enumerate(sc.stored_offsets()):
+        frame = payload[off : off + sc.stored_lengths[i]]
+        want = sc.page_len(i)
+        try:
+            page = dctx.decompress(frame.tobytes(), max_output_size=want)
+        except zstandard.ZstdError as e:
+            raise ChecksumMismatch(name, sc.page_hash(i), b"\0" * 32, i) from e
+        actual = numba_kernels.hash_page(page) if verify else sc.page_hash(i)
+        if len(page) != want or actual != sc.page_hash(i):
+            raise ChecksumMismatch(name, sc.page_hash(i), actual, i)
+        if dst is not None:
+            a = i * sc.page_bytes
+            dst[a : a + want] = page
+
+
+def require_valid(sc: Sidecar, payload: npt.NDArray[np.uint8]) -> None:
+    """Raise :class:`ChecksumMismatch` for the first page of ``payload`` (all of a segment's
+    pages) that fails its digest."""
+    bad = first_bad_page(sc, payload)
+    if bad >= 0:
+        _raise_page(sc, payload, bad)
+
+
+def validate_stored(sc: Sidecar, stored: npt.NDArray[np.uint8]) -> None:
+    """Raise :class:`ChecksumMismatch` for the first page of a segment's whole *stored*
+    payload (RAW pages or ZSTD frames) that fails its digest (spec F-SC-3)."""
+    if sc.codec is Codec.RAW:
+        require_valid(sc, stored)
+    else:
+        _decompress_into(sc, stored, None, True)

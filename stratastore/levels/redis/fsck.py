@@ -1,0 +1,104 @@
+"""``strata fsck --remote``: the remote level's namespaces of one store name, checked (and with
+``repair`` fixed) by :meth:`~.redis_backend.RedisBackend.fsck`; nothing outside them is read,
+changed or deleted (issue 17 item 5).
+
+A store name holds one namespace per model (``strata/<name>/<fp>/``, :func:`.namespace`): the
+namespace's own name carries its model's fingerprint digest, and every commit record under it
+is judged against that. The model itself (its geometry, for the checks of each sidecar) is
+read from the first commit record that decodes and names it; a record of another model under
+the namespace is a bad record (damage, or a key copied by hand), which repair removes. A
+namespace none of whose records names its model still has each record judged (all bad).
+A name under the store name that is not a namespace of spec F-REM-1 is left as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stratastore.errors import StrataError
+from stratastore.format import ModelFingerprint
+from stratastore.format.remote_record import NS_FP_DIGITS, RemoteNames, decode_commit_record
+from stratastore.levels.redis.backend import RedisBackend, RemoteError, RemoteReport
+from stratastore.levels.redis.settings import RemoteSettings, check_name
+
+__all__ = ["NamespaceReport", "fsck_remote"]
+
+
+@dataclass
+class NamespaceReport:
+    """One namespace: its prefix, its model (``None``: no commit record names it), what fsck
+    found there (``None`` with ``problem`` when it could not be checked)."""
+
+    prefix: str
+    model: str | None
+    report: RemoteReport | None  #: what fsck found (before any repair)
+    problem: str = ""
+    after: RemoteReport | None = None  #: with ``repair``: the namespace checked again after it
+
+
+def fsck_remote(settings: RemoteSettings, *, repair: bool = False,
+                deep: bool = False) -> list[NamespaceReport]:  # fmt: skip
+    """Check every namespace of ``settings.name`` on the server (see the module; ``deep``:
+    every page of every segment hashed, :meth:`~.redis_backend.RedisBackend.fsck`); raises
+    :class:`~.redis_backend.RemoteError` when the server cannot be reached."""
+    base = f"strata/{check_name(settings.name)}/"
+    scout = RedisBackend(settings, _SCOUT)
+    scout.path = settings.shown  # (its own namespace is no store's: never named)
+    try:
+        names = scout._call("fsck", "", lambda: [k.decode(errors="replace") for k in
+                                                 scout._r.scan_iter(match=f"{base}*",
+                                                                    count=1000)])  # fmt: skip
+        prefixes = sorted({base + n[len(base):].split("/", 1)[0] + "/" for n in names
+                           if n.startswith(base) and "/" in n[len(base):]})  # fmt: skip
+        out = []
+        for prefix in prefixes:
+            out.append(_one(scout, settings, prefix, repair, deep))
+        return out
+    finally:
+        scout.close()
+
+
+#: the model of a backend that only lists names (no namespace of its own is read or written)
+_SCOUT = ModelFingerprint.create("fsck/scout", n_layers=1, n_kv_heads=1, head_dim=1,
+                                 page_tokens=1)  # fmt: skip
+
+
+def _one(scout: RedisBackend, settings: RemoteSettings, prefix: str, repair: bool,
+         deep: bool) -> NamespaceReport:  # fmt: skip
+    digits = prefix.rstrip("/").rsplit("/", 1)[-1]
+    if not re.fullmatch(f"[0-9a-f]{{{NS_FP_DIGITS}}}", digits):
+        return NamespaceReport(prefix, None, None, "not a namespace name (spec F-REM-1: a "
+                               "fingerprint digest in hex): left as it is")  # fmt: skip
+    fp = _model(scout, prefix, digits)
+    b = RedisBackend(
+        settings,
+        fp if fp is not None else _SCOUT,
+        names=RemoteNames(settings.name, bytes.fromhex(digits.ljust(64, "0"))),
+    )
+    try:
+        found = b.fsck(repair=repair, deep=deep)
+        after = b.fsck(deep=deep) if found.repaired else None  # what the repair left, again
+        return NamespaceReport(prefix, fp.describe() if fp is not None else None, found,
+                               after=after)  # fmt: skip
+    finally:
+        b.close()
+
+
+def _model(scout: RedisBackend, prefix: str, digits: str) -> ModelFingerprint | None:
+    """The fingerprint of the first commit record under ``prefix`` that decodes and names
+    this namespace's model (its digest begins with ``digits``); each value read bounded; one
+    of another type, too long, damaged or of another model is passed over (fsck judges it)."""
+    for name in scout._call("fsck", prefix, lambda: list(scout._r.scan_iter(
+            match=f"{prefix}s/*", count=1000))):  # fmt: skip
+        try:
+            n, raw = scout.bounded_get("fsck", name.decode("utf-8", "replace"))
+            if n and n <= len(raw):
+                fp = decode_commit_record(raw).sidecar.fingerprint
+                if fp.digest().hex().startswith(digits):
+                    return fp
+        except RemoteError:
+            raise
+        except StrataError:
+            continue
+    return None

@@ -1,0 +1,229 @@
+"""How the remote level reaches Redis: its URL, credentials, TLS and timeouts (issue 17).
+
+A remote level is named by one URL:
+
+* ``redis://host:port/db`` (``rediss://`` for TLS): one ``redis-server``;
+* ``redis+cluster://host:port,host:port,...`` (``rediss+cluster://``): a Redis Cluster, the
+  seeds the client learns the slots from.
+
+Credentials come from the config (``remote_username``, ``remote_password``), else from the
+environment (``STRATA_REMOTE_USERNAME``, ``STRATA_REMOTE_PASSWORD``), else from the URL's
+``user:password@``. They never appear in a message: :attr:`RemoteSettings.shown` (the URL
+without them) is what every log line, error, ``strata monitor`` and Prometheus output names.
+
+Every key a store writes carries its namespace, :func:`namespace`: the store's name
+(``remote_name``) and its model's fingerprint, so two stores or two models on one Redis never
+read or delete each other's segments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from stratastore.errors import ConfigError
+from stratastore.format import ModelFingerprint
+from stratastore.format.remote_record import RemoteNames, check_remote_name
+
+if TYPE_CHECKING:
+    from stratastore.config import StoreConfig
+
+__all__ = ["RemoteSettings", "check_name", "namespace"]
+
+_SCHEMES = {"redis": (False, False), "rediss": (True, False),
+            "redis+cluster": (False, True), "rediss+cluster": (True, True)}  # fmt: skip
+Eviction = Literal["store", "redis"]
+
+
+def check_name(name: object) -> str:
+    """A remote store name, checked (spec F-REM-1: 1..64 of a-z, 0-9, ``_``, ``-``, ``.``)."""
+    try:
+        return check_remote_name(name)  # type: ignore[arg-type]
+    except ValueError:
+        raise ConfigError(
+            f"setting remote_name={name!r} must be 1..64 characters "
+            "of a-z, 0-9, _, - and . (every key the store writes carries it)"
+        ) from None
+
+
+def namespace(name: str, fp: ModelFingerprint) -> str:
+    """The prefix of every key of store ``name`` for model ``fp``: ``strata/<name>/<fp>/``
+    (spec F-REM-1). No key of another store or model starts with it (names have no ``/``)."""
+    return RemoteNames(check_name(name), fp.digest()).ns
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """A remote level's connection: parsed from :class:`~stratastore.config.StoreConfig`'s
+    ``remote_*`` settings by :meth:`from_config`, or built directly (tests, benchmarks)."""
+
+    url: str = field(repr=False)  #: may carry user:password@ (repr: ``nodes`` and ``db``)
+    name: str = "default"
+    username: str = field(default="", repr=False)
+    password: str = field(default="", repr=False)
+    tls_ca: str = ""  #: CA file that signed the server's certificate (rediss)
+    tls_cert: str = ""  #: client certificate, for a server that asks for one
+    tls_key: str = ""
+    timeout_s: float = 5.0  #: every call: connect, read and write
+    part_bytes: int = 16 << 20  #: a segment is stored in values of at most this many bytes
+    eviction: Eviction = "store"
+    budget_bytes: int = 0  #: eviction="store": the bytes the level may hold (0: no limit)
+    keep_local: bool = True  #: a restore from the remote level writes it to the local levels
+    tls: bool = field(init=False)
+    cluster: bool = field(init=False)
+    nodes: tuple[tuple[str, int], ...] = field(init=False)
+    db: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        try:
+            scheme, rest = self.url.split("://", 1)
+        except ValueError:
+            scheme, rest = "", ""
+        if scheme not in _SCHEMES or not rest:
+            raise ConfigError(
+                f"setting remote_url={_redact(self.url)!r} is not a Redis URL; "
+                "use redis://host:port/0, rediss://host:port/0 (TLS) or "
+                "redis+cluster://host:port,host:port (a cluster's seeds)"
+            )
+        tls, cluster = _SCHEMES[scheme]
+        authority, tail = _split_authority(rest)
+        if any(c in tail for c in "?#@"):  # a query may carry a password: never shown
+            raise ConfigError(
+                f"setting remote_url={_redact(self.url)!r} has a query, a fragment or an @ "
+                "after the host, which this setting does not take; give credentials in "
+                "remote_username and remote_password (or as user:password@ before the host, "
+                "percent-encoded: @ as %40, / as %2F, ? as %3F, # as %23) and the database as /N"
+            )
+        userinfo, _, hostpart = authority.rpartition("@")
+        dbpart = tail[1:]
+        nodes: list[tuple[str, int]] = []
+        for seed in hostpart.split(","):
+            try:
+                parsed = urlsplit(f"//{seed}")
+                host, port = parsed.hostname, parsed.port or 6379
+            except ValueError:
+                host, port = None, 0
+            if not host:
+                what = repr(seed) if _SHOWN_HOSTS.fullmatch(seed) else "a server"
+                raise ConfigError(f"setting remote_url={_redact(self.url)!r}: {what} is not "
+                                  "host:port")  # fmt: skip
+            nodes.append((host, port))
+        if not cluster and len(nodes) != 1:
+            raise ConfigError(f"setting remote_url={_redact(self.url)!r} names {len(nodes)} "
+                              "servers; a cluster's seeds go in redis+cluster://...")  # fmt: skip
+        db = dbpart or "0"
+        if not db.isdigit() or (cluster and db != "0"):
+            raise ConfigError(f"setting remote_url={_redact(self.url)!r}: the database must be a "
+                              "number (and 0 for a cluster)")  # fmt: skip
+        user, _, pw = userinfo.partition(":")
+        object.__setattr__(self, "username", self.username or unquote(user))
+        object.__setattr__(self, "password", self.password or unquote(pw))
+        object.__setattr__(self, "tls", tls)
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "nodes", tuple(nodes))
+        object.__setattr__(self, "db", int(db))
+        if self.eviction not in ("store", "redis"):
+            raise ConfigError(f"setting remote_eviction={self.eviction!r} is not one of store, "
+                              "redis")  # fmt: skip
+        if not 0 < self.timeout_s <= 3600:
+            raise ConfigError(f"setting remote_timeout_ms gives {self.timeout_s} s; use 1..3600000")
+        if not 4096 <= self.part_bytes <= 512 << 20:
+            raise ConfigError(f"setting remote_part_mib gives {self.part_bytes:,} bytes a part; "
+                              "use 1..512 (Redis holds values of at most 512 MiB)")  # fmt: skip
+        for what, path in (("remote_tls_ca", self.tls_ca), ("remote_tls_cert", self.tls_cert),
+                           ("remote_tls_key", self.tls_key)):  # fmt: skip
+            if path and not tls:
+                raise ConfigError(f"setting {what} is set but remote_url is not rediss://; use "
+                                  "rediss:// for TLS, or remove it")  # fmt: skip
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("settings remote_tls_cert and remote_tls_key go together (a client "
+                              "certificate and its key); set both or neither")  # fmt: skip
+
+    @classmethod
+    def from_config(cls, cfg: StoreConfig, env: dict[str, str] | None = None) -> RemoteSettings:
+        """The remote level of ``cfg`` (whose ``remote_url`` is set); credentials from the
+        config, else ``STRATA_REMOTE_USERNAME``/``STRATA_REMOTE_PASSWORD`` in ``env``
+        (default: the process environment), else the URL."""
+        env = dict(os.environ) if env is None else env
+        return cls(
+            cfg.remote_url, cfg.remote_name,
+            cfg.remote_username or env.get("STRATA_REMOTE_USERNAME", ""),
+            cfg.remote_password or env.get("STRATA_REMOTE_PASSWORD", ""),
+            cfg.remote_tls_ca, cfg.remote_tls_cert, cfg.remote_tls_key,
+            cfg.remote_timeout_ms / 1000, cfg.remote_part_mib << 20, cfg.remote_eviction,
+            cfg.remote_mib << 20, cfg.remote_keep_local,
+        )  # fmt: skip
+
+    @property
+    def shown(self) -> str:
+        """The URL as every message shows it: no credentials."""
+        scheme = self.url.split("://", 1)[0]
+        hosts = ",".join(f"{h}:{p}" for h, p in self.nodes)
+        return f"{scheme}://{hosts}" + ("" if self.cluster else f"/{self.db}")
+
+    def client(self) -> Any:
+        """A redis-py client (``redis.Redis`` or ``redis.cluster.RedisCluster``) with the
+        timeouts, credentials and TLS of these settings; connects lazily. Raises
+        :class:`~stratastore.errors.ConfigError` when the ``redis`` extra is not installed."""
+        try:
+            import redis
+            import redis.cluster
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise ConfigError("the remote level needs the redis extra: pip install "
+                              "'stratastore[redis]'") from None  # fmt: skip
+        kw: dict[str, Any] = {
+            "socket_timeout": self.timeout_s, "socket_connect_timeout": self.timeout_s,
+            "username": self.username or None, "password": self.password or None,
+            # one quick retry (a pooled connection the server closed), never a backoff ladder:
+            # a server that is down costs one timeout, and the level's breaker does the rest
+            "retry": Retry(NoBackoff(), 1),
+        }  # fmt: skip
+        if self.tls:
+            kw.update(
+                ssl=True,
+                ssl_cert_reqs="required",
+                ssl_ca_certs=self.tls_ca or None,
+                ssl_certfile=self.tls_cert or None,
+                ssl_keyfile=self.tls_key or None,
+            )
+        if self.cluster:
+            nodes = [redis.cluster.ClusterNode(h, p) for h, p in self.nodes]  # type: ignore[no-untyped-call]
+            return redis.cluster.RedisCluster(startup_nodes=nodes, require_full_coverage=True,
+                                              **kw)  # fmt: skip
+        host, port = self.nodes[0]
+        return redis.Redis(host=host, port=port, db=self.db, **kw)
+
+
+def _split_authority(rest: str) -> tuple[str, str]:
+    """``rest`` (a URL after ``scheme://``) as its authority (``user:password@hosts``) and
+    what follows it: the authority ends at the first ``/``, ``?`` or ``#`` (RFC 3986)."""
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    return rest[:cut], rest[cut:]
+
+
+_SHOWN_SCHEME = re.compile(r"[a-z][a-z0-9+]{0,19}")
+_SHOWN_HOSTS = re.compile(r"[A-Za-z0-9.\-_:,\[\]]{1,512}(/[0-9]{0,9})?")
+
+
+def _redact(url: str) -> str:
+    """``url`` as a message about it may show it: its scheme and its hosts (with ``/db``) only,
+    and only where they are plainly that. The hosts are shown where the URL read by RFC 3986
+    (the authority ends at the first ``/``, ``?`` or ``#``; userinfo is what precedes its
+    last ``@``) and read leniently (everything up to the URL's last ``@`` is userinfo) name
+    the same hosts, with nothing but ``/db`` after them; else (a ``#``, ``?`` or ``/`` in a
+    password, a query, a fragment) the scheme alone, and for a text that is not
+    ``scheme://...`` nothing of it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not _SHOWN_SCHEME.fullmatch(scheme):
+        return "(not shown: not a URL)"
+    authority, tail = _split_authority(rest)
+    hosts = authority.rpartition("@")[2] + tail
+    if hosts != rest.rpartition("@")[2] or not _SHOWN_HOSTS.fullmatch(hosts):
+        return f"{scheme}://(not shown)"
+    return f"{scheme}://{hosts}"

@@ -1,0 +1,220 @@
+"""Sealing a payload into a segment, with no I/O: what every segment backend does before it
+stores anything (spec F-KEY, F-SEG-4, F-SC).
+
+A put is checked and keyed (:func:`kv_segment`, :func:`state_segment`: the key of spec F-KEY-2
+or F-KEY-5, the page size, the payload length), its pages encoded (:func:`encode`: RAW pages as
+they are, ZSTD one frame per page) and hashed (BLAKE3 per page of the *payload*, spec F-SC-3;
+not here when the put brings its pages' digests, hashed on the device: issue 15 item 2), and
+its sidecar built (:func:`sidecar_for`). :func:`seal` does the three in one call for a
+backend that keeps the stored bytes in memory; the directory store overlaps the hashing with its
+file write instead. :func:`check_sealed` is the other direction: a sealed segment handed over by
+another level, checked before it is stored again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+import numba_kernels
+from numba_kernels import DIGEST_BYTES
+from stratastore.format import (
+    Codec,
+    FormatError,
+    Kind,
+    Level,
+    MediaRef,
+    ModelFingerprint,
+    Sidecar,
+    segment_key,
+    sidecar_name,
+    state_key,
+)
+from stratastore.levels.errors import StoreError
+from stratastore.levels.reader import validate_stored
+
+__all__ = [
+    "STATE_PAGE_BYTES",
+    "Buffer",
+    "Encoded",
+    "Unsealed",
+    "byte_view",
+    "check_sealed",
+    "encode",
+    "kv_segment",
+    "seal",
+    "sidecar_for",
+    "state_segment",
+]
+
+#: page size of running-state segments (their pages are not tied to tokens)
+STATE_PAGE_BYTES = 1 << 20
+_ZSTD_LEVEL = 1
+
+Buffer = npt.NDArray[np.uint8] | bytes | bytearray | memoryview
+
+
+def byte_view(buf: Buffer) -> memoryview:
+    """``buf`` as a flat byte view; a non-contiguous buffer is refused with :class:`StoreError`
+    (a copy here would hide a caller's layout bug and double the memory)."""
+    view = buf.data if isinstance(buf, np.ndarray) else memoryview(buf)
+    if not view.c_contiguous:
+        raise StoreError("payload buffers must be C-contiguous; pass np.ascontiguousarray(x)")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+@dataclass(frozen=True, slots=True)
+class Unsealed:
+    """A put, checked and keyed, not yet encoded: the payload's pages and what the sidecar
+    says about them. ``hashes``: the ``(pages, 32)`` digests of the payload's pages when the
+    caller brought them (:func:`kv_segment`'s ``page_hashes``), else ``None`` (hashed here)."""
+
+    key: bytes
+    kind: Kind
+    parent: bytes
+    token_start: int
+    token_end: int
+    page_bytes: int
+    payload: memoryview
+    media: tuple[MediaRef, ...] = ()
+    hashes: npt.NDArray[np.uint8] | None = None
+
+    @property
+    def page_count(self) -> int:
+        return -(-len(self.payload) // self.page_bytes)
+
+
+def kv_segment(
+    fp: ModelFingerprint,
+    parent_key: bytes,
+    tokens: Sequence[int] | npt.NDArray[np.integer],
+    payload: Buffer,
+    *,
+    token_start: int,
+    media: Sequence[MediaRef] = (),
+    page_hashes: npt.NDArray[np.uint8] | None = None,
+) -> Unsealed:
+    """The K/V segment of ``tokens`` after the prefix ``parent_key`` (spec F-KEY-2, F-SEG-4);
+    :class:`StoreError` for no tokens, a payload of the wrong length, or a root segment that
+    does not start at token 0.
+
+    ``page_hashes``: the BLAKE3 digests of the payload's pages (``(pages, 32)`` uint8, pages of
+    ``fp.page_bytes`` from the payload's start), which the sidecar then carries instead of
+    digests computed here: what a park from device memory brings, hashed by the device kernel
+    over the same bytes before their one copy to the host (issue 15 item 2). The caller vouches
+    that they are of these bytes: they are not checked against them (that would be the hashing
+    they save), only their shape, else :class:`StoreError`. A wrong digest is not silent
+    damage all the same: every read validates against the sidecar, so the segment would read as
+    damaged (the ladder), never as wrong bytes."""
+    n = len(tokens)
+    view = byte_view(payload)
+    if n < 1:
+        raise StoreError("a K/V segment needs at least one token")
+    want = n * fp.token_bytes
+    if len(view) != want:
+        raise StoreError(
+            f"payload is {len(view)} bytes; {n} tokens of {fp.describe()} are {want} bytes"
+        )
+    if parent_key == fp.digest() and token_start != 0:
+        raise StoreError("a segment whose parent is the model root must start at token 0")
+    hashes = None if page_hashes is None else _page_hashes(page_hashes, -(-want // fp.page_bytes))
+    key = segment_key(parent_key, tokens, media)
+    return Unsealed(key, Kind.KV, parent_key, token_start, token_start + n, fp.page_bytes, view,
+                    tuple(media), hashes)  # fmt: skip
+
+
+def _page_hashes(hashes: object, pages: int) -> npt.NDArray[np.uint8]:
+    """A put's own page digests, checked: ``(pages, 32)`` uint8, else :class:`StoreError`."""
+    if (not isinstance(hashes, np.ndarray) or hashes.dtype != np.uint8
+            or hashes.shape != (pages, DIGEST_BYTES)):  # fmt: skip
+        got = (f"{hashes.dtype} {hashes.shape}" if isinstance(hashes, np.ndarray)
+               else type(hashes).__name__)  # fmt: skip
+        raise StoreError(f"page_hashes are {got}; this payload has {pages} pages: pass their "
+                         f"({pages}, {DIGEST_BYTES}) uint8 BLAKE3 digests, or None to hash them "
+                         "here")  # fmt: skip
+    return np.ascontiguousarray(hashes)
+
+
+def state_segment(checkpoint_key: bytes, payload: Buffer, *, token_pos: int) -> Unsealed:
+    """The running state saved at the checkpoint ``checkpoint_key`` (spec F-KEY-5)."""
+    view = byte_view(payload)
+    if not view:
+        raise StoreError("a running-state segment needs at least one byte")
+    return Unsealed(state_key(checkpoint_key), Kind.STATE, checkpoint_key, token_pos, token_pos,
+                    STATE_PAGE_BYTES, view)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A payload's stored form: ``chunks`` (the pages, or one zstd frame a page), the frames'
+    ``lengths`` (empty for RAW), and ``hashes()``, the ``(pages, 32)`` digests of the payload
+    (for RAW computed while the caller writes: call it once, after writing)."""
+
+    codec: Codec
+    chunks: Iterator[memoryview]
+    lengths: tuple[int, ...]
+    stored_bytes: int
+    hashes: Callable[[], npt.NDArray[np.uint8]]
+
+
+def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded:
+    """Encode ``u``'s payload for storing; RAW pages are hashed on another thread meanwhile.
+    A put that brought its digests (``u.hashes``) is not hashed at all, either codec."""
+    view = u.payload
+    given = u.hashes
+    if codec is Codec.RAW:
+        return Encoded(codec, _chunks(view, write_chunk), (), len(view),
+                       (lambda: given) if given is not None
+                       else numba_kernels.start_page_hashes(view, u.page_bytes))  # fmt: skip
+    hashes = given if given is not None else numba_kernels.page_hashes(view, u.page_bytes)
+    cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
+    frames = [memoryview(cctx.compress(p)) for p in _chunks(view, u.page_bytes)]
+    lengths = tuple(len(f) for f in frames)
+    return Encoded(codec, iter(frames), lengths, sum(lengths), lambda: hashes)
+
+
+def sidecar_for(u: Unsealed, enc: Encoded, hashes: npt.NDArray[np.uint8], fp: ModelFingerprint,
+                level: Level) -> Sidecar:  # fmt: skip
+    """The sidecar that commits ``u`` stored as ``enc`` at ``level``, sealed now."""
+    return Sidecar(
+        kind=u.kind, codec=enc.codec, level=level, fingerprint=fp, key=u.key, parent_key=u.parent,
+        token_start=u.token_start, token_end=u.token_end, page_bytes=u.page_bytes,
+        last_page_bytes=len(u.payload) - (u.page_count - 1) * u.page_bytes,
+        page_hashes=hashes.tobytes(), stored_bytes=enc.stored_bytes, sealed_at_ns=time.time_ns(),
+        stored_lengths=enc.lengths, media=u.media,
+    )  # fmt: skip
+
+
+def seal(u: Unsealed, codec: Codec, fp: ModelFingerprint, level: Level) -> tuple[Sidecar, bytes]:
+    """``u`` sealed in one call: its sidecar and its stored bytes (a backend that keeps
+    segments in memory or ships them whole)."""
+    enc = encode(u, codec)
+    stored = b"".join(enc.chunks)
+    return sidecar_for(u, enc, enc.hashes(), fp, level), stored
+
+
+def check_sealed(sc: Sidecar, stored: Buffer, fp: ModelFingerprint) -> npt.NDArray[np.uint8]:
+    """Check a sealed segment another level hands over before storing it again: its model
+    (:class:`~stratastore.format.IncompatibleFingerprint`), its stored size
+    (:class:`~stratastore.format.FormatError`) and every page against its digest
+    (:class:`~stratastore.format.ChecksumMismatch`, spec F-SC-3). The stored bytes as an
+    array."""
+    fp.require_same(sc.fingerprint, sidecar_name(sc.key))
+    view = byte_view(stored)
+    if len(view) != sc.stored_bytes:
+        raise FormatError(
+            f"segment {sc.key.hex()}: {len(view)} stored bytes, its sidecar says {sc.stored_bytes}"
+        )
+    data = np.frombuffer(view, dtype=np.uint8)
+    validate_stored(sc, data)
+    return data
+
+
+def _chunks(view: memoryview, size: int) -> Iterator[memoryview]:
+    for i in range(0, len(view), size):
+        yield view[i : i + size]

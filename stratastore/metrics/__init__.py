@@ -1,0 +1,1 @@
+"""What a store tells an operator: the monitor file and the Prometheus text."""

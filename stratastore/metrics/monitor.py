@@ -1,0 +1,284 @@
+"""``strata monitor``: what a store's levels hold and what its Store has been doing.
+
+A running :class:`~stratastore.Store` publishes its counters (``Store.stats()``) at most once a
+second and when it closes, into ``strata-index/monitor.json`` of its last disk level (the index
+directory is derived state, spec F-DIR-4: nothing there is a segment, and fsck and repair may
+drop it). The monitor reads that snapshot and scans each level's folder itself for what it holds
+now (bytes, entries, oldest entry's age), so it also works on a store no process has open.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+import time
+from typing import Any
+
+from stratastore.errors import StrataError
+from stratastore.format.naming import INDEX_DIR, parse_name
+from stratastore.io import files
+from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
+from stratastore.io.system import process_alive
+from stratastore.ops.level_dirs import find_store_levels
+from stratastore.tiers.remote import REMOTE_COUNTERS
+
+__all__ = ["MONITOR_FILE", "find_levels", "prometheus_text", "read_monitor"]
+
+MONITOR_FILE = "monitor.json"
+MAX_MONITOR_BYTES = 1 << 20
+#: the Store counters the monitor shows
+_COUNTERS = (
+    "park_target", "park_target_source", "parks_ram", "parks_disk", "discards", "evict_spills",
+    "hits_ram", "hits_pending", "hits_disk", "ladder_restores", "tokens_restored",
+    "tokens_reread", "restore_misses", "spill_errors", "admission", "held_tokens",
+    "disk_hits_refused", "spills_refused", "restores_cut_by_gc", "hits_remote",
+)  # fmt: skip
+#: the remote level's counters (issue 17), shown by the monitor and exported to Prometheus
+_REMOTE = REMOTE_COUNTERS
+
+
+def find_levels(path: str) -> list[str]:
+    """The level directories ``path`` names, warm first: ``path`` itself when it is a store
+    level, the levels of a config file, or a store root's level subdirectories (the layout of
+    ``strata demo --dir``: ``warm/`` and ``cold/``). The one discovery fsck, repair and
+    conformance use too: :func:`stratastore.ops.level_dirs.find_store_levels`."""
+    return list(find_store_levels([path]).checked)
+
+
+def _scan(d: str, now: float) -> dict[str, Any]:
+    entries, nbytes, oldest = 0, 0, None
+    for name in os.listdir(d):
+        parsed = parse_name(name)
+        if parsed is None:
+            continue
+        try:
+            st = os.lstat(os.path.join(d, name))  # never followed (spec F-DIR-8)
+        except OSError:
+            continue  # removed while we looked
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a link, FIFO or directory is not a store file: fsck reports it
+        nbytes += st.st_size
+        if parsed[1] == "side":
+            entries += 1
+            oldest = st.st_mtime if oldest is None else min(oldest, st.st_mtime)
+    return {"dir": d, "entries": entries, "bytes": nbytes,
+            "oldest_age_s": round(now - oldest, 1) if oldest is not None else None}  # fmt: skip
+
+
+_TEXT_COUNTERS = ("park_target", "park_target_source", "admission")
+_LEVEL_NUMBERS = ("entries", "bytes", "budget", "hits", "degradations", "disk_evictions",
+                  "age_evictions", "evictions")  # fmt: skip
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def snapshot_problem(doc: dict[str, Any]) -> str | None:
+    """Why a JSON document that parsed is still not a Store snapshot the monitor can show (a
+    field of the wrong type: counters that are not integers, levels that are not a table, a
+    time that is not a finite number), or ``None`` when it is one. The monitor ignores such a
+    snapshot and says so, instead of failing on it."""
+    at = doc.get("written_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+        return "written_at is not a finite number"
+    if doc.get("pid") is not None and not _is_count(doc["pid"]):
+        return f"pid is {type(doc['pid']).__name__}, not an integer"
+    for k in _COUNTERS:
+        v = doc.get(k)
+        text = k in _TEXT_COUNTERS
+        if v is not None and not (isinstance(v, str) if text else _is_count(v)):
+            return f"counter {k} is {type(v).__name__}, not {'text' if text else 'an integer'}"
+    levels = doc.get("levels", {})
+    if not isinstance(levels, dict):
+        return f"levels is {type(levels).__name__}, not a table"
+    for name, lv in levels.items():
+        if not isinstance(lv, dict):
+            return f"level {name} is {type(lv).__name__}, not a table"
+        if lv.get("dir") is not None and not isinstance(lv["dir"], str):
+            return f"level {name}: dir is {type(lv['dir']).__name__}, not text"
+        for k in _LEVEL_NUMBERS:
+            if lv.get(k) is not None and not _is_count(lv[k]):
+                return f"level {name}: {k} is {type(lv[k]).__name__}, not an integer"
+    return None
+
+
+_JSON_KINDS = {list: "a JSON list", str: "a JSON string", bool: "a JSON boolean",
+               int: "a JSON number", float: "a JSON number", type(None): "a JSON null"}  # fmt: skip
+
+
+def _unreadable(e: StrataIOError) -> str:
+    """Why a snapshot file could not be read, in words."""
+    if isinstance(e, SymlinkRefused):
+        return "a symbolic link, never followed: spec F-DIR-8"
+    if isinstance(e, NotARegularFile):
+        return f"{e.kind}, not a regular file"
+    return os.strerror(e.errno)
+
+
+def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """The newest well-formed snapshot among the levels, and what was wrong with the last
+    one ignored (when one was): unreadable (a FIFO, a link, an I/O error), not JSON, not a
+    table, or a table of wrongly typed fields. A level without a snapshot is not a problem."""
+    best: tuple[float, dict[str, Any]] | None = None
+    problem: str | None = None
+    for d in levels:
+        path = os.path.join(d, INDEX_DIR, MONITOR_FILE)
+        try:  # the io layer never follows a link or opens a FIFO (spec F-DIR-8)
+            raw = files.read_file(path, MAX_MONITOR_BYTES)
+        except StrataIOError as e:
+            if e.errno != errno.ENOENT:  # no snapshot (yet) is not a problem
+                problem = f"{path} is unreadable ({_unreadable(e)}); ignored"
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:  # written whole (durable_write): not ours, or damaged
+            problem = f"{path} is not JSON ({e}); ignored"
+            continue
+        if not isinstance(doc, dict):
+            kind = _JSON_KINDS.get(type(doc), type(doc).__name__)
+            problem = f"{path} is {kind}, not a Store snapshot (a table); ignored"
+            continue
+        why = snapshot_problem(doc)
+        if why is not None:
+            problem = f"{path} is not a well-formed Store snapshot ({why}); ignored"
+            continue
+        if best is None or doc["written_at"] > best[0]:
+            best = (float(doc["written_at"]), doc)
+    return (best[1] if best else None), problem
+
+
+def _alive(pid: object) -> bool:
+    return isinstance(pid, int) and process_alive(pid)
+
+
+def read_monitor(path: str | None = None, *, levels: list[str] | None = None) -> dict[str, Any]:
+    """The monitor's document for the store at ``path`` (or of the level directories
+    ``levels``): per level what the folder holds now (and its budget and counters from the last
+    snapshot), the Store's counters, and where the snapshot came from."""
+    now = time.time()
+    if levels is None:
+        if path is None:
+            raise StrataError("read_monitor needs a path or the level directories")
+        levels = find_levels(path)
+    for d in levels:
+        if not os.path.isdir(d):
+            raise StrataError(f"level directory {d} does not exist")
+    snap, problem = _snapshot(levels)
+    by_dir = {}
+    if snap is not None:
+        for name, lv in snap.get("levels", {}).items():
+            if isinstance(lv, dict):
+                by_dir[os.path.realpath(str(lv.get("dir", "")))] = (name, lv)
+    out_levels: dict[str, Any] = {}
+    if snap is not None and isinstance(snap.get("levels", {}).get("ram"), dict):
+        ram = snap["levels"]["ram"]
+        out_levels["ram"] = {"dir": None, "entries": ram.get("entries"),
+                             "bytes": ram.get("bytes"), "budget": ram.get("budget"),
+                             "oldest_age_s": None, "evictions": ram.get("evictions")}  # fmt: skip
+    for d in levels:
+        scan = _scan(d, now)
+        name, lv = by_dir.get(os.path.realpath(d), (os.path.basename(d) or d, {}))
+        out_levels[name] = {**scan, "budget": lv.get("budget"), "hits": lv.get("hits"),
+                            "degradations": lv.get("degradations"),
+                            "evictions": ((lv.get("disk_evictions") or 0)
+                                          + (lv.get("age_evictions") or 0)
+                                          if lv else None)}  # fmt: skip
+    remote = snap.get("levels", {}).get("remote") if snap is not None else None
+    if snap is not None and isinstance(remote, dict):  # issue 17: its URL has no credentials
+        out_levels["remote"] = {"dir": remote.get("dir"), "entries": remote.get("entries"),
+                                "bytes": remote.get("bytes"), "budget": remote.get("budget"),
+                                "oldest_age_s": None, "hits": snap.get("hits_remote"),
+                                **{k: remote.get(k) for k in _REMOTE}}  # fmt: skip
+    rank = {"ram": 0, "warm": 1, "cold": 2}
+    out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))
+    counters = {}
+    if snap is not None:
+        counters = {k: snap.get(k) for k in _COUNTERS}
+    return {
+        "path": os.path.abspath(path) if path else os.pathsep.join(levels),
+        "time": now,
+        "snapshot": None if snap is None else {
+            "pid": snap.get("pid"), "written_at": snap.get("written_at"),
+            "age_s": round(now - float(snap["written_at"]), 1),
+            "writer_alive": _alive(snap.get("pid")),
+        },
+        "snapshot_problem": problem,
+        "levels": out_levels,
+        "counters": counters,
+    }  # fmt: skip
+
+
+def prometheus_text(s: dict[str, Any]) -> str:
+    """``Store.stats()`` (or the monitor's counters and levels) in the Prometheus text
+    exposition format. A counter or gauge the stats do not hold is absent, never written as 0
+    (seed 000: an absent counter is not a zero); the admission state and the park target are
+    info-style series (value 1, the state in a label)."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, rows: list[tuple[str, Any]]) -> None:
+        rows = [(labels, v) for labels, v in rows if v is not None]
+        if not rows:
+            return
+        lines.append(f"# HELP strata_{name} {help_}")
+        lines.append(f"# TYPE strata_{name} {kind}")
+        lines.extend(f"strata_{name}{labels} {value}" for labels, value in rows)
+
+    def label(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    levels: dict[str, dict[str, Any]] = s.get("levels", {})
+    ram = levels.get("ram", {})
+    metric("parks_total", "counter", "Parks by destination.",
+           [('{destination="ram"}', s.get("parks_ram")),
+            ('{destination="disk"}', s.get("parks_disk"))])  # fmt: skip
+    metric("discards_total", "counter", "Captures neither RAM nor disk could take.",
+           [("", s.get("discards"))])  # fmt: skip
+    metric("hits_total", "counter", "Restores by source.",
+           [('{source="ram"}', s.get("hits_ram")),
+            ('{source="pending"}', s.get("hits_pending")),
+            ('{source="disk"}', s.get("hits_disk")),
+            ('{source="remote"}', s.get("hits_remote"))])  # fmt: skip
+    metric("refusals_total", "counter", "Admissions refused, by what asked.",
+           [('{kind="disk_hit"}', s.get("disk_hits_refused")),
+            ('{kind="spill"}', s.get("spills_refused"))])  # fmt: skip
+    metric("evictions_total", "counter", "Entries evicted (RAM) or deleted (the last disk "
+           "level, by budget and by age), per level.",
+           [('{level="ram"}', ram.get("evictions")),
+            *((f'{{level="{n}"}}', d["disk_evictions"] + d.get("age_evictions", 0))
+              for n, d in levels.items() if d.get("disk_evictions") is not None)])  # fmt: skip
+    metric("ladder_restores_total", "counter", "Restores that stopped below damage.",
+           [("", s.get("ladder_restores"))])  # fmt: skip
+    metric("tokens_restored_total", "counter", "Tokens restored instead of re-read.",
+           [("", s.get("tokens_restored"))])  # fmt: skip
+    metric("tokens_reread_total", "counter", "Tokens the engine had to prefill again.",
+           [("", s.get("tokens_reread"))])  # fmt: skip
+    metric("held_tokens", "gauge", "Tokens a restore could bring back now (each conversation "
+           "once).", [("", s.get("held_tokens"))])  # fmt: skip
+    if s.get("admission") is not None:
+        metric("admission_info", "gauge", "The last admission decision (where/floor).",
+               [(f'{{state="{label(s["admission"])}"}}', 1)])  # fmt: skip
+    if s.get("park_target") is not None:
+        metric("park_target_info", "gauge", "Where parks go, and why (configured or auto).",
+               [(f'{{target="{label(s["park_target"])}",'
+                 f'source="{label(s.get("park_target_source", ""))}"}}', 1)])  # fmt: skip
+    for key, kind, help_ in [
+        ("entries", "gauge", "Entries per level."),
+        ("bytes", "gauge", "Bytes held per level."),
+        ("budget", "gauge", "Byte budget per level."),
+        ("oldest_age_s", "gauge", "Age of the oldest entry per disk level, in seconds."),
+        ("disk_evictions", "counter", "Deleted by budget (last level only)."),
+        ("age_evictions", "counter", "Deleted by age (last level only)."),
+        ("degradations", "counter", "Handed to the next level."),
+    ]:
+        rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in levels.items()
+                if d.get(key) is not None]  # fmt: skip
+        metric(f"level_{key}", kind, help_, rows)
+    remote = levels.get("remote", {})
+    for key in _REMOTE:  # the shared remote level (issue 17); absent when it is off
+        metric(f"{key}_total", "counter", f"The remote level: {key.split('_', 1)[1]}.",
+               [("", remote.get(key))])  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,180 @@
+"""``strata init``: the installer questions of seed 000, for this library.
+
+It measures the machine (free RAM, cores; the write+fsync and read speed of a directory chosen
+for a disk level), then asks what the defaults cannot know: **one request or several** (the
+slots) and **whether conversations are kept on disk** (the levels and their budgets), and the
+RAM budget; and writes a TOML config that ``Store.open(fp, path)`` and every CLI command
+(``--config``) read. The measurements and the model size only inform the suggestions it prints:
+**no answer means the default**, so Enter at every prompt, like ``--yes`` (which asks nothing),
+writes exactly :class:`~stratastore.StoreConfig`'s defaults, on any machine, for any model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError
+from stratastore.io import durable_write, files
+from stratastore.io.system import mem_available
+
+__all__ = ["MODEL_SIZES", "Machine", "measure_dir", "measure_machine", "run_init", "to_toml"]
+
+MIB = 1 << 20
+#: K/V bytes per token of common sizes (fp16/bf16, grouped-query attention, Llama-3 shapes)
+MODEL_SIZES = {
+    "1b": 16 * 8 * 64 * 2 * 2,  # Llama-3.2-1B: 32 KiB
+    "3b": 28 * 8 * 128 * 2 * 2,  # Llama-3.2-3B: 112 KiB
+    "8b": 32 * 8 * 128 * 2 * 2,  # Llama-3.1-8B: 128 KiB
+    "70b": 80 * 8 * 128 * 2 * 2,  # Llama-3.1-70B: 320 KiB
+    "405b": 126 * 8 * 128 * 2 * 2,  # Llama-3.1-405B: 504 KiB
+}
+
+
+@dataclass(frozen=True)
+class Machine:
+    free_ram: int  #: bytes
+    cores: int
+
+
+def measure_machine(probe: Callable[[], int] = mem_available) -> Machine:
+    return Machine(probe(), os.cpu_count() or 1)
+
+
+def measure_dir(path: str, mib: int = 64) -> tuple[float, float]:
+    """(write+fsync MB/s, read MB/s) of ``mib`` MiB in ``path``, through the io layer; the file
+    is removed afterwards. The read is of a just-written file, so it may come from the cache."""
+    files.makedirs(path)
+    target = os.path.join(path, f".strata-init-probe-{os.getpid()}")
+    data = os.urandom(mib * MIB)
+    t = time.perf_counter()
+    durable_write(target, data)
+    w = time.perf_counter() - t
+    try:
+        t = time.perf_counter()
+        files.read_file(target, len(data))
+        r = time.perf_counter() - t
+    finally:
+        files.unlink(target, missing_ok=True)
+    return len(data) / w / 1e6, len(data) / r / 1e6
+
+
+def _choice(ask: Callable[[str], str], question: str, options: tuple[str, ...],
+            default: str) -> str:  # fmt: skip
+    while True:
+        got = ask(f"{question} [{'/'.join(options)}, Enter: {default}] ").strip().lower()
+        if not got:
+            return default
+        if got in options:
+            return got
+
+
+def _number(ask: Callable[[str], str], say: Callable[[str], None], question: str,
+            default: int, low: int = 0) -> int:  # fmt: skip
+    while True:
+        got = ask(f"{question} [Enter: {default}] ").strip()
+        if not got:
+            return default
+        try:
+            value = int(got)
+        except ValueError:
+            say(f"  {got!r} is not a whole number")
+            continue
+        if value < low:
+            say(f"  at least {low}, please")
+            continue
+        return value
+
+
+def run_init(
+    *,
+    yes: bool,
+    ask: Callable[[str], str],
+    say: Callable[[str], None],
+    machine: Machine,
+    model_size: str | None = None,
+    measure: Callable[[str], tuple[float, float]] = measure_dir,
+) -> StoreConfig:
+    """The installer flow; returns the config to write. ``yes`` asks and measures nothing."""
+    defaults = StoreConfig()
+    if yes:
+        return defaults
+    say(f"this machine: {machine.free_ram / 2**30:.1f} GiB of RAM free, {machine.cores} cores")
+    if model_size is None:
+        model_size = _choice(ask, "model size?", tuple(MODEL_SIZES), "8b")
+    per_token = MODEL_SIZES[model_size]
+    say(f"  a {model_size} model's K/V: {per_token // 1024} KiB a token")
+    values: dict[str, Any] = {}
+    several = _choice(ask, "serve one request at a time, or several?", ("one", "several"),
+                      "several")  # fmt: skip
+    if several == "one":
+        values["slots"] = 1
+    else:
+        values["slots"] = _number(ask, say, "  how many at once (slots)?", defaults.slots, 1)
+    room = max(0, machine.free_ram - defaults.min_free_mib * MIB)
+    say(f"  RAM for parked conversations: the default {defaults.ram_mib:,} MiB holds about "
+        f"{defaults.ram_mib * MIB // per_token:,} tokens; this machine can spare about "
+        f"{room // MIB:,} MiB beside the {defaults.min_free_mib:,} MiB parking floor")  # fmt: skip
+    values["ram_mib"] = _number(ask, say, "  RAM budget in MiB?", defaults.ram_mib)
+    disk = _choice(ask, "keep conversations on disk (they survive restarts, and a park RAM "
+                   "cannot take spills there)?", ("no", "yes"), "no")  # fmt: skip
+    if disk == "yes":
+        home = os.path.expanduser("~/.cache/stratastore")
+        d = ask(f"  directory for the disk level [Enter: {home}] ").strip() or home
+        write, read = measure(d)
+        say(f"  {d}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
+        values["cold_dir"] = os.path.abspath(d)
+        values["cold_mib"] = _number(ask, say, "  its budget in MiB?", 65536, 1)
+        if _choice(ask, "  a faster warm level in front of it (another disk)?", ("no", "yes"),
+                   "no") == "yes":  # fmt: skip
+            w = ask("  directory for the warm level: ").strip()
+            if w:
+                write, read = measure(w)
+                say(f"  {w}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
+                values["warm_dir"] = os.path.abspath(w)
+                values["warm_mib"] = _number(ask, say, "  its budget in MiB?", 16384, 1)
+    return dataclasses.replace(defaults, **values)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v) if isinstance(v, str) else str(v)  # a JSON string is a TOML one
+
+
+def to_toml(cfg: StoreConfig) -> str:
+    """Every setting as ``name = value`` (TOML). A ``levels`` list (issue 12) is written as
+    ``[[levels]]`` tables after the top-level settings (TOML puts them last), and the flat
+    ``warm_*``/``cold_*`` settings, its aliases, are then left out; without one (the
+    defaults, and every config ``strata init`` asks for) nothing about it is written."""
+    lines = ["# stratastore config, written by `strata init`; Store.open(fp, this path) and",
+             "# `strata ... --config this path` read it. README: Configuration.", ""]  # fmt: skip
+    aliased = {f"{n}_{k}" for n in ("warm", "cold") for k in ("dir", "mib", "max_age_s")}
+    for f in dataclasses.fields(cfg):
+        if f.name == "levels" or (cfg.levels and f.name in aliased):
+            continue
+        v = getattr(cfg, f.name)
+        text = _toml_value(v)
+        if f.name == "file_mode":
+            text = f"{v:#o}"  # permission bits read best in octal (TOML: 0o600)
+        lines.append(f"{f.name} = {text}")
+    for level in cfg.levels:
+        lines += ["", "[[levels]]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in level.to_mapping().items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_config(cfg: StoreConfig, path: str, *, force: bool = False) -> None:
+    """Write ``cfg`` to ``path`` durably; refuses to replace a file unless ``force``."""
+    if os.path.exists(path) and not force:
+        raise ConfigError(f"{path} exists; pass --force to replace it, or --output another file")
+    durable_write(path, to_toml(cfg).encode())
+    back = StoreConfig.from_toml(path)  # what we wrote is what Store.open will read
+    if back != cfg:
+        raise ConfigError(f"{path} does not read back as written; please report this")
