@@ -59,7 +59,7 @@ def test_spill_dir_and_disk_mib_name_the_cold_level() -> None:
         StoreConfig.from_mapping({"levels": [COLD], "spill_dir": "/x"})
 
 
-def test_the_issue_toml() -> None:
+def test_the_levels_toml_example() -> None:
     cfg = StoreConfig.from_toml_bytes(ISSUE_TOML)
     assert cfg.disk_levels() == (LevelSpec("warm", "/nvme/strata", 65536),
                                  LevelSpec("cold", "/hdd/strata", 1048576, 2592000))  # fmt: skip

@@ -25,7 +25,7 @@ def replay(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replay, Path]:
     return run_replay(str(work)), work
 
 
-def test_seed_004_through_the_store(replay: tuple[Replay, Path]) -> None:
+def test_edit_table_through_the_store(replay: tuple[Replay, Path]) -> None:
     rep, work = replay
     spread, lru = rep.agent["spread"], rep.agent["lru"]
     assert spread.kept == [0, 1000, 3000, 8000, 43000, 200000]
@@ -41,7 +41,7 @@ def test_seed_004_through_the_store(replay: tuple[Replay, Path]) -> None:
         assert (work / f"seed-004-{policy}").is_dir()  # the disk level the restart read
 
 
-def test_seed_001_through_the_store(replay: tuple[Replay, Path]) -> None:
+def test_truncate_table_through_the_store(replay: tuple[Replay, Path]) -> None:
     rep, _ = replay
     on, off = rep.park["on"], rep.park["off"]
     assert (on.entries, on.evictions, on.first_held, on.restored) == (2, 0, 32768, 32768)
@@ -52,7 +52,7 @@ def test_seed_001_through_the_store(replay: tuple[Replay, Path]) -> None:
         assert run.checked == 4 and run.mismatches == 0
 
 
-def test_every_row_matches_the_seed_and_the_simulator(replay: tuple[Replay, Path]) -> None:
+def test_every_row_matches_the_table_and_the_simulator(replay: tuple[Replay, Path]) -> None:
     rep, _ = replay
     assert rep.ok
     rows = [r for _, rs in rep.tables for r in rs]

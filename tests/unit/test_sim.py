@@ -26,7 +26,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> object:
         ("spread", 42000, [0, 1000, 3000, 8000, 43000, 200000], 43000),
     ],
 )
-def test_seed_004_table(capsys: pytest.CaptureFixture[str], policy: str, edit_back: int,
+def test_edit_table(capsys: pytest.CaptureFixture[str], policy: str, edit_back: int,
                         kept: list[int], reread: int) -> None:  # fmt: skip
     doc = run_json(capsys, *AGENT, "--edit-back", str(edit_back), "--policy", policy)
     assert isinstance(doc, dict)
@@ -41,7 +41,7 @@ def test_attention_layout_resumes_on_pages(capsys: pytest.CaptureFixture[str]) -
     assert doc["resumed_via"] == "page" and doc["reread_tokens"] == 6000
 
 
-def test_seed_001_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncate_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     on, off = run_json(capsys, "sim", "park-truncate", "--json")  # type: ignore[misc]
     assert on["truncate"] and on["steps"][1]["shrunk"] == [["A", 32768]]
     assert on["restored_tokens"] == 32768 and on["counters"]["evictions"] == 0

@@ -135,7 +135,7 @@ def test_cascade_through_tiers_degrades_and_shares_the_system_prompt(tmp_path: P
     t.close()
 
 
-def test_seed_000_low_ram_episode(tmp_path: Path) -> None:
+def test_low_ram_episode(tmp_path: Path) -> None:
     doc = run_low_ram(LowRam(requests=30), str(tmp_path))
     old, new = doc["old"], doc["new"]
     assert old["discards"] > 0 and old["tokens_reread"] > 0 and old["parks_disk"] == 0

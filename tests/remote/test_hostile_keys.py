@@ -22,7 +22,7 @@ from stratastore.levels.redis.settings import namespace
 from tests.conftest import kv_bytes, run_with_timeout, tiny_fp
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip
-from tests.remote.review.helpers import (
+from tests.remote.helpers import (
     BOUND,
     FP,
     backend,

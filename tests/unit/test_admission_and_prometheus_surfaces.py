@@ -57,7 +57,7 @@ def test_disk_hits_under_the_transient_floor_and_skipped(tmp_path: Path) -> None
                    for x in lines), lines  # fmt: skip
 
 
-def test_prometheus_has_the_seed_series_and_no_invented_zeros(tmp_path: Path) -> None:
+def test_prometheus_has_the_admission_series_and_no_invented_zeros(tmp_path: Path) -> None:
     cfg = {"ram_mib": 4, "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
            "park_min_free_mib": 0}  # fmt: skip
     with Store.open(FP, cfg) as store:

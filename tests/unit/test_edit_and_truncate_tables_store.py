@@ -87,7 +87,7 @@ def ram_store(policy: str, **kw: Any) -> Store:
 
 
 @pytest.mark.parametrize("policy", ["spread", "lru"])
-def test_seed_004_table_through_store_park_turn_by_turn(policy: str) -> None:
+def test_edit_table_through_store_park_turn_by_turn(policy: str) -> None:
     """Before issue 14 spread kept 0/1K/6K/24K/72K of a whole list (re-reading 6K and 72K) and
     only the newest of a newest-only engine (re-reading everything)."""
     kept, reread = SEED_004[policy]
@@ -102,7 +102,7 @@ def test_seed_004_table_through_store_park_turn_by_turn(policy: str) -> None:
 
 
 @pytest.mark.parametrize("whole_list", [False, True], ids=["newest-only", "whole-list"])
-def test_seed_004_continues_from_the_disk_chain_after_a_restart(
+def test_edit_table_continues_from_the_disk_chain_after_a_restart(
     tmp_path: Path, whole_list: bool
 ) -> None:
     cfg = {"ram_mib": 0, "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, "min_free_mib": 0,
@@ -116,7 +116,7 @@ def test_seed_004_continues_from_the_disk_chain_after_a_restart(
         assert {b: reread_after_edit(store, b) for b in (6000, 42000)} == SEED_004["spread"][1]
 
 
-def test_seed_004_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
+def test_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
     with ram_store("spread") as store:
         engine_run(store, range(1, TURNS + 1), whole_list=False)
         edit_at = END - 6000  # the client rewrites the last 6K and adds 2K
@@ -137,7 +137,7 @@ def test_seed_004_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> Non
     assert conv.checkpoints[0].pinned  # the remembered root keeps its pin
 
 
-def test_seed_004_a_hybrid_model_resumes_only_where_a_park_carried_a_state() -> None:
+def test_a_hybrid_model_resumes_only_where_a_park_carried_a_state() -> None:
     """The store keeps no running state across parks: a remembered checkpoint that a hybrid
     model's park passes no state for counts as kept, but is not a resume point of that park."""
     with ram_store("spread") as store:
@@ -179,7 +179,7 @@ def restored(store: Store, conv: Conversation) -> tuple[str, int, npt.NDArray[np
     return r.source, r.tokens, out
 
 
-def test_seed_001_no_disk_parks_the_prefix_that_passes_the_ram_floor() -> None:
+def test_no_disk_parks_the_prefix_that_passes_the_ram_floor() -> None:
     # free RAM: the 1 MiB floor plus room for 2,500 of the 4,000 tokens (64 bytes each)
     with store_001(lambda: MIB + 2500 * 64) as store:
         conv, kv = chain_conv("a", 4000, 500, 0)
@@ -198,7 +198,7 @@ def test_seed_001_no_disk_parks_the_prefix_that_passes_the_ram_floor() -> None:
         assert (rep.where, rep.tokens) == ("discard", 0) and store.stats()["discards"] == 1
 
 
-def test_seed_001_a_pinned_entry_is_never_truncated() -> None:
+def test_a_pinned_entry_is_never_truncated() -> None:
     a, kv_a = chain_conv("a", 10_000, 1000, 0)  # budget 1 MiB: 16,384 tokens
     b, kv_b = chain_conv("b", 8000, 1000, 100_000)
     with store_001(lambda: BIG) as store:  # unpinned, a is shrunk to its own checkpoint

@@ -23,7 +23,7 @@ from stratastore.restore import FlatKV, Piece, two_pass_restore
 from stratastore.restore.two_pass import Delivery
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import flip, image
-from tests.unit.test_review13_interrupt import _watch_staging
+from tests.unit.test_restore_interrupt import _watch_staging
 
 FP = tiny_fp()
 TB, PT = FP.token_bytes, FP.page_tokens

@@ -19,7 +19,7 @@ from stratastore.levels.redis.settings import RemoteSettings
 from tests.conftest import kv_bytes, run_with_timeout
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip
-from tests.remote.review.helpers import BOUND, FP, backend, unique_name
+from tests.remote.helpers import BOUND, FP, backend, unique_name
 
 redis = import_or_skip("redis")
 

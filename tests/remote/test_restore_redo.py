@@ -12,7 +12,7 @@ import numpy as np
 from tests.conftest import run_with_timeout
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip
-from tests.remote.review.helpers import (
+from tests.remote.helpers import (
     BOUND,
     FP,
     conversation,
