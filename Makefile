@@ -6,13 +6,21 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-extras test-vllm lint typecheck unit bench soak clean
 
-$(STAMP): pyproject.toml
+DEMO_STAMP := $(VENV)/.installed-demo
+
+# `make demo` installs the package alone (its runtime dependencies); `make test` adds the dev
+# tools and the redis extra on top.
+$(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,redis]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/strata demo
 
 lint: $(STAMP)
