@@ -47,6 +47,7 @@ __all__ = [
     "advise_willneed",
     "close",
     "exists",
+    "is_dir",
     "permissions",
     "mtime_ns",
     "file_size",
@@ -255,6 +256,11 @@ def permissions(path: str) -> int:
 
 def exists(path: str) -> bool:
     return os.path.exists(path)
+
+
+def is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (a link to one counts): a look-up only."""
+    return os.path.isdir(path)
 
 
 def file_size(path: str) -> int:

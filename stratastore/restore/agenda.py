@@ -29,7 +29,9 @@ import threading
 from collections.abc import Sequence
 from contextlib import closing
 
-from stratastore.restore.two_pass import Chunk, Damage, Delivery, Job, Outcome, release
+from stratastore.restore.delivery import Delivery, release
+from stratastore.restore.records import Chunk, Damage, Outcome
+from stratastore.restore.two_pass import Job
 
 __all__ = ["Job", "restore_batch"]
 

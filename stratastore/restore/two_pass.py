@@ -1,4 +1,4 @@
-"""The two-pass streaming restore and the prefix restore ladder (seed 000, issues 5 and 13).
+"""The two-pass streaming restore and the prefix restore ladder: the job and its read pass.
 
 A restore walks its prefix in **chunks** of at most ``chunk_bytes`` (16 MiB by default, whole
 pages of one segment; a compressed segment is decoded whole, one chunk), and each chunk goes
@@ -15,7 +15,7 @@ through the two passes:
 
 :func:`~.agenda.restore_batch` runs the read pass of the next chunks on a worker thread while
 the caller's thread applies the current one, so a cold restore reads, hashes and copies at once,
-and memory is the destination plus a bounded number of chunks (issue 13).
+and memory is the destination plus a bounded number of chunks.
 
 **Ladder**: when the read pass found damage at token ``t``, the restore does not fail; it
 delivers the deepest resume point at or below ``t`` (``resume_at(t)``: the deepest checkpoint for
@@ -28,13 +28,17 @@ each chunk as it validates; what turns out to lie past the prefix the restore re
 stop, or damage with ``ladder=False``, which raises :class:`RestoreFailed` and delivers
 nothing) is zeroed before the call returns. A read error inside a segment stops at the chunk it
 hit. Every applied page was validated: the caller never gets a byte that failed.
+
+This module is the job and its read pass; the records it hands out (:class:`Piece`,
+:class:`Chunk`, :class:`Damage`, :class:`Outcome`) are in :mod:`.records`, the apply pass
+(:class:`Delivery`) in :mod:`.delivery`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,14 +46,24 @@ import numpy.typing as npt
 
 import numba_kernels
 from stratastore.errors import StrataError
-from stratastore.format import ChecksumMismatch, Codec, FormatError, ModelFingerprint
-from stratastore.io.errors import StrataIOError
+from stratastore.format import Codec, FormatError, ModelFingerprint
 from stratastore.levels.backend import OpenSegment, SegmentBackend
 from stratastore.levels.local import SegmentNotFound
 from stratastore.levels.staging import STAGING, StagingPool
+from stratastore.restore.delivery import Delivery
 from stratastore.restore.destinations import Destination, FlatKV, _PerToken
 from stratastore.restore.device import DeviceDestination, device_staging, stage_and_validate
 from stratastore.restore.reads import read_hashed, read_plain, read_scattered_hashed
+from stratastore.restore.records import (
+    DAMAGE,
+    DEFAULT_CHUNK,
+    Chunk,
+    Damage,
+    Outcome,
+    Piece,
+    RestoreFailed,
+    corrupt,
+)
 
 __all__ = [
     "Chunk",
@@ -61,47 +75,6 @@ __all__ = [
     "RestoreFailed",
     "two_pass_restore",
 ]
-
-DEFAULT_CHUNK = 16 << 20
-#: what a read finds in a damaged image: the ladder stops there (anything else is raised)
-_DAMAGE = (FormatError, ChecksumMismatch, StrataIOError, SegmentNotFound)
-
-
-def _corrupt(e: BaseException) -> bool:
-    """Whether a read's error says the stored bytes are wrong (not an I/O error, not a gap)."""
-    return isinstance(e, (FormatError, ChecksumMismatch))
-
-
-class RestoreFailed(StrataError):
-    """A damaged image with the ladder turned off: nothing was delivered to the caller."""
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """One segment of a prefix: tokens ``[start, end)``, found in ``store`` (None: missing)."""
-
-    start: int
-    end: int
-    key: bytes
-    store: SegmentBackend | None
-
-
-@dataclass
-class Outcome:
-    tokens: int  #: tokens now in the destination, all validated
-    wanted: int
-    first_bad: int | None = None  #: token of the first damaged page (None: no damage)
-    reason: str | None = None
-    damaged: list[bytes] = field(default_factory=list)  #: keys for fsck
-    #: of ``damaged``, the keys whose stored bytes are wrong (a page failing its digest, a
-    #: record that does not decode), not a read that failed or a segment gone
-    corrupt: list[bytes] = field(default_factory=list)
-    read_s: float = 0.0  #: seconds spent reading and validating (the read passes)
-    apply_s: float = 0.0  #: seconds spent copying into the destination (the apply passes)
-
-    @property
-    def laddered(self) -> bool:
-        return self.first_bad is not None
 
 
 def two_pass_restore(
@@ -126,35 +99,6 @@ def two_pass_restore(
     return got
 
 
-@dataclass
-class Chunk:
-    """Validated tokens ``[lo, hi)`` of one piece (``lo`` on a page of the piece; ``hi`` on a
-    page or the piece's end): their bytes in ``data`` (memory the read pass owns: staging, whose
-    pool buffer is ``staging``, or decompressed pages; it may run on past ``hi``), or, with
-    ``data`` None, already in the destination: a direct read placed ``placed`` tokens from
-    ``lo`` there (``placed >= hi - lo``: what it placed past ``hi`` failed or was not wanted,
-    and is zeroed unless delivered)."""
-
-    piece: Piece
-    lo: int
-    hi: int
-    data: Any  #: host bytes (numpy), device staging, or None
-    staging: Any = None
-    placed: int = 0
-    read_s: float = 0.0
-    pool: StagingPool | None = None  #: where ``staging`` goes back (None: the host's STAGING)
-
-
-@dataclass(frozen=True)
-class Damage:
-    """Where the read pass stopped: the first bad token, why, and the damaged segment."""
-
-    at: int
-    reason: str
-    key: bytes
-    corrupt: bool = False  #: the stored bytes are wrong (not a read that failed, not a gap)
-
-
 @dataclass(frozen=True)
 class Job:
     """One restore: the arguments of :func:`two_pass_restore`. :meth:`chunks` is its read pass,
@@ -171,7 +115,7 @@ class Job:
     chunk_bytes: int = DEFAULT_CHUNK
     #: where a segment lives now: a segment another process moved down (or whose level the
     #: job was built with no longer holds it) is looked for again once before it counts as
-    #: missing (issue 12: a move is not damage)
+    #: missing (a segment moved between levels is not damage)
     locate: Callable[[bytes], SegmentBackend | None] | None = None
 
     def check_capacity(self) -> None:
@@ -205,8 +149,8 @@ class Job:
             except _Stop as stop:
                 yield stop.damage
                 return
-            except _DAMAGE as e:  # before any chunk of the piece was handed out
-                yield Damage(piece.start, str(e), piece.key, _corrupt(e))
+            except DAMAGE as e:  # before any chunk of the piece was handed out
+                yield Damage(piece.start, str(e), piece.key, corrupt(e))
                 return
 
     def _moved(self, piece: Piece, need: int) -> Iterator[Chunk]:
@@ -222,7 +166,7 @@ class Job:
                 raise
             yield from self._piece(replace(piece, store=store), need)
 
-    def _direct(self) -> FlatKV | _PerToken | None:
+    def direct(self) -> FlatKV | _PerToken | None:
         """The destination, when the read pass may read straight into it (``read_direct``)."""
         d = self.dest
         return d if isinstance(d, FlatKV | _PerToken) and d.read_direct else None
@@ -242,7 +186,7 @@ class Job:
                 )
             expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
             nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
-            direct = self._direct()
+            direct = self.direct()
             if isinstance(self.dest, DeviceDestination):
                 yield from self._device(seg, piece, pages, nbytes, expected)
             elif sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
@@ -271,10 +215,10 @@ class Job:
                             except BaseException:
                                 STAGING.give(staging)
                                 raise
-                    except _DAMAGE as e:
+                    except DAMAGE as e:
                         if p0:  # earlier chunks were handed out: the ladder stops at this one
                             raise _Stop(
-                                Damage(piece.start + p0 * pt, str(e), piece.key, _corrupt(e))
+                                Damage(piece.start + p0 * pt, str(e), piece.key, corrupt(e))
                             ) from e
                         raise
                     yield from self._checked(piece, p0, p1 - p0,
@@ -322,10 +266,8 @@ class Job:
                 bad = stage_and_validate(data, staging[: b - a], expected[p0:p1], sc.page_bytes)
             except BaseException as e:
                 device.give(staging)
-                if p0 and isinstance(e, _DAMAGE):  # earlier chunks were handed out
-                    raise _Stop(
-                        Damage(piece.start + p0 * pt, str(e), piece.key, _corrupt(e))
-                    ) from e
+                if p0 and isinstance(e, DAMAGE):  # earlier chunks were handed out
+                    raise _Stop(Damage(piece.start + p0 * pt, str(e), piece.key, corrupt(e))) from e
                 raise
             finally:
                 if host is not None:
@@ -408,143 +350,3 @@ class _Stop(Exception):
     def __init__(self, damage: Damage) -> None:
         super().__init__(damage.reason)
         self.damage = damage
-
-
-def release(job: Job, chunk: Chunk, keep: int = 0) -> None:
-    """Give ``chunk``'s staging back, and zero what a direct read placed from token ``keep`` on
-    (the tokens the restore does not deliver)."""
-    if chunk.staging is not None:
-        (chunk.pool or STAGING).give(chunk.staging)
-    chunk.staging = chunk.data = None
-    lo = max(chunk.lo, keep)
-    end = chunk.lo + chunk.placed
-    direct = job._direct()
-    if direct is not None and lo < end:
-        direct.zero(lo, end - lo)
-    chunk.placed = 0
-
-
-class Delivery:
-    """The apply side of one job: takes its chunks in order and applies each as soon as it is
-    validated, when the destination can ``zero`` what turns out to lie past the prefix (every
-    destination of this module); a destination that cannot gets a chunk only once no later
-    damage can take it back (below ``resume_at`` of the validated frontier, ladder on), and
-    holds the others. :meth:`finish` settles the prefix the outcome reports. ``eager=False``
-    holds everything until :meth:`finish` (the whole prefix validated first)."""
-
-    def __init__(self, job: Job, *, eager: bool = True) -> None:
-        self.job = job
-        self.out = Outcome(0, job.wanted)
-        zero = getattr(job.dest, "zero", None)
-        self.zero: Callable[[int, int], None] | None = zero if callable(zero) else None
-        self.eager = eager
-        self.held: list[Chunk] = []
-        self.applied = 0  #: tokens [0, applied) are in the destination, validated
-
-    def take(self, item: Chunk | Damage) -> None:
-        """One item of the job's read pass, in order. A chunk is applied, or held until it is
-        safe to; the copy's error (the destination's own) is raised."""
-        out = self.out
-        if isinstance(item, Damage):
-            out.first_bad, out.reason = item.at, item.reason
-            out.damaged.append(item.key)
-            if item.corrupt:
-                out.corrupt.append(item.key)
-            return
-        out.read_s += item.read_s
-        self.held.append(item)
-        if not self.eager:
-            return
-        if self.zero is not None:
-            safe = item.hi  # what ends up past the prefix is zeroed by finish
-        elif self.job.ladder:
-            safe = min(self.job.resume_at(item.hi), item.hi)
-        else:
-            return
-        self._apply(min(safe, out.wanted), whole=True)
-
-    def finish(self) -> Outcome:
-        """Settle the prefix: everything wanted, or, after damage, the tokens below
-        ``resume_at(first_bad)`` (the ladder; ``ladder=False`` raises :class:`RestoreFailed`
-        and delivers nothing), cut to a whole page of its segment. What was written past it
-        (by an apply, or a direct read) is zeroed before this returns."""
-        out = self.out
-        try:
-            limit = out.wanted
-            if out.first_bad is not None:
-                if not self.job.ladder:
-                    raise RestoreFailed(
-                        f"restore stopped at token {out.first_bad:,}: {out.reason}; nothing was "
-                        "delivered (turn the ladder on to restore the valid prefix)"
-                    )
-                limit = min(self.job.resume_at(out.first_bad), out.first_bad)
-            out.tokens = self._cut(limit)
-            if self.zero is None and self.applied > out.tokens:
-                raise StrataError(
-                    f"restore: resume_at({out.first_bad}) = {limit} lies below token "
-                    f"{self.applied:,}, already applied to a destination that cannot zero what "
-                    "it holds: resume_at must be non-decreasing (or give the destination a "
-                    "zero(token_start, n_tokens) method)"
-                )
-            self._apply(out.tokens, whole=False)
-        except BaseException:
-            self.abort()
-            raise
-        self._release(out.tokens)
-        return out
-
-    def abort(self) -> None:
-        """Deliver nothing (a failure: the restore raises): release what is held and zero
-        what was written."""
-        self.out.tokens = 0
-        self._release(0)
-
-    def _cut(self, limit: int) -> int:
-        """``limit`` down to a whole page of the segment it falls in (a partial page is not
-        laid out as a prefix), unless it is that segment's end."""
-        pt = self.job.fp.page_tokens
-        for p in self.job.pieces:
-            if p.start <= limit < p.end:
-                return limit - (limit - p.start) % pt
-        return limit
-
-    def _release(self, keep: int) -> None:
-        """Give back the held chunks' staging and zero everything written from token ``keep``
-        on (by an apply, or placed by a direct read; a destination without ``zero`` keeps
-        it: only a failure or a ``resume_at`` that decreased get there). Every chunk is
-        released even when a zero fails; the first failure is raised after."""
-        held, self.held = self.held, []
-        applied, self.applied = self.applied, min(self.applied, keep)
-        error: BaseException | None = None
-        for c in held:
-            try:
-                release(self.job, c, keep)
-            except BaseException as e:
-                error = error or e
-        if applied > keep and self.zero is not None:
-            try:
-                self.zero(keep, applied - keep)
-            except BaseException as e:
-                error = error or e
-        if error is not None:
-            raise error
-
-    def _apply(self, upto: int, *, whole: bool) -> None:
-        """Write the held chunks' tokens below ``upto`` into the destination, in order; with
-        ``whole``, only the chunks that lie below it entirely."""
-        while self.held:
-            c = self.held[0]
-            n = min(c.hi, upto) - c.lo
-            if n <= 0 or (whole and n < c.hi - c.lo):
-                return
-            self.applied = max(self.applied, c.lo + n)  # before the copy: a failed one is
-            if c.data is not None:  # zeroed too
-                t0 = time.perf_counter()
-                try:
-                    self.job.write(c, n)
-                finally:
-                    self.out.apply_s += time.perf_counter() - t0
-            if n < c.hi - c.lo:
-                return  # the prefix ends inside this chunk: finish releases the rest
-            self.held.pop(0)
-            release(self.job, c, c.hi)

@@ -1,10 +1,10 @@
-"""Issue 15 item 3: the transformers adapter on CUDA tensors parks from the device (packed and
+"""The transformers adapter on CUDA tensors parks from the device (packed and
 hashed there, copied to the host once) and restores into device tensors validated on the device,
 with no ``.to("cpu")`` round trip in the adapter.
 
 There is no CUDA torch here, so the device path runs on CPU tensors under numba's CUDA simulator
-(NUMBA_ENABLE_CUDASIM=1, tests/conftest.py), where device memory is host memory: ``_is_cuda``
-says yes and ``_device_view`` shows a tensor's memory through ``__cuda_array_interface__``, as
+(NUMBA_ENABLE_CUDASIM=1, tests/conftest.py), where device memory is host memory: ``is_cuda``
+says yes and ``device_view`` shows a tensor's memory through ``__cuda_array_interface__``, as
 a CUDA tensor's own interface does. Everything else (the torch packing on the device, the
 Store's device park and restore, the caches built on the restored tensors) is the code a GPU
 runs. Needs the ``transformers`` extra; skipped with that reason without it."""
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch", reason=EXTRA)
 transformers = pytest.importorskip("transformers", reason=EXTRA)
 
 import numba_kernels  # noqa: E402
-from stratastore.adapters import hf  # noqa: E402
+from stratastore.adapters import hf, hf_tensors  # noqa: E402
 from stratastore.restore import DeviceLayerKV  # noqa: E402
 from tests.adapters.test_hf_engine import (  # noqa: E402
     MODEL,
@@ -51,9 +51,9 @@ def on_device(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("the host hashed or copied K/V of a CUDA cache")
 
-    monkeypatch.setattr(hf, "_is_cuda", lambda where: True)
-    monkeypatch.setattr(hf, "_device_view", view)
-    monkeypatch.setattr(hf, "_token_rows", refuse)  # the host path's per-layer copy
+    monkeypatch.setattr(hf_tensors, "is_cuda", lambda where: True)
+    monkeypatch.setattr(hf_tensors, "device_view", view)
+    monkeypatch.setattr(hf_tensors, "token_rows", refuse)  # the host path's per-layer copy
     for name in ("hash_page", "page_hashes", "start_page_hashes"):
         monkeypatch.setattr(numba_kernels, name, refuse)
     return shown
@@ -81,14 +81,14 @@ def test_the_device_restore_uses_device_destinations(
     tmp_path: Path, on_device: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made: list[object] = []
-    real = hf.DeviceLayerKV
+    real = hf_tensors.DeviceLayerKV
 
     def recorded(*a: Any, **kw: Any) -> DeviceLayerKV:
         d = real(*a, **kw)
         made.append(d)
         return d
 
-    monkeypatch.setattr(hf, "DeviceLayerKV", recorded)
+    monkeypatch.setattr(hf_tensors, "DeviceLayerKV", recorded)
     model = tiny()
     ids = ids_of(12, 3)
     _, kept = forward(model, ids)
@@ -101,8 +101,9 @@ def test_the_device_restore_uses_device_destinations(
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_packing_on_the_device_is_the_host_packing(dtype: str) -> None:
-    """:func:`hf._pack_on_device` (torch copies, here on CPU tensors) is bit-identical to the
-    host's :func:`hf._pack`, segments, short pages and a strided last dimension included."""
+    """:func:`hf_tensors.pack_on_device` (torch copies, here on CPU tensors) is bit-identical to
+    the host's :func:`hf_tensors.pack`, segments, short pages and a strided last dimension
+    included."""
     fp = hf.ModelFingerprint.create("t", n_layers=3, n_kv_heads=2, head_dim=8, page_tokens=4,
                                     dtype=dtype)  # fmt: skip
     torch.manual_seed(0)
@@ -113,8 +114,9 @@ def test_packing_on_the_device_is_the_host_packing(dtype: str) -> None:
         v = torch.randn(1, 2, n, 16).to(dt)[..., ::2] if i == 1 else torch.randn(1, 2, n, 8).to(dt)
         layers.append((k, v))
     cuts = [0, 5, 13]
-    host = hf._pack(fp, [(hf._token_rows(k), hf._token_rows(v)) for k, v in layers], n, cuts)
-    dev = hf._pack_on_device(fp, layers, n, cuts)
+    rows = [(hf_tensors.token_rows(k), hf_tensors.token_rows(v)) for k, v in layers]
+    host = hf_tensors.pack(fp, rows, n, cuts)
+    dev = hf_tensors.pack_on_device(fp, layers, n, cuts)
     assert np.array_equal(dev.numpy(), host)
 
 

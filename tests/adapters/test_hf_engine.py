@@ -32,7 +32,7 @@ transformers = pytest.importorskip("transformers", reason=EXTRA)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from stratastore import ConfigError, IncompatibleFingerprint, StrataError  # noqa: E402
-from stratastore.adapters import hf  # noqa: E402
+from stratastore.adapters import hf, hf_tensors  # noqa: E402
 from stratastore.adapters.hf import TransformersCache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -404,7 +404,7 @@ def copy_figures(where: str, *, layers: int = 4, heads: int = 8, dim: int = 64,
     return figures
 
 
-class _Recorded(hf.LayerKV):
+class _Recorded(hf_tensors.LayerKV):
     """A ``LayerKV`` that remembers where its K arrays live."""
 
     made: ClassVar[list[list[int]]] = []
@@ -425,7 +425,7 @@ def test_a_restore_lands_in_the_tensors_the_cache_holds(tmp_path: Path, where: s
     history = ids_of(70, 1)
     _, cache = forward(model, history)
     kept = copy.deepcopy(cache)
-    monkeypatch.setattr(hf, "LayerKV", _Recorded)
+    monkeypatch.setattr(hf_tensors, "LayerKV", _Recorded)
     _Recorded.made.clear()
     prompt = torch.cat([history, ids_of(1, 2)], dim=1)  # the next token: restores all 70
     with open_kv(model, tmp_path, park=where) as kv:
