@@ -6,7 +6,7 @@ workloads through the public Store API only (``Store.open``, ``park``, ``restore
 ``flush``, ``close``), the way an engine does. Every request of a conversation:
 
 1. **restore** the prompt into a fresh K/V buffer (``max_tokens = len(prompt) - 1``: the model
-   always needs the last token's logits, docs/ENGINE.md);
+   always needs the last token's logits, docs/engine.md);
 2. **check** the restored prefix against the K/V that the engine computes for it, byte for byte;
 3. **prefill** the rest: compute the K/V of the tokens the Store did not restore;
 4. **park** the conversation with its checkpoints (when it leaves its slot).
