@@ -186,7 +186,7 @@ def level_byte(index: int, count: int, name: str) -> Level:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Settings of a :class:`~stratastore.Store`; see the README's configuration table."""
+    """Settings of a :class:`~stratastore.Store`; see docs/configuration.md."""
 
     ram_mib: int = 8192  #: RAM level byte budget (0: no RAM level)
     slots: int = 4  #: parked conversations the RAM level holds at most

@@ -354,7 +354,7 @@ class Store:
         ``max_tokens`` caps the restore: the deepest resume point at or below it (default: the
         deepest stored prefix, which may be the whole prompt). An engine that needs the last
         prompt token's logits passes ``len(prompt) - 1`` so that it always has a token to
-        compute (docs/ENGINE.md). A park whose disk write is still in flight is served from its
+        compute (docs/engine.md). A park whose disk write is still in flight is served from its
         capture (``source == "pending"``); nothing waits for another conversation's write."""
         self._check_open("restore")
         tokens = as_tokens(prompt, "restore: prompt")

@@ -1,1 +1,1 @@
-"""Adapters between stratastore and inference engines (docs/ENGINE.md is the contract)."""
+"""Adapters between stratastore and inference engines (docs/engine.md is the contract)."""

@@ -4,7 +4,7 @@ one batch, save and load named sessions, pin the system prompt, find the message
 tokenizer's chat template, and read the Store's counters.
 
 Install with the ``transformers`` extra (``torch==2.13.0`` and transformers). The worked
-example of docs/ENGINE.md (``ids``: the conversation's token ids, ``[1, n]``)::
+example of docs/engine.md (``ids``: the conversation's token ids, ``[1, n]``)::
 
     from stratastore.adapters.hf import TransformersCache, cuts_from_chat_template
 
@@ -194,7 +194,7 @@ class TransformersCache:
 
         ``n`` is at most ``max_tokens``, by default ``len(prompt) - 1``: the model needs the
         last prompt token's logits, so the engine always has at least one token to compute
-        (docs/ENGINE.md). Pass ``len(prompt)`` to allow the whole prompt. The bytes
+        (docs/engine.md). Pass ``len(prompt)`` to allow the whole prompt. The bytes
         land once, in the tensors the cache holds (nothing is zero-filled or copied after)."""
         ids = ids_of(prompt_ids)
         cap = _cap(ids, max_tokens)

@@ -1,7 +1,7 @@
 """stratastore as a storage plugin of LMCache 0.5.6: LMCache's chunks kept durable, validated
 and within a byte budget in a stratastore segment directory.
 
-Configuration (LMCache's ``storage_plugins`` and ``extra_config``; docs/ENGINE.md has the
+Configuration (LMCache's ``storage_plugins`` and ``extra_config``; docs/engine.md has the
 snippet)::
 
     storage_plugins: ["stratastore"]

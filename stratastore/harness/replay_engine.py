@@ -7,7 +7,7 @@ table chosen by ``(id, p)``. Any prefix's K/V is therefore known without storing
 restore can be checked bit for bit, and the whole replay runs in a few seconds. Every request:
 
 1. **restore** the prompt into a fresh K/V buffer (``max_tokens = len(prompt) - 1``: the model
-   always needs the last token's logits, docs/ENGINE.md);
+   always needs the last token's logits, docs/engine.md);
 2. **check** the restored prefix against the K/V that the engine computes for it, byte for byte;
 3. **prefill** the rest: compute the K/V of the tokens the Store did not restore.
 

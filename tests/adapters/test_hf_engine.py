@@ -252,11 +252,11 @@ def _example(text: str) -> str:
 
 
 def _engine_md_example() -> str:
-    section = (ROOT / "docs" / "ENGINE.md").read_text().split("## The worked example: transformers")
+    section = (ROOT / "docs" / "engine.md").read_text().split("## The worked example: transformers")
     return _example(section[1])
 
 
-@pytest.mark.parametrize("where", ["hf.py docstring", "ENGINE.md"])
+@pytest.mark.parametrize("where", ["hf.py docstring", "engine.md"])
 def test_the_documented_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 where: str) -> None:  # fmt: skip
     """One forward keyword everywhere: the examples pass ``cache=`` and read ``out.cache``,

@@ -1,4 +1,4 @@
-"""stratastore as an LMCache 0.5.6 storage plugin (issue 16), with the real ``lmcache`` package
+"""stratastore as an LMCache 0.5.6 storage plugin, with the real ``lmcache`` package
 on the CPU: its engine and storage manager load the plugin from ``storage_plugins`` +
 ``extra_config`` and a small connector copies bytes (``stratastore.adapters.lmcache_cpu``;
 LMCache's own mock connector copies nothing).
@@ -7,7 +7,7 @@ Prefix chunks store, look up and retrieve bit-identically; a new process retriev
 one stored; a flipped byte in one stored chunk is a miss for that chunk and its successors,
 never wrong bytes; remove and capacity accounting stay exact over a long put/remove loop; a
 kill -9 during puts loses nothing reported durable; pins hold chunks against eviction; reads
-run off LMCache's event loop; the ENGINE.md snippet loads as written; the benchmark of item 3
+run off LMCache's event loop; the engine.md snippet loads as written; the side-by-side benchmark
 runs (at a small size, asserting nothing about time). Needs the ``lmcache`` extra (``pip
 install -e '.[lmcache]'``); skipped with that reason without it."""
 
@@ -315,7 +315,7 @@ def test_flush_reports_a_failed_put_once(engines: Engines, tmp_path: Path,
     assert p.stats()["put_errors"] == 8 and eng.lookup(prompt(0)) == 0
 
 
-ENGINE_MD = ROOT / "docs" / "ENGINE.md"
+ENGINE_MD = ROOT / "docs" / "engine.md"
 
 
 def test_the_engine_md_snippet_loads_the_plugin_as_written(tmp_path: Path) -> None:
@@ -323,7 +323,7 @@ def test_the_engine_md_snippet_loads_the_plugin_as_written(tmp_path: Path) -> No
     temporary one: LMCache loads the plugin from it, and a prompt round-trips."""
     text = ENGINE_MD.read_text().split("## LMCache and vLLM: the stratastore storage plugin")[1]
     yaml_text = re.search(r"```yaml\n(.*?)```", text, re.S)
-    assert yaml_text, "no yaml block in the LMCache section of ENGINE.md"
+    assert yaml_text, "no yaml block in the LMCache section of engine.md"
     snippet = re.sub(r"(storage_plugin\.stratastore\.dir:) .*", rf"\1 {tmp_path / 'kv'}",
                      yaml_text.group(1))  # fmt: skip
     (tmp_path / "lmcache.yaml").write_text(snippet)

@@ -1,7 +1,7 @@
-"""Review of issue 16: a process that opened the plugin's directory before another process
+"""A process that opened the plugin's directory before another process
 recorded the chunk layout treats every chunk it reads as damaged and deletes it, although the
-chunk is valid and was reported durable to the other process (ENGINE.md: "Several processes
-... may share a directory"). ``ChunkStore.open_chunk`` (lmcache_store.py:211) uses
+chunk is valid and was reported durable to the other process (engine.md: "Several processes
+... may share a directory"). ``ChunkStore.open_chunk`` (lmcache_store.py) uses
 ``self.layout``, read only at open or at this process's first put."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_a_chunk_another_process_stored_is_not_deleted_by_this_one(tmp_path: Pat
 
 def test_valid_chunks_survive_a_repaired_layout_record(tmp_path: Path) -> None:
     """A damaged layout record stops the plugin from opening (ChecksumMismatch at open); the
-    fix the message and ENGINE.md point to, ``strata fsck --repair``, quarantines it; the
+    fix the message and engine.md point to, ``strata fsck --repair``, quarantines it; the
     plugin then opens with no layout and deletes every valid chunk it is asked for."""
     from stratastore.adapters.lmcache_chunks import LAYOUT_ID
     from stratastore.format import data_name

@@ -1,4 +1,4 @@
-"""Review of issue 14: the Store's docstring and docs/ENGINE.md ("Threads and processes") say no
+"""The Store's docstring and docs/engine.md ("Threads and processes") say no
 call holds the Store's lock over disk I/O or hashing, and that a restore never waits on another
 conversation's disk write. ``save_session`` (its segment writes, fsyncs and manifest) and
 ``load_session`` (its reads and BLAKE3 validation) still run entirely under the lock: a restore

@@ -1,4 +1,4 @@
-"""Review of issue 14, hybrid models and the new ``pending`` source: docs/ENGINE.md says
+"""Hybrid models and the ``pending`` source: docs/engine.md says
 "``r.state`` is the running state at ``r.tokens`` for hybrid models (their restore stops only
 where a state was saved)", and the disk path does so. A park with ``states`` whose newest
 checkpoint has no state, restored while its write is in flight (``pending``) or from RAM,

@@ -1,17 +1,18 @@
-"""Review of issue 13: where the code and its documentation disagree.
+"""Where the restore code and its documentation disagree.
 
 1. (fixed in the docstring: with the ladder off a destination with ``zero()`` is written as
    chunks validate and zeroed when damage follows.)
-2. Module docstring: "A restore walks its prefix in chunks of at most ``chunk_bytes``", README:
+2. Module docstring: "A restore walks its prefix in chunks of at most ``chunk_bytes``", the docs:
    "a read error inside a segment stops the ladder at its chunk" (commit 183b9e9), the ladder
    "applies the deepest ... whole page below the damage", ``Outcome.first_bad``: "token of the
    first damaged page". With the new default (``read_direct``) a segment is one read and one
    chunk: an I/O error on its last page reports ``first_bad`` = the segment's start and the
    ladder drops every page of the segment.
-3. ``agenda``/README: "memory is the destination plus a bounded number of chunks" (issue 13 item
-   3: "peak RSS is the destination plus a bounded constant"). A ZSTD segment is one chunk,
-   decompressed whole (plus its whole stored payload), whatever ``chunk_bytes``.
-4. ENGINE.md: "past ``r.tokens`` the destination holds its old bytes or zeros". A hybrid model
+3. ``agenda``/the docs: "memory is the destination plus a bounded number of chunks" (the
+   streaming restore's target: "peak RSS is the destination plus a bounded constant"). A ZSTD
+   segment is one chunk, decompressed whole (plus its whole stored payload), whatever
+   ``chunk_bytes``.
+4. engine.md: "past ``r.tokens`` the destination holds its old bytes or zeros". A hybrid model
    whose deepest state is unreadable reports a lower ``r.tokens`` and leaves the K/V between
    it and the K/V prefix in the destination."""
 
@@ -107,4 +108,4 @@ def test_a_hybrid_fallback_leaves_kv_past_r_tokens(tmp_path: Path) -> None:
     res = t.restore(s.conv.tokens, out)
     t.close()
     assert (res.source, res.tokens) == ("disk", 48)
-    assert not out[48 * TB :].any(), "ENGINE.md: past r.tokens, old bytes or zeros"
+    assert not out[48 * TB :].any(), "engine.md: past r.tokens, old bytes or zeros"

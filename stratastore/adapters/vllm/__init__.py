@@ -11,7 +11,7 @@
     ))
 
 or ``vllm serve MODEL --kv-transfer-config '{"kv_connector": "StrataConnector", ...}'``.
-See :mod:`.connector` and docs/ENGINE.md. :mod:`.plan` and :mod:`.pool` import no vLLM: the
+See :mod:`.connector` and docs/engine.md. :mod:`.plan` and :mod:`.pool` import no vLLM: the
 connector itself is imported when it is first named."""
 
 from typing import Any
