@@ -8,6 +8,7 @@ compare them with the manifest; they never call this script.
     python tools/make_vectors.py --v1.1 format-spec/vectors/v1.1
     python tools/make_vectors.py --v1.1-errata1 format-spec/vectors/v1.1-errata1
     python tools/make_vectors.py --v1.2 format-spec/vectors/v1.2
+    python tools/make_vectors.py --v1.2-errata1 format-spec/vectors/v1.2-errata1
 """
 
 from __future__ import annotations
@@ -674,6 +675,198 @@ def main_v1_2(out: str) -> int:
     return 0
 
 
+ERRATA_1_2 = "v1.2-errata1"
+
+
+def main_v1_2_errata1(out: str, vectors_root: str = "format-spec/vectors") -> int:
+    """Format 1.1 and writers of 1.2, settled: what an implementation written from the spec
+    alone had to guess, each now a rule with its vectors (spec F-KEY-6, F-CHAIN-1, F-CHAIN-2,
+    F-CHAIN-6, F-SC-5, F-SC-7, F-REM-2, F-READ-1), and a corrected
+    ``manifest_checkpoints_out_of_order.chain``: the ``v1.1-errata1`` one also puts a
+    checkpoint past the tokens, breaking two rules. Deterministic: same inputs, same bytes
+    (tests/conformance/test_vectors.py runs it into a temporary folder and compares)."""
+    from stratastore.format import decode_sidecar
+    from stratastore.format.manifest import (
+        MANIFEST_HEAD,
+        ChainManifest,
+        ManifestCheckpoint,
+        decode_manifest,
+        encode_manifest,
+    )
+    from stratastore.format.remote_record import CommitRecord
+    from stratastore.format.sidecar import MAX_SIDECAR_BYTES, MAX_STORED_PAGE_BYTES
+
+    if not fresh_folder(out):
+        return 1
+    v1 = os.path.join(vectors_root, "v1")
+    errata1 = os.path.join(vectors_root, ERRATA_1)
+    v1_2 = os.path.join(vectors_root, V1_2)
+    entries: list[dict[str, object]] = []
+
+    def put(name: str, data: bytes, kind: str, expect: str, clauses: list[str],
+            **extra: object) -> None:  # fmt: skip
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entry: dict[str, object] = {"file": name, "blake3": blake3.blake3(data).hexdigest(),
+                                    "kind": kind, "expect": expect, "clauses": clauses}  # fmt: skip
+        entry.update(extra)
+        entries.append(entry)
+
+    def read(folder: str, name: str) -> bytes:
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+
+    def recipe(doc: dict[str, object]) -> bytes:
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    root = FP.digest()
+    put("fingerprint.bin", FP.pack(), "fingerprint", "ok", ["F-FP-1"])
+
+    # -- the correction: checkpoints out of order, and nothing else ---------------------------
+    good = read(errata1, "manifest_ok.chain")
+    m = decode_manifest(good)
+    k1, k2 = (k for _, _, k in m.segments)
+    ck = MANIFEST_HEAD.size + len(m.conv_id.encode()) + 4 * len(m.tokens)
+    first, second = good[ck : ck + 48], good[ck + 48 : ck + 96]  # the checkpoints at 10, 15
+    swapped = resign(good[:ck] + second + first + good[ck + 96 :])
+    put("manifest_checkpoints_out_of_order.chain", swapped, "manifest", "FormatError",
+        ["F-CHAIN-2", "F-READ-3"])  # fmt: skip
+
+    # -- a manifest's size (F-CHAIN-1, F-READ-1 step 1) ----------------------------------------
+    smallest = encode_manifest(ChainManifest("c", root, np.zeros(0, np.uint32), (), (), (),
+                                             SEALED))  # fmt: skip
+    assert len(smallest) == MANIFEST_HEAD.size + 1 + 32
+    put("manifest_smallest.chain", smallest, "manifest", "ok", ["F-CHAIN-1", "F-READ-1"])
+    no_id = bytearray(smallest[:-33])
+    struct.pack_into("<H", no_id, 48, 0)  # conv_id_bytes: 0
+    put("manifest_empty_id.chain", resign(bytes(no_id) + bytes(32)), "manifest", "FormatError",
+        ["F-CHAIN-1", "F-CHAIN-4"])  # fmt: skip
+    short = bytearray(good[: MANIFEST_HEAD.size + 31])  # 107 bytes: one short of head + trailer
+    struct.pack_into("<H", short, 8, 2)  # a newer major: the size is checked first
+    put("manifest_under_108_bytes_major2.chain", bytes(short), "manifest", "FormatError",
+        ["F-CHAIN-1", "F-READ-1"])  # fmt: skip
+
+    # -- a state where no segment ends (F-CHAIN-6) ---------------------------------------------
+    def with_checkpoints(*ckpts: ManifestCheckpoint) -> bytes:
+        return encode_manifest(replace(m, checkpoints=ckpts))
+
+    pinned, tail = m.checkpoints
+    put("manifest_checkpoint_at_zero.chain", with_checkpoints(ManifestCheckpoint(0), pinned,
+        tail), "manifest", "ok", ["F-CHAIN-2", "F-CHAIN-6"])  # fmt: skip
+    put("manifest_state_at_zero.chain",
+        with_checkpoints(ManifestCheckpoint(0, state_key=state_key(root)), pinned, tail),
+        "manifest", "KeyMismatch", ["F-CHAIN-6", "F-KEY-5"])  # fmt: skip
+    put("manifest_state_inside_segment.chain",
+        with_checkpoints(pinned, ManifestCheckpoint(12, state_key=state_key(k1)), tail),
+        "manifest", "KeyMismatch", ["F-CHAIN-6"])  # fmt: skip
+
+    # -- keys after a wrong one chain from the derived key (F-CHAIN-2) -------------------------
+    wrong0 = segment_key(root, m.tokens[:10])  # the media-free key of [0, 10)
+    later = replace(m, segments=((0, 10, wrong0), (10, 15, k2)))
+    put("manifest_later_keys_derived.chain", encode_manifest(later), "manifest", "KeyMismatch",
+        ["F-CHAIN-2"], first_mismatch="segment 0")  # fmt: skip
+
+    # -- a sidecar's key against its name is checked after its model (F-KEY-6, F-READ-1) ------
+    other_side = read(v1, "sidecar_other_model.side")
+    osc = decode_sidecar(other_side)
+    put("sidecar_other_model.side", other_side, "sidecar", "ok", ["F-FP-1"], key=osc.key.hex(),
+        pages=osc.page_count, payload_bytes=osc.payload_bytes)  # fmt: skip
+    put("segment_other_model.seg", read(v1, "segment_other_model.seg"), "segment", "ok",
+        ["F-SEG-1"], sidecar="sidecar_other_model.side", payload="pattern")  # fmt: skip
+    ours = segment_key(root, list(range(100, 110)))  # the key v1's sidecar_kv_raw.side holds
+    put("store_name_mismatch_other_model.json", recipe({
+        "fingerprint": "fingerprint.bin",
+        "files": {f"strata-conv-{ours.hex()}.side": "sidecar_other_model.side",
+                  f"strata-conv-{ours.hex()}.seg": "segment_other_model.seg"}}),
+        "store", "IncompatibleFingerprint", ["F-KEY-6", "F-FP-5", "F-READ-1"])  # fmt: skip
+
+    # -- the largest sidecar (F-SC-7, F-READ-1 step 1): a recipe, not 40 MB of zeros -----------
+    major2 = read(v1, "sidecar_major2.side")
+    put("sidecar_major2.side", major2, "sidecar", "UnsupportedVersion", ["F-COMPAT-1"])
+    for name, size, expect in [("sidecar_longest_major2.json", MAX_SIDECAR_BYTES,
+                                "UnsupportedVersion"),
+                               ("sidecar_over_longest_major2.json", MAX_SIDECAR_BYTES + 1,
+                                "FormatError")]:  # fmt: skip
+        put(name, recipe({"of": "sidecar", "head": "sidecar_major2.side", "bytes": size}),
+            "sized", expect, ["F-SC-7", "F-READ-1"])  # fmt: skip
+
+    # -- commit records (F-REM-2): the head's bounds, the part count, the level byte -----------
+    rec = read(v1_2, "remote_commit_ok.rec")
+    nonce = "00112233445566778899aabbccddeeff"
+    head = f"SRC1:{nonce}:2:4096:".encode()
+    side = rec[len(head) :]
+    sc = decode_sidecar(side)
+    assert sc.level is Level.COLD, "a remote copy's sidecar carries 2"
+    side2 = patch_head(side, 8, "<H", 2)
+    put("remote_commit_sidecar_major2.rec", head + side2, "remote_commit", "UnsupportedVersion",
+        ["F-REM-2", "F-READ-1"])  # fmt: skip
+    put("remote_commit_parts_eleven_digits.rec", f"SRC1:{nonce}:10000000000:4096:".encode()
+        + side2, "remote_commit", "FormatError", ["F-REM-2", "F-READ-1"])  # fmt: skip
+    put("remote_commit_parts_too_many.rec", f"SRC1:{nonce}:3:4096:".encode() + side,
+        "remote_commit", "FormatError", ["F-REM-2"])  # fmt: skip
+    warm = CommitRecord(nonce, 2, 4096, replace(sc, level=Level.WARM)).encode()
+    put("remote_commit_level_warm.rec", warm, "remote_commit", "ok", ["F-REM-2", "F-SC-5"])
+    # ten-digit parts: 1,893 ZSTD pages of the largest stored length, in 4 KiB parts
+    n_pages = 1893
+    lengths = (MAX_STORED_PAGE_BYTES,) * n_pages
+    big = Sidecar(kind=Kind.KV, codec=Codec.ZSTD, level=Level.COLD, fingerprint=FP,
+                  key=segment_key(root, [7] * (n_pages * FP.page_tokens)), parent_key=root,
+                  token_start=0, token_end=n_pages * FP.page_tokens, page_bytes=FP.page_bytes,
+                  last_page_bytes=FP.page_bytes,
+                  page_hashes=b"".join(blake3.blake3(i.to_bytes(4, "little")).digest()
+                                       for i in range(n_pages)),
+                  stored_bytes=sum(lengths), sealed_at_ns=SEALED,
+                  stored_lengths=lengths)  # fmt: skip
+    ten = CommitRecord.for_sidecar(nonce, big, 4096)
+    assert len(str(ten.parts)) == 10
+    put("remote_commit_parts_ten_digits.rec", ten.encode(), "remote_commit", "ok", ["F-REM-2"])
+
+    # -- the index's derived tables (F-IDX-7): ages keyed big-endian, totals little-endian ---
+    pairs = []
+    for side_name, seg_name in [("sidecar_kv_raw.side", "segment_kv_raw.seg"),
+                                ("sidecar_kv_zstd.side", "segment_kv_zstd.seg")]:  # fmt: skip
+        side_raw, seg_raw = read(v1, side_name), read(v1, seg_name)
+        one = decode_sidecar(side_raw)
+        put(side_name, side_raw, "sidecar", "ok", ["F-SC-1"], key=one.key.hex(),
+            pages=one.page_count, payload_bytes=one.payload_bytes)  # fmt: skip
+        put(seg_name, seg_raw, "segment", "ok", ["F-SEG-1"], sidecar=side_name,
+            payload="pattern" if "raw" in side_name else "pattern+7")  # fmt: skip
+        pairs.append((one, side_name, seg_name, len(side_raw) + len(seg_raw)))
+    files = {}
+    for one, side_name, seg_name, _ in pairs:
+        files[f"strata-conv-{one.key.hex()}.side"] = side_name
+        files[f"strata-conv-{one.key.hex()}.seg"] = seg_name
+    total = sum(n for *_, n in pairs)
+
+    def tables(age: str, count: str) -> bytes:
+        return recipe({"fingerprint": "fingerprint.bin", "files": files, "tables": {
+            "ages": {(struct.pack(age, one.sealed_at_ns) + one.key).hex(): ""
+                     for one, *_ in pairs},
+            "totals": {b"bytes".hex(): struct.pack(count, total).hex()}}})  # fmt: skip
+
+    put("index_tables.json", tables(">Q", "<Q"), "index_tables", "ok", ["F-IDX-7"])
+    put("index_tables_ages_little_endian.json", tables("<Q", "<Q"), "index_tables",
+        "KeyMismatch", ["F-IDX-7"])  # fmt: skip
+    put("index_tables_totals_big_endian.json", tables(">Q", ">Q"), "index_tables",
+        "KeyMismatch", ["F-IDX-7"])  # fmt: skip
+
+    old = next(e for e in json.loads(read(errata1, "MANIFEST.json"))["vectors"]
+               if e["file"] == "manifest_checkpoints_out_of_order.chain")  # fmt: skip
+    supersedes = [{
+        "file": f"{ERRATA_1}/{old['file']}", "blake3": old["blake3"], "expect": "FormatError",
+        "violates": ["F-CHAIN-2"], "replaced_by": old["file"],
+        "reason": ("besides the order it tests, its first checkpoint (moved to 20) lies past "
+                   "the 15 tokens: an invalid vector must break exactly one rule"),
+    }]  # fmt: skip
+    doc = {"format_version": "1.1", "writers": "1.2",
+           "generator": f"tools/make_vectors.py --{ERRATA_1_2}", "corrects": ERRATA_1,
+           "vectors": entries, "supersedes": supersedes}  # fmt: skip
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}, superseding {len(supersedes)}")
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--v1.1":
         raise SystemExit(
@@ -686,4 +879,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == f"--{V1_2}":
         raise SystemExit(main_v1_2(sys.argv[2] if len(sys.argv) > 2
                                    else f"format-spec/vectors/{V1_2}"))  # fmt: skip
+    if len(sys.argv) > 1 and sys.argv[1] == f"--{ERRATA_1_2}":
+        raise SystemExit(main_v1_2_errata1(
+            sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{ERRATA_1_2}",
+            sys.argv[3] if len(sys.argv) > 3 else "format-spec/vectors"))  # fmt: skip
     raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "format-spec/vectors/v1"))

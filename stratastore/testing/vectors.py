@@ -6,6 +6,8 @@
 ``expect`` is the answer a conforming reader gives. Segment vectors are checked the way a store
 reads them: placed under their segment names in a fresh directory beside their sidecar, then
 opened and read. Manifest vectors are decoded, then their keys checked (spec F-CHAIN-2).
+A ``sized`` vector is a recipe for a file too long to commit: a small vector file padded with
+zero bytes to a given length, read as another kind (a size bound, spec F-READ-1 step 1).
 
 A vector found wrong is never edited (spec F-COMPAT-5): a later folder lists it under
 ``supersedes`` with the outcome a conforming reader gives; :func:`load_vectors` applies those
@@ -114,9 +116,29 @@ def _read(vector_dir: str, name: str) -> bytes:
         return f.read()
 
 
+#: the kinds a ``sized`` recipe may read its file as: those whose outcome is the file's bytes
+SIZED_KINDS = ("fingerprint", "sidecar", "index_record", "manifest", "remote_commit")
+#: the longest file a ``sized`` recipe may describe (a recipe is input: it is bounded too)
+MAX_SIZED_BYTES = 1 << 28
+
+
+def _sized(vector_dir: str, recipe: dict[str, Any]) -> tuple[str, bytes]:
+    """A ``sized`` recipe's kind and bytes: the vector file ``head`` followed by zero bytes up
+    to ``bytes`` long, read as the kind ``of`` (a size bound's vector without the megabytes)."""
+    of, size = recipe["of"], recipe["bytes"]
+    head = _read(vector_dir, recipe["head"])
+    if of not in SIZED_KINDS or not isinstance(size, int) or not len(head) <= size <= (
+            MAX_SIZED_BYTES):  # fmt: skip
+        raise ValueError(f"a sized recipe reads {SIZED_KINDS} of at most {MAX_SIZED_BYTES} "
+                         f"bytes, not {of!r} of {size!r}")  # fmt: skip
+    return of, head + bytes(size - len(head))
+
+
 def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
     data = _read(vector_dir, entry["file"])
     kind = entry["kind"]
+    if kind == "sized":
+        kind, data = _sized(vector_dir, json.loads(data))
     try:
         if kind == "fingerprint":
             ModelFingerprint.unpack(data)
@@ -139,6 +161,8 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
             decode_commit_record(data, entry["file"])
         elif kind == "remote_keys":
             return _remote_keys(vector_dir, json.loads(data))
+        elif kind == "index_tables":
+            return _index_tables(vector_dir, json.loads(data))
         else:
             raise ValueError(f"unknown vector kind {kind!r}")
     except StrataError as e:
@@ -186,13 +210,43 @@ def _remote_keys(vector_dir: str, case: dict[str, Any]) -> str:
     return "ok" if ours == case["names"] else "KeyMismatch"
 
 
+def _lay_out(d: str, vector_dir: str, files: dict[str, str]) -> None:
+    """Write each vector file ``files[name]`` into the directory ``d`` as ``name``."""
+    for name, source in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(_read(vector_dir, source))
+
+
+#: the derived tables of an index a writer of 1.2 keeps (spec F-IDX-7)
+DERIVED_TABLES = ("ages", "totals")
+
+
+def _index_tables(vector_dir: str, recipe: dict[str, Any]) -> str:
+    """Lay the recipe's files out, open the directory (its index is built, spec F-IDX-3), and
+    compare the derived tables (F-IDX-7) with the rows the recipe records, every key and value
+    in hex: ``KeyMismatch`` when a row differs (a deliberately wrong encoding: the file's name
+    says which), the error of the open or of the first sidecar not adopted otherwise."""
+    fp = ModelFingerprint.unpack(_read(vector_dir, recipe["fingerprint"]))
+    want = {name: {bytes.fromhex(k): bytes.fromhex(v) for k, v in recipe["tables"][name].items()}
+            for name in DERIVED_TABLES}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
+        _lay_out(d, vector_dir, recipe["files"])
+        with SegmentStore.open(d, fp, create=False) as store:
+            if store.skipped:
+                return store.skipped[0].error
+            env = store.index.env
+            with store.index.read_txn() as txn:
+                built = {name: {bytes(k): bytes(v) for k, v in txn.cursor(
+                    db=env.open_db(name.encode(), txn=txn, create=False))}
+                    for name in DERIVED_TABLES}  # fmt: skip
+    return "ok" if built == want else "KeyMismatch"
+
+
 def _store_layout(vector_dir: str, recipe: dict[str, Any]) -> str:
     """Lay vector files out under the recipe's names, open the directory, read every segment."""
     fp = ModelFingerprint.unpack(_read(vector_dir, recipe["fingerprint"]))
     with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
-        for name, source in recipe["files"].items():
-            with open(os.path.join(d, name), "wb") as f:
-                f.write(_read(vector_dir, source))
+        _lay_out(d, vector_dir, recipe["files"])
         with SegmentStore.open(d, fp, create=False) as store:
             if store.skipped:
                 return store.skipped[0].error

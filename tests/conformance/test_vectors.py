@@ -17,6 +17,7 @@ import pytest
 
 from stratastore import ModelFingerprint, SegmentStore
 from stratastore.format import data_name, decode_sidecar, segment_key, sidecar_name, state_key
+from stratastore.format.manifest import decode_manifest, manifest_key_mismatch
 from stratastore.testing import load_manifest, load_vectors, vector_outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ RELEASED = {
     "v1.1": "4e19a01bf4ee2436525c50c5795d21e4796f01473a4cfcaac23c5a8939a5b226",
     "v1.1-errata1": "04526bd9c6c3896c47f397389a361c83c729415be1b98c550535d4196d550ec3",
     "v1.2": "773f49df768785896471762aa0eb16fefb6a444cf36087379479b157a08f8711",
+    "v1.2-errata1": "f9d8954f66d764f07766399111458d8325773df80e0526fb0e5c3f173ed4c0fe",
 }
 
 #: every vector, its ``expect`` corrected where a later folder supersedes it (F-COMPAT-5)
@@ -202,7 +204,46 @@ def test_superseded_vectors_name_their_fix() -> None:
         assert got == rec["expect"], rec["file"]
 
 
-@pytest.mark.parametrize("folder", [ERRATA, "v1.2"])
+def test_each_correction_lies_in_the_folder_that_supersedes() -> None:
+    """A ``supersedes`` record's ``replaced_by`` is a vector of its own folder's manifest, of
+    the superseded vector's kind (F-COMPAT-5)."""
+    kinds = {f"{v}/{e['file']}": e["kind"] for v, e in ENTRIES}
+    found = 0
+    for version in RELEASED:
+        listed = {e["file"]: e for v, e in ENTRIES if v == version}
+        for rec in load_manifest(str(VECTORS / version)).get("supersedes", []):
+            assert rec["replaced_by"] in listed, (version, rec["file"])
+            assert listed[rec["replaced_by"]]["kind"] == kinds[rec["file"]], rec["file"]
+            found += 1
+    assert found >= 9
+
+
+MISMATCH_NAMED = [(v, e) for v, e in ENTRIES if "first_mismatch" in e]
+
+
+@pytest.mark.parametrize(("version", "entry"), MISMATCH_NAMED,
+                         ids=[f"{v}/{e['file']}" for v, e in MISMATCH_NAMED])  # fmt: skip
+def test_a_key_mismatch_names_the_first_wrong_item(version: str, entry: dict[str, Any]) -> None:
+    """Keys are derived from the root along the manifest's own content, never from a recorded
+    key, and the first that differs is the one reported (F-CHAIN-2): a wrong first segment
+    does not make the correct ones after it wrong."""
+    m = decode_manifest((VECTORS / version / entry["file"]).read_bytes())
+    err = manifest_key_mismatch(m)
+    assert err is not None and err.what.startswith(entry["first_mismatch"]), err
+
+
+def test_the_largest_sidecar_is_the_number_the_spec_gives() -> None:
+    """F-SC-7 gives the largest sidecar a reader accepts as a number; the reader's bound and
+    the ``sized`` vectors at it and one byte past it agree with it."""
+    from stratastore.format.sidecar import MAX_SIDECAR_BYTES
+
+    assert "40,112,384" in SPEC.read_text() and MAX_SIDECAR_BYTES == 40_112_384
+    sizes = {json.loads((VECTORS / v / e["file"]).read_text())["bytes"]: e["expect"]
+             for v, e in ENTRIES if e["kind"] == "sized"}  # fmt: skip
+    assert sizes == {MAX_SIDECAR_BYTES: "UnsupportedVersion", MAX_SIDECAR_BYTES + 1: "FormatError"}
+
+
+@pytest.mark.parametrize("folder", [ERRATA, "v1.2", "v1.2-errata1"])
 def test_the_generator_reproduces_the_committed_vectors(tmp_path: Path, folder: str) -> None:
     """tools/make_vectors.py writes the errata and v1.2 folders byte for byte (deterministic)."""
     out = tmp_path / folder
