@@ -23,7 +23,7 @@ class TestSegmentStore(StoreTests):
 def test_every_fsck_id_has_a_clause_mapping() -> None:
     import re
 
-    source = (Path(__file__).resolve().parents[2] / "stratastore" / "fsck.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "stratastore" / "ops" / "fsck.py").read_text()
     assert set(re.findall(r'Finding\(\s*"([A-Z_]+)"', source)) == set(CLAUSES)
 
 
