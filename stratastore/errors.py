@@ -3,8 +3,8 @@
 Every deliberate failure is a :class:`StrataError` subclass whose message names the object
 (a file, a key, a setting) and the fix. Subclasses live next to the code that raises them
 (``format.errors``, ``io.errors``, ``store.errors``); this module holds only the root and the
-errors that have no single home. The CLI maps a ``StrataError`` to its ``exit_code`` and a
-one-line message, never a traceback.
+errors that have no single home. The CLI prints one as a one-line message, never a traceback,
+and exits with its class's code (one table: ``stratastore.cli.exit_codes``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ __all__ = ["ConfigError", "StrataError"]
 
 
 class StrataError(Exception):
-    """Base class of all stratastore errors; ``exit_code`` is what the CLI exits with."""
-
-    exit_code: int = 2
+    """Base class of all stratastore errors."""
 
 
 class ConfigError(StrataError):

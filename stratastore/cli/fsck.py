@@ -1,0 +1,185 @@
+"""``strata fsck [PATH...]``: check a store's level directories offline and read-only
+(:mod:`stratastore.ops.fsck`), ``--repair`` what can be fixed without losing valid data
+(:mod:`stratastore.ops.repair`), or ``--remote``: the remote level's namespaces of
+``--config``'s store name (:mod:`stratastore.levels.redis.fsck`, spec F-REM).
+
+Exit status (FSCK.md): 0 when no finding is an error, 1 when one is (after ``--repair``: when
+the check that follows it finds one; ``--remote``: a namespace not clean), 2 when the check
+could not run. ``--repair`` changes the store, so it asks first: ``--yes``, or ``yes`` typed at
+a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from stratastore.cli.common import AddCommand, levels_doc, store_levels
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stratastore.levels.redis.fsck import NamespaceReport
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(command: AddCommand) -> None:
+    fk = command("fsck", help="check store directories offline (read-only)")
+    fk.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="PATH",
+        help="the store: its root directory (holding warm/ and cold/), a level "
+        "directory or its config file (default: --config's levels)",
+    )
+    fk.add_argument("--deep", action="store_true", help="re-hash every page (default: sample)")
+    fk.add_argument("--json", action="store_true")
+    fk.add_argument(
+        "--repair",
+        action="store_true",
+        help="fix what can be fixed without losing valid data (offline)",
+    )
+    fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
+    fk.add_argument(
+        "--remote",
+        action="store_true",
+        help="check the remote level of --config (remote_url, remote_name) instead: "
+        "its namespaces only, never another key on the server",
+    )
+    fk.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Repair first when asked (each action printed), then check: every finding printed with
+    its id and severity (FSCK.md), or one JSON document."""
+    from stratastore.ops.fsck import fsck
+    from stratastore.ops.repair import repair
+
+    if args.remote:
+        return _remote(args)
+    levels = store_levels(args)
+    dirs = list(levels.checked)
+    if not args.json:
+        print(levels.describe())
+    if args.repair:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(
+                    "fsck --repair changes the store: add --yes to confirm "
+                    "(and make sure no process has it open)"
+                )
+            if input("repair moves damaged files aside and rebuilds indexes; type yes: ") != "yes":
+                raise ConfigError("repair not confirmed; nothing was changed")
+        for action in repair(dirs, levels=levels):
+            print(f"repair: {action.kind}: {action.object}: {action.detail}")
+    findings = list(fsck(dirs, deep=args.deep, levels=levels))
+    errors = sum(f.severity == "error" for f in findings)
+    if args.json:
+        doc = {
+            "dirs": args.dirs,
+            **levels_doc(levels),
+            "deep": args.deep,
+            "errors": errors,
+            "findings": [f.as_dict() for f in findings],
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        for f in findings:
+            print(f"{f.severity}: {f.id}: {f.object}: {f.detail}")
+        print(f"{len(findings)} findings, {errors} errors in {len(dirs)} level(s)")
+    return 1 if errors else 0
+
+
+def _remote(args: argparse.Namespace) -> int:
+    """``strata fsck --remote``: the remote level's namespaces of ``--config``'s store name
+    (spec F-REM-1); exit 1 when one is not clean (after ``--repair``: when it is not clean when
+    checked again). The counts are what the check found, before any repair."""
+    from stratastore.levels.redis.fsck import fsck_remote
+    from stratastore.levels.redis.settings import RemoteSettings
+
+    cfg: StoreConfig | None = args.store_config
+    if cfg is None or not cfg.remote_url:
+        raise ConfigError(
+            "fsck --remote checks the remote level of a config: pass --config "
+            "FILE with remote_url (and remote_name) set"
+        )
+    if args.dirs:
+        raise ConfigError("fsck --remote takes no PATH: it checks --config's remote level")
+    if args.repair and not args.yes:
+        raise ConfigError(
+            "fsck --remote --repair deletes orphan parts and segments missing a "
+            "part in the remote namespace: add --yes to confirm"
+        )
+    settings = RemoteSettings.from_config(cfg)
+    found = fsck_remote(settings, repair=args.repair, deep=args.deep)
+    rows = [_namespace_row(ns) for ns in found]
+    bad = sum(not r["clean"] for r in rows)
+    if args.json:
+        doc = {
+            "remote": settings.shown,
+            "name": settings.name,
+            "namespaces": rows,
+            "not_clean": bad,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(
+            f"remote level {settings.shown}, store name {settings.name!r}: {len(rows)} namespace(s)"
+        )
+        for r in rows:
+            what = r["problem"] or ", ".join(f"{k}={r[k]}" for k in _COUNTS)
+            model = r["model"] or "no commit record names its model"
+            print(f"{'ok' if r['clean'] else 'NOT CLEAN'}: {r['namespace']} ({model}): {what}")
+            for f in r.get("findings", []):
+                removed = " (removed)" if r["repaired"] else ""
+                print(f"  {f['id']}: segment {f['segment']} page {f['page']}{removed}")
+    return 1 if bad else 0
+
+
+#: the counts of a checked namespace, in the order the text output names them
+_COUNTS = (
+    "segments",
+    "orphan_parts",
+    "missing_parts",
+    "bad_records",
+    "stale_index",
+    "unindexed",
+    "damaged",
+    "used_recorded",
+    "used_actual",
+    "repaired",
+)
+
+
+def _namespace_row(ns: NamespaceReport) -> dict[str, Any]:
+    """One namespace of ``fsck_remote``'s result as a row of the output: clean as checked, or
+    as checked again after the repair (what the repair left)."""
+    rep = ns.report
+    clean = rep is not None and (ns.after.clean if ns.after is not None else rep.clean)
+    row: dict[str, Any] = {
+        "namespace": ns.prefix,
+        "model": ns.model,
+        "problem": ns.problem,
+        "clean": clean,
+    }
+    if rep is not None:
+        row |= {
+            "segments": rep.segments,
+            "orphan_parts": len(rep.orphan_parts),
+            "missing_parts": len(rep.missing_parts),
+            "bad_records": len(rep.bad_records),
+            "stale_index": len(rep.stale_index),
+            "unindexed": len(rep.unindexed),
+            "damaged": len(rep.damaged),
+            "used_recorded": rep.used_recorded,
+            "used_actual": rep.used_actual,
+            "repaired": rep.repaired,
+            "findings": [
+                {"id": "PAGE_HASH_MISMATCH", "segment": k.hex(), "page": page}
+                for k, page in rep.damaged
+            ],
+        }
+    return row

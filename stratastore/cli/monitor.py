@@ -1,0 +1,127 @@
+"""``strata monitor [DIR]``: what a store's levels hold (scanned from their folders) and the
+counters its Store last published (:mod:`stratastore.metrics.monitor`): a table that refreshes
+in place until Ctrl-C, or one document for machines (``--json``, ``--prometheus``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from stratastore.cli.common import AddCommand, config_dirs
+from stratastore.errors import ConfigError
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(command: AddCommand) -> None:
+    mon = command("monitor", help="what a store's levels hold and its Store's counters")
+    mon.add_argument(
+        "dir",
+        nargs="?",
+        help="a store level directory, or the folder holding its levels (default: "
+        "--config's levels)",
+    )
+    mon.add_argument(
+        "--once",
+        action="store_true",
+        help="print the table once (default: a live view; --json and --prometheus "
+        "always print once)",
+    )
+    fmt = mon.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--prometheus", action="store_true")
+    mon.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between refreshes, more than 0 (default 1)",
+    )
+    mon.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The table refreshes in place until Ctrl-C (unless ``--once``); ``--json`` and
+    ``--prometheus`` are for machines: one document, printed once, no screen codes."""
+    from stratastore.metrics.monitor import prometheus_text, read_monitor
+
+    if not (math.isfinite(args.interval) and args.interval > 0):  # sleep(-1) raises, 0 spins
+        raise ConfigError(
+            f"--interval {args.interval:g} must be a positive number of "
+            "seconds (e.g. --interval 1, the default)"
+        )
+    once = args.once or args.json or args.prometheus
+    while True:
+        doc = read_monitor(args.dir) if args.dir else read_monitor(levels=config_dirs(args))
+        if args.json:
+            out = json.dumps(doc, indent=2)
+        elif args.prometheus:
+            levels = {
+                n: {k: v for k, v in lv.items() if k != "dir"} for n, lv in doc["levels"].items()
+            }
+            # every series the Store publishes (text ones too: admission, park target); what
+            # the snapshot does not hold stays absent, never 0
+            counters = {k: v for k, v in doc["counters"].items() if v is not None}
+            out = prometheus_text({**counters, "levels": levels})
+        else:
+            out = _table(doc)
+        if once:
+            print(out)
+            return 0
+        sys.stdout.write(
+            f"\x1b[H\x1b[2J{out}\n(refreshing every {args.interval:g} s; Ctrl-C to stop)\n"
+        )
+        sys.stdout.flush()
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
+
+
+def _mib(v: object) -> str:
+    return f"{v / 2**20:,.0f}" if isinstance(v, (int, float)) else "-"
+
+
+def _val(v: object) -> str:
+    return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _table(doc: dict[str, Any]) -> str:
+    """The monitor's document as the table a person reads: one row per level, then the
+    counters (``-`` where the snapshot does not hold one)."""
+    snap = doc["snapshot"]
+    if snap is None:
+        source = "no Store has published counters here yet"
+    else:
+        state = "running" if snap["writer_alive"] else "exited"
+        source = f"counters from pid {snap['pid']} ({state}), {snap['age_s']:.0f} s ago"
+    lines = [f"strata monitor: {doc['path']}  {source}"]
+    if doc.get("snapshot_problem"):
+        lines.append(f"  warning: {doc['snapshot_problem']}")
+    lines.append(
+        f"  {'level':<6}{'entries':>9}{'MiB':>9}{'budget MiB':>12}{'oldest s':>10}"
+        f"{'hits':>7}{'moved down':>12}{'evicted':>9}  folder"
+    )
+    for name, lv in doc["levels"].items():
+        lines.append(
+            f"  {name:<6}{_val(lv['entries']):>9}{_mib(lv['bytes']):>9}"
+            f"{_mib(lv['budget']):>12}{_val(lv.get('oldest_age_s')):>10}"
+            f"{_val(lv.get('hits')):>7}{_val(lv.get('degradations')):>12}"
+            f"{_val(lv.get('evictions')):>9}  {lv['dir'] or '(in process)'}"
+        )
+    c = doc["counters"]
+    if c:
+        lines.append(
+            f"  parks ram={_val(c['parks_ram'])} disk={_val(c['parks_disk'])}  "
+            f"discards={_val(c['discards'])}  evictions spilled={_val(c['evict_spills'])}  "
+            f"hits ram={_val(c['hits_ram'])} disk={_val(c['hits_disk'])}  "
+            f"ladder restores={_val(c['ladder_restores'])}"
+        )
+        lines.append(
+            f"  park target {c['park_target']} ({c['park_target_source']}); "
+            f"admission: {c['admission']}"
+        )
+    return "\n".join(lines)
