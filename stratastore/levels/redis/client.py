@@ -14,8 +14,8 @@ within one deadline, every failure a typed error that names no credential.
   :class:`~stratastore.io.errors.StrataIOError`: the restore's read pass stops its ladder
   there), counted in :attr:`RedisCalls.counters`; a value of another type where the level keeps
   its own is a :class:`~stratastore.format.FormatError` (damage, spec F-REM-2). Messages name
-  the server as :attr:`RemoteSettings.shown <stratastore.levels.redis.settings.RemoteSettings.
-  shown>` does, and drop a driver's text that carries an ``@`` (a URL with its userinfo).
+  the server as ``RemoteSettings.shown`` does (no credentials), and drop a driver's text that
+  carries an ``@`` (a URL with its userinfo).
 """
 
 from __future__ import annotations
