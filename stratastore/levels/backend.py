@@ -32,7 +32,8 @@ Contracts every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -49,6 +50,7 @@ __all__ = [
     "PutResult",
     "Relocated",
     "SegmentBackend",
+    "SharedBackend",
     "StoreStats",
     "relocate_by_copy",
 ]
@@ -236,6 +238,60 @@ class SegmentBackend(Protocol):
 
     def close(self) -> None:
         """Release what the backend holds; idempotent."""
+        ...
+
+
+@runtime_checkable
+class SharedBackend(SegmentBackend, Protocol):
+    """A level several nodes share (capabilities: *shared*, *has a chain index*): what the flow's
+    shared level (``tiers/remote.py``) uses beyond :class:`SegmentBackend`. It holds copies:
+    every node acknowledges a park on its own levels first, and no node's catalog names its
+    segments (spec F-REM). It is reached over a network, so every call is bounded in time and a
+    level that cannot be reached (down, refused, timed out) is a
+    :class:`~stratastore.io.errors.StrataIOError` of the call, never a hang; its messages name
+    it without credentials (``path``).
+    """
+
+    @property
+    def ns(self) -> str:
+        """The prefix of every name this level writes in the shared store (spec F-REM-1: the
+        store's name and the model's fingerprint), as stats show it."""
+        ...
+
+    @property
+    def counters(self) -> Mapping[str, int]:
+        """What the level counted of its own calls (errors, timeouts, parts missing, puts that
+        lost a race to another node...), by name: ``Store.stats()`` shows each as
+        ``backend_<name>``."""
+        ...
+
+    def connect(self) -> None:
+        """Reach the level once, now: a :class:`~stratastore.io.errors.StrataIOError` for one
+        that cannot be reached, with ``errno`` EACCES where the credentials or TLS files were
+        refused (the user's to fix: said at open, not at the first park)."""
+        ...
+
+    def open_warnings(self) -> list[str]:
+        """What the user should be told about the level's configuration once it is reached
+        (a server that will never evict what the settings leave it to evict), one line each;
+        empty when all is well or the level cannot tell. Never raises."""
+        ...
+
+    def deadline(self, seconds: float) -> AbstractContextManager[None]:
+        """A block within which every call this thread makes ends by ``seconds`` from now, all
+        of them together (one lookup's round trips: one deadline); past it a call is a
+        :class:`~stratastore.io.errors.StrataIOError` (``ETIMEDOUT``)."""
+        ...
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each of ``keys`` is held (:meth:`__contains__` of each), in one call."""
+        ...
+
+    def children_many(self, parents: Sequence[bytes]) -> list[list[tuple[bytes, int, int]]]:
+        """The chain index (spec F-REM-5): for each of ``parents``, the K/V segments held whose
+        parent key it is, as ``(key, token_start, token_end)`` rows, in one call. A hint: a
+        damaged entry finds nothing, and the caller checks each child by deriving its key from
+        the prompt's own tokens (F-KEY-2) before it counts."""
         ...
 
 

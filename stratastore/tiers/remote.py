@@ -1,9 +1,10 @@
-"""The shared remote level in the flow (issue 17): what a park sends to it, how a prompt is
-found in it, what a restore from it keeps locally.
+"""The shared remote level in the flow: what a park sends to it, how a prompt is found in it,
+what a restore from it keeps locally.
 
-The remote level (:class:`~stratastore.levels.redis.backend.RedisBackend`) is shared by every
-node; it is not in the local cascade (no local level degrades into it, and no node's catalog
-GC deletes from it: another node's chains name its segments). What it holds is a copy:
+The remote level (a :class:`~stratastore.levels.backend.SharedBackend`, opened from its
+settings by the level that owns them) is shared by every node; it is not in the local cascade
+(no local level degrades into it, and no node's catalog GC deletes from it: another node's
+chains name its segments). What it holds is a copy:
 
 * **push**: after a conversation is written to the local disk levels (acknowledged, durable
   there), its K/V segments and running states the remote level lacks are put there, hashed
@@ -26,9 +27,11 @@ GC deletes from it: another node's chains name its segments). What it holds is a
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -37,13 +40,13 @@ from stratastore.chain import Checkpoint, Conversation, Match
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import ModelFingerprint, segment_key
 from stratastore.format.keys import segment_media, state_key
-from stratastore.levels.redis.backend import RedisBackend, RemoteError
-from stratastore.levels.redis.settings import RemoteSettings
+from stratastore.io.errors import StrataIOError
+from stratastore.levels.backend import SharedBackend
 from stratastore.restore.two_pass import Outcome
 from stratastore.tiers.records import MAX_STATE_BYTES, Restored, Snapshot
 from stratastore.tiers.view import DiskConv
 
-__all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel"]
+__all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel", "SharedSettings"]
 
 MAX_NODES = 65536  #: stored segments a walk meets at most
 _BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
@@ -53,6 +56,37 @@ REMOTE_COUNTERS = ("remote_hits", "remote_misses", "remote_puts", "remote_put_er
                    "remote_errors", "remote_skipped", "remote_ladder_stops",
                    "remote_kept_local", "remote_kept_local_errors",
                    "remote_evictions", "remote_damaged")  # fmt: skip
+
+
+class SharedSettings(Protocol):
+    """What the flow reads of the shared level's settings (the level's own table holds the
+    rest: how to reach it, its credentials, its namespace)."""
+
+    @property
+    def shown(self) -> str:
+        """The level's name as every message shows it: no credentials."""
+        ...
+
+    @property
+    def eviction(self) -> str:
+        """``"store"``: the flow keeps the level within :attr:`budget_bytes` after each push;
+        anything else leaves the budget to the level itself."""
+        ...
+
+    @property
+    def budget_bytes(self) -> int:
+        """The bytes the level may hold (0: no limit)."""
+        ...
+
+    @property
+    def timeout_s(self) -> float:
+        """How long one lookup's round trips may take, all of them together."""
+        ...
+
+    @property
+    def keep_local(self) -> bool:
+        """Whether a restore from the level writes what it delivered to the local levels."""
+        ...
 
 
 @dataclass
@@ -65,42 +99,42 @@ class RemoteHit:
 
 
 class RemoteLevel:
-    def __init__(self, settings: RemoteSettings, fp: ModelFingerprint,
-                 warn: Callable[[str], None],
-                 backend: RedisBackend | None = None) -> None:  # fmt: skip
+    """The shared level as the flow uses it (see the module): ``backend``, or the level that
+    ``settings`` name (opened through :func:`stratastore.levels.redis.open_remote`, the one
+    place the flow reaches an implementation, lazily), for model ``fp``. Connects at once: a
+    refused password or TLS setting is a :class:`~stratastore.errors.ConfigError` now; a
+    server that is down opens the breaker."""
+
+    def __init__(
+        self,
+        settings: SharedSettings,
+        fp: ModelFingerprint,
+        warn: Callable[[str], None],
+        backend: SharedBackend | None = None,
+    ) -> None:
         self.settings = settings
         self.fp = fp
         self.root = fp.digest()
         self.warn = warn
-        self.store = backend if backend is not None else RedisBackend(settings, fp)
+        if backend is None:
+            from stratastore.levels.redis import open_remote
+
+            backend = open_remote(settings, fp)
+        self.store: SharedBackend = backend
         self.counters: dict[str, int] = dict.fromkeys(REMOTE_COUNTERS, 0)
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
         self.last_error = ""
         try:  # a wrong password or TLS setting is the user's to fix now; a server down is not
-            self.store._call("connect", "", lambda: self.store._r.ping())
-        except RemoteError as e:
-            if e.errno == 13:  # EACCES: authentication refused
+            self.store.connect()
+        except StrataIOError as e:
+            if e.errno == errno.EACCES:  # authentication or TLS refused
                 self.store.close()
                 raise ConfigError(f"the remote level {settings.shown}: {e}") from None
             self._failed(e, "connect")
-        else:
-            if settings.eviction == "redis":
-                self._check_eviction()
-
-    def _check_eviction(self) -> None:
-        """``remote_eviction = "redis"`` leaves the budget to the server: say so at open when
-        a server will never evict this level's keys (no ``maxmemory``, or a policy other than
-        ``allkeys-*``: ``volatile-*`` evicts only keys with an expiry, which committed parts
-        have not). A server that does not say (``CONFIG`` refused) is taken at its word."""
-        found = self.store.eviction_settings()
-        for node, (maxmemory, policy) in sorted((found or {}).items()):
-            if not maxmemory or not policy.startswith("allkeys-"):
-                self.warn(f"the remote level {self.settings.shown}: remote_eviction = \"redis\" "
-                          f"but server {node} has maxmemory {maxmemory} and maxmemory-policy "
-                          f"{policy or '?'}, so it never evicts committed segments and fills "
-                          "up; set maxmemory and maxmemory-policy allkeys-lru there, or use "
-                          "remote_eviction = \"store\" with remote_mib")  # fmt: skip
+        else:  # (a server that will never evict what the settings leave to it, say)
+            for line in self.store.open_warnings():
+                self.warn(line)
 
     @property
     def name(self) -> str:
@@ -138,7 +172,7 @@ class RemoteLevel:
             return False
         try:
             return key in self.store
-        except RemoteError as e:
+        except StrataIOError as e:
             self._failed(e, "lookup")
             return False
 
@@ -166,7 +200,7 @@ class RemoteLevel:
                 if n in ends and blob and state_key(ends[n]) not in self.store:
                     stored += self.store.put_state(ends[n], blob, token_pos=n).created
             self.enforce_budget()
-        except RemoteError as e:
+        except StrataIOError as e:
             self.counters["remote_puts"] += stored  # the segments stored before the failure
             self.counters["remote_put_errors"] += 1
             self._failed(e, f"storing conversation {conv.conv_id}")
@@ -209,7 +243,7 @@ class RemoteLevel:
         try:
             with self.store.deadline(self.settings.timeout_s):  # the whole walk: one deadline
                 hit = self._walk(prompt, sorted((media or {}).items()))
-        except RemoteError as e:
+        except StrataIOError as e:
             self._failed(e, "lookup")
             return None
         except StrataError as e:  # damage in the namespace (fsck --remote): a miss, said
@@ -269,8 +303,7 @@ class RemoteLevel:
         """The segments of ``keys`` whose end has a running state saved in the remote level:
         segment key -> the state's key (one round trip)."""
         skeys = [state_key(k) for k in keys]
-        there = self.store._pipeline("lookup", "", [("exists", self.store._rec_key(k))
-                                                    for k in skeys])  # fmt: skip
+        there = self.store.contains_many(skeys)
         return {k: sk for k, sk, n in zip(keys, skeys, there, strict=True) if n}
 
     # -- after a restore ------------------------------------------------------------------------
@@ -368,7 +401,7 @@ class RemoteLevel:
                                                       max_bytes=MAX_STATE_BYTES)  # fmt: skip
         except StrataError as e:
             self.counters["remote_kept_local_errors"] += 1
-            if isinstance(e, RemoteError):
+            if isinstance(e, StrataIOError):
                 self._failed(e, "keeping a restore locally")
             else:
                 self.warn(f"{dc.conv.conv_id} (read from the remote level) not kept locally: {e}")
@@ -392,7 +425,7 @@ class RemoteLevel:
         if time.monotonic() >= self._down_until:  # (a stats call is not a skipped call)
             try:
                 out.update(entries=len(self.store), bytes=self.store.used())
-            except RemoteError as e:
+            except StrataIOError as e:
                 self._failed(e, "stats")
             except StrataError as e:  # damage in the namespace (fsck --remote says what)
                 out["problem"] = str(e)

@@ -1,6 +1,6 @@
 """``strata fsck --remote``: the remote level's namespaces of one store name, checked (and with
-``repair`` fixed) by :meth:`~.redis_backend.RedisBackend.fsck`; nothing outside them is read,
-changed or deleted (issue 17 item 5).
+``repair`` fixed) by :meth:`~stratastore.levels.redis.backend.RedisBackend.fsck`; nothing
+outside them is read, changed or deleted.
 
 A store name holds one namespace per model (``strata/<name>/<fp>/``, :func:`.namespace`): the
 namespace's own name carries its model's fingerprint digest, and every commit record under it
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.format.remote_record import NS_FP_DIGITS, RemoteNames, decode_commit_record
-from stratastore.levels.redis.backend import RedisBackend, RemoteError, RemoteReport
+from stratastore.levels.redis.backend import RedisBackend
+from stratastore.levels.redis.check import RemoteReport
+from stratastore.levels.redis.client import RemoteError
 from stratastore.levels.redis.settings import RemoteSettings, check_name
 
 __all__ = ["NamespaceReport", "fsck_remote"]
@@ -40,8 +42,9 @@ class NamespaceReport:
 def fsck_remote(settings: RemoteSettings, *, repair: bool = False,
                 deep: bool = False) -> list[NamespaceReport]:  # fmt: skip
     """Check every namespace of ``settings.name`` on the server (see the module; ``deep``:
-    every page of every segment hashed, :meth:`~.redis_backend.RedisBackend.fsck`); raises
-    :class:`~.redis_backend.RemoteError` when the server cannot be reached."""
+    every page of every segment hashed,
+    :meth:`~stratastore.levels.redis.backend.RedisBackend.fsck`); raises
+    :class:`~stratastore.levels.redis.client.RemoteError` when the server cannot be reached."""
     base = f"strata/{check_name(settings.name)}/"
     scout = RedisBackend(settings, _SCOUT)
     scout.path = settings.shown  # (its own namespace is no store's: never named)

@@ -1,4 +1,4 @@
-"""How the remote level reaches Redis: its URL, credentials, TLS and timeouts (issue 17).
+"""How the remote level reaches Redis: its URL, credentials, TLS and timeouts.
 
 A remote level is named by one URL:
 
