@@ -336,7 +336,7 @@ def _real_model_phase(path: str) -> bool:
     gen = torch.Generator().manual_seed(1)
     store_cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "park_min_free_mib": 1,
                  "spill_on": "evict", "cold_dir": os.path.join(path, "cold"),
-                 "cold_mib": 64}  # fmt: skip
+                 "cold_mib": 64, "create_dirs": True}  # fmt: skip
     history = {c: torch.randint(0, 1000, (1, 200), generator=gen) for c in range(3)}
     kept: dict[int, Any] = {}
     restored = worst = 0
