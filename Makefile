@@ -24,8 +24,8 @@ demo: $(DEMO_STAMP)
 	$(BIN)/strata demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check stratastore numba_kernels tests fuzz tools
-	$(BIN)/ruff format --check stratastore numba_kernels tests fuzz tools
+	$(BIN)/ruff check stratastore numba_kernels strata_harness tests fuzz tools
+	$(BIN)/ruff format --check stratastore numba_kernels strata_harness tests fuzz tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

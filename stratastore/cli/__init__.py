@@ -9,7 +9,7 @@
   :mod:`~stratastore.cli.init`, :mod:`~stratastore.cli.bench`.
 
 ``docs/cli.md`` lists the commands and the exit codes. Importing this package loads no harness
-(``stratastore.harness``) and no operator tool beyond level discovery: each command imports
+(``strata_harness``) and no operator tool beyond level discovery: each command imports
 what it runs when it runs.
 """
 

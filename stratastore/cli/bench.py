@@ -1,6 +1,6 @@
 """``strata bench``: a validated restore beside a raw read and ``np.load``, hot and cold
-(:mod:`stratastore.harness.bench`); ``--peers`` and ``--lmcache`` run the peer benchmarks
-(:mod:`stratastore.harness.peers`, :mod:`stratastore.harness.lmcache_bench`). Each harness is
+(:mod:`strata_harness.bench`); ``--peers`` and ``--lmcache`` run the peer benchmarks
+(:mod:`strata_harness.peers`, :mod:`strata_harness.lmcache_bench`). Each harness is
 loaded only when its benchmark runs: the library never imports one."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         return _peers(args)
     if args.lmcache:
         return _lmcache(args)
-    from stratastore.harness.bench import run_bench
+    from strata_harness.bench import run_bench
 
     doc = run_bench(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     if args.json:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _peers(args: argparse.Namespace) -> int:
-    from stratastore.harness.peers import render_peers, run_peers
+    from strata_harness.peers import render_peers, run_peers
 
     doc = run_peers(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     print(json.dumps(doc, indent=2) if args.json else render_peers(doc))
@@ -70,7 +70,7 @@ def _peers(args: argparse.Namespace) -> int:
 
 
 def _lmcache(args: argparse.Namespace) -> int:
-    from stratastore.harness.lmcache_bench import render_lmcache, run_lmcache
+    from strata_harness.lmcache_bench import render_lmcache, run_lmcache
 
     doc = run_lmcache(args.dir, mib=args.mib, rounds=args.rounds, cold=not args.hot_only)
     print(json.dumps(doc, indent=2) if args.json else render_lmcache(doc))

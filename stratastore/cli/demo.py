@@ -1,6 +1,6 @@
 """``strata demo``: a small end-to-end run of the whole store (parks, restores, the cascade, a
 damaged segment, fsck, the counters): the main job of ``make demo``
-(:mod:`stratastore.harness.demo`, loaded only when the command runs)."""
+(:mod:`strata_harness.demo`, loaded only when the command runs)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def add_parser(command: AddCommand) -> None:
 def run(args: argparse.Namespace) -> int:
     """The demo in ``--dir`` (kept), else in a temporary directory removed afterwards; it takes
     ``--config``'s settings but keeps its own small levels."""
-    from stratastore.harness.demo import run_demo
+    from strata_harness.demo import run_demo
 
     if args.dir is not None:
         return run_demo(absolute(args.dir), args.requests, args.store_config)

@@ -1,6 +1,6 @@
 """``strata replay``: the agent-edit and park-truncate workloads run through the public
 :class:`~stratastore.Store` API turn by turn, as an engine drives it, beside the simulator's
-figures and the reference tables (:mod:`stratastore.harness.replay`, loaded only when the
+figures and the reference tables (:mod:`strata_harness.replay`, loaded only when the
 command runs); exit 1 when a figure of the Store differs from its reference."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def add_parser(command: AddCommand) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the replay's report (or its JSON); 0 when every Store figure matches, else 1."""
-    from stratastore.harness.replay import format_replay, run_replay
+    from strata_harness.replay import format_replay, run_replay
 
     rep = run_replay(absolute(args.dir) if args.dir is not None else None)
     print(json.dumps(rep.to_json(), indent=2) if args.json else format_replay(rep))

@@ -1,5 +1,5 @@
 """``strata sim SCENARIO``: replay a workload against the real policy code, costed in tokens
-re-read (:mod:`stratastore.harness.sim`, loaded only when a scenario runs).
+re-read (:mod:`strata_harness.sim`, loaded only when a scenario runs).
 
 Scenarios: ``agent-edit`` (retention against an edit back in a long conversation's history),
 ``edit-sweep`` (its re-reads under least recent use, spread retention and page-granular
@@ -98,7 +98,7 @@ def _agent_args(p: argparse.ArgumentParser, edit_default: str) -> None:
 
 def agent_edit(args: argparse.Namespace) -> int:
     """One run per ``--edit-back``: where the resume lands and the tokens re-read."""
-    from stratastore.harness.sim import AgentEdit, run_agent_edit
+    from strata_harness.sim import AgentEdit, run_agent_edit
 
     results = [
         run_agent_edit(
@@ -141,7 +141,7 @@ def agent_edit(args: argparse.Namespace) -> int:
 
 def edit_sweep(args: argparse.Namespace) -> int:
     """The tokens re-read per edit under lru, spread, and spread with page-granular resume."""
-    from stratastore.harness.sim import AgentEdit, run_agent_edit
+    from strata_harness.sim import AgentEdit, run_agent_edit
 
     rows, doc = [], []
     for d in args.edit_back:
@@ -183,7 +183,7 @@ def edit_sweep(args: argparse.Namespace) -> int:
 def park_truncate(args: argparse.Namespace) -> int:
     """Each park of the scenario (what it kept, shrank, evicted), with truncation on, off or
     both, then what the first conversation's return restores."""
-    from stratastore.harness.sim import ParkTruncate, run_park_truncate
+    from strata_harness.sim import ParkTruncate, run_park_truncate
 
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.truncate]
     results = [
@@ -235,7 +235,7 @@ def park_truncate(args: argparse.Namespace) -> int:
 def low_ram(args: argparse.Namespace) -> int:
     """The low-RAM episode under the old admission rule and the new one, side by side; the disk
     levels in ``--dir`` (kept), else in a temporary directory."""
-    from stratastore.harness.sim import LowRam, run_low_ram
+    from strata_harness.sim import LowRam, run_low_ram
 
     cfg = LowRam(args.slots, args.conversations, args.requests, args.scale, args.seed)
     if args.dir is not None:

@@ -370,7 +370,7 @@ def _other_model(meta: Any) -> Any:
 def test_the_benchmark_runs_at_a_small_size(tmp_path: Path) -> None:
     """``strata bench --lmcache`` at 16 MiB, one round, no warmup: both rows, every read compared
     bit for bit, the ratios present (their values are not asserted: benchmarks measure)."""
-    from stratastore.harness.lmcache_bench import render_lmcache, run_lmcache
+    from strata_harness.lmcache_bench import render_lmcache, run_lmcache
 
     doc = run_lmcache(str(tmp_path), mib=16, rounds=1, warmup=False)
     rows = doc["rows"]

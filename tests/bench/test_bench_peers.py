@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from stratastore.cli import main
-from stratastore.harness.peer_protocol import PeersBenchError, compare, evict, resident, shape, warm
-from stratastore.harness.peer_report import TARGETS
-from stratastore.harness.peers import render_peers, run_peers
+from strata_harness.peer_protocol import PeersBenchError, compare, evict, resident, shape, warm
+from strata_harness.peer_report import TARGETS
+from strata_harness.peers import render_peers, run_peers
 
 LAYER, FLAT = "stratastore (LayerKV)", "stratastore (flat page layout)"
 NUMPY = "numpy np.save / np.load (+ fsync)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from stratastore.harness.bench import run_bench
+from strata_harness.bench import run_bench
 
 MIB = int(os.environ.get("STRATA_BENCH_RESTORE_MIB", "128"))
 

@@ -227,7 +227,7 @@ def test_help_and_docs_print_the_table() -> None:
 def test_importing_the_cli_loads_no_harness() -> None:
     code = (
         "import stratastore.cli, sys; "
-        "print(sorted(m for m in sys.modules if m.startswith('stratastore.harness')))"
+        "print(sorted(m for m in sys.modules if m.startswith('strata_harness')))"
     )
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT

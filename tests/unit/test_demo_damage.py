@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stratastore.harness import demo
+from strata_harness import demo
 from stratastore.ops.fsck import fsck
 
 

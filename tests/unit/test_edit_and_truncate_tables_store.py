@@ -20,7 +20,7 @@ import pytest
 
 from stratastore import ModelFingerprint, Store
 from stratastore.chain import Checkpoint, Conversation, as_tokens
-from stratastore.harness.sim import AgentEdit, run_agent_edit
+from strata_harness.sim import AgentEdit, run_agent_edit
 from tests.conftest import tiny_fp
 
 SYSTEM, TURNS, TURN = 9525, 200, 1000  # seed 004's simulation

@@ -32,7 +32,7 @@ FP = tiny_fp()
 def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What ``strata demo --dir X`` leaves: ``X/warm`` and ``X/cold``, one page byte of a cold
     segment (not a conversation's first) flipped by design."""
-    from stratastore.harness.demo import run_demo
+    from strata_harness.demo import run_demo
 
     root = tmp_path_factory.mktemp("demo") / "x"
     run_demo(str(root), 24)

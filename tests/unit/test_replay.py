@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stratastore import ConfigError
-from stratastore.harness.replay import SEED_001, SEED_004, Replay, run_replay
+from strata_harness.replay import SEED_001, SEED_004, Replay, run_replay
 
 
 @pytest.fixture(scope="module")

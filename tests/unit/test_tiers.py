@@ -11,7 +11,7 @@ import pytest
 from stratastore import StrataError
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
-from stratastore.harness.sim import LowRam, run_low_ram
+from strata_harness.sim import LowRam, run_low_ram
 from stratastore.tiers.tiered import Snapshot, Tiers
 from tests.conftest import tiny_fp
 

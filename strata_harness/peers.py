@@ -23,12 +23,12 @@ protocol (issue 13, item 4).
   ``POSIX_FADV_DONTNEED`` per data file; for stratastore every file under its store directory),
   verified with ``mincore``: more than 1% of the pages still resident raises; the largest
   fraction seen is in the result.
-- **A fresh process per operation** (``python -m stratastore.harness.peer_engines``, spawned, not
+- **A fresh process per operation** (``python -m strata_harness.peer_engines``, spawned, not
   forked), which reports its seconds and peak RSS (``VmHWM``): it counts the interpreter and
   imports, the same for every engine; the clock excludes the start, the imports, loading the
   source and opening a store. LMCache keeps its index in the process that stored, so its store
   and reads share one process a round, its RSS high-water mark reset before each read
-  (:mod:`stratastore.harness.peer_lmcache`). The table's peak RSS is the largest of a row's writes and
+  (:mod:`strata_harness.peer_lmcache`). The table's peak RSS is the largest of a row's writes and
   of its reads.
 - **Medians** of ``rounds`` after one warmup round; rounds alternate the engine order; the
   1-minute load average at the start and the end is in the result.
@@ -38,8 +38,8 @@ buffer and into a touched one, hot and cold; numpy's copy into a touched buffer.
 torch and LMCache are used where installed (imported only in their processes), and skipped with
 a note otherwise. The result (:func:`run_peers`) holds every figure, the ratios to the targets
 of issue 13 and the checks made; :func:`render_peers` prints it as the issue's table. Here the
-driver; the operations are in :mod:`stratastore.harness.peer_engines`, the shared checks in
-:mod:`stratastore.harness.peer_protocol`, the table and ratios in :mod:`stratastore.harness.peer_report`.
+driver; the operations are in :mod:`strata_harness.peer_engines`, the shared checks in
+:mod:`strata_harness.peer_protocol`, the table and ratios in :mod:`strata_harness.peer_report`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from stratastore.harness.peer_protocol import (
+from strata_harness.peer_protocol import (
     GEOMETRY,
     LAYERS,
     TOKEN_BYTES,
@@ -69,7 +69,7 @@ from stratastore.harness.peer_protocol import (
     shape,
     warm,
 )
-from stratastore.harness.peer_report import FLAT, LAYER, render, summarise
+from strata_harness.peer_report import FLAT, LAYER, render, summarise
 
 __all__ = ["PeersBenchError", "Run", "lmcache_engine", "render_peers", "run_peers", "write_source"]
 
@@ -113,7 +113,7 @@ class Run:
             json.dump(job, f)
         if os.path.exists(job["result"]):
             os.unlink(job["result"])
-        cmd = [sys.executable, "-m", "stratastore.harness.peer_engines", self.file("job.json")]
+        cmd = [sys.executable, "-m", "strata_harness.peer_engines", self.file("job.json")]
         try:
             proc = subprocess.run(cmd, cwd=self.root, env=self.env, capture_output=True,
                                   text=True, timeout=TIMEOUT_S)  # fmt: skip
@@ -201,7 +201,7 @@ def _stratastore(run: Run) -> None:
 
 
 def lmcache_engine(backend: str, row: str) -> Callable[[Run], None]:
-    """One LMCache session a round (:func:`stratastore.harness.peer_lmcache.session`: ``disk``,
+    """One LMCache session a round (:func:`strata_harness.peer_lmcache.session`: ``disk``,
     ``ram`` or ``strata``, the stratastore plugin), its records added to ``row``; a backend
     that cannot run here is noted in ``run.skipped``."""
 

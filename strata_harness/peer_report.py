@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from stratastore.harness.peer_protocol import Record
+from strata_harness.peer_protocol import Record
 
 __all__ = ["TARGETS", "op_stats", "render", "summarise", "table_row"]
 

@@ -1,4 +1,4 @@
-"""The shared parts of ``strata bench --peers`` (:mod:`stratastore.harness.peers`): the K/V geometry,
+"""The shared parts of ``strata bench --peers`` (:mod:`strata_harness.peers`): the K/V geometry,
 page-cache eviction and its check, the clock, the bit-for-bit comparison.
 
 The K/V is ``[layers, 2, tokens, kv_heads, head_dim]`` fp16 (:func:`shape`), the Llama-3.1-8B

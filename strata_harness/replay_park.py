@@ -23,7 +23,7 @@ be a third entry and the 2-slot limit would evict A whole, truncation or not). M
 ``Store.lookup`` finds; then the tokens the return of A restores. The reference table
 (:data:`SEED_001`): parked=2, evictions=0, A truncated to its 32,768 landing, "restored 32768
 tokens (live)" with the patch; evictions=1 (A dropped whole) and a full re-prefill without.
-The simulator's figures: :func:`stratastore.harness.sim.run_park_truncate`.
+The simulator's figures: :func:`strata_harness.sim.run_park_truncate`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy.typing as npt
 from stratastore.chain import Checkpoint, Conversation
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
-from stratastore.harness.replay_engine import Bytes, Engine, plenty, replay_fingerprint
+from strata_harness.replay_engine import Bytes, Engine, plenty, replay_fingerprint
 from stratastore.tiers.records import Restored
 
 __all__ = ["BUDGET_MIB", "EVERY", "FIRST", "MIN_TOKENS", "OTHERS", "PARK_RAM_MIB", "SEED_001",

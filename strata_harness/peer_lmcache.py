@@ -14,7 +14,7 @@ memory), then ``store`` and ``retrieve`` into a fresh ``torch.empty`` in the eng
 - **strata**: the stratastore plugin (:mod:`stratastore.adapters.lmcache`, ``local_cpu`` off),
   its budget the K/V plus 64 MiB. The durable write is ``store`` and the plugin's ``flush()``
   (every put's Future done: fsynced and committed by the plugin itself). It validates every page
-  it reads. (``strata bench --lmcache``, :mod:`stratastore.harness.lmcache_bench`, sets it beside
+  it reads. (``strata bench --lmcache``, :mod:`strata_harness.lmcache_bench`, sets it beside
   **disk**.)
 
 LMCache allocates and touches its whole CPU buffer (``max_local_cpu_size``) when it starts, for
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from stratastore.harness.peer_protocol import (
+from strata_harness.peer_protocol import (
     HEAD_DIM,
     HEADS,
     LAYERS,

@@ -1,12 +1,12 @@
 """The timed operations of ``strata bench --peers``, each run in a fresh process.
 
-``python -m stratastore.harness.peer_engines JOB.json`` runs one operation (``JOB["op"]``, a key of
+``python -m strata_harness.peer_engines JOB.json`` runs one operation (``JOB["op"]``, a key of
 :data:`OPS`) and writes its record as JSON to ``JOB["result"]``. The clock covers the operation
 only (from the engine's layout in memory to durable on disk; from the file to a fresh, fully
 materialised array in the engine's layout), never the interpreter start, the imports (the
 engine's own modules are imported first, :data:`PRELOAD`), loading the source K/V or opening a
 store. Every read is then compared bit for bit with what was written, outside the clock; a
-mismatch is a :class:`~stratastore.harness.peer_protocol.PeersBenchError`. ``maxrss`` is the process's
+mismatch is a :class:`~strata_harness.peer_protocol.PeersBenchError`. ``maxrss`` is the process's
 peak RSS (``VmHWM``) when the clock stops.
 
 The parent writes the K/V once to ``JOB["source"]`` in the engine layout, and its stored page
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stratastore.harness.peer_protocol import (
+from strata_harness.peer_protocol import (
     CHUNK,
     LAYERS,
     TOKEN_BYTES,
@@ -232,7 +232,7 @@ def strata_restore(job: Job) -> Record:
 
 
 def _lmcache(job: Job) -> Record:
-    from stratastore.harness.peer_lmcache import session
+    from strata_harness.peer_lmcache import session
 
     return session(job)
 

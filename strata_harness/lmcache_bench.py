@@ -1,6 +1,6 @@
 """``strata bench --lmcache`` (issue 16, item 3): LMCache 0.5.6 with its own local disk backend
 beside LMCache with the stratastore plugin (:mod:`stratastore.adapters.lmcache`), in one run, on
-the same bytes, by the protocol of ``strata bench --peers`` (:mod:`stratastore.harness.peers`).
+the same bytes, by the protocol of ``strata bench --peers`` (:mod:`strata_harness.peers`).
 
 - **The same K/V**: ``mib`` MiB (1 GiB by default: 8,192 tokens) of the Llama-3.1-8B geometry
   (32 layers x 8 kv heads x 128 x fp16, 128 KiB a token), deterministic random bytes, stored
@@ -32,9 +32,9 @@ import shutil
 import tempfile
 from typing import Any
 
-from stratastore.harness.peer_protocol import GEOMETRY, TOKEN_BYTES, PeersBenchError
-from stratastore.harness.peer_report import op_stats, table_row
-from stratastore.harness.peers import Run, lmcache_engine, write_source
+from strata_harness.peer_protocol import GEOMETRY, TOKEN_BYTES, PeersBenchError
+from strata_harness.peer_report import op_stats, table_row
+from strata_harness.peers import Run, lmcache_engine, write_source
 
 __all__ = ["TARGETS", "render_lmcache", "run_lmcache"]
 
@@ -50,7 +50,7 @@ def run_lmcache(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3
                 cold: bool = True, warmup: bool = True) -> dict[str, Any]:  # fmt: skip
     """Run the protocol of the module docstring in a new directory under ``work_dir`` (default:
     the system's temporary directory), removed afterwards; the result document.
-    :class:`~stratastore.harness.peer_protocol.PeersBenchError` when LMCache is not installed or a
+    :class:`~strata_harness.peer_protocol.PeersBenchError` when LMCache is not installed or a
     backend fails (a result that differs from the source included)."""
     if mib < 1 or rounds < 1:
         raise PeersBenchError(f"--mib ({mib}) and --rounds ({rounds}) must be at least 1")

@@ -1,7 +1,7 @@
 """``strata replay``: two workloads run through the :class:`~stratastore.Store` as an engine
 drives it, turn by turn, with the simulator's figures and the reference tables beside them.
 
-``strata sim`` (:mod:`stratastore.harness.sim`) runs the policy code directly. The replay runs
+``strata sim`` (:mod:`strata_harness.sim`) runs the policy code directly. The replay runs
 the same workloads through the public Store API only (``Store.open``, ``park``, ``restore``,
 ``lookup``, ``flush``, ``close``), the way an engine does: every request restores its prompt,
 checks the restored prefix byte for byte against the K/V the engine computes, prefills the
@@ -27,7 +27,7 @@ from typing import Any
 
 from stratastore.chain import Policy
 from stratastore.errors import ConfigError
-from stratastore.harness.replay_agent import (
+from strata_harness.replay_agent import (
     CHECKPOINTS,
     EDITS,
     SEED_004,
@@ -38,8 +38,8 @@ from stratastore.harness.replay_agent import (
     level_dir,
     run_agent,
 )
-from stratastore.harness.replay_engine import replay_fingerprint
-from stratastore.harness.replay_park import (
+from strata_harness.replay_engine import replay_fingerprint
+from strata_harness.replay_park import (
     BUDGET_MIB,
     EVERY,
     FIRST,
@@ -53,7 +53,7 @@ from stratastore.harness.replay_park import (
     ParkRun,
     run_park,
 )
-from stratastore.harness.sim import AgentEdit, ParkTruncate, run_agent_edit, run_park_truncate
+from strata_harness.sim import AgentEdit, ParkTruncate, run_agent_edit, run_park_truncate
 from stratastore.io import files
 
 __all__ = [

@@ -18,7 +18,7 @@ after ``close`` and a new ``Store.open`` on the same directory (a restart: only 
 holds the chain). The reference table (:data:`SEED_004`): spread keeps 0, 1K, 3K, 8K, 43K and
 200K (the root) and re-reads 8K and 43K; least recent use keeps 0, 1K, 2K, 3K, 4K and the root
 and re-reads 200K for both. The simulator's figures:
-:func:`stratastore.harness.sim.run_agent_edit`.
+:func:`strata_harness.sim.run_agent_edit`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy.typing as npt
 from stratastore.chain import Checkpoint, Conversation, Policy, as_tokens
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
-from stratastore.harness.replay_engine import Engine, plenty, replay_fingerprint
+from strata_harness.replay_engine import Engine, plenty, replay_fingerprint
 
 __all__ = ["CHECKPOINTS", "EDITS", "END", "SEED_004", "SYSTEM", "TURN", "TURNS", "AgentRun",
            "level_dir", "run_agent"]  # fmt: skip
