@@ -181,8 +181,8 @@ def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
 
 def _write_root_config(path: str, cfg: dict[str, Any]) -> None:
     """``path/strata.toml``: the demo store's config, so ``strata fsck path`` (and monitor,
-    conformance) know its levels are the whole store (:data:`~stratastore.ops.level_dirs.ROOT_CONFIG`).
-    A file already there is left as it is."""
+    conformance) know its levels are the whole store
+    (:data:`~stratastore.ops.level_dirs.ROOT_CONFIG`). A file already there is left as it is."""
     from stratastore.io import files
     from stratastore.ops.installer import write_config
     from stratastore.ops.level_dirs import ROOT_CONFIG

@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratastore.chain import Policy
-from stratastore.errors import ConfigError
 from strata_harness.replay_agent import (
     CHECKPOINTS,
     EDITS,
@@ -54,6 +52,8 @@ from strata_harness.replay_park import (
     run_park,
 )
 from strata_harness.sim import AgentEdit, ParkTruncate, run_agent_edit, run_park_truncate
+from stratastore.chain import Policy
+from stratastore.errors import ConfigError
 from stratastore.io import files
 
 __all__ = [

@@ -29,10 +29,10 @@ from pathlib import PurePath
 import numpy as np
 import numpy.typing as npt
 
+from strata_harness.replay_engine import Engine, plenty, replay_fingerprint
 from stratastore.chain import Checkpoint, Conversation, Policy, as_tokens
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
-from strata_harness.replay_engine import Engine, plenty, replay_fingerprint
 
 __all__ = ["CHECKPOINTS", "EDITS", "END", "SEED_004", "SYSTEM", "TURN", "TURNS", "AgentRun",
            "level_dir", "run_agent"]  # fmt: skip

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from strata_harness.replay_engine import Bytes, Engine, plenty, replay_fingerprint
 from stratastore.chain import Checkpoint, Conversation
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
-from strata_harness.replay_engine import Bytes, Engine, plenty, replay_fingerprint
 from stratastore.tiers.records import Restored
 
 __all__ = ["BUDGET_MIB", "EVERY", "FIRST", "MIN_TOKENS", "OTHERS", "PARK_RAM_MIB", "SEED_001",

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stratastore.cli import main
 from strata_harness.peer_protocol import PeersBenchError, compare, evict, resident, shape, warm
 from strata_harness.peer_report import TARGETS
 from strata_harness.peers import render_peers, run_peers
+from stratastore.cli import main
 
 LAYER, FLAT = "stratastore (LayerKV)", "stratastore (flat page layout)"
 NUMPY = "numpy np.save / np.load (+ fsync)"

@@ -25,9 +25,9 @@ from stratastore.chain import as_tokens
 from stratastore.format import data_name
 from stratastore.format.manifest import decode_manifest
 from stratastore.format.naming import TEMP_PREFIX, chain_name
-from stratastore.ops.fsck import fsck
 from stratastore.io import faults
 from stratastore.io.faults import CRASH_EXIT, Fault
+from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from tests.reliability.counts import SCALE
 

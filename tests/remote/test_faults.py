@@ -29,9 +29,9 @@ import pytest
 from stratastore import Checkpoint, Conversation, ModelFingerprint, Store
 from stratastore.chain import as_tokens
 from stratastore.format import ChecksumMismatch, FormatError
+from stratastore.levels.local import SegmentNotFound
 from stratastore.levels.redis.backend import RedisBackend, RemoteError
 from stratastore.levels.redis.settings import RemoteSettings
-from stratastore.levels.local import SegmentNotFound
 from stratastore.tiers.remote import RemoteHit
 from tests.conftest import run_with_timeout, tiny_fp
 from tests.redis_servers import RedisCluster, RedisServer

@@ -15,9 +15,9 @@ import pytest
 from stratastore.format import Level, ModelFingerprint
 from stratastore.format.remote_record import CommitRecord
 from stratastore.levels import SegmentBackend
+from stratastore.levels.local import SegmentNotFound
 from stratastore.levels.redis.backend import RedisBackend
 from stratastore.levels.redis.settings import RemoteSettings
-from stratastore.levels.local import SegmentNotFound
 from stratastore.testing import BackendTests
 from tests.conftest import kv_bytes, tiny_fp
 

@@ -21,9 +21,9 @@ import numba_kernels.cpu
 import numba_kernels.cuda
 from stratastore import Store
 from stratastore.chain import Conversation
-from stratastore.restore.device_arrays import is_device_array
 from stratastore.format import Codec
 from stratastore.levels.local import SegmentStore, StoreError
+from stratastore.restore.device_arrays import is_device_array
 from stratastore.tiers.tiered import InvalidConversation
 from tests.conftest import CudaInterface, conversation_kv, tiny_fp
 

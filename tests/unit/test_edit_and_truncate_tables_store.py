@@ -18,9 +18,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from strata_harness.sim import AgentEdit, run_agent_edit
 from stratastore import ModelFingerprint, Store
 from stratastore.chain import Checkpoint, Conversation, as_tokens
-from strata_harness.sim import AgentEdit, run_agent_edit
 from tests.conftest import tiny_fp
 
 SYSTEM, TURNS, TURN = 9525, 200, 1000  # seed 004's simulation

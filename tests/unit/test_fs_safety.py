@@ -23,8 +23,8 @@ from stratastore import SegmentStore
 from stratastore.errors import StrataError
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR, chain_name
-from stratastore.ops.fsck import fsck
 from stratastore.io import files, guard
+from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from tests.conftest import kv_bytes, tiny_fp
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from stratastore import SegmentStore
 from stratastore.format import DATA_OFFSET, data_name
-from stratastore.ops.fsck import fsck
 from stratastore.io import faults
+from stratastore.ops.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
 
 FP = tiny_fp()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stratastore import ConfigError
 from strata_harness.replay import SEED_001, SEED_004, Replay, run_replay
+from stratastore import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,10 @@ import pytest
 
 import stratastore.restore.reads as reads
 from stratastore import SegmentStore
-from stratastore.restore import FlatKV, Piece, two_pass_restore
-from stratastore.restore.two_pass import Delivery
 from stratastore.levels.reader import SegmentReader
 from stratastore.levels.staging import STAGING
+from stratastore.restore import FlatKV, Piece, two_pass_restore
+from stratastore.restore.two_pass import Delivery
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import image
 

@@ -17,9 +17,9 @@ import numpy.typing as npt
 import pytest
 
 from stratastore import SegmentStore
+from stratastore.levels.staging import STAGING
 from stratastore.restore import two_pass_restore
 from stratastore.restore.agenda import DEPTH
-from stratastore.levels.staging import STAGING
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import image
 

@@ -16,10 +16,10 @@ import pytest
 
 from stratastore import SegmentStore
 from stratastore.levels.backend import OpenSegment
+from stratastore.levels.staging import STAGING
 from stratastore.restore import FlatKV, LayerKV, Outcome, Piece, restore_batch, two_pass_restore
 from stratastore.restore.agenda import DEPTH
 from stratastore.restore.two_pass import Job
-from stratastore.levels.staging import STAGING
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import flip, image
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from strata_harness.sim import LowRam, run_low_ram
 from stratastore import StrataError
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
-from strata_harness.sim import LowRam, run_low_ram
 from stratastore.tiers.tiered import Snapshot, Tiers
 from tests.conftest import tiny_fp
 
