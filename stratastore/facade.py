@@ -8,8 +8,9 @@ lock guards this process's state, and no call holds it over disk I/O or hashing 
 several threads run in parallel, and the spill writer's writes and fsyncs hold it only for their
 bookkeeping). Disk writes of parks go through the flow's background spill writer with a bounded
 queue (:mod:`stratastore.tiers.spill`), so a park returns once the capture is handed over (it
-blocks only while the queue is full: back-pressure), and :meth:`close` flushes it. Several processes may open the same directories: each sees the
-segments and the conversations the others commit.
+blocks only while the queue is full: back-pressure), and :meth:`close` flushes it. Several
+processes may open the same directories: each sees the segments and the conversations the
+others commit.
 
 Errors belong to the call that caused them (DESIGN invariants): a disk write of a park that
 fails in the background is recorded and counted (``spill_errors``) and raised as a
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -40,12 +40,13 @@ from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.format.naming import INDEX_DIR
-from stratastore.io import durable_write
+from stratastore.io.durable import durable_write_in
+from stratastore.io.system import this_process
 from stratastore.metrics.monitor import MONITOR_FILE, prometheus_text
 from stratastore.restore import Destination, flat_bytes
 from stratastore.restore.device_arrays import is_device_array
 from stratastore.tiers.checks import batch_requests, restore_cap, session_name
-from stratastore.tiers.describe import StoreDescription
+from stratastore.tiers.describe import StoreDescription, info_line
 from stratastore.tiers.device import device_snapshot, kv_bytes
 from stratastore.tiers.spill import SpillError
 from stratastore.tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
@@ -346,8 +347,11 @@ class Store:
             if call is not None:
                 self._check_open(call)
             doc = self._tiers.stats()
-        doc.update(tokens_reread=self.counters["tokens_reread"], **self._spill.counters,
-                   monitor_errors=self.counters["monitor_errors"])
+        doc.update(
+            tokens_reread=self.counters["tokens_reread"],
+            **self._spill.counters,
+            monitor_errors=self.counters["monitor_errors"],
+        )
         doc["spill_queue"] = self._spill.queue.qsize()
         return doc
 
@@ -365,23 +369,7 @@ class Store:
         """One line for a log (the engine's INFO fields): the park target and its source, each
         level (entries, bytes, budget; a disk level's folder), parks by destination, discards,
         hits by source, tokens restored, re-read and held, and the last admission."""
-        s = self._stats("info_line")
-        lv = s["levels"]
-        parts = [f"park={s['park_target']}({s['park_target_source']})"]
-        for name, d in lv.items():
-            where = f"@{d['dir']}" if d.get("dir") else ""
-            if d["bytes"] is None:  # the remote level while it is down: entries, bytes unknown
-                parts.append(f"{name}=-e/-MiB/{d['budget'] / 2**20:.0f}MiB{where}")
-                continue
-            parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
-                         f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
-        parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
-                  f"discards={s['discards']}",
-                  f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
-                  + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
-                  f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
-                  f"held_tokens={s['held_tokens']}", f"admission={s['admission']}"]  # fmt: skip
-        return "strata: " + " ".join(parts)
+        return info_line(self._stats("info_line"))
 
     def prometheus(self) -> str:
         """The counters in the Prometheus text exposition format."""
@@ -405,10 +393,10 @@ class Store:
         self._published = now
         try:  # best effort, on the spill writer's thread too: a failure never stops the writer
             doc = self._stats(None)
-            doc.update(pid=os.getpid(), written_at=time.time())
-            durable_write(os.path.join(d, INDEX_DIR, MONITOR_FILE),
-                          json.dumps(doc, default=str).encode(),
-                          mode=self._tiers.cfg.file_mode)  # fmt: skip
+            doc.update(pid=this_process(), written_at=time.time())
+            durable_write_in(d, f"{INDEX_DIR}/{MONITOR_FILE}",
+                             json.dumps(doc, default=str).encode(),
+                             mode=self._tiers.cfg.file_mode)  # fmt: skip
         except Exception:
             with self._lock:
                 self.counters["monitor_errors"] += 1

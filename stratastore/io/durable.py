@@ -134,8 +134,8 @@ def durable_write(
 def durable_write_in(
     directory: str, name: str, data: bytes | memoryview, *, mode: int = DEFAULT_FILE_MODE
 ) -> bytes:
-    """:func:`durable_write` of ``data`` to the file ``name`` in ``directory`` (a manifest, its
-    commit record: spec F-CHAIN-3, F-DIR-9); returns the written file's stamp
+    """:func:`durable_write` of ``data`` to the file ``name`` (a path relative to ``directory``:
+    a manifest, its commit record, spec F-CHAIN-3, F-DIR-9); returns the written file's stamp
     (:func:`~stratastore.io.files.stamp`), what the shared catalog records of that version."""
     path = os.path.join(directory, name)
     durable_write(path, data, mode=mode)

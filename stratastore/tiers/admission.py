@@ -71,8 +71,9 @@ class Placement:
 
 def log_admission(warn: Callable[[str], None], p: Placement, what: str, outcome: str) -> None:
     """Say an admission that refused, or that admitted under the transient floor (the
-    admission log lines: ``skip parking (physical RAM admission ...)``, ``disk hit skipped``, ``... under
-    the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``), with its ``outcome``."""
+    admission log lines: ``skip parking (physical RAM admission ...)``, ``disk hit skipped``,
+    ``... under the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``), with its
+    ``outcome``."""
     line = p.log_line(what)
     if line is not None:
         warn(f"{line}: {outcome}")

@@ -199,9 +199,10 @@ class Parking:
         return done
 
     def write_disk_now(self, snap: Snapshot) -> None:
-        """Write a snapshot to disk at once (:meth:`write`; what the spill writer calls). A write the disk level refuses is the capture lost after all: it counts
-        as a discard and a refused spill, and raises :class:`SpillRefused` (reported to
-        ``flush``/``close``); an I/O error propagates as it is. A park whose id became a saved
+        """Write a snapshot to disk at once (:meth:`write`; what the spill writer calls). A
+        write the disk level refuses is the capture lost after all: it counts as a discard and
+        a refused spill, and raises :class:`SpillRefused` (reported to ``flush``/``close``);
+        an I/O error propagates as it is. A park whose id became a saved
         session's name (in another process) since it was acknowledged is refused the same way:
         the catalog checks it in the transaction that registers the write, so it never
         replaces the session's manifest (spec F-CHAIN-4)."""

@@ -96,9 +96,7 @@ class _Pass:
     results: list[Restored | Exception]
     reads: list[tuple[int, Read]] = field(default_factory=list)
     remote: dict[int, str] = field(default_factory=dict)  #: a remote read -> what asked
-    again: dict[int, tuple[Outcome | Exception, Restored | Exception]] = field(
-        default_factory=dict
-    )
+    again: dict[int, tuple[Outcome | Exception, Restored | Exception]] = field(default_factory=dict)
 
 
 class Restorer:
@@ -186,8 +184,11 @@ class Restorer:
                 elif isinstance(step, Read):
                     if step.source is remote:
                         floors[len(p.reads)] = here.length if here and fallback else 0
-                        p.remote[len(p.reads)] = (f"conversation {here.match.conv_id}" if here
-                                                  else f"a prompt of {len(prompt):,} tokens")
+                        p.remote[len(p.reads)] = (
+                            f"conversation {here.match.conv_id}"
+                            if here
+                            else f"a prompt of {len(prompt):,} tokens"
+                        )
                     p.reads.append((i, step))
         for i, c in copies:  # the capture stays valid once its write finished
             deliver_capture(c.dest, c.capture.kv, c.capture.conv.boundaries(), c.match.length,

@@ -127,8 +127,12 @@ class DiskSource:
         if p.where == "discard" or dc is None:
             self.counters["disk_hits_refused"] += 1
             if p.where == "discard":
-                log_admission(self.warn, p, "disk hit",
-                              f"conversation {m.conv_id}, {m.length:,} tokens re-read")
+                log_admission(
+                    self.warn,
+                    p,
+                    "disk hit",
+                    f"conversation {m.conv_id}, {m.length:,} tokens re-read",
+                )
             return None
         log_admission(self.warn, p, "disk hit", f"conversation {m.conv_id}, {m.length:,} tokens")
         return Read(self, hit, dc, self.reader.job(dc, m.length, dest))

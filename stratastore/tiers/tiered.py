@@ -169,7 +169,8 @@ class Tiers:
         self.parking.write_disk_now(snap)
 
     def spill_ram_on_close(self) -> int:
-        """Hand what only RAM holds to the disk writer (:meth:`.park.Parking.spill_ram_on_close`)."""
+        """Hand what only RAM holds to the disk writer (before close:
+        :meth:`.park.Parking.spill_ram_on_close`)."""
         return self.parking.spill_ram_on_close()
 
     # -- lookup and restore -------------------------------------------------------------------
@@ -209,9 +210,12 @@ class Tiers:
             raise got
         return got
 
-    def restore_many(self, requests: Sequence[Request],
-                     media: Sequence[Mapping[int, bytes] | None] = (),
-                     max_tokens: Sequence[int | None] = ()) -> list[Restored | Exception]:
+    def restore_many(
+        self,
+        requests: Sequence[Request],
+        media: Sequence[Mapping[int, bytes] | None] = (),
+        max_tokens: Sequence[int | None] = (),
+    ) -> list[Restored | Exception]:
         """:meth:`restore` for several prompts at once (:meth:`.restore.Restorer.restore_many`):
         per request, its :class:`Restored` or the error that request alone raised."""
         return self.restorer.restore_many(requests, media, max_tokens)
@@ -301,8 +305,12 @@ class Tiers:
             c = self.ram.cache
             ram = RamDescription(c.budget, c.used, c.slots, tuple(c.entries), self.ram.on)
             return StoreDescription(
-                tuple(levels), ram, tuple(cid for cid, _ in self.parking.outbox.newest()),
-                self.target, self.target_source, self.parking.last_admission,
+                tuple(levels),
+                ram,
+                tuple(cid for cid, _ in self.parking.outbox.newest()),
+                self.target,
+                self.target_source,
+                self.parking.last_admission,
                 MappingProxyType(dict(self.counters)),
                 tuple(n for n, _ in self.skipped_manifests),
             )

@@ -99,8 +99,9 @@ class DiskWriter:
                 time.time_ns(), session,
             )  # fmt: skip
             raw = encode_manifest(m)
-            stamp = durable_write_in(self.manifest_dir, chain_name(conv.conv_id), raw,
-                                     mode=self.file_mode)  # F-DIR-9
+            stamp = durable_write_in(
+                self.manifest_dir, chain_name(conv.conv_id), raw, mode=self.file_mode
+            )  # F-DIR-9
         except LevelRefused as e:
             self._withdraw(ticket, conv.conv_id)
             self.last_refusal = str(e)
