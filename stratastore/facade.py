@@ -3,19 +3,19 @@
 An engine calls :meth:`Store.park` when a slot is reused (the conversation leaves the GPU),
 :meth:`Store.restore` when a prompt arrives (the deepest stored prefix is copied into its K/V
 buffer, every disk page validated), and :meth:`Store.save_session` / :meth:`Store.load_session`
-for explicit saves that capacity GC never removes. Every method is thread-safe: one lock guards
-this process's state, and no call holds it over disk I/O or hashing (issue 14: restores on
+for explicit saves that capacity GC never removes. Every method is thread-safe: the flow's one
+lock guards this process's state, and no call holds it over disk I/O or hashing (restores on
 several threads run in parallel, and the spill writer's writes and fsyncs hold it only for their
-bookkeeping). Disk writes of parks go through a background spill writer with a bounded queue,
-so a park returns
-once the capture is handed over (it blocks only while the queue is full: back-pressure), and
-:meth:`close` flushes it. Several processes may open the same directories: each sees the
-segments and the conversations the others commit.
+bookkeeping). Disk writes of parks go through the flow's background spill writer with a bounded
+queue (:mod:`stratastore.tiers.spill`), so a park returns once the capture is handed over (it
+blocks only while the queue is full: back-pressure), and :meth:`close` flushes it. Several
+processes may open the same directories: each sees the segments and the conversations the
+others commit.
 
 Errors belong to the call that caused them (DESIGN invariants): a disk write of a park that
 fails in the background is recorded and counted (``spill_errors``) and raised as a
 :class:`SpillError` by the engine's next :meth:`Store.flush` or :meth:`Store.close`, never by an
-unrelated ``lookup``/``restore``. Those never wait for a pending disk write (issue 14): a park
+unrelated ``lookup``/``restore``. Those never wait for a pending disk write: a park
 whose write is still in flight is served from its capture in memory (``Restored.source ==
 "pending"``), so a restore of one conversation never waits on another's write or fsync. A
 park is validated before it is acknowledged
@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -43,16 +40,18 @@ from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.format.naming import INDEX_DIR
-from stratastore.io import durable_write
+from stratastore.io.durable import durable_write_in
+from stratastore.io.system import this_process
 from stratastore.metrics.monitor import MONITOR_FILE, prometheus_text
 from stratastore.restore import Destination, flat_bytes
 from stratastore.restore.device_arrays import is_device_array
-from stratastore.tiers.device import device_snapshot, device_to_host
+from stratastore.tiers.checks import batch_requests, restore_cap, session_name
+from stratastore.tiers.describe import StoreDescription, info_line
+from stratastore.tiers.device import device_snapshot, kv_bytes
+from stratastore.tiers.spill import SpillError
 from stratastore.tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
 
 __all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
-
-_STOP = object()
 
 
 class BatchRestoreError(StrataError):
@@ -79,56 +78,16 @@ class StoreClosed(StrataError):
         )
 
 
-class SpillError(StrataError):
-    """Acknowledged parks whose disk write did not land (spec F-DUR: not durable).
-
-    ``failures`` holds ``(conversation id, cause)`` for each; raised by :meth:`Store.flush` or
-    :meth:`Store.close`, the first cause chained. The K/V can be recomputed: keep serving, and
-    fix the cause (the disk, or the level's budget)."""
-
-    def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
-        self.failures = failures
-        shown = "; ".join(f"conversation {cid!r}: {cause}" for cid, cause in failures[:5])
-        more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
-        super().__init__(
-            f"{len(failures)} disk write(s) of acknowledged parks did not land: {shown}{more}; "
-            "they are not on disk (the engine recomputes them on a miss); fix the cause (the "
-            "disk, or raise the level's budget)"
-        )
-
-
-def _max_tokens(cap: object, call: str) -> int | None:
-    """A restore's ``max_tokens``, checked: ``None`` or a count of tokens >= 0."""
-    if cap is None:
-        return None
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
-        raise InvalidRequest(f"{call}: max_tokens must be a token count >= 0 or None, not "
-                             f"{cap!r}; pass len(prompt) - 1 to always leave a token to "
-                             "compute")  # fmt: skip
-    return int(cap)
-
-
 class Store:
     """Open with :meth:`open`; use as a context manager or call :meth:`close`."""
 
     def __init__(self, tiers: Tiers, queue_depth: int) -> None:
         self._tiers = tiers
-        self._lock = threading.RLock()
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_depth)
-        #: background write failures not yet reported: (conversation id, cause)
-        self._errors: list[tuple[str, BaseException]] = []
+        self._lock = tiers.lock  #: the flow's: plans and accounts are made under it
         self._closed = False
-        self._enqueuing = 0  #: parks acknowledged whose disk writes are not queued yet
         self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
-        tiers.defer_spills = True
-        self._writer = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
-        self._writer.start()
-        self.counters = {
-            "tokens_reread": 0,
-            "spill_queue_waits": 0,
-            "spill_errors": 0,
-            "monitor_errors": 0,
-        }
+        self._spill = tiers.start_spill_writer(queue_depth, lambda: self._publish(force=False))
+        self.counters = {"tokens_reread": 0, "monitor_errors": 0}
         self._published = float("-inf")  #: monotonic time of the last monitor snapshot
 
     @classmethod
@@ -156,90 +115,9 @@ class Store:
             raise ConfigError("spill_queue must be at least 1")
         return cls(Tiers(cfg, fingerprint, probe=probe, warn=warn), spill_queue)
 
-    # -- the spill writer ---------------------------------------------------------------------
-    def _enqueue(self, snaps: list[Snapshot]) -> None:
-        """Hand disk writes to the writer thread; called without the lock held, so a full
-        queue blocks only the parking thread (back-pressure) and never the writer."""
-        for snap in snaps:
-            if self._queue.full():
-                with self._lock:
-                    self.counters["spill_queue_waits"] += 1
-            self._queue.put(snap)
-
-    def _drain(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is _STOP:
-                    return
-                assert isinstance(item, Snapshot)
-                self._write(item)
-                self._publish(force=False)  # here, so the store's disk writes stay on one thread
-            finally:
-                # nothing of a written snapshot outlives its write (issue 13: the capture held
-                # until the next park was 1 GiB of RSS after flush())
-                item = None
-                self._queue.task_done()
-
-    def _write(self, snap: Snapshot) -> None:
-        """One disk write of the spill writer; a failure (an I/O error, a refusal by the level)
-        is recorded and counted, for the engine's next :meth:`flush`/:meth:`close`."""
-        try:  # the lock only around the bookkeeping: no restore waits on this write (issue 14)
-            self._tiers.write_disk_now(snap, self._lock)
-        except Exception as e:
-            with self._lock:
-                if snap.kept and self._tiers.remote is not None:  # the store's own copy
-                    # (remote_keep_local): nobody was told of it, so it is not a lost park
-                    self._tiers.remote.counters["remote_kept_local_errors"] += 1
-                    self._tiers.warn(f"{snap.conv.conv_id} (read from the remote level) not "
-                                     f"kept locally: {e}")  # fmt: skip
-                    return
-                self.counters["spill_errors"] += 1
-                self._errors.append((snap.conv.conv_id, e))
-
     def _check_open(self, call: str) -> None:
         if self._closed:
             raise StoreClosed(call)
-
-    @staticmethod
-    def _kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
-        """The bytes of a capture to park or save (a copy where ``kv`` is not contiguous). A
-        device array (a session saved from the GPU) is copied to the host once, unhashed: its
-        pages are hashed as they are written (a park hashes on the device instead:
-        :func:`~stratastore.tiers.device.device_snapshot`)."""
-        if is_device_array(kv):
-            return device_to_host(kv, what)
-        if not isinstance(kv, np.ndarray):
-            raise InvalidConversation(f"{what}: kv must be a numpy array or a device array "
-                                      "(a numba device array, or one with "
-                                      "__cuda_array_interface__: a torch CUDA tensor, CuPy), "
-                                      f"got {type(kv).__name__}")  # fmt: skip
-        if kv.dtype.hasobject:
-            raise InvalidConversation(
-                f"{what}: kv has dtype {kv.dtype}, which holds references, not K/V bytes; pass "
-                "the cache's own (numeric) array"
-            )
-        return kv.reshape(-1).view(np.uint8)
-
-    @staticmethod
-    def _session_name(name: object, call: str) -> str:
-        if not isinstance(name, str) or not name:
-            raise InvalidConversation(f"{call}: the session name {name!r} must be a non-empty "
-                                      "string (what save_session() was given)")  # fmt: skip
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidConversation(
-                f"{call}: the session name {name!r} cannot be encoded "
-                f"as UTF-8 ({e.reason}); no session has it"
-            ) from None
-        return name
-
-    def _raise_errors(self) -> None:
-        with self._lock:
-            failures, self._errors = self._errors, []
-        if failures:
-            raise SpillError(failures) from failures[0][1]
 
     def flush(self) -> None:
         """Wait until every queued disk write is committed (spec F-DUR), then report the disk
@@ -248,9 +126,9 @@ class Store:
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         self._check_open("flush")
-        self._queue.join()
+        self._spill.queue.join()
         self._publish(force=False)
-        self._raise_errors()
+        self._spill.raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
     def park(self, conv: Conversation, kv: npt.NDArray[Any] | Any,
@@ -262,11 +140,11 @@ class Store:
         copied or written, and may trim ``conv``'s checkpoints (retention) or tokens (the
         prefix that fits): do not reuse either.
 
-        Retention runs across the parks of one conversation id (seed 004): the checkpoints kept
+        Retention runs across the parks of one conversation id: the checkpoints kept
         are those the previous park kept that are still prefixes of these tokens, plus the new
         ones, added one at a time under ``checkpoints``/``retention``; pass the newest
         checkpoint or the whole list, alike (``conv.checkpoints`` says what was kept). With
-        ``park_truncate`` (seed 001) a snapshot that fails the RAM budget, or the parking floor
+        ``park_truncate`` a snapshot that fails the RAM budget, or the parking floor
         with no disk level to take it, parks its deepest checkpoint prefix that fits (the
         report's ``tokens``). ``pin=True`` pins the RAM entry: another park never truncates or
         evicts it (it is refused or truncated itself instead) until the entry is restored whole
@@ -279,7 +157,7 @@ class Store:
         :class:`~stratastore.tiers.tiered.InvalidConversation` and nothing is stored. A disk
         write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`).
 
-        ``kv`` may be device memory (issue 15 item 2): a numba device array, or any object with
+        ``kv`` may be device memory: a numba device array, or any object with
         ``__cuda_array_interface__`` (a torch CUDA tensor, a CuPy array), C-contiguous (else
         ``InvalidConversation``: it is never copied to make it so). Once the checks above pass,
         each segment's pages are hashed on the device, the K/V is copied to the host once, and
@@ -295,17 +173,12 @@ class Store:
         if is_device_array(kv):  # hashed on the device, copied once, outside the lock
             snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
         else:
-            snap = Snapshot(conv, self._kv_bytes(kv, "park"), dict(states or {}))
+            snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
         with self._lock:
             self._check_open("park")
             report = self._tiers.park(snap, pin=pin)
-            spills = self._tiers.take_outbox()
-            self._enqueuing += 1
-        try:
-            self._enqueue(spills)
-        finally:
-            with self._lock:
-                self._enqueuing -= 1
+            spills = self._spill.claim()
+        self._spill.hand_over(spills)
         return report
 
     def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer],
@@ -322,9 +195,9 @@ class Store:
         pictures = as_media(media, len(tokens), "lookup: media")
         with self._lock:
             self._check_open("lookup")
-            hit, ask = self._tiers.lookup_here(tokens, pictures)
+            here, ask = self._tiers.lookup_here(tokens, pictures)
             if not ask:  # held whole here, or no remote level: never waits on one
-                return (hit[0], hit[1].length) if hit else None
+                return (here.source.name, here.length) if here else None
         with self._in_flight("lookup"):  # the remote level's walk (network), without the lock
             found = self._tiers.find_remote(tokens, pictures)
         with self._lock:
@@ -348,7 +221,7 @@ class Store:
         anything runs. ``out`` may be device memory (a numba device array, anything with
         ``__cuda_array_interface__``, :class:`~stratastore.restore.DeviceLayerKV`,
         :class:`~stratastore.restore.DevicePagedKV`): the pages are then validated on the GPU
-        and only validated pages are copied in (issue 15; :mod:`stratastore.restore.device`).
+        and only validated pages are copied in (:mod:`stratastore.restore.device`).
         ``media``: the prompt's pictures, as in :meth:`lookup`.
 
         ``max_tokens`` caps the restore: the deepest resume point at or below it (default: the
@@ -359,12 +232,12 @@ class Store:
         self._check_open("restore")
         tokens = as_tokens(prompt, "restore: prompt")
         pictures = as_media(media, len(tokens), "restore: media")
-        cap = _max_tokens(max_tokens, "restore")
+        cap = restore_cap(max_tokens, "restore")
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
         with self._in_flight("restore"):
-            r = self._tiers.restore(tokens, flat, pictures, cap, self._lock)
+            r = self._tiers.restore(tokens, flat, pictures, cap)
         with self._lock:
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         self._enqueue_kept()
@@ -372,24 +245,17 @@ class Store:
 
     def _enqueue_kept(self) -> None:
         """Hand the spill writer what a restore from the remote level keeps locally
-        (``remote_keep_local``, issue 17): the tiers queued it as a park would."""
+        (``remote_keep_local``): the flow queued it as a park would."""
         with self._lock:
-            kept = self._tiers.take_outbox()
-            if not kept:
-                return
-            self._enqueuing += 1
-        try:
-            self._enqueue(kept)
-        finally:
-            with self._lock:
-                self._enqueuing -= 1
+            kept = self._spill.claim()
+        self._spill.hand_over(kept)
 
     @contextlib.contextmanager
     def _in_flight(self, call: str) -> Iterator[None]:
-        """A call that does its disk I/O outside the Store's lock (a restore, a session save or
-        load: the lock is taken only to plan and account it, issue 14, so restores on several
-        threads run in parallel and none waits on a disk write); :meth:`close` waits for it
-        before it closes the levels."""
+        """A call that does its disk I/O outside the lock (a restore, a session save or load:
+        the lock is taken only to plan and account it, so restores on several threads run in
+        parallel and none waits on a disk write); :meth:`close` waits for it before it closes
+        the levels."""
         with self._lock:
             self._check_open(call)
             self._reading += 1
@@ -414,17 +280,17 @@ class Store:
         (as in :meth:`lookup`). ``max_tokens``: as in :meth:`restore`, one cap for every
         request or a list with one (or ``None``) per request."""
         self._check_open("restore_many")
-        reqs, pictures = self._batch(requests, media)
+        reqs, pictures = batch_requests(requests, media)
         if max_tokens is None or isinstance(max_tokens, (int, np.integer)):
-            caps = [_max_tokens(max_tokens, "restore_many")] * len(reqs)
+            caps = [restore_cap(max_tokens, "restore_many")] * len(reqs)
         elif isinstance(max_tokens, Sequence) and len(max_tokens) == len(reqs):
-            caps = [_max_tokens(c, f"restore_many (request #{i})")
+            caps = [restore_cap(c, f"restore_many (request #{i})")
                     for i, c in enumerate(max_tokens)]  # fmt: skip
         else:
             raise InvalidRequest(f"restore_many: max_tokens must be an int, None, or a list of "
                                  f"{len(reqs)} (one per request), not {max_tokens!r}")  # fmt: skip
         with self._in_flight("restore_many"):
-            got = self._tiers.restore_many(reqs, pictures, caps, self._lock)
+            got = self._tiers.restore_many(reqs, pictures, caps)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (
@@ -435,33 +301,6 @@ class Store:
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
 
-    @staticmethod
-    def _batch(requests: object, media: object
-               ) -> tuple[list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8] | Destination]],
-                          list[dict[int, bytes]]]:  # fmt: skip
-        """The requests and media of :meth:`restore_many`, checked before anything runs."""
-        if not isinstance(requests, Sequence) or isinstance(requests, (str, bytes)):
-            raise InvalidRequest(f"restore_many: requests must be a list of (prompt, out) pairs, "
-                                 f"not {type(requests).__name__}")  # fmt: skip
-        if not isinstance(media, Sequence) or isinstance(media, (str, bytes)):
-            raise InvalidRequest(f"restore_many: media must be a list (one mapping or None per "
-                                 f"request), not {type(media).__name__}")  # fmt: skip
-        if len(media) > len(requests):
-            raise InvalidRequest(f"restore_many: {len(media)} media for {len(requests)} "
-                                 "request(s); give at most one per request")  # fmt: skip
-        reqs, pictures = [], []
-        for i, req in enumerate(requests):
-            if not isinstance(req, (tuple, list)) or len(req) != 2:
-                raise InvalidRequest(f"restore_many: request #{i} is {type(req).__name__} "
-                                     f"{str(req)[:40]}, not a (prompt, out) pair")  # fmt: skip
-            tokens = as_tokens(req[0], f"restore_many: request #{i}'s prompt")
-            out = req[1]
-            reqs.append((tokens, flat_bytes(out, f"Store.restore_many out #{i}")
-                         if isinstance(out, np.ndarray) else out))  # fmt: skip
-            pictures.append(as_media(media[i] if i < len(media) else None, len(tokens),
-                                     f"restore_many: request #{i}'s media"))  # fmt: skip
-        return reqs, pictures
-
     def save_session(self, name: str, tokens: Sequence[int] | npt.NDArray[np.integer],
                      kv: npt.NDArray[Any], checkpoints: Sequence[int] = ()) -> None:  # fmt: skip
         """Save a conversation under ``name`` (durable when this returns; never evicted).
@@ -469,7 +308,7 @@ class Store:
         parked conversation is refused (:class:`~stratastore.tiers.tiered.InvalidConversation`)."""
         self._check_open("save_session")
         toks = as_tokens(tokens, f"save_session {name!r}", InvalidConversation)
-        data = self._kv_bytes(kv, f"save_session {name!r}")
+        data = kv_bytes(kv, f"save_session {name!r}")
         bad = [c for c in checkpoints if isinstance(c, bool) or not isinstance(c, (int, np.integer))
                or not 0 <= c <= len(toks)]  # fmt: skip
         if isinstance(checkpoints, (str, bytes)) or bad:
@@ -481,18 +320,17 @@ class Store:
         conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
                             cuts=[0, *lengths[:-1]])  # fmt: skip
         with self._in_flight("save_session"):  # the lock for the checks, not the write
-            self._tiers.save_session(Snapshot(conv, data), self._lock)
+            self._tiers.save_session(Snapshot(conv, data))
 
     def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
         self._check_open("load_session")
-        name = self._session_name(name, "load_session")
+        name = session_name(name, "load_session")
         with self._in_flight("load_session"):  # the lock to find and account, not to read
-            return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"),
-                                            self._lock)  # fmt: skip
+            return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"))
 
     def delete_session(self, name: str) -> bool:
         self._check_open("delete_session")
-        name = self._session_name(name, "delete_session")
+        name = session_name(name, "delete_session")
         with self._lock:
             self._check_open("delete_session")
             return self._tiers.delete_session(name)
@@ -509,31 +347,29 @@ class Store:
             if call is not None:
                 self._check_open(call)
             doc = self._tiers.stats()
-        doc.update(self.counters)
-        doc["spill_queue"] = self._queue.qsize()
+        doc.update(
+            tokens_reread=self.counters["tokens_reread"],
+            **self._spill.counters,
+            monitor_errors=self.counters["monitor_errors"],
+        )
+        doc["spill_queue"] = self._spill.queue.qsize()
         return doc
 
+    def describe(self) -> StoreDescription:
+        """A read-only snapshot of the store: each level (name, directory, budget, bytes used,
+        entries), the RAM level (budget, used, slots, the conversations it holds), the parks
+        waiting for their disk write, the park target and why, the last admission, and the
+        counters (:class:`~stratastore.tiers.describe.StoreDescription`). Nothing in it
+        changes with the store. :class:`StoreClosed` after close."""
+        with self._lock:
+            self._check_open("describe")
+            return self._tiers.describe()
+
     def info_line(self) -> str:
-        """One line for a log (seed 000's INFO fields): the park target and its source, each
+        """One line for a log (the engine's INFO fields): the park target and its source, each
         level (entries, bytes, budget; a disk level's folder), parks by destination, discards,
         hits by source, tokens restored, re-read and held, and the last admission."""
-        s = self._stats("info_line")
-        lv = s["levels"]
-        parts = [f"park={s['park_target']}({s['park_target_source']})"]
-        for name, d in lv.items():
-            where = f"@{d['dir']}" if d.get("dir") else ""
-            if d["bytes"] is None:  # the remote level while it is down: entries, bytes unknown
-                parts.append(f"{name}=-e/-MiB/{d['budget'] / 2**20:.0f}MiB{where}")
-                continue
-            parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
-                         f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
-        parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
-                  f"discards={s['discards']}",
-                  f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
-                  + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
-                  f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
-                  f"held_tokens={s['held_tokens']}", f"admission={s['admission']}"]  # fmt: skip
-        return "strata: " + " ".join(parts)
+        return info_line(self._stats("info_line"))
 
     def prometheus(self) -> str:
         """The counters in the Prometheus text exposition format."""
@@ -557,10 +393,10 @@ class Store:
         self._published = now
         try:  # best effort, on the spill writer's thread too: a failure never stops the writer
             doc = self._stats(None)
-            doc.update(pid=os.getpid(), written_at=time.time())
-            durable_write(os.path.join(d, INDEX_DIR, MONITOR_FILE),
-                          json.dumps(doc, default=str).encode(),
-                          mode=self._tiers.cfg.file_mode)  # fmt: skip
+            doc.update(pid=this_process(), written_at=time.time())
+            durable_write_in(d, f"{INDEX_DIR}/{MONITOR_FILE}",
+                             json.dumps(doc, default=str).encode(),
+                             mode=self._tiers.cfg.file_mode)  # fmt: skip
         except Exception:
             with self._lock:
                 self.counters["monitor_errors"] += 1
@@ -580,25 +416,22 @@ class Store:
         try:
             while True:  # a park acknowledged before close() has its writes queued first,
                 with self._lock:  # and a restore in flight ends before the levels close
-                    if not self._enqueuing and not self._reading:
+                    if not self._spill.handing and not self._reading:
                         break
                 time.sleep(0.001)
-            with self._lock:  # what only RAM holds goes down too (spill_on_close, issue 14)
+            with self._lock:  # what only RAM holds goes down too (spill_on_close)
                 try:
                     self._tiers.spill_ram_on_close()
                 except Exception as e:  # reported below, after the writes already acknowledged
-                    self.counters["spill_errors"] += 1
-                    self._errors.append(("(close: writing down the RAM level)", e))
-                spills = self._tiers.take_outbox()
-            self._enqueue(spills)
-            self._queue.join()
-            self._queue.put(_STOP)
-            self._writer.join()
+                    self._spill.record("(close: writing down the RAM level)", e)
+                spills = self._tiers.parking.outbox.take()
+            self._spill.put(spills)
+            self._spill.stop()
             self._publish(force=True)
         finally:
             with self._lock:
                 self._tiers.close()
-        self._raise_errors()
+        self._spill.raise_errors()
 
     def __enter__(self) -> Store:
         self._check_open("__enter__")

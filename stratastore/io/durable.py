@@ -25,7 +25,7 @@ from stratastore.io.errors import StrataIOError
 from stratastore.io.guard import remove_store_file
 from stratastore.io.modes import DEFAULT_FILE_MODE
 
-__all__ = ["WRITEBACK_MIN", "DurableFile", "durable_write", "temp_path_for"]
+__all__ = ["WRITEBACK_MIN", "DurableFile", "durable_write", "durable_write_in", "temp_path_for"]
 
 #: writes at least this large start their writeback at once (see files.start_writeback)
 WRITEBACK_MIN = 1 << 20
@@ -129,3 +129,14 @@ def durable_write(
     """Write ``data`` to ``path`` with the durable protocol; a new file gets ``mode``."""
     with DurableFile(path, exclusive=exclusive, mode=mode) as f:
         f.write(data)
+
+
+def durable_write_in(
+    directory: str, name: str, data: bytes | memoryview, *, mode: int = DEFAULT_FILE_MODE
+) -> bytes:
+    """:func:`durable_write` of ``data`` to the file ``name`` (a path relative to ``directory``:
+    a manifest, its commit record, spec F-CHAIN-3, F-DIR-9); returns the written file's stamp
+    (:func:`~stratastore.io.files.stamp`), what the shared catalog records of that version."""
+    path = os.path.join(directory, name)
+    durable_write(path, data, mode=mode)
+    return files.stamp(path)

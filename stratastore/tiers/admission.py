@@ -19,7 +19,7 @@ from typing import Literal
 from stratastore.config import StoreConfig
 from stratastore.io.system import mem_available
 
-__all__ = ["MIB", "Admission", "Placement", "admit", "mib", "park_target"]
+__all__ = ["MIB", "Admission", "Placement", "admit", "log_admission", "mib", "park_target"]
 
 MIB = 1 << 20
 Where = Literal["ram", "disk", "discard"]
@@ -67,6 +67,16 @@ class Placement:
             return (f"{what} under the transient RAM floor (need {mib(self.need)} plus "
                     f"{mib(self.transient_floor)}, not {mib(self.parking_floor)})")  # fmt: skip
         return None
+
+
+def log_admission(warn: Callable[[str], None], p: Placement, what: str, outcome: str) -> None:
+    """Say an admission that refused, or that admitted under the transient floor (the
+    admission log lines: ``skip parking (physical RAM admission ...)``, ``disk hit skipped``,
+    ``... under the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``), with its
+    ``outcome``."""
+    line = p.log_line(what)
+    if line is not None:
+        warn(f"{line}: {outcome}")
 
 
 class Admission:

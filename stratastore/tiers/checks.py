@@ -1,16 +1,29 @@
-"""The checks a park or a session save passes before anything is acknowledged or stored
-(spec F-CHAIN-1, F-CHAIN-2, F-SC-6): what could not be written as a manifest and its segments
-is refused here, with :class:`~stratastore.tiers.records.InvalidConversation`."""
+"""The checks a call passes before anything runs: a park or a session save before anything is
+acknowledged or stored (spec F-CHAIN-1, F-CHAIN-2, F-SC-6: what could not be written as a
+manifest and its segments is refused, with
+:class:`~stratastore.tiers.records.InvalidConversation`), and the arguments of the engine's
+calls (a session's name, a restore's cap and batch)."""
 
 from __future__ import annotations
 
-from stratastore.chain import Conversation, as_media, as_tokens
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from stratastore.chain import Conversation, InvalidRequest, as_media, as_tokens
 from stratastore.format import ModelFingerprint
 from stratastore.format.manifest import MAX_CONV_ID, MAX_ITEMS, MAX_TOKENS
 from stratastore.format.sidecar import MAX_PAGES
+from stratastore.restore import Destination, flat_bytes
 from stratastore.tiers.records import MAX_STATE_BYTES, InvalidConversation, Snapshot
 
-__all__ = ["check_snapshot"]
+__all__ = ["batch_requests", "check_snapshot", "restore_cap", "session_name"]
+
+#: a restore batch, checked: each request's tokens and where they land, and its pictures
+Batch = tuple[list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8] | Destination]],
+              list[dict[int, bytes]]]  # fmt: skip
 
 
 def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> None:
@@ -86,3 +99,54 @@ def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> 
                 f"{MAX_STATE_BYTES:,} bytes; got {type(length).__name__} -> "
                 f"{type(blob).__name__}"
             )
+
+
+def restore_cap(cap: object, call: str) -> int | None:
+    """A restore's ``max_tokens``, checked: ``None`` or a count of tokens >= 0."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+        raise InvalidRequest(f"{call}: max_tokens must be a token count >= 0 or None, not "
+                             f"{cap!r}; pass len(prompt) - 1 to always leave a token to "
+                             "compute")  # fmt: skip
+    return int(cap)
+
+
+def session_name(name: object, call: str) -> str:
+    """A session's name, checked: a non-empty string, UTF-8 encodable (it names a manifest)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidConversation(f"{call}: the session name {name!r} must be a non-empty "
+                                  "string (what save_session() was given)")  # fmt: skip
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidConversation(
+            f"{call}: the session name {name!r} cannot be encoded "
+            f"as UTF-8 ({e.reason}); no session has it"
+        ) from None
+    return name
+
+
+def batch_requests(requests: object, media: object) -> Batch:
+    """The requests and media of ``Store.restore_many``, checked before anything runs."""
+    if not isinstance(requests, Sequence) or isinstance(requests, (str, bytes)):
+        raise InvalidRequest(f"restore_many: requests must be a list of (prompt, out) pairs, "
+                             f"not {type(requests).__name__}")  # fmt: skip
+    if not isinstance(media, Sequence) or isinstance(media, (str, bytes)):
+        raise InvalidRequest(f"restore_many: media must be a list (one mapping or None per "
+                             f"request), not {type(media).__name__}")  # fmt: skip
+    if len(media) > len(requests):
+        raise InvalidRequest(f"restore_many: {len(media)} media for {len(requests)} "
+                             "request(s); give at most one per request")  # fmt: skip
+    reqs, pictures = [], []
+    for i, req in enumerate(requests):
+        if not isinstance(req, (tuple, list)) or len(req) != 2:
+            raise InvalidRequest(f"restore_many: request #{i} is {type(req).__name__} "
+                                 f"{str(req)[:40]}, not a (prompt, out) pair")  # fmt: skip
+        tokens = as_tokens(req[0], f"restore_many: request #{i}'s prompt")
+        out: Any = req[1]
+        reqs.append((tokens, flat_bytes(out, f"Store.restore_many out #{i}")
+                     if isinstance(out, np.ndarray) else out))  # fmt: skip
+        pictures.append(as_media(media[i] if i < len(media) else None, len(tokens),
+                                 f"restore_many: request #{i}'s media"))  # fmt: skip
+    return reqs, pictures

@@ -27,11 +27,11 @@ import numpy.typing as npt
 
 from stratastore.chain import Conversation
 from stratastore.format import ModelFingerprint
-from stratastore.restore.device_arrays import as_device_array, device_bytes
+from stratastore.restore.device_arrays import as_device_array, device_bytes, is_device_array
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.records import InvalidConversation, Snapshot
 
-__all__ = ["device_snapshot", "device_to_host"]
+__all__ = ["device_snapshot", "device_to_host", "kv_bytes"]
 
 
 _CONTIGUOUS_FIX = (
@@ -85,3 +85,23 @@ def device_snapshot(conv: Conversation, kv: object, states: Mapping[int, bytes],
     if host.size:
         flat.copy_to_host(host)
     return snap
+
+
+def kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
+    """The bytes of a capture to park or save (a copy where ``kv`` is not contiguous). A
+    device array (a session saved from the GPU) is copied to the host once, unhashed: its
+    pages are hashed as they are written (a park hashes on the device instead:
+    :func:`~stratastore.tiers.device.device_snapshot`)."""
+    if is_device_array(kv):
+        return device_to_host(kv, what)
+    if not isinstance(kv, np.ndarray):
+        raise InvalidConversation(f"{what}: kv must be a numpy array or a device array "
+                                  "(a numba device array, or one with "
+                                  "__cuda_array_interface__: a torch CUDA tensor, CuPy), "
+                                  f"got {type(kv).__name__}")  # fmt: skip
+    if kv.dtype.hasobject:
+        raise InvalidConversation(
+            f"{what}: kv has dtype {kv.dtype}, which holds references, not K/V bytes; pass "
+            "the cache's own (numeric) array"
+        )
+    return kv.reshape(-1).view(np.uint8)

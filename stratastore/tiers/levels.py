@@ -1,7 +1,9 @@
-"""Opening the disk levels of a configuration: the ordered list (``levels = [...]``, or the
-``warm_*``/``cold_*`` settings it aliases), each a :class:`SegmentStore` on its directory with
-its budget, age limit and the next level it degrades into (spec F-SC-5: the level byte each
-writes is :func:`~stratastore.config.level_byte`'s)."""
+"""Opening the levels of a configuration, the one place the flow names a backend: the disk
+levels in order (``levels = [...]``, or the ``warm_*``/``cold_*`` settings it aliases), each a
+:class:`SegmentStore` on its directory with its budget, age limit and the next level it
+degrades into (spec F-SC-5: the level byte each writes is
+:func:`~stratastore.config.level_byte`'s), the shared catalog in the last of them, and the
+shared remote level (spec F-REM) when ``remote_url`` is set."""
 
 from __future__ import annotations
 
@@ -16,16 +18,18 @@ from stratastore.format import ModelFingerprint
 from stratastore.io import files
 from stratastore.io.system import volume_bytes
 from stratastore.levels.local import SegmentStore
+from stratastore.levels.redis.settings import RemoteSettings
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.writer import DiskWriter
 
-__all__ = ["attach_catalog", "check_levels", "open_levels"]
+__all__ = ["attach_catalog", "check_levels", "open_levels", "open_remote"]
 
 
 def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
-    """Start-up checks (issue 11 items 8, 9). A level is on only with a directory *and* a
-    budget (seed 000: "empty / 0 = off"); one without the other is said loudly here, never
+    """Start-up checks of the levels' settings. A level is on only with a directory *and* a
+    budget ("empty / 0 = off"); one without the other is said loudly here, never
     silently absent. Two levels on one directory are refused: the first move down would lock
     itself. A level directory whose parent does not exist is refused unless ``create_dirs``."""
     given = [(lv.name, lv.dir, lv.mib) for lv in cfg.levels] or [
@@ -128,3 +132,16 @@ def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manif
     catalog.on_dead = lambda t: finish_ticket(catalog, gc, root, manifest_dir, t)
     got = recover(catalog, gc, root, manifest_dir, warn)
     return catalog, gc, writer, got.skipped
+
+
+def open_remote(cfg: StoreConfig, fp: ModelFingerprint, levels: list[DiskLevel],
+                warn: Callable[[str], None]) -> RemoteLevel | None:  # fmt: skip
+    """The shared remote level, when ``remote_url`` is set: it needs a local disk level (the
+    catalog lives there, and a park is acknowledged by the local write)."""
+    if not cfg.remote_url:
+        return None
+    if not levels:
+        raise ConfigError("setting remote_url needs a local disk level (cold_dir and "
+                          "cold_mib, or levels): a park is written there first, then "
+                          "copied to the remote level")  # fmt: skip
+    return RemoteLevel(RemoteSettings.from_config(cfg), fp, warn)

@@ -2,11 +2,11 @@
 
 A park handed to the outbox is checked first against what the disk levels can take beside the
 writes already waiting (:meth:`DiskWriter.refusal`), so that one the disk is certain to refuse
-is reported a discard at once rather than ``disk`` (issue 11 item 9); the bytes it will take are
+is reported a discard at once rather than ``disk``; the bytes it will take are
 reserved until it is written or refused. What the check cannot foresee is reported by the
 writer (``SpillError`` from ``flush``/``close``).
 
-A park waiting here is also readable (issue 14: read your own writes without a flush): the
+A park waiting here is also readable (read your own writes without a flush): the
 outbox indexes the newest waiting capture of each conversation by its prompt prefix, so a
 restore of that conversation is served from the capture in memory, and a restore of any other
 conversation never waits for these writes."""
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import numpy.typing as npt
 
 from stratastore.chain import Match, PrefixIndex
 from stratastore.tiers.records import Snapshot
@@ -50,7 +51,7 @@ class Outbox:
         self._newest[snap.conv.conv_id] = snap
         return None
 
-    def lookup(self, prompt: np.ndarray | list[int], media: Mapping[int, bytes] | None,
+    def lookup(self, prompt: npt.NDArray[np.integer] | list[int], media: Mapping[int, bytes] | None,
                page_tokens: int | None) -> Match | None:  # fmt: skip
         """The deepest resume point for ``prompt`` among the captures waiting to be written
         (the same rules as every level: checkpoints, or whole pages with ``page_tokens``)."""

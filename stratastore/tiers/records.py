@@ -3,7 +3,6 @@ restore's result) and the errors of the park path."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -21,9 +20,6 @@ __all__ = [
     "Snapshot",
     "SpillRefused",
 ]
-
-#: no lock: what a Tiers used alone passes where the Store passes its own
-UNLOCKED = contextlib.nullcontext()
 
 #: the largest running state a restore reads back (a bound on what a sidecar can make it allocate)
 MAX_STATE_BYTES = 1 << 32

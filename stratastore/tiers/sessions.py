@@ -21,10 +21,10 @@ from stratastore.chain import Conversation
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.restore import DestinationRefused, FlatKV, restore_batch
-from stratastore.tiers.admission import Admission, Placement
+from stratastore.tiers.admission import Admission, Placement, log_admission
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.disk_read import DiskReader
-from stratastore.tiers.records import UNLOCKED, InvalidConversation, Snapshot
+from stratastore.tiers.records import InvalidConversation, Snapshot
 from stratastore.tiers.view import DiskConv, DiskView
 from stratastore.tiers.writer import DiskWriter
 
@@ -38,14 +38,15 @@ def _taken(name: str) -> str:
 
 
 class Sessions:
-    """Saves and loads: each checks and is admitted under the caller's ``lock`` (the Store's),
-    then writes or reads without it (issue 14: no call holds the Store's lock over disk I/O or
-    hashing; a session's durable write is a park's, beside this process's restores as beside
-    another process's)."""
+    """Saves and loads: each checks and is admitted under the flow's ``lock``, then writes or
+    reads without it (no call holds the lock over disk I/O or hashing; a session's durable
+    write is a park's, beside this process's restores as beside another process's)."""
 
-    def __init__(self, fp: ModelFingerprint, admission: Admission, writer: DiskWriter | None,
-                 reader: DiskReader, view: DiskView, parked_here: Callable[[str], bool],
+    def __init__(self, lock: AbstractContextManager[Any], fp: ModelFingerprint,
+                 admission: Admission, writer: DiskWriter | None, reader: DiskReader,
+                 view: DiskView, parked_here: Callable[[str], bool],
                  warn: Callable[[str], None] = lambda msg: None) -> None:  # fmt: skip
+        self.lock = lock
         self.fp = fp
         self.admission = admission
         self.writer = writer
@@ -55,15 +56,13 @@ class Sessions:
         self.warn = warn
 
     def _log(self, p: Placement, what: str, name: str) -> None:
-        """Seed 000's line for an admission under the transient floor."""
-        line = p.log_line(what)
-        if line is not None:
-            self.warn(f"{line}: session {name!r}")
+        """The admission's log line, for an admission under the transient floor."""
+        log_admission(self.warn, p, what, f"session {name!r}")
 
-    def save(self, snap: Snapshot, lock: AbstractContextManager[Any] = UNLOCKED) -> None:
+    def save(self, snap: Snapshot) -> None:
         """Write ``snap`` to disk as the session ``snap.conv.conv_id``; refuses the id of a
         parked conversation (:class:`InvalidConversation`). Durable when this returns."""
-        with lock:
+        with self.lock:
             name = self._admit_save(snap)
         assert self.writer is not None
         taken = _taken(name)
@@ -90,20 +89,19 @@ class Sessions:
         self._log(p, "session save", name)
         return name
 
-    def load(self, name: str, out: npt.NDArray[np.uint8],
-             lock: AbstractContextManager[Any] = UNLOCKED) -> Conversation:  # fmt: skip
+    def load(self, name: str, out: npt.NDArray[np.uint8]) -> Conversation:
         """Restore a saved session into ``out``; its conversation (tokens, checkpoints). An
         ``out`` that cannot be written in place is refused before anything else runs. Found and
-        admitted under ``lock``; read and validated without it, then accounted under it."""
+        admitted under the lock; read and validated without it, then accounted under it."""
         dest = FlatKV(self.fp, out, read_direct=True)
-        with lock:
+        with self.lock:
             dc = self._admit_load(name, out)
             n = len(dc.conv.tokens)
             job = self.reader.job(dc, n, dest)
         got = restore_batch([job])[0]
         if isinstance(got, Exception):
             raise got
-        with lock:
+        with self.lock:
             self.reader.account(dc, job, got)
         if got.tokens < n:
             raise StrataError(f"session {name!r}: only {got.tokens} of {n} tokens are readable")

@@ -11,7 +11,6 @@ this park named go, and the park is reported refused, never acknowledged on disk
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -22,7 +21,7 @@ from stratastore.format import KeyMismatch
 from stratastore.format.keys import state_key
 from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encode_manifest
 from stratastore.format.naming import chain_name
-from stratastore.io import durable_write, files
+from stratastore.io.durable import durable_write_in
 from stratastore.levels.backend import SegmentBackend
 from stratastore.tiers.disk import DiskLevel, LevelRefused
 from stratastore.tiers.records import Snapshot
@@ -100,9 +99,9 @@ class DiskWriter:
                 time.time_ns(), session,
             )  # fmt: skip
             raw = encode_manifest(m)
-            path = os.path.join(self.manifest_dir, chain_name(conv.conv_id))
-            durable_write(path, raw, mode=self.file_mode)  # F-DIR-9
-            stamp = files.stamp(path)
+            stamp = durable_write_in(
+                self.manifest_dir, chain_name(conv.conv_id), raw, mode=self.file_mode
+            )  # F-DIR-9
         except LevelRefused as e:
             self._withdraw(ticket, conv.conv_id)
             self.last_refusal = str(e)

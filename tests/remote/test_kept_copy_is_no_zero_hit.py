@@ -11,6 +11,7 @@ import numpy as np
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip
 from tests.remote.test_faults import (
+    FP,
     THREE,
     conversation,
     open_store,
@@ -42,7 +43,7 @@ def test_a_node_that_kept_a_remote_restore_still_reports_misses(
         before = remote_stats(b)
         unrelated = np.arange(9000, 9064)
         assert b.lookup(unrelated) is None
-        got = restore(b, unrelated, np.zeros(64 * b._tiers.tb, np.uint8), {0})
+        got = restore(b, unrelated, np.zeros(64 * FP.token_bytes, np.uint8), {0})
         assert (got.source, got.tokens) == ("none", 0)
         after = remote_stats(b)
         assert after["restore_misses"] == before["restore_misses"] + 1

@@ -26,6 +26,7 @@ from tests.redis_servers import RedisCluster, RedisServer
 from tests.remote.conftest import import_or_skip
 from tests.remote.test_faults import (
     BOUND,
+    FP,
     THREE,
     conversation,
     open_store,
@@ -77,7 +78,7 @@ def _local_hit_calls(store: Store, conv: Any, kv: Any) -> list[str]:
     assert run_with_timeout(lambda: store.lookup(prompt), BOUND) == ("disk", 120)
     # the engine's usual call: one token left to compute; the local levels hold all it can use
     longer = np.concatenate([prompt, [7, 7, 7]])
-    out = np.zeros(len(longer) * store._tiers.tb, np.uint8)
+    out = np.zeros(len(longer) * FP.token_bytes, np.uint8)
     got = run_with_timeout(lambda: store.restore(longer, out, max_tokens=120), BOUND)
     assert got.source == "disk" and got.tokens == 120
     return made
@@ -114,11 +115,11 @@ def test_a_prompt_held_in_part_walks_the_remote_level_within_one_deadline(
     a = open_store(tmp_path, "a", redis_server.url, unique_name(), remote_timeout_ms=TIMEOUT_MS)
     try:
         conv, kv = conversation("c", 1000, [40, 80])
-        park(a, conv, kv[: 80 * a._tiers.tb])
+        park(a, conv, kv[: 80 * FP.token_bytes])
         prompt = np.arange(1000, 1120)
         with paused(redis_server):
             started = time.monotonic()
-            r = restore(a, prompt, np.concatenate([kv, np.zeros(40 * a._tiers.tb, np.uint8)]),
+            r = restore(a, prompt, np.concatenate([kv, np.zeros(40 * FP.token_bytes, np.uint8)]),
                         {80})  # fmt: skip
             took = time.monotonic() - started
         assert r.source == "disk"
@@ -143,7 +144,7 @@ def test_a_remote_call_to_a_paused_cluster_master_takes_one_deadline(
         try:
             conv, kv = conversation("c", 3000, [64])
             park(a, conv, kv)
-            key = conv.segment_keys(a._tiers.root)[0].key
+            key = conv.segment_keys(FP.digest())[0].key
             level = a._tiers.remote
             assert level is not None
             owner = cluster.slot_owner(cluster.keyslot(level.store._rec_key(key)))

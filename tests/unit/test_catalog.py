@@ -111,7 +111,7 @@ def test_a_store_without_a_catalog_has_it_built_and_a_changed_file_is_read_again
     with Store.open(FP, cfg(tmp_path), probe=lambda: 1 << 40, warn=warned.append) as store:
         assert restored(store, a) == 8  # the file's version, not the catalog's
         assert restored(store, b) == 8  # b's own manifest refused: only the prefix a shares
-        assert [n for n, _ in store._tiers.skipped_manifests] == [chain_name("b")]
+        assert store.describe().unreadable_manifests == (chain_name("b"),)
     assert (cold / chain_name("b")).read_bytes() == b"not a manifest"  # left for fsck
     own = c_b.segment_keys(FP.digest())[1].key  # b's own segment: not deleted by the open
     assert (cold / data_name(own)).exists()

@@ -124,7 +124,7 @@ def test_device_park_spilled_on_close_is_not_hashed_again(tmp_path: Path) -> Non
         _restored(store, conv, kv, "ram")  # a restore of the whole takes it out: park it again
         conv, kv, dev = _conv("a", 0)
         assert store.park(conv, dev).where == "ram"
-        assert len(store._tiers.levels[0].store) == 0  # RAM only, until close
+        assert store.describe().levels[0].entries == 0  # RAM only, until close
     finally:
         with host_hashing() as calls:
             store.close()
@@ -201,7 +201,7 @@ def test_bad_device_arrays_are_refused_before_anything_runs(
         store.flush()
         s = store.stats()
         assert s["parks_disk"] == s["parks_ram"] == s["discards"] == 0
-        assert len(store._tiers.levels[0].store) == 0
+        assert store.describe().levels[0].entries == 0
         # a bad conversation is refused before the device runs too
         conv.cuts = [0, N + 4]
         with pytest.raises(InvalidConversation, match="segment cuts"):

@@ -190,8 +190,7 @@ def test_repair_truncates_a_broken_chain(tmp_path: Path) -> None:
     with Store.open(FP, cfg) as store:
         store.park(conv, kv.copy())
         store.flush()
-        segs = store._tiers._disk["c"].segments
-    _damage(cold, segs[2][2], "flip_page")  # the last segment is damaged
+    _damage(cold, conv.segment_keys(FP.digest())[2].key, "flip_page")  # the last segment is damaged
     actions = repair([str(cold)])
     assert {a.kind for a in actions} >= {"quarantine", "rebuild_index", "truncate_chain"}
     assert [f for f in fsck([str(cold)], deep=True) if f.severity != "info"] == []

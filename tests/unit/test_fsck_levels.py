@@ -123,9 +123,8 @@ def test_one_flipped_page_byte_is_one_finding(tmp_path: Path) -> None:
     says the segment (which is there) is in no level."""
     cold = tmp_path / "cold"
     cfg = {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64, "min_free_mib": 1}
-    _park_chain(cfg)
-    with Store.open(FP, cfg) as store:
-        victim = store._tiers._disk["c"].segments[1][2]  # tokens 16..32
+    conv, _ = _park_chain(cfg)
+    victim = conv.segment_keys(FP.digest())[1].key  # tokens 16..32
     raw = bytearray((cold / data_name(victim)).read_bytes())
     raw[4096 + 5] ^= 0x10
     (cold / data_name(victim)).write_bytes(bytes(raw))
@@ -249,8 +248,7 @@ def test_repair_cuts_at_a_damaged_segment_given_one_level(tmp_path: Path) -> Non
     cold = tmp_path / "cold"
     cfg = {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64, "min_free_mib": 1}
     conv, kv = _park_chain(cfg)
-    with Store.open(FP, cfg) as store:
-        victim = store._tiers._disk["c"].segments[2][2]
+    victim = conv.segment_keys(FP.digest())[2].key
     shutil.copy(cold / data_name(victim), tmp_path / "keep")
     raw = bytearray((cold / data_name(victim)).read_bytes())
     raw[4096 + 5] ^= 0x10

@@ -95,7 +95,7 @@ def test_a_disk_park_target_reserves_no_arena(tmp_path: Path, park: str) -> None
         grown = vm_rss() - before
         free[0] = BIG  # the disk park below is admitted
         assert grown < 64 * MIB, f"RSS grew {grown / MIB:.0f} MiB at open"
-        assert arena_of(store) is None and not store._tiers.ram.on
+        assert arena_of(store) is None and not store.describe().ram.on
         assert store.stats()["park_target"] == "disk"
         conv, kv = conversation("a", 1000, 0)
         assert store.park(conv, kv.copy()).where == "disk"

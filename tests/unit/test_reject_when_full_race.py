@@ -36,7 +36,7 @@ def test_a_park_that_fits_is_not_refused_while_another_write_finishes(tmp_path: 
     a, kva = conversation("a", 9000, 0)  # ~650 KB of the 1 MiB level
     b, kvb = conversation("b", 4000, 100_000)  # ~290 KB: a and b fit together
     with Store.open(FP, cfg, warn=warnings.append) as store:
-        real = store._tiers._write
+        real = store._tiers.parking.write
         written, release = threading.Event(), threading.Event()
 
         def held(snap: Any, *rest: Any) -> bool:
@@ -46,7 +46,7 @@ def test_a_park_that_fits_is_not_refused_while_another_write_finishes(tmp_path: 
                 assert release.wait(30)
             return done
 
-        store._tiers._write = held  # type: ignore[method-assign]
+        store._tiers.parking.write = held  # type: ignore[method-assign]
         try:
             assert store.park(a, kva).where == "disk"
             assert written.wait(30)

@@ -1,0 +1,86 @@
+"""What a store holds and how it is set, as a read-only snapshot (``Store.describe()``).
+
+Frozen records, taken under the flow's lock in one go: each level (its name, where it is, its
+budget, what it uses and how many entries it holds), the RAM level, the parks waiting for their
+disk write, where parks go and why, the last admission, and the counters. Nothing in it refers
+back into the store: tests, the demo and tools read it instead of the store's internals.
+:func:`info_line` writes a store's stats as one line for a log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LevelDescription", "RamDescription", "StoreDescription", "info_line"]
+
+
+@dataclass(frozen=True, slots=True)
+class LevelDescription:
+    """A disk level (or the shared remote level, ``name == "remote"``). ``path``: its
+    directory (the remote level: its server, without credentials); ``used`` and ``entries``
+    are ``None`` while the remote level cannot be asked."""
+
+    name: str
+    path: str
+    budget: int
+    used: int | None
+    entries: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RamDescription:
+    """The RAM level: its budget and the bytes it holds (``ram_mib``), its ``slots``, the
+    conversations it holds, and whether its arena is reserved (``on``: parks may stay in RAM)."""
+
+    budget: int
+    used: int
+    slots: int
+    entries: tuple[str, ...]
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDescription:
+    """A store at one moment (see the module). ``pending``: the conversations whose park waits
+    for its disk write; ``park_target`` (``ram``/``disk``) and ``park_target_source`` (why);
+    ``admission``: the last park's placement (``where/floor``); ``counters``: the flow's
+    counters, as ``Store.stats()`` names them; ``unreadable_manifests``: the manifests refused
+    at open."""
+
+    levels: tuple[LevelDescription, ...]
+    ram: RamDescription
+    pending: tuple[str, ...]
+    park_target: str
+    park_target_source: str
+    admission: str
+    counters: Mapping[str, int]
+    unreadable_manifests: tuple[str, ...]
+
+    def level(self, name: str) -> LevelDescription | None:
+        """The level called ``name`` (``"warm"``, ``"cold"``, ``"remote"``, ...), if it is on."""
+        return next((lv for lv in self.levels if lv.name == name), None)
+
+
+def info_line(s: Mapping[str, Any]) -> str:
+    """``Store.stats()`` as one line for a log (the engine's INFO fields): the park target and
+    its source, each level (entries, bytes, budget; a disk level's folder), parks by
+    destination, discards, hits by source, tokens restored, re-read and held, and the last
+    admission."""
+    lv = s["levels"]
+    parts = [f"park={s['park_target']}({s['park_target_source']})"]
+    for name, d in lv.items():
+        where = f"@{d['dir']}" if d.get("dir") else ""
+        if d["bytes"] is None:  # the remote level while it is down: entries, bytes unknown
+            parts.append(f"{name}=-e/-MiB/{d['budget'] / 2**20:.0f}MiB{where}")
+            continue
+        parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
+                     f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
+    parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
+              f"discards={s['discards']}",
+              f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
+              + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
+              f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
+              f"held_tokens={s['held_tokens']}", f"admission={s['admission']}"]  # fmt: skip
+    return "strata: " + " ".join(parts)

@@ -1,0 +1,252 @@
+"""Park: where a conversation leaving its slot goes, and how it reaches disk.
+
+A park goes to RAM under the parking floor, else to disk under the transient floor, else it is
+discarded and counted (the admission rule, :mod:`.admission`). Retention runs across the parks
+of a conversation (:class:`~stratastore.chain.RetainedChains`). A disk-bound park is written at
+once, or, with :attr:`Parking.defer_spills` (a Store's spill writer, :mod:`.spill`), handed to
+the outbox: checked there against what the levels can take, so a park the disk is certain to
+refuse is reported a discard at once, and written in the background by
+:meth:`Parking.write_disk_now`. The writes go through :class:`~.writer.DiskWriter` (spec
+F-CHAIN-3: segments, then the manifest as the commit record, then the catalog's commit), and
+each is followed by the cascade and the GC. A write acknowledged locally is then copied to the
+shared remote level.
+
+The flow's lock is taken here only for this process's bookkeeping (the outbox, the counters),
+never over a write, its fsyncs or the cascade: those are safe beside this process's lookups
+and restores as beside another process's, so no restore waits for a disk write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+
+from stratastore.catalog import Catalog, NameTaken
+from stratastore.chain import Conversation, RetainedChains
+from stratastore.config import StoreConfig
+from stratastore.format import ModelFingerprint
+from stratastore.tiers.admission import Admission, log_admission
+from stratastore.tiers.checks import check_snapshot
+from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.outbox import Outbox
+from stratastore.tiers.ram import RamLevel
+from stratastore.tiers.records import InvalidConversation, ParkReport, Snapshot, SpillRefused
+from stratastore.tiers.remote import RemoteLevel
+from stratastore.tiers.view import DiskView
+from stratastore.tiers.writer import DiskWriter
+
+__all__ = ["Parking"]
+
+
+def _extends(longer: Conversation, conv: Conversation) -> bool:
+    """Whether ``longer`` holds all of ``conv``: its tokens and pictures as a prefix."""
+    n = len(conv.tokens)
+    pictures = {p: d for p, d in longer.media.items() if p < n}
+    return np.array_equal(longer.tokens[:n], conv.tokens) and pictures == dict(conv.media)
+
+
+class Parking:
+    """The park flow of one store (see the module). ``target``: where parks go (``ram`` or
+    ``disk``, :func:`~.admission.park_target`)."""
+
+    def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, lock: AbstractContextManager[Any],
+                 admission: Admission, target: str, ram: RamLevel, levels: Sequence[DiskLevel],
+                 writer: DiskWriter | None, catalog: Catalog | None, view: DiskView,
+                 remote: RemoteLevel | None, counters: dict[str, int],
+                 warn: Callable[[str], None]) -> None:  # fmt: skip
+        self.cfg, self.fp, self.lock, self.admission = cfg, fp, lock, admission
+        self.target, self.ram, self.levels, self.writer = target, ram, levels, writer
+        self.catalog, self.view, self.remote = catalog, view, remote
+        self.counters, self.warn = counters, warn
+        #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the spill
+        #: writer instead of happening inside :meth:`park`
+        self.defer_spills = False
+        self.outbox = Outbox(fp.digest())
+        #: what each conversation's parks kept, so retention runs across parks
+        self._chains = RetainedChains(cfg.checkpoints, cfg.retention)
+        self.last_admission = "none yet"
+
+    def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
+        """Place a snapshot: RAM under the parking floor, else disk under the transient floor,
+        else discard (counted). The caller must not change ``snap`` afterwards.
+
+        With ``park_truncate``, a park parks the prefix that fits: the RAM level's cache walks
+        the chain deepest-first for the first prefix within its budget and, when the whole
+        snapshot fails the parking floor and no disk level admits it (none configured, or the
+        transient floor fails too), for the first prefix that passes the parking floor as
+        well, even below ``min_tokens``; the report says ``ram`` and its tokens. ``pin``: the
+        RAM entry is pinned (never truncated, nor evicted for another park, until it is
+        restored whole or parked again); it does nothing to a park that goes to disk."""
+        with self.lock:
+            check_snapshot(snap, self.fp)
+            cid = snap.conv.conv_id
+            if self.catalog is not None and self.catalog.is_session(cid):
+                raise InvalidConversation(
+                    f"park: conversation {cid!r}: the id is a saved session's name; sessions "
+                    "and conversations share one namespace (spec F-CHAIN-4): park under "
+                    "another id, or delete_session() it"
+                )
+            self._retain(snap)
+            return self._place(snap, pin)
+
+    def _place(self, snap: Snapshot, pin: bool) -> ParkReport:
+        cid = snap.conv.conv_id
+        disk = self.writer is not None
+        in_ram = self.target == "ram" and self.ram.on
+        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=in_ram, disk=disk)
+        self.last_admission = f"{p.where}/{p.floor}"
+        if p.where == "ram" and self._park_ram(snap, pin):
+            if self.cfg.spill_on == "park" and disk and self.spill(snap):
+                self.counters["mirrors"] += 1
+            return ParkReport("ram", p.floor, len(snap.conv.tokens))
+        if p.where != "discard" and disk and self.spill(snap):
+            self.counters["parks_disk"] += 1
+            if cid in self.ram:  # an older park of this id held in RAM is superseded now: it
+                self.ram.drop(cid)  # must not serve as the id's latest (close writes RAM down)
+            log_admission(self.warn, p, "park to disk", f"conversation {cid}")
+            return ParkReport("disk", p.floor if p.where == "disk" else "parking",
+                              len(snap.conv.tokens))  # fmt: skip
+        if p.where == "discard" and in_ram and self.cfg.park_truncate:
+            with self.ram.cache.gate(p.available, self.admission.parking_floor):
+                if self._park_ram(snap, pin):  # the prefix that passes the floor
+                    self.last_admission = "ram/parking"
+                    return ParkReport("ram", "parking", len(snap.conv.tokens))
+        self.counters["discards"] += 1
+        log_admission(self.warn, p, "park", f"conversation {cid} discarded")
+        return ParkReport("discard", "none", 0)
+
+    def _retain(self, snap: Snapshot) -> None:
+        """Retention across parks: the checkpoints kept are those the previous park of the
+        conversation kept, still prefixes of these tokens, with the new ones added one at a
+        time under ``checkpoints``/``retention`` (:mod:`stratastore.chain.retained`);
+        ``snap.conv.checkpoints`` is set to them and the states of the others are dropped. The
+        store keeps no running state across parks: for a snapshot with ``states`` (a hybrid
+        model), a remembered checkpoint this park passes no state for still counts as kept but
+        is not parked as a resume point (a RAM hit there would have no state to give)."""
+        conv = snap.conv
+        passed = {c.length for c in conv.checkpoints}
+        # the boundaries the capture was packed with (its pages start at each, F-SEG-4): what
+        # retention keeps must be among them, and what it drops stays one (a cut), or the bytes
+        # would be read in another layout than they were written in
+        layout = {b for seg in conv.boundaries() for b in seg}
+        for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id), layout):
+            snap.states.pop(gone.length, None)
+        conv.cuts = sorted(layout - {len(conv.tokens)}) or [0]
+        if snap.states:
+            resumable = [c for c in conv.checkpoints
+                         if c.length in passed or c.length in snap.states]  # fmt: skip
+            conv.checkpoints = resumable or conv.checkpoints
+
+    def _park_ram(self, snap: Snapshot, pin: bool) -> bool:
+        """Park in the RAM level (the cache may keep only a prefix); counted."""
+        if not self.ram.park(snap):
+            return False
+        self.counters["parks_ram"] += 1
+        if pin:
+            self.ram.cache.pin(snap.conv.conv_id)
+        return True
+
+    def _stored_chain(self, cid: str) -> Conversation | None:
+        """The chain the store holds for ``cid`` (RAM, else the catalog), for a park that has
+        no retention memory of it (a new process): retention continues from it."""
+        if cid in self.ram:
+            conv: Conversation = self.ram.entries[cid].conv
+            return conv
+        self.view.sync()
+        dc = self.view.get(cid)
+        return dc.conv if dc is not None and not dc.session else None
+
+    def spill(self, snap: Snapshot) -> bool:
+        """Write ``snap`` to disk, or with ``defer_spills`` hand it to the spill writer (the
+        outbox checks first what the levels can take: a park the disk is certain to refuse is
+        reported a discard now). Under the flow's lock."""
+        assert self.writer is not None
+        if not self.defer_spills:
+            return self.write(snap)
+        snap = snap.detached()  # the RAM level may shrink its own copy of conv before the write
+        why = self.outbox.offer(snap, self.writer, self.cfg.when_full == "reject")
+        if why is not None and snap.kept and self.remote is not None:  # the store's own copy
+            self.remote.counters["remote_kept_local_errors"] += 1
+            self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {why}")
+        elif why is not None:
+            self.counters["spills_refused"] += 1
+            self.warn(f"conversation {snap.conv.conv_id} not written to disk: {why}")
+        return why is None
+
+    def write(self, snap: Snapshot) -> bool:
+        """Write ``snap`` down now (the lock only as each segment lands, to release its
+        reservation), then the cascade and the GC, then the copy to the remote level."""
+        assert self.writer is not None
+
+        def landed(nbytes: int) -> None:
+            with self.lock:
+                self.outbox.landed(snap, nbytes)
+
+        try:
+            done = self.writer.write(snap, on_put=landed)
+        except NameTaken:
+            return False
+        for lvl in self.levels:  # the cascade and the GC after every write
+            lvl.enforce_budget()
+            lvl.enforce_age()
+        if done and self.remote is not None and snap.kept:  # a remote restore, now local
+            self.remote.counters["remote_kept_local"] += 1
+        elif done and self.remote is not None:  # acknowledged locally: now the shared copy
+            self.remote.push(snap)
+        return done
+
+    def write_disk_now(self, snap: Snapshot) -> None:
+        """Write a snapshot to disk at once (:meth:`write`; what the spill writer calls). A
+        write the disk level refuses is the capture lost after all: it counts as a discard and
+        a refused spill, and raises :class:`SpillRefused` (reported to ``flush``/``close``);
+        an I/O error propagates as it is. A park whose id became a saved
+        session's name (in another process) since it was acknowledged is refused the same way:
+        the catalog checks it in the transaction that registers the write, so it never
+        replaces the session's manifest (spec F-CHAIN-4)."""
+        assert self.writer is not None
+        cid = snap.conv.conv_id
+        try:
+            if self.write(snap):
+                return
+            why = self.writer.last_refusal or "the disk level refused it"
+            if self.catalog is not None and self.catalog.is_session(cid):
+                why = (f"its id {cid!r} is now a saved session's name (sessions and "
+                       "conversations share one namespace); the session is kept")  # fmt: skip
+        finally:
+            with self.lock:
+                self.outbox.done(snap)
+        if not snap.kept:  # a kept copy (remote_keep_local) was no park: not counted as one
+            with self.lock:
+                self.counters["discards"] += 1
+                self.counters["spills_refused"] += 1
+        raise SpillRefused(f"conversation {cid!r} was not written to disk: {why}")
+
+    def spill_ram_on_close(self) -> int:
+        """Before close (``spill_on_close``): hand every conversation that only the RAM level
+        holds (not on disk with these tokens or more, nor waiting to be written) to the disk
+        writer, each admitted as a disk-bound capture under the transient floor; one that is
+        not admitted is left, with a warning. Returns how many were handed."""
+        if not (self.cfg.spill_on_close and self.writer is not None and self.ram.on):
+            return 0
+        with self.lock:
+            self.view.sync()
+            handed = 0
+            for cid, entry in list(self.ram.entries.items()):
+                dc = self.view.get(cid)
+                held = [dc.conv] if dc is not None else []
+                if cid in self.outbox:  # the newest park of the id waiting for its write
+                    held.append(self.outbox.capture(cid).conv)
+                if any(_extends(c, entry.conv) for c in held):
+                    continue
+                nbytes = len(entry.conv.tokens) * self.fp.token_bytes
+                p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
+                if p.where == "discard":
+                    self.warn(f"close: conversation {cid} stays unwritten (RAM only): "
+                              f"{p.describe()}")  # fmt: skip
+                    continue
+                if self.spill(self.ram.capture(cid)):
+                    handed += 1
+            return handed
