@@ -66,7 +66,7 @@ def check_digests(actual: Any, expected: Any) -> None:
 
 
 def check_ladder(src: Any, page_bytes: int, n_pages: int, pool: Any,
-                 table: np.ndarray) -> tuple[Any, Any]:  # fmt: skip
+                 table: np.ndarray[Any, Any]) -> tuple[Any, Any]:  # fmt: skip
     """The arguments of a ladder copy, checked: ``src`` and ``pool`` as flat bytes (the pool
     any shape, C-contiguous, whole blocks of ``page_bytes``), ``n_pages`` within ``src``, and
     the first ``n_pages`` entries of ``table`` (the block table, on the host) naming distinct
@@ -100,7 +100,7 @@ def check_ladder(src: Any, page_bytes: int, n_pages: int, pool: Any,
     return s, p
 
 
-def _distinct_within(ids: np.ndarray, limit: int, outside: Callable[[int], str],
+def _distinct_within(ids: np.ndarray[Any, Any], limit: int, outside: Callable[[int], str],
                      twice: str) -> None:  # fmt: skip
     """Refuse ids outside ``[0, limit)`` (``outside(id)`` says so) or given twice."""
     used = ids.astype(np.int64)
@@ -117,7 +117,7 @@ def _count(x: object, name: str, lo: int = 0) -> int:
     return int(x)
 
 
-def check_rows(dst: Any, row: int, slots: np.ndarray, name: str) -> Any:
+def check_rows(dst: Any, row: int, slots: np.ndarray[Any, Any], name: str) -> Any:
     """``dst`` as flat bytes holding whole rows of ``row`` bytes, and ``slots`` (on the host)
     naming distinct rows inside it. Returns the flat ``dst``."""
     d = flat_bytes(dst, name)
@@ -135,8 +135,17 @@ def check_rows(dst: Any, row: int, slots: np.ndarray, name: str) -> Any:
     return d
 
 
-def check_scatter(src: Any, n_tokens: int, page_tokens: int, layers: int, row: int, layer: int,
-                  dst_k: Any, dst_v: Any, slots: np.ndarray) -> tuple[Any, Any, Any]:  # fmt: skip
+def check_scatter(
+    src: Any,
+    n_tokens: int,
+    page_tokens: int,
+    layers: int,
+    row: int,
+    layer: int,
+    dst_k: Any,
+    dst_v: Any,
+    slots: np.ndarray[Any, Any],
+) -> tuple[Any, Any, Any]:
     """The arguments of a row scatter (:func:`numba_kernels.scatter_rows`): ``src`` holds
     ``n_tokens`` tokens of ``layers * 2 * row`` bytes as stored pages, ``layer`` is one of
     them, the first ``n_tokens`` ``slots`` name distinct rows of ``dst_k`` and of ``dst_v``

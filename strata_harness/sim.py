@@ -35,7 +35,7 @@ MODEL = b"\x5a" * 32  # the simulated model's digest
 Layout = Literal["hybrid", "attention"]
 
 
-def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
+def _tokens(rng: np.random.Generator, n: int) -> np.ndarray[Any, Any]:
     return rng.integers(0, 150_000, n, dtype=np.uint32)
 
 
@@ -120,7 +120,7 @@ class ParkTruncate:
             raise ConfigError("sim park-truncate: --others needs token counts >= 1")
 
 
-def _chain(conv_id: str, tokens: np.ndarray, every: int) -> Conversation:
+def _chain(conv_id: str, tokens: np.ndarray[Any, Any], every: int) -> Conversation:
     lengths = [*range(every, len(tokens), every), len(tokens)]
     ckpts = [Checkpoint(n, last_used=i) for i, n in enumerate(lengths)]
     return Conversation(conv_id, as_tokens(tokens), ckpts, cuts=[0, *lengths[:-1]])
@@ -236,7 +236,7 @@ def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
 
     tiers = Tiers(store_cfg, fp, probe=probe, legacy_admission=legacy, warn=lambda m: None)
     sizes_gb = rng.uniform(1.6, 2.9, cfg.conversations)
-    convs: dict[int, np.ndarray] = {}
+    convs: dict[int, np.ndarray[Any, Any]] = {}
     turns: dict[int, list[int]] = {}  #: each conversation's message openers (segment cuts)
     live: list[int] = []
     reread = 0
@@ -273,7 +273,9 @@ def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
             "tokens_reread": round(reread / per_full_token)}  # fmt: skip
 
 
-def _snapshot(cls: Any, fp: Any, conv_id: int, tokens: np.ndarray, openers: list[int]) -> Any:
+def _snapshot(
+    cls: Any, fp: Any, conv_id: int, tokens: np.ndarray[Any, Any], openers: list[int]
+) -> Any:
     """A checkpoint and a segment cut at every message opener, so a conversation parked again
     after another turn shares all its earlier segments (by key) with its previous park."""
     n = len(tokens)

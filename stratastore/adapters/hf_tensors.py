@@ -164,7 +164,7 @@ class CacheBuffers:
         for i, (k, v) in enumerate(zip(self.k, self.v, strict=True)):
             kt, vt = (t[:n].transpose(0, 1).unsqueeze(0) for t in (k, v))  # [1, heads, n, dim]
             if plain:  # hand the views over: DynamicLayer.update would concatenate (a copy)
-                layer = cache.layers[i]
+                layer: Any = cache.layers[i]
                 layer.lazy_initialization(kt, vt)
                 layer.keys, layer.values = kt, vt
             else:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import blake3
 import numpy as np
+import numpy.typing as npt
 
 from stratastore.format.errors import ChecksumMismatch, FormatError, KeyMismatch, UnsupportedVersion
 from stratastore.format.keys import key_chain, state_key
@@ -70,7 +71,7 @@ class ManifestCheckpoint:
 class ChainManifest:
     conv_id: str
     model: bytes  #: the fingerprint digest (spec F-FP-4)
-    tokens: np.ndarray  #: uint32
+    tokens: npt.NDArray[np.uint32]  #: uint32
     checkpoints: tuple[ManifestCheckpoint, ...]
     media: tuple[tuple[int, bytes], ...]
     segments: tuple[tuple[int, int, bytes], ...]

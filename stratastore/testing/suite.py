@@ -34,7 +34,7 @@ class StoreTests:
         return ModelFingerprint.create("conformance/tiny", n_layers=2, n_kv_heads=2, head_dim=4,
                                        page_tokens=4)  # fmt: skip
 
-    def kv(self, n: int, seed: int = 0) -> np.ndarray:
+    def kv(self, n: int, seed: int = 0) -> np.ndarray[Any, Any]:
         fp = self.fingerprint()
         return np.random.default_rng(seed).integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
 

@@ -389,7 +389,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return {"connector": vars(self.counters).copy(), "store": self.store.stats()}
 
 
-def _conversation_id(tokens: np.ndarray) -> str:
+def _conversation_id(tokens: np.ndarray[Any, Any]) -> str:
     """A finished request's conversation id: its tokens' digest (vLLM requests carry no
     conversation id; a request parked again with the same tokens is the same conversation)."""
     import hashlib
