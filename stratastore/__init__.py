@@ -1,9 +1,13 @@
 """stratastore: durable, tiered, validated storage for LLM conversation state.
 
-Layers (DESIGN.md): ``format`` (pure encode/decode) -> ``io`` (the only filesystem code) ->
-``store`` (content-addressed segments with an LMDB index; ``levels``: the backend protocol) ->
-``chain`` -> ``catalog`` (shared by every process) -> ``tiers`` -> the ``Store``. See
-format-spec/SPEC.md.
+The package root is the engine's API: :class:`Store` and its settings, the conversation model
+(:class:`Conversation`, :class:`Checkpoint`, :class:`ModelFingerprint`), what the calls return
+(:class:`ParkReport`, :class:`Restored`, :class:`StoreDescription`), where a restore writes (the
+destinations) and the errors. Below it, by layer (docs/design.md): ``format`` (pure encode and
+decode, format-spec/SPEC.md) -> ``io`` (the only filesystem code) -> ``levels`` (the level
+protocol and its backends: ``levels.local``, ``levels.redis``, ``levels.memory``) -> ``chain``
+-> ``catalog`` -> ``tiers`` (the flow: park, lookup, restore) -> the :class:`Store`. Operator
+tools are in ``ops`` and ``metrics``, the CLI in ``cli``.
 """
 
 from stratastore.catalog import CatalogBusy
@@ -17,21 +21,26 @@ from stratastore.format import (
     DType,
     FormatError,
     IncompatibleFingerprint,
+    KeyMismatch,
     Kind,
     Level,
     ModelFingerprint,
     UnsupportedVersion,
 )
 from stratastore.io import StrataIOError
-from stratastore.levels import SegmentBackend
-from stratastore.levels.local import (
-    PutResult,
-    SegmentNotFound,
-    SegmentStore,
-    StoreError,
-    StoreStats,
+from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.restore import (
+    DestinationRefused,
+    DeviceFlatKV,
+    DeviceLayerKV,
+    DevicePagedKV,
+    FlatKV,
+    LayerKV,
+    PagedKV,
+    RestoreFailed,
 )
-from stratastore.tiers.tiered import InvalidConversation
+from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDescription
+from stratastore.tiers.records import InvalidConversation, ParkReport, Restored
 
 __version__ = "0.1.0"
 
@@ -44,24 +53,34 @@ __all__ = [
     "ConfigError",
     "Conversation",
     "DType",
+    "DestinationRefused",
+    "DeviceFlatKV",
+    "DeviceLayerKV",
+    "DevicePagedKV",
+    "FlatKV",
     "FormatError",
     "IncompatibleFingerprint",
     "InvalidConversation",
     "InvalidRequest",
+    "KeyMismatch",
     "Kind",
+    "LayerKV",
     "Level",
+    "LevelDescription",
     "LevelSpec",
     "ModelFingerprint",
-    "PutResult",
-    "SegmentBackend",
+    "PagedKV",
+    "ParkReport",
+    "RamDescription",
+    "RestoreFailed",
+    "Restored",
     "SegmentNotFound",
-    "SegmentStore",
     "SpillError",
     "Store",
     "StoreClosed",
     "StoreConfig",
+    "StoreDescription",
     "StoreError",
-    "StoreStats",
     "StrataError",
     "StrataIOError",
     "UnsupportedVersion",

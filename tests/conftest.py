@@ -18,8 +18,9 @@ import numpy.typing as npt
 import pytest
 from hypothesis import HealthCheck, settings
 
-from stratastore import Checkpoint, Conversation, ModelFingerprint, SegmentStore, Store
+from stratastore import Checkpoint, Conversation, ModelFingerprint, Store
 from stratastore.chain import as_tokens
+from stratastore.levels.local import SegmentStore
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, print_blob=True,

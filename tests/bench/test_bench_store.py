@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stratastore import ModelFingerprint, SegmentStore
+from stratastore import ModelFingerprint
+from stratastore.levels.local import SegmentStore
 
 MIB = int(os.environ.get("STRATA_BENCH_MIB", "1024"))
 SEGMENTS = 8

@@ -142,7 +142,8 @@ def test_conformance_cites_the_installed_spec(installed: Installed) -> None:
     _run([installed.python, "-c", """if True:
         import sys
         import numpy as np
-        from stratastore import ModelFingerprint, SegmentStore
+        from stratastore import ModelFingerprint
+        from stratastore.levels.local import SegmentStore
         fp = ModelFingerprint.create("kit/tiny", n_layers=2, n_kv_heads=2, head_dim=4,
                                      page_tokens=4)
         kv = np.random.default_rng(0).integers(0, 256, 8 * fp.token_bytes, dtype=np.uint8)

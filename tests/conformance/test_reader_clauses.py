@@ -8,9 +8,9 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
-from stratastore import SegmentStore
 from stratastore.format import IndexRecord
 from stratastore.format.naming import INDEX_DIR
+from stratastore.levels.local import SegmentStore
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from stratastore import ModelFingerprint, SegmentStore
+from stratastore import ModelFingerprint
 from stratastore.cli import main
 from stratastore.format import data_name
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from stratastore.testing import CLAUSES, StoreTests, check_conformance
 

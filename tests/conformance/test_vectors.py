@@ -15,9 +15,10 @@ import blake3
 import numpy as np
 import pytest
 
-from stratastore import ModelFingerprint, SegmentStore
+from stratastore import ModelFingerprint
 from stratastore.format import data_name, decode_sidecar, segment_key, sidecar_name, state_key
 from stratastore.format.manifest import decode_manifest, manifest_key_mismatch
+from stratastore.levels.local import SegmentStore
 from stratastore.testing import load_manifest, load_vectors, vector_outcome
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratastore import SegmentStore
 from stratastore.format.naming import TEMP_PREFIX
 from stratastore.io.faults import CRASH_ENV, CRASH_EXIT
+from stratastore.levels.local import SegmentStore
 from tests.conftest import tiny_fp
 from tests.crash.writer import segment
 

@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from stratastore import Checkpoint, Conversation, ModelFingerprint, SegmentStore, Store
+from stratastore import Checkpoint, Conversation, ModelFingerprint, Store
 from stratastore.chain import as_tokens
 from stratastore.format import data_name
 from stratastore.format.manifest import decode_manifest
 from stratastore.format.naming import TEMP_PREFIX, chain_name
 from stratastore.io import faults
 from stratastore.io.faults import CRASH_EXIT, Fault
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from tests.reliability.counts import SCALE

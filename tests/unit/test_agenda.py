@@ -11,8 +11,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import BatchRestoreError, SegmentStore, Store
+from stratastore import BatchRestoreError, Store
 from stratastore.format import data_name
+from stratastore.levels.local import SegmentStore
 from stratastore.restore import (
     FlatKV,
     Job,

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratastore import Level, SegmentStore
+from stratastore import Level
 from stratastore.format import data_name, sidecar_name
 from stratastore.io import faults
 from stratastore.io.errors import StrataIOError
 from stratastore.io.faults import Fault
+from stratastore.levels.local import SegmentStore
 from stratastore.tiers import DiskLevel, LevelRefused
 from tests.conftest import kv_bytes, run_on_private_tmpfs, tiny_fp
 
@@ -162,7 +163,8 @@ def test_move_uses_a_hard_link_on_one_volume(levels: tuple[DiskLevel, DiskLevel]
 
 _CROSS = """
 import sys, numpy as np
-from stratastore import Level, SegmentStore
+from stratastore import Level
+from stratastore.levels.local import SegmentStore
 from stratastore.tiers import DiskLevel
 from tests.conftest import kv_bytes, run_on_private_tmpfs, tiny_fp
 fp = tiny_fp()

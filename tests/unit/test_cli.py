@@ -91,7 +91,7 @@ def test_monitor_views(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 
 def test_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stratastore import SegmentStore
+    from stratastore.levels.local import SegmentStore
 
     fp = tiny_fp()
     with SegmentStore.open(tmp_path, fp) as s:
@@ -144,7 +144,7 @@ def test_bad_config_and_monitor_snapshot(
     assert main(["--config", str(bad), "fsck"]) == 2
     assert "ram_mib=-5 must be an integer" in capsys.readouterr().err
     # a garbage snapshot is ignored, never a traceback: the folder scan still answers
-    from stratastore import SegmentStore
+    from stratastore.levels.local import SegmentStore
 
     fp = tiny_fp()
     with SegmentStore.open(tmp_path / "lvl", fp) as s:

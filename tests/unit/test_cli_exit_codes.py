@@ -14,7 +14,6 @@ import pytest
 
 import stratastore.ops.repair  # bound to the real fsck before a test replaces it
 import stratastore.testing.conformance  # noqa: F401  (likewise)
-from stratastore import SegmentStore
 from stratastore.catalog import CatalogBusy
 from stratastore.catalog.tables import NameTaken
 from stratastore.cli import main
@@ -30,6 +29,7 @@ from stratastore.format.errors import (
 )
 from stratastore.io.errors import ShortRead, StrataIOError, SymlinkRefused
 from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.local import SegmentStore
 from stratastore.levels.redis.backend import RemoteError
 from stratastore.ops.level_dirs import NoStoreLevels
 from stratastore.restore.two_pass import RestoreFailed

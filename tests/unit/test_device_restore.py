@@ -20,8 +20,9 @@ import pytest
 from numba import cuda
 
 import numba_kernels
-from stratastore import SegmentStore, Store
+from stratastore import Store
 from stratastore.format import Codec, data_name
+from stratastore.levels.local import SegmentStore
 from stratastore.restore import (
     DestinationRefused,
     DeviceFlatKV,

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratastore import SegmentStore
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from tests.conftest import kv_bytes, tiny_fp

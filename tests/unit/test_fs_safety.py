@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import stratastore
-from stratastore import SegmentStore
 from stratastore.errors import StrataError
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR, chain_name
 from stratastore.io import files, guard
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from tests.conftest import kv_bytes, tiny_fp
@@ -245,7 +245,7 @@ def fifo_store(tmp_path: Path) -> tuple[Path, Path, Path]:
 def test_fifo_does_not_hang_segment_store_open(tmp_path: Path) -> None:
     d, side, _ = fifo_store(tmp_path)
     r = run_child(
-        "import sys; from stratastore import SegmentStore; from tests.conftest import tiny_fp\n"
+        "import sys; from stratastore.levels.local import SegmentStore; from tests.conftest import tiny_fp\n"
         "with SegmentStore.open(sys.argv[1], tiny_fp()) as s:\n"
         "    print(len(s), [(k.name, k.error) for k in s.skipped])",
         str(d),

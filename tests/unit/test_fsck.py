@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratastore import SegmentStore
 from stratastore.cli import main
 from stratastore.format import data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
 

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stratastore import Checkpoint, Conversation, SegmentStore, Store
+from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.format import ChecksumMismatch, data_name, sidecar_name
 from stratastore.format.naming import INDEX_DIR, is_chain_name
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
 from tests.unit.test_fsck_levels import _restores

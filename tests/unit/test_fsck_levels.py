@@ -15,11 +15,12 @@ import lmdb
 import numpy as np
 import pytest
 
-from stratastore import Checkpoint, Conversation, SegmentStore, Store, StoreConfig, StrataError
+from stratastore import Checkpoint, Conversation, Store, StoreConfig, StrataError
 from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.format import IndexRecord, data_name
 from stratastore.format.naming import INDEX_DIR, is_chain_name
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from stratastore.testing import check_conformance

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stratastore import SegmentStore
 from stratastore.format import DATA_OFFSET, data_name
 from stratastore.io import faults
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import fsck
 from tests.conftest import kv_bytes, tiny_fp
 

@@ -13,12 +13,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import Checkpoint, Conversation, SegmentStore, Store
+from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
 from stratastore.cli import main
 from stratastore.format import Level, data_name, sidecar_name
 from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, decode_manifest
 from stratastore.format.naming import QUARANTINE_DIR, chain_name
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.fsck import Finding, fsck
 from stratastore.ops.level_dirs import StoreLevels
 from stratastore.ops.reachability import reachability

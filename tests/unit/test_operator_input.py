@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from stratastore import ConfigError, ModelFingerprint, SegmentStore, Store, StoreConfig
+from stratastore import ConfigError, ModelFingerprint, Store, StoreConfig
 from stratastore.cli import main
 from stratastore.format.errors import FormatError
+from stratastore.levels.local import SegmentStore
 from stratastore.ops.installer import to_toml
 from tests.conftest import conversation_kv, tiny_fp
 

@@ -123,7 +123,7 @@ def test_conversation_validation_is_typed() -> None:
 
 
 def test_checkpoint_keys_are_shared_by_equal_prefixes(tmp_path: Path) -> None:
-    from stratastore import SegmentStore
+    from stratastore.levels.local import SegmentStore
     from tests.conftest import kv_bytes, tiny_fp
 
     fp = tiny_fp()

@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import SegmentStore
 from stratastore.format import data_name
+from stratastore.levels.local import SegmentStore
 from stratastore.restore import FlatKV, LayerKV, PagedKV, Piece, RestoreFailed, two_pass_restore
 from tests.conftest import tiny_fp
 

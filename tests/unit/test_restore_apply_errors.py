@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from stratastore import SegmentStore
 from stratastore.format import Codec
+from stratastore.levels.local import SegmentStore
 from stratastore.restore import FlatKV, Job, Outcome, Piece, restore_batch
 from tests.conftest import tiny_fp
 from tests.unit.test_agenda import flip, image

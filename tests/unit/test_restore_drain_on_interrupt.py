@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import SegmentStore
+from stratastore.levels.local import SegmentStore
 from stratastore.restore import FlatKV, Piece, two_pass_restore
 from stratastore.restore.two_pass import Delivery
 from tests.conftest import tiny_fp

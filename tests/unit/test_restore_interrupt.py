@@ -22,7 +22,7 @@ import numpy.typing as npt
 import pytest
 
 import stratastore.restore.reads as reads
-from stratastore import SegmentStore
+from stratastore.levels.local import SegmentStore
 from stratastore.levels.reader import SegmentReader
 from stratastore.levels.staging import STAGING
 from stratastore.restore import FlatKV, Piece, two_pass_restore

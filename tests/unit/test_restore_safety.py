@@ -20,10 +20,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import SegmentStore, Store, StrataError
+from stratastore import Store, StrataError
 from stratastore.format import Codec, data_name
 from stratastore.io import faults
 from stratastore.io.errors import StrataIOError
+from stratastore.levels.local import SegmentStore
 from stratastore.restore import (
     FlatKV,
     Job,
@@ -170,7 +171,7 @@ import itertools, os, sys
 import numpy as np
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-from stratastore import SegmentStore
+from stratastore.levels.local import SegmentStore
 from stratastore.format import data_name
 from stratastore.restore import FlatKV, Job, Piece
 from tests.conftest import tiny_fp

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import SegmentStore
+from stratastore.levels.local import SegmentStore
 from stratastore.levels.staging import STAGING
 from stratastore.restore import two_pass_restore
 from stratastore.restore.agenda import DEPTH

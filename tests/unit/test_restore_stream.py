@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import SegmentStore
 from stratastore.levels.backend import OpenSegment
+from stratastore.levels.local import SegmentStore
 from stratastore.levels.staging import STAGING
 from stratastore.restore import FlatKV, LayerKV, Outcome, Piece, restore_batch, two_pass_restore
 from stratastore.restore.agenda import DEPTH

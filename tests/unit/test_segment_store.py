@@ -21,7 +21,6 @@ from stratastore import (
     IncompatibleFingerprint,
     Kind,
     SegmentNotFound,
-    SegmentStore,
     StoreError,
     StrataIOError,
 )
@@ -29,7 +28,7 @@ from stratastore.format import data_name, segment_key, sidecar_name, state_key
 from stratastore.format.naming import INDEX_DIR
 from stratastore.io import faults
 from stratastore.io.faults import Fault
-from stratastore.levels.local import STATE_PAGE_BYTES
+from stratastore.levels.local import STATE_PAGE_BYTES, SegmentStore
 from tests.conftest import kv_bytes, tiny_fp
 
 
