@@ -395,7 +395,7 @@ def _fsck_remote(args: argparse.Namespace) -> int:
     """``strata fsck --remote``: the remote level's namespaces of ``--config``'s store name
     (issue 17); exit 1 when one is not clean (after ``--repair``: when it is not clean when
     checked again). The counts are what the check found, before any repair."""
-    from stratastore.levels.redis.fsck import fsck_remote
+    from stratastore.levels.redis.fsck import PAGE_HASH_MISMATCH, fsck_remote
     from stratastore.levels.redis.settings import RemoteSettings
 
     cfg: StoreConfig | None = args.store_config
@@ -425,7 +425,7 @@ def _fsck_remote(args: argparse.Namespace) -> int:
                          "damaged": len(rep.damaged),
                          "used_recorded": rep.used_recorded, "used_actual": rep.used_actual,
                          "repaired": rep.repaired,
-                         "findings": [{"id": "PAGE_HASH_MISMATCH", "segment": k.hex(),
+                         "findings": [{"id": PAGE_HASH_MISMATCH.id, "segment": k.hex(),
                                        "page": page} for k, page in rep.damaged]})})  # fmt: skip
     if args.json:
         print(json.dumps({"remote": settings.shown, "name": settings.name, "namespaces": rows,
