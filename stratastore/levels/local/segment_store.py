@@ -56,6 +56,7 @@ from stratastore.format import (
     ModelFingerprint,
     SegmentHeader,
     Sidecar,
+    data_name,
     encode_segment_header,
     encode_sidecar,
     parse_name,
@@ -68,6 +69,7 @@ from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
 from stratastore.levels import relocation
 from stratastore.levels.backend import PutResult, StoreStats
 from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.inspect import inspect_segment
 from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
 from stratastore.levels.local.reads import SegmentReads
 from stratastore.levels.local.relocation import relocate
@@ -181,6 +183,29 @@ class SegmentStore(SegmentReads):
             store.close()
             raise
         return store
+
+    @staticmethod
+    def fingerprint_in(path: str) -> ModelFingerprint | None:
+        """The model of level directory ``path``: that of its first committed sidecar that
+        decodes (:func:`~stratastore.levels.inspect.inspect_segment`, the check open and fsck
+        share), so a tool (``strata inspect``) can open a level without being told its model.
+        None when it holds no sidecar; when not one decodes, the first one's typed error."""
+        first: StrataError | None = None
+        for name in sorted(files.listdir(path)):
+            parsed = parse_name(name)
+            if parsed is None or parsed[1] != "side":
+                continue
+            key = parsed[0]
+            got = inspect_segment(
+                key, os.path.join(path, name), os.path.join(path, data_name(key)), depth="sidecar"
+            )
+            if got.sidecar is not None:  # its key need not be its name's: open skips that one
+                return got.sidecar.fingerprint
+            assert got.damage is not None  # a link, a FIFO, a damaged one: open skips it
+            first = first or got.damage.error
+        if first is not None:
+            raise first
+        return None
 
     def _reconcile(self) -> None:
         on_disk: dict[bytes, set[str]] = {}
