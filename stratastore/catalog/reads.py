@@ -170,8 +170,10 @@ class CatalogReads(CatalogRows):
         """C -> the stamp of the file each entry was committed from (recovery compares them)."""
 
         def run(txn: Any) -> dict[bytes, bytes]:
-            return {bytes(k): HEAD.unpack(bytes(v[: HEAD.size]))[2]
-                    for k, v in txn.cursor(db=self._convs)}  # fmt: skip
+            return {
+                bytes(k): HEAD.unpack(bytes(v[: HEAD.size]))[2]
+                for k, v in txn.cursor(db=self._convs)
+            }
 
         out: dict[bytes, bytes] = self._read(run)
         return out

@@ -119,8 +119,11 @@ class CatalogRows:
 
     def _put_conv(self, txn: Any, m: ChainManifest, raw: bytes, stamp: bytes) -> None:
         cid = conv_id_key(m.conv_id)
-        txn.put(cid, HEAD.pack(F_SESSION if m.session else 0, m.sealed_at_ns, stamp) + raw,
-                db=self._convs)  # fmt: skip
+        txn.put(
+            cid,
+            HEAD.pack(F_SESSION if m.session else 0, m.sealed_at_ns, stamp) + raw,
+            db=self._convs,
+        )
         if evictable(m):
             txn.put(U64.pack(m.sealed_at_ns) + cid, m.conv_id.encode(), db=self._ages)
 
@@ -154,8 +157,9 @@ class CatalogRows:
                 return bytes(k)
         return None
 
-    def _doom(self, txn: Any, ticket: bytes, keys: set[bytes], conv: bytes | None
-              ) -> tuple[bytes, ...]:  # fmt: skip
+    def _doom(
+        self, txn: Any, ticket: bytes, keys: set[bytes], conv: bytes | None
+    ) -> tuple[bytes, ...]:
         """Doom the keys of ``keys`` that nothing names any more (and ``conv``'s manifest)."""
         dead = tuple(sorted(k for k in keys if not self._has_owner(txn, k)))
         for k in dead:

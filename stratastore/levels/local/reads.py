@@ -155,8 +155,9 @@ class SegmentReads:
         with self.open_reader(key) as seg:
             end = seg.sidecar.stored_bytes
             if offset < 0 or offset > end:
-                raise OutOfRange(f"segment {key.hex()}: offset {offset} is outside its {end} "
-                                 "stored bytes")  # fmt: skip
+                raise OutOfRange(
+                    f"segment {key.hex()}: offset {offset} is outside its {end} stored bytes"
+                )
             n = min(len(dst), end - offset)
             seg.read_into(dst[:n], offset)
         return n

@@ -1,6 +1,6 @@
 """``strata fsck --remote``: the remote level's namespaces of one store name, checked (and with
-``repair`` fixed) by :meth:`~.redis_backend.RedisBackend.fsck`; nothing outside them is read,
-changed or deleted (issue 17 item 5).
+``repair`` fixed) by :meth:`~stratastore.levels.redis.backend.RedisBackend.fsck`; nothing
+outside them is read, changed or deleted.
 
 A store name holds one namespace per model (``strata/<name>/<fp>/``, :func:`.namespace`): the
 namespace's own name carries its model's fingerprint digest, and every commit record under it
