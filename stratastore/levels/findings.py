@@ -13,8 +13,10 @@ its damage by these ids; operator tools above it import it, never the other way 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Literal
 
 __all__ = ["FINDINGS", "Finding", "FindingKind", "Repair", "Severity"]
@@ -120,37 +122,39 @@ SEGMENT_UNREACHABLE = _kind("SEGMENT_UNREACHABLE", "warning", "F-CHAIN-3", _Q)  
 #: a move interrupted by a crash: two whole copies, allowed
 DUPLICATE_ACROSS_LEVELS = _kind("DUPLICATE_ACROSS_LEVELS", "warning", "F-DUR-8", _LEAVE)
 
-#: id -> its row, in the order of format-spec/FSCK.md's groups above
-FINDINGS: dict[str, FindingKind] = {
-    k.id: k
-    for k in (
-        SIDECAR_INVALID,
-        SIDECAR_UNSUPPORTED,
-        SIDECAR_CHECKSUM,
-        SIDECAR_KEY_MISMATCH,
-        DATA_MISSING,
-        SEGMENT_HEADER_INVALID,
-        SEGMENT_HEADER_MISMATCH,
-        SEGMENT_SIZE_MISMATCH,
-        PAGE_HASH_MISMATCH,
-        FINGERPRINT_MISMATCH,
-        SYMLINK,
-        NOT_REGULAR_FILE,
-        STORE_READABLE_BY_OTHERS,
-        ORPHAN_FILE,
-        ORPHAN_TEMP,
-        UNKNOWN_FILE,
-        INDEX_DANGLING,
-        INDEX_RECORD_INVALID,
-        INDEX_UNREADABLE,
-        INDEX_STALE,
-        INDEX_MISSING,
-        INDEX_SCHEMA,
-        INDEX_ABSENT,
-        CHAIN_INVALID,
-        MANIFEST_KEY_MISMATCH,
-        CHAIN_BROKEN,
-        SEGMENT_UNREACHABLE,
-        DUPLICATE_ACROSS_LEVELS,
-    )
-}
+#: id -> its row (read-only)
+FINDINGS: Mapping[str, FindingKind] = MappingProxyType(
+    {
+        k.id: k
+        for k in (
+            SIDECAR_INVALID,
+            SIDECAR_UNSUPPORTED,
+            SIDECAR_CHECKSUM,
+            SIDECAR_KEY_MISMATCH,
+            DATA_MISSING,
+            SEGMENT_HEADER_INVALID,
+            SEGMENT_HEADER_MISMATCH,
+            SEGMENT_SIZE_MISMATCH,
+            PAGE_HASH_MISMATCH,
+            FINGERPRINT_MISMATCH,
+            SYMLINK,
+            NOT_REGULAR_FILE,
+            STORE_READABLE_BY_OTHERS,
+            ORPHAN_FILE,
+            ORPHAN_TEMP,
+            UNKNOWN_FILE,
+            INDEX_DANGLING,
+            INDEX_RECORD_INVALID,
+            INDEX_UNREADABLE,
+            INDEX_STALE,
+            INDEX_MISSING,
+            INDEX_SCHEMA,
+            INDEX_ABSENT,
+            CHAIN_INVALID,
+            MANIFEST_KEY_MISMATCH,
+            CHAIN_BROKEN,
+            SEGMENT_UNREACHABLE,
+            DUPLICATE_ACROSS_LEVELS,
+        )
+    }
+)
