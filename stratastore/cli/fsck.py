@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stratastore.cli.common import AddCommand, levels_doc, store_levels
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
+from stratastore.levels.findings import PAGE_HASH_MISMATCH
 
 if TYPE_CHECKING:
     from stratastore.levels.redis.fsck import NamespaceReport
@@ -178,7 +179,7 @@ def _namespace_row(ns: NamespaceReport) -> dict[str, Any]:
             "used_actual": rep.used_actual,
             "repaired": rep.repaired,
             "findings": [
-                {"id": "PAGE_HASH_MISMATCH", "segment": k.hex(), "page": page}
+                {"id": PAGE_HASH_MISMATCH.id, "segment": k.hex(), "page": page}
                 for k, page in rep.damaged
             ],
         }

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+from pathlib import PurePath
 from typing import Any
 
 from stratastore.cli.common import AddCommand, absolute, levels_doc, store_levels
 from stratastore.errors import StrataError
-from stratastore.format import ModelFingerprint, decode_sidecar
-from stratastore.format.sidecar import MAX_SIDECAR_BYTES
-from stratastore.io import files
 from stratastore.levels.local import SegmentStore
 
 __all__ = ["add_parser", "run"]
@@ -73,22 +70,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fingerprint_from_dir(path: str) -> ModelFingerprint | None:
-    """The fingerprint of the first committed sidecar in level ``path`` (inspect needs no
-    model), or None when it holds no segment (a level that holds only chains, or nothing yet)."""
-    first: StrataError | None = None
-    for name in sorted(files.listdir(path)):
-        if name.startswith("strata-conv-") and name.endswith(".side"):
-            try:
-                raw = files.read_file(os.path.join(path, name), MAX_SIDECAR_BYTES)
-                return decode_sidecar(raw, name).fingerprint
-            except StrataError as e:  # a link, a FIFO, a damaged one: the store skips it
-                first = first or e
-    if first is not None:  # not one sidecar could be read: why the first could not
-        raise first
-    return None
-
-
 def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
     """Why a segment's sidecar or data file is not one a store reads (a symbolic link, a FIFO:
     ``lstat``, spec F-DIR-8), as an entry of inspect's skipped list; None when both are."""
@@ -97,7 +78,7 @@ def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
 
     for name in (sidecar_name(key), data_name(key)):
         try:
-            guard.require_regular(os.path.join(d, name), missing_ok=True)
+            guard.require_regular(str(PurePath(d, name)), missing_ok=True)
         except StrataError as e:
             return {"file": name, "reason": str(e)}
     return None
@@ -105,7 +86,7 @@ def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
 
 def _inspect_level(path: str) -> dict[str, Any]:
     """One level's segments (as a store opening it reads them) and what it did not adopt."""
-    fp = _fingerprint_from_dir(path)
+    fp = SegmentStore.fingerprint_in(path)  # the check open and fsck share
     if fp is None:
         return {
             "dir": path,

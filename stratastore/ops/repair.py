@@ -1,5 +1,6 @@
-"""``strata fsck --repair``: bring store directories back to a clean :func:`~stratastore.ops.fsck.fsck`
-without destroying valid data (format-spec/FSCK.md).
+"""``strata fsck --repair``: bring store directories back to a clean
+:func:`~stratastore.ops.fsck.fsck` without destroying valid data (format-spec/FSCK.md); what it
+does about each finding is the findings table's (:mod:`stratastore.levels.findings`).
 
 :func:`repair` runs fsck and acts on its findings: damaged segments and manifests are moved into
 ``strata-quarantine/`` (never deleted), temp files removed, a chain broken by a missing segment
@@ -28,18 +29,22 @@ from stratastore.format.naming import INDEX_DIR, QUARANTINE_DIR, data_name, side
 from stratastore.format.sidecar import MAX_SIDECAR_BYTES
 from stratastore.io import durable_write, files, guard, modes
 from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
+from stratastore.levels.findings import (
+    CHAIN_BROKEN,
+    FINDINGS,
+    ORPHAN_FILE,
+    SEGMENT_UNREACHABLE,
+    Repair,
+)
 from stratastore.ops.fsck import Finding, committed_keys, fsck, quarantined_keys
 from stratastore.ops.level_dirs import ROOT_CONFIG, StoreLevels, levels_of
 
 __all__ = ["Action", "RepairRefused", "repair"]
 
-_QUARANTINE = {
-    "SIDECAR_INVALID", "SIDECAR_CHECKSUM", "SIDECAR_KEY_MISMATCH", "DATA_MISSING",
-    "SEGMENT_HEADER_INVALID", "SEGMENT_HEADER_MISMATCH", "SEGMENT_SIZE_MISMATCH",
-    "PAGE_HASH_MISMATCH", "ORPHAN_FILE", "SEGMENT_UNREACHABLE",
-}  # fmt: skip
-_INDEX = {"INDEX_DANGLING", "INDEX_RECORD_INVALID", "INDEX_UNREADABLE", "INDEX_STALE",
-          "INDEX_MISSING", "INDEX_SCHEMA", "INDEX_ABSENT"}  # fmt: skip
+
+def _does(f: Finding) -> Repair:
+    """What repair does about ``f`` (the findings table's ``repair``)."""
+    return FINDINGS[f.id].repair
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +74,13 @@ def _refuse_unknown_cuts(findings: list[Finding], levels: StoreLevels) -> None:
         return
     known_bad = set(quarantined_keys(levels.store))
     for f in findings:
-        parsed = parse_name(os.path.basename(f.object)) if f.id == "ORPHAN_FILE" else None
+        parsed = parse_name(os.path.basename(f.object)) if f.id == ORPHAN_FILE.id else None
         if parsed is not None:
             known_bad.add(parsed[0])
     present = committed_keys(levels.store)
     unknown = []
     for f in findings:
-        if f.id != "CHAIN_BROKEN":
+        if f.id != CHAIN_BROKEN.id:
             continue
         with contextlib.suppress(StrataError, StrataIOError):
             m = decode_manifest(files.read_file(f.object, MAX_MANIFEST_BYTES), f.object)
@@ -122,26 +127,26 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
     rebuild = set()
     for f in findings:
         try:
-            if f.id == "ORPHAN_TEMP":
+            if _does(f) is Repair.REMOVE_TEMP:
                 guard.remove_store_file(f.object, missing_ok=True)
                 actions.append(Action("remove_temp", f.object,
                                       "a temp file of an interrupted write"))  # fmt: skip
-            elif f.id in _QUARANTINE:
+            elif _does(f) is Repair.QUARANTINE_SEGMENT:
                 d = os.path.dirname(f.object)
                 rebuild.add(d)
                 for path in _segment_files(f.object):
                     _quarantine(path)
                     actions.append(Action("quarantine", path, f.id))
-            elif f.id in ("CHAIN_INVALID", "MANIFEST_KEY_MISMATCH"):
+            elif _does(f) is Repair.QUARANTINE_MANIFEST:
                 _quarantine(f.object)
                 actions.append(Action("quarantine", f.object, f.id))
         except _REFUSALS as e:
             actions.append(Action("refused", e.path, str(e)))
-    rebuild |= {d for d in dirs if any(f.id in _INDEX and f.object.startswith(d + os.sep)
-                                       for f in findings)}  # fmt: skip
+    index_findings = [f for f in findings if _does(f) is Repair.REBUILD_INDEX]
+    rebuild |= {d for d in dirs if any(f.object.startswith(d + os.sep) for f in index_findings)}
     _rebuild_indexes(dirs, rebuild, actions)
     cuts = 0
-    broken = [f for f in fsck(dirs, deep=False, levels=levels) if f.id == "CHAIN_BROKEN"]
+    broken = [f for f in fsck(dirs, deep=False, levels=levels) if _does(f) is Repair.CUT_CHAIN]
     present = committed_keys(levels.store) if broken else set()  # fsck's definition, once
     for f in broken:  # chains broken by the quarantines above
         try:
@@ -179,7 +184,7 @@ def _quarantine_unreachable(dirs: Sequence[str], levels: StoreLevels,
     (every segment before a reachable one is reachable), so one pass is enough."""
     rebuild = set()
     for f in fsck(dirs, deep=False, levels=levels):
-        if f.id != "SEGMENT_UNREACHABLE":
+        if f.id != SEGMENT_UNREACHABLE.id:
             continue
         rebuild.add(os.path.dirname(f.object))
         try:
@@ -269,7 +274,7 @@ def _truncate_chain(path: str, present: set[bytes]) -> Action | None:
     keep = max((c.length for c in m.checkpoints if c.length <= gap), default=0)
     if keep == 0:
         _quarantine(path)
-        return Action("quarantine", path, "CHAIN_BROKEN at its first segment")
+        return Action("quarantine", path, f"{CHAIN_BROKEN.id} at its first segment")
     cut = dataclasses.replace(
         m, tokens=m.tokens[:keep],
         checkpoints=tuple(c for c in m.checkpoints if c.length <= keep),

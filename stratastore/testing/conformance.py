@@ -11,42 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stratastore.ops.fsck import Finding, fsck
+from stratastore.levels.findings import FINDINGS, Finding
+from stratastore.ops.fsck import fsck
 from stratastore.ops.level_dirs import StoreLevels
 
 __all__ = ["CLAUSES", "ConformanceReport", "check_conformance"]
 
-#: fsck id -> the MUST clauses it breaks
-CLAUSES: dict[str, tuple[str, ...]] = {
-    "SIDECAR_INVALID": ("F-SC-1", "F-SC-6", "F-SC-7"),
-    "SIDECAR_UNSUPPORTED": ("F-COMPAT-1", "F-COMPAT-2"),
-    "SIDECAR_CHECKSUM": ("F-SC-2",),
-    "SIDECAR_KEY_MISMATCH": ("F-KEY-6",),
-    "DATA_MISSING": ("F-DUR-2",),
-    "SEGMENT_HEADER_INVALID": ("F-SEG-1",),
-    "SEGMENT_HEADER_MISMATCH": ("F-SEG-2",),
-    "SEGMENT_SIZE_MISMATCH": ("F-SEG-3",),
-    "PAGE_HASH_MISMATCH": ("F-SC-3",),
-    "FINGERPRINT_MISMATCH": ("F-DIR-6",),
-    "INDEX_DANGLING": ("F-IDX-4",),
-    "INDEX_RECORD_INVALID": ("F-IDX-1",),
-    "INDEX_STALE": ("F-IDX-2",),
-    "CHAIN_INVALID": ("F-CHAIN-1", "F-CHAIN-2"),
-    "MANIFEST_KEY_MISMATCH": ("F-CHAIN-2", "F-KEY-2"),
-    "DUPLICATE_ACROSS_LEVELS": (),  # a move interrupted by a crash: allowed (F-DUR-8)
-    "CHAIN_BROKEN": (),  # allowed: capacity GC removes segments (F-CHAIN-3)
-    "SEGMENT_UNREACHABLE": (),  # allowed: what a chain past a GC hole names (F-CHAIN-3)
-    "ORPHAN_FILE": (),  # allowed after a crash (F-DUR-3)
-    "ORPHAN_TEMP": (),  # allowed after a crash (F-DIR-3)
-    "INDEX_MISSING": (),  # allowed: the index is derived (F-IDX-3)
-    "INDEX_ABSENT": (),
-    "INDEX_SCHEMA": (),
-    "INDEX_UNREADABLE": (),
-    "UNKNOWN_FILE": (),  # allowed: F-DIR-2
-    "SYMLINK": ("F-DIR-8",),  # a link where a store file or directory belongs
-    "NOT_REGULAR_FILE": ("F-DIR-8",),  # a FIFO, device or directory named like a store file
-    "STORE_READABLE_BY_OTHERS": (),  # allowed: a permission choice (F-DIR-9 is a SHOULD)
-}
+#: fsck id -> the MUST clauses it breaks (empty: a state the spec allows), from the findings
+#: table (:mod:`stratastore.levels.findings`)
+CLAUSES: dict[str, tuple[str, ...]] = {k.id: k.violates for k in FINDINGS.values()}
 
 
 @dataclass

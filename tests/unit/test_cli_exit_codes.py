@@ -129,9 +129,9 @@ def test_a_damaged_sidecar_exits_2_in_inspect_and_3_elsewhere(
     assert main(["inspect", str(tmp_path)]) == 2  # the check could not run (FSCK.md)
     err = _one_line(capsys.readouterr().err)
     assert "not a valid v1 sidecar" in err
-    from stratastore.cli.inspect import _fingerprint_from_dir
+    from stratastore.levels.local import SegmentStore
 
-    monkeypatch.setattr("stratastore.metrics.monitor.read_monitor", _fingerprint_from_dir)
+    monkeypatch.setattr("stratastore.metrics.monitor.read_monitor", SegmentStore.fingerprint_in)
     assert main(["monitor", str(tmp_path), "--once"]) == ExitCode.FORMAT
     assert _one_line(capsys.readouterr().err) == err
 

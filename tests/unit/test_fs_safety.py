@@ -245,7 +245,8 @@ def fifo_store(tmp_path: Path) -> tuple[Path, Path, Path]:
 def test_fifo_does_not_hang_segment_store_open(tmp_path: Path) -> None:
     d, side, _ = fifo_store(tmp_path)
     r = run_child(
-        "import sys; from stratastore.levels.local import SegmentStore; from tests.conftest import tiny_fp\n"
+        "import sys; from stratastore.levels.local import SegmentStore\n"
+        "from tests.conftest import tiny_fp\n"
         "with SegmentStore.open(sys.argv[1], tiny_fp()) as s:\n"
         "    print(len(s), [(k.name, k.error) for k in s.skipped])",
         str(d),

@@ -13,17 +13,17 @@ Order of operations (spec F-DUR):
   data or temp file, which no reader sees.
 * **delete**: unindex, unlink the sidecar, fsync the directory, unlink the data file, fsync.
 * **open**: list the directory; index every committed sidecar the index lacks (validating the
-  sidecar and the data file's header and size, not rehashing pages) and drop every record whose
+  sidecar and the data file's header and size with
+  :func:`~stratastore.levels.inspect.inspect_segment`, the check fsck shares, not rehashing
+  pages) and drop every record whose
   sidecar is gone. Opening never writes, renames or deletes a segment file. A segment name that
   is a symbolic link or not a regular file (a FIFO, a directory) is never followed or read: it
   is skipped and reported in :attr:`SegmentStore.skipped` (spec F-DIR-8).
 * **files**: created with the store's ``file_mode`` (default ``0o600``; directories
   ``0o700``), spec F-DIR-9; every removal goes through the io layer's store-name guard.
-* **get**: read the sidecar, open the data file and check its header and size, then ``pread``
-  the pages into memory this process owns, hash them there and deliver them from that same
-  memory only if they match (``verify=True``, the default). Data files are never mapped: a file
-  truncated or failing under a reader is a typed error, never a SIGBUS (spec F-SC-3). The read
-  side is :mod:`stratastore.levels.reader` (:class:`SegmentReader`, :meth:`open_reader`).
+* **get**: :mod:`stratastore.levels.local.reads` (:class:`SegmentReads`, the base of
+  :class:`SegmentStore`): pages read with ``pread`` into memory this process owns and hashed
+  there, never mapped (spec F-SC-3).
 * **relocate**: :mod:`stratastore.levels.relocation` (spec F-DUR-8). **seal** (keys, page
   hashes, compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
 * **used / oldest**: counters and an age table kept in the index's own transactions
@@ -33,7 +33,6 @@ Order of operations (spec F-DUR):
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -47,7 +46,6 @@ import numpy.typing as npt
 
 from stratastore.errors import StrataError
 from stratastore.format import (
-    DATA_OFFSET,
     ChecksumMismatch,
     Codec,
     FormatError,
@@ -59,29 +57,26 @@ from stratastore.format import (
     SegmentHeader,
     Sidecar,
     data_name,
-    decode_segment_header,
-    decode_sidecar,
     encode_segment_header,
     encode_sidecar,
     parse_name,
     sidecar_name,
 )
 from stratastore.format.index_record import INDEX_SCHEMA
-from stratastore.format.sidecar import MAX_SIDECAR_BYTES
 from stratastore.io import DurableFile, durable_write, files, guard
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
 from stratastore.levels import relocation
 from stratastore.levels.backend import PutResult, StoreStats
 from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.inspect import inspect_segment
 from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
+from stratastore.levels.local.reads import SegmentReads
 from stratastore.levels.local.relocation import relocate
-from stratastore.levels.reader import OutOfRange, SegmentReader, check_data, require_valid
 from stratastore.levels.sealing import (
     STATE_PAGE_BYTES,
     Buffer,
     Unsealed,
-    byte_view,
     check_sealed,
     encode,
     kv_segment,
@@ -112,9 +107,9 @@ class Skipped:
     error: str  #: the error's class name (FormatError, ChecksumMismatch, ...)
 
 
-class SegmentStore:
+class SegmentStore(SegmentReads):
     """Segments of one model in one directory; thread-safe, one writer at a time per directory
-    across processes (readers never block). Use :meth:`open`.
+    across processes (readers never block: :class:`SegmentReads`). Use :meth:`open`.
 
     The first implementation of the level protocol
     :class:`~stratastore.levels.backend.SegmentBackend` (checked there, statically).
@@ -189,6 +184,29 @@ class SegmentStore:
             raise
         return store
 
+    @staticmethod
+    def fingerprint_in(path: str) -> ModelFingerprint | None:
+        """The model of level directory ``path``: that of its first committed sidecar that
+        decodes (:func:`~stratastore.levels.inspect.inspect_segment`, the check open and fsck
+        share), so a tool (``strata inspect``) can open a level without being told its model.
+        None when it holds no sidecar; when not one decodes, the first one's typed error."""
+        first: StrataError | None = None
+        for name in sorted(files.listdir(path)):
+            parsed = parse_name(name)
+            if parsed is None or parsed[1] != "side":
+                continue
+            key = parsed[0]
+            got = inspect_segment(
+                key, os.path.join(path, name), os.path.join(path, data_name(key)), depth="sidecar"
+            )
+            if got.sidecar is not None:  # its key need not be its name's: open skips that one
+                return got.sidecar.fingerprint
+            assert got.damage is not None  # a link, a FIFO, a damaged one: open skips it
+            first = first or got.damage.error
+        if first is not None:
+            raise first
+        return None
+
     def _reconcile(self) -> None:
         on_disk: dict[bytes, set[str]] = {}
         for name in files.listdir(self.path):
@@ -223,26 +241,6 @@ class SegmentStore:
         if stored_fp != self.fingerprint.pack():
             self._index.meta_put(FINGERPRINT_KEY, self.fingerprint.pack())
 
-    def _inspect(self, key: bytes) -> tuple[Sidecar, IndexRecord]:
-        """Read and check a committed segment's sidecar and data header (no page hashing).
-        :class:`SegmentNotFound` when it was deleted meanwhile (its sidecar is gone)."""
-        sc, side_bytes = self._read_sidecar(key)
-        try:
-            head, size = files.read_head(self._data_path(key), DATA_OFFSET)
-        except StrataIOError as e:
-            self._raise_if_deleted(key, e)
-            raise
-        hdr = decode_segment_header(head, data_name(key))
-        check_data(sc, hdr, size)
-        return sc, IndexRecord.from_sidecar(sc, side_bytes, size)
-
-    def _raise_if_deleted(self, key: bytes, e: StrataIOError) -> None:
-        """A data file that vanished under a read: :class:`SegmentNotFound` when the segment was
-        deleted (its sidecar is gone too; another process moved or dropped it), else return
-        (a committed sidecar without its data file is damage: the caller re-raises ``e``)."""
-        if e.errno == errno.ENOENT and not self._committed(key):
-            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
-
     def close(self) -> None:
         self._flock.close()
         self._index.close()
@@ -254,26 +252,6 @@ class SegmentStore:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-    # -- paths --------------------------------------------------------------------------------
-    def _data_path(self, key: bytes) -> str:
-        return os.path.join(self.path, data_name(key))
-
-    def _sidecar_path(self, key: bytes) -> str:
-        return os.path.join(self.path, sidecar_name(key))
-
-    def _read_sidecar(self, key: bytes) -> tuple[Sidecar, int]:
-        try:
-            raw = files.read_file(self._sidecar_path(key), MAX_SIDECAR_BYTES)
-        except StrataIOError as e:
-            if e.errno != errno.ENOENT:
-                raise
-            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
-        sc = decode_sidecar(raw, sidecar_name(key))
-        self.fingerprint.require_same(sc.fingerprint, sidecar_name(key))
-        if sc.key != key:
-            raise FormatError(f"{sidecar_name(key)}: it holds key {sc.key.hex()}, not its name's")
-        return sc, len(raw)
 
     # -- writing ------------------------------------------------------------------------------
     def put_kv(
@@ -334,9 +312,6 @@ class SegmentStore:
             f.write(data.data)
             f.prepare()
             return self._commit(f, mine, header)
-
-    def _committed(self, key: bytes) -> bool:
-        return files.exists(self._sidecar_path(key))
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
         if self._committed(u.key) and self._index.get(u.key) is not None:
@@ -449,141 +424,3 @@ class SegmentStore:
         with contextlib.suppress(StrataError):
             if self._committed(key) and self._index.get(key) is None:
                 self._index.put(key, self._inspect(key)[1])
-
-    # -- reading ------------------------------------------------------------------------------
-    def contains(self, key: bytes) -> bool:
-        return self._index.get(key) is not None
-
-    __contains__ = contains
-
-    def record(self, key: bytes) -> IndexRecord:
-        rec = self._index.get(key)
-        if rec is None:
-            raise SegmentNotFound(f"segment {key.hex()} is not in {self.path}")
-        return rec
-
-    def sidecar(self, key: bytes) -> Sidecar:
-        self.record(key)
-        return self._read_sidecar(key)[0]
-
-    def keys(self) -> list[bytes]:
-        return self._index.keys()
-
-    def records(self) -> list[tuple[bytes, IndexRecord]]:
-        """Every ``(key, record)`` of the index."""
-        return list(self._index.items())
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def stats(self) -> StoreStats:
-        return StoreStats(len(self._index), self._index.used_bytes())
-
-    def used(self) -> int:
-        """Data-file plus sidecar bytes of every indexed segment: one index read, O(1)."""
-        return self._index.used_bytes()
-
-    def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
-        """``(key, record)`` of every segment, oldest ``sealed_at`` first, lazily (the index's
-        ``ages`` table: O(log n) a row, no transaction held between rows)."""
-        return self._index.oldest()
-
-    def open_reader(self, key: bytes) -> SegmentReader:
-        """The committed segment ``key`` held open for reads into memory the caller owns (the
-        restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager).
-        :class:`SegmentNotFound` when it is not here, or was deleted meanwhile."""
-        self.record(key)
-        sc = self._read_sidecar(key)[0]
-        try:
-            return SegmentReader(sc, self._data_path(key))
-        except StrataIOError as e:
-            self._raise_if_deleted(key, e)
-            raise
-
-    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
-        """Copy the *stored* bytes of ``key`` from ``offset`` into ``out`` (RAW: the pages;
-        ZSTD: the frames; not validated: the caller hashes what it reads, spec F-SC-3): as
-        many as fit, up to the end. Returns the count (0 at the end); :class:`OutOfRange` for
-        an offset before 0 or past the end."""
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only")
-        with self.open_reader(key) as seg:
-            end = seg.sidecar.stored_bytes
-            if offset < 0 or offset > end:
-                raise OutOfRange(f"segment {key.hex()}: offset {offset} is outside its {end} "
-                                 "stored bytes")  # fmt: skip
-            n = min(len(dst), end - offset)
-            seg.read_into(dst[:n], offset)
-        return n
-
-    def prefetch(self, key: bytes) -> bool:
-        """Start reading the segment's data file into the page cache (a hint for a restore that
-        comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
-        return files.advise_willneed(self._data_path(key))
-
-    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
-        """The segment's validated payload as bytes (for small objects such as running states);
-        refuses one larger than ``max_bytes`` before allocating it."""
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if sc.payload_bytes > max_bytes:
-                raise StoreError(
-                    f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
-                    f"{max_bytes:,} this read allows"
-                )
-            out = bytearray(sc.payload_bytes)
-            seg.copy_validated(memoryview(out), True)
-        return bytes(out)
-
-    def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
-        """Copy the segment's pages into ``out`` (at least ``payload_bytes`` long).
-
-        With ``verify`` every page is read into staging memory, hashed there and copied from
-        there only if it matches its sidecar digest (the bytes hashed are the bytes delivered);
-        a mismatch raises :class:`ChecksumMismatch` naming the first bad page, and ``out`` then
-        holds validated pages only (spec F-SC-3). A read error or a file truncated meanwhile
-        raises :class:`StrataIOError` / :class:`~stratastore.io.errors.ShortRead`. Returns the
-        sidecar.
-        """
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only")
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if len(dst) < sc.payload_bytes:
-                raise StoreError(
-                    f"output buffer is {len(dst)} bytes; segment {key.hex()} needs "
-                    f"{sc.payload_bytes}"
-                )
-            seg.copy_validated(dst[: sc.payload_bytes], verify)
-        return sc
-
-    def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
-        """A read-only uint8 array of the segment's pages (RAW codec only), read into new memory
-        this process owns: never a mapping, so a file truncated or deleted later cannot fault
-        the caller (it keeps what it got).
-
-        With ``verify`` every page of that memory is hashed and a mismatch raises
-        :class:`ChecksumMismatch`.
-        """
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if sc.codec is not Codec.RAW:
-                raise StoreError(
-                    f"segment {key.hex()} is {sc.codec.name.lower()}-compressed and cannot be "
-                    "viewed raw; use get_into"
-                )
-            payload = seg.pages()
-        if verify:
-            require_valid(sc, payload)
-        payload.flags.writeable = False
-        return payload
-
-    def verify(self, key: bytes) -> int:
-        """Hash every page of a segment: the first bad page, or -1 when all match."""
-        with self.open_reader(key) as seg:
-            return seg.first_bad_page()

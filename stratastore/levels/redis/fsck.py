@@ -19,12 +19,16 @@ from dataclasses import dataclass
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.format.remote_record import NS_FP_DIGITS, RemoteNames, decode_commit_record
+from stratastore.levels.findings import PAGE_HASH_MISMATCH
 from stratastore.levels.redis.backend import RedisBackend
 from stratastore.levels.redis.check import RemoteReport
 from stratastore.levels.redis.client import RemoteError
 from stratastore.levels.redis.settings import RemoteSettings, check_name
 
-__all__ = ["NamespaceReport", "fsck_remote"]
+__all__ = ["PAGE_HASH_MISMATCH", "NamespaceReport", "fsck_remote"]
+
+# PAGE_HASH_MISMATCH (from the findings table): the finding a committed segment whose parts are
+# all there but a page fails its digest (F-SC-3) is reported as, one per ``RemoteReport.damaged``
 
 
 @dataclass
