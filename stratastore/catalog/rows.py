@@ -26,7 +26,7 @@ from typing import Any
 
 from stratastore.catalog.chains import conv_id_key, evictable, manifest_keys
 from stratastore.format.manifest import ChainManifest, decode_manifest
-from stratastore.levels.local.index import SegmentIndex
+from stratastore.levels.backend import TableEnvironment
 
 __all__ = [
     "F_SESSION",
@@ -69,7 +69,7 @@ class CatalogRows:
     """The seven tables in ``index``'s environment (the last level's, F-CAT-1) and the row
     operations on them; every method that takes ``txn`` runs inside the caller's transaction."""
 
-    def __init__(self, index: SegmentIndex) -> None:
+    def __init__(self, index: TableEnvironment) -> None:
         self.index = index
         env = index.env
         self._convs = env.open_db(b"cat.convs")

@@ -41,7 +41,7 @@ from stratastore.catalog.rows import (
 from stratastore.errors import StrataError
 from stratastore.format.manifest import ChainManifest, encode_manifest
 from stratastore.io.system import process_alive, process_start, this_process
-from stratastore.levels.local.index import SegmentIndex
+from stratastore.levels.backend import TableEnvironment
 
 __all__ = ["Catalog", "CatalogBusy", "NameTaken", "Removal", "ticket_pid"]
 
@@ -84,7 +84,7 @@ class Catalog(CatalogReads):
     """The catalog tables in ``index``'s environment (the last level's). Thread-safe as LMDB
     is; the Store serialises its own calls."""
 
-    def __init__(self, index: SegmentIndex) -> None:
+    def __init__(self, index: TableEnvironment) -> None:
         super().__init__(index)
         self.pid = this_process()
         self.start = process_start(self.pid)

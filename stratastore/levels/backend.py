@@ -32,11 +32,11 @@ Contracts every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -46,14 +46,18 @@ from stratastore.levels.relocation import Relocated, relocate_by_copy
 from stratastore.levels.sealing import Buffer
 
 __all__ = [
+    "CatalogHost",
     "OpenSegment",
     "PutResult",
     "Relocated",
     "SegmentBackend",
     "SharedBackend",
     "StoreStats",
+    "TableEnvironment",
     "relocate_by_copy",
 ]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,17 @@ class SegmentBackend(Protocol):
     path: str
     level: Level
     fingerprint: ModelFingerprint
+
+    # -- capabilities: what the flow above may rely on (class attributes) ----------------------
+    #: what is put survives a close and the process (the in-memory level: False)
+    persistent: bool
+    #: several nodes use it at once (the remote level): it holds copies, never the only one
+    shared: bool
+    #: it can be walked by parent key (:class:`SharedBackend` ``children_many``), so a prompt's
+    #: chain is found in it without a catalog (the remote level, spec F-REM)
+    chain_index: bool
+    #: it can hold the shared catalog's tables (:class:`CatalogHost`, spec F-CAT-1)
+    hosts_catalog: bool
 
     # -- writing (spec F-DUR-2, F-DUR-7) ------------------------------------------------------
     def put_kv(
@@ -242,6 +257,36 @@ class SegmentBackend(Protocol):
 
 
 @runtime_checkable
+class TableEnvironment(Protocol):
+    """A transactional environment of named tables (LMDB's API), which the shared catalog keeps
+    beside a level's own index (spec F-CAT-1)."""
+
+    @property
+    def env(self) -> Any:
+        """The environment its tables are opened in (``env.open_db(name)``)."""
+        ...
+
+    def write_txn(self, fn: Callable[[Any], _T]) -> _T:
+        """Run ``fn(txn)`` in one write transaction; a failure is a typed error, never a raw
+        one of the environment."""
+        ...
+
+    def read_txn(self) -> AbstractContextManager[Any]:
+        """A read transaction, as a context manager."""
+        ...
+
+
+@runtime_checkable
+class CatalogHost(SegmentBackend, Protocol):
+    """A level that can hold the shared catalog (``hosts_catalog``): the catalog's tables live in
+    the same environment as the level's index, so a park's catalog rows and its segments' index
+    rows are one store's (spec F-CAT-1). The flow puts the catalog in the last disk level."""
+
+    def catalog_tables(self) -> TableEnvironment:
+        """The environment the catalog's tables are opened in."""
+        ...
+
+
 class SharedBackend(SegmentBackend, Protocol):
     """A level several nodes share (capabilities: *shared*, *has a chain index*): what the flow's
     shared level (``tiers/remote.py``) uses beyond :class:`SegmentBackend`. It holds copies:
@@ -299,3 +344,4 @@ if TYPE_CHECKING:  # the first implementation satisfies the protocol (mypy stric
     from stratastore.levels.local.segment_store import SegmentStore
 
     _local: type[SegmentBackend] = SegmentStore
+    _host: type[CatalogHost] = SegmentStore

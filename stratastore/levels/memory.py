@@ -61,6 +61,8 @@ class MemoryBackend:
 
     persistent = False  #: nothing survives close() or the process
     shared = False  #: one process sees it
+    chain_index = False
+    hosts_catalog = False
 
     def __init__(self, name: str, fingerprint: ModelFingerprint, level: Level) -> None:
         self.path = f"memory://{name}"

@@ -39,7 +39,7 @@ from stratastore.format import (
     Level,
     ModelFingerprint,
 )
-from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.backend import CatalogHost, SegmentBackend
 from stratastore.levels.local import OutOfRange, SegmentNotFound, SegmentStore, StoreError
 
 __all__ = ["BackendTests"]
@@ -136,6 +136,19 @@ class BackendTests:
             assert b.level is Level.COLD and b.fingerprint == self.fingerprint()
             assert isinstance(b.path, str) and b.path
             assert b.keys() == [] and b.records() == [] and b.used() == 0
+
+    def test_declares_its_capabilities(self, tmp_path: Path) -> None:
+        """The flags the flow relies on are booleans, and each promise is kept: a level that
+        hosts the catalog gives its tables (``CatalogHost``); a shared one is a
+        ``SharedBackend``; ``persistent`` is what :attr:`supports_persistence` tests."""
+        with self.opened(tmp_path / "a") as b:
+            flags = {f: getattr(b, f) for f in ("persistent", "shared", "chain_index",
+                                                 "hosts_catalog")}  # fmt: skip
+            assert all(isinstance(v, bool) for v in flags.values()), flags
+            assert flags["persistent"] == self.supports_persistence
+            if flags["hosts_catalog"]:
+                assert isinstance(b, CatalogHost)
+                assert callable(b.catalog_tables().write_txn)
 
     # -- round trips --------------------------------------------------------------------------
     def test_round_trip_one_short_page(self, tmp_path: Path) -> None:

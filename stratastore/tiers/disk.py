@@ -31,7 +31,7 @@ from stratastore.errors import StrataError
 from stratastore.format import ChecksumMismatch, FormatError
 from stratastore.io.errors import NotARegularFile, SymlinkRefused
 from stratastore.levels.backend import SegmentBackend
-from stratastore.levels.local import SegmentNotFound
+from stratastore.levels.errors import SegmentNotFound
 
 __all__ = ["DiskLevel", "LevelCounters", "LevelRefused"]
 
@@ -196,7 +196,7 @@ class DiskLevel:
 
     def adopt(self, src: DiskLevel, key: bytes) -> None:
         """Take ``key`` from the level above, making room first; all or nothing. Raises
-        :class:`~stratastore.levels.local.SegmentNotFound` when ``src`` no longer holds it."""
+        :class:`~stratastore.levels.errors.SegmentNotFound` when ``src`` no longer holds it."""
         size = src.store.record(key).total_bytes
         self.make_room(size)
         self.store.relocate_from(src.store, key)

@@ -1,9 +1,10 @@
-"""Opening the levels of a configuration, the one place the flow names a backend: the disk
-levels in order (``levels = [...]``, or the ``warm_*``/``cold_*`` settings it aliases), each a
-:class:`SegmentStore` on its directory with its budget, age limit and the next level it
-degrades into (spec F-SC-5: the level byte each writes is
-:func:`~stratastore.config.level_byte`'s), the shared catalog in the last of them, and the
-shared remote level (spec F-REM) when ``remote_url`` is set."""
+"""Opening the levels of a configuration: the disk levels in order (``levels = [...]``, or the
+``warm_*``/``cold_*`` settings it aliases), each opened from its spec by
+:func:`~stratastore.levels.registry.open_level` (the backend chosen by the spec's scheme, never
+named here) with its budget, age limit and the next level it degrades into (spec F-SC-5: the
+level byte each writes is :func:`~stratastore.config.level_byte`'s); the shared catalog in the
+last of them, which must be a level that can host it (``hosts_catalog``); and the shared remote
+level (spec F-REM) when ``remote_url`` is set."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 from stratastore.io import files
 from stratastore.io.system import volume_bytes
-from stratastore.levels.local import SegmentStore
+from stratastore.levels.backend import CatalogHost
 from stratastore.levels.redis.settings import RemoteSettings
+from stratastore.levels.registry import open_level
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.remote import RemoteLevel
@@ -93,8 +95,8 @@ def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
     try:
         for i in reversed(range(len(specs))):  # the last first: each links to the next
             spec = specs[i]
-            store = SegmentStore.open(spec.dir, fp, level=level_byte(i, len(specs), spec.name),
-                                      file_mode=cfg.file_mode)  # fmt: skip
+            level = level_byte(i, len(specs), spec.name)
+            store = open_level(spec.dir, fp, level, {"file_mode": cfg.file_mode})
             _warn_over_volume(cfg, spec, warn)
             try:
                 levels.insert(0, DiskLevel(spec.name, store, spec.mib * MIB,
@@ -119,8 +121,12 @@ def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manif
     segment before it discards it. Returns the catalog, its GC, the disk writer and the
     manifests that were refused at open (name, why)."""
     last = levels[-1].store
-    assert isinstance(last, SegmentStore)  # the catalog lives in a local directory's LMDB
-    catalog = Catalog(last.index)
+    if not (last.hosts_catalog and isinstance(last, CatalogHost)):
+        raise ConfigError(
+            f"the last disk level {levels[-1].name} ({last.path}) cannot hold the shared "
+            "catalog; make the last level a directory"
+        )
+    catalog = Catalog(last.catalog_tables())
     gc = Collector(catalog, lambda: [lvl.store for lvl in levels], manifest_dir, file_mode)
     last_level = levels[-1].store
     levels[-1].free = lambda before: gc.free_oldest(

@@ -115,6 +115,11 @@ class SegmentStore(SegmentReads):
     :class:`~stratastore.levels.backend.SegmentBackend` (checked there, statically).
     """
 
+    persistent = True
+    shared = False
+    chain_index = False  #: chains are in the manifests and the catalog, not walked here
+    hosts_catalog = True  #: the catalog's tables go in this directory's LMDB environment
+
     def __init__(self, path: str, fingerprint: ModelFingerprint, level: Level,
                  file_mode: int = DEFAULT_FILE_MODE) -> None:  # fmt: skip
         self.path = path
@@ -131,6 +136,11 @@ class SegmentStore(SegmentReads):
         except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
             self._index.close()
             raise
+
+    def catalog_tables(self) -> SegmentIndex:
+        """The environment the shared catalog's tables live in: this directory's index
+        (spec F-CAT-1; :class:`~stratastore.levels.backend.CatalogHost`)."""
+        return self._index
 
     @property
     def index(self) -> SegmentIndex:

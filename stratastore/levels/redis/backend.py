@@ -73,6 +73,11 @@ class RedisBackend(RedisRecords):
     (:class:`~stratastore.levels.backend.SharedBackend`): every method from any thread, every
     call bounded by the timeout."""
 
+    persistent = True  #: as the server keeps it (RDB/AOF); never the only copy of a park
+    shared = True
+    chain_index = True  #: walked by parent key (``children_many``, spec F-REM-5)
+    hosts_catalog = False
+
     def __init__(
         self,
         settings: RemoteSettings,
