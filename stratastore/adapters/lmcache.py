@@ -52,7 +52,8 @@ snippet)::
 Chunks carrying ``cached_positions`` (CacheBlend) are not stored (``puts_refused``).
 
 What the plugin reads from LMCache (its settings, the directory's fingerprint, a chunk key's
-fields) is in :mod:`.lmcache_config`; the chunk directory in :mod:`.lmcache_store`.
+fields) is in :mod:`.lmcache_config`; the chunk directory in :mod:`.lmcache_store`, its budget
+(the disk level's eviction), puts in flight and pins in :mod:`.lmcache_room`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ objects LMCache hands the plugin by their attributes.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stratastore.adapters.lmcache_chunks import KeyFields
@@ -79,7 +79,7 @@ class PluginSettings:
                 raise ConfigError(f"extra_config {p}{key} = {v!r}: use a whole number >= 1")
             return n
 
-        return cls(name, os.path.abspath(path), number("budget_mib", None) << 20,
+        return cls(name, str(Path(path).absolute()), number("budget_mib", None) << 20,
                    number("put_threads", 4), number("read_threads", 4))  # fmt: skip
 
 

@@ -8,8 +8,10 @@ of its LMCache key) and stored as the running-state segment ``state_key(chunk id
 (F-DUR: data file written and fsynced, renamed in, directory fsynced, sidecar written durably,
 indexed), its LMDB index rebuilt from the sidecars at open (F-IDX), BLAKE3 per page (F-SC-3).
 
-- **Budget**: before a put, the oldest chunks (``SegmentStore.oldest``: the index's age table,
-  by seal time) are deleted until the store's bytes (data files and sidecars, what
+- **Budget**: the directory is a disk level used on its own
+  (:class:`~stratastore.adapters.lmcache_room.ChunkRoom` over
+  :class:`~stratastore.tiers.disk.DiskLevel`): before a put, the oldest chunks (the index's age
+  table, by seal time) are deleted until the store's bytes (data files and sidecars, what
   ``SegmentStore.used`` counts) plus the puts in flight plus this one fit ``budget_bytes``;
   pinned chunks and the layout record are never evicted. A put that cannot fit is refused.
 - **Reads** deliver a chunk only after every page was hashed in the memory it is delivered
@@ -17,11 +19,12 @@ indexed), its LMDB index rebuilt from the sidecars at open (F-IDX), BLAKE3 per p
   validation (a checksum, a damaged or foreign header or sidecar, a truncated file) is a miss,
   counted in ``damaged``, logged, and deleted, so lookups stop finding it and the next put of
   that chunk writes it again; it is deleted only if its files are still the ones that failed
-  (checked under the directory's commit lock: a copy stored again meanwhile stays). Any other
-  failure (an I/O error such as EMFILE, the index or the store closed) is a miss counted in
-  ``read_errors`` and logged; nothing is deleted. A chunk read while this process does not know
-  the directory's layout (the record is re-read first: another process may have written it)
-  is a plain miss, never damage.
+  (its index record unchanged since it was opened, checked under the directory's commit lock:
+  a copy stored again meanwhile has another record, and stays). Any other failure (an I/O
+  error such as EMFILE, the index or the store closed) is a miss counted in ``read_errors``
+  and logged; nothing is deleted. A chunk read while this process does not know the
+  directory's layout (the record is re-read first: another process may have written it) is a
+  plain miss, never damage.
 - **Pins, evictions and removals** of one chunk exclude each other: a chunk chosen for deletion
   is marked under the lock before it is deleted, and a pin of a marked chunk fails.
 """
@@ -29,7 +32,6 @@ indexed), its LMDB index rebuilt from the sidecars at open (F-IDX), BLAKE3 per p
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Literal
@@ -37,24 +39,23 @@ from typing import Literal
 import numpy as np
 
 from stratastore.adapters.lmcache_chunks import LAYOUT_ID, ChunkLayout, PluginCounters
+from stratastore.adapters.lmcache_room import ChunkRoom
 from stratastore.errors import StrataError
 from stratastore.format import (
-    DATA_OFFSET,
     ChecksumMismatch,
     Codec,
     FormatError,
     IncompatibleFingerprint,
+    IndexRecord,
     Level,
     ModelFingerprint,
     data_name,
-    sidecar_name,
 )
 from stratastore.format.keys import state_key
-from stratastore.format.sidecar import SIDECAR_HEAD, TRAILER_BYTES
-from stratastore.io import files
-from stratastore.io.errors import ShortRead, StrataIOError
+from stratastore.io.errors import ShortRead
 from stratastore.io.modes import DEFAULT_FILE_MODE
 from stratastore.levels.local import SegmentNotFound, SegmentStore
+from stratastore.levels.local.sizes import raw_segment_bytes
 from stratastore.levels.reader import SegmentReader, require_valid
 from stratastore.levels.sealing import STATE_PAGE_BYTES
 
@@ -67,15 +68,12 @@ _MAX_LAYOUT_BYTES = 1 << 16
 #: what a chunk's own files failing validation raises (damage: the chunk is deleted); anything
 #: else a read raises (StrataIOError such as EMFILE, a closed index) is a miss, never a delete
 _DAMAGE = (FormatError, ChecksumMismatch, IncompatibleFingerprint, ShortRead)
-#: (device, inode, size, mtime, ctime) of a chunk's sidecar and data file; None: no file
-_Identity = tuple[bytes | None, ...]
 
 
 def stored_bytes(payload_bytes: int) -> int:
-    """What a chunk of ``payload_bytes`` adds to ``SegmentStore.used()``: its data file (header
-    and payload) and its sidecar (head, one 32-byte digest a page, trailer)."""
-    pages = -(-payload_bytes // STATE_PAGE_BYTES)
-    return DATA_OFFSET + payload_bytes + SIDECAR_HEAD.size + 32 * pages + TRAILER_BYTES
+    """What a chunk of ``payload_bytes`` adds to ``SegmentStore.used()``: its data file and its
+    sidecar, one RAW running-state segment in pages of ``STATE_PAGE_BYTES``."""
+    return raw_segment_bytes(payload_bytes, STATE_PAGE_BYTES)
 
 
 @dataclass
@@ -85,7 +83,8 @@ class OpenChunk:
     chunk_id: bytes
     tokens: int
     reader: SegmentReader
-    identity: _Identity = ()  #: the chunk's files as they were before it was opened
+    #: the chunk's index record before it was opened (None: not indexed then)
+    identity: IndexRecord | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -97,16 +96,12 @@ class ChunkStore:
 
     def __init__(self, store: SegmentStore, budget_bytes: int) -> None:
         self.store = store
-        self.budget_bytes = budget_bytes
         self.counters = PluginCounters()
+        #: the budget, the puts in flight and the pins: the disk level's eviction, oldest first
+        self.room = ChunkRoom(store, budget_bytes, keep=state_key(LAYOUT_ID), count=self.count)
         self.layout: ChunkLayout | None = None
-        self._lock = threading.Lock()  #: pins, reservations, the counters (never held over I/O)
-        self._room = threading.Lock()  #: one put at a time makes room
+        self._lock = threading.Lock()  #: the counters (never held over I/O)
         self._layout_lock = threading.Lock()
-        self._pins: dict[bytes, int] = {}
-        self._doomed: dict[bytes, int] = {}  #: chunks being deleted: a pin of one fails
-        #: the puts in flight that made room: (chunk key, stored bytes) by put
-        self._reserved: dict[object, tuple[bytes, int]] = {}
         self._refused_layout = False
         self._layout_warned = False
         self.closed = False
@@ -135,6 +130,10 @@ class ChunkStore:
             store.close()
             raise
         return chunks
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.room.budget_bytes
 
     def close(self) -> None:
         self.closed = True
@@ -201,8 +200,7 @@ class ChunkStore:
             with self._lock:
                 self.counters.puts_deduped += 1
             return "present"
-        size = stored_bytes(len(payload))
-        token = self._make_room(state_key(chunk_id), size)
+        token = self.room.reserve(state_key(chunk_id), stored_bytes(len(payload)))
         if token is None:
             with self._lock:
                 self.counters.puts_refused += 1
@@ -210,8 +208,7 @@ class ChunkStore:
         try:
             res = self.store.put_state(chunk_id, payload, token_pos=0)
         finally:
-            with self._lock:
-                del self._reserved[token]
+            self.room.release(token)
         with self._lock:
             if res.created:
                 self.counters.puts += 1
@@ -220,92 +217,18 @@ class ChunkStore:
                 self.counters.puts_deduped += 1
         return "stored" if res.created else "present"
 
-    def _committed_and_in_flight(self) -> tuple[int, int]:
-        """The store's bytes and the bytes of the puts in flight not yet counted in them: a put
-        whose chunk is indexed already (committed, its reservation not yet dropped) counts
-        once. The index is read between two looks at which reserved chunks are indexed, and
-        again when a commit came in between, so no put counts twice or not at all."""
-        while True:
-            with self._lock:
-                reserved = list(self._reserved.values())
-            before = [self.store.contains(k) for k, _ in reserved]
-            used = self.store.used()
-            after = [self.store.contains(k) for k, _ in reserved]
-            if before == after:
-                return used, sum(n for (_, n), indexed in zip(reserved, after, strict=True)
-                                 if not indexed)  # fmt: skip
-
-    def _make_room(self, key: bytes, size: int) -> object | None:
-        """Evict the oldest unpinned chunks until ``size`` more bytes fit with the puts in
-        flight, and reserve them; the reservation's token, or None (nothing reserved) when they
-        cannot fit."""
-        with self._room:
-            if size > self.budget_bytes:
-                log.warning("stratastore: a chunk of %d bytes is larger than the whole budget "
-                            "of %s (%d bytes); raise budget_mib", size, self.store.path,
-                            self.budget_bytes)  # fmt: skip
-                return None
-            while True:
-                used, in_flight = self._committed_and_in_flight()
-                if used + in_flight + size <= self.budget_bytes:
-                    break
-                if not self._evict_oldest():
-                    log.warning("stratastore: %s is full (%d of %d bytes, %d in flight) and "
-                                "holds only pinned chunks: a chunk was not stored",
-                                self.store.path, used, self.budget_bytes,
-                                in_flight)  # fmt: skip
-                    return None
-            token = object()
-            with self._lock:
-                self._reserved[token] = (key, size)
-            return token
-
-    def _doom(self, key: bytes, *, unless_pinned: bool) -> bool:
-        """Mark ``key`` as being deleted (a pin of it fails from now on); False (unmarked) when
-        ``unless_pinned`` and it is pinned."""
-        with self._lock:
-            if unless_pinned and self._pins.get(key, 0) > 0:
-                return False
-            self._doomed[key] = self._doomed.get(key, 0) + 1
-            return True
-
-    def _undoom(self, key: bytes) -> None:
-        with self._lock:
-            n = self._doomed.pop(key, 0)
-            if n > 1:
-                self._doomed[key] = n - 1
-
-    def _evict_oldest(self) -> bool:
-        """Delete the oldest chunk no one pinned; False when there is none. The choice and the
-        delete exclude a pin of the victim (:meth:`_doom`)."""
-        layout_key = state_key(LAYOUT_ID)
-        for key, _ in self.store.oldest():
-            if key == layout_key or not self._doom(key, unless_pinned=True):
-                continue
-            try:
-                deleted = self.store.delete(key)
-            finally:
-                self._undoom(key)
-            if deleted:
-                with self._lock:
-                    self.counters.evictions += 1
-            return True  # deleted, or another process did: look again
-        return False
-
     # -- reading ------------------------------------------------------------------------------
     def contains(self, chunk_id: bytes) -> bool:
         return self.store.contains(state_key(chunk_id))
 
-    def _identity(self, key: bytes) -> _Identity:
-        """The chunk's sidecar and data file as they are now (:func:`stratastore.io.files.stamp`:
-        inode, size, mtime; None for a file that is not there)."""
-        out: list[bytes | None] = []
-        for name in (sidecar_name(key), data_name(key)):
-            try:
-                out.append(files.stamp(os.path.join(self.store.path, name)))
-            except StrataIOError:
-                out.append(None)
-        return tuple(out)
+    def _identity(self, key: bytes) -> IndexRecord | None:
+        """The chunk's index record as it is now (None: not indexed). A copy stored again
+        has another one (its sidecar's sealing time), so an unchanged record names the copy
+        that was read."""
+        try:
+            return self.store.record(key)
+        except SegmentNotFound:
+            return None
 
     def open_chunk(self, chunk_id: bytes) -> OpenChunk | None:
         """The chunk held open for :meth:`copy_into`, or None: not stored or layout unknown (a
@@ -318,8 +241,9 @@ class ChunkStore:
         if layout is None:  # this process cannot tell: a miss, never damage
             self.count("misses")
             return None
-        identity = self._identity(key)
+        identity: IndexRecord | None = None
         try:
+            identity = self._identity(key)
             reader = self.store.open_reader(key)
         except SegmentNotFound:
             self.count("misses")
@@ -381,12 +305,13 @@ class ChunkStore:
         log.warning("stratastore: LMCache chunk %s could not be read (%s: %s): a miss; the "
                     "chunk is kept", key.hex()[:16], type(e).__name__, e)  # fmt: skip
 
-    def _damaged(self, key: bytes, e: BaseException, identity: _Identity,
+    def _damaged(self, key: bytes, e: BaseException, identity: IndexRecord | None,
                  sealed_at_ns: int | None) -> None:  # fmt: skip
         """Count and log a chunk whose files failed validation and delete it, only if its
-        files are still the ones read (``identity``, and the sealing time of the sidecar read):
-        checked and deleted under the directory's commit lock, so a copy stored again meanwhile
-        (by this process or another) is never deleted."""
+        files are still the ones read (its index record still ``identity``, the one before it
+        was opened, and sealed when the sidecar read says): checked and deleted under the
+        directory's commit lock, so a copy stored again meanwhile (by this process or another)
+        is never deleted."""
         with self._lock:
             self.counters.damaged += 1
         log.warning("stratastore: LMCache chunk %s is damaged (%s: %s): a miss; it is removed "
@@ -394,68 +319,45 @@ class ChunkStore:
                     type(e).__name__, e)  # fmt: skip
         if self.closed:
             return
-        self._doom(key, unless_pinned=False)
-        try:
 
-            def still_the_copy_read() -> bool:
-                if self._identity(key) != identity:
-                    return False
-                if sealed_at_ns is None:
-                    return True
-                rec = self.store.index.get(key)
-                return rec is not None and rec.sealed_at_ns == sealed_at_ns
+        def still_the_copy_read() -> bool:
+            rec = self._identity(key)
+            if rec != identity:
+                return False
+            return sealed_at_ns is None or (rec is not None and rec.sealed_at_ns == sealed_at_ns)
 
-            self.store.delete_if(key, still_the_copy_read)
-        except StrataError as d:
-            log.error("stratastore: the damaged chunk %s could not be removed: %s; run "
-                      "strata fsck %s", key.hex()[:16], d, self.store.path)  # fmt: skip
-        finally:
-            self._undoom(key)
+        with self.room.deleting(key, unless_pinned=False):
+            try:
+                self.store.delete_if(key, still_the_copy_read)
+            except StrataError as d:
+                log.error("stratastore: the damaged chunk %s could not be removed: %s; run "
+                          "strata fsck %s", key.hex()[:16], d, self.store.path)  # fmt: skip
 
     # -- pins and removal ---------------------------------------------------------------------
     def pin(self, chunk_id: bytes) -> bool:
         """Pin a stored chunk: True when it is stored and now pinned (no eviction or
         ``remove(force=False)`` deletes it until unpinned); False when it is not stored or is
         being deleted."""
-        key = state_key(chunk_id)
-        with self._lock:
-            if key in self._doomed:
-                return False
-            self._pins[key] = self._pins.get(key, 0) + 1
-        if self.store.contains(key):
-            return True
-        self._unpin_key(key)
-        return False
-
-    def _unpin_key(self, key: bytes) -> int:
-        with self._lock:
-            n = self._pins.get(key, 0)
-            if n > 1:
-                self._pins[key] = n - 1
-            else:
-                self._pins.pop(key, None)
-        return n
+        return self.room.pin(state_key(chunk_id))
 
     def unpin(self, chunk_id: bytes) -> bool:
         key = state_key(chunk_id)
-        return self._unpin_key(key) > 0 or (not self.closed and self.store.contains(key))
+        return self.room.unpin(key) > 0 or (not self.closed and self.store.contains(key))
 
     def pinned(self, chunk_id: bytes) -> bool:
-        with self._lock:
-            return self._pins.get(state_key(chunk_id), 0) > 0
+        return self.room.pinned(state_key(chunk_id))
 
     def remove(self, chunk_id: bytes, *, force: bool = True) -> bool:
         """Delete a chunk (with ``force``, pins and all); False when it was not stored or, without
         ``force``, is pinned (the check and the delete exclude a pin in between)."""
         key = state_key(chunk_id)
-        if not self._doom(key, unless_pinned=not force):
-            return False
-        try:
-            removed = self.store.delete(key)
-        finally:
-            with self._lock:
-                self._pins.pop(key, None)
-            self._undoom(key)
+        with self.room.deleting(key, unless_pinned=not force) as marked:
+            if not marked:
+                return False
+            try:
+                removed = self.store.delete(key)
+            finally:
+                self.room.drop_pins(key)
         if removed:
             self.count("removes")
         return removed
@@ -467,8 +369,8 @@ class ChunkStore:
     def stats(self) -> dict[str, int]:
         with self._lock:
             doc = self.counters.as_dict()
-            doc["in_flight_bytes"] = sum(n for _, n in self._reserved.values())
-            doc["pinned"] = len(self._pins)
+        doc["in_flight_bytes"] = self.room.in_flight_bytes()
+        doc["pinned"] = self.room.pinned_count()
         doc["entries"] = self.entries()
         doc["used_bytes"] = self.store.used()
         doc["budget_bytes"] = self.budget_bytes

@@ -1,4 +1,4 @@
-"""Disk levels and the cascade: each level degrades into the next, only the last deletes (seed 000).
+"""Disk levels and the cascade: each level degrades into the next, only the last deletes.
 
 A level is a segment backend (:class:`~stratastore.levels.backend.SegmentBackend`; a
 :class:`SegmentStore` on a local directory) with a byte budget, an optional age limit and a
@@ -9,8 +9,8 @@ to the next level (:meth:`degrade_to_next` -> :meth:`adopt`), which makes room f
 it by rename-or-copy (:meth:`~stratastore.levels.backend.SegmentBackend.relocate_from`); only
 then does this level drop its copy. All or nothing: if the next level refuses (budget with
 ``when_full=reject``, an image larger than its whole budget, an I/O error), nothing moves and the
-entry stays. An entry another process moved or deleted meanwhile is taken as moved (issue 12:
-a race is never an error out of a park).
+entry stays. An entry another process moved or deleted meanwhile is taken as moved (a race is
+never an error out of a park).
 
 The last level deletes, but never a segment by itself: it asks the shared catalog's GC
 (:class:`~stratastore.catalog.gc.Collector`, through ``free``) to shorten the oldest
@@ -79,27 +79,40 @@ class DiskLevel:
         #: the last level's way to free space (sealed before the time given, for age GC): how
         #: much went, 0 when nothing may go. A Store always sets it to the catalog's GC (whole
         #: chains, F-CAT-4); the default, for a level used on its own without manifests (the
-        #: cascade's tests), deletes its oldest segment
+        #: cascade's tests, the LMCache plugin's chunks), lets go of its oldest segment
         self.free: Callable[[int | None], int] = self._delete_oldest
         #: an unreadable segment leaves: cut the chains naming it, then delete it
         self.discard: Callable[[bytes], bool] = self._delete
+        #: what the budget counts (:meth:`used`): the store's bytes; a user whose writers
+        #: reserve room before they commit (several threads putting at once) adds those
+        self.usage: Callable[[], int] = lambda: self.store.used()
+        #: how the default ``free`` lets go of the oldest entry: True deleted, False gone
+        #: already (another process deleted it: the budget is looked at again), None held (a
+        #: user's pin: the next oldest is tried). Deleting under the user's own exclusion
+        #: lets a pin taken meanwhile never lose its entry. The default deletes it
+        self.let_go: Callable[[bytes], bool | None] = lambda key: self.store.delete(key)
 
     @property
     def is_last(self) -> bool:
         return self.next is None
 
     def used(self) -> int:
-        return self.store.used()
+        """The bytes the budget counts (:attr:`usage`)."""
+        return self.usage()
 
     def _delete(self, key: bytes) -> bool:
         self.store.delete(key)
         return True
 
     def _delete_oldest(self, before_ns: int | None) -> int:
+        """A level used on its own: let go of (:attr:`let_go`) the oldest entry not held,
+        sealed before ``before_ns`` when given; 0 when every such entry is held."""
         for key, rec in self.store.oldest():
             if before_ns is not None and rec.sealed_at_ns > before_ns:
                 return 0
-            return int(self.store.delete(key)) or 1
+            went = self.let_go(key)
+            if went is not None:
+                return int(went) or 1
         return 0
 
     def _oldest(self) -> bytes | None:
