@@ -42,7 +42,9 @@ from stratastore.format import ModelFingerprint
 from stratastore.format.naming import INDEX_DIR
 from stratastore.io.durable import durable_write_in
 from stratastore.io.system import this_process
-from stratastore.metrics.monitor import MONITOR_FILE, prometheus_text
+from stratastore.metrics.counters import zero_counts
+from stratastore.metrics.monitor import MONITOR_FILE
+from stratastore.metrics.prometheus import prometheus_text
 from stratastore.restore import Destination, flat_bytes
 from stratastore.restore.device_arrays import is_device_array
 from stratastore.tiers.checks import batch_requests, restore_cap, session_name
@@ -87,7 +89,7 @@ class Store:
         self._closed = False
         self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
         self._spill = tiers.start_spill_writer(queue_depth, lambda: self._publish(force=False))
-        self.counters = {"tokens_reread": 0, "monitor_errors": 0}
+        self.counters = zero_counts("store")  #: the Store's own (the counter table's rows)
         self._published = float("-inf")  #: monotonic time of the last monitor snapshot
 
     @classmethod

@@ -46,7 +46,8 @@ def add_parser(command: AddCommand) -> None:
 def run(args: argparse.Namespace) -> int:
     """The table refreshes in place until Ctrl-C (unless ``--once``); ``--json`` and
     ``--prometheus`` are for machines: one document, printed once, no screen codes."""
-    from stratastore.metrics.monitor import prometheus_text, read_monitor
+    from stratastore.metrics.monitor import read_monitor
+    from stratastore.metrics.prometheus import prometheus_text
 
     if not (math.isfinite(args.interval) and args.interval > 0):  # sleep(-1) raises, 0 spins
         raise ConfigError(

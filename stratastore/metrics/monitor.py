@@ -22,22 +22,19 @@ from stratastore.format.naming import INDEX_DIR, parse_name
 from stratastore.io import files
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.system import process_alive
+from stratastore.metrics.counters import counter_keys, shown_by_monitor
 from stratastore.ops.level_dirs import find_store_levels
-from stratastore.tiers.remote import REMOTE_COUNTERS
 
-__all__ = ["MONITOR_FILE", "find_levels", "prometheus_text", "read_monitor"]
+__all__ = ["MONITOR_FILE", "find_levels", "read_monitor"]
 
 MONITOR_FILE = "monitor.json"
 MAX_MONITOR_BYTES = 1 << 20
-#: the Store counters the monitor shows
-_COUNTERS = (
-    "park_target", "park_target_source", "parks_ram", "parks_disk", "discards", "evict_spills",
-    "hits_ram", "hits_pending", "hits_disk", "ladder_restores", "tokens_restored",
-    "tokens_reread", "restore_misses", "spill_errors", "admission", "held_tokens",
-    "disk_hits_refused", "spills_refused", "restores_cut_by_gc", "hits_remote",
-)  # fmt: skip
-#: the remote level's counters (issue 17), shown by the monitor and exported to Prometheus
-_REMOTE = REMOTE_COUNTERS
+#: the Store's counters the monitor shows, and their kinds (checked in a snapshot)
+_COUNTERS = {c.key: c.kind for c in shown_by_monitor(levels=False)}
+#: the figures checked in every level's table of a snapshot (integers)
+_LEVEL_NUMBERS = tuple(c.key for c in shown_by_monitor(levels=True))
+#: the remote level's counters, shown by the monitor beside its figures
+_REMOTE = counter_keys("remote level")
 
 
 def find_levels(path: str) -> list[str]:
@@ -68,11 +65,6 @@ def _scan(d: str, now: float) -> dict[str, Any]:
             "oldest_age_s": round(now - oldest, 1) if oldest is not None else None}  # fmt: skip
 
 
-_TEXT_COUNTERS = ("park_target", "park_target_source", "admission")
-_LEVEL_NUMBERS = ("entries", "bytes", "budget", "hits", "degradations", "disk_evictions",
-                  "age_evictions", "evictions")  # fmt: skip
-
-
 def _is_count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -87,9 +79,9 @@ def snapshot_problem(doc: dict[str, Any]) -> str | None:
         return "written_at is not a finite number"
     if doc.get("pid") is not None and not _is_count(doc["pid"]):
         return f"pid is {type(doc['pid']).__name__}, not an integer"
-    for k in _COUNTERS:
+    for k, kind in _COUNTERS.items():
         v = doc.get(k)
-        text = k in _TEXT_COUNTERS
+        text = kind == "info"
         if v is not None and not (isinstance(v, str) if text else _is_count(v)):
             return f"counter {k} is {type(v).__name__}, not {'text' if text else 'an integer'}"
     levels = doc.get("levels", {})
@@ -188,7 +180,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
                                           + (lv.get("age_evictions") or 0)
                                           if lv else None)}  # fmt: skip
     remote = snap.get("levels", {}).get("remote") if snap is not None else None
-    if snap is not None and isinstance(remote, dict):  # issue 17: its URL has no credentials
+    if snap is not None and isinstance(remote, dict):  # the shared level: no credentials in dir
         out_levels["remote"] = {"dir": remote.get("dir"), "entries": remote.get("entries"),
                                 "bytes": remote.get("bytes"), "budget": remote.get("budget"),
                                 "oldest_age_s": None, "hits": snap.get("hits_remote"),
@@ -210,75 +202,3 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
         "levels": out_levels,
         "counters": counters,
     }  # fmt: skip
-
-
-def prometheus_text(s: dict[str, Any]) -> str:
-    """``Store.stats()`` (or the monitor's counters and levels) in the Prometheus text
-    exposition format. A counter or gauge the stats do not hold is absent, never written as 0
-    (seed 000: an absent counter is not a zero); the admission state and the park target are
-    info-style series (value 1, the state in a label)."""
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, rows: list[tuple[str, Any]]) -> None:
-        rows = [(labels, v) for labels, v in rows if v is not None]
-        if not rows:
-            return
-        lines.append(f"# HELP strata_{name} {help_}")
-        lines.append(f"# TYPE strata_{name} {kind}")
-        lines.extend(f"strata_{name}{labels} {value}" for labels, value in rows)
-
-    def label(v: object) -> str:
-        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-    levels: dict[str, dict[str, Any]] = s.get("levels", {})
-    ram = levels.get("ram", {})
-    metric("parks_total", "counter", "Parks by destination.",
-           [('{destination="ram"}', s.get("parks_ram")),
-            ('{destination="disk"}', s.get("parks_disk"))])  # fmt: skip
-    metric("discards_total", "counter", "Captures neither RAM nor disk could take.",
-           [("", s.get("discards"))])  # fmt: skip
-    metric("hits_total", "counter", "Restores by source.",
-           [('{source="ram"}', s.get("hits_ram")),
-            ('{source="pending"}', s.get("hits_pending")),
-            ('{source="disk"}', s.get("hits_disk")),
-            ('{source="remote"}', s.get("hits_remote"))])  # fmt: skip
-    metric("refusals_total", "counter", "Admissions refused, by what asked.",
-           [('{kind="disk_hit"}', s.get("disk_hits_refused")),
-            ('{kind="spill"}', s.get("spills_refused"))])  # fmt: skip
-    metric("evictions_total", "counter", "Entries evicted (RAM) or deleted (the last disk "
-           "level, by budget and by age), per level.",
-           [('{level="ram"}', ram.get("evictions")),
-            *((f'{{level="{n}"}}', d["disk_evictions"] + d.get("age_evictions", 0))
-              for n, d in levels.items() if d.get("disk_evictions") is not None)])  # fmt: skip
-    metric("ladder_restores_total", "counter", "Restores that stopped below damage.",
-           [("", s.get("ladder_restores"))])  # fmt: skip
-    metric("tokens_restored_total", "counter", "Tokens restored instead of re-read.",
-           [("", s.get("tokens_restored"))])  # fmt: skip
-    metric("tokens_reread_total", "counter", "Tokens the engine had to prefill again.",
-           [("", s.get("tokens_reread"))])  # fmt: skip
-    metric("held_tokens", "gauge", "Tokens a restore could bring back now (each conversation "
-           "once).", [("", s.get("held_tokens"))])  # fmt: skip
-    if s.get("admission") is not None:
-        metric("admission_info", "gauge", "The last admission decision (where/floor).",
-               [(f'{{state="{label(s["admission"])}"}}', 1)])  # fmt: skip
-    if s.get("park_target") is not None:
-        metric("park_target_info", "gauge", "Where parks go, and why (configured or auto).",
-               [(f'{{target="{label(s["park_target"])}",'
-                 f'source="{label(s.get("park_target_source", ""))}"}}', 1)])  # fmt: skip
-    for key, kind, help_ in [
-        ("entries", "gauge", "Entries per level."),
-        ("bytes", "gauge", "Bytes held per level."),
-        ("budget", "gauge", "Byte budget per level."),
-        ("oldest_age_s", "gauge", "Age of the oldest entry per disk level, in seconds."),
-        ("disk_evictions", "counter", "Deleted by budget (last level only)."),
-        ("age_evictions", "counter", "Deleted by age (last level only)."),
-        ("degradations", "counter", "Handed to the next level."),
-    ]:
-        rows = [(f'{{level="{n}"}}', float(d[key])) for n, d in levels.items()
-                if d.get(key) is not None]  # fmt: skip
-        metric(f"level_{key}", kind, help_, rows)
-    remote = levels.get("remote", {})
-    for key in _REMOTE:  # the shared remote level (issue 17); absent when it is off
-        metric(f"{key}_total", "counter", f"The remote level: {key.split('_', 1)[1]}.",
-               [("", remote.get(key))])  # fmt: skip
-    return "\n".join(lines) + "\n"

@@ -42,6 +42,7 @@ from stratastore.format import ModelFingerprint, segment_key
 from stratastore.format.keys import segment_media, state_key
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.backend import SharedBackend
+from stratastore.metrics.counters import counter_keys, zero_counts
 from stratastore.restore.two_pass import Outcome
 from stratastore.tiers.records import MAX_STATE_BYTES, Restored, Snapshot
 from stratastore.tiers.view import DiskConv
@@ -51,11 +52,9 @@ __all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel", "SharedSettings"]
 MAX_NODES = 65536  #: stored segments a walk meets at most
 _BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
 
-#: the level's counters (``Store.stats()["levels"]["remote"]``, the monitor, Prometheus)
-REMOTE_COUNTERS = ("remote_hits", "remote_misses", "remote_puts", "remote_put_errors",
-                   "remote_errors", "remote_skipped", "remote_ladder_stops",
-                   "remote_kept_local", "remote_kept_local_errors",
-                   "remote_evictions", "remote_damaged")  # fmt: skip
+#: the level's counters (``Store.stats()["levels"]["remote"]``, the monitor, Prometheus): the
+#: counter table's rows the remote level keeps
+REMOTE_COUNTERS = counter_keys("remote level")
 
 
 class SharedSettings(Protocol):
@@ -121,7 +120,7 @@ class RemoteLevel:
 
             backend = open_remote(settings, fp)
         self.store: SharedBackend = backend
-        self.counters: dict[str, int] = dict.fromkeys(REMOTE_COUNTERS, 0)
+        self.counters = zero_counts("remote level")
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
         self.last_error = ""

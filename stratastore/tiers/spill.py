@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from stratastore.errors import StrataError
+from stratastore.metrics.counters import zero_counts
 from stratastore.tiers.outbox import Outbox
 from stratastore.tiers.records import Snapshot
 from stratastore.tiers.remote import RemoteLevel
@@ -61,7 +62,7 @@ class SpillWriter:
         self.queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         #: background write failures not yet reported: (conversation id, cause)
         self.errors: list[tuple[str, BaseException]] = []
-        self.counters = {"spill_queue_waits": 0, "spill_errors": 0}
+        self.counters = zero_counts("spill writer")
         self.handing = 0  #: parks acknowledged whose disk writes are not queued yet
         self._thread = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._thread.start()

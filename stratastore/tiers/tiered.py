@@ -34,6 +34,7 @@ from stratastore.chain import Conversation, Match
 from stratastore.config import StoreConfig
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
+from stratastore.metrics.counters import zero_counts
 from stratastore.restore import Destination
 from stratastore.tiers.admission import Admission, park_target
 from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDescription
@@ -62,10 +63,6 @@ from stratastore.tiers.writer import DiskWriter
 __all__ = ["MAX_STATE_BYTES", "InvalidConversation", "ParkReport", "Restored", "Snapshot",
            "SpillRefused", "Tiers"]  # fmt: skip
 
-_COUNTERS = ("parks_ram", "parks_disk", "discards", "mirrors", "hits_ram", "hits_pending",
-             "hits_disk", "restores_cut_by_gc", "disk_hits_refused", "tokens_restored",
-             "restore_misses", "ladder_restores", "spills_refused", "hits_remote")  # fmt: skip
-
 
 class Tiers:
     def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, *,
@@ -76,7 +73,7 @@ class Tiers:
         self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
         self.lock = threading.RLock()
         self.admission = Admission(cfg, probe, legacy=legacy_admission)
-        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.counters = zero_counts("flow")  #: the flow's (the counter table's rows it keeps)
         # where parks go is decided first, from the config (a disk level is on when its
         # settings say so: open_levels opens exactly those), so the RAM level reserves its arena
         # only for a RAM target, and a bad ram_mib fails before any level is opened

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from stratastore import Conversation, Store
-from stratastore.metrics.monitor import prometheus_text
+from stratastore.metrics.prometheus import prometheus_text
 from tests.conftest import conversation_kv, tiny_fp, writer_held
 
 FP = tiny_fp()
