@@ -23,7 +23,6 @@ from stratastore.io import files
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.system import process_alive
 from stratastore.metrics.counters import counter_keys, shown_by_monitor
-from stratastore.ops.level_dirs import find_store_levels
 
 __all__ = ["MONITOR_FILE", "find_levels", "read_monitor"]
 
@@ -41,7 +40,11 @@ def find_levels(path: str) -> list[str]:
     """The level directories ``path`` names, warm first: ``path`` itself when it is a store
     level, the levels of a config file, or a store root's level subdirectories (the layout of
     ``strata demo --dir``: ``warm/`` and ``cold/``). The one discovery fsck, repair and
-    conformance use too: :func:`stratastore.ops.level_dirs.find_store_levels`."""
+    conformance use too: :func:`stratastore.ops.level_dirs.find_store_levels` (imported here:
+    an engine's Store publishes its counters through this module and never loads the operator
+    tools)."""
+    from stratastore.ops.level_dirs import find_store_levels
+
     return list(find_store_levels([path]).checked)
 
 
