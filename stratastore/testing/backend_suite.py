@@ -22,112 +22,28 @@ imports nothing outside the package and the standard library (pytest only to ski
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from stratastore.errors import StrataError
 from stratastore.format import (
     ChecksumMismatch,
     Codec,
-    IncompatibleFingerprint,
     Kind,
     Level,
-    ModelFingerprint,
 )
 from stratastore.levels.backend import CatalogHost, SegmentBackend
-from stratastore.levels.local import OutOfRange, SegmentNotFound, SegmentStore, StoreError
+from stratastore.levels.local import OutOfRange, SegmentNotFound, StoreError
+from stratastore.testing.backend_harness import U8, raises
+from stratastore.testing.backend_moves import MoveTests
 
 __all__ = ["BackendTests"]
 
-U8 = npt.NDArray[np.uint8]
 
-
-@contextmanager
-def _raises(kind: type[BaseException] | tuple[type[BaseException], ...]) -> Iterator[None]:
-    try:
-        yield
-    except kind:
-        return
-    raise AssertionError(f"did not raise {kind}")
-
-
-class BackendTests:
-    """Subclass it (as ``Test...``) and implement :meth:`make_backend` and :meth:`corrupt`."""
-
-    #: whether what a backend stored is there again after :meth:`reopen`
-    supports_persistence: bool = True
-
-    # -- hooks --------------------------------------------------------------------------------
-    def make_backend(self, path: Path, fingerprint: ModelFingerprint, level: Level
-                     ) -> SegmentBackend:  # fmt: skip
-        """A backend of ``fingerprint`` at ``level``; ``path`` is an empty directory of its own
-        (or, from :meth:`reopen`, the one it used before)."""
-        raise NotImplementedError("return your backend for this fingerprint and level")
-
-    def reopen(self, backend: SegmentBackend, path: Path, fingerprint: ModelFingerprint,
-               level: Level) -> SegmentBackend:  # fmt: skip
-        """Close ``backend`` and open it again on what it stored (persistence)."""
-        backend.close()
-        return self.make_backend(path, fingerprint, level)
-
-    def corrupt(self, backend: SegmentBackend, key: bytes, offset: int) -> None:
-        """Flip one bit of byte ``offset`` of ``key``'s *stored* payload, behind the backend's
-        back (a raw write: no API of the backend may notice)."""
-        raise NotImplementedError("flip a stored byte of the segment in your backend's storage")
-
-    # -- helpers ------------------------------------------------------------------------------
-    def fingerprint(self) -> ModelFingerprint:
-        """2 layers x 2 kv heads x 4 dims fp16: 64 bytes a token, 256-byte pages of 4 tokens."""
-        return ModelFingerprint.create("backend/tiny", n_layers=2, n_kv_heads=2, head_dim=4,
-                                       page_tokens=4)  # fmt: skip
-
-    def other_fingerprint(self) -> ModelFingerprint:
-        return ModelFingerprint.create("backend/other", n_layers=2, n_kv_heads=2, head_dim=4,
-                                       page_tokens=4)  # fmt: skip
-
-    def kv(self, n: int, seed: int = 0) -> U8:
-        fp = self.fingerprint()
-        return np.random.default_rng(seed).integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
-
-    def opened(
-        self, path: Path, level: Level = Level.WARM, fingerprint: ModelFingerprint | None = None
-    ) -> AbstractContextManager[SegmentBackend]:
-        """A backend from :meth:`make_backend` on ``path``, closed on exit."""
-        fp = fingerprint or self.fingerprint()
-
-        @contextmanager
-        def run() -> Iterator[SegmentBackend]:
-            path.mkdir(parents=True, exist_ok=True)
-            b = self.make_backend(path, fp, level)
-            try:
-                yield b
-            finally:
-                b.close()
-
-        return run()
-
-    def put(self, b: SegmentBackend, n: int, seed: int = 0, codec: Codec = Codec.RAW
-            ) -> tuple[bytes, U8]:  # fmt: skip
-        data = self.kv(n, seed)
-        toks = np.arange(n) + 1000 * seed
-        r = b.put_kv(b.fingerprint.digest(), toks, data, token_start=0, codec=codec)
-        assert r.created and len(r.key) == 32
-        return r.key, data
-
-    def _round_trip(self, tmp_path: Path, n: int, codec: Codec = Codec.RAW) -> None:
-        with self.opened(tmp_path / "a") as b:
-            key, data = self.put(b, n, codec=codec)
-            out = np.zeros_like(data)
-            sc = b.get_into(key, out)
-            assert np.array_equal(out, data)
-            assert (sc.kind, sc.codec, sc.key, sc.n_tokens) == (Kind.KV, codec, key, n)
-            assert sc.page_count == -(-n // b.fingerprint.page_tokens)
-            assert b.get_bytes(key, max_bytes=data.size) == data.tobytes()
+class BackendTests(MoveTests):
+    """Subclass it (as ``Test...``) and implement :meth:`make_backend` and :meth:`corrupt`
+    (:class:`~stratastore.testing.backend_harness.BackendHarness`)."""
 
     # -- the protocol -------------------------------------------------------------------------
     def test_is_a_segment_backend(self, tmp_path: Path) -> None:
@@ -175,7 +91,7 @@ class BackendTests:
             assert sc.page_count == 3 and sc.last_page_bytes == 5
             assert b.record(r.key).token_start == 24
             assert b.get_bytes(r.key, max_bytes=state.size) == state.tobytes()
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.get_bytes(r.key, max_bytes=state.size - 1)
 
     def test_equal_puts_are_stored_once(self, tmp_path: Path) -> None:
@@ -206,7 +122,7 @@ class BackendTests:
             other, data = self.put(b, 5, seed=1)
             assert b.delete(key) is True and b.delete(key) is False
             assert key not in b and b.keys() == [other] and len(b) == 1
-            with _raises(SegmentNotFound):
+            with raises(SegmentNotFound):
                 b.record(key)
             b.get_into(other, out := np.zeros_like(data))
             assert np.array_equal(out, data)
@@ -262,9 +178,9 @@ class BackendTests:
         with self.opened(tmp_path / "a") as b:
             key, data = self.put(b, 3)
             for offset in (-1, data.size + 1):
-                with _raises(OutOfRange):
+                with raises(OutOfRange):
                     b.read_into(key, offset, np.zeros(8, np.uint8))
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.read_into(key, 0, bytes(8))  # read-only
 
     def test_reader_range_reads(self, tmp_path: Path) -> None:
@@ -280,7 +196,7 @@ class BackendTests:
                 assert bytes(parts[0]) + bytes(parts[1]) == data[7:157].tobytes()
                 assert np.array_equal(seg.pages(2), data[:512])
                 assert np.array_equal(seg.stored(), data) and seg.first_bad_page() == -1
-                with _raises(OutOfRange):
+                with raises(OutOfRange):
                     seg.read_into(np.zeros(2, np.uint8), data.size - 1)
 
     # -- bad buffers and arguments ------------------------------------------------------------
@@ -288,7 +204,7 @@ class BackendTests:
         with self.opened(tmp_path / "a") as b:
             key, data = self.put(b, 5)
             out = np.full(data.size - 1, 7, np.uint8)
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.get_into(key, out)
             assert (out == 7).all()
 
@@ -297,25 +213,25 @@ class BackendTests:
             key, data = self.put(b, 5)
             out = np.zeros_like(data)
             out.flags.writeable = False
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.get_into(key, out)
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.get_into(key, bytes(data.size))
 
     def test_non_contiguous_payload_is_refused(self, tmp_path: Path) -> None:
         with self.opened(tmp_path / "a") as b:
             strided = self.kv(8)[::2]
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.put_kv(b.fingerprint.digest(), np.arange(4), strided, token_start=0)
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.get_into(self.put(b, 2)[0], np.zeros(512, np.uint8)[::2])
             assert len(b.keys()) == 1
 
     def test_wrong_payload_length_is_refused(self, tmp_path: Path) -> None:
         with self.opened(tmp_path / "a") as b:
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.put_kv(b.fingerprint.digest(), np.arange(4), self.kv(3), token_start=0)
-            with _raises(StoreError):
+            with raises(StoreError):
                 b.put_kv(b.fingerprint.digest(), [], self.kv(0), token_start=0)
             assert b.keys() == [] and b.used() == 0
 
@@ -337,12 +253,12 @@ class BackendTests:
             wrong = hashes.copy()
             wrong[1, 0] ^= 1  # not recomputed: the sidecar says what the caller vouched for
             k = b.put_kv(root, np.arange(10) + 300, data, token_start=0, page_hashes=wrong).key
-            with _raises(ChecksumMismatch):
+            with raises(ChecksumMismatch):
                 b.get_into(k, np.zeros_like(data))
             held = len(b.keys())
             bads: list[U8] = [hashes[:2], hashes[:, :16], hashes.view(np.int8)]
             for bad in bads:
-                with _raises(StoreError):
+                with raises(StoreError):
                     b.put_kv(root, np.arange(10) + 400, data, token_start=0, page_hashes=bad)
             assert len(b.keys()) == held
 
@@ -358,7 +274,7 @@ class BackendTests:
             else:
                 raise AssertionError("a damaged page was delivered")
             assert not out[512:].any()  # never the damaged page
-            with _raises(ChecksumMismatch):
+            with raises(ChecksumMismatch):
                 b.get_bytes(key, max_bytes=data.size)
             with b.open_reader(key) as seg:
                 assert seg.first_bad_page() == 2
@@ -367,7 +283,7 @@ class BackendTests:
         with self.opened(tmp_path / "a") as b:
             key, data = self.put(b, 9, codec=Codec.ZSTD)
             self.corrupt(b, key, 40)  # inside the first frame
-            with _raises(ChecksumMismatch):
+            with raises(ChecksumMismatch):
                 b.get_into(key, np.zeros_like(data))
 
     def test_a_missing_key_is_segment_not_found_on_every_read(self, tmp_path: Path) -> None:
@@ -381,127 +297,7 @@ class BackendTests:
                 lambda: b.get_bytes(key, max_bytes=1 << 20),
             ]  # fmt: skip
             for read in reads:
-                with _raises(SegmentNotFound):
+                with raises(SegmentNotFound):
                     read()
             assert key not in b and b.delete(key) is False
             b.prefetch(key)  # a hint: never raises
-
-    # -- put_sealed and relocation ------------------------------------------------------------
-    def test_put_sealed_checks_every_page(self, tmp_path: Path) -> None:
-        with self.opened(tmp_path / "a") as a, self.opened(tmp_path / "b", Level.COLD) as b:
-            key, data = self.put(a, 9)
-            with a.open_reader(key) as seg:
-                sc, stored = seg.sidecar, seg.stored()
-            stored[300] ^= 1
-            with _raises(ChecksumMismatch):
-                b.put_sealed(sc, stored)
-            with _raises(StrataError):
-                b.put_sealed(sc, stored[:-1])
-            assert key not in b and b.used() == 0
-            stored[300] ^= 1
-            assert b.put_sealed(sc, stored).created and b.record(key).level is Level.COLD
-            b.get_into(key, out := np.zeros_like(data))
-            assert np.array_equal(out, data)
-
-    def test_relocate_between_two_backends(self, tmp_path: Path) -> None:
-        with self.opened(tmp_path / "a") as a, self.opened(tmp_path / "b", Level.COLD) as b:
-            key, data = self.put(a, 11)
-            keep, _ = self.put(a, 2, seed=1)
-            assert b.relocate_from(a, key) in ("link", "copy")
-            assert key not in a and key in b and a.keys() == [keep]
-            assert b.record(key).level is Level.COLD
-            b.get_into(key, out := np.zeros_like(data))
-            assert np.array_equal(out, data)
-            assert a.used() == a.record(keep).total_bytes
-            assert b.used() == b.record(key).total_bytes
-
-    def test_relocate_from_a_directory_store_and_back(self, tmp_path: Path) -> None:
-        fp = self.fingerprint()
-        with SegmentStore.open(tmp_path / "dir", fp, level=Level.WARM) as local, \
-                self.opened(tmp_path / "b", Level.COLD) as b:  # fmt: skip
-            key, data = self.put(local, 7)
-            assert b.relocate_from(local, key) in ("link", "copy")
-            assert key not in local and b.record(key).level is Level.COLD
-            assert local.relocate_from(b, key) in ("link", "copy")
-            assert key not in b and local.record(key).level is Level.WARM
-            local.get_into(key, out := np.zeros_like(data))
-            assert np.array_equal(out, data) and local.used() == local.record(key).total_bytes
-
-    def test_relocate_of_a_key_the_source_lacks_is_segment_not_found(self, tmp_path: Path
-                                                                      ) -> None:  # fmt: skip
-        with self.opened(tmp_path / "a") as a, self.opened(tmp_path / "b", Level.COLD) as b:
-            key, _ = self.put(a, 4)
-            with _raises(SegmentNotFound):
-                b.relocate_from(a, b"\x42" * 32)
-            b.relocate_from(a, key)
-            with _raises(SegmentNotFound):  # another process moved it down already
-                b.relocate_from(a, key)
-            assert key in b and b.keys() == [key]
-
-    def test_relocate_of_a_key_already_here_is_present(self, tmp_path: Path) -> None:
-        with self.opened(tmp_path / "a") as a, self.opened(tmp_path / "b", Level.COLD) as b:
-            key, data = self.put(a, 4)
-            self.put(b, 4)
-            used = b.used()
-            assert b.relocate_from(a, key) == "present"
-            assert key not in a and a.used() == 0 and b.used() == used
-            b.get_into(key, out := np.zeros_like(data))
-            assert np.array_equal(out, data)
-
-    def test_relocate_from_another_model_is_refused(self, tmp_path: Path) -> None:
-        other = self.other_fingerprint()
-        with self.opened(tmp_path / "a", fingerprint=other) as a, \
-                self.opened(tmp_path / "b", Level.COLD) as b:  # fmt: skip
-            data = np.zeros(3 * other.token_bytes, np.uint8)
-            key = a.put_kv(other.digest(), [1, 2, 3], data, token_start=0).key
-            with _raises(IncompatibleFingerprint):
-                b.relocate_from(a, key)
-            with a.open_reader(key) as seg:
-                sc, stored = seg.sidecar, seg.stored()
-            with _raises(IncompatibleFingerprint):
-                b.put_sealed(sc, stored)
-            assert key in a and key not in b and b.used() == 0
-
-    # -- threads and persistence --------------------------------------------------------------
-    def test_threads_put_and_read(self, tmp_path: Path) -> None:
-        errors: list[BaseException] = []
-        with self.opened(tmp_path / "a") as b:
-
-            def work(t: int) -> None:
-                try:
-                    for i in range(8):
-                        key, data = self.put(b, 1 + i, seed=100 * t + i)
-                        b.get_into(key, out := np.zeros_like(data))
-                        assert np.array_equal(out, data)
-                        b.put_kv(b.fingerprint.digest(), [9, 9], self.kv(2, 9), token_start=0)
-                except BaseException as e:  # reported below, on the test's thread
-                    errors.append(e)
-
-            threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            assert not errors, errors
-            assert len(b.keys()) == 4 * 8 + 1
-            assert b.used() == sum(r.total_bytes for _, r in b.records())
-
-    def test_everything_survives_reopening(self, tmp_path: Path) -> None:
-        if not self.supports_persistence:
-            import pytest
-
-            pytest.skip("this backend keeps nothing across a close")
-        fp, path = self.fingerprint(), tmp_path / "a"
-        with ExitStack() as stack:
-            path.mkdir()
-            b = self.make_backend(path, fp, Level.WARM)
-            stack.callback(lambda: b.close())
-            kept = [self.put(b, 3 + i, seed=i) for i in range(4)]
-            b.delete(kept[0][0])
-            used, oldest = b.used(), list(b.oldest())
-            b = self.reopen(b, path, fp, Level.WARM)
-            assert sorted(b.keys()) == sorted(k for k, _ in kept[1:])
-            assert b.used() == used and list(b.oldest()) == oldest
-            for key, data in kept[1:]:
-                b.get_into(key, out := np.zeros_like(data))
-                assert np.array_equal(out, data)
