@@ -19,14 +19,13 @@ F-CAT-7).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 from stratastore.catalog.chains import pinned_length
 from stratastore.catalog.tables import Catalog, Removal
 from stratastore.format.manifest import ChainManifest
 from stratastore.format.naming import chain_name
-from stratastore.io import durable_write, guard
+from stratastore.io import durable_write, guard, pathnames
 from stratastore.levels.backend import SegmentBackend
 
 __all__ = ["CANDIDATES", "Collector"]
@@ -52,7 +51,7 @@ class Collector:
         """Make the files match a removal the catalog decided, then release its dooms."""
         try:
             if r.conv_id:
-                path = os.path.join(self.manifest_dir, chain_name(r.conv_id))
+                path = pathnames.join(self.manifest_dir, chain_name(r.conv_id))
                 if r.manifest is None:
                     guard.remove_store_file(path, missing_ok=True)
                 else:

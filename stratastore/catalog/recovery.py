@@ -20,7 +20,6 @@ on a dead process's ticket.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +33,7 @@ from stratastore.format.manifest import (
     verify_manifest_keys,
 )
 from stratastore.format.naming import CHAIN_PREFIX, CHAIN_SUFFIX, chain_name, is_chain_name
-from stratastore.io import durable_write, files, guard
+from stratastore.io import durable_write, files, guard, pathnames
 from stratastore.io.errors import StrataIOError
 
 __all__ = ["Recovered", "finish_ticket", "load_manifest", "recover"]
@@ -97,7 +96,7 @@ def _recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
     names = {n for n in files.listdir(manifest_dir) if is_chain_name(n)}
 
     def load(name: str) -> tuple[ChainManifest, bytes, bytes] | None:
-        got = load_manifest(os.path.join(manifest_dir, name), name, root)
+        got = load_manifest(pathnames.join(manifest_dir, name), name, root)
         if isinstance(got, str):
             out.skipped.append((name, got))
             warn(f"manifest {name} is not served: {got}")
@@ -121,7 +120,7 @@ def _reconcile(catalog: Catalog, gc: Collector, names: set[str], manifest_dir: s
     stamps = catalog.stamps()
     for name in sorted(names):
         digest = _digest_of(name)
-        path = os.path.join(manifest_dir, name)
+        path = pathnames.join(manifest_dir, name)
         try:
             if stamps.get(digest) == files.stamp(path):
                 continue
@@ -137,7 +136,7 @@ def _reconcile(catalog: Catalog, gc: Collector, names: set[str], manifest_dir: s
         elif (entry := catalog.by_digest(digest)) is not None:
             _drop(catalog, entry.conv_id, out)
     for digest in set(stamps) - {_digest_of(n) for n in names}:
-        if files.exists(os.path.join(manifest_dir, _file_of(digest))):
+        if files.exists(pathnames.join(manifest_dir, _file_of(digest))):
             continue  # written after the listing
         if (gone := catalog.by_digest(digest)) is not None:
             _drop(catalog, gone.conv_id, out)
@@ -173,7 +172,7 @@ def finish_ticket(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: st
     conv = catalog.parking_conv(ticket)
     if conv is not None:
         name = _file_of(conv)
-        got = load_manifest(os.path.join(manifest_dir, name), name, root)
+        got = load_manifest(pathnames.join(manifest_dir, name), name, root)
         if not isinstance(got, str) and got[1] != catalog.raw_by_digest(conv):
             gc.carry_out(catalog.commit(ticket, *got))
         else:
@@ -184,7 +183,7 @@ def finish_ticket(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: st
     dead = tuple(k for k in doomed if not catalog.owners(k))
     for digest in convs:
         raw = catalog.raw_by_digest(digest)
-        path = os.path.join(manifest_dir, _file_of(digest))
+        path = pathnames.join(manifest_dir, _file_of(digest))
         if raw is None:
             guard.remove_store_file(path, missing_ok=True)
         else:

@@ -5,12 +5,12 @@ levels")."""
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
+from stratastore.io import pathnames
 
 if TYPE_CHECKING:
     from stratastore.ops.level_dirs import StoreLevels
@@ -77,7 +77,7 @@ def print_rows(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 
 def absolute(path: str) -> str:
     """``path`` made absolute against the working directory, as the levels are named."""
-    return os.path.abspath(path)
+    return pathnames.abspath(path)
 
 
 def store_levels(args: argparse.Namespace) -> StoreLevels:

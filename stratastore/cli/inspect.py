@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import PurePath
 from typing import Any
 
 from stratastore.cli.common import AddCommand, absolute, levels_doc, store_levels
@@ -74,11 +73,11 @@ def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
     """Why a segment's sidecar or data file is not one a store reads (a symbolic link, a FIFO:
     ``lstat``, spec F-DIR-8), as an entry of inspect's skipped list; None when both are."""
     from stratastore.format import data_name, sidecar_name
-    from stratastore.io import guard
+    from stratastore.io import guard, pathnames
 
     for name in (sidecar_name(key), data_name(key)):
         try:
-            guard.require_regular(str(PurePath(d, name)), missing_ok=True)
+            guard.require_regular(pathnames.join(d, name), missing_ok=True)
         except StrataError as e:
             return {"file": name, "reason": str(e)}
     return None

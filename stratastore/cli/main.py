@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +20,7 @@ from stratastore.cli.common import global_options
 from stratastore.cli.exit_codes import ExitCode, epilog, exit_code
 from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
+from stratastore.io.system import silence_stdout
 
 __all__ = ["build_parser", "main"]
 
@@ -70,6 +70,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     except BrokenPipeError:  # `strata ... | head`: the reader left; not an error of ours
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        silence_stdout()  # no second error when Python flushes at exit
         return ExitCode.BROKEN_PIPE

@@ -1,11 +1,14 @@
-"""The io layer: the only code that touches store files (DESIGN layer 2, spec F-DUR).
+"""The io layer: the only code that touches store files (DESIGN layer 2, spec F-DUR), and with
+the level implementations the only caller of ``os``.
 
-``files`` holds the primitives, ``guard`` the check every destructive operation passes (spec
-F-DIR-8), ``modes`` the permission modes (F-DIR-9), ``durable`` the write protocol, ``relocate``
-rename-or-copy, ``faults`` the injection seam every durability test targets.
+``files`` holds the primitives and the look-ups, ``guard`` the check every destructive operation
+passes (spec F-DIR-8), ``modes`` the permission modes (F-DIR-9), ``durable`` the write protocol,
+``relocate`` rename-or-copy, ``faults`` the injection seam every durability test targets,
+``pathnames`` the one way a path is joined or split, ``system`` what the process and the machine
+are (memory, CPUs, processes, the environment).
 """
 
-from stratastore.io import faults, files, guard, modes
+from stratastore.io import faults, files, guard, modes, pathnames
 from stratastore.io.durable import DurableFile, durable_write
 from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
 from stratastore.io.relocate import relocate_file
@@ -21,5 +24,6 @@ __all__ = [
     "files",
     "guard",
     "modes",
+    "pathnames",
     "relocate_file",
 ]

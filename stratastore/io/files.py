@@ -48,6 +48,10 @@ __all__ = [
     "close",
     "exists",
     "is_dir",
+    "is_file",
+    "is_link",
+    "lexists",
+    "list_names",
     "permissions",
     "mtime_ns",
     "file_size",
@@ -69,6 +73,7 @@ __all__ = [
     "replace",
     "rmdir",
     "start_writeback",
+    "subdirectories",
     "unlink",
     "write_all",
 ]
@@ -261,6 +266,39 @@ def exists(path: str) -> bool:
 def is_dir(path: str) -> bool:
     """Whether ``path`` is a directory (a link to one counts): a look-up only."""
     return os.path.isdir(path)
+
+
+def is_file(path: str) -> bool:
+    """Whether ``path`` is a regular file (a link to one counts): a look-up only."""
+    return os.path.isfile(path)
+
+
+def is_link(path: str) -> bool:
+    """Whether ``path`` is a symbolic link (``lstat``, never followed): a look-up only."""
+    return os.path.islink(path)
+
+
+def lexists(path: str) -> bool:
+    """Whether anything is named ``path``, a dangling link included (``lstat``): a look-up."""
+    return os.path.lexists(path)
+
+
+def list_names(path: str) -> list[str] | None:
+    """The names in directory ``path``, or None when it cannot be listed (missing, not a
+    directory, not readable): a look-up for discovering a store's levels in paths a user named,
+    not an I/O step of the fault seam (that is :func:`listdir`)."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return None
+
+
+def subdirectories(path: str) -> list[str]:
+    """The names in directory ``path`` that are directories (a link to one counts), in the
+    order the directory lists them: a look-up; raises ``OSError`` (``FileNotFoundError``, ...)
+    when ``path`` cannot be listed."""
+    with os.scandir(path) as entries:
+        return [e.name for e in entries if e.is_dir()]
 
 
 def file_size(path: str) -> int:

@@ -8,8 +8,9 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["mem_available", "mem_total", "populate_write", "process_alive", "process_start",
-           "this_process", "volume_bytes"]  # fmt: skip
+__all__ = ["after_fork_in_child", "cpu_count", "env_default", "env_var", "mem_available",
+           "mem_total", "populate_write", "process_alive", "process_start", "random_bytes",
+           "silence_stdout", "this_process", "volume_bytes"]  # fmt: skip
 
 #: ``madvise`` advice: fault a range in, writable, without changing its contents (Linux 5.14)
 MADV_POPULATE_WRITE = 23
@@ -92,8 +93,44 @@ def volume_bytes(path: str) -> int | None:
 
 
 def this_process() -> int:
-    """This process's id (what the shared catalog tags in-flight work with)."""
+    """This process's id (what the shared catalog tags in-flight work with, and what names a
+    probe file of this process)."""
     return os.getpid()
+
+
+def cpu_count() -> int:
+    """The CPUs of this machine (``os.cpu_count``, not this process's affinity), 1 when that is
+    not known."""
+    return os.cpu_count() or 1
+
+
+def random_bytes(n: int) -> bytes:
+    """``n`` bytes from the operating system's random source (``os.urandom``)."""
+    return os.urandom(n)
+
+
+def env_var(name: str) -> str | None:
+    """The value of the environment variable ``name`` in this process, or None when unset."""
+    return os.environ.get(name)
+
+
+def env_default(name: str, value: str) -> str:
+    """Set the environment variable ``name`` to ``value`` unless it is set already (what child
+    processes started later inherit); returns its value now."""
+    return os.environ.setdefault(name, value)
+
+
+def after_fork_in_child(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in the child after every ``fork`` of this process (``os.register_at_fork``):
+    a forked child has none of its parent's threads, so state that names them is reset there."""
+    os.register_at_fork(after_in_child=fn)
+
+
+def silence_stdout() -> None:
+    """Point this process's standard output at ``os.devnull`` (after the reader of a pipe
+    left: Python's flush at exit then raises no second error)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def process_alive(pid: int) -> bool:

@@ -1,4 +1,4 @@
-"""``strata init``: the installer questions of seed 000, for this library.
+"""``strata init``: the installer's questions, for this library.
 
 It measures the machine (free RAM, cores; the write+fsync and read speed of a directory chosen
 for a disk level), then asks what the defaults cannot know: **one request or several** (the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from typing import Any
 
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
-from stratastore.io import durable_write, files
-from stratastore.io.system import mem_available
+from stratastore.io import durable_write, files, pathnames
+from stratastore.io.system import cpu_count, mem_available, random_bytes, this_process
 
 __all__ = ["MODEL_SIZES", "Machine", "measure_dir", "measure_machine", "run_init", "to_toml"]
 
@@ -44,15 +43,15 @@ class Machine:
 
 
 def measure_machine(probe: Callable[[], int] = mem_available) -> Machine:
-    return Machine(probe(), os.cpu_count() or 1)
+    return Machine(probe(), cpu_count())
 
 
 def measure_dir(path: str, mib: int = 64) -> tuple[float, float]:
     """(write+fsync MB/s, read MB/s) of ``mib`` MiB in ``path``, through the io layer; the file
     is removed afterwards. The read is of a just-written file, so it may come from the cache."""
     files.makedirs(path)
-    target = os.path.join(path, f".strata-init-probe-{os.getpid()}")
-    data = os.urandom(mib * MIB)
+    target = pathnames.join(path, f".strata-init-probe-{this_process()}")
+    data = random_bytes(mib * MIB)
     t = time.perf_counter()
     durable_write(target, data)
     w = time.perf_counter() - t
@@ -125,11 +124,11 @@ def run_init(
     disk = _choice(ask, "keep conversations on disk (they survive restarts, and a park RAM "
                    "cannot take spills there)?", ("no", "yes"), "no")  # fmt: skip
     if disk == "yes":
-        home = os.path.expanduser("~/.cache/stratastore")
+        home = pathnames.expanduser("~/.cache/stratastore")
         d = ask(f"  directory for the disk level [Enter: {home}] ").strip() or home
         write, read = measure(d)
         say(f"  {d}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
-        values["cold_dir"] = os.path.abspath(d)
+        values["cold_dir"] = pathnames.abspath(d)
         values["cold_mib"] = _number(ask, say, "  its budget in MiB?", 65536, 1)
         if _choice(ask, "  a faster warm level in front of it (another disk)?", ("no", "yes"),
                    "no") == "yes":  # fmt: skip
@@ -137,7 +136,7 @@ def run_init(
             if w:
                 write, read = measure(w)
                 say(f"  {w}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
-                values["warm_dir"] = os.path.abspath(w)
+                values["warm_dir"] = pathnames.abspath(w)
                 values["warm_mib"] = _number(ask, say, "  its budget in MiB?", 16384, 1)
     return dataclasses.replace(defaults, **values)
 
@@ -149,7 +148,7 @@ def _toml_value(v: object) -> str:
 
 
 def to_toml(cfg: StoreConfig) -> str:
-    """Every setting as ``name = value`` (TOML). A ``levels`` list (issue 12) is written as
+    """Every setting as ``name = value`` (TOML). A ``levels`` list is written as
     ``[[levels]]`` tables after the top-level settings (TOML puts them last), and the flat
     ``warm_*``/``cold_*`` settings, its aliases, are then left out; without one (the
     defaults, and every config ``strata init`` asks for) nothing about it is written."""
@@ -172,7 +171,7 @@ def to_toml(cfg: StoreConfig) -> str:
 
 def write_config(cfg: StoreConfig, path: str, *, force: bool = False) -> None:
     """Write ``cfg`` to ``path`` durably; refuses to replace a file unless ``force``."""
-    if os.path.exists(path) and not force:
+    if files.exists(path) and not force:
         raise ConfigError(f"{path} exists; pass --force to replace it, or --output another file")
     durable_write(path, to_toml(cfg).encode())
     back = StoreConfig.from_toml(path)  # what we wrote is what Store.open will read

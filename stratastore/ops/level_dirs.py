@@ -1,4 +1,4 @@
-"""Where a store's level directories are, from the path a user names (issue 11, item 10).
+"""Where a store's level directories are, from the path a user names.
 
 One function, :func:`find_store_levels`, used by ``strata fsck`` (and its repair),
 ``strata conformance`` and ``strata monitor``. Each path a user gives is one of:
@@ -27,12 +27,13 @@ One function, :func:`find_store_levels`, used by ``strata fsck`` (and its repair
 Repair cuts a chain at a segment absent from every level only for a *complete* set
 (:mod:`stratastore.ops.repair`).
 
-Nothing here opens a store or writes anything.
+Nothing here opens a store or writes anything: what a name is (a directory, a link, its real
+path, the names it holds) is asked of :mod:`stratastore.io.files`' look-ups, which are not I/O
+steps of the fault seam.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ from stratastore.format.naming import (
     is_chain_name,
     parse_name,
 )
+from stratastore.io import files, pathnames
 
 __all__ = ["ROOT_CONFIG", "NoStoreLevels", "StoreLevels", "find_store_levels", "is_level_dir",
            "levels_of"]  # fmt: skip
@@ -94,9 +96,8 @@ class StoreLevels:
 
 def is_level_dir(d: str) -> bool:
     """Whether ``d`` holds what a store level holds (spec F-DIR-2/3/4, F-CHAIN-4)."""
-    try:
-        names = os.listdir(d)
-    except OSError:
+    names = files.list_names(d)
+    if names is None:
         return False
     return any(
         n in (INDEX_DIR, QUARANTINE_DIR)
@@ -108,30 +109,30 @@ def is_level_dir(d: str) -> bool:
 
 
 def _ordered(dirs: Sequence[str]) -> list[str]:
-    return sorted(dirs, key=lambda d: (_RANK.get(os.path.basename(d), len(_RANK)), d))
+    return sorted(dirs, key=lambda d: (_RANK.get(pathnames.basename(d), len(_RANK)), d))
 
 
 def _sub_levels(root: str) -> tuple[list[str], list[str]]:
     """The level subdirectories of ``root`` (a link to a directory counts: F-DIR-8 lets the
     store directory be a link), and what was skipped there, with why."""
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
+    listed = files.list_names(root)
+    if listed is None:
         return [], []
+    names = sorted(listed)
     found: dict[str, str] = {}  # real path -> the path as named
     skipped: list[str] = []
     for name in names:
-        path = os.path.join(root, name)
-        if not os.path.isdir(path):  # follows a link
-            if os.path.islink(path):
+        path = pathnames.join(root, name)
+        if not files.is_dir(path):  # follows a link
+            if files.is_link(path):
                 skipped.append(f"{path} (a link to no directory)")
             continue
         if not is_level_dir(path):
             skipped.append(f"{path} (not a level: no store files in it)")
-        elif os.path.realpath(path) in found:
-            skipped.append(f"{path} (the same directory as {found[os.path.realpath(path)]})")
+        elif files.realpath(path) in found:
+            skipped.append(f"{path} (the same directory as {found[files.realpath(path)]})")
         else:
-            found[os.path.realpath(path)] = path
+            found[files.realpath(path)] = path
     return _ordered(list(found.values())), skipped
 
 
@@ -141,8 +142,8 @@ def _root_levels(root: str, *, strict: bool) -> tuple[list[str], bool, str, list
     with ``strict``, else is skipped); else its level subdirectories, complete when both
     ``warm`` and ``cold`` are among them."""
     subs, skipped = _sub_levels(root)
-    cfg_path = os.path.join(root, ROOT_CONFIG)
-    if os.path.isfile(cfg_path):
+    cfg_path = pathnames.join(root, ROOT_CONFIG)
+    if files.is_file(cfg_path):
         try:
             dirs = _config_levels(StoreConfig.from_toml(cfg_path), cfg_path)
         except StrataError as e:
@@ -150,23 +151,23 @@ def _root_levels(root: str, *, strict: bool) -> tuple[list[str], bool, str, list
                 raise
             skipped.append(f"{cfg_path} ({e})")
         else:
-            real = {os.path.realpath(d) for d in dirs}
+            real = {files.realpath(d) for d in dirs}
             skipped += [f"{d} (a level its config does not name)" for d in subs
-                        if os.path.realpath(d) not in real]  # fmt: skip
+                        if files.realpath(d) not in real]  # fmt: skip
             return dirs, True, f"the levels of config {cfg_path}", skipped
-    complete = set(_RANK) <= {os.path.basename(d) for d in subs}
+    complete = set(_RANK) <= {pathnames.basename(d) for d in subs}
     return subs, complete, f"the levels of store root {root}", skipped
 
 
 def _config_levels(cfg: StoreConfig, source: str) -> list[str]:
     """The directories of ``cfg``'s disk levels that are on, in the config's order."""
-    dirs = [os.path.abspath(lv.dir) for lv in cfg.disk_levels()]
+    dirs = [pathnames.abspath(lv.dir) for lv in cfg.disk_levels()]
     if not dirs:
         raise NoStoreLevels(f"config {source} turns on no disk level: set warm_dir and warm_mib, "
                             "or cold_dir and cold_mib, or give [[levels]] tables with a dir and "
                             "a mib")  # fmt: skip
     for d in dirs:
-        if not os.path.isdir(d):
+        if not files.is_dir(d):
             raise NoStoreLevels(f"level directory {d} (named by config {source}) does not exist: "
                                 "nothing was stored there yet, or the config names the wrong "
                                 "place")  # fmt: skip
@@ -192,12 +193,12 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
     skipped: list[str] = []
     explicit: list[str] = []
     for p in paths:
-        path = os.path.abspath(p)
-        if os.path.isfile(path):
+        path = pathnames.abspath(p)
+        if files.is_file(path):
             found = _config_levels(StoreConfig.from_toml(path), path)
             how.append(f"the levels of config {path}")
-        elif not os.path.isdir(path):
-            what = "does not exist" if not os.path.lexists(path) else "is not a directory or a file"
+        elif not files.is_dir(path):
+            what = "does not exist" if not files.lexists(path) else "is not a directory or a file"
             raise NoStoreLevels(f"{p} {what}; name the store's root directory, a level directory "
                                 "or its config file")  # fmt: skip
         elif is_level_dir(path):
@@ -214,13 +215,13 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
                                     "its config file")  # fmt: skip
             complete = complete and whole
             how.append(found_how)
-        real = {os.path.realpath(d) for d in checked}
-        checked += [d for d in found if os.path.realpath(d) not in real]
+        real = {files.realpath(d) for d in checked}
+        checked += [d for d in found if files.realpath(d) not in real]
     store = list(checked)
     if explicit:
         given = levels_of(explicit)
-        real = {os.path.realpath(d) for d in store}
-        store += [d for d in given.store if os.path.realpath(d) not in real]
+        real = {files.realpath(d) for d in store}
+        store += [d for d in given.store if files.realpath(d) not in real]
         complete = complete and given.complete
         how.insert(0, given.found_from)
         skipped += [s for s in given.skipped if s not in skipped]
@@ -233,8 +234,8 @@ def levels_of(dirs: Sequence[str]) -> StoreLevels:
     checked): ``dirs`` and the other levels of their parent when that is a store root
     (:func:`_root_levels`). Complete only when they all are levels of one complete store root:
     never merely because two directories were given."""
-    checked = list(dict.fromkeys(os.path.abspath(d) for d in dirs))
-    parents = list(dict.fromkeys(os.path.dirname(d) for d in checked))
+    checked = list(dict.fromkeys(pathnames.abspath(d) for d in dirs))
+    parents = list(dict.fromkeys(pathnames.dirname(d) for d in checked))
     store = list(checked)
     complete = len(parents) == 1
     beside: list[str] = []
@@ -244,10 +245,10 @@ def levels_of(dirs: Sequence[str]) -> StoreLevels:
             complete = False
             continue
         found, whole, how, skip = _root_levels(parent, strict=False)
-        real = {os.path.realpath(d) for d in found}
-        complete = complete and whole and all(os.path.realpath(d) in real for d in checked)
-        known = {os.path.realpath(d) for d in store}
-        more = [d for d in found if os.path.realpath(d) not in known]
+        real = {files.realpath(d) for d in found}
+        complete = complete and whole and all(files.realpath(d) in real for d in checked)
+        known = {files.realpath(d) for d in store}
+        more = [d for d in found if files.realpath(d) not in known]
         store += more
         skipped += skip
         if more:

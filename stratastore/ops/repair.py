@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from stratastore.format import decode_sidecar, parse_name
 from stratastore.format.manifest import MAX_MANIFEST_BYTES, decode_manifest, encode_manifest
 from stratastore.format.naming import INDEX_DIR, QUARANTINE_DIR, data_name, sidecar_name
 from stratastore.format.sidecar import MAX_SIDECAR_BYTES
-from stratastore.io import durable_write, files, guard, modes
+from stratastore.io import durable_write, files, guard, modes, pathnames
 from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
 from stratastore.levels.findings import (
     CHAIN_BROKEN,
@@ -74,7 +73,7 @@ def _refuse_unknown_cuts(findings: list[Finding], levels: StoreLevels) -> None:
         return
     known_bad = set(quarantined_keys(levels.store))
     for f in findings:
-        parsed = parse_name(os.path.basename(f.object)) if f.id == ORPHAN_FILE.id else None
+        parsed = parse_name(pathnames.basename(f.object)) if f.id == ORPHAN_FILE.id else None
         if parsed is not None:
             known_bad.add(parsed[0])
     present = committed_keys(levels.store)
@@ -132,7 +131,7 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
                 actions.append(Action("remove_temp", f.object,
                                       "a temp file of an interrupted write"))  # fmt: skip
             elif _does(f) is Repair.QUARANTINE_SEGMENT:
-                d = os.path.dirname(f.object)
+                d = pathnames.dirname(f.object)
                 rebuild.add(d)
                 for path in _segment_files(f.object):
                     _quarantine(path)
@@ -143,7 +142,9 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
         except _REFUSALS as e:
             actions.append(Action("refused", e.path, str(e)))
     index_findings = [f for f in findings if _does(f) is Repair.REBUILD_INDEX]
-    rebuild |= {d for d in dirs if any(f.object.startswith(d + os.sep) for f in index_findings)}
+    rebuild |= {
+        d for d in dirs if any(f.object.startswith(d + pathnames.SEP) for f in index_findings)
+    }
     _rebuild_indexes(dirs, rebuild, actions)
     cuts = 0
     broken = [f for f in fsck(dirs, deep=False, levels=levels) if _does(f) is Repair.CUT_CHAIN]
@@ -167,7 +168,7 @@ def _rebuild_indexes(dirs: Sequence[str], rebuild: set[str], actions: list[Actio
     anything is off or any segment was quarantined)."""
     for d in dirs:
         if d in rebuild:
-            index = os.path.join(d, INDEX_DIR)
+            index = pathnames.join(d, INDEX_DIR)
             try:
                 _rebuild_index(d)
             except _REFUSALS as e:
@@ -186,7 +187,7 @@ def _quarantine_unreachable(dirs: Sequence[str], levels: StoreLevels,
     for f in fsck(dirs, deep=False, levels=levels):
         if f.id != SEGMENT_UNREACHABLE.id:
             continue
-        rebuild.add(os.path.dirname(f.object))
+        rebuild.add(pathnames.dirname(f.object))
         try:
             for path in _segment_files(f.object):
                 _quarantine(path)
@@ -198,11 +199,11 @@ def _quarantine_unreachable(dirs: Sequence[str], levels: StoreLevels,
 
 def _segment_files(path: str) -> list[str]:
     """The sidecar and data file of the segment ``path`` names (either of them), those there."""
-    parsed = parse_name(os.path.basename(path))
+    parsed = parse_name(pathnames.basename(path))
     assert parsed is not None, path  # fsck names segment files only
-    d = os.path.dirname(path)
+    d = pathnames.dirname(path)
     names = (sidecar_name(parsed[0]), data_name(parsed[0]))
-    return [p for p in (os.path.join(d, n) for n in names) if os.path.lexists(p)]
+    return [p for p in (pathnames.join(d, n) for n in names) if files.lexists(p)]
 
 
 def _quarantine(path: str) -> None:
@@ -213,12 +214,12 @@ def _quarantine(path: str) -> None:
 
     if not guard.require_store_file(path, "quarantine"):
         return  # already gone
-    d = os.path.dirname(path)
+    d = pathnames.dirname(path)
     qdir = guard.store_subdir(d, QUARANTINE_DIR, mode=modes.inherited_mode(_dir_mode(d)))
-    dst = os.path.join(qdir, os.path.basename(path))
+    dst = pathnames.join(qdir, pathnames.basename(path))
     n = 1
-    while os.path.lexists(dst):
-        dst = os.path.join(qdir, f"{os.path.basename(path)}.{n}")
+    while files.lexists(dst):
+        dst = pathnames.join(qdir, f"{pathnames.basename(path)}.{n}")
         n += 1
     relocate_file(path, dst)
 
@@ -226,7 +227,7 @@ def _quarantine(path: str) -> None:
 def _dir_mode(d: str) -> int:
     """The permission bits of level directory ``d`` itself, not of a link that names it (the
     level a user configured may be one, spec F-DIR-8: its own bits are 0o777)."""
-    return files.permissions(os.path.join(d, "."))
+    return files.permissions(pathnames.join(d, "."))
 
 
 def _rebuild_index(d: str) -> None:
@@ -235,14 +236,14 @@ def _rebuild_index(d: str) -> None:
     (or the directory's files' mode when there was none)."""
     from stratastore.levels.local import SegmentStore
 
-    index = os.path.join(d, INDEX_DIR)
+    index = pathnames.join(d, INDEX_DIR)
     mode = modes.inherited_mode(_dir_mode(d))
-    if os.path.lexists(index):
+    if files.lexists(index):
         guard.store_subdir(d, INDEX_DIR, create=False)
         with contextlib.suppress(StrataIOError):
-            mode = modes.inherited_mode(files.permissions(os.path.join(index, "data.mdb")))
+            mode = modes.inherited_mode(files.permissions(pathnames.join(index, "data.mdb")))
         # only the index's own files; anything else there is left alone
-        owned = [os.path.join(index, n) for n in files.listdir(index)
+        owned = [pathnames.join(index, n) for n in files.listdir(index)
                  if guard.is_store_name(n, in_index=True)]  # fmt: skip
         for path in owned:  # a link or a FIFO refuses the rebuild before anything is removed
             guard.require_regular(path, "unlink", missing_ok=True)
@@ -253,12 +254,12 @@ def _rebuild_index(d: str) -> None:
         if parsed is None or parsed[1] != "side":
             continue
         try:
-            sc = decode_sidecar(files.read_file(os.path.join(d, name), MAX_SIDECAR_BYTES), name)
+            sc = decode_sidecar(files.read_file(pathnames.join(d, name), MAX_SIDECAR_BYTES), name)
         except StrataError:
             continue
         with SegmentStore.open(d, sc.fingerprint, create=False, file_mode=mode):
             return  # opening an empty index rebuilds it from every valid sidecar
-    if os.path.lexists(index) and not files.listdir(index):
+    if files.lexists(index) and not files.listdir(index):
         guard.remove_index_dir(index)
 
 

@@ -10,7 +10,6 @@ both release the GIL), so on N cores the kernel copies one group while the other
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -19,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 import numba_kernels
+from stratastore.io.system import after_fork_in_child, cpu_count
 from stratastore.levels.backend import OpenSegment
 
 __all__ = ["read_hashed", "read_plain", "read_scattered_hashed"]
@@ -30,7 +30,7 @@ _pool: ThreadPoolExecutor | None = None
 def _get_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        workers = max(1, min(os.cpu_count() or 1, 8))
+        workers = max(1, min(cpu_count(), 8))
         _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="strata-read")
     return _pool
 
@@ -41,7 +41,7 @@ def _forget_pool() -> None:
     _pool = None
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+after_fork_in_child(_forget_pool)
 
 
 def read_hashed(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_bytes: int

@@ -21,7 +21,6 @@ itself, or another implementation, without a checkout of the repository.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -43,6 +42,7 @@ from stratastore.format import (
 )
 from stratastore.format.manifest import decode_manifest, verify_manifest_keys
 from stratastore.format.remote_record import RemoteNames, decode_commit_record
+from stratastore.io import files, pathnames
 from stratastore.levels.local import SegmentStore
 
 __all__ = ["REFUSALS", "kit_path", "load_manifest", "load_vectors", "refusal_class",
@@ -50,24 +50,26 @@ __all__ = ["REFUSALS", "kit_path", "load_manifest", "load_vectors", "refusal_cla
 
 #: the conformance kit's folder in the installed package (package data; format-spec/ at the
 #: repository root is a link to it)
-_KIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "format_spec")
+_KIT = pathnames.join(
+    pathnames.dirname(pathnames.dirname(pathnames.abspath(__file__))), "format_spec"
+)
 
 
 def kit_path(*parts: str) -> str:
     """The absolute path of ``parts`` inside the conformance kit shipped with this package:
     ``kit_path("SPEC.md")``, ``kit_path("FSCK.md")``, ``kit_path("vectors", "v1")``;
     ``kit_path()`` is the kit's folder. Existence is not checked."""
-    return os.path.join(_KIT, *parts)
+    return pathnames.join(_KIT, *parts)
 
 
 def load_manifest(vector_dir: str) -> dict[str, Any]:
-    with open(os.path.join(vector_dir, "MANIFEST.json"), encoding="utf-8") as f:
+    with open(pathnames.join(vector_dir, "MANIFEST.json"), encoding="utf-8") as f:
         doc: dict[str, Any] = json.load(f)
     return doc
 
 
 def load_vectors(
-    vectors_root: str | os.PathLike[str] | None = None, versions: Iterable[str] | None = None
+    vectors_root: pathnames.StrPath | None = None, versions: Iterable[str] | None = None
 ) -> list[tuple[str, dict[str, Any]]]:
     """``(version, entry)`` for every vector of the folders ``versions`` under ``vectors_root``,
     with every ``supersedes`` record of any of those folders applied (spec F-COMPAT-5): a
@@ -80,9 +82,9 @@ def load_vectors(
     ``MANIFEST.json``, in version order (``v1``, ``v1.1``, ``v1.1-errata1``, ``v1.2``, ...).
     Given explicitly, they behave as before: exactly those folders, in the order given; a
     folder without a manifest raises :class:`FileNotFoundError`."""
-    root = kit_path("vectors") if vectors_root is None else os.fspath(vectors_root)
+    root = kit_path("vectors") if vectors_root is None else pathnames.fspath(vectors_root)
     versions = _version_folders(root) if versions is None else list(versions)
-    docs = {v: load_manifest(os.path.join(root, v)) for v in versions}
+    docs = {v: load_manifest(pathnames.join(root, v)) for v in versions}
     fixes: dict[str, tuple[str, dict[str, Any]]] = {}
     for v, doc in docs.items():
         for rec in doc.get("supersedes", []):
@@ -106,13 +108,13 @@ def _version_folders(root: str) -> list[str]:
     def order(name: str) -> list[tuple[int, str]]:
         return [(int(t), "") if t.isdigit() else (-1, t) for t in re.split(r"(\d+)", name)]
 
-    found = [e.name for e in os.scandir(root)
-             if e.is_dir() and os.path.isfile(os.path.join(e.path, "MANIFEST.json"))]  # fmt: skip
+    found = [name for name in files.subdirectories(root)
+             if files.is_file(pathnames.join(root, name, "MANIFEST.json"))]  # fmt: skip
     return sorted(found, key=order)
 
 
 def _read(vector_dir: str, name: str) -> bytes:
-    with open(os.path.join(vector_dir, name), "rb") as f:
+    with open(pathnames.join(vector_dir, name), "rb") as f:
         return f.read()
 
 
@@ -210,10 +212,10 @@ def _remote_keys(vector_dir: str, case: dict[str, Any]) -> str:
     return "ok" if ours == case["names"] else "KeyMismatch"
 
 
-def _lay_out(d: str, vector_dir: str, files: dict[str, str]) -> None:
-    """Write each vector file ``files[name]`` into the directory ``d`` as ``name``."""
-    for name, source in files.items():
-        with open(os.path.join(d, name), "wb") as f:
+def _lay_out(d: str, vector_dir: str, layout: dict[str, str]) -> None:
+    """Write each vector file ``layout[name]`` into the directory ``d`` as ``name``."""
+    for name, source in layout.items():
+        with open(pathnames.join(d, name), "wb") as f:
             f.write(_read(vector_dir, source))
 
 
@@ -263,9 +265,9 @@ def _segment_in_store(vector_dir: str, entry: dict[str, Any], data: bytes) -> st
     side = _read(vector_dir, entry["sidecar"])
     sc = decode_sidecar(side, entry["sidecar"])
     with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
-        with open(os.path.join(d, sidecar_name(sc.key)), "wb") as f:
+        with open(pathnames.join(d, sidecar_name(sc.key)), "wb") as f:
             f.write(side)
-        with open(os.path.join(d, data_name(sc.key)), "wb") as f:
+        with open(pathnames.join(d, data_name(sc.key)), "wb") as f:
             f.write(data)
         with SegmentStore.open(d, sc.fingerprint, create=False) as store:
             if store.skipped:

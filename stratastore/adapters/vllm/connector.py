@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import queue
 import threading
 import time
@@ -57,6 +56,7 @@ from stratastore.chain import Checkpoint, Conversation
 from stratastore.errors import ConfigError, StrataError
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
+from stratastore.io.system import env_default
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -79,7 +79,7 @@ def _keep_vllms_threads() -> None:
     ``VLLM_CPU_NUM_OF_RESERVED_CPU``, it is set to vLLM's own reservation without a connector
     (one core). vLLM imports this module while it checks its config, before it starts the
     engine and its workers, which inherit it."""
-    os.environ.setdefault(RESERVED_CPU_ENV, "1")
+    env_default(RESERVED_CPU_ENV, "1")
 
 
 _keep_vllms_threads()

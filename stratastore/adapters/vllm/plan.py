@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,8 @@ import numpy.typing as npt
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
 from stratastore.format import DType, ModelFingerprint
+from stratastore.io import pathnames
+from stratastore.io.system import env_var
 
 __all__ = ["LoadJob", "SaveJob", "default_store_dir", "fingerprint", "loadable", "save_cuts",
            "saved_tokens", "store_config"]  # fmt: skip
@@ -90,10 +91,11 @@ def fingerprint(model: str, revision: str | None, hf_config: Mapping[str, Any], 
 
 
 def default_store_dir(env: Mapping[str, str] | None = None) -> str:
-    """``$XDG_CACHE_HOME/stratastore/vllm``, else ``~/.cache/stratastore/vllm``."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "stratastore", "vllm")
+    """``$XDG_CACHE_HOME/stratastore/vllm``, else ``~/.cache/stratastore/vllm``; ``env``
+    stands for this process's environment when given."""
+    cache = env_var("XDG_CACHE_HOME") if env is None else env.get("XDG_CACHE_HOME")
+    base = cache or pathnames.join(pathnames.expanduser("~"), ".cache")
+    return pathnames.join(base, "stratastore", "vllm")
 
 
 def store_config(extra: Mapping[str, Any] | None) -> tuple[StoreConfig, str]:

@@ -8,7 +8,6 @@ one definition of a present segment that fsck and repair share."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Generator, Iterator, Sequence
 
 from stratastore.errors import StrataError
@@ -20,7 +19,7 @@ from stratastore.format.manifest import (
     manifest_key_mismatch,
 )
 from stratastore.format.naming import QUARANTINE_DIR, chain_name, data_name, is_chain_name
-from stratastore.io import files, guard
+from stratastore.io import files, guard, pathnames
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.findings import (
     CHAIN_BROKEN,
@@ -57,7 +56,7 @@ def committed_keys(dirs: Sequence[str]) -> set[bytes]:
 
 def _is_regular(d: str, name: str) -> bool:
     try:
-        return guard.require_regular(os.path.join(d, name), missing_ok=True)
+        return guard.require_regular(pathnames.join(d, name), missing_ok=True)
     except StrataIOError:  # a link, a FIFO, ... (reported where d is checked)
         return False
 
@@ -66,8 +65,8 @@ def quarantined_keys(dirs: Sequence[str]) -> dict[bytes, str]:
     """The keys of segment files repair moved into a ``strata-quarantine/`` of ``dirs``."""
     out: dict[bytes, str] = {}
     for d in dirs:
-        qdir = os.path.join(d, QUARANTINE_DIR)
-        if not os.path.isdir(qdir) or os.path.islink(qdir):
+        qdir = pathnames.join(d, QUARANTINE_DIR)
+        if not files.is_dir(qdir) or files.is_link(qdir):
             continue
         with contextlib.suppress(StrataIOError):
             for name in files.listdir(qdir):
@@ -85,7 +84,7 @@ def read_manifest(path: str) -> ChainManifest | Finding:
         m = decode_manifest(files.read_file(path, MAX_MANIFEST_BYTES), path)
     except (StrataError, StrataIOError) as e:
         return CHAIN_INVALID.found(path, str(e))
-    if os.path.basename(path) != chain_name(m.conv_id):  # F-CHAIN-4: a reader refuses it
+    if pathnames.basename(path) != chain_name(m.conv_id):  # F-CHAIN-4: a reader refuses it
         return CHAIN_INVALID.found(
             path,
             f"it holds conversation {m.conv_id!r}, whose manifest is named "
@@ -105,7 +104,7 @@ def check_manifest(
     segment that no level holds valid stops the chain: when that segment is damaged in a checked
     level, the stop is a consequence added to the damage's finding; when it is in no level
     searched, ``CHAIN_BROKEN``."""
-    path = os.path.join(d, name)
+    path = pathnames.join(d, name)
     m = read_manifest(path)
     if isinstance(m, Finding):
         yield m
@@ -148,9 +147,9 @@ def check_reachability(
     for d in others:
         with contextlib.suppress(StrataIOError):
             for name in sorted(files.listdir(d)):
-                m = read_manifest(os.path.join(d, name)) if is_chain_name(name) else None
+                m = read_manifest(pathnames.join(d, name)) if is_chain_name(name) else None
                 if isinstance(m, ChainManifest):
-                    accepted.append((os.path.join(d, name), m))
+                    accepted.append((pathnames.join(d, name), m))
     here = {d: committed_keys([d]) for d in dirs}
     mine: set[bytes] = set().union(*here.values())
     store = mine | set(chains.valid) | chains.elsewhere | set(chains.damaged)
@@ -160,7 +159,7 @@ def check_reachability(
     behind: dict[bytes, list[str]] = {}  # a damaged key -> the segments only it hides
     for d in dirs:
         for key in sorted(here[d] & set(reach.unreachable)):
-            gone, path = reach.unreachable[key], os.path.join(d, data_name(key))
+            gone, path = reach.unreachable[key], pathnames.join(d, data_name(key))
             if gone.only_damage:
                 behind.setdefault(gone.stops[0].key, []).append(path)
                 continue

@@ -7,11 +7,10 @@ must be (``NOT_REGULAR_FILE``), and store files other users can read
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Generator, Iterator
 
 from stratastore.format.naming import INDEX_DIR, QUARANTINE_DIR
-from stratastore.io import files, guard, modes
+from stratastore.io import files, guard, modes, pathnames
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.levels.findings import (
     NOT_REGULAR_FILE,
@@ -34,7 +33,7 @@ def special_entries(d: str, names: list[str]) -> Generator[Finding, None, list[s
         if not is_dir and not guard.is_store_name(name):
             rest.append(name)
             continue
-        path = os.path.join(d, name)
+        path = pathnames.join(d, name)
         try:
             if is_dir:
                 guard.store_subdir(d, name, create=False)
@@ -67,7 +66,7 @@ def special_index_files(index: str) -> Iterator[Finding]:
     (:data:`~stratastore.io.guard.INDEX_FILES`), checked with ``lstat`` (spec F-DIR-8): a
     Store refuses to open through them, and repair's rebuild leaves them."""
     for name in sorted(guard.INDEX_FILES):
-        path = os.path.join(index, name)
+        path = pathnames.join(index, name)
         try:
             guard.require_regular(path, missing_ok=True)
         except (SymlinkRefused, NotARegularFile) as e:
@@ -80,25 +79,25 @@ def check_modes(d: str, names: list[str]) -> Iterator[Finding]:
     """``STORE_READABLE_BY_OTHERS`` (warning, spec F-DIR-9) when the directory, its index or any
     store file in it lets other users read it: manifests hold token ids, segments K/V."""
     # d/. : the level directory's own bits, not those of a link that names it (F-DIR-8)
-    paths = [os.path.join(d, ".")] + [
-        os.path.join(d, n) for n in names if n == INDEX_DIR or guard.is_store_name(n)
+    paths = [pathnames.join(d, ".")] + [
+        pathnames.join(d, n) for n in names if n == INDEX_DIR or guard.is_store_name(n)
     ]
-    index = os.path.join(d, INDEX_DIR)
+    index = pathnames.join(d, INDEX_DIR)
     if INDEX_DIR in names:
         with contextlib.suppress(StrataIOError):
             paths += [
-                os.path.join(index, n)
+                pathnames.join(index, n)
                 for n in files.listdir(index)
                 if guard.is_store_name(n, in_index=True)
             ]
     loose = []
     for path in paths:
-        if os.path.islink(path) or not (os.path.isfile(path) or os.path.isdir(path)):
+        if files.is_link(path) or not (files.is_file(path) or files.is_dir(path)):
             continue  # a link or a FIFO in the index: SYMLINK / NOT_REGULAR_FILE say so
         with contextlib.suppress(StrataIOError):
             mode = files.permissions(path)
             if modes.others_can_read(mode):
-                loose.append(f"{os.path.relpath(path, d)} ({mode:#o})")
+                loose.append(f"{pathnames.relpath(path, d)} ({mode:#o})")
     if loose:
         yield STORE_READABLE_BY_OTHERS.found(
             d,

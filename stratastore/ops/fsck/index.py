@@ -5,7 +5,6 @@ down with it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from stratastore.errors import StrataError
 from stratastore.format import IndexRecord, index_record
 from stratastore.format.naming import INDEX_DIR, data_name, sidecar_name
 from stratastore.format.sidecar import Sidecar
-from stratastore.io import files, guard
+from stratastore.io import files, guard, pathnames
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.findings import (
     INDEX_ABSENT,
@@ -105,8 +104,8 @@ def check_index(
     """The index of ``d`` against its valid segments ``valid`` (spec F-IDX). A record of a
     segment in ``damaged`` is a consequence of that damage (added to its finding), not an
     ``INDEX_DANGLING`` of its own."""
-    path = os.path.join(d, INDEX_DIR)
-    if not os.path.lexists(path):
+    path = pathnames.join(d, INDEX_DIR)
+    if not files.lexists(path):
         yield INDEX_ABSENT.found(path, "no index: the next open rebuilds it")
         return
     try:  # a link or a non-directory was reported as SYMLINK / NOT_REGULAR_FILE (F-DIR-8)
@@ -115,7 +114,7 @@ def check_index(
         return
     special = list(special_index_files(path))
     yield from special
-    if any(os.path.basename(f.object) == "data.mdb" for f in special):
+    if any(pathnames.basename(f.object) == "data.mdb" for f in special):
         return  # never read through a link, or from a FIFO
     problem = lmdb_file_problem(path)
     if problem is not None:  # mapping it could kill this process (SIGBUS)
@@ -140,24 +139,24 @@ def check_index(
             continue
         if key not in valid:
             yield INDEX_DANGLING.found(
-                os.path.join(path, key.hex()),
+                pathnames.join(path, key.hex()),
                 f"indexed in {path} but not a valid committed segment",
             )
             continue
         try:
             rec = IndexRecord.unpack(raw)
         except StrataError as e:
-            yield INDEX_RECORD_INVALID.found(os.path.join(path, key.hex()), str(e))
+            yield INDEX_RECORD_INVALID.found(pathnames.join(path, key.hex()), str(e))
             continue
         stale = _stale_fields(d, valid[key], rec)
         if stale:
             yield INDEX_STALE.found(
-                os.path.join(path, key.hex()),
+                pathnames.join(path, key.hex()),
                 f"{'; '.join(stale)}: the record disagrees with the sidecar and data "
                 "file it derives from (F-IDX-2); repair rebuilds the index",
             )
     for key in sorted(set(valid) - set(indexed)):
-        yield INDEX_MISSING.found(os.path.join(path, key.hex()), "not indexed: open adopts it")
+        yield INDEX_MISSING.found(pathnames.join(path, key.hex()), "not indexed: open adopts it")
 
 
 def _stale_fields(d: str, sc: Sidecar, rec: IndexRecord) -> list[str]:
@@ -165,8 +164,8 @@ def _stale_fields(d: str, sc: Sidecar, rec: IndexRecord) -> list[str]:
     the sizes of its two files (spec F-IDX-2: every field but the reserved ``refcount``), as
     ``name indexed X, derived Y``."""
     try:
-        side_bytes = files.file_size(os.path.join(d, sidecar_name(sc.key)))
-        file_bytes = files.file_size(os.path.join(d, data_name(sc.key)))
+        side_bytes = files.file_size(pathnames.join(d, sidecar_name(sc.key)))
+        file_bytes = files.file_size(pathnames.join(d, data_name(sc.key)))
     except StrataIOError:
         return []  # removed while we looked: the next check sees it
     want = IndexRecord.from_sidecar(sc, side_bytes, file_bytes, refcount=rec.refcount)

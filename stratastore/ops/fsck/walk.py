@@ -5,7 +5,6 @@ findings."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator, Sequence
 from typing import TypeVar
 
@@ -21,7 +20,7 @@ from stratastore.format.naming import (
     sidecar_name,
 )
 from stratastore.format.sidecar import Sidecar
-from stratastore.io import files
+from stratastore.io import files, pathnames
 from stratastore.levels.findings import (
     DUPLICATE_ACROSS_LEVELS,
     FINGERPRINT_MISMATCH,
@@ -66,11 +65,11 @@ def fsck(
     ``isolate_index=False`` reads the LMDB index in this process (faster; only for an index
     known to be a real LMDB commit, as the power-loss tests have: a damaged one can SIGBUS)."""
     for d in dirs:
-        if not os.path.isdir(d):
+        if not files.is_dir(d):
             raise StrataError(f"{d} is not a directory; pass store level directories")
     levels = levels if levels is not None else levels_of(dirs)
-    given = {os.path.abspath(d) for d in dirs}
-    others = [d for d in levels.store if os.path.abspath(d) not in given]
+    given = {pathnames.abspath(d) for d in dirs}
+    others = [d for d in levels.store if pathnames.abspath(d) not in given]
     seen: dict[bytes, str] = {}
     manifests: list[tuple[str, str]] = []
     damaged: dict[bytes, list[Damage]] = {}
@@ -93,7 +92,7 @@ def fsck(
     for d, name in manifests:
         m = yield from check_manifest(d, name, chains)
         if m is not None:
-            accepted.append((os.path.join(d, name), m))
+            accepted.append((pathnames.join(d, name), m))
     if levels.complete:  # a guessed level set could hide a segment's predecessor
         yield from check_reachability(dirs, others, accepted, chains)
     for found in damaged.values():
@@ -126,7 +125,7 @@ def _check_dir(
     datas: set[bytes] = set()
     special, names = _drain(special_entries(d, names))
     for f in special:  # a segment file that is a link or a FIFO: the segment is left alone, and
-        parsed = parse_name(os.path.basename(f.object))  # what stops at it is a consequence
+        parsed = parse_name(pathnames.basename(f.object))  # what stops at it is a consequence
         if parsed is not None and parsed[0] not in damaged:
             damaged[parsed[0]] = Damage(f)
         else:  # not a segment file, or the segment's second special file
@@ -139,17 +138,17 @@ def _check_dir(
             (sidecars if parsed[1] == "side" else datas).add(parsed[0])
         elif name.startswith(TEMP_PREFIX):
             yield ORPHAN_TEMP.found(
-                os.path.join(d, name), "a temp file of an interrupted write; repair removes it"
+                pathnames.join(d, name), "a temp file of an interrupted write; repair removes it"
             )
         elif is_chain_name(name):
             manifests.append((d, name))
         elif name not in (INDEX_DIR, QUARANTINE_DIR):
-            yield UNKNOWN_FILE.found(os.path.join(d, name), "not a store file; ignored")
+            yield UNKNOWN_FILE.found(pathnames.join(d, name), "not a store file; ignored")
     sidecars -= left_alone
     datas -= left_alone
     for key in sorted(datas - sidecars):
         yield ORPHAN_FILE.found(
-            os.path.join(d, data_name(key)),
+            pathnames.join(d, data_name(key)),
             "a data file without a sidecar (invisible); repair quarantines it",
         )
     valid: dict[bytes, Sidecar] = {}
@@ -157,8 +156,8 @@ def _check_dir(
     for key in sorted(sidecars):
         got = inspect_segment(
             key,
-            os.path.join(d, sidecar_name(key)),
-            os.path.join(d, data_name(key)),
+            pathnames.join(d, sidecar_name(key)),
+            pathnames.join(d, data_name(key)),
             depth="pages" if deep else "sample",
             data_listed=key in datas,
             by_path=True,
