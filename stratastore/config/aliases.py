@@ -39,6 +39,7 @@ __all__ = [
     "ALIASES",
     "FLAT",
     "alias_conflict",
+    "check_flat",
     "flat_mapping",
     "flat_value",
     "fold",

@@ -19,7 +19,6 @@ user name and password.
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -381,8 +380,3 @@ def level_byte(index: int, count: int, name: str) -> Level:
     if not 0 <= index < count:
         raise ValueError(f"level index {index} is not in 0..{count - 1}")
     return Level.WARM if index == 0 and (count > 1 or name == "warm") else Level.COLD
-
-
-def replace_level(spec: LevelSpec, **changes: Any) -> LevelSpec:
-    """``spec`` with ``changes`` (its spelling kept)."""
-    return dataclasses.replace(spec, **changes)
