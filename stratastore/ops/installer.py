@@ -1,12 +1,13 @@
-"""``strata init``: the installer's questions, for this library.
+"""``strata init``: the installer's questions, and the config file it writes.
 
 It measures the machine (free RAM, cores; the write+fsync and read speed of a directory chosen
 for a disk level), then asks what the defaults cannot know: **one request or several** (the
 slots) and **whether conversations are kept on disk** (the levels and their budgets), and the
-RAM budget; and writes a TOML config that ``Store.open(fp, path)`` and every CLI command
-(``--config``) read. The measurements and the model size only inform the suggestions it prints:
-**no answer means the default**, so Enter at every prompt, like ``--yes`` (which asks nothing),
-writes exactly :class:`~stratastore.StoreConfig`'s defaults, on any machine, for any model.
+RAM budget; and writes a TOML config (its levels as ``[[levels]]`` tables) that
+``Store.open(fp, path)`` and every CLI command (``--config``) read. The measurements and the
+model size only inform the suggestions it prints: **no answer means the default**, so Enter at
+every prompt, like ``--yes`` (which asks nothing), writes exactly
+:class:`~stratastore.StoreConfig`'s defaults, on any machine, for any model.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stratastore.config import StoreConfig
+from stratastore.config import LevelSpec, StoreConfig
+from stratastore.config.aliases import flat_mapping
 from stratastore.errors import ConfigError
 from stratastore.io import durable_write, files, pathnames
 from stratastore.io.system import cpu_count, mem_available, random_bytes, this_process
@@ -123,22 +125,23 @@ def run_init(
     values["ram_mib"] = _number(ask, say, "  RAM budget in MiB?", defaults.ram_mib)
     disk = _choice(ask, "keep conversations on disk (they survive restarts, and a park RAM "
                    "cannot take spills there)?", ("no", "yes"), "no")  # fmt: skip
+    levels: list[LevelSpec] = []
     if disk == "yes":
         home = pathnames.expanduser("~/.cache/stratastore")
         d = ask(f"  directory for the disk level [Enter: {home}] ").strip() or home
         write, read = measure(d)
         say(f"  {d}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
-        values["cold_dir"] = pathnames.abspath(d)
-        values["cold_mib"] = _number(ask, say, "  its budget in MiB?", 65536, 1)
+        cold = pathnames.abspath(d)
+        levels.append(LevelSpec("cold", cold, _number(ask, say, "  its budget in MiB?", 65536, 1)))
         if _choice(ask, "  a faster warm level in front of it (another disk)?", ("no", "yes"),
                    "no") == "yes":  # fmt: skip
             w = ask("  directory for the warm level: ").strip()
             if w:
                 write, read = measure(w)
                 say(f"  {w}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
-                values["warm_dir"] = pathnames.abspath(w)
-                values["warm_mib"] = _number(ask, say, "  its budget in MiB?", 16384, 1)
-    return dataclasses.replace(defaults, **values)
+                mib = _number(ask, say, "  its budget in MiB?", 16384, 1)
+                levels.insert(0, LevelSpec("warm", pathnames.abspath(w), mib))  # parks go first
+    return StoreConfig(**values, levels=levels)
 
 
 def _toml_value(v: object) -> str:
@@ -148,24 +151,35 @@ def _toml_value(v: object) -> str:
 
 
 def to_toml(cfg: StoreConfig) -> str:
-    """Every setting as ``name = value`` (TOML). A ``levels`` list is written as
-    ``[[levels]]`` tables after the top-level settings (TOML puts them last), and the flat
-    ``warm_*``/``cold_*`` settings, its aliases, are then left out; without one (the
-    defaults, and every config ``strata init`` asks for) nothing about it is written."""
-    lines = ["# stratastore config, written by `strata init`; Store.open(fp, this path) and",
-             "# `strata ... --config this path` read it. README: Configuration.", ""]  # fmt: skip
-    aliased = {f"{n}_{k}" for n in ("warm", "cold") for k in ("dir", "mib", "max_age_s")}
-    for f in dataclasses.fields(cfg):
-        if f.name == "levels" or (cfg.levels and f.name in aliased):
-            continue
-        v = getattr(cfg, f.name)
-        text = _toml_value(v)
-        if f.name == "file_mode":
-            text = f"{v:#o}"  # permission bits read best in octal (TOML: 0o600)
-        lines.append(f"{f.name} = {text}")
-    for level in cfg.levels:
-        lines += ["", "[[levels]]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in level.to_mapping().items()]
+    """``cfg`` as TOML, in sections: every top-level setting as ``name = value``, then each
+    level as a ``[[levels]]`` table (its ``settings`` as ``[levels.settings]`` after it). A
+    level the sections cannot spell (one the flat settings switch off by leaving its
+    location empty, ``cold_mib = 5`` alone) is written by its flat settings among the
+    top-level ones, with the others of its kind. The defaults have no level: nothing about
+    one is written. Reads back (:meth:`StoreConfig.from_toml`) as an equal config."""
+    lines = [
+        "# stratastore config, written by `strata init`; Store.open(fp, this path) and",
+        "# `strata ... --config this path` read it. See docs/configuration.md.",
+        "",
+    ]
+    disk = tuple(s for s in cfg.specs if not s.shared)
+    remote = tuple(s for s in cfg.specs if s.shared)
+    flat: tuple[LevelSpec, ...] = ()
+    if any(not (s.dir or s.url) for s in disk):
+        flat += disk
+    if any(not s.url for s in remote):
+        flat += remote
+    top = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "specs"}
+    for name, v in {**top, **flat_mapping(flat)}.items():
+        text = f"{v:#o}" if name == "file_mode" else _toml_value(v)  # permission bits: octal
+        lines.append(f"{name} = {text}")
+    for level in (s for s in cfg.specs if s not in flat):
+        table = level.to_mapping()
+        settings = table.pop("settings", {})
+        lines += ["", "[[levels]]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+        if settings:
+            lines += ["", "[levels.settings]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -57,8 +57,9 @@ def namespace(name: str, fp: ModelFingerprint) -> str:
 
 @dataclass(frozen=True)
 class RemoteSettings:
-    """A remote level's connection: parsed from :class:`~stratastore.config.StoreConfig`'s
-    ``remote_*`` settings by :meth:`from_config`, or built directly (tests, benchmarks)."""
+    """A remote level's connection: the remote level of a
+    :class:`~stratastore.config.StoreConfig` and its settings table, by :meth:`from_config`,
+    or built directly (tests, benchmarks)."""
 
     url: str = field(repr=False)  #: may carry user:password@ (repr: ``nodes`` and ``db``)
     name: str = "default"
@@ -145,18 +146,18 @@ class RemoteSettings:
 
     @classmethod
     def from_config(cls, cfg: StoreConfig, env: dict[str, str] | None = None) -> RemoteSettings:
-        """The remote level of ``cfg`` (whose ``remote_url`` is set); credentials from the
-        config, else ``STRATA_REMOTE_USERNAME``/``STRATA_REMOTE_PASSWORD`` in ``env``
-        (default: the process environment), else the URL."""
+        """The remote level of ``cfg`` (:attr:`StoreConfig.remote
+        <stratastore.config.StoreConfig.remote>`: ``remote_url``, or the ``[[levels]]`` entry
+        with a Redis URL), opened with its settings table
+        (:meth:`~stratastore.config.StoreConfig.level_settings`); credentials from the config,
+        else ``STRATA_REMOTE_USERNAME``/``STRATA_REMOTE_PASSWORD`` in ``env`` (default: the
+        process environment), else the URL."""
         env = dict(os.environ) if env is None else env
-        return cls(
-            cfg.remote_url, cfg.remote_name,
-            cfg.remote_username or env.get("STRATA_REMOTE_USERNAME", ""),
-            cfg.remote_password or env.get("STRATA_REMOTE_PASSWORD", ""),
-            cfg.remote_tls_ca, cfg.remote_tls_cert, cfg.remote_tls_key,
-            cfg.remote_timeout_ms / 1000, cfg.remote_part_mib << 20, cfg.remote_eviction,
-            cfg.remote_mib << 20, cfg.remote_keep_local,
-        )  # fmt: skip
+        spec = cfg.remote
+        kw = cfg.level_settings(spec) if spec is not None else {}
+        kw["username"] = kw.get("username") or env.get("STRATA_REMOTE_USERNAME", "")
+        kw["password"] = kw.get("password") or env.get("STRATA_REMOTE_PASSWORD", "")
+        return cls(spec.url if spec is not None else "", **kw)
 
     @property
     def shown(self) -> str:

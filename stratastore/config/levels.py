@@ -1,0 +1,382 @@
+"""The levels of a configuration: one :class:`LevelSpec` each, as a ``[[levels]]`` table holds it.
+
+A level has a ``name`` (a-z, 0-9, ``_``, ``-``: it names counters, stats keys and messages), a
+location, either ``dir`` (a directory: the local store, spec F-DIR) or ``url`` (a level opened
+by URL: ``memory://NAME``, or a Redis level ``redis://``, ``rediss://``, ``redis+cluster://``,
+``rediss+cluster://``, spec F-REM), a budget ``mib`` (``0``: the level is off), an age limit
+``max_age_s`` (``0``: none) and a table of its own ``settings`` (TOML: ``[levels.settings]``
+right after its ``[[levels]]`` table). Only a Redis level has settings, :data:`REDIS_SETTINGS`:
+its store name, credentials, TLS files, timeout, part size, who evicts and whether a restore
+from it is kept locally.
+
+A level on a shared backend (Redis) is *the* remote level: at most one, never a step of the disk
+cascade (spec F-DIR-2, "Levels and their order": the list's other levels, in order, are the
+store's disk levels). Settings a level cannot take, and values of the wrong type or range, are a
+:class:`~stratastore.errors.ConfigError` naming the key as it was written. Credentials are never
+shown: a level's ``repr`` leaves out its URL (which may carry ``user:password@``) and hides its
+user name and password.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratastore.errors import ConfigError
+from stratastore.format.sidecar import Level
+from stratastore.levels.registry import scheme_of
+
+__all__ = [
+    "LEVEL_KEYS",
+    "MAX_LEVELS",
+    "MAX_SETTING",
+    "REDIS_SETTINGS",
+    "SHARED_SCHEMES",
+    "LevelSettings",
+    "LevelSpec",
+    "Setting",
+    "as_levels",
+    "check_value",
+    "level_byte",
+]
+
+MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
+MAX_LEVELS = 8  #: disk levels a ``levels`` list holds at most (beside one shared level)
+#: schemes of a shared backend: a level on one is the remote level (spec F-REM)
+SHARED_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
+URL_SCHEMES = SHARED_SCHEMES | {"memory"}  #: the schemes a level's ``url`` may name
+#: the keys of a ``[[levels]]`` table (the first four are what a disk level needs)
+LEVEL_KEYS = ("name", "dir", "mib", "max_age_s", "url", "settings")
+#: the characters of a level's name (it names counters, stats keys and messages)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a level's table: its default, what a value must be, and whether it is
+    a credential (never shown)."""
+
+    key: str
+    default: object
+    what: str = ""  #: a string setting's type error says what it is ("a path")
+    choices: tuple[str, ...] = ()  #: the values a choice allows
+    least: int = 0  #: an integer's smallest value
+    secret: bool = False
+
+
+#: the settings of a Redis level's table (the flat ``remote_<key>`` settings alias them)
+REDIS_SETTINGS: Mapping[str, Setting] = {
+    s.key: s
+    for s in (
+        Setting("name", "default", "a name"),  # every key's namespace (spec F-REM-1)
+        Setting("username", "", "a user name", secret=True),
+        Setting("password", "", "a password", secret=True),
+        Setting("tls_ca", "", "a path"),  # the CA of the server's certificate (rediss)
+        Setting("tls_cert", "", "a path"),  # a client certificate and its key
+        Setting("tls_key", "", "a path"),
+        Setting("timeout_ms", 5000, least=1),  # every call: connect, read, write
+        Setting("part_mib", 16, least=1),  # a segment is stored in values of at most this
+        Setting("eviction", "store", choices=("store", "redis")),
+        Setting("keep_local", True),  # a restore from the level is kept locally too
+    )
+}
+
+
+def check_value(label: str, value: object, s: Setting) -> None:
+    """``value`` of the setting ``label`` against its row: a choice, a bool, an integer in
+    ``least..MAX_SETTING`` or a string; a :class:`ConfigError` naming ``label`` otherwise (a
+    credential's value is never shown)."""
+    if s.choices:
+        if value not in s.choices:
+            raise ConfigError(f"setting {label}={value!r} is not one of {', '.join(s.choices)}")
+    elif isinstance(s.default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"setting {label}={value!r} must be true or false")
+    elif isinstance(s.default, int):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SETTING:
+            raise ConfigError(f"setting {label}={value!r} must be an integer in 0..{MAX_SETTING}")
+        if value < s.least:
+            raise ConfigError(f"setting {label} must be at least {s.least}")
+    elif not isinstance(value, str):
+        shown = "<hidden>" if s.secret else repr(value)
+        raise ConfigError(f"setting {label}={shown} must be a string ({s.what or 'a path'})")
+
+
+class LevelSettings(Mapping[str, Any]):
+    """A level's settings table, read-only and hashable (a :class:`LevelSpec` is a value);
+    only the settings that differ from their defaults are held, so two tables that configure
+    the same level compare equal. Its ``repr`` hides credentials."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        self._items = dict(sorted((values or {}).items()))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._items.items()))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{k}=<hidden>" if k in REDIS_SETTINGS and REDIS_SETTINGS[k].secret else f"{k}={v!r}"
+            for k, v in self._items.items()
+        )
+        return f"LevelSettings({shown})"
+
+
+def _level_problem(
+    name: object, dir: object, mib: object, max_age_s: object, dir_needed: bool
+) -> str | None:
+    """What is wrong with one level's values (types and ranges), or None."""
+    if not isinstance(name, str) or not name or not set(name) <= _NAME_CHARS:
+        return (
+            f"name={name!r} must be a non-empty name of a-z, 0-9, _ and - (warm, cold, nvme-0, ...)"
+        )
+    if not isinstance(dir, str) or (dir_needed and not dir):
+        return f"dir={dir!r} must be a non-empty string (a directory)"
+    for key, value in (("mib", mib), ("max_age_s", max_age_s)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SETTING:
+            return f"{key}={value!r} must be an integer in 0..{MAX_SETTING}"
+    return None
+
+
+def _url_problem(url: object) -> str | None:
+    """What is wrong with a level's ``url``, or None; names its scheme alone (a URL may carry
+    a password)."""
+    if not isinstance(url, str):
+        return "url=<not shown> must be a string (a level's URL)"
+    scheme = scheme_of(url)
+    if scheme not in URL_SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(URL_SCHEMES))
+        what = f"{scheme}://..." if scheme else "<not shown>"
+        return f"url={what} names no level backend; use a directory (dir) or one of {known}"
+    return None
+
+
+def settings_problem(
+    shared: bool, settings: Mapping[str, Any], label: Callable[[str], str]
+) -> str | None:
+    """What is wrong with a level's settings table (its keys, then each value's type and range
+    by :func:`check_value`, ``label(key)`` naming it), or None."""
+    if not shared:
+        if settings:
+            return (
+                f"settings {', '.join(sorted(settings))}: only a Redis level takes settings "
+                "(a directory or memory level has none)"
+            )
+        return None
+    for key, value in settings.items():
+        if key not in REDIS_SETTINGS:
+            return (
+                f"unknown setting {key!r}; a Redis level's settings are {', '.join(REDIS_SETTINGS)}"
+            )
+        try:
+            check_value(label(key), value, REDIS_SETTINGS[key])
+        except ConfigError as e:
+            return str(e)
+    return None
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """One level of :attr:`StoreConfig.specs <stratastore.config.StoreConfig.specs>`.
+
+    ``name`` (a-z, 0-9, ``_``, ``-``; ``warm``, ``cold`` and ``remote`` are the names the
+    flat settings alias), ``dir`` (its directory) or ``url`` (a level opened by URL), its
+    budget in MiB (``0``: the level is off), its age limit in seconds (``0``: none; segments
+    sealed longer ago are degraded into the next level; on the last level, conversations
+    sealed longer ago are shortened to their pinned prefix, never sessions) and its own
+    ``settings`` (a Redis level's, :data:`REDIS_SETTINGS`; held as a :class:`LevelSettings`).
+
+    ``flat`` says the level was spelled by the flat settings (``warm_dir``, ``remote_url``,
+    ...): messages then name those, and it may lack a location (``warm_mib = 5`` alone: a
+    level that is off, which a ``[[levels]]`` table cannot spell). It is not part of the
+    value: two specs that configure the same level compare equal however they were written."""
+
+    name: str
+    dir: str = ""
+    mib: int = 0
+    max_age_s: int = 0
+    url: str = field(default="", kw_only=True, repr=False)  #: may carry user:password@
+    settings: Mapping[str, Any] = field(default_factory=LevelSettings, kw_only=True)
+    flat: bool = field(default=False, kw_only=True, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        dir_needed = not self.flat and not self.url
+        problem = _level_problem(self.name, self.dir, self.mib, self.max_age_s, dir_needed)
+        if problem is None and self.url:
+            problem = _url_problem(self.url)
+            if problem is None and self.dir:
+                problem = "dir and url are both set; a level is a directory (dir) or a URL (url)"
+        if problem is None and not isinstance(self.settings, Mapping):
+            problem = f"settings={self.settings!r} must be a table of the level's settings"
+        if problem is None:
+            problem = settings_problem(self.shared, self.settings, lambda k: k)
+        if problem is not None:
+            raise ConfigError(f"level {self.name!r}: {problem}")
+        defaults = {k: s.default for k, s in REDIS_SETTINGS.items()}
+        held = {
+            k: v
+            for k, v in self.settings.items()
+            if not (v == defaults[k] and type(v) is type(defaults[k]))
+        }
+        object.__setattr__(self, "settings", LevelSettings(held))
+
+    @property
+    def shared(self) -> bool:
+        """The level is on a shared backend (Redis): the remote level, not a disk level. A
+        flat ``remote_*`` level without ``remote_url`` is one too (one that is off)."""
+        if self.url:
+            return scheme_of(self.url) in SHARED_SCHEMES
+        return self.flat and self.name == "remote" and not self.dir
+
+    @property
+    def on(self) -> bool:
+        """A level is on only with a location and a non-zero budget."""
+        return bool(self.dir or self.url) and self.mib > 0
+
+    def setting(self, key: str) -> Any:
+        """The value of one of a Redis level's :data:`REDIS_SETTINGS` (its default when the
+        table does not set it)."""
+        return self.settings.get(key, REDIS_SETTINGS[key].default)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "level") -> LevelSpec:
+        """One ``[[levels]]`` table; ``where`` (``levels[1]``) names it in every error."""
+        for key in values:
+            if key not in LEVEL_KEYS:
+                raise ConfigError(
+                    f"{where}: unknown key {key!r}; a level has {', '.join(LEVEL_KEYS)}"
+                )
+        if "name" not in values:
+            raise ConfigError(f'{where} has no name; give each level one (name = "warm")')
+        label = f"{where} ({values['name']!r})"
+        if "dir" in values and "url" in values:
+            raise ConfigError(
+                f"{label} has dir and url: a level is a directory or a URL; keep one of them"
+            )
+        if "dir" in values and "mib" not in values:
+            raise ConfigError(
+                f"{label} has dir but no mib: the level needs a budget; set mib "
+                "(MiB), or mib = 0 to keep it off"
+            )
+        if "dir" not in values and "url" not in values:
+            fix = "set dir, or remove the level" if "mib" in values else "set dir and mib (MiB)"
+            raise ConfigError(f"{label} has no dir: the level needs a directory (or a url); {fix}")
+        args = {k: values[k] for k in LEVEL_KEYS if k in values}
+        problem = _level_problem(
+            args["name"],
+            args.get("dir", ""),
+            args.get("mib", 0),
+            args.get("max_age_s", 0),
+            "url" not in args,
+        )
+        if problem is None and "url" in args:
+            problem = _url_problem(args["url"])
+        settings = args.get("settings", {})
+        if problem is None and not isinstance(settings, Mapping):
+            problem = f"settings={settings!r} must be a table ([levels.settings])"
+        if problem is None:
+            shared = scheme_of(args.get("url", "")) in SHARED_SCHEMES
+            problem = settings_problem(
+                shared, settings, lambda k: f"{where} ({args['name']}) settings.{k}"
+            )
+        if problem is not None:
+            raise ConfigError(f"{label}: {problem}")
+        return cls(**args)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The ``[[levels]]`` table of this level: the keys it needs, ``settings`` when it has
+        any (reads back with :meth:`from_mapping` as an equal spec)."""
+        out: dict[str, Any] = {"name": self.name}
+        out.update({"url": self.url} if self.url else {"dir": self.dir})
+        out.update(mib=self.mib, max_age_s=self.max_age_s)
+        if self.settings:
+            out["settings"] = dict(self.settings)
+        return out
+
+    def __repr__(self) -> str:
+        where = f"url={scheme_of(self.url)}://..." if self.url else f"dir={self.dir!r}"
+        extra = f", settings={self.settings!r}" if self.settings else ""
+        return (
+            f"LevelSpec(name={self.name!r}, {where}, mib={self.mib}, "
+            f"max_age_s={self.max_age_s}{extra})"
+        )
+
+
+def as_levels(value: object) -> tuple[LevelSpec, ...]:
+    """``levels`` as given (a list or tuple of :class:`LevelSpec` or of mappings), checked as
+    a list: at most :data:`MAX_LEVELS` disk levels and one shared level, names and directories
+    unique."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            f"setting levels={value!r} must be a list of levels (TOML: [[levels]] "
+            "tables of name, dir or url, mib, max_age_s)"
+        )
+    if len(value) > MAX_LEVELS + 1:  # refused before any is parsed: a hostile list is long
+        raise ConfigError(
+            f"setting levels has {len(value)} levels; at most {MAX_LEVELS} disk "
+            "levels and one shared level"
+        )
+    out: list[LevelSpec] = []
+    for i, v in enumerate(value):
+        if isinstance(v, LevelSpec):
+            out.append(v)
+        elif isinstance(v, Mapping):
+            out.append(LevelSpec.from_mapping(v, f"levels[{i}]"))
+        else:
+            raise ConfigError(
+                f"levels[{i}]={v!r} must be a level (a table of name, dir or url, mib, max_age_s)"
+            )
+    disk = [lv for lv in out if not lv.shared]
+    if len(disk) > MAX_LEVELS:
+        raise ConfigError(
+            f"setting levels has {len(disk)} levels; at most {MAX_LEVELS} disk levels"
+        )
+    shared = [i for i, lv in enumerate(out) if lv.shared]
+    if len(shared) > 1:
+        raise ConfigError(
+            f"levels[{shared[0]}] and levels[{shared[1]}] are both shared levels "
+            "(Redis); a store has at most one remote level"
+        )
+    names: dict[str, int] = {}
+    dirs: dict[str, int] = {}
+    for i, lv in enumerate(out):
+        if lv.name in names:
+            raise ConfigError(
+                f"levels[{names[lv.name]}] and levels[{i}] are both named "
+                f"{lv.name!r}; give each level a name of its own"
+            )
+        names[lv.name] = i
+        if not lv.dir:
+            continue
+        d = posixpath.normpath(lv.dir)
+        if d in dirs:
+            raise ConfigError(
+                f"levels[{dirs[d]}] ({out[dirs[d]].name}) and levels[{i}] "
+                f"({lv.name}) name one directory {lv.dir!r}; give each level a "
+                "directory of its own"
+            )
+        dirs[d] = i
+    return tuple(out)
+
+
+def level_byte(index: int, count: int, name: str) -> Level:
+    """The sidecar ``level`` code (spec F-SC-5) a disk level writes: the level at ``index`` of
+    the ``count`` disk levels that are on, named ``name``. :data:`Level.WARM` (1) for the first
+    of two or more (the level parks are written to) and for a level named ``warm`` that is the
+    only one; :data:`Level.COLD` (2) for every other. This is what 1.x writers wrote (warm = 1,
+    cold = 2, with or without the other); readers accept 1..2 only."""
+    if not 0 <= index < count:
+        raise ValueError(f"level index {index} is not in 0..{count - 1}")
+    return Level.WARM if index == 0 and (count > 1 or name == "warm") else Level.COLD
