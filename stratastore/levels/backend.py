@@ -52,6 +52,7 @@ __all__ = [
     "Relocated",
     "SegmentBackend",
     "SharedBackend",
+    "SharedSettings",
     "StoreStats",
     "TableEnvironment",
     "relocate_by_copy",
@@ -287,6 +288,38 @@ class CatalogHost(SegmentBackend, Protocol):
         ...
 
 
+class SharedSettings(Protocol):
+    """What the flow reads of the shared level's settings (the level's own table holds the
+    rest: how to reach it, its credentials, its namespace)."""
+
+    @property
+    def shown(self) -> str:
+        """The level's name as every message shows it: no credentials."""
+        ...
+
+    @property
+    def eviction(self) -> str:
+        """``"store"``: the flow keeps the level within :attr:`budget_bytes` after each push;
+        anything else leaves the budget to the level itself."""
+        ...
+
+    @property
+    def budget_bytes(self) -> int:
+        """The bytes the level may hold (0: no limit)."""
+        ...
+
+    @property
+    def timeout_s(self) -> float:
+        """How long one lookup's round trips may take, all of them together."""
+        ...
+
+    @property
+    def keep_local(self) -> bool:
+        """Whether a restore from the level writes what it delivered to the local levels."""
+        ...
+
+
+@runtime_checkable
 class SharedBackend(SegmentBackend, Protocol):
     """A level several nodes share (capabilities: *shared*, *has a chain index*): what the flow's
     shared level (``tiers/remote.py``) uses beyond :class:`SegmentBackend`. It holds copies:
@@ -296,6 +329,12 @@ class SharedBackend(SegmentBackend, Protocol):
     :class:`~stratastore.io.errors.StrataIOError` of the call, never a hang; its messages name
     it without credentials (``path``).
     """
+
+    @property
+    def settings(self) -> SharedSettings:
+        """How the flow treats the level (its budget, timeout, whether restores are kept
+        locally), without credentials."""
+        ...
 
     @property
     def ns(self) -> str:

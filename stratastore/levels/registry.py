@@ -43,6 +43,9 @@ SCHEMES: Mapping[str, _Row] = {
     "redis": _Row("stratastore.levels.registry", "_open_redis", "Redis"),
     "rediss": _Row("stratastore.levels.registry", "_open_redis", "Redis over TLS"),
     "redis+cluster": _Row("stratastore.levels.registry", "_open_redis", "a Redis Cluster"),
+    "rediss+cluster": _Row(
+        "stratastore.levels.registry", "_open_redis", "a Redis Cluster over TLS"
+    ),
 }
 
 
@@ -97,11 +100,10 @@ def _open_memory(
 def _open_redis(
     spec: str, fingerprint: ModelFingerprint, level: Level, settings: Mapping[str, Any]
 ) -> SegmentBackend:
-    try:
-        from stratastore.levels.redis.backend import RedisBackend
-        from stratastore.levels.redis.settings import RemoteSettings
-    except ImportError as e:  # the redis client is an extra
-        raise ConfigError(
-            "a Redis level needs the redis extra: pip install 'stratastore[redis]'"
-        ) from e
-    return RedisBackend.open(RemoteSettings(spec, **dict(settings)), fingerprint, level)
+    """Made, not connected: its first call connects, within its timeout (the flow connects it
+    at once, behind its breaker). Credentials not in ``settings`` come from the environment
+    (:meth:`~stratastore.levels.redis.settings.RemoteSettings.from_level`)."""
+    from stratastore.levels.redis.backend import RedisBackend
+    from stratastore.levels.redis.settings import RemoteSettings
+
+    return RedisBackend(RemoteSettings.from_level(spec, settings), fingerprint, level)

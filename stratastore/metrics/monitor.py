@@ -12,14 +12,12 @@ from __future__ import annotations
 import errno
 import json
 import math
-import os
-import stat
 import time
 from typing import Any
 
 from stratastore.errors import StrataError
 from stratastore.format.naming import INDEX_DIR, parse_name
-from stratastore.io import files
+from stratastore.io import files, pathnames, survey
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.system import process_alive
 from stratastore.metrics.counters import counter_keys, shown_by_monitor
@@ -50,20 +48,19 @@ def find_levels(path: str) -> list[str]:
 
 def _scan(d: str, now: float) -> dict[str, Any]:
     entries, nbytes, oldest = 0, 0, None
-    for name in os.listdir(d):
+    for name in survey.names_in(d):
         parsed = parse_name(name)
         if parsed is None:
             continue
-        try:
-            st = os.lstat(os.path.join(d, name))  # never followed (spec F-DIR-8)
-        except OSError:
-            continue  # removed while we looked
-        if not stat.S_ISREG(st.st_mode):
-            continue  # a link, FIFO or directory is not a store file: fsck reports it
-        nbytes += st.st_size
+        # never followed (spec F-DIR-8); None: removed while we looked, or a link, FIFO or
+        # directory, which is not a store file (fsck reports it)
+        st = survey.regular_file(pathnames.join(d, name))
+        if st is None:
+            continue
+        nbytes += st.size
         if parsed[1] == "side":
             entries += 1
-            oldest = st.st_mtime if oldest is None else min(oldest, st.st_mtime)
+            oldest = st.mtime if oldest is None else min(oldest, st.mtime)
     return {"dir": d, "entries": entries, "bytes": nbytes,
             "oldest_age_s": round(now - oldest, 1) if oldest is not None else None}  # fmt: skip
 
@@ -111,7 +108,7 @@ def _unreadable(e: StrataIOError) -> str:
         return "a symbolic link, never followed: spec F-DIR-8"
     if isinstance(e, NotARegularFile):
         return f"{e.kind}, not a regular file"
-    return os.strerror(e.errno)
+    return survey.error_text(e.errno)
 
 
 def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
@@ -121,7 +118,7 @@ def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
     best: tuple[float, dict[str, Any]] | None = None
     problem: str | None = None
     for d in levels:
-        path = os.path.join(d, INDEX_DIR, MONITOR_FILE)
+        path = pathnames.join(d, INDEX_DIR, MONITOR_FILE)
         try:  # the io layer never follows a link or opens a FIFO (spec F-DIR-8)
             raw = files.read_file(path, MAX_MONITOR_BYTES)
         except StrataIOError as e:
@@ -160,14 +157,14 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
             raise StrataError("read_monitor needs a path or the level directories")
         levels = find_levels(path)
     for d in levels:
-        if not os.path.isdir(d):
+        if not files.is_dir(d):
             raise StrataError(f"level directory {d} does not exist")
     snap, problem = _snapshot(levels)
     by_dir = {}
     if snap is not None:
         for name, lv in snap.get("levels", {}).items():
             if isinstance(lv, dict):
-                by_dir[os.path.realpath(str(lv.get("dir", "")))] = (name, lv)
+                by_dir[files.realpath(str(lv.get("dir", "")))] = (name, lv)
     out_levels: dict[str, Any] = {}
     if snap is not None and isinstance(snap.get("levels", {}).get("ram"), dict):
         ram = snap["levels"]["ram"]
@@ -176,7 +173,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
                              "oldest_age_s": None, "evictions": ram.get("evictions")}  # fmt: skip
     for d in levels:
         scan = _scan(d, now)
-        name, lv = by_dir.get(os.path.realpath(d), (os.path.basename(d) or d, {}))
+        name, lv = by_dir.get(files.realpath(d), (pathnames.basename(d) or d, {}))
         out_levels[name] = {**scan, "budget": lv.get("budget"), "hits": lv.get("hits"),
                             "degradations": lv.get("degradations"),
                             "evictions": ((lv.get("disk_evictions") or 0)
@@ -194,7 +191,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
     if snap is not None:
         counters = {k: snap.get(k) for k in _COUNTERS}
     return {
-        "path": os.path.abspath(path) if path else os.pathsep.join(levels),
+        "path": pathnames.abspath(path) if path else pathnames.PATH_LIST_SEP.join(levels),
         "time": now,
         "snapshot": None if snap is None else {
             "pid": snap.get("pid"), "written_at": snap.get("written_at"),

@@ -15,11 +15,10 @@ from stratastore.catalog.gc import Collector
 from stratastore.catalog.recovery import finish_ticket, recover
 from stratastore.config import LevelSpec, StoreConfig, level_byte
 from stratastore.errors import ConfigError
-from stratastore.format import ModelFingerprint
+from stratastore.format import Level, ModelFingerprint
 from stratastore.io import files
 from stratastore.io.system import volume_bytes
-from stratastore.levels.backend import CatalogHost
-from stratastore.levels.redis.settings import RemoteSettings
+from stratastore.levels.backend import CatalogHost, SharedBackend
 from stratastore.levels.registry import open_level
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel
@@ -44,7 +43,7 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
             warn(f"the {name} level is OFF: {key}dir={d!r} with {key}mib={mib}; a level needs "
                  f"both (set its budget in MiB, or clear its directory)")  # fmt: skip
     seen: dict[str, tuple[str, str]] = {}
-    for spec in cfg.disk_levels():
+    for spec in (s for s in cfg.disk_levels() if s.dir):  # a URL level has no directory
         real = files.realpath(spec.dir)
         if real in seen:
             name, d = seen[real]
@@ -55,7 +54,8 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
         seen[real] = (spec.name, spec.dir)
     if not cfg.create_dirs:
         for spec in cfg.disk_levels():
-            _require_parent(cfg, spec)
+            if spec.dir:
+                _require_parent(cfg, spec)
 
 
 def _require_parent(cfg: StoreConfig, spec: LevelSpec) -> None:
@@ -64,8 +64,7 @@ def _require_parent(cfg: StoreConfig, spec: LevelSpec) -> None:
     parent = files.missing_parent(spec.dir)
     if parent is None:
         return
-    setting = (f"levels[{cfg.levels.index(spec)}] ({spec.name}) dir" if cfg.levels
-               else f"{spec.name}_dir")  # fmt: skip
+    setting = cfg.setting_name(spec, "dir")
     raise ConfigError(f"{setting}={spec.dir!r}: its parent directory {parent} does not exist "
                       f"(a disk not mounted, or a typo); mount or create {parent}, correct "
                       f"the setting, or set create_dirs = true to make the missing "
@@ -78,8 +77,7 @@ def _warn_over_volume(cfg: StoreConfig, spec: LevelSpec, warn: Callable[[str], N
     size = volume_bytes(spec.dir)
     if size is None or spec.mib * MIB <= size:
         return
-    setting = (f"levels[{cfg.levels.index(spec)}] ({spec.name}) mib" if cfg.levels
-               else f"{spec.name}_mib")  # fmt: skip
+    setting = cfg.setting_name(spec, "mib")
     warn(f"the {spec.name} level's budget {setting}={spec.mib} ({spec.mib:,} MiB) is more than "
          f"the volume {spec.dir} is on holds ({size // MIB:,} MiB): the disk fills before the "
          f"level frees space; set {setting} to at most {size // MIB} (less what else uses the "
@@ -96,8 +94,9 @@ def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
         for i in reversed(range(len(specs))):  # the last first: each links to the next
             spec = specs[i]
             level = level_byte(i, len(specs), spec.name)
-            store = open_level(spec.dir, fp, level, {"file_mode": cfg.file_mode})
-            _warn_over_volume(cfg, spec, warn)
+            store = open_level(spec.dir or spec.url, fp, level, cfg.level_settings(spec))
+            if spec.dir:
+                _warn_over_volume(cfg, spec, warn)
             try:
                 levels.insert(0, DiskLevel(spec.name, store, spec.mib * MIB,
                                            max_age_s=spec.max_age_s, when_full=cfg.when_full,
@@ -142,12 +141,21 @@ def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manif
 
 def open_remote(cfg: StoreConfig, fp: ModelFingerprint, levels: list[DiskLevel],
                 warn: Callable[[str], None]) -> RemoteLevel | None:  # fmt: skip
-    """The shared remote level, when ``remote_url`` is set: it needs a local disk level (the
-    catalog lives there, and a park is acknowledged by the local write)."""
-    if not cfg.remote_url:
+    """The shared remote level (``cfg.remote``: ``remote_url``, or a ``[[levels]]`` entry with a
+    Redis URL), opened through the registry with its own settings table: it needs a local
+    disk level (the catalog lives there, and a park is acknowledged by the local write)."""
+    spec = cfg.remote
+    if spec is None:
         return None
     if not levels:
-        raise ConfigError("setting remote_url needs a local disk level (cold_dir and "
-                          "cold_mib, or levels): a park is written there first, then "
-                          "copied to the remote level")  # fmt: skip
-    return RemoteLevel(RemoteSettings.from_config(cfg), fp, warn)
+        raise ConfigError(f"setting {cfg.setting_name(spec, 'url')} needs a local disk level "
+                          "(cold_dir and cold_mib, or levels): a park is written there first, "
+                          "then copied to the remote level")  # fmt: skip
+    backend = open_level(spec.url, fp, Level.COLD, cfg.level_settings(spec))
+    if not (backend.shared and isinstance(backend, SharedBackend)):
+        backend.close()
+        raise ConfigError(
+            f"setting {cfg.setting_name(spec, 'url')}: that level is not one several nodes "
+            "can share; use a redis:// or redis+cluster:// URL"
+        )
+    return RemoteLevel(backend, fp, warn)

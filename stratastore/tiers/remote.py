@@ -31,7 +31,6 @@ import errno
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -41,13 +40,13 @@ from stratastore.errors import ConfigError, StrataError
 from stratastore.format import ModelFingerprint, segment_key
 from stratastore.format.keys import segment_media, state_key
 from stratastore.io.errors import StrataIOError
-from stratastore.levels.backend import SharedBackend
+from stratastore.levels.backend import SharedBackend, SharedSettings
 from stratastore.metrics.counters import counter_keys, zero_counts
 from stratastore.restore.two_pass import Outcome
 from stratastore.tiers.records import MAX_STATE_BYTES, Restored, Snapshot
 from stratastore.tiers.view import DiskConv
 
-__all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel", "SharedSettings"]
+__all__ = ["REMOTE_COUNTERS", "RemoteHit", "RemoteLevel"]
 
 MAX_NODES = 65536  #: stored segments a walk meets at most
 _BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
@@ -55,37 +54,6 @@ _BACKOFF = (1.0, 30.0)  #: the breaker's first and longest pause, seconds
 #: the level's counters (``Store.stats()["levels"]["remote"]``, the monitor, Prometheus): the
 #: counter table's rows the remote level keeps
 REMOTE_COUNTERS = counter_keys("remote level")
-
-
-class SharedSettings(Protocol):
-    """What the flow reads of the shared level's settings (the level's own table holds the
-    rest: how to reach it, its credentials, its namespace)."""
-
-    @property
-    def shown(self) -> str:
-        """The level's name as every message shows it: no credentials."""
-        ...
-
-    @property
-    def eviction(self) -> str:
-        """``"store"``: the flow keeps the level within :attr:`budget_bytes` after each push;
-        anything else leaves the budget to the level itself."""
-        ...
-
-    @property
-    def budget_bytes(self) -> int:
-        """The bytes the level may hold (0: no limit)."""
-        ...
-
-    @property
-    def timeout_s(self) -> float:
-        """How long one lookup's round trips may take, all of them together."""
-        ...
-
-    @property
-    def keep_local(self) -> bool:
-        """Whether a restore from the level writes what it delivered to the local levels."""
-        ...
 
 
 @dataclass
@@ -98,28 +66,19 @@ class RemoteHit:
 
 
 class RemoteLevel:
-    """The shared level as the flow uses it (see the module): ``backend``, or the level that
-    ``settings`` name (opened through :func:`stratastore.levels.redis.open_remote`, the one
-    place the flow reaches an implementation, lazily), for model ``fp``. Connects at once: a
-    refused password or TLS setting is a :class:`~stratastore.errors.ConfigError` now; a
-    server that is down opens the breaker."""
+    """The shared level as the flow uses it (see the module): ``backend`` (opened from its spec
+    by :func:`~stratastore.levels.registry.open_level`; its ``settings`` say how the flow
+    treats it) for model ``fp``. Connects at once: a refused password or TLS setting is a
+    :class:`~stratastore.errors.ConfigError` now; a server that is down opens the breaker."""
 
     def __init__(
-        self,
-        settings: SharedSettings,
-        fp: ModelFingerprint,
-        warn: Callable[[str], None],
-        backend: SharedBackend | None = None,
+        self, backend: SharedBackend, fp: ModelFingerprint, warn: Callable[[str], None]
     ) -> None:
-        self.settings = settings
+        self.settings: SharedSettings = backend.settings
         self.fp = fp
         self.root = fp.digest()
         self.warn = warn
-        if backend is None:
-            from stratastore.levels.redis import open_remote
-
-            backend = open_remote(settings, fp)
-        self.store: SharedBackend = backend
+        self.store = backend
         self.counters = zero_counts("remote level")
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
@@ -129,7 +88,7 @@ class RemoteLevel:
         except StrataIOError as e:
             if e.errno == errno.EACCES:  # authentication or TLS refused
                 self.store.close()
-                raise ConfigError(f"the remote level {settings.shown}: {e}") from None
+                raise ConfigError(f"the remote level {self.settings.shown}: {e}") from None
             self._failed(e, "connect")
         else:  # (a server that will never evict what the settings leave to it, say)
             for line in self.store.open_warnings():

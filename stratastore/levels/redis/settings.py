@@ -20,16 +20,30 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 from stratastore.format.remote_record import RemoteNames, check_remote_name
 
-if TYPE_CHECKING:
-    from stratastore.config import StoreConfig
+
+class _LevelSpec(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+class RemoteConfig(Protocol):
+    """What :meth:`RemoteSettings.from_config` reads of a store's configuration (a
+    :class:`~stratastore.config.StoreConfig`): its remote level and that level's settings."""
+
+    @property
+    def remote(self) -> _LevelSpec | None: ...
+
+    def level_settings(self, spec: Any) -> dict[str, Any]: ...
+
 
 __all__ = ["RemoteSettings", "check_name", "namespace"]
 
@@ -145,19 +159,29 @@ class RemoteSettings:
                               "certificate and its key); set both or neither")  # fmt: skip
 
     @classmethod
-    def from_config(cls, cfg: StoreConfig, env: dict[str, str] | None = None) -> RemoteSettings:
+    def from_config(cls, cfg: RemoteConfig, env: Mapping[str, str] | None = None) -> RemoteSettings:
         """The remote level of ``cfg`` (:attr:`StoreConfig.remote
         <stratastore.config.StoreConfig.remote>`: ``remote_url``, or the ``[[levels]]`` entry
         with a Redis URL), opened with its settings table
         (:meth:`~stratastore.config.StoreConfig.level_settings`); credentials from the config,
         else ``STRATA_REMOTE_USERNAME``/``STRATA_REMOTE_PASSWORD`` in ``env`` (default: the
         process environment), else the URL."""
-        env = dict(os.environ) if env is None else env
         spec = cfg.remote
         kw = cfg.level_settings(spec) if spec is not None else {}
+        return cls.from_level(spec.url if spec is not None else "", kw, env)
+
+    @classmethod
+    def from_level(
+        cls, url: str, settings: Mapping[str, Any], env: Mapping[str, str] | None = None
+    ) -> RemoteSettings:
+        """The level at ``url`` with its settings table (``StoreConfig.level_settings``);
+        credentials from the table, else ``STRATA_REMOTE_USERNAME``/``STRATA_REMOTE_PASSWORD``
+        in ``env`` (default: the process environment), else the URL."""
+        env = os.environ if env is None else env
+        kw = dict(settings)
         kw["username"] = kw.get("username") or env.get("STRATA_REMOTE_USERNAME", "")
         kw["password"] = kw.get("password") or env.get("STRATA_REMOTE_PASSWORD", "")
-        return cls(spec.url if spec is not None else "", **kw)
+        return cls(url, **kw)
 
     @property
     def shown(self) -> str:
