@@ -26,7 +26,7 @@ from typing import Any
 
 from stratastore.errors import ConfigError
 from stratastore.format.sidecar import Level
-from stratastore.levels.registry import scheme_of
+from stratastore.levels.registry import SHARED_SCHEMES, URL_SCHEMES, scheme_of
 
 __all__ = [
     "LEVEL_KEYS",
@@ -44,9 +44,6 @@ __all__ = [
 
 MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
 MAX_LEVELS = 8  #: disk levels a ``levels`` list holds at most (beside one shared level)
-#: schemes of a shared backend: a level on one is the remote level (spec F-REM)
-SHARED_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
-URL_SCHEMES = SHARED_SCHEMES | {"memory"}  #: the schemes a level's ``url`` may name
 #: the keys of a ``[[levels]]`` table (the first four are what a disk level needs)
 LEVEL_KEYS = ("name", "dir", "mib", "max_age_s", "url", "settings")
 #: the characters of a level's name (it names counters, stats keys and messages)

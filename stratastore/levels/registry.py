@@ -21,7 +21,7 @@ from stratastore.errors import ConfigError
 from stratastore.format import Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 
-__all__ = ["SCHEMES", "Opener", "open_level", "scheme_of"]
+__all__ = ["SCHEMES", "SHARED_SCHEMES", "URL_SCHEMES", "Opener", "open_level", "scheme_of"]
 
 Opener = Callable[[str, ModelFingerprint, Level, Mapping[str, Any]], SegmentBackend]
 
@@ -33,20 +33,24 @@ class _Row:
     module: str  #: where the opener lives (imported on first use)
     function: str
     what: str  #: how messages name the backend
+    shared: bool = False  #: a level on it is the store's shared (remote) level, spec F-REM
 
 
+_HERE = "stratastore.levels.registry"
 #: scheme -> the opener of its backend. ``""`` is a plain directory path.
 SCHEMES: Mapping[str, _Row] = {
-    "": _Row("stratastore.levels.registry", "_open_directory", "a directory"),
-    "file": _Row("stratastore.levels.registry", "_open_directory", "a directory"),
-    "memory": _Row("stratastore.levels.registry", "_open_memory", "memory"),
-    "redis": _Row("stratastore.levels.registry", "_open_redis", "Redis"),
-    "rediss": _Row("stratastore.levels.registry", "_open_redis", "Redis over TLS"),
-    "redis+cluster": _Row("stratastore.levels.registry", "_open_redis", "a Redis Cluster"),
-    "rediss+cluster": _Row(
-        "stratastore.levels.registry", "_open_redis", "a Redis Cluster over TLS"
-    ),
+    "": _Row(_HERE, "_open_directory", "a directory"),
+    "file": _Row(_HERE, "_open_directory", "a directory"),
+    "memory": _Row(_HERE, "_open_memory", "memory"),
+    "redis": _Row(_HERE, "_open_redis", "Redis", shared=True),
+    "rediss": _Row(_HERE, "_open_redis", "Redis over TLS", shared=True),
+    "redis+cluster": _Row(_HERE, "_open_redis", "a Redis Cluster", shared=True),
+    "rediss+cluster": _Row(_HERE, "_open_redis", "a Redis Cluster over TLS", shared=True),
 }
+#: the schemes whose levels are shared by several nodes (what makes a level the remote one)
+SHARED_SCHEMES = frozenset(s for s, row in SCHEMES.items() if row.shared)
+#: the schemes a level's ``url`` may name (a directory is given as ``dir``)
+URL_SCHEMES = frozenset(s for s in SCHEMES if s not in ("", "file"))
 
 
 def scheme_of(spec: str | PurePath) -> str:
