@@ -41,8 +41,8 @@ test: lint typecheck $(STAMP)
 	$(BIN)/python -m pytest -q --benchmark-disable
 
 # The adapter tests with the transformers and lmcache extras installed into .venv (CPU wheels
-# of torch): the transformers adapter and the LMCache storage plugin (issue 16, the real lmcache
-# package on the CPU). `make test` runs them too when the extras are there, and skips them,
+# of torch): the transformers adapter and the LMCache storage plugin (the real lmcache package
+# on the CPU). `make test` runs them too when the extras are there, and skips them,
 # naming the extra, when they are not. The reliability floors apply to the full run of
 # `make test`, not to this one.
 test-extras: $(STAMP)

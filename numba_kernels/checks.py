@@ -1,7 +1,7 @@
-"""The kernels' boundary: every entry point checks its arguments before anything runs (issue 15
-item 4), so a wrong dtype, a strided buffer, a pool of another shape or a block table that names
-a block outside the pool is a typed :class:`KernelArgumentError` naming the argument and the
-fix, never an ``IndexError`` from inside a kernel, a wrong result or a write out of bounds.
+"""The kernels' boundary: every entry point checks its arguments before anything runs, so a wrong
+dtype, a strided buffer, a pool of another shape or a block table that names a block outside the
+pool is a typed :class:`KernelArgumentError` naming the argument and the fix, never an
+``IndexError`` from inside a kernel, a wrong result or a write out of bounds.
 
 The same checks serve host (numpy) and device arrays (numba device arrays, or anything with
 ``__cuda_array_interface__`` already wrapped by :func:`numba.cuda.as_cuda_array`): what they read

@@ -1,4 +1,4 @@
-"""``strata bench --lmcache`` (issue 16, item 3): LMCache 0.5.6 with its own local disk backend
+"""``strata bench --lmcache``: LMCache 0.5.6 with its own local disk backend
 beside LMCache with the stratastore plugin (:mod:`stratastore.adapters.lmcache`), in one run, on
 the same bytes, by the protocol of ``strata bench --peers`` (:mod:`strata_harness.peers`).
 
@@ -19,7 +19,7 @@ the same bytes, by the protocol of ``strata bench --peers`` (:mod:`strata_harnes
 - **One process per backend and round** (LMCache's disk backend keeps its index in the process
   that stored), spawned; medians of ``rounds`` after one warmup round; the order alternates.
 
-Targets (issue 16): the plugin's durable store and cold retrieve at least the disk backend's
+Targets: the plugin's durable store and cold retrieve at least the disk backend's
 (1.0x), its hot retrieve at least 0.8x.
 """
 
@@ -103,7 +103,7 @@ def run_lmcache(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3
 
 
 def render_lmcache(doc: dict[str, Any]) -> str:
-    """The result as the issue's table (GB/s, GB = 1e9 B), the ratios and the checks."""
+    """The result as a table (GB/s, GB = 1e9 B), the ratios and the checks."""
     head = ["", *(c for c, _ in _COLUMNS), "peak RSS GiB"]
     rows = []
     for name, r in doc["rows"].items():

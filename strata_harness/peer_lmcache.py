@@ -69,7 +69,7 @@ def _engine(job: Job) -> Any:
     # LMCache touches its whole CPU buffer at start: give it the K/V and 64 MiB (GB = 2**30)
     room = job["tokens"] * TOKEN_BYTES / 2**30 + 1 / 16
     extra = {}
-    if backend == "strata":  # the stratastore plugin (issue 16), its budget the K/V and more
+    if backend == "strata":  # the stratastore plugin, its budget the K/V and more
         p = f"storage_plugin.{PLUGIN}."
         extra = {p + "module_path": "stratastore.adapters.lmcache",
                  p + "class_name": "StrataStoragePlugin", p + "dir": job["path"],

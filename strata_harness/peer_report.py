@@ -1,4 +1,4 @@
-"""The result of ``strata bench --peers``: medians, the table, the limits and the issue-13
+"""The result of ``strata bench --peers``: medians, the table, the limits and the peer
 targets as ratios (:func:`summarise`), and its text (:func:`render`)."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _table(doc: dict[str, Any]) -> list[str]:
 
 
 def render(doc: dict[str, Any]) -> str:
-    """The table of the issue, the limits line, the targets, the notes."""
+    """The peers table, the limits line, the targets, the notes."""
     pc, bit, lim = doc["page_cache"], doc["bit_for_bit"], doc["limits"]
     out = [
         f"strata bench --peers: {doc['bytes'] / 2**30:.2f} GiB of K/V ({doc['tokens']:,} tokens "

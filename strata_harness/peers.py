@@ -1,5 +1,5 @@
 """``strata bench --peers``: stratastore beside the stores engines use, on the same bytes, by one
-protocol (issue 13, item 4).
+protocol.
 
 - **The same K/V for every engine**: ``mib`` MiB (1 GiB by default: 8,192 tokens) of the
   Llama-3.1-8B geometry (32 layers x 8 kv heads x 128 x fp16, 128 KiB a token), deterministic
@@ -36,8 +36,8 @@ protocol (issue 13, item 4).
 Also measured, the limits of this machine: one file written and fsynced; read into a fresh
 buffer and into a touched one, hot and cold; numpy's copy into a touched buffer. safetensors,
 torch and LMCache are used where installed (imported only in their processes), and skipped with
-a note otherwise. The result (:func:`run_peers`) holds every figure, the ratios to the targets
-of issue 13 and the checks made; :func:`render_peers` prints it as the issue's table. Here the
+a note otherwise. The result (:func:`run_peers`) holds every figure, the ratios to the peer
+targets and the checks made; :func:`render_peers` prints it as the peers table. Here the
 driver; the operations are in :mod:`strata_harness.peer_engines`, the shared checks in
 :mod:`strata_harness.peer_protocol`, the table and ratios in :mod:`strata_harness.peer_report`.
 """
@@ -312,5 +312,5 @@ def run_peers(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
 
 
 def render_peers(doc: dict[str, Any]) -> str:
-    """The result as text: the issue's table, the limits, the targets, the notes."""
+    """The result as text: the peers table, the limits, the targets, the notes."""
     return render(doc)

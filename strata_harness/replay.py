@@ -27,8 +27,8 @@ from typing import Any
 
 from strata_harness.replay_agent import (
     CHECKPOINTS,
+    EDIT_TABLE,
     EDITS,
-    SEED_004,
     SYSTEM,
     TURN,
     TURNS,
@@ -44,8 +44,8 @@ from strata_harness.replay_park import (
     MIN_TOKENS,
     OTHERS,
     PARK_RAM_MIB,
-    SEED_001,
-    SEED_001_TEXT,
+    PARK_TRUNCATE,
+    PARK_TRUNCATE_TEXT,
     SIM_TOKEN_KIB,
     SLOTS,
     ParkRun,
@@ -57,8 +57,8 @@ from stratastore.errors import ConfigError
 from stratastore.io import files
 
 __all__ = [
-    "SEED_001",
-    "SEED_004",
+    "EDIT_TABLE",
+    "PARK_TRUNCATE",
     "AgentRun",
     "ParkRun",
     "Replay",
@@ -81,16 +81,16 @@ class Row:
     figure: str
     store: Value
     sim: Value | None
-    seed: Value | None
-    seed_text: str = ""
+    reference: Value | None
+    reference_text: str = ""
     unit: str = ""  #: "MiB": shown with one decimal, as MiB
 
     @property
     def verdict(self) -> str:
         """``same``/``differs``: the Store against the reference; ``-`` where it is silent."""
-        if self.seed is None:
+        if self.reference is None:
             return "-" if self.sim is None or self.sim == self.store else "differs from sim"
-        return "same" if self.store == self.seed else "differs"
+        return "same" if self.store == self.reference else "differs"
 
 
 @dataclass
@@ -111,31 +111,31 @@ class Replay:
 
     def to_json(self) -> dict[str, Any]:
         def row(r: Row) -> dict[str, Any]:
-            return {"figure": r.figure, "store": r.store, "sim": r.sim, "seed": r.seed,
+            return {"figure": r.figure, "store": r.store, "sim": r.sim, "reference": r.reference,
                     "verdict": r.verdict}  # fmt: skip
 
         return {
             "ok": self.ok,
-            "seed_004": {k: vars(v) for k, v in self.agent.items()},
-            "seed_001": {k: vars(v) for k, v in self.park.items()},
+            "edit_table": {k: vars(v) for k, v in self.agent.items()},
+            "park_truncate": {k: vars(v) for k, v in self.park.items()},
             "tables": {title: [row(r) for r in rows] for title, rows in self.tables},
         }
 
 
 def _agent_rows(run: AgentRun) -> list[Row]:
     p = run.policy
-    seed_kept, seed_reread = SEED_004[p]
+    ref_kept, ref_reread = EDIT_TABLE[p]
     sims = {back: run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, CHECKPOINTS, back, p))
             for back in EDITS}  # fmt: skip
     rows = [Row(f"{p}: kept (tokens before the end)", run.kept, sims[EDITS[0]]["kept"],
-                seed_kept, _ks(seed_kept))]  # fmt: skip
+                ref_kept, _ks(ref_kept))]  # fmt: skip
     for back in EDITS:
-        sim, seed = sims[back]["reread_tokens"], seed_reread[back]
-        text = f"reads {_k(seed)}"
+        sim, ref = sims[back]["reread_tokens"], ref_reread[back]
+        text = f"reads {_k(ref)}"
         rows.append(Row(f"{p}: edit {_k(back)} back, re-read ({run.sources[str(back)]})",
-                        run.reread[back], sim, seed, text))  # fmt: skip
+                        run.reread[back], sim, ref, text))  # fmt: skip
         rows.append(Row(f"{p}: same after a restart ({run.sources[f'{back} restart']})",
-                        run.reread_restart[back], sim, seed, text))  # fmt: skip
+                        run.reread_restart[back], sim, ref, text))  # fmt: skip
     return rows
 
 
@@ -147,19 +147,19 @@ def _park_rows(run: ParkRun, tb: int) -> list[Row]:
     sim_held = FIRST
     for s in sim["steps"]:
         sim_held = 0 if "A" in s["evicted"] else dict(s["shrunk"]).get("A", sim_held)
-    seed, text = SEED_001[mode], SEED_001_TEXT[mode]
+    ref, text = PARK_TRUNCATE[mode], PARK_TRUNCATE_TEXT[mode]
     mib = run.ram_bytes / tb * SIM_TOKEN_KIB / 1024  # tokens held x the simulator's KiB a token
     rows = [
         Row(f"{mode}: entries after the 3rd request", run.entries, step["cache_entries"],
-            seed.get("entries"), text.get("entries", "")),
+            ref.get("entries"), text.get("entries", "")),
         Row(f"{mode}: bytes then (MiB at {SIM_TOKEN_KIB} KiB/token)", round(mib, 1),
             step["cache_mib"], None, text.get("bytes", ""), "MiB"),
         Row(f"{mode}: evictions then", run.evictions, sim["counters"]["evictions"],
-            seed.get("evictions"), text.get("evictions", "")),
+            ref.get("evictions"), text.get("evictions", "")),
         Row(f"{mode}: tokens of A held then", run.first_held, sim_held,
-            seed.get("first_held"), text.get("first_held", "")),
+            ref.get("first_held"), text.get("first_held", "")),
         Row(f"{mode}: return of A ({FIRST:,} tokens), restored ({run.source})", run.restored,
-            sim["restored_tokens"], seed.get("restored"), text.get("restored", "")),
+            sim["restored_tokens"], ref.get("restored"), text.get("restored", "")),
     ]  # fmt: skip
     return rows
 
@@ -196,8 +196,8 @@ def _agent_title(agent: dict[str, AgentRun]) -> str:
     runs = list(agent.values())
     checked, bad = sum(r.checked for r in runs), sum(r.mismatches for r in runs)
     return "\n  ".join([
-        f"seed 004 through the Store: a {SYSTEM:,}-token system prompt, {TURNS} turns of "
-        f"{TURN:,} tokens, checkpoints={CHECKPOINTS}",
+        f"the 200-turn edit table through the Store: a {SYSTEM:,}-token system prompt, "
+        f"{TURNS} turns of {TURN:,} tokens, checkpoints={CHECKPOINTS}",
         "one Store per policy (RAM, and a disk level for the restart); each turn restores, "
         "checks, prefills, parks",
         "turns resumed at the previous turn's end: "
@@ -212,14 +212,14 @@ def _park_title(park: dict[str, ParkRun], tb: int) -> str:
     checked = sum(r.checked for r in park.values())
     bad = sum(r.mismatches for r in park.values())
     return "\n  ".join([
-        f"seed 001 through the Store: A {FIRST:,} tokens, B {OTHERS[0]:,}, C {OTHERS[1]:,}, "
-        "then A again; park_truncate on / off",
+        f"the park-truncate episode through the Store: A {FIRST:,} tokens, B {OTHERS[0]:,}, "
+        f"C {OTHERS[1]:,}, then A again; park_truncate on / off",
         f"RAM level only: {PARK_RAM_MIB} MiB at {tb} B/token ({PARK_RAM_MIB * 2**20 // tb:,} "
         f"tokens; the simulator: {BUDGET_MIB:,} MiB at {SIM_TOKEN_KIB} KiB/token, "
         f"{BUDGET_MIB * 1024 // SIM_TOKEN_KIB:,})",
         f"{SLOTS} slots, min_tokens {MIN_TOKENS:,}, a checkpoint every {EVERY:,} tokens; "
         f"restores bit-exact: {checked - bad}/{checked}",
-        "bytes: the seed does not give its K/V size a token, so they are not compared",
+        "bytes: the reference does not give its K/V size a token, so they are not compared",
     ])  # fmt: skip
 
 
@@ -244,12 +244,12 @@ def _show(value: Value | None, unit: str = "") -> str:
 
 
 def format_replay(rep: Replay) -> str:
-    """The tables: figure | Store (this run) | simulator | seed | verdict, one per scenario."""
+    """The tables: figure | Store (this run) | simulator | reference | verdict, one per scenario."""
     lines: list[str] = []
-    headers = ["figure", "Store (this run)", "simulator", "seed", "verdict"]
+    headers = ["figure", "Store (this run)", "simulator", "reference", "verdict"]
     for title, rows in rep.tables:
         cells = [[r.figure, _show(r.store, r.unit), _show(r.sim, r.unit),
-                  r.seed_text or _show(r.seed), r.verdict] for r in rows]  # fmt: skip
+                  r.reference_text or _show(r.reference), r.verdict] for r in rows]  # fmt: skip
         widths = [max(len(x) for x in col) for col in zip(headers, *cells, strict=True)]
         lines += [title, ""]
         for i, line in enumerate([headers, *cells]):
@@ -259,7 +259,7 @@ def format_replay(rep: Replay) -> str:
             if i == 0:
                 lines.append("  " + "-+-".join("-" * w for w in widths))
         lines.append("")
-    lines.append("Store figures match the seeds' tables" if rep.ok
-                 else "Store figures DIFFER from the seeds' tables (or a restore was not "
+    lines.append("Store figures match the reference tables" if rep.ok
+                 else "Store figures DIFFER from the reference tables (or a restore was not "
                  "bit-exact)")  # fmt: skip
     return "\n".join(lines)

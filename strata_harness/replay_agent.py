@@ -15,7 +15,7 @@ written down, ``spill_on = "park"``): the edits are restored once from RAM after
 that no disk write is in flight: a restore before the writer caught up may resume from an older
 park's manifest, whose chain still has checkpoints retention has dropped since), then again
 after ``close`` and a new ``Store.open`` on the same directory (a restart: only the disk level
-holds the chain). The reference table (:data:`SEED_004`): spread keeps 0, 1K, 3K, 8K, 43K and
+holds the chain). The reference table (:data:`EDIT_TABLE`): spread keeps 0, 1K, 3K, 8K, 43K and
 200K (the root) and re-reads 8K and 43K; least recent use keeps 0, 1K, 2K, 3K, 4K and the root
 and re-reads 200K for both. The simulator's figures:
 :func:`strata_harness.sim.run_agent_edit`.
@@ -34,7 +34,7 @@ from stratastore.chain import Checkpoint, Conversation, Policy, as_tokens
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
 
-__all__ = ["CHECKPOINTS", "EDITS", "END", "SEED_004", "SYSTEM", "TURN", "TURNS", "AgentRun",
+__all__ = ["CHECKPOINTS", "EDIT_TABLE", "EDITS", "END", "SYSTEM", "TURN", "TURNS", "AgentRun",
            "level_dir", "run_agent"]  # fmt: skip
 
 SYSTEM, TURNS, TURN, CHECKPOINTS = 9525, 200, 1000, 6
@@ -42,7 +42,7 @@ END = SYSTEM + TURNS * TURN
 EDITS = (6000, 42000)  #: the reference's edits, tokens before the end
 AGENT_RAM_MIB, AGENT_COLD_MIB = 16, 64  #: the conversation is 209,525 x 56 B = 11.7 MB
 #: the reference table: policy -> (kept, tokens before the end), {edit back: tokens re-read}
-SEED_004: dict[str, tuple[list[int], dict[int, int]]] = {
+EDIT_TABLE: dict[str, tuple[list[int], dict[int, int]]] = {
     "spread": ([0, 1000, 3000, 8000, 43000, 200000], {6000: 8000, 42000: 43000}),
     "lru": ([0, 1000, 2000, 3000, 4000, 200000], {6000: 200000, 42000: 200000}),
 }
@@ -66,7 +66,7 @@ class AgentRun:
 
 def level_dir(work_dir: str, policy: Policy) -> str:
     """The disk level of ``policy``'s Store in ``work_dir`` (the replay starts it empty)."""
-    return str(PurePath(work_dir, f"seed-004-{policy}"))
+    return str(PurePath(work_dir, f"edit-table-{policy}"))
 
 
 def _edited(held: npt.NDArray[np.uint32], back: int, rng: np.random.Generator

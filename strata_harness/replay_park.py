@@ -21,7 +21,7 @@ be a third entry and the 2-slot limit would evict A whole, truncation or not). M
 ``park_truncate`` on and off: after the 3rd request (B parked) the RAM level's entries, bytes
 (shown at 32 KiB a token, the simulator's size) and evictions, and how many tokens of A
 ``Store.lookup`` finds; then the tokens the return of A restores. The reference table
-(:data:`SEED_001`): parked=2, evictions=0, A truncated to its 32,768 landing, "restored 32768
+(:data:`PARK_TRUNCATE`): parked=2, evictions=0, A truncated to its 32,768 landing, "restored 32768
 tokens (live)" with the patch; evictions=1 (A dropped whole) and a full re-prefill without.
 The simulator's figures: :func:`strata_harness.sim.run_park_truncate`.
 """
@@ -39,8 +39,8 @@ from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
 from stratastore.tiers.records import Restored
 
-__all__ = ["BUDGET_MIB", "EVERY", "FIRST", "MIN_TOKENS", "OTHERS", "PARK_RAM_MIB", "SEED_001",
-           "SEED_001_TEXT", "SIM_TOKEN_KIB", "SLOTS", "ParkRun", "run_park"]  # fmt: skip
+__all__ = ["BUDGET_MIB", "EVERY", "FIRST", "MIN_TOKENS", "OTHERS", "PARK_RAM_MIB", "PARK_TRUNCATE",
+           "PARK_TRUNCATE_TEXT", "SIM_TOKEN_KIB", "SLOTS", "ParkRun", "run_park"]  # fmt: skip
 
 BUDGET_MIB, SLOTS, MIN_TOKENS, EVERY = 3500, 2, 4096, 4096  #: the reference's test config
 FIRST, OTHERS = 62_000, (76_000, 20_000)  #: the reference's scenario (and the simulator's)
@@ -48,11 +48,11 @@ SIM_TOKEN_KIB = 32  #: the simulator's K/V a token (the reference gives none)
 PARK_RAM_MIB = 6  #: 112,347 tokens of 56 bytes, against the reference's 112,000 of 32 KiB
 PARK_CHECKPOINTS = 32  #: every checkpoint of a 76,000-token chain (19) is kept
 #: the reference table: truncation on/off -> {figure: value}; text: the reference's own words
-SEED_001: dict[str, dict[str, int]] = {
+PARK_TRUNCATE: dict[str, dict[str, int]] = {
     "on": {"entries": 2, "evictions": 0, "first_held": 32768, "restored": 32768},
     "off": {"evictions": 1, "first_held": 0, "restored": 0},
 }
-SEED_001_TEXT: dict[str, dict[str, str]] = {
+PARK_TRUNCATE_TEXT: dict[str, dict[str, str]] = {
     "on": {
         "entries": "parked=2",
         "bytes": "bytes=3.43G",

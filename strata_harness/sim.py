@@ -2,13 +2,14 @@
 
 Scenarios:
 
-* ``agent-edit`` (seed 004): a system prompt then turns of equal length, one checkpoint added at
-  each turn's end and the chain held to ``checkpoints`` by the retention policy; then the client
-  rewrites the history ``edit_back`` tokens before the end. The resume point comes from
-  :class:`~stratastore.chain.PrefixIndex`; ``layout="attention"`` adds page-granular resume.
-* ``park-truncate`` (seed 001): a RAM cache of ``budget_mib`` and ``slots``; a long chain, then
-  two other requests take the slot in turn (each parks the previous conversation), then the first
-  conversation returns. Run with and without ``truncate``.
+* ``agent-edit`` (the 200-turn edit table): a system prompt then turns of equal length, one
+  checkpoint added at each turn's end and the chain held to ``checkpoints`` by the retention
+  policy; then the client rewrites the history ``edit_back`` tokens before the end. The resume
+  point comes from :class:`~stratastore.chain.PrefixIndex`; ``layout="attention"`` adds
+  page-granular resume.
+* ``park-truncate`` (the park-truncate episode): a RAM cache of ``budget_mib`` and ``slots``; a
+  long chain, then two other requests take the slot in turn (each parks the previous
+  conversation), then the first conversation returns. Run with and without ``truncate``.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def run_park_truncate(cfg: ParkTruncate) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LowRam:
-    """Seed 000's episode, scaled down ``scale`` times in bytes: 4 slots, conversations whose
+    """The low-RAM episode, scaled down ``scale`` times in bytes: 4 slots, conversations whose
     snapshots measure 1.6-2.9 GB at full scale (25 KB a token), host free RAM hovering below
     snapshot + 2,560 MiB (the parking floor) but above snapshot + 512 MiB (the transient one),
     a 20 GiB cold level. Token counts are reported at full scale."""
@@ -208,7 +209,7 @@ def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
     s, mib = cfg.scale, 1 << 20
     fp = ModelFingerprint.create("sim/low-ram", n_layers=2, n_kv_heads=2, head_dim=8,
                                  page_tokens=16)  # 128 bytes a token  # fmt: skip
-    full_token_bytes = 25_000  # ~2.5 GB per 100K-token conversation (seed 000)
+    full_token_bytes = 25_000  # ~2.5 GB per 100K-token conversation (the low-RAM episode)
     per_full_token = full_token_bytes / s / fp.token_bytes  # scaled tokens per full-scale token
     rng = np.random.default_rng(cfg.seed)
     store_cfg = StoreConfig(
@@ -220,9 +221,9 @@ def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
         cold_mib=max(1, 20_480 // s),
         spill_on="evict",
     )
-    # free RAM hovers where the seed's rejections happened: above snapshot + 512 MiB (2.9 GB is
-    # 2,766 MiB) but below snapshot + 2,560 MiB (1.6 GB is 1,526 MiB): a mean-reverting walk
-    # around 3,700 MiB kept in 3,300..4,080 MiB
+    # free RAM hovers where the low-RAM episode's rejections happened: above snapshot + 512 MiB
+    # (2.9 GB is 2,766 MiB) but below snapshot + 2,560 MiB (1.6 GB is 1,526 MiB): a
+    # mean-reverting walk around 3,700 MiB kept in 3,300..4,080 MiB
     walk = np.empty(8 * cfg.requests)
     x = 3700.0
     for i in range(len(walk)):

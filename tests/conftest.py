@@ -113,7 +113,7 @@ def run_on_private_tmpfs(tmp_path: Path, script: str, *args: str) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print what the reliability suite exercised (issue 6: counts printed by CI)."""
+    """Print what the reliability suite exercised (counts printed by CI)."""
     from tests.reliability.counts import COUNTS, report
 
     if not COUNTS:

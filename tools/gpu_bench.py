@@ -1,4 +1,4 @@
-"""The GPU path's figures on a real device, each next to its baseline in the same run (issue 15).
+"""The GPU path's figures on a real device, each next to its baseline in the same run.
 
 Run by tools/gpu_check.sh (``NUMBA_ENABLE_CUDASIM=0``), ``python tools/gpu_bench.py [MiB]``:
 
@@ -11,7 +11,7 @@ Run by tools/gpu_check.sh (``NUMBA_ENABLE_CUDASIM=0``), ``python tools/gpu_bench
    shuffled block table), against a raw read of the same segment files into pinned memory plus
    an unvalidated host-to-device copy of the same bytes; hot (page cache), medians of 3.
 
-Targets (issue 15): hashing >= 5x the host-to-device rate; end to end >= 0.9x the raw read plus
+Targets: hashing >= 5x the host-to-device rate; end to end >= 0.9x the raw read plus
 copy. ``end_to_end`` also runs under the simulator at a tiny size (tests/unit/test_gpu_bench.py)
 so that this script is known to work before a device is lent.
 """

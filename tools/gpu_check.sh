@@ -3,7 +3,7 @@
 # need, run the kernel and device-path tests on the real device (simulator off), then
 # tools/gpu_bench.py: page hashing against the host-to-device and device-to-device copy rates,
 # and a validated 1 GiB restore into a device paged pool against a raw read plus an unvalidated
-# host-to-device copy of the same bytes (issue 15). Meant to finish in well under 5 minutes.
+# host-to-device copy of the same bytes. Meant to finish in well under 5 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

@@ -1,4 +1,4 @@
-"""The shared remote level's figures, each next to its baseline in the same run (issue 17 item 6).
+"""The shared remote level's figures, each next to its baseline in the same run.
 
 Run ``.venv/bin/python tools/remote_bench.py [MiB] [--runs N]`` (default 1024 MiB, 5 runs). It
 starts its own servers with tests/redis_servers.py, in a temporary directory, on loopback: one
@@ -31,7 +31,7 @@ tokens and every byte):
   per segment, its parts under one hash tag).
 
 Each figure is the median of ``--runs`` runs after a warmup round, the rows interleaved (the order
-reversed every other round); GB = 1e9 B. Target (issue 17): restore from Redis >= 0.8x the plain
+reversed every other round); GB = 1e9 B. Target: restore from Redis >= 0.8x the plain
 MGET while validating every page. A tiny run (``8``) is the test's (tests/unit/
 test_remote_bench.py); its figures mean nothing.
 """
@@ -70,7 +70,7 @@ from tests.redis_servers import RedisCluster, RedisServer, find_redis  # noqa: E
 MIB = 1 << 20
 SEGMENTS = 8
 NAME = "bench"  #: the parked conversation's namespace (remote_name)
-TARGET = 0.8  #: restore from Redis / plain MGET (issue 17)
+TARGET = 0.8  #: restore from Redis / plain MGET
 
 ROW_RESTORE = "restore from the remote level (validated)"
 ROW_MGET_SEG = "plain MGET, one per segment"

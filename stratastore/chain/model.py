@@ -134,8 +134,8 @@ class Conversation:
         return [c.length for c in self.checkpoints]
 
     def truncate_to(self, length: int) -> None:
-        """Keep the prefix ``[0, length)`` and the checkpoints at or below it (seed 001's
-        landing: K/V past it, deeper checkpoints and their states go)."""
+        """Keep the prefix ``[0, length)`` and the checkpoints at or below it (the
+        park-truncate landing: K/V past it, deeper checkpoints and their states go)."""
         if length not in self.lengths():
             raise ConfigError(f"conversation {self.conv_id}: no checkpoint at {length}")
         self.tokens = self.tokens[:length]

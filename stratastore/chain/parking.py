@@ -1,5 +1,6 @@
-"""The RAM conversation cache's parking policy: budget, slots, the parking floor, and seed 001's
-park-the-prefix-that-fits / truncate-before-evict (``truncate``, off by default).
+"""The RAM conversation cache's parking policy: budget, slots, the parking floor, and
+park-the-prefix-that-fits / truncate-before-evict (``truncate``, off by default: the
+park-truncate episode).
 
 Without ``truncate`` parking is all-or-nothing, as the engine did before: a conversation whose
 snapshot fails the byte budget or the RAM gate is discarded, and making room evicts the oldest
@@ -144,7 +145,7 @@ class ConversationCache:
 
     def pin(self, conv_id: str, pinned: bool = True) -> bool:
         """Pin (or unpin) a parked entry: a pinned entry is never truncated, nor evicted to make
-        room for another park (seed 001); it leaves when it is taken or parked again. False
+        room for another park; it leaves when it is taken or parked again. False
         when ``conv_id`` is not parked."""
         entry = self.entries.get(conv_id)
         if entry is None:

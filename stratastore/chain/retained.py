@@ -1,13 +1,13 @@
-"""Retention across parks: the checkpoints a conversation keeps from one park to the next (seed
-004 through the Store).
+"""Retention across parks: the checkpoints a conversation keeps from one park to the next (the
+200-turn edit table through the Store).
 
 An engine parks a growing conversation turn after turn under one id, each park's tokens
-extending the previous one's and one more checkpoint at the new turn's end. Seed 004's table
+extending the previous one's and one more checkpoint at the new turn's end. The 200-turn edit table
 (0, 1K, 3K, 8K, 43K and the root kept of 200 turns) comes from applying retention *each time a
 checkpoint is added*, to the chain the engine kept so far; applied to one park's list alone, the
 same policy thins a different set (0/1K/6K/24K/72K for ``spread``). :class:`RetainedChains`
-remembers, per conversation, what the previous park kept and applies the policy incrementally,
-as the engine of the seed does in its own memory. The rule for a park of tokens ``T`` with the
+remembers, per conversation, what the previous park kept and applies the policy incrementally, as
+the reference engine does in its own memory. The rule for a park of tokens ``T`` with the
 passed checkpoints ``P``:
 
 * a checkpoint is identified by its length and its prefix (a digest of ``T[:length]`` and the
@@ -24,7 +24,7 @@ passed checkpoints ``P``:
   ``capacity``): the chain the store holds for the id (RAM, else the disk catalog's manifest)
   stands in for the previous park; its checkpoints that are prefixes of ``T`` are kept, and the
   passed checkpoints within its tokens count as considered. With nothing stored either, every
-  passed checkpoint is new: on a whole list that is the seed's simulation in one go.
+  passed checkpoint is new: on a whole list that is the edit table's simulation in one go.
 
 An edit (``T`` does not extend the previous tokens) is the same rule: what the previous park
 kept below the edit survives, and the checkpoints past the edit are new. Memory per conversation

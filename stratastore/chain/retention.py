@@ -3,10 +3,10 @@
 ``lru``: the engine's policy: the tail checkpoint first, then the least recently used one; never
 the root or a pinned one (the newest, just used, goes only when nothing else can).
 
-``spread`` (seed 004, ``--prompt-cache-spread``): the tail checkpoint first; otherwise the
-checkpoint ``i`` whose removal leaves the smallest gap for its distance from the newest,
-``(len[i+1] - len[i-1]) / (len[newest] - len[i-1])``; never the root, the newest or a pinned one;
-with no candidate, the ``lru`` choice. Dense recent points go first, so the kept ones thin out
+``spread`` (the 200-turn edit table, ``--prompt-cache-spread``): the tail checkpoint first;
+otherwise the checkpoint ``i`` whose removal leaves the smallest gap for its distance from the
+newest, ``(len[i+1] - len[i-1]) / (len[newest] - len[i-1])``; never the root, the newest or a pinned
+one; with no candidate, the ``lru`` choice. Dense recent points go first, so the kept ones thin out
 geometrically towards the root. Same count, no extra memory.
 """
 
@@ -55,7 +55,7 @@ def lru_victim(chain: Sequence[Checkpoint]) -> int | None:
 
 
 def spread_victim(chain: Sequence[Checkpoint]) -> int | None:
-    """Index of the spread victim (seed 004), falling back to :func:`lru_victim`."""
+    """Index of the spread victim, falling back to :func:`lru_victim`."""
     tail = _tail(chain)
     if tail is not None:
         return tail
@@ -95,10 +95,10 @@ def enforce_count(chain: list[Checkpoint], count: int, policy: Policy) -> list[C
 
 def add_checkpoint(chain: list[Checkpoint], new: Checkpoint, count: int,
                    policy: Policy) -> list[Checkpoint]:  # fmt: skip
-    """Add ``new`` to ``chain`` (ascending; at its place by length) and hold the chain to
-    ``count``: the step an engine takes each time it saves a checkpoint (seed 004's simulation
-    adds one at each turn's end). Returns the dropped ones, in the order they left (``new``
-    itself among them only when the policy had nothing else to drop)."""
+    """Add ``new`` to ``chain`` (ascending; at its place by length) and hold the chain to ``count``:
+    the step an engine takes each time it saves a checkpoint (the 200-turn edit table's simulation
+    adds one at each turn's end). Returns the dropped ones, in the order they left (``new`` itself
+    among them only when the policy had nothing else to drop)."""
     at = bisect.bisect_left([c.length for c in chain], new.length)
     if at < len(chain) and chain[at].length == new.length:
         raise ConfigError(f"checkpoint at {new.length} is already in the chain")

@@ -161,7 +161,7 @@ class SegmentBackend(Protocol):
         ``page_hashes`` (``None``: the backend hashes the pages): the ``(pages, 32)`` uint8
         BLAKE3 digests of ``payload``'s pages, which the sidecar carries as they are, not
         hashed again (a park from device memory, hashed there by the kernel over the same bytes
-        before their one copy to the host: issue 15 item 2). The caller vouches that they are
+        before their one copy to the host). The caller vouches that they are
         of these bytes; a wrong shape is a :class:`~stratastore.levels.local.StoreError`, before
         anything is stored (``kv_segment`` checks it)."""
         ...

@@ -4,7 +4,7 @@ stores anything (spec F-KEY, F-SEG-4, F-SC).
 A put is checked and keyed (:func:`kv_segment`, :func:`state_segment`: the key of spec F-KEY-2
 or F-KEY-5, the page size, the payload length), its pages encoded (:func:`encode`: RAW pages as
 they are, ZSTD one frame per page) and hashed (BLAKE3 per page of the *payload*, spec F-SC-3;
-not here when the put brings its pages' digests, hashed on the device: issue 15 item 2), and
+not here when the put brings its pages' digests, hashed on the device), and
 its sidecar built (:func:`sidecar_for`). :func:`seal` does the three in one call for a
 backend that keeps the stored bytes in memory; the directory store overlaps the hashing with its
 file write instead. :func:`check_sealed` is the other direction: a sealed segment handed over by
@@ -106,7 +106,7 @@ def kv_segment(
     ``page_hashes``: the BLAKE3 digests of the payload's pages (``(pages, 32)`` uint8, pages of
     ``fp.page_bytes`` from the payload's start), which the sidecar then carries instead of
     digests computed here: what a park from device memory brings, hashed by the device kernel
-    over the same bytes before their one copy to the host (issue 15 item 2). The caller vouches
+    over the same bytes before their one copy to the host. The caller vouches
     that they are of these bytes: they are not checked against them (that would be the hashing
     they save), only their shape, else :class:`StoreError`. A wrong digest is not silent
     damage all the same: every read validates against the sidecar, so the segment would read as

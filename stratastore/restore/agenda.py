@@ -1,4 +1,4 @@
-"""The read agenda (seed 000 item 7, issues 5 and 13): every restore, alone or submitted with
+"""The read agenda: every restore, alone or submitted with
 others, runs through one pipeline, so the disk, the hashing threads and the copy never wait for
 each other, between chunks of one restore or between requests.
 

@@ -1,4 +1,4 @@
-"""Where a restore writes: the engine's K/V buffers (DESIGN layer 6, issue 5).
+"""Where a restore writes: the engine's K/V buffers (DESIGN layer 6).
 
 Stored pages use the layout of spec F-SEG-4: a page of ``p`` tokens holds, for each layer, K
 then V, each ``[p, n_kv_heads, head_dim]``. A destination receives runs of whole pages of one
@@ -15,7 +15,7 @@ Arrays may be of any dtype of the right item size (bfloat16 travels as uint16); 
 written in place through uint8 views, never through a copy. A destination that cannot be
 written in place (not C-contiguous, Fortran-ordered, read-only, object dtype) or whose geometry
 does not match the model fingerprint is refused with :class:`DestinationRefused` when the
-destination is made, before a restore touches anything (issue 11 item 5).
+destination is made, before a restore touches anything.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class FlatKV:
     staging buffers and copies the validated pages in. Either way, past the prefix a restore
     reports ``buf`` holds its old bytes, or zeros where the restore wrote bytes it does not
     deliver (damage, a ladder stop, an error, the ladder off); never a byte that failed
-    validation (issue 13)."""
+    validation."""
 
     def __init__(self, fp: ModelFingerprint, buf: npt.NDArray[np.generic], *,
                  read_direct: bool = True) -> None:  # fmt: skip
@@ -213,7 +213,7 @@ class LayerKV(_PerToken):
     def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
                     page_tokens: int) -> None:  # fmt: skip
         """One strided copy per layer and K/V for all the pages (and one for the short last
-        page), spread over the worker threads: never a copy per page (issue 13)."""
+        page), spread over the worker threads: never a copy per page."""
         runs = self.page_runs(token_start, n_tokens, data, page_tokens)
 
         def task(layer: int, kind: int) -> Callable[[], None]:
@@ -344,7 +344,7 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
         return FlatKV(fp, out, read_direct=True)
     if is_device_array(out):
         from stratastore.restore.device import (
-            DeviceFlatKV,  # device memory: validated on the device (issue 15)
+            DeviceFlatKV,  # device memory: validated on the device
         )
 
         return DeviceFlatKV(fp, out, what)
@@ -416,7 +416,7 @@ def pack_pages(
     (from each of ``cuts`` to the next, the conversation's segment boundaries) is laid out in
     pages of ``page_tokens`` counted from its own start, the last one short.
 
-    One strided copy per layer, K/V and segment, spread over the worker threads (issue 13): each
+    One strided copy per layer, K/V and segment, spread over the worker threads: each
     source byte is copied once, into ``out`` when given (a flat uint8 buffer of at least
     ``n_tokens * token_bytes`` bytes, C-contiguous and writable: reusing one spares a fresh
     buffer's page faults) or into a new array. Returns the packed bytes (a view of ``out``)."""

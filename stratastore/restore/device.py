@@ -1,4 +1,4 @@
-"""Device destinations: a restore straight into GPU memory, validated on the GPU (issue 15).
+"""Device destinations: a restore straight into GPU memory, validated on the GPU.
 
 :meth:`Store.restore <stratastore.Store.restore>` takes device memory as it takes host memory:
 a numba device array, or any object with ``__cuda_array_interface__`` (a torch CUDA tensor, a

@@ -1,4 +1,4 @@
-"""Device memory as the store takes it (issue 15): a numba device array, or any object with
+"""Device memory as the store takes it: a numba device array, or any object with
 ``__cuda_array_interface__`` (a torch CUDA tensor, a CuPy array), wrapped, never copied.
 
 The restore's device destinations (:mod:`stratastore.restore.device`) and the park from device

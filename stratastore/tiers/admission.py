@@ -1,4 +1,4 @@
-"""Admission: the one function that decides where a capture or a disk read may go (seed 000).
+"""Admission: the one function that decides where a capture or a disk read may go.
 
 Two RAM floors: the *parking floor* (``min_free_mib``, 2560 by default) that a capture which
 stays in RAM must leave free, and the *transient floor* (``park_min_free_mib``, 512) for bytes
@@ -31,7 +31,7 @@ def mib(n: int) -> str:
     1 MiB (a small capture never reads "need 0 MiB")."""
     if n < MIB:
         return f"{n / 1024:.1f} KiB"
-    return f"{n / MIB:.1f} MiB" if n < 10 * MIB else f"{n / MIB:.0f} MiB"  # seed: "2560 MiB"
+    return f"{n / MIB:.1f} MiB" if n < 10 * MIB else f"{n / MIB:.0f} MiB"  # a floor: "2560 MiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class Placement:
     transient_floor: int = 0
 
     def describe(self) -> str:
-        """What the rule decided, with the figures it compared (seed 000's wording)."""
+        """What the rule decided, with the figures it compared (the log line's wording)."""
         if self.where == "discard":
             return (f"physical RAM admission: need {mib(self.need)} plus "
                     f"{mib(self.transient_floor)}, {mib(self.available)} free")  # fmt: skip
@@ -53,7 +53,7 @@ class Placement:
                 f"{mib(floor)})")  # fmt: skip
 
     def log_line(self, what: str) -> str | None:
-        """Seed 000's admission log line for ``what`` (``"park"``, ``"disk hit"``, ``"session
+        """The admission log line for ``what`` (``"park"``, ``"disk hit"``, ``"session
         save"``, ...): a refusal, or an admission under the transient floor; ``None`` for an
         admission under the parking floor (the normal case says nothing)."""
         if self.where == "discard":
@@ -82,7 +82,7 @@ def log_admission(warn: Callable[[str], None], p: Placement, what: str, outcome:
 class Admission:
     """The two floors and the memory probe (injectable: tests pass a function).
 
-    ``legacy=True`` is the engine's rule before seed 000, kept only to compare against: one
+    ``legacy=True`` is the engine's original rule, kept only to compare against: one
     floor for everything, and a capture or disk read that fails it is discarded."""
 
     def __init__(self, cfg: StoreConfig, probe: Callable[[], int] | None = None, *,
@@ -117,7 +117,7 @@ def admit(need: int, available: int, parking_floor: int, transient_floor: int, *
 
 def park_target(cfg: StoreConfig, admission: Admission, disk: bool, token_bytes: int,
                 warn: Callable[[str], None]) -> tuple[Literal["ram", "disk"], str]:  # fmt: skip
-    """Where parks go (``park = ram | disk | auto``, seed 000) and why. ``auto`` sizes a
+    """Where parks go (``park = ram | disk | auto``) and why. ``auto`` sizes a
     snapshot per slot (a full context when ``context_tokens`` is given, else a slot's share of
     the RAM budget) and picks disk when free RAM cannot hold them above the parking floor.
     ``disk``: whether a disk level is on (from the config). Called before the RAM level is

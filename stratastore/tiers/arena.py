@@ -1,5 +1,5 @@
 """The RAM level's host arena: one anonymous mapping reserved at open, cut into fixed chunks
-and reused for every capture (DESIGN layer 5, issue 4), populated as it is used (issue 14).
+and reused for every capture (DESIGN layer 5), populated as it is used.
 
 Fresh memory is slow to touch on these VMs (the host takes freed pages back, so every first
 write page-faults: ~0.6 GB/s measured); a buffer touched once and reused copies at memcpy speed
@@ -16,8 +16,8 @@ held, not with its size. ``prefault`` says when:
   ``MADV_POPULATE_WRITE``, which never changes what a page holds; without it this is ``lazy``).
   It asks ``room`` before each chunk: while the machine has no room for it (the RAM level: the
   parking floor would not hold), it waits for the next allocation;
-* ``open``: every chunk at open (the behaviour before issue 14: the whole arena resident
-  before the first call).
+* ``open``: every chunk at open (the original behaviour: the whole arena resident before the
+  first call).
 
 An allocation is a list of chunk indices; a capture of N bytes takes ceil(N / chunk) chunks,
 which need not be contiguous. Allocation, release and the copies are not thread-safe against
@@ -210,7 +210,7 @@ class Arena:
         """The next chunk the populate thread should populate, or ``None`` (enough are ready,
         or none is left). Under the lock. Allocation takes never-used chunks in index order,
         so the lowest free chunk never populated is the next to be needed. Nothing before the
-        first allocation: an arena that is never used takes no RAM (issue 14)."""
+        first allocation: an arena that is never used takes no RAM."""
         if self._ready >= self._ahead or not self._allocs:
             return None
         while self._next < self.n_chunks and (self._populated[self._next]

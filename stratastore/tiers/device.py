@@ -1,4 +1,4 @@
-"""Parks from device memory (issue 15 item 2): the K/V of a conversation still on the GPU.
+"""Parks from device memory: the K/V of a conversation still on the GPU.
 
 :func:`device_snapshot` takes a numba device array, or any object with
 ``__cuda_array_interface__`` (a torch CUDA tensor, a CuPy array: wrapped, never copied, by

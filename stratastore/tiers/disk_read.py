@@ -78,7 +78,7 @@ class DiskReader:
         """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck.
         ``removed(key)``: the segment the restore stopped at was removed by GC meanwhile (no
         level holds it and no chain names it now): a miss past what was delivered, not damage
-        (issue 14: GC runs beside restores, as another process's always could)."""
+        (GC runs beside restores, as another process's always could)."""
         for lvl in self.levels:  # a level counts a hit for each restore it served
             if any(p.store is lvl.store and p.start < out.tokens for p in job.pieces):
                 lvl.counters.hits += 1

@@ -1,12 +1,12 @@
 """The RAM level: parked captures in the pre-reserved arena, chosen by the conversation cache
-(budget, slots, seed 001's truncation), with their running states.
+(budget, slots, park truncation), with their running states.
 
 What the cache evicts is handed to ``spill`` (with ``spill_on = evict``: its last chance to
 reach disk) before its arena chunks are released; a restore that continues a RAM conversation
 takes it out (it is mounted live: the slot owns it now).
 
 The arena is reserved only when parks go to RAM (``reserve``): for a disk park target the RAM
-level keeps nothing (seed 000) and is off. Its pages are populated as it is used
+level keeps nothing and is off. Its pages are populated as it is used
 (``ram_prefault``, :mod:`.arena`), never all at open unless asked.
 """
 
@@ -124,7 +124,7 @@ class RamLevel:
         return conv_id in self.cache.entries
 
     def park(self, snap: Snapshot) -> bool:
-        """Keep ``snap`` (or the prefix of it that fits, seed 001); False when RAM refuses."""
+        """Keep ``snap`` (or the prefix of it that fits); False when RAM refuses."""
         assert self.arena is not None
         conv_id = snap.conv.conv_id
         if conv_id in self._allocs:
@@ -147,7 +147,7 @@ class RamLevel:
     def restore(self, m: Match, dest: Destination) -> bytes | None:
         """Copy a RAM hit into ``dest``; the running state at its length, if one was saved.
         A hit on the whole of its conversation takes it out of RAM (mounted live), unless it
-        is pinned (seed 001: a pinned entry stays; a system prompt serves every request)."""
+        is pinned (a pinned entry stays; a system prompt serves every request)."""
         self.read(m.conv_id, m.length, dest)
         state = self._states.get(m.conv_id, {}).get(m.length)
         entry = self.cache.entries[m.conv_id]

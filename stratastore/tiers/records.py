@@ -42,7 +42,7 @@ class Snapshot:
 
     ``page_hashes`` maps a segment's ``(start, end)`` tokens to the ``(pages, 32)`` BLAKE3
     digests of ``kv[start * token_bytes : end * token_bytes]`` in pages of ``page_bytes`` from
-    ``start``: what a park from device memory brings (hashed there, issue 15 item 2), so the disk
+    ``start``: what a park from device memory brings (hashed there), so the disk
     writer puts those segments without hashing them again. An entry is a fact about the bytes
     of ``kv`` alone, whatever conversation they are written under, so it holds for as long as
     a copy of the capture keeps them (a prefix truncated at or past ``end``); a segment with no
@@ -64,7 +64,7 @@ class Snapshot:
     def detached(self) -> Snapshot:
         """The same capture with a conversation of its own (its checkpoints, cuts and media
         copied; the token and K/V arrays shared: nothing writes them): what the spill writer
-        takes, so that the RAM level shrinking its entry in place (seed 001) changes neither
+        takes, so that the RAM level shrinking its entry in place (park truncation) changes neither
         what is written nor what a restore of the park in flight delivers. Its device digests
         (``page_hashes``) go with it."""
         c = self.conv
@@ -85,7 +85,7 @@ class ParkReport:
 class Restored:
     #: where the prefix came from: the RAM level, a park whose disk write is still in flight
     #: (its capture, in memory), the disk levels (validated), the shared remote level
-    #: (validated, issue 17), or nowhere
+    #: (validated), or nowhere
     source: Literal["ram", "pending", "disk", "remote", "none"]
     tokens: int
     conv_id: str | None = None

@@ -1,9 +1,9 @@
-"""The transformers adapter (issue 7) with a randomly initialised tiny Llama (no download): a
-multi-turn conversation parked, evicted to the cold level, restored and continued gives logits
-identical to those on the cache the model computed (see assert_continues_exactly); an edited
-history resumes at the right checkpoint; another model config never matches; fp16 and bfloat16
-K/V round-trip bit-exactly. Needs the ``transformers`` extra (``pip install -e
-'.[transformers]'``); skipped with that reason without it."""
+"""The transformers adapter with a randomly initialised tiny Llama (no download): a multi-turn
+conversation parked, evicted to the cold level, restored and continued gives logits identical to
+those on the cache the model computed (see assert_continues_exactly); an edited history resumes at
+the right checkpoint; another model config never matches; fp16 and bfloat16 K/V round-trip
+bit-exactly. Needs the ``transformers`` extra (``pip install -e '.[transformers]'``); skipped with
+that reason without it."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""The transformers adapter as an engine uses it (issue 14, items 5 and 6), with a randomly
-initialised tiny Llama and an in-memory word-level tokenizer (no download): the Store's
-counters, a batched restore, named sessions, pinning, a sliding-window config refused at open,
-the documented examples run as written (one forward keyword: ``cache=``), nothing warned at
-open, no torch copy in a park or a restore (a restore lands in the tensors the cache holds;
-measured), message openers from the chat template, an IncompatibleFingerprint that tells the
-two models apart, a prompt parked whole that restores all but its last token, and a
-conversation parked turn after turn that continues exactly. Needs the ``transformers`` extra
-(``pip install -e '.[transformers]'``); skipped with that reason without it."""
+"""The transformers adapter as an engine uses it, with a randomly initialised tiny Llama and an
+in-memory word-level tokenizer (no download): the Store's counters, a batched restore, named
+sessions, pinning, a sliding-window config refused at open, the documented examples run as written
+(one forward keyword: ``cache=``), nothing warned at open, no torch copy in a park or a restore (a
+restore lands in the tensors the cache holds; measured), message openers from the chat template, an
+IncompatibleFingerprint that tells the two models apart, a prompt parked whole that restores all but
+its last token, and a conversation parked turn after turn that continues exactly. Needs the
+``transformers`` extra (``pip install -e '.[transformers]'``); skipped with that reason without
+it."""
 
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ def test_a_prompt_parked_whole_restores_all_but_its_last_token(tmp_path: Path) -
 @pytest.mark.parametrize("where", ["ram", "disk"])
 def test_a_conversation_parked_turn_after_turn_continues_exactly(tmp_path: Path, where: str
                                                                  ) -> None:  # fmt: skip
-    """The engine's main flow: one conversation id parked at every turn's end (the store keeps
-    the earlier turns' checkpoints across parks, seed 004), each next prompt restored and
+    """The engine's main flow: one conversation id parked at every turn's end (the store keeps the
+    earlier turns' checkpoints across parks, the 200-turn edit table), each next prompt restored and
     continued bit-identically."""
     model = tiny()
     ids = ids_of(200, 1)
@@ -364,7 +364,7 @@ def copy_figures(where: str, *, layers: int = 4, heads: int = 8, dim: int = 64,
     bytes copied and numpy bytes allocated at peak (the Store's own buffers included: its
     staging of a RAM hit for a per-layer destination, its read chunks, a re-park's capture), as
     multiples of the payload (the K/V bytes of ``n`` tokens), and the best time of ``reps``
-    (a park without its disk write). Runs on the adapter before issue 14 too (to compare)."""
+    (a park without its disk write). Runs on the earlier adapter too (to compare)."""
     cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=heads * dim, head_dim=dim,
                                    intermediate_size=64, num_hidden_layers=layers,
                                    num_attention_heads=heads, num_key_value_heads=heads,

@@ -1,10 +1,9 @@
-"""Review of issue 16: a put evicts a durable chunk that fitted within the budget.
+"""A put evicts a durable chunk that fitted within the budget.
 
-``ChunkStore.put`` (lmcache_store.py:148-152) drops its reservation only after
-``store.put_state`` returned, so between the commit (``used()`` counts the chunk) and that
-``finally`` the chunk is counted twice; another writer thread making room in that window
-(``_make_room``, :170) sees ``used + reserved`` one chunk too high and evicts the oldest chunk
-although everything fitted ("exact after any number of removes")."""
+``ChunkStore.put`` drops its reservation only after ``store.put_state`` returned, so between the
+commit (``used()`` counts the chunk) and that ``finally`` the chunk is counted twice; another writer
+thread making room in that window (``_make_room``) sees ``used + reserved`` one chunk too high and
+evicts the oldest chunk although everything fitted ("exact after any number of removes")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Review of issue 16: a budget smaller than one chunk is accepted at start, then every put is
-refused (one warning a put) for the life of the engine. The chunk size is known at start
-(``metadata.kv_shape`` x dtype), so it is a configuration error that ``PluginSettings`` /
-``StrataStoragePlugin.__init__`` (lmcache.py:166-170) could raise as a ConfigError naming
-``storage_plugin.stratastore.budget_mib`` and the size needed."""
+"""A budget smaller than one chunk is accepted at start, then every put is refused (one warning a
+put) for the life of the engine. The chunk size is known at start (``metadata.kv_shape`` x dtype),
+so it is a configuration error that ``PluginSettings`` / ``StrataStoragePlugin.__init__`` could
+raise as a ConfigError naming ``storage_plugin.stratastore.budget_mib`` and the size needed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Review of issue 16: the plugin deletes valid, durable chunks it merely failed to read.
+"""The plugin deletes valid, durable chunks it merely failed to read.
 
-- ``ChunkStore.open_chunk`` / ``copy_into`` (lmcache_store.py:208, :237) send every
-  ``StrataError`` to ``_damaged``, which deletes the chunk: a transient resource error
-  (EMFILE: the process ran out of descriptors) deletes a valid chunk.
+- ``ChunkStore.open_chunk`` / ``copy_into`` send every ``StrataError`` to ``_damaged``, which
+  deletes the chunk: a transient resource error (EMFILE: the process ran out of descriptors) deletes
+  a valid chunk.
 - ``_damaged`` deletes by key with no check that the files are the ones that failed: a reader
   that held the old, damaged chunk open deletes the good copy that was stored again meanwhile
   (and reported durable)."""

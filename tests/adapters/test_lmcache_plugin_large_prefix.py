@@ -1,11 +1,11 @@
-"""Review of issue 16: a blocking get of a prefix larger than LMCache's CPU buffer never returns.
+"""A blocking get of a prefix larger than LMCache's CPU buffer never returns.
 
-``StrataStoragePlugin._get_prefix`` (lmcache.py:333-342) allocates a memory object for every
-chunk of the prefix before copying any, with ``busy_loop=True`` on the blocking path
-(``get_blocking`` / ``batched_get_blocking``): once the chunks it already holds fill the buffer
-(``local_cpu`` off: nothing else to evict), LMCache's ``allocate`` sleeps and retries forever,
-waiting for memory that only this call would free. A shorter prefix (what ``allocate``
-returning None already gives) was the answer; the bar is "no hangs"."""
+``StrataStoragePlugin._get_prefix`` allocates a memory object for every chunk of the prefix before
+copying any, with ``busy_loop=True`` on the blocking path (``get_blocking`` /
+``batched_get_blocking``): once the chunks it already holds fill the buffer (``local_cpu`` off:
+nothing else to evict), LMCache's ``allocate`` sleeps and retries forever, waiting for memory that
+only this call would free. A shorter prefix (what ``allocate`` returning None already gives) was the
+answer; the bar is "no hangs"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-"""Review of issue 16: the plugin's lifecycle and exception paths.
+"""The plugin's lifecycle and exception paths.
 
-- ``flush(timeout)`` (lmcache.py:259-268) returns normally when the timeout passes with puts
-  still in flight: the caller cannot tell "every put landed" from "gave up waiting".
-- a put submitted while ``close()`` waits in ``_writers.shutdown(wait=True)`` takes a reference
-  on its memory object (lmcache.py:198) and then raises the executor's ``RuntimeError`` (no
-  StrataError): the reference is never dropped (LMCache's buffer leaks).
+- ``flush(timeout)`` returns normally when the timeout passes with puts still in flight: the caller
+  cannot tell "every put landed" from "gave up waiting".
+- a put submitted while ``close()`` waits in ``_writers.shutdown(wait=True)`` takes a reference on
+  its memory object (``batched_submit_put_task``) and then raises the executor's ``RuntimeError``
+  (no StrataError): the reference is never dropped (LMCache's buffer leaks).
 - ``close()`` does not wait for reads running on LMCache's loop executor
   (``batched_get_non_blocking`` uses ``run_in_executor(None, ...)``, not ``_readers``), and
   LMCache's ``StorageManager.close`` closes backends while its loop still runs: a read in flight
   finds the index closed and counts a valid chunk as damaged, logging "index ... is damaged;
   `strata fsck --repair`" (a wrong diagnosis and a wrong fix).
-- ``_get_prefix`` (lmcache.py:333-342): an exception while opening/allocating (LMCache's
-  ``allocate`` raising) leaks every memory object and open file already taken for the prefix."""
+- ``_get_prefix``: an exception while opening/allocating (LMCache's ``allocate`` raising) leaks
+  every memory object and open file already taken for the prefix."""
 
 from __future__ import annotations
 
@@ -131,9 +131,9 @@ def test_an_allocation_error_releases_the_prefix_already_taken(
 def test_a_put_racing_close_neither_leaks_its_memory_object_nor_raises_untyped(
     eng: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``close()`` flushes, then shuts the writer pool down with ``shutdown(wait=True)``,
-    which waits for the puts submitted after the flush's snapshot; a put submitted while it
-    waits takes a reference on its memory object (lmcache.py:198), then ``submit`` raises the
+    """``close()`` flushes, then shuts the writer pool down with ``shutdown(wait=True)``, which
+    waits for the puts submitted after the flush's snapshot; a put submitted while it waits takes a
+    reference on its memory object (``batched_submit_put_task``), then ``submit`` raises the
     executor's RuntimeError: the reference is never dropped and the error is no StrataError."""
     p = plugin(eng)
     gates = [threading.Event(), threading.Event()]

@@ -1,9 +1,9 @@
-"""Review of issue 16: a pin taken while a put is making room can be evicted at once.
+"""A pin taken while a put is making room can be evicted at once.
 
-``ChunkStore._evict_oldest`` (lmcache_store.py:184-191) checks ``_pins`` under its lock, drops
-the lock, then deletes; ``pin`` (:258) checks the index and counts the pin, outside the room
-lock. A lookup with ``pin=True`` that lands between the check and the delete gets True for a
-chunk that is then evicted ("a chunk pinned through LMCache ... is never evicted")."""
+``ChunkStore._evict_oldest`` checks ``_pins`` under its lock, drops the lock, then deletes; ``pin``
+checks the index and counts the pin, outside the room lock. A lookup with ``pin=True`` that lands
+between the check and the delete gets True for a chunk that is then evicted ("a chunk pinned through
+LMCache ... is never evicted")."""
 
 from __future__ import annotations
 

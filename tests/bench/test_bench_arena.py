@@ -1,5 +1,5 @@
-"""Benchmark: a capture copied into the pre-reserved, prefaulted arena against the same copy
-into freshly allocated memory (first touch), 1 GiB, in one run (issue 4). Measures only."""
+"""Benchmark: a capture copied into the pre-reserved, prefaulted arena against the same copy into
+freshly allocated memory (first touch), 1 GiB, in one run. Measures only."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
-"""Benchmark (issue 14 items 2 and 3): a restore right after another conversation's park, and
-restores from several threads. Measures and prints ratios of one run; asserts no time.
+"""Benchmark: a restore right after another conversation's park, and restores from several threads.
+Measures and prints ratios of one run; asserts no time.
 
 * ``after a park``: conversation B (``STRATA_BENCH_ENGINE_MIB``, 16 MiB by default, on disk,
   hot in the page cache) restored into a touched flat buffer right after the engine parked
   another conversation A of the same size to disk (A's write and fsync in flight), against the
-  same restore with nothing pending; interleaved round by round, medians. Before issue 14 every
+  same restore with nothing pending; interleaved round by round, medians. Once, every
   restore first waited for every pending write (the ratio was the fsync's cost); now the ratio
   is what A's write costs B in CPU and disk bandwidth on this machine.
 * ``threads``: 1, 2 and 4 engine threads, each restoring a conversation of its own in a loop
   (hot), total GB/s against 1 thread. A restore already reads and hashes on the store's worker
   threads, so on a machine with few cores the threads share those cores; what this shows is
-  that no lock serialises them (before issue 14 one lock held every restore, I/O included).
+  that no lock serialises them (once, one lock held every restore, I/O included).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Benchmark: layout conversion between the engine's per-layer K/V and the stored pages (issue
-13 item 1): ``pack_pages`` (the capture's one copy on the way in; into a new buffer, and into a
-touched one with ``out=``) and the ``LayerKV`` / ``PagedKV`` writes (the one copy on the way
-out), each against a plain copy of the same bytes into a touched buffer, in one run. Measures
-and prints ratios; asserts nothing of time.
+"""Benchmark: layout conversion between the engine's per-layer K/V and the stored pages:
+``pack_pages`` (the capture's one copy on the way in; into a new buffer, and into a touched one with
+``out=``) and the ``LayerKV`` / ``PagedKV`` writes (the one copy on the way out), each against a
+plain copy of the same bytes into a touched buffer, in one run. Measures and prints ratios; asserts
+nothing of time.
 
-``STRATA_BENCH_MIB`` sizes it (default 1024: the issue's 8,192 tokens of Llama-3.1-8B K/V, 32
+``STRATA_BENCH_MIB`` sizes it (default 1024: 8,192 tokens of Llama-3.1-8B K/V, 32
 layers x 8 kv heads x 128 x fp16); ``make test`` runs one round each."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark: prefix lookup of a 200K-token prompt against 10,000 stored conversations (issue 3).
+"""Benchmark: prefix lookup of a 200K-token prompt against 10,000 stored conversations.
 
 Ten system prompts of 5,000 tokens; 10,000 conversations each continuing one of them for 500 to
 3,000 tokens; one 200,000-token conversation among them. The prompt is that long conversation

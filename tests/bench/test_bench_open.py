@@ -1,4 +1,4 @@
-"""Benchmark (issue 14 item 1): what opening a RAM level costs, and what a populated arena buys.
+"""Benchmark: what opening a RAM level costs, and what a populated arena buys.
 
 Measures and prints ratios of one run; asserts no time.
 
@@ -11,8 +11,8 @@ Measures and prints ratios of one run; asserts no time.
 * ``capture``: a capture of ``STRATA_BENCH_CAPTURE_MIB`` (256 MiB) written into arena chunks
   already populated (what reuse and the background thread give) against the same capture into
   chunks never touched: the lazy arena's first use (its allocation populates the chunks, then
-  the copy) and plain first touch (a copy into fresh ``np.empty`` memory, the baseline of issue
-  4's arena benchmark).
+  the copy) and plain first touch (a copy into fresh ``np.empty`` memory, the baseline of the
+  arena benchmark).
 """
 
 from __future__ import annotations

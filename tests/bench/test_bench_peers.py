@@ -1,7 +1,7 @@
-"""Benchmark: ``strata bench --peers`` by its full protocol (issue 13: the engine layout, fresh
-results compared bit for bit, cold reads after a verified eviction, a fresh process per
-operation) on 16 MiB, one round after the warmup, so that ``make test`` keeps every comparison
-running. It checks the document, never a time: the README's table is the 1 GiB run."""
+"""Benchmark: ``strata bench --peers`` by its full protocol (the engine layout, fresh results
+compared bit for bit, cold reads after a verified eviction, a fresh process per operation) on 16
+MiB, one round after the warmup, so that ``make test`` keeps every comparison running. It checks the
+document, never a time: the README's table is the 1 GiB run."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Benchmark: the cost of lookup, park and capacity GC as the number of stored conversations
-grows (issue 12 item 5: it must not grow beyond a logarithm). Measures and prints; the one
-assertion is a wide ratio bound on lookup, never a wall-clock time.
+"""Benchmark: the cost of lookup, park and capacity GC as the number of stored conversations grows
+(it must not grow beyond a logarithm). Measures and prints; the one assertion is a wide ratio bound
+on lookup, never a wall-clock time.
 
 One cold-only store in tmpfs (``/dev/shm`` where there is one: fsync is nearly free there) is
 grown through the public API, size after size, and measured at each: conversation ``c<i>`` is 8

@@ -1,8 +1,8 @@
 """Benchmark: durable put and validated get of a 1 GiB segment set against the raw limits of the
-same directory, on the same bytes, in one run (issue 2). Benchmarks measure; they never assert a
-time. ``make bench`` runs 5 rounds (after a warmup) and prints GB/s and ratios from the medians
-(tests/bench/conftest.py); ``make test`` runs one round (``--benchmark-disable``) so the code
-path stays tested.
+same directory, on the same bytes, in one run. Benchmarks measure; they never assert a time. ``make
+bench`` runs 5 rounds (after a warmup) and prints GB/s and ratios from the medians
+(tests/bench/conftest.py); ``make test`` runs one round (``--benchmark-disable``) so the code path
+stays tested.
 
 The set is 8 segments of 1,024 tokens of Llama-3.1-8B's K/V geometry (32 layers x 8 kv heads x
 128 dims, fp16: 128 MiB a segment, 2 MiB pages). Size with STRATA_BENCH_MIB (default 1024).

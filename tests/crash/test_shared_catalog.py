@@ -1,6 +1,6 @@
-"""Several processes on one store (issue 12): no process acts on a stale view of what the
-others committed. Each process is a real one (:mod:`tests.crash.catalog_worker`) with its own
-``Store`` on the same directories; the test runs their steps in a fixed order over pipes.
+"""Several processes on one store: no process acts on a stale view of what the others committed.
+Each process is a real one (:mod:`tests.crash.catalog_worker`) with its own ``Store`` on the same
+directories; the test runs their steps in a fixed order over pipes.
 
 * a stale view never deletes a newer manifest another process wrote;
 * capacity GC never evicts a session another process saved after this one last looked

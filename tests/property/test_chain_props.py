@@ -1,6 +1,6 @@
 """Hypothesis: over any sequence of appended turns and edits back in history, a lookup only ever
-returns an exact prefix of the prompt, and spread retention never keeps fewer distinct
-checkpoint distances than LRU (issue 3)."""
+returns an exact prefix of the prompt, and spread retention never keeps fewer distinct checkpoint
+distances than LRU."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Hypothesis stateful test of the Store against a model (issue 6), derandomized in CI: parks to
-RAM and disk (RAM evictions spill), restores of whole conversations and of shared prefixes,
-batched restores, sessions, corruption of a disk segment, and reopening. What it checks after
-every step: whatever a restore returns is a prefix of that conversation's bytes, ending on a
-checkpoint; nothing past it is written; a conversation the model knows is on disk restores
-whole unless it was damaged; sessions survive reopening; fsck finds no error but the damage."""
+"""Hypothesis stateful test of the Store against a model, derandomized in CI: parks to RAM and disk
+(RAM evictions spill), restores of whole conversations and of shared prefixes, batched restores,
+sessions, corruption of a disk segment, and reopening. What it checks after every step: whatever a
+restore returns is a prefix of that conversation's bytes, ending on a checkpoint; nothing past it is
+written; a conversation the model knows is on disk restores whole unless it was damaged; sessions
+survive reopening; fsck finds no error but the damage."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the reliability suite exercised in this run, printed at its end (tests/conftest.py).
 
-Issue 6 sets the floor for one CI run; ``make soak`` multiplies the work by ``STRATA_SOAK``
+A floor is set for one CI run; ``make soak`` multiplies the work by ``STRATA_SOAK``
 (10) and the floor with it. With ``STRATA_RELIABILITY_ENFORCE=1`` (set by ``.ci/run`` and
 ``make soak``) a full run that falls below a floor fails.
 """

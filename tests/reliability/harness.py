@@ -1,7 +1,7 @@
 """The reliability suite's machinery: canonical workloads over a real Store, a fork-based loop
 that crashes a workload at every I/O step k, and the invariant check run after every fault.
 
-"Nothing lost" (issue 6): after the fault, reopen; fsck reports zero errors; every acknowledged
+"Nothing lost": after the fault, reopen; fsck reports zero errors; every acknowledged
 park restores byte-identical; an in-flight one is whole or invisible (a restore returns 0 tokens
 or a checkpoint's worth, never a byte that differs); the ladder never returns bytes that fail
 validation (every restore below compares the bytes it got).

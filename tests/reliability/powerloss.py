@@ -1,5 +1,5 @@
-"""Power-loss crash states, ALICE-style (issue 6): record a workload's I/O operations with the
-directory tree before each one, then build the states a power cut could leave:
+"""Power-loss crash states, ALICE-style: record a workload's I/O operations with the directory tree
+before each one, then build the states a power cut could leave:
 
 - **prefix**: the tree after operations ``[0, i)``, everything persisted;
 - **dropped write**: a file written since its last fsync comes back as it was at that fsync

@@ -1,6 +1,6 @@
-"""Corruption (issue 6): every byte of the golden sidecars, segment headers and chain manifests
-flipped, random payload bit flips, truncations, a damaged LMDB index. Typed errors only; fsck
-names the damaged object; repair brings fsck to zero errors; what restores is validated."""
+"""Corruption: every byte of the golden sidecars, segment headers and chain manifests flipped,
+random payload bit flips, truncations, a damaged LMDB index. Typed errors only; fsck names the
+damaged object; repair brings fsck to zero errors; what restores is validated."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Injected I/O errors (issue 6): the Nth I/O operation of a workload fails once and
-persistently with EIO, ENOSPC and EROFS, a write comes back short, an fsync fails with EIO.
-Every failure reaches the caller as a typed StrataError (never another exception); after it the
-store reopens with the invariants of harness.check: nothing acknowledged is lost, fsck has no
-errors. (A failed fsync is never retried on the same descriptor: the durable write gives up,
-removes its temp file and reports; see stratastore/io/durable.py.)"""
+"""Injected I/O errors: the Nth I/O operation of a workload fails once and persistently with EIO,
+ENOSPC and EROFS, a write comes back short, an fsync fails with EIO. Every failure reaches the
+caller as a typed StrataError (never another exception); after it the store reopens with the
+invariants of harness.check: nothing acknowledged is lost, fsck has no errors. (A failed fsync is
+never retried on the same descriptor: the durable write gives up, removes its temp file and reports;
+see stratastore/io/durable.py.)"""
 
 from __future__ import annotations
 

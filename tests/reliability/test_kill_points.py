@@ -1,6 +1,6 @@
-"""Kill at every I/O step (issue 6): each canonical workload (park, spill of what RAM evicts,
-degrade across volumes, GC, repair, index rebuild) runs in a forked child that exits at its I/O
-operation k, for every k until it completes; after each, the invariants of harness.check hold."""
+"""Kill at every I/O step: each canonical workload (park, spill of what RAM evicts, degrade across
+volumes, GC, repair, index rebuild) runs in a forked child that exits at its I/O operation k, for
+every k until it completes; after each, the invariants of harness.check hold."""
 
 from __future__ import annotations
 

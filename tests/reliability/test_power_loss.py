@@ -1,7 +1,7 @@
-"""Power loss (issue 6): every crash state of powerloss.crash_states for each canonical
-workload (park, spill, degrade, GC, repair, index rebuild) satisfies the invariants: the store
-opens, fsck has no errors, every park acknowledged before the cut restores byte-identical, the
-others are whole or invisible."""
+"""Power loss: every crash state of powerloss.crash_states for each canonical workload (park, spill,
+degrade, GC, repair, index rebuild) satisfies the invariants: the store opens, fsck has no errors,
+every park acknowledged before the cut restores byte-identical, the others are whole or
+invisible."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers of the review tests of the shared remote level (real redis-server processes)."""
+"""Helpers of the tests of the shared remote level (real redis-server processes)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Issue 17 item 5 against real servers: Redis AUTH (a password, an ACL user) and TLS
-(``rediss://``, a client certificate) work end to end through the Store; credentials, from the
-config, the environment or the URL, never appear in a warning, an error, ``Store.stats()``,
-``info_line()``, ``prometheus()``, the published ``monitor.json`` or ``strata monitor``; every
-key is in the store's namespace (its name and its model's fingerprint), so two stores or two
-models on one server never read or delete each other's segments, and no park, eviction, delete
-or fsck repair touches a key outside it; the settings' mistakes are typed ConfigErrors naming
-the setting."""
+"""Against real servers: Redis AUTH (a password, an ACL user) and TLS (``rediss://``, a client
+certificate) work end to end through the Store; credentials, from the config, the environment or the
+URL, never appear in a warning, an error, ``Store.stats()``, ``info_line()``, ``prometheus()``, the
+published ``monitor.json`` or ``strata monitor``; every key is in the store's namespace (its name
+and its model's fingerprint), so two stores or two models on one server never read or delete each
+other's segments, and no park, eviction, delete or fsck repair touches a key outside it; the
+settings' mistakes are typed ConfigErrors naming the setting."""
 
 from __future__ import annotations
 

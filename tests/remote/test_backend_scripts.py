@@ -1,5 +1,5 @@
-"""Review: RedisBackend's own scripts and calls: a delete of a segment of many parts, fsck
---repair beside a live writer, and the timeout of a read from a server that trickles."""
+"""RedisBackend's own scripts and calls: a delete of a segment of many parts, fsck --repair beside a
+live writer, and the timeout of a read from a server that trickles."""
 
 from __future__ import annotations
 

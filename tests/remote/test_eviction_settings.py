@@ -1,7 +1,7 @@
-"""``remote_eviction = "redis"`` leaves the remote level's budget to the server (issue 17 item
-1): a Store says at open, naming the server and the fix, when that server will never evict the
-level's keys (no ``maxmemory``, or a ``volatile-*`` policy: committed parts carry no expiry),
-and says nothing when it will (``allkeys-lru``) or when the store keeps its own budget."""
+"""``remote_eviction = "redis"`` leaves the remote level's budget to the server: a Store says at
+open, naming the server and the fix, when that server will never evict the level's keys (no
+``maxmemory``, or a ``volatile-*`` policy: committed parts carry no expiry), and says nothing when
+it will (``allkeys-lru``) or when the store keeps its own budget."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Faults of the shared remote level (issue 17, item 3), against real ``redis-server`` processes
-and a real 3-master Redis Cluster: a server killed mid-write, a connection dropped mid-read, a
-value corrupted in Redis, a key evicted between lookup and restore (deleted, or by ``maxmemory``
-with ``allkeys-lru``), a cluster slot moving, a server that never answers.
+"""Faults of the shared remote level, against real ``redis-server`` processes and a real 3-master
+Redis Cluster: a server killed mid-write, a connection dropped mid-read, a value corrupted in Redis,
+a key evicted between lookup and restore (deleted, or by ``maxmemory`` with ``allkeys-lru``), a
+cluster slot moving, a server that never answers.
 
 Each is a miss or a ladder stop: the restore delivers a valid prefix (its bytes are compared to
 the true ones, and every byte past it is still zero: nothing damaged is delivered), a typed

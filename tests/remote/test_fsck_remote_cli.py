@@ -1,9 +1,8 @@
-"""``strata --config FILE fsck --remote [--repair --yes] [--json]`` (issue 17 item 5), run as a
-newcomer types it, in a process of its own, against a real ``redis-server``: it checks every
-namespace of the config's store name (each model's) and nothing else on the server, says what
-it found, repairs only with ``--yes``, and exits 0 only when every namespace is clean (after a
-repair: when it is clean when checked again). User errors are a message and an exit code,
-never a traceback or a hang."""
+"""``strata --config FILE fsck --remote [--repair --yes] [--json]``, run as a newcomer types it, in
+a process of its own, against a real ``redis-server``: it checks every namespace of the config's
+store name (each model's) and nothing else on the server, says what it found, repairs only with
+``--yes``, and exits 0 only when every namespace is clean (after a repair: when it is clean when
+checked again). User errors are a message and an exit code, never a traceback or a hang."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Review 2: ``strata fsck --remote [--repair]`` (levels/redis_backend.py fsck,
-levels/redis_fsck.py). It must never delete or unlist a valid segment, and hostile values under
-the store name are findings, never a crash or a read of the whole value (README)."""
+"""``strata fsck --remote [--repair]`` (levels/redis_backend.py fsck, levels/redis_fsck.py). It must
+never delete or unlist a valid segment, and hostile values under the store name are findings, never
+a crash or a read of the whole value (README)."""
 
 from __future__ import annotations
 

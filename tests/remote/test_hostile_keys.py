@@ -1,6 +1,6 @@
-"""Review: hostile or damaged keys *inside* a store's namespace give typed errors or are left
-alone; never an untyped crash out of a park, ``stats()`` or a restore, never a huge allocation,
-and fsck --repair never deletes a name it does not recognise."""
+"""Hostile or damaged keys *inside* a store's namespace give typed errors or are left alone; never
+an untyped crash out of a park, ``stats()`` or a restore, never a huge allocation, and fsck --repair
+never deletes a name it does not recognise."""
 
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ def test_a_commit_record_naming_another_model_is_a_ladder_stop(
         keys = [k for _, _, k in conv.segments(FP.digest())]
         rec = b0._rec_key(keys[1])
         c = decode_commit_record(r.get(rec))
-        other = dataclasses.replace(c.sidecar, fingerprint=tiny_fp("review/another-model"))
+        other = dataclasses.replace(c.sidecar, fingerprint=tiny_fp("hostile/another-model"))
         r.set(rec, CommitRecord(c.nonce, c.parts, c.part_bytes, other).encode())
     finally:
         r.close()

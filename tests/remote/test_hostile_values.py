@@ -1,9 +1,9 @@
-"""Review 2: a value of another type inside the namespace is "a format error: a miss or a
-ladder stop for a restore, a finding for fsck, never a crash" (README), and redis_backend._call
-turns WRONGTYPE into FormatError. But every record read (STRLEN+GETRANGE) and every walk step
-(HGETALL of kids) runs in a pipeline, whose error reads "Command # 1 (...) of pipeline caused
-error: WRONGTYPE ...": it does not start with WRONGTYPE, so it is a RemoteError, "the server
-is down": the breaker opens (every prompt skips the level) and fsck --repair crashes."""
+"""A value of another type inside the namespace is "a format error: a miss or a ladder stop for a
+restore, a finding for fsck, never a crash" (README), and redis_backend._call turns WRONGTYPE into
+FormatError. But every record read (STRLEN+GETRANGE) and every walk step (HGETALL of kids) runs in a
+pipeline, whose error reads "Command # 1 (...) of pipeline caused error: WRONGTYPE ...": it does not
+start with WRONGTYPE, so it is a RemoteError, "the server is down": the breaker opens (every prompt
+skips the level) and fsck --repair crashes."""
 
 from __future__ import annotations
 

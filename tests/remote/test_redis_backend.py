@@ -1,6 +1,6 @@
-"""The Redis backend (issue 17) passes the shipped backend suite (``stratastore.testing``)
-against a real ``redis-server`` and a real 3-master Redis Cluster; and what is its own: parts,
-commits, races between writers, the chain index, fsck of its namespace."""
+"""The Redis backend passes the shipped backend suite (``stratastore.testing``) against a real
+``redis-server`` and a real 3-master Redis Cluster; and what is its own: parts, commits, races
+between writers, the chain index, fsck of its namespace."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Review: the remote level in the park / lookup / restore flow (tiers/remote.py, tiered.py,
-facade.py): a remote failure never costs a restore what the local levels hold, the walk finds
-the deepest prefix, and a remote_keep_local copy that does not land is not reported as a lost
-acknowledged park."""
+"""The remote level in the park / lookup / restore flow (tiers/remote.py, tiered.py, facade.py): a
+remote failure never costs a restore what the local levels hold, the walk finds the deepest prefix,
+and a remote_keep_local copy that does not land is not reported as a lost acknowledged park."""
 
 from __future__ import annotations
 

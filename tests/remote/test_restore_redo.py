@@ -1,7 +1,7 @@
-"""Review 2: a remote restore that falls short is done again from the local levels
-(tiers/restore.py, the fallback to the local sources alone). The redo must never leave the
-caller with less than the remote level had already delivered, validated, nor with bytes past
-the prefix it reports that are neither the caller's nor zero."""
+"""A remote restore that falls short is done again from the local levels (tiers/restore.py, the
+fallback to the local sources alone). The redo must never leave the caller with less than the remote
+level had already delivered, validated, nor with bytes past the prefix it reports that are neither
+the caller's nor zero."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Review: redis_settings.py: a password in the URL's query (``?password=``, the form redis-py
-and most Redis clients take) is never shown in an error, and is never silently dropped."""
+"""redis_settings.py: a password in the URL's query (``?password=``, the form redis-py and most
+Redis clients take) is never shown in an error, and is never silently dropped."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Review 2: redis_settings.py refuses a URL with a query or fragment "without showing it"
-(README). The check looks for ``?``/``#`` only after the URL's *last* ``@``, so a query whose
-value holds an ``@`` (a password often does) slips past: the URL is accepted with a host taken
-from inside the password, or refused with a piece of the password in the message."""
+"""redis_settings.py refuses a URL with a query or fragment "without showing it" (README). The check
+looks for ``?``/``#`` only after the URL's *last* ``@``, so a query whose value holds an ``@`` (a
+password often does) slips past: the URL is accepted with a host taken from inside the password, or
+refused with a piece of the password in the message."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Two engine nodes sharing one remote level (issue 17, item 2), against a real ``redis-server``
-and a real 3-master Redis Cluster: node A and node B are two processes
-(tests/remote/node_worker.py), each with its own local cold directory and the same remote URL.
+"""Two engine nodes sharing one remote level, against a real ``redis-server`` and a real 3-master
+Redis Cluster: node A and node B are two processes (tests/remote/node_worker.py), each with its own
+local cold directory and the same remote URL.
 
 What they show: B restores, validated, what A parked; a segment parked by both (one after the
 other, or both at once) is stored once; the local levels stay the first choice and what B read

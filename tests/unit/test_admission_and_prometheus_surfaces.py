@@ -1,6 +1,6 @@
-"""Issue 14, seed 000 through the Store: the admission log lines, the Prometheus series
-(admission state, park target, held tokens, evictions, refusals; an absent counter absent, not
-0) and a held-tokens figure that counts each conversation once. Each test failed before."""
+"""The low-RAM episode through the Store: the admission log lines, the Prometheus series (admission
+state, park target, held tokens, evictions, refusals; an absent counter absent, not 0) and a
+held-tokens figure that counts each conversation once. Each test failed before."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The batched read agenda (issue 5): restores submitted together share one pipeline, and each
-one keeps the two-pass contract: the same bytes and the same outcome as run alone, damage
-laddering (or failing) that request only, read-ahead issued before the read pass needs it."""
+"""The batched read agenda: restores submitted together share one pipeline, and each one keeps the
+two-pass contract: the same bytes and the same outcome as run alone, damage laddering (or failing)
+that request only, read-ahead issued before the read pass needs it."""
 
 from __future__ import annotations
 

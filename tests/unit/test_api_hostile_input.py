@@ -1,9 +1,9 @@
-"""A hostile review of the library API after issue 11: bad input (misuse of the API, hostile
-sizes) is refused by the call that caused it, with a typed :class:`StrataError` naming the
-object and the fix, never a plain Python error; a restore writes the caller's memory correctly
-or refuses before anything is touched.
+"""A hostile review of the library API: bad input (misuse of the API, hostile sizes) is refused by
+the call that caused it, with a typed :class:`StrataError` naming the object and the fix, never a
+plain Python error; a restore writes the caller's memory correctly or refuses before anything is
+touched.
 
-Each test failed on the code before the review's fixes (a hang there fails by timeout)."""
+Each test failed on the earlier code (a hang there fails by timeout)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Misuse of the engine API and half-right settings (issue 11 items 6, 7, 8, 9): every error
-reaches the call that caused it, typed, and nothing hangs.
+"""Misuse of the engine API and half-right settings: every error reaches the call that caused it,
+typed, and nothing hangs.
 
-Each test fails on the code before the issue (a hang there fails by timeout, never stalls the
+Each test fails on the earlier code (a hang there fails by timeout, never stalls the
 suite)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_a_background_write_error_is_raised_by_flush_not_by_restore(
         c, kv = conv("lost", 40, 0)
         assert store.park(c, kv).where == "disk"
         out = np.zeros(50 * FP.token_bytes, np.uint8)
-        # issue 14: a restore never waits for the write; its own park in flight is served from
+        # a restore never waits for the write; its own park in flight is served from
         # the capture in memory, and the write's error is not the restore's
         r = store.restore(np.arange(0, 50), out)
         assert (r.source, r.tokens) == ("pending", 40)

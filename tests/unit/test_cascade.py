@@ -1,6 +1,5 @@
-"""The cascade (seed 000): degrade instead of delete, all or nothing, only the last level
-deletes, degradations are not evictions; the adopt protocol under injected failures and across
-a real second volume."""
+"""The cascade: degrade instead of delete, all or nothing, only the last level deletes, degradations
+are not evictions; the adopt protocol under injected failures and across a real second volume."""
 
 from __future__ import annotations
 

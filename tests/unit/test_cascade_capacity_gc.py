@@ -1,9 +1,9 @@
-"""Review 12: the last level's capacity GC frees space by shortening the oldest conversations in
-the *catalog*, whatever level their segments are in. When the cascade asks a cold level full of
-saved sessions for room, cold's ``make_room`` removes conversation after conversation (each one
-"freed" but none of its bytes were cold's: they live in warm) until none is left, then refuses:
-one refused degradation deletes every acknowledged conversation of the store, and the park that
-asked is refused anyway, although warm is empty by then."""
+"""The last level's capacity GC frees space by shortening the oldest conversations in the *catalog*,
+whatever level their segments are in. When the cascade asks a cold level full of saved sessions for
+room, cold's ``make_room`` removes conversation after conversation (each one "freed" but none of its
+bytes were cold's: they live in warm) until none is left, then refuses: one refused degradation
+deletes every acknowledged conversation of the store, and the park that asked is refused anyway,
+although warm is empty by then."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Review 12: the cost of a park's commit and of a GC removal must not grow with the number of
-stored conversations. ``Catalog._doom`` (commit, abort, shorten) asks ``_owners(key)`` for every
-touched key only to learn whether it has *any* owner, and ``_owners`` walks every
-``cat.members`` row of the key: a system-prompt segment shared by N conversations makes every
-park and every GC step O(N). The test counts the rows read (a timing would be a wall-clock
-threshold); the growth in time is in tests/bench/test_bench_scaling.py."""
+"""The cost of a park's commit and of a GC removal must not grow with the number of stored
+conversations. ``Catalog._doom`` (commit, abort, shorten) asks ``_owners(key)`` for every touched
+key only to learn whether it has *any* owner, and ``_owners`` walks every ``cat.members`` row of the
+key: a system-prompt segment shared by N conversations makes every park and every GC step O(N). The
+test counts the rows read (a timing would be a wall-clock threshold); the growth in time is in
+tests/bench/test_bench_scaling.py."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Review 12: the catalog keeps every manifest's bytes in the last level's LMDB environment,
-which each process maps at 64 MiB and grows by doubling on MapFullError. Once one process grows
-it (64 MiB of manifests: 16M token ids in all, e.g. 17 conversations of 1M tokens), LMDB answers
-every later transaction of every *other* process that opened it before with MDB_MAP_RESIZED, and
-``SegmentIndex._write``/``_reading`` turn that into a StoreError ("index ... is damaged ...
-delete that directory"): every lookup, restore and park of that process fails until it is
-restarted. The fix is to adopt the new size (``env.set_mapsize(0)``) and retry."""
+"""The catalog keeps every manifest's bytes in the last level's LMDB environment, which each process
+maps at 64 MiB and grows by doubling on MapFullError. Once one process grows it (64 MiB of
+manifests: 16M token ids in all, e.g. 17 conversations of 1M tokens), LMDB answers every later
+transaction of every *other* process that opened it before with MDB_MAP_RESIZED, and
+``SegmentIndex._write``/``_reading`` turn that into a StoreError ("index ... is damaged ... delete
+that directory"): every lookup, restore and park of that process fails until it is restarted. The
+fix is to adopt the new size (``env.set_mapsize(0)``) and retry."""
 
 from __future__ import annotations
 

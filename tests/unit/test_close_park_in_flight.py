@@ -1,9 +1,9 @@
-"""Review of issue 14: close() writes down what only RAM holds, but skips a RAM conversation
-whose id has a park *waiting for its disk write* (``cid in self.outbox``), taking that write
-for the RAM entry's. The write in flight can be an *older* park of the id: it went to disk
-(the parking floor failed), then the conversation came back, grew, and its newer park stayed
-in RAM (``spill_on = evict``). close() skips the newer one; the older one lands; after a
-graceful restart the newer, acknowledged park is gone."""
+"""close() writes down what only RAM holds, but skips a RAM conversation whose id has a park
+*waiting for its disk write* (``cid in self.outbox``), taking that write for the RAM entry's. The
+write in flight can be an *older* park of the id: it went to disk (the parking floor failed), then
+the conversation came back, grew, and its newer park stayed in RAM (``spill_on = evict``). close()
+skips the newer one; the older one lands; after a graceful restart the newer, acknowledged park is
+gone."""
 
 from __future__ import annotations
 

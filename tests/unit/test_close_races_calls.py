@@ -1,10 +1,9 @@
-"""Review of issue 14 (close racing the engine's calls): ``close()`` marks the store closed and
-closes its levels; a call that passed its ``_check_open`` just before must still end in
-:class:`StoreClosed` (as ``park`` and ``restore`` do: they check again under the lock), never
-run on closed levels. ``lookup``, ``save_session``, ``load_session`` and ``delete_session``
-check only before they take the lock: once close() has closed the LMDB environment they
-operate on it anyway (an untyped ``lmdb.Error`` or a StoreError telling the user the index is
-damaged and to run ``fsck --repair``)."""
+"""Close racing the engine's calls: ``close()`` marks the store closed and closes its levels; a call
+that passed its ``_check_open`` just before must still end in :class:`StoreClosed` (as ``park`` and
+``restore`` do: they check again under the lock), never run on closed levels. ``lookup``,
+``save_session``, ``load_session`` and ``delete_session`` check only before they take the lock: once
+close() has closed the LMDB environment they operate on it anyway (an untyped ``lmdb.Error`` or a
+StoreError telling the user the index is damaged and to run ``fsck --repair``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Review of issue 14: close() now runs ``spill_ram_on_close`` (a catalog read, the admission
-probe, copies out of the arena, warnings) *before* it flushes the spill writer. When that new
-step raises, close() skips the flush and the writer's stop: the ``finally`` closes every level
-under the spill writer, and the parks acknowledged before close (queued, or in their write)
-never land -- close() must lose nothing that was acknowledged, whatever its new step raised."""
+"""close() runs ``spill_ram_on_close`` (a catalog read, the admission probe, copies out of the
+arena, warnings) *before* it flushes the spill writer. When that new step raises, close() skips the
+flush and the writer's stop: the ``finally`` closes every level under the spill writer, and the
+parks acknowledged before close (queued, or in their write) never land -- close() must lose nothing
+that was acknowledged, whatever its new step raised."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Review of issue 14: close() writes down what only RAM holds (spill_on_close) -- but a RAM
-entry can be an *older* park of a conversation whose newer park went to disk (the RAM
-admission failed for it, so the park went to disk under the transient floor and the RAM entry
-of the previous park stayed). close() then writes that stale RAM copy over the newer,
-acknowledged disk copy: the newer park is lost after a graceful restart."""
+"""close() writes down what only RAM holds (spill_on_close) -- but a RAM entry can be an *older*
+park of a conversation whose newer park went to disk (the RAM admission failed for it, so the park
+went to disk under the transient floor and the RAM entry of the previous park stayed). close() then
+writes that stale RAM copy over the newer, acknowledged disk copy: the newer park is lost after a
+graceful restart."""
 
 from __future__ import annotations
 

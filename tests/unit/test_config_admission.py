@@ -1,4 +1,4 @@
-"""Settings (aliases, conflicts, types, TOML) and the admission rule (seed 000's transistor)."""
+"""Settings (aliases, conflicts, types, TOML) and the admission rule (the two RAM floors)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Issue 12: the disk levels are an ordered list (``levels``); the flat ``warm_*``/``cold_*``
-(and ``spill_dir``/``disk_mib``) settings stay as aliases with the same defaults, so every
-existing config reads as before; the list is validated, round-trips through a mapping and TOML,
-and the sidecar level byte (spec F-SC-5) a level writes stays what 1.x wrote."""
+"""The disk levels are an ordered list (``levels``); the flat ``warm_*``/``cold_*`` (and
+``spill_dir``/``disk_mib``) settings stay as aliases with the same defaults, so every existing
+config reads as before; the list is validated, round-trips through a mapping and TOML, and the
+sidecar level byte (spec F-SC-5) a level writes stays what 1.x wrote."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from stratastore.ops.installer import to_toml
 
 WARM = {"name": "warm", "dir": "/nvme/strata", "mib": 65536}
 COLD = {"name": "cold", "dir": "/hdd/strata", "mib": 1048576, "max_age_s": 2592000}
-ISSUE_TOML = b"""
+WARM_COLD_TOML = b"""
 [[levels]]
 name = "warm"
 dir = "/nvme/strata"
@@ -60,7 +60,7 @@ def test_spill_dir_and_disk_mib_name_the_cold_level() -> None:
 
 
 def test_the_levels_toml_example() -> None:
-    cfg = StoreConfig.from_toml_bytes(ISSUE_TOML)
+    cfg = StoreConfig.from_toml_bytes(WARM_COLD_TOML)
     assert cfg.disk_levels() == (LevelSpec("warm", "/nvme/strata", 65536),
                                  LevelSpec("cold", "/hdd/strata", 1048576, 2592000))  # fmt: skip
     # old code reading the flat settings reads the list's warm and cold entries
@@ -87,7 +87,7 @@ def test_built_in_python_from_specs_or_mappings() -> None:
     spec = StoreConfig(levels=(LevelSpec(**WARM), LevelSpec(**COLD)))
     mapped = StoreConfig(levels=[WARM, COLD])  # type: ignore[arg-type]
     assert spec == mapped and isinstance(mapped.levels, tuple)
-    assert mapped == StoreConfig.from_toml_bytes(ISSUE_TOML)
+    assert mapped == StoreConfig.from_toml_bytes(WARM_COLD_TOML)
     hash(mapped)  # still a frozen, hashable record
     assert dataclasses.replace(mapped, ram_mib=1).disk_levels() == mapped.disk_levels()
 
@@ -95,7 +95,7 @@ def test_built_in_python_from_specs_or_mappings() -> None:
 def test_list_with_agreeing_flat_settings() -> None:
     cfg = StoreConfig.from_mapping({"levels": [WARM, COLD], "warm_dir": "/nvme/strata",
                                     "warm_mib": 65536, "cold_max_age_s": 2592000})  # fmt: skip
-    assert cfg == StoreConfig.from_toml_bytes(ISSUE_TOML)
+    assert cfg == StoreConfig.from_toml_bytes(WARM_COLD_TOML)
     # a flat setting of a level the list does not have, at its default, agrees (it is off)
     assert StoreConfig.from_mapping({"levels": [COLD], "warm_dir": "", "warm_mib": 0}).levels
 
@@ -185,10 +185,10 @@ def test_level_spec_checks_itself() -> None:
     [
         StoreConfig(),
         StoreConfig(cold_dir="/c", cold_mib=3, warm_dir="/w", warm_mib=1, warm_max_age_s=5),
-        StoreConfig.from_toml_bytes(ISSUE_TOML),
+        StoreConfig.from_toml_bytes(WARM_COLD_TOML),
         StoreConfig(levels=THREE, park="disk"),
     ],
-    ids=["defaults", "flat", "issue", "three"],
+    ids=["defaults", "flat", "warm-cold", "three"],
 )
 def test_round_trips(cfg: StoreConfig) -> None:
     mapping = cfg.to_mapping()

@@ -1,5 +1,5 @@
-"""``strata demo`` shows its point for any request count (issue 11 item 12): the byte it damages
-is in a segment the restore reads, so the restore stops there and fsck finds exactly it.
+"""``strata demo`` shows its point for any request count: the byte it damages is in a segment the
+restore reads, so the restore stops there and fsck finds exactly it.
 
 With 120 requests the old demo damaged a segment behind a hole capacity GC had left, and printed
 "DAMAGE NOT DETECTED"; with one request nothing reached disk and it damaged nothing. The four
@@ -27,7 +27,7 @@ def test_the_demo_damages_a_segment_its_restore_reads(
     assert "stopping at the damaged segment" in out
     assert "fsck                              only the flipped byte: " in out
     assert rc == 0, out[-2000:]
-    # issue 12: GC left no hole, so every segment on disk is reached by some chain (before it,
+    # GC leaves no hole, so every segment on disk is reached by some chain (once, GC did:
     # 120 requests left 54 SEGMENT_UNREACHABLE and 6 CHAIN_BROKEN)
     ids = [f.id for f in fsck([str(tmp_path)])]
     assert "SEGMENT_UNREACHABLE" not in ids and "CHAIN_BROKEN" not in ids, ids

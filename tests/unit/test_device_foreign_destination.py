@@ -1,8 +1,8 @@
-"""Review of issue 15: a restore destination carries the geometry it was built for
-(``DeviceFlatKV(fp, ...)``, ``DeviceLayerKV(fp, ...)``, ``DevicePagedKV(fp, ...)``, and the
-host ``LayerKV``/``PagedKV``), and neither ``as_destination`` nor ``Tiers._destinations``
-checks it against the Store's fingerprint. The device destinations then drive the unchecked
-``scatter_rows_device`` / D2D copies with the wrong layer count or token size:
+"""A restore destination carries the geometry it was built for (``DeviceFlatKV(fp, ...)``,
+``DeviceLayerKV(fp, ...)``, ``DevicePagedKV(fp, ...)``, and the host ``LayerKV``/``PagedKV``), and
+neither ``as_destination`` nor ``Tiers._destinations`` checks it against the Store's fingerprint.
+The device destinations then drive the unchecked ``scatter_rows_device`` / D2D copies with the wrong
+layer count or token size:
 
 * one layer fewer than the store's model: the restore reports every token restored, validated,
   and the device arrays hold other bytes (wrong offsets in the stored pages, half a token);

@@ -1,11 +1,11 @@
-"""Review of issue 15: ``Store.restore`` / ``restore_many`` take device memory by asking
-``hasattr(out, "__cuda_array_interface__")`` (``as_destination``). ``hasattr`` swallows only
-``AttributeError``, and a torch CUDA tensor's interface property raises others: ``TypeError``
-or ``KeyError`` for bfloat16 on torch versions whose interface has no typestr for it, and
-``RuntimeError`` for a tensor that requires grad. Those escape the Store as bare exceptions,
-where ``Store.park`` (which goes through ``is_device_array``/``as_device_array``) turns the
-same objects into a typed error naming the object and the fix. The brief: bad input gets a
-typed StrataError subclass raised by the call that caused it."""
+"""``Store.restore`` / ``restore_many`` take device memory by asking ``hasattr(out,
+"__cuda_array_interface__")`` (``as_destination``). ``hasattr`` swallows only ``AttributeError``,
+and a torch CUDA tensor's interface property raises others: ``TypeError`` or ``KeyError`` for
+bfloat16 on torch versions whose interface has no typestr for it, and ``RuntimeError`` for a tensor
+that requires grad. Those escape the Store as bare exceptions, where ``Store.park`` (which goes
+through ``is_device_array``/``as_device_array``) turns the same objects into a typed error naming
+the object and the fix. The contract: bad input gets a typed StrataError subclass raised by the call
+that caused it."""
 
 from __future__ import annotations
 

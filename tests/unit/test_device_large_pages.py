@@ -1,11 +1,11 @@
-"""Review of issue 15: the page-hash kernel hashes pages of at most MAX_THREADS * MAX_RUN KiB
-(16 MiB; ``numba_kernels.cuda.threads_for``), but a model fingerprint may have pages up to
-``MAX_PAGE_BYTES`` (2 GiB), and the host path takes any of them. For a model whose pages are
-larger than 16 MiB (e.g. 80 layers x 8 kv heads x 128 x fp16 with 64-token pages: 20 MiB, a
-70B model; or 126 layers with 32-token pages), ``Store.park`` of device K/V and
-``Store.restore`` into device memory raise a bare ``ValueError`` ("pages of ... bytes exceed
-the kernel's 16384 KiB limit"): not a StrataError, nothing says what to do, and the device
-path the issue promises does not exist for that model although Store.open accepted it.
+"""The page-hash kernel hashes pages of at most MAX_THREADS * MAX_RUN KiB (16 MiB;
+``numba_kernels.cuda.threads_for``), but a model fingerprint may have pages up to ``MAX_PAGE_BYTES``
+(2 GiB), and the host path takes any of them. For a model whose pages are larger than 16 MiB (e.g.
+80 layers x 8 kv heads x 128 x fp16 with 64-token pages: 20 MiB, a 70B model; or 126 layers with
+32-token pages), ``Store.park`` of device K/V and ``Store.restore`` into device memory raise a bare
+``ValueError`` ("pages of ... bytes exceed the kernel's 16384 KiB limit"): not a StrataError,
+nothing says what to do, and the device path the docs promise does not exist for that model
+although Store.open accepted it.
 
 Here a tiny geometry with 2**19-token pages (32 MiB pages) holds the same property at a size
 the simulator hashes at once (4 tokens: 256 bytes, one short page)."""

@@ -1,8 +1,8 @@
-"""Issue 15 item 2: ``Store.park`` from device memory (numba's CUDA simulator here, the same
-tests on a real device in ``tools/gpu_check.sh``). The pages are hashed on the device, the K/V is
-copied to the host once, and the sidecars carry the device's digests: the host never hashes the
-capture, whether it is written at once (``park = disk``), mirrored, evicted or written down on
-close. Tiny sizes: the simulator hashes some 20 KB/s."""
+"""``Store.park`` from device memory (numba's CUDA simulator here, the same tests on a real device
+in ``tools/gpu_check.sh``). The pages are hashed on the device, the K/V is copied to the host once,
+and the sidecars carry the device's digests: the host never hashes the capture, whether it is
+written at once (``park = disk``), mirrored, evicted or written down on close. Tiny sizes: the
+simulator hashes some 20 KB/s."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 15 item 1: a restore straight into device memory, validated on the device, run in
-numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set by tests/conftest.py).
+"""A restore straight into device memory, validated on the device, run in numba's CUDA simulator
+(NUMBA_ENABLE_CUDASIM=1, set by tests/conftest.py).
 
 Every case is run twice on the same image, through the host path (staged, ``read_direct=False``:
 the same two passes) and through the device path, and the two must agree bit for bit: the

@@ -1,11 +1,11 @@
-"""Seeds 001 and 004 through the Store (issue 14, Deliver 7), driven as an engine drives it: one
-``Store.park`` per turn, the restores in between, not the simulator.
+"""The 200-turn edit table and the park-truncate episode through the Store, driven as an engine
+drives it: one ``Store.park`` per turn, the restores in between, not the simulator.
 
-Seed 004 (``--prompt-cache-spread``): 200 turns of 1,000 tokens after a 9,525-token system
-prompt, 6 checkpoints; spread keeps 0, 1K, 3K, 8K, 43K and 200K (the root) before the end, so an
-edit 6K back re-reads 8K and one 42K back 43K; least recent use keeps 0..4K and the root and
-re-reads 200K. Seed 001 (``STRATA_PARK_TRUNCATE``): a chain failing the RAM floor parks its
-deepest checkpoint prefix that passes it; pinned entries are never truncated.
+The 200-turn edit table (``--prompt-cache-spread``): 200 turns of 1,000 tokens after a 9,525-token
+system prompt, 6 checkpoints; spread keeps 0, 1K, 3K, 8K, 43K and 200K (the root) before the end, so
+an edit 6K back re-reads 8K and one 42K back 43K; least recent use keeps 0..4K and the root and
+re-reads 200K. The park-truncate episode (``STRATA_PARK_TRUNCATE``): a chain failing the RAM floor
+parks its deepest checkpoint prefix that passes it; pinned entries are never truncated.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from stratastore import ModelFingerprint, Store
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from tests.conftest import tiny_fp
 
-SYSTEM, TURNS, TURN = 9525, 200, 1000  # seed 004's simulation
+SYSTEM, TURNS, TURN = 9525, 200, 1000  # the 200-turn edit table's simulation
 END = SYSTEM + TURNS * TURN
 BIG = 1 << 40
 MIB = 1 << 20
-SEED_004 = {  # policy -> (kept, tokens before the end), {edit back: tokens re-read}
+EDIT_TABLE = {  # policy -> (kept, tokens before the end), {edit back: tokens re-read}
     "spread": ([0, 1000, 3000, 8000, 43000, 200000], {6000: 8000, 42000: 43000}),
     "lru": ([0, 1000, 2000, 3000, 4000, 200000], {6000: 200000, 42000: 200000}),
 }
 # 4 bytes a token: the 209,525 tokens fit in 1 MiB
-FP4 = ModelFingerprint.create("seeds/tiny", n_layers=1, n_kv_heads=1, head_dim=1, page_tokens=16)
+FP4 = ModelFingerprint.create("tables/tiny", n_layers=1, n_kv_heads=1, head_dim=1, page_tokens=16)
 RNG = np.random.default_rng(4)
 HELD = RNG.integers(0, 150_000, END, dtype=np.uint32)
 KV = RNG.integers(0, 256, END * FP4.token_bytes, dtype=np.uint8)
@@ -88,9 +88,9 @@ def ram_store(policy: str, **kw: Any) -> Store:
 
 @pytest.mark.parametrize("policy", ["spread", "lru"])
 def test_edit_table_through_store_park_turn_by_turn(policy: str) -> None:
-    """Before issue 14 spread kept 0/1K/6K/24K/72K of a whole list (re-reading 6K and 72K) and
+    """Once, spread kept 0/1K/6K/24K/72K of a whole list (re-reading 6K and 72K) and
     only the newest of a newest-only engine (re-reading everything)."""
-    kept, reread = SEED_004[policy]
+    kept, reread = EDIT_TABLE[policy]
     for whole_list in (False, True):  # the engine passes its newest checkpoint, or them all
         with ram_store(policy) as store:
             conv = engine_run(store, range(1, TURNS + 1), whole_list)
@@ -112,8 +112,8 @@ def test_edit_table_continues_from_the_disk_chain_after_a_restart(
     with Store.open(FP4, cfg, probe=lambda: BIG) as store:  # a new process: no memory but disk
         conv = engine_run(store, range(151, TURNS + 1), whole_list, restore=False)
         store.flush()
-        assert before_end(conv) == SEED_004["spread"][0]
-        assert {b: reread_after_edit(store, b) for b in (6000, 42000)} == SEED_004["spread"][1]
+        assert before_end(conv) == EDIT_TABLE["spread"][0]
+        assert {b: reread_after_edit(store, b) for b in (6000, 42000)} == EDIT_TABLE["spread"][1]
 
 
 def test_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
@@ -128,7 +128,7 @@ def test_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
         conv = Conversation("agent", as_tokens(tokens), [Checkpoint(n - 2000), Checkpoint(n)],
                             cuts=[0, *range(SYSTEM, edit_at, TURN), edit_at])  # fmt: skip
         store.park(conv, np.zeros(n * FP4.token_bytes, np.uint8))
-    old_kept = sorted(END - x for x in SEED_004["spread"][0])
+    old_kept = sorted(END - x for x in EDIT_TABLE["spread"][0])
     assert [c.length for c in conv.checkpoints] == [
         *(x for x in old_kept if x <= edit_at),  # root, 43K and 8K before the old end
         n - 2000,
@@ -155,7 +155,7 @@ def test_a_hybrid_model_resumes_only_where_a_park_carried_a_state() -> None:
         assert (r.tokens, r.state) == (0, None)
 
 
-# -- seed 001 --------------------------------------------------------------------------------
+# -- the park-truncate episode ---------------------------------------------------------------
 FP64 = tiny_fp()  # 64 bytes a token
 
 

@@ -1,7 +1,7 @@
-"""Issue 14, the engine's hot path through the Store: a restore never waits on another
-conversation's disk write (its own in-flight park is served from the capture), ``close()``
-writes down what only RAM holds, and ``max_tokens`` leaves the engine a token to compute.
-Each test failed on the code before issue 14."""
+"""The engine's hot path through the Store: a restore never waits on another conversation's disk
+write (its own in-flight park is served from the capture), ``close()`` writes down what only RAM
+holds, and ``max_tokens`` leaves the engine a token to compute. Each test failed on the earlier
+code."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_restore_of_another_conversation_never_waits_for_a_pending_write(tmp_pat
             assert entered.wait(30)  # a's write is in flight and held there
             out = np.zeros(70 * FP.token_bytes, np.uint8)
             t, got = in_thread(lambda: store.restore(np.concatenate([b.tokens, [1] * 6]), out))
-            t.join(30)  # liveness, not speed: before issue 14 this waited for a's write
+            t.join(30)  # liveness, not speed: once, this waited for a's write
             done_while_held = not t.is_alive()
         t.join()
         assert done_while_held, "a restore of b waited for a's disk write"
@@ -176,7 +176,7 @@ def test_restores_on_two_threads_do_not_wait_for_each_others_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A restore held inside its disk read does not hold the Store: another thread's restore
-    of another conversation completes meanwhile (before issue 14 one lock held every restore,
+    of another conversation completes meanwhile (once, one lock held every restore,
     its reads and hashing included)."""
     from stratastore.restore import two_pass
 
@@ -290,7 +290,7 @@ def test_retention_never_changes_the_layout_the_capture_was_packed_in(
     F-SEG-4). A checkpoint that retention drops, or one it remembers from an earlier park,
     must not move a boundary: the bytes would be read in another layout than they were written
     in, and delivered, validated, in the wrong places (a dropped checkpoint that was not a cut
-    did this before issue 14; a remembered one did in its first version)."""
+    did this once; a remembered one did in its first version)."""
     cfg = {"ram_mib": 4 if park == "ram" else 0, "park": park, "checkpoints": 2,
            "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
            "park_min_free_mib": 0}  # fmt: skip

@@ -1,4 +1,4 @@
-"""Conversations are private by default (issue 11 item 13, spec F-DIR-9).
+"""Conversations are private by default (spec F-DIR-9).
 
 Every file the store, the index, fsck/repair create is ``0600`` and every directory ``0700``
 unless ``file_mode`` says otherwise (``0640`` -> directories ``0750``); repair keeps the mode of

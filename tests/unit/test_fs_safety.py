@@ -1,4 +1,4 @@
-"""Nothing outside the store, nothing that is not a store file (issue 11 items 1 and 8).
+"""Nothing outside the store, nothing that is not a store file.
 
 Spec F-DIR-8: open, GC, fsck and repair never follow a symbolic link out of a store directory,
 never remove or move anything that is not a store name inside the directories they were given,

@@ -220,10 +220,10 @@ def test_cli_repair_needs_confirmation(tmp_path: Path) -> None:
 def test_five_damages_at_once_then_repair_via_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 6's Must show: a store of three conversations damaged by hand in five ways (a
-    flipped page byte, a deleted sidecar, an orphan temp file, a truncated segment, a deleted
-    index): ``strata fsck`` names each with its id and exits 1; ``--repair --yes`` brings it to
-    exit 0, and each damaged conversation restores its valid prefix."""
+    """A store of three conversations damaged by hand in five ways (a flipped page byte, a deleted
+    sidecar, an orphan temp file, a truncated segment, a deleted index): ``strata fsck`` names each
+    with its id and exits 1; ``--repair --yes`` brings it to exit 0, and each damaged conversation
+    restores its valid prefix."""
     from stratastore import Store
     from stratastore.format.manifest import decode_manifest
     from stratastore.format.naming import chain_name

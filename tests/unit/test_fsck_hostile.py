@@ -1,4 +1,4 @@
-"""Review of fsck/repair after issue 11: what a hostile tester found.
+"""fsck/repair against what a hostile tester found.
 
 Repair cuts a chain at a segment absent from every level only when the levels are known to be
 the whole store (a config file, or a store root with both warm/ and cold/ or a strata.toml); a

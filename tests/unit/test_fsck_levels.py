@@ -1,7 +1,7 @@
-"""fsck, repair, conformance and monitor find a store's levels from what a user names (a store
-root, its config file or one level) and say which they checked; one damaged segment is one
-finding; INDEX_STALE compares every derived field; repair given some levels cuts no chain whose
-segments live in another (issue 11, item 10)."""
+"""fsck, repair, conformance and monitor find a store's levels from what a user names (a store root,
+its config file or one level) and say which they checked; one damaged segment is one finding;
+INDEX_STALE compares every derived field; repair given some levels cuts no chain whose segments live
+in another."""
 
 from __future__ import annotations
 
@@ -260,7 +260,7 @@ def test_repair_cuts_at_a_damaged_segment_given_one_level(tmp_path: Path) -> Non
 
 
 def _levels_config(path: Path, levels: list[tuple[str, Path, int]]) -> Path:
-    """A config of ``[[levels]]`` tables (issue 12): (name, dir, mib) each."""
+    """A config of ``[[levels]]`` tables: (name, dir, mib) each."""
     path.write_text("".join(f'[[levels]]\nname = "{n}"\ndir = "{d}"\nmib = {mib}\n\n'
                             for n, d, mib in levels))  # fmt: skip
     return path

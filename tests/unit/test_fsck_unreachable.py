@@ -1,6 +1,6 @@
-"""``SEGMENT_UNREACHABLE`` (issue 12): fsck names each committed segment no chain reaches (spec
-F-CHAIN-3: a restore stops at a chain's first missing or damaged segment), only when the level
-set is the whole store; repair quarantines them and a second fsck is clean."""
+"""``SEGMENT_UNREACHABLE``: fsck names each committed segment no chain reaches (spec F-CHAIN-3: a
+restore stops at a chain's first missing or damaged segment), only when the level set is the whole
+store; repair quarantines them and a second fsck is clean."""
 
 from __future__ import annotations
 

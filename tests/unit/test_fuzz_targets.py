@@ -17,7 +17,7 @@ from tests.reliability.counts import FUZZ_FLOOR, FUZZ_PARSERS, SCALE
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "fuzz" / "corpus"
-RUNS = FUZZ_FLOOR * SCALE  #: issue 6: 10,000 executions per parser a CI run (make soak: 10x)
+RUNS = FUZZ_FLOOR * SCALE  #: 10,000 executions per parser a CI run (make soak: 10x)
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

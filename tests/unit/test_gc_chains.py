@@ -1,4 +1,4 @@
-"""Capacity GC works on chains (issue 12), in one process through the public ``Store`` API:
+"""Capacity GC works on chains, in one process through the public ``Store`` API:
 
 * a prefix shared by several parked conversations is not the first thing evicted (it would take
   every conversation that starts with it, the one just parked included);

@@ -1,6 +1,6 @@
-"""tools/gpu_bench.py, the end-to-end benchmark of tools/gpu_check.sh (issue 15 item 5), run in
-the CUDA simulator at a tiny size: the script works, and checks what it restored, before a
-device is lent (its figures here mean nothing and are not looked at)."""
+"""tools/gpu_bench.py, the end-to-end benchmark of tools/gpu_check.sh, run in the CUDA simulator at
+a tiny size: the script works, and checks what it restored, before a device is lent (its figures
+here mean nothing and are not looked at)."""
 
 from __future__ import annotations
 

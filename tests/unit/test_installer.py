@@ -1,6 +1,6 @@
-"""``strata init`` (issue 7, seed 000's installer): 5 simulated machines x 5 model sizes x
-(``--yes``, or Enter at every prompt) = 50 cases, each writing exactly the defaults (and
-``--yes`` asking nothing); answers change exactly what they answer; the file reads back."""
+"""``strata init`` (the installer): 5 simulated machines x 5 model sizes x (``--yes``, or Enter at
+every prompt) = 50 cases, each writing exactly the defaults (and ``--yes`` asking nothing); answers
+change exactly what they answer; the file reads back."""
 
 from __future__ import annotations
 

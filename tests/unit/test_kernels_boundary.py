@@ -1,7 +1,7 @@
-"""Issue 15 item 4: every kernel entry point checks its arguments before anything runs, on the
-host and on the device alike (the CUDA kernels run in numba's simulator here). Before, a 2-D
-pool raised ``IndexError`` from inside the device ladder copy (the host path took it), and a
-block id outside the pool was a write out of bounds."""
+"""Every kernel entry point checks its arguments before anything runs, on the host and on the device
+alike (the CUDA kernels run in numba's simulator here). Before, a 2-D pool raised ``IndexError``
+from inside the device ladder copy (the host path took it), and a block id outside the pool was a
+write out of bounds."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_page_hashes_take_bytes_in_any_contiguous_shape_on_the_device() -> None:
         page_hashes(cuda.to_device(data), 0)
 
 
-# -- the row scatter and zeroing of the device restore (issue 15 item 1) ------------------------
+# -- the row scatter and zeroing of the device restore ------------------------------------------
 LAYERS, ROW, PT = 3, 24, 4
 
 

@@ -1,9 +1,9 @@
-"""Review of issue 15 ("the same contract ... as the host path"): the host ``LayerKV`` takes
-each layer's K and V as ``[tokens, n_kv_heads, head_dim]`` of the model's item size *or* as
-``[tokens, row]`` bytes (``_PerToken._checked``: the byte view the adapters use), but
-``DeviceLayerKV`` refuses the byte form ("every token would land at a wrong offset"), though it
-is the same memory laid out the same way. A uint8 view is also the natural way around the
-bfloat16 ``__cuda_array_interface__`` gap the device path documents."""
+"""The same contract as the host path: the host ``LayerKV`` takes each layer's K and V as ``[tokens,
+n_kv_heads, head_dim]`` of the model's item size *or* as ``[tokens, row]`` bytes
+(``_PerToken._checked``: the byte view the adapters use), but ``DeviceLayerKV`` refuses the byte
+form ("every token would land at a wrong offset"), though it is the same memory laid out the same
+way. A uint8 view is also the natural way around the bfloat16 ``__cuda_array_interface__`` gap the
+device path documents."""
 
 from __future__ import annotations
 

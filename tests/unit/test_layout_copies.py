@@ -1,6 +1,6 @@
-"""Issue 13 item 1: layout conversion as strided copies (``pack_pages``, ``LayerKV`` and
-``PagedKV`` writes), bit-exact against a page-by-page reference of spec F-SEG-4, with segments
-whose last page is short and a permuted block table."""
+"""Layout conversion as strided copies (``pack_pages``, ``LayerKV`` and ``PagedKV`` writes),
+bit-exact against a page-by-page reference of spec F-SEG-4, with segments whose last page is short
+and a permuted block table."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The LMCache plugin's store side without lmcache (issue 16): the stored key of a chunk key is
-stable across processes and hash seeds and changes with every field; a chunk layout round-trips
-and gives token counts; the chunk store keeps its byte budget exactly (oldest first, never a
-pinned chunk or the layout record), refuses what cannot fit, records one layout per directory
-and turns a damaged chunk into a counted miss that is removed. The LMCache side is
+"""The LMCache plugin's store side without lmcache: the stored key of a chunk key is stable across
+processes and hash seeds and changes with every field; a chunk layout round-trips and gives token
+counts; the chunk store keeps its byte budget exactly (oldest first, never a pinned chunk or the
+layout record), refuses what cannot fit, records one layout per directory and turns a damaged chunk
+into a counted miss that is removed. The LMCache side is
 ``tests/adapters/test_lmcache_plugin.py``."""
 
 from __future__ import annotations

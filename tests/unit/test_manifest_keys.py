@@ -1,6 +1,6 @@
 """The one derivation of segment keys and their media, and the pure check of a manifest's keys
-against its own tokens (spec F-KEY-2, F-KEY-7, F-CHAIN-2, F-CHAIN-6; issue 11 items 2 and 3).
-The store-level regressions are in test_media_and_manifest_keys.py."""
+against its own tokens (spec F-KEY-2, F-KEY-7, F-CHAIN-2, F-CHAIN-6). The store-level regressions
+are in test_media_and_manifest_keys.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Keys, sidecars and manifests agree on media, and a manifest is checked against its keys
-(issue 11, items 2 and 3; spec F-KEY-2, F-KEY-7, F-CHAIN-2, F-CHAIN-6, F-SEG-7).
+"""Keys, sidecars and manifests agree on media, and a manifest is checked against its keys (spec
+F-KEY-2, F-KEY-7, F-CHAIN-2, F-CHAIN-6, F-SEG-7).
 
 A segment holding a picture is filed under the key computed with the picture, its sidecar carries
 the picture, and the manifest names that key: a multimodal conversation parked to disk restores

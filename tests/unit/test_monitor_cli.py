@@ -1,6 +1,5 @@
-"""``strata monitor`` for machines (issue 11 item 8): ``--json`` and ``--prometheus`` print one
-document and exit, and a snapshot of the right syntax but the wrong types is reported, never a
-traceback."""
+"""``strata monitor`` for machines: ``--json`` and ``--prometheus`` print one document and exit, and
+a snapshot of the right syntax but the wrong types is reported, never a traceback."""
 
 from __future__ import annotations
 

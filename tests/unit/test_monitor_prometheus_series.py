@@ -1,9 +1,9 @@
-"""Review of issue 14, seed 000's Prometheus series from outside the process: ``strata monitor
-DIR --prometheus`` (what a scraper reads; the Store publishes its stats to monitor.json) must
-carry the series ``Store.prometheus()`` has: the admission state and the park target (text
-counters, info-style series), and the pending hits and refusals. The CLI keeps only the integer
-counters of ``_COUNTERS``, so the admission state, the park target, ``hits{source="pending"}``
-and the refusals never reach it."""
+"""The admission Prometheus series from outside the process: ``strata monitor DIR --prometheus``
+(what a scraper reads; the Store publishes its stats to monitor.json) must carry the series
+``Store.prometheus()`` has: the admission state and the park target (text counters, info-style
+series), and the pending hits and refusals. The CLI keeps only the integer counters of
+``_COUNTERS``, so the admission state, the park target, ``hits{source="pending"}`` and the refusals
+never reach it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 1: open fast, take RAM only when it is used.
+"""Open fast, take RAM only when it is used.
 
 The RAM arena is address space at open, populated chunk by chunk as captures use it (and, with
 ``ram_prefault = background``, a slot's share ahead of use by a thread); a disk park target, or

@@ -1,5 +1,5 @@
-"""Review 12: opening a store with another level set must not delete what the previous set
-acknowledged (the open's sweep of "unnamed" segments sees only the new last level's manifests)."""
+"""Opening a store with another level set must not delete what the previous set acknowledged (the
+open's sweep of "unnamed" segments sees only the new last level's manifests)."""
 
 from __future__ import annotations
 

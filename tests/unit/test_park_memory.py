@@ -1,5 +1,5 @@
-"""Issue 13 item 3: nothing of a parked snapshot survives ``flush()`` (the spill writer held the
-last capture until the next park: 1 GiB of RSS after a 1 GiB park)."""
+"""Nothing of a parked snapshot survives ``flush()`` (the spill writer held the last capture until
+the next park: 1 GiB of RSS after a 1 GiB park)."""
 
 from __future__ import annotations
 

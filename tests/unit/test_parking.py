@@ -1,4 +1,5 @@
-"""Seed 001: park the prefix that fits, truncate before evicting, and every exception."""
+"""The park-truncate episode: park the prefix that fits, truncate before evicting, and every
+exception."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Review of issue 14: a park in flight is served from its capture (source ``pending``). With
-``spill_on = park`` the capture's Conversation object is also the RAM entry's, and with
-``park_truncate`` (seed 001) the RAM cache shrinks an entry *in place* to make room for a later
-park (``Conversation.truncate_to``). The outbox's index still holds the full length, but
-``deliver_capture`` walks the now-truncated ``conv.boundaries()``: into a per-layer destination
-it writes only the tokens up to the landing, and the restore reports the full length. The
-engine then attends over K/V the store never wrote (its buffer's old contents)."""
+"""A park in flight is served from its capture (source ``pending``). With ``spill_on = park`` the
+capture's Conversation object is also the RAM entry's, and with ``park_truncate`` the RAM cache
+shrinks an entry *in place* to make room for a later park (``Conversation.truncate_to``). The
+outbox's index still holds the full length, but ``deliver_capture`` walks the now-truncated
+``conv.boundaries()``: into a per-layer destination it writes only the tokens up to the landing, and
+the restore reports the full length. The engine then attends over K/V the store never wrote (its
+buffer's old contents)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def layered(
 
 
 def shrinking_cfg(tmp_path: Path) -> dict[str, Any]:
-    """A 1 MiB RAM level that truncates (seed 001) and mirrors every park to a cold level."""
+    """A 1 MiB RAM level that truncates parks and mirrors every park to a cold level."""
     return {"ram_mib": 1, "park_truncate": True, "spill_on": "park",
             "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, "min_free_mib": 0,
             "park_min_free_mib": 0}  # fmt: skip

@@ -1,6 +1,6 @@
-"""Found by a hostile review of issue 11: the parents a store creates are private too under
-``umask 0`` (spec F-DIR-9), and a warm data file replaced by a link cannot wedge the level (a
-park that needs room moves past it instead of failing every later park; spec F-DIR-8)."""
+"""The parents a store creates are private too under ``umask 0`` (spec F-DIR-9), and a warm data
+file replaced by a link cannot wedge the level (a park that needs room moves past it instead of
+failing every later park; spec F-DIR-8)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Review of issue 14: ``ram_mib`` over the machine's physical memory is now a ConfigError. The
-default ``ram_mib`` is 8192 (plus 4 MiB of chunk slack a slot: 8208 MiB asked), and it is what
-``strata init --yes`` writes "on any machine", so on a machine with 8 GiB of RAM (MemTotal about
-7.7 GiB: the kernel keeps some) ``Store.open(fp)`` with no configuration -- the README's first
-example -- refuses to open at all. The defaults are "what a user with no configuration expects"
-(config.py): they must open on an ordinary 8 GiB machine (only an explicit ``ram_mib`` the
-machine cannot hold is the user's error)."""
+"""``ram_mib`` over the machine's physical memory is a ConfigError. The default ``ram_mib`` is 8192
+(plus 4 MiB of chunk slack a slot: 8208 MiB asked), and it is what ``strata init --yes`` writes "on
+any machine", so on a machine with 8 GiB of RAM (MemTotal about 7.7 GiB: the kernel keeps some)
+``Store.open(fp)`` with no configuration -- the README's first example -- refuses to open at all.
+The defaults are "what a user with no configuration expects" (config.py): they must open on an
+ordinary 8 GiB machine (only an explicit ``ram_mib`` the machine cannot hold is the user's
+error)."""
 
 from __future__ import annotations
 

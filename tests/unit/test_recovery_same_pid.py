@@ -1,9 +1,9 @@
-"""Review 12: work in flight left by an earlier process that had *this* process's pid (a
-container restarted after SIGKILL: its main process is pid 1 again) is never finished: the open
-skips tickets of its own pid, and ``Catalog.begin`` takes the blocker for live work of this very
-process, so every park of that conversation waits WAIT_S (60 s, holding the Store's lock) and
-fails with CatalogBusy. A ticket names its process by pid *and* start time (F-CAT-1), so the
-earlier incarnation is simulated by a ticket of this pid with another start time."""
+"""Work in flight left by an earlier process that had *this* process's pid (a container restarted
+after SIGKILL: its main process is pid 1 again) is never finished: the open skips tickets of its own
+pid, and ``Catalog.begin`` takes the blocker for live work of this very process, so every park of
+that conversation waits WAIT_S (60 s, holding the Store's lock) and fails with CatalogBusy. A ticket
+names its process by pid *and* start time (F-CAT-1), so the earlier incarnation is simulated by a
+ticket of this pid with another start time."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Review of issue 14: with ``when_full = reject`` a park is checked against what the disk levels
-have free beside the bytes reserved for the writes still waiting (``Outbox.offer`` ->
-``DiskWriter.refusal``). The spill writer now writes without the Store's lock and releases its
-reservation (``outbox.done``) only after the write: in between, its bytes are counted twice --
-in ``used()`` and as reserved -- so a park that fits is refused and reported ``discard``
-("the disk levels are full"). Before issue 14 the write and its release were one step under the
-lock, and the offer could not see the middle."""
+"""With ``when_full = reject`` a park is checked against what the disk levels have free beside the
+bytes reserved for the writes still waiting (``Outbox.offer`` -> ``DiskWriter.refusal``). The spill
+writer now writes without the Store's lock and releases its reservation (``outbox.done``) only after
+the write: in between, its bytes are counted twice -- in ``used()`` and as reserved -- so a park
+that fits is refused and reported ``discard`` ("the disk levels are full"). Once, the write
+and its release were one step under the lock, and the offer could not see the middle."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""tools/remote_bench.py, the remote level's benchmark (issue 17 item 6), run at a tiny size in a
-subprocess: it starts and stops its own servers (a standalone one and a 3-master cluster), every
-row runs and is checked, and the table names every row. Its figures mean nothing at this size
-and are not looked at."""
+"""tools/remote_bench.py, the remote level's benchmark, run at a tiny size in a subprocess: it
+starts and stops its own servers (a standalone one and a 3-master cluster), every row runs and is
+checked, and the table names every row. Its figures mean nothing at this size and are not looked
+at."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""``strata replay`` (issue 14, Must show): seeds 004 and 001 run through the Store turn by turn,
-as an engine drives it, give the seeds' tables; the simulator's figures are printed beside them.
+"""``strata replay``: the 200-turn edit table and the park-truncate episode run through the Store
+turn by turn, as an engine drives it, give the reference tables; the simulator's figures are
+printed beside them.
 
-Seed 004: spread keeps 0, 1K, 3K, 8K, 43K and 200K before the end and re-reads 8K (edit 6K back)
-and 43K (42K back); least recent use keeps 0..4K and the root and re-reads 200K for both. Seed
-001: with ``park_truncate`` the first chain survives truncated to its 32,768 landing and its
-return restores 32,768 tokens; without, it is evicted whole and the return restores nothing.
+The 200-turn edit table: spread keeps 0, 1K, 3K, 8K, 43K and 200K before the end and re-reads 8K
+(edit 6K back) and 43K (42K back); least recent use keeps 0..4K and the root and re-reads 200K for
+both. The park-truncate episode: with ``park_truncate`` the first chain survives truncated to its
+32,768 landing and its return restores 32,768 tokens; without, it is evicted whole and the return
+restores nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_harness.replay import SEED_001, SEED_004, Replay, run_replay
+from strata_harness.replay import EDIT_TABLE, PARK_TRUNCATE, Replay, run_replay
 from stratastore import ConfigError
 
 
@@ -33,12 +35,12 @@ def test_edit_table_through_the_store(replay: tuple[Replay, Path]) -> None:
     assert lru.kept == [0, 1000, 2000, 3000, 4000, 200000]
     assert lru.reread == lru.reread_restart == {6000: 200000, 42000: 200000}
     for policy, run in rep.agent.items():
-        assert (run.kept, run.reread) == SEED_004[policy]
+        assert (run.kept, run.reread) == EDIT_TABLE[policy]
         assert run.resumed_turns == 199  # every turn after the first resumed at the previous end
         assert run.checked == 200 + 2 + 2 and run.mismatches == 0  # bit for bit
         assert run.sources == {"6000": "ram", "42000": "ram",
                                "6000 restart": "disk", "42000 restart": "disk"}  # fmt: skip
-        assert (work / f"seed-004-{policy}").is_dir()  # the disk level the restart read
+        assert (work / f"edit-table-{policy}").is_dir()  # the disk level the restart read
 
 
 def test_truncate_table_through_the_store(replay: tuple[Replay, Path]) -> None:
@@ -48,7 +50,7 @@ def test_truncate_table_through_the_store(replay: tuple[Replay, Path]) -> None:
     assert on.ram_bytes == (32768 + 76000) * 56 and on.source == "ram"
     assert (off.evictions, off.first_held, off.restored) == (1, 0, 0)  # a full re-prefill
     for mode, run in rep.park.items():
-        assert {k: getattr(run, k) for k in SEED_001[mode]} == SEED_001[mode]
+        assert {k: getattr(run, k) for k in PARK_TRUNCATE[mode]} == PARK_TRUNCATE[mode]
         assert run.checked == 4 and run.mismatches == 0
 
 
@@ -59,7 +61,7 @@ def test_every_row_matches_the_table_and_the_simulator(replay: tuple[Replay, Pat
     assert len(rows) == 20
     assert all(r.verdict in ("same", "-") for r in rows)
     assert all(r.sim == r.store for r in rows)  # the simulator says the same, figure by figure
-    assert sum(r.verdict == "same" for r in rows) == 17  # bytes and "off" entries: seed silent
+    assert sum(r.verdict == "same" for r in rows) == 17  # bytes and "off" entries: reference silent
 
 
 def test_strata_replay_prints_the_tables_and_exits_0(tmp_path: Path) -> None:
@@ -67,20 +69,22 @@ def test_strata_replay_prints_the_tables_and_exits_0(tmp_path: Path) -> None:
                         str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
-    assert "seed 004 through the Store" in out and "seed 001 through the Store" in out
+    assert "the 200-turn edit table through the Store" in out
+    assert "the park-truncate episode through the Store" in out
     assert out.count("figure ") == 2 and "Store (this run)" in out and "simulator" in out
-    assert "differs" not in out and out.rstrip().endswith("Store figures match the seeds' tables")
+    assert "differs" not in out
+    assert out.rstrip().endswith("Store figures match the reference tables")
     lines = {line.split("|")[0].strip(): line for line in out.splitlines() if "|" in line}
     kept = lines["spread: kept (tokens before the end)"].split("|")
     assert [c.strip() for c in kept[1:]] == ["0, 1K, 3K, 8K, 43K, 200K"] * 3 + ["same"]
     ret = [c.strip() for c in lines["on: return of A (62,000 tokens), restored (ram)"].split("|")]
     assert ret[1:] == ["32,768", "32,768", "restored 32768 tokens (live)", "same"]
-    assert (tmp_path / "seed-004-spread").is_dir()
+    assert (tmp_path / "edit-table-spread").is_dir()
 
 
 def test_a_dir_holding_an_earlier_replay_is_refused(tmp_path: Path) -> None:
     """An earlier run's disk levels would serve the first turns: the replay starts empty."""
-    (tmp_path / "seed-004-spread").mkdir()
-    (tmp_path / "seed-004-spread" / "x").write_bytes(b"")
+    (tmp_path / "edit-table-spread").mkdir()
+    (tmp_path / "edit-table-spread" / "x").write_bytes(b"")
     with pytest.raises(ConfigError, match="pass a new or empty --dir"):
         run_replay(str(tmp_path))

@@ -1,7 +1,6 @@
-"""The two-pass restore and the ladder (issue 5): a damaged image (a flipped byte in page k, a
-truncated file, a missing segment) restores exactly its deepest valid prefix, validated; the
-destinations lay the same bytes out in the engine's layouts; nothing is written before the
-read pass has validated it."""
+"""The two-pass restore and the ladder: a damaged image (a flipped byte in page k, a truncated file,
+a missing segment) restores exactly its deepest valid prefix, validated; the destinations lay the
+same bytes out in the engine's layouts; nothing is written before the read pass has validated it."""
 
 from __future__ import annotations
 
@@ -77,7 +76,7 @@ def test_flipped_byte_restores_the_deepest_valid_prefix(
         assert o.damaged == [pieces[seg].key] and "BLAKE3" in (o.reason or "")
         assert np.array_equal(out[: expect * TB], kv[: expect * TB])
         # past the prefix: the old bytes, or zeros where validated pages were written and then
-        # taken back (issue 13: chunks are applied as they validate); never the image's bytes
+        # taken back (chunks are applied as they validate); never the image's bytes
         assert np.isin(out[expect * TB :], [0, 0xEE]).all(), "nothing past the prefix delivered"
 
 

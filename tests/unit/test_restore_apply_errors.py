@@ -1,4 +1,4 @@
-"""Review of issue 13: errors on the apply side.
+"""Errors on the apply side.
 
 1. ``Delivery._apply`` advances ``applied`` only after ``Job.write`` returned, so what a failed
    copy wrote before it raised (a ``write_pages`` that fails part-way, or the earlier

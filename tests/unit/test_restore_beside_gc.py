@@ -1,8 +1,8 @@
-"""Review of issue 14: a restore now reads outside the Store's lock while the spill writer's
-capacity GC runs. When the GC removes the conversation a restore is reading (its oldest), the
-restore meets a segment that is gone: that is a removal (a miss past what it validated), not
-damage. Today it is reported as damage: the restore ladders, the segment's key lands in
-``damaged_segments`` (what fsck and held_tokens read) and ``ladder_restores`` counts it."""
+"""A restore reads outside the Store's lock while the spill writer's capacity GC runs. When the GC
+removes the conversation a restore is reading (its oldest), the restore meets a segment that is
+gone: that is a removal (a miss past what it validated), not damage. Today it is reported as damage:
+the restore ladders, the segment's key lands in ``damaged_segments`` (what fsck and held_tokens
+read) and ``ladder_restores`` counts it."""
 
 from __future__ import annotations
 

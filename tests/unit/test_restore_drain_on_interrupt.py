@@ -1,9 +1,8 @@
-"""Review of issue 13: when the apply side (the caller's thread) dies with a BaseException
-(Ctrl-C, or an exception raised out of ``Delivery.abort``), ``_Agenda.pipeline``'s ``finally``
-drains the hand-off queue only ``while worker.is_alive()``. A chunk the reader put after the
-last ``get_nowait`` and before it exited stays in the queue: never released, so its staging is
-never given back and, for a direct read, what it placed in the caller's destination (the bad
-page included) is never zeroed.
+"""When the apply side (the caller's thread) dies with a BaseException (Ctrl-C, or an exception
+raised out of ``Delivery.abort``), ``_Agenda.pipeline``'s ``finally`` drains the hand-off queue only
+``while worker.is_alive()``. A chunk the reader put after the last ``get_nowait`` and before it
+exited stays in the queue: never released, so its staging is never given back and, for a direct
+read, what it placed in the caller's destination (the bad page included) is never zeroed.
 
 No window is widened: the reader puts its last chunk and exits between the consumer's last
 ``get_nowait`` and its ``is_alive`` check (50 runs of 50 here)."""

@@ -1,5 +1,5 @@
-"""Review of issue 13: a BaseException (Ctrl-C: KeyboardInterrupt is delivered to the caller's
-thread, which runs a one-chunk restore inline, and the apply pass of every restore).
+"""A BaseException (Ctrl-C: KeyboardInterrupt is delivered to the caller's thread, which runs a
+one-chunk restore inline, and the apply pass of every restore).
 
 1. ``_Agenda.inline`` catches ``Exception`` only and never aborts the job's ``Delivery`` on a
    BaseException: the chunk it holds keeps its staging (never given back) and what it wrote or

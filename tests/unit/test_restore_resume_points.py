@@ -1,10 +1,10 @@
-"""Review of issue 13: ``resume_at`` that is not non-decreasing (a documented assumption of
-``two_pass``, not checked), with a destination without ``zero()``. ``Delivery.take`` applied
-tokens ``[0, 80)`` below ``resume_at(hi)``; the damage at 140 gives ``resume_at(140) == 0``;
-``Delivery._release`` then hits ``assert self.zero is not None``: the ``AssertionError`` is raised
-again by ``abort`` inside ``_Agenda.take``'s ``except``, escapes it and the whole batch raises
-(the other request's outcome is lost), with 80 tokens left in the destination. Under
-``python -O`` the assert is gone: the job reports 0 tokens and leaves 80 in the buffer."""
+"""``resume_at`` that is not non-decreasing (a documented assumption of ``two_pass``, not checked),
+with a destination without ``zero()``. ``Delivery.take`` applied tokens ``[0, 80)`` below
+``resume_at(hi)``; the damage at 140 gives ``resume_at(140) == 0``; ``Delivery._release`` then hits
+``assert self.zero is not None``: the ``AssertionError`` is raised again by ``abort`` inside
+``_Agenda.take``'s ``except``, escapes it and the whole batch raises (the other request's outcome is
+lost), with 80 tokens left in the destination. Under ``python -O`` the assert is gone: the job
+reports 0 tokens and leaves 80 in the buffer."""
 
 from __future__ import annotations
 

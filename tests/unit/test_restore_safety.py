@@ -1,9 +1,9 @@
-"""Issue 11 items 4 and 5: the bytes a restore validated are the bytes it delivers, every read
-fault is a typed error or a ladder stop (never a signal), and a restore writes into the caller's
-memory in place or refuses before touching anything.
+"""The bytes a restore validated are the bytes it delivers, every read fault is a typed error or a
+ladder stop (never a signal), and a restore writes into the caller's memory in place or refuses
+before touching anything.
 
 Only names the 0.1 code already had are imported at module level, so that each test here fails
-on that code for its own reason (see the module's history in issue 11)."""
+on that code for its own reason."""
 
 from __future__ import annotations
 
@@ -436,8 +436,8 @@ def test_layer_and_paged_destinations_check_their_geometry() -> None:
 
 
 def test_a_layer_kv_with_twice_the_heads_is_refused_before_a_restore(image: Image) -> None:
-    """The scenario of the issue: twice the heads used to be taken as twice the tokens, and
-    every restored token landed at a wrong offset."""
+    """Twice the heads used to be taken as twice the tokens, and every restored token landed at a
+    wrong offset."""
     _, pieces, _ = image
     k = [np.zeros((64, 2 * FP.n_kv_heads, FP.head_dim), np.float16) for _ in range(2)]
     v = [np.zeros((64, 2 * FP.n_kv_heads, FP.head_dim), np.float16) for _ in range(2)]

@@ -1,10 +1,10 @@
-"""Review of issue 13: "the hand-off queue holds DEPTH validated chunks, which bounds the staging
-in flight to DEPTH + 2 chunks" (agenda), "at most four chunks of staging are in use at once"
-(README). A destination without ``zero()`` under page resume points (not checkpoint-only, ladder
-on) whose page grid is not the segments' (``resume_at`` floors to a page counted from token 0
-or from a cut, segments start at a checkpoint or cut off that grid: ``resume_at(hi) < hi`` at
-every chunk end): ``Delivery.take`` holds each chunk until the next one arrives, so the
-consumer holds two chunks while the queue holds two and the reader reads one: five."""
+"""Staging memory: "the hand-off queue holds DEPTH validated chunks, which bounds the staging in
+flight to DEPTH + 2 chunks" (agenda), "at most four chunks of staging are in use at once" (README).
+A destination without ``zero()`` under page resume points (not checkpoint-only, ladder on) whose
+page grid is not the segments' (``resume_at`` floors to a page counted from token 0 or from a cut,
+segments start at a checkpoint or cut off that grid: ``resume_at(hi) < hi`` at every chunk end):
+``Delivery.take`` holds each chunk until the next one arrives, so the consumer holds two chunks
+while the queue holds two and the reader reads one: five."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Issue 13 items 2 and 3: a restore streams through bounded staging, chunk by chunk; reading,
-hashing and copying overlap; what was written past the prefix it reports is taken back (zeroed),
-never a byte that failed validation; a destination that cannot zero is written only where no
-later damage can take it back."""
+"""A restore streams through bounded staging, chunk by chunk; reading, hashing and copying overlap;
+what was written past the prefix it reports is taken back (zeroed), never a byte that failed
+validation; a destination that cannot zero is written only where no later damage can take it
+back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retention (seed 004): lru and spread victims, and every exception of the rule."""
+"""Retention (the 200-turn edit table): lru and spread victims, and every exception of the rule."""
 
 from __future__ import annotations
 

@@ -368,7 +368,7 @@ def test_get_bytes_is_validated_and_bounded(store: SegmentStore, tmp_path: Path)
         store.get_bytes(st.key, max_bytes=500)
 
 
-# -- issue 12: the level protocol's costs and races ---------------------------------------------
+# -- the level protocol's costs and races -------------------------------------------------------
 def _index_tables(d: Path) -> dict[bytes, dict[bytes, bytes]]:
     import lmdb
 

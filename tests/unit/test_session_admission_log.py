@@ -1,8 +1,8 @@
-"""Review of issue 14, seed 000's admission log lines: "the same rule governs every disk read
-and save ... the streamed session restore and the API session save are admitted under the
-transient floor when the parking floor does not hold ... each printing `... under the transient
-RAM floor (need ... plus 512 MiB, not 2560 MiB)`". Parks and disk hits print it now; a session
-save or load admitted under the transient floor prints nothing."""
+"""The admission log lines: "the same rule governs every disk read and save ... the streamed session
+restore and the API session save are admitted under the transient floor when the parking floor does
+not hold ... each printing `... under the transient RAM floor (need ... plus 512 MiB, not 2560
+MiB)`". Parks and disk hits print it now; a session save or load admitted under the transient floor
+prints nothing."""
 
 from __future__ import annotations
 
@@ -35,5 +35,5 @@ def test_a_session_under_the_transient_floor_says_so(tmp_path: Path, call: str) 
             store.load_session("s", np.zeros_like(kv))
     said = [x for x in lines if "under the transient RAM floor" in x]
     assert said and "(need 6.2 KiB plus 512 MiB, not 2560 MiB)" in said[0], (
-        f"{call} under the transient floor printed no seed-000 line: {lines}"
+        f"{call} under the transient floor printed no admission log line: {lines}"
     )

@@ -1,4 +1,4 @@
-"""Review 12: a session name that is not valid for ``.encode()`` reaches the catalog."""
+"""A session name that is not valid for ``.encode()`` reaches the catalog."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``strata sim`` reproduces the seeds' tables with the real policy code."""
+"""``strata sim`` reproduces the reference tables with the real policy code."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Review of issue 14's spill writer: after each write it publishes the counters
-(``_publish`` -> ``stats()``: a catalog read, the memory probe). An error there (a StoreError from
-the LMDB read, say) escapes ``_drain`` and ends the writer thread: every later park's write is
-never made, ``flush()`` then waits forever and ``park`` blocks for good once the queue is full.
-A failed publish must be counted (``monitor_errors``), never stop the writer."""
+"""The spill writer: after each write it publishes the counters (``_publish`` -> ``stats()``: a
+catalog read, the memory probe). An error there (a StoreError from the LMDB read, say) escapes
+``_drain`` and ends the writer thread: every later park's write is never made, ``flush()`` then
+waits forever and ``park`` blocks for good once the queue is full. A failed publish must be counted
+(``monitor_errors``), never stop the writer."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The tiers together: where a park goes, restores from RAM and disk, park targets, the
-cascade under real writes, and seed 000's low-RAM episode."""
+"""The tiers together: where a park goes, restores from RAM and disk, park targets, the cascade
+under real writes, and the low-RAM episode."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("delim", ["#", "?", "/", "@", "%", ":"])
 def test_a_store_whose_level_is_down_shows_no_credential(tmp_path: Path, delim: str) -> None:
-    """The issue's shapes (a ``#`` or ``?`` in a password) and every other delimiter, through
+    """A ``#`` or ``?`` in a password, and every other delimiter, through
     a Store whose remote level cannot be reached: its warnings, stats, info line, Prometheus
     page and published monitor file."""
     pytest.importorskip("redis")
@@ -112,8 +112,8 @@ def test_a_store_whose_level_is_down_shows_no_credential(tmp_path: Path, delim: 
 
 @pytest.mark.parametrize("delim", ["#", "?"])
 def test_strata_fsck_remote_shows_no_credential(tmp_path: Path, delim: str) -> None:
-    """``strata --config F fsck --remote`` with the issue's URLs: one line on stderr, no
-    traceback, nothing of the userinfo."""
+    """``strata --config F fsck --remote`` with a ``#`` or ``?`` in the password: one line on
+    stderr, no traceback, nothing of the userinfo."""
     cfg = tmp_path / "strata.toml"
     url = f"redis://ZQalice:Secret{delim}XJ1@127.0.0.1:{_closed_port()}/0"
     cfg.write_text(f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 16\nremote_mib = 1\n'

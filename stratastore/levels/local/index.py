@@ -59,7 +59,7 @@ _registry: dict[str, tuple[Any, int, _Gate]] = {}
 class _Gate:
     """Transactions of one environment against a change of its map size. LMDB allows
     ``set_mapsize`` only while the process has no transaction active; the Store runs restores
-    and its disk writer on several threads at once (issue 14), so every transaction passes
+    and its disk writer on several threads at once, so every transaction passes
     here shared and a resize waits, exclusive, until the other threads' transactions ended. A
     thread may nest transactions; a resize waits only for the others' (LMDB's rule for its own
     is the caller's, as before)."""
