@@ -48,8 +48,11 @@ def _on_device(buf: Any, device: Device) -> bool:
 def page_hashes(buf: Any, page_bytes: int, device: Device = "auto") -> npt.NDArray[np.uint8]:
     """``(n_pages, 32)`` BLAKE3-256 digests of consecutive ``page_bytes`` pages of ``buf`` (the
     last may be short; an empty buffer has no pages)."""
-    if isinstance(page_bytes, bool) or not isinstance(page_bytes, (int, np.integer)) \
-            or page_bytes < 1:  # fmt: skip
+    if (
+        isinstance(page_bytes, bool)
+        or not isinstance(page_bytes, (int, np.integer))
+        or page_bytes < 1
+    ):
         raise KernelArgumentError(f"page_bytes must be a positive int, not {page_bytes!r}")
     if _on_device(buf, device):
         from .cuda import page_hashes_device
@@ -72,8 +75,9 @@ def first_bad_page(actual: Any, expected: Any, device: Device = "auto") -> int:
     return int(bad[0]) if bad.size else -1
 
 
-def ladder_copy(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table: Any,
-                device: Device = "auto") -> None:  # fmt: skip
+def ladder_copy(
+    src: Any, page_bytes: int, n_pages: int, pool: Any, block_table: Any, device: Device = "auto"
+) -> None:
     """Copy the valid prefix (pages ``[0, n_pages)``) of ``src`` into the blocks of ``pool``
     named by ``block_table`` (a pool block holds one page; the pool any shape, C-contiguous,
     uint8). Every argument is checked first, on either path (:mod:`numba_kernels.checks`):
@@ -81,14 +85,18 @@ def ladder_copy(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table:
     if _on_device(src, device):
         from .cuda import ladder_copy_device
 
-        host_table = block_table.copy_to_host() if hasattr(block_table, "copy_to_host") \
-            else np.asarray(block_table)  # fmt: skip
+        host_table = (
+            block_table.copy_to_host()
+            if hasattr(block_table, "copy_to_host")
+            else np.asarray(block_table)
+        )
         s, p = check_ladder(src, page_bytes, n_pages, pool, host_table)
         table = block_table if hasattr(block_table, "copy_to_host") else _to_device(host_table)
         ladder_copy_device(s, int(page_bytes), int(n_pages), p, table)
         return
-    s, p = check_ladder(np.asarray(src), page_bytes, n_pages, np.asarray(pool),
-                        np.asarray(block_table))  # fmt: skip
+    s, p = check_ladder(
+        np.asarray(src), page_bytes, n_pages, np.asarray(pool), np.asarray(block_table)
+    )
     table = np.asarray(block_table)
     for i in range(n_pages):
         n = min(page_bytes, s.size - i * page_bytes)
@@ -96,8 +104,18 @@ def ladder_copy(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table:
         p[d : d + n] = s[i * page_bytes : i * page_bytes + n]
 
 
-def scatter_rows(src: Any, n_tokens: int, page_tokens: int, layers: int, row: int, layer: int,
-                 dst_k: Any, dst_v: Any, slots: Any, device: Device = "auto") -> None:  # fmt: skip
+def scatter_rows(
+    src: Any,
+    n_tokens: int,
+    page_tokens: int,
+    layers: int,
+    row: int,
+    layer: int,
+    dst_k: Any,
+    dst_v: Any,
+    slots: Any,
+    device: Device = "auto",
+) -> None:
     """Copy layer ``layer``'s K and V rows of the ``n_tokens`` tokens that ``src`` holds as
     consecutive stored pages of ``page_tokens`` (spec F-SEG-4: per layer, K then V, each
     ``[p, row]``; the last page may be short) into rows ``slots[j]`` of ``dst_k`` and ``dst_v``
@@ -107,15 +125,24 @@ def scatter_rows(src: Any, n_tokens: int, page_tokens: int, layers: int, row: in
         from .cuda import scatter_rows_device
 
         host = slots.copy_to_host() if hasattr(slots, "copy_to_host") else np.asarray(slots)
-        s, k, v = check_scatter(src, n_tokens, page_tokens, layers, row, layer, dst_k, dst_v,
-                                host)  # fmt: skip
+        s, k, v = check_scatter(src, n_tokens, page_tokens, layers, row, layer, dst_k, dst_v, host)
         table = slots if hasattr(slots, "copy_to_host") else _to_device(host.astype(np.int64))
-        scatter_rows_device(s, int(n_tokens), int(page_tokens), int(layers), int(row),
-                            int(layer), k, v, table)  # fmt: skip
+        scatter_rows_device(
+            s, int(n_tokens), int(page_tokens), int(layers), int(row), int(layer), k, v, table
+        )
         return
     table = np.asarray(slots)
-    s, k, v = check_scatter(np.asarray(src), n_tokens, page_tokens, layers, row, layer,
-                            np.asarray(dst_k), np.asarray(dst_v), table)  # fmt: skip
+    s, k, v = check_scatter(
+        np.asarray(src),
+        n_tokens,
+        page_tokens,
+        layers,
+        row,
+        layer,
+        np.asarray(dst_k),
+        np.asarray(dst_v),
+        table,
+    )
     full, tb = n_tokens // page_tokens, layers * 2 * row
     rest = n_tokens - full * page_tokens
     for kind, d in ((0, k), (1, v)):

@@ -41,8 +41,9 @@ def scatter_rows(src, n_tokens, page_tokens, layers, row, layer, dst_k, dst_v, s
     full = n_tokens // page_tokens
     page = j // page_tokens
     p = page_tokens if page < full else n_tokens - full * page_tokens
-    base = (page * page_tokens * layers * 2 + (layer * 2 + kind) * p) * row \
-        + (j - page * page_tokens) * row  # fmt: skip
+    base = (page * page_tokens * layers * 2 + (layer * 2 + kind) * p) * row + (
+        j - page * page_tokens
+    ) * row
     d = slots[j] * row
     i = cuda.threadIdx.x
     if kind == 0:

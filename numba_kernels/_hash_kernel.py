@@ -37,13 +37,21 @@ def page_hash(data, total, page_bytes, iv, sched, gidx, out):  # type: ignore[no
         for j in range(cnt):
             c = first + j
             n = imin(1024, plen - 1024 * c)
-            chunk_cv(data, start + 1024 * c, n, c, chunks == 1, iv, sched, gidx, st, m,
-                     local[j])  # fmt: skip
+            chunk_cv(data, start + 1024 * c, n, c, chunks == 1, iv, sched, gidx, st, m, local[j])
         while cnt > 1:
             half = cnt // 2
             for j in range(half):
-                parent_cv(local[2 * j], local[2 * j + 1], runs == 1 and cnt == 2, iv, sched,
-                          gidx, st, m, tmp)  # fmt: skip
+                parent_cv(
+                    local[2 * j],
+                    local[2 * j + 1],
+                    runs == 1 and cnt == 2,
+                    iv,
+                    sched,
+                    gidx,
+                    st,
+                    m,
+                    tmp,
+                )
                 for w in range(8):
                     local[j, w] = tmp[w]
             if cnt % 2:

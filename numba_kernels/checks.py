@@ -43,13 +43,17 @@ def flat_bytes(a: Any, name: str) -> Any:
     what the kernels index. A copy is never made: an array that cannot be viewed so is refused."""
     dtype = np.dtype(getattr(a, "dtype", np.uint8))
     if dtype != np.uint8:
-        raise KernelArgumentError(f"{name} holds {dtype}; the kernels take raw bytes: pass a "
-                                  f"uint8 view of it (.view(np.uint8))")  # fmt: skip
+        raise KernelArgumentError(
+            f"{name} holds {dtype}; the kernels take raw bytes: pass a "
+            f"uint8 view of it (.view(np.uint8))"
+        )
     if not _c_contiguous(a):
         strides = getattr(a, "strides", "?")
-        raise KernelArgumentError(f"{name} is not C-contiguous (strides {strides}); the "
-                                  "kernels read and write it in place: pass a contiguous "
-                                  "array")  # fmt: skip
+        raise KernelArgumentError(
+            f"{name} is not C-contiguous (strides {strides}); the "
+            "kernels read and write it in place: pass a contiguous "
+            "array"
+        )
     return a if len(a.shape) == 1 else a.reshape(int(np.prod(a.shape)))
 
 
@@ -58,50 +62,73 @@ def check_digests(actual: Any, expected: Any) -> None:
     for name, a in (("actual", actual), ("expected", expected)):
         shape = tuple(a.shape)
         if len(shape) != 2 or shape[1] != 32 or np.dtype(a.dtype) != np.uint8:
-            raise KernelArgumentError(f"{name} digests are {np.dtype(a.dtype)} {shape}; pass "
-                                      "(pages, 32) uint8 BLAKE3 digests")  # fmt: skip
+            raise KernelArgumentError(
+                f"{name} digests are {np.dtype(a.dtype)} {shape}; pass "
+                "(pages, 32) uint8 BLAKE3 digests"
+            )
     if tuple(actual.shape) != tuple(expected.shape):
-        raise KernelArgumentError(f"digest arrays differ in shape: {tuple(actual.shape)} and "
-                                  f"{tuple(expected.shape)}; compare the same pages")  # fmt: skip
+        raise KernelArgumentError(
+            f"digest arrays differ in shape: {tuple(actual.shape)} and "
+            f"{tuple(expected.shape)}; compare the same pages"
+        )
 
 
-def check_ladder(src: Any, page_bytes: int, n_pages: int, pool: Any,
-                 table: np.ndarray[Any, Any]) -> tuple[Any, Any]:  # fmt: skip
+def check_ladder(
+    src: Any, page_bytes: int, n_pages: int, pool: Any, table: np.ndarray[Any, Any]
+) -> tuple[Any, Any]:
     """The arguments of a ladder copy, checked: ``src`` and ``pool`` as flat bytes (the pool
     any shape, C-contiguous, whole blocks of ``page_bytes``), ``n_pages`` within ``src``, and
     the first ``n_pages`` entries of ``table`` (the block table, on the host) naming distinct
     blocks of the pool. Returns the flat ``src`` and ``pool``."""
-    if isinstance(page_bytes, bool) or not isinstance(page_bytes, (int, np.integer)) \
-            or page_bytes < 1:  # fmt: skip
+    if (
+        isinstance(page_bytes, bool)
+        or not isinstance(page_bytes, (int, np.integer))
+        or page_bytes < 1
+    ):
         raise KernelArgumentError(f"page_bytes must be a positive int, not {page_bytes!r}")
     s, p = flat_bytes(src, "src"), flat_bytes(pool, "pool")
     pages_in_src = -(-int(s.shape[0]) // int(page_bytes))
-    if isinstance(n_pages, bool) or not isinstance(n_pages, (int, np.integer)) \
-            or not 0 <= n_pages <= pages_in_src:  # fmt: skip
-        raise KernelArgumentError(f"n_pages={n_pages!r} is not within the {pages_in_src} "
-                                  f"pages of src ({s.shape[0]:,} bytes, {page_bytes}-byte "
-                                  "pages)")  # fmt: skip
+    if (
+        isinstance(n_pages, bool)
+        or not isinstance(n_pages, (int, np.integer))
+        or not 0 <= n_pages <= pages_in_src
+    ):
+        raise KernelArgumentError(
+            f"n_pages={n_pages!r} is not within the {pages_in_src} "
+            f"pages of src ({s.shape[0]:,} bytes, {page_bytes}-byte "
+            "pages)"
+        )
     if int(p.shape[0]) % int(page_bytes):
-        raise KernelArgumentError(f"the pool holds {p.shape[0]:,} bytes, not whole blocks of "
-                                  f"{page_bytes} (one page a block): pass the pool of this page "
-                                  "size")  # fmt: skip
+        raise KernelArgumentError(
+            f"the pool holds {p.shape[0]:,} bytes, not whole blocks of "
+            f"{page_bytes} (one page a block): pass the pool of this page "
+            "size"
+        )
     blocks = int(p.shape[0]) // int(page_bytes)
     if table.ndim != 1 or not np.issubdtype(table.dtype, np.integer):
-        raise KernelArgumentError(f"the block table is {table.dtype} {table.shape}; pass one "
-                                  "integer block id a page")  # fmt: skip
+        raise KernelArgumentError(
+            f"the block table is {table.dtype} {table.shape}; pass one integer block id a page"
+        )
     if table.shape[0] < n_pages:
-        raise KernelArgumentError(f"the block table names {table.shape[0]} blocks for "
-                                  f"{n_pages} pages; pass one block id a page")  # fmt: skip
-    _distinct_within(table[:n_pages], blocks,
-                     lambda b: f"the block table names block {b}, outside the pool's {blocks} "
-                               f"blocks (0..{blocks - 1})",
-                     "the block table names a block twice: two pages would land in one block; "
-                     "pass distinct block ids")  # fmt: skip
+        raise KernelArgumentError(
+            f"the block table names {table.shape[0]} blocks for "
+            f"{n_pages} pages; pass one block id a page"
+        )
+    _distinct_within(
+        table[:n_pages],
+        blocks,
+        lambda b: (
+            f"the block table names block {b}, outside the pool's {blocks} blocks (0..{blocks - 1})"
+        ),
+        "the block table names a block twice: two pages would land in one block; "
+        "pass distinct block ids",
+    )
     return s, p
 
 
-def _distinct_within(ids: np.ndarray[Any, Any], limit: int, outside: Callable[[int], str],
-                     twice: str) -> None:  # fmt: skip
+def _distinct_within(
+    ids: np.ndarray[Any, Any], limit: int, outside: Callable[[int], str], twice: str
+) -> None:
     """Refuse ids outside ``[0, limit)`` (``outside(id)`` says so) or given twice."""
     used = ids.astype(np.int64)
     bad = used[(used < 0) | (used >= limit)]
@@ -122,16 +149,21 @@ def check_rows(dst: Any, row: int, slots: np.ndarray[Any, Any], name: str) -> An
     naming distinct rows inside it. Returns the flat ``dst``."""
     d = flat_bytes(dst, name)
     if int(d.shape[0]) % row:
-        raise KernelArgumentError(f"{name} holds {d.shape[0]:,} bytes, not whole rows of {row}: "
-                                  "pass the K/V array of this model")  # fmt: skip
+        raise KernelArgumentError(
+            f"{name} holds {d.shape[0]:,} bytes, not whole rows of {row}: "
+            "pass the K/V array of this model"
+        )
     rows = int(d.shape[0]) // row
     if slots.ndim != 1 or not np.issubdtype(slots.dtype, np.integer):
-        raise KernelArgumentError(f"the slots are {slots.dtype} {slots.shape}; pass one integer "
-                                  "row a token")  # fmt: skip
-    _distinct_within(slots, rows, lambda r: f"slot {r} is outside {name}'s {rows} rows "
-                                            f"(0..{rows - 1})",
-                     "a slot is named twice: two tokens would land in one row; pass distinct "
-                     "slots")  # fmt: skip
+        raise KernelArgumentError(
+            f"the slots are {slots.dtype} {slots.shape}; pass one integer row a token"
+        )
+    _distinct_within(
+        slots,
+        rows,
+        lambda r: f"slot {r} is outside {name}'s {rows} rows (0..{rows - 1})",
+        "a slot is named twice: two tokens would land in one row; pass distinct slots",
+    )
     return d
 
 
@@ -158,14 +190,18 @@ def check_scatter(
         raise KernelArgumentError(f"layer {layer} is not one of the {layers} layers")
     s = flat_bytes(src, "src")
     if int(s.shape[0]) < n * layers * 2 * row:
-        raise KernelArgumentError(f"src holds {s.shape[0]:,} bytes; {n} tokens of {layers} "
-                                  f"layers x K/V x {row}-byte rows are "
-                                  f"{n * layers * 2 * row:,}")  # fmt: skip
+        raise KernelArgumentError(
+            f"src holds {s.shape[0]:,} bytes; {n} tokens of {layers} "
+            f"layers x K/V x {row}-byte rows are "
+            f"{n * layers * 2 * row:,}"
+        )
     if slots.shape[:1] != (n,):
         raise KernelArgumentError(f"{slots.shape} slots for {n} tokens: pass one slot a token")
     k = check_rows(dst_k, row, slots, "dst_k")
     v = check_rows(dst_v, row, slots, "dst_v")
     if dst_k is dst_v:
-        raise KernelArgumentError("dst_k and dst_v are one array: K and V would overwrite each "
-                                  "other; pass the layer's K and V arrays")  # fmt: skip
+        raise KernelArgumentError(
+            "dst_k and dst_v are one array: K and V would overwrite each "
+            "other; pass the layer's K and V arrays"
+        )
     return s, k, v

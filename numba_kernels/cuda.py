@@ -26,8 +26,19 @@ import numpy as np
 
 __all__ = ["IV", "MAX_PAGE_BYTES", "SCHEDULE", "build", "digest_words_to_bytes"]
 
-IV = np.array([0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A,
-               0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19], dtype=np.uint32)  # fmt: skip
+IV = np.array(
+    [
+        0x6A09E667,
+        0xBB67AE85,
+        0x3C6EF372,
+        0xA54FF53A,
+        0x510E527F,
+        0x9B05688C,
+        0x1F83D9AB,
+        0x5BE0CD19,
+    ],
+    dtype=np.uint32,
+)
 _PERM = [2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8]
 
 
@@ -41,9 +52,19 @@ def _schedule() -> np.ndarray:
 
 SCHEDULE = _schedule()  #: message word index of each round's 16 slots
 #: (a, b, c, d) of the 8 G applications of a round
-G_IDX = np.array([[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15],
-                  [0, 5, 10, 15], [1, 6, 11, 12], [2, 7, 8, 13], [3, 4, 9, 14]],
-                 dtype=np.int64)  # fmt: skip
+G_IDX = np.array(
+    [
+        [0, 4, 8, 12],
+        [1, 5, 9, 13],
+        [2, 6, 10, 14],
+        [3, 7, 11, 15],
+        [0, 5, 10, 15],
+        [1, 6, 11, 12],
+        [2, 7, 8, 13],
+        [3, 4, 9, 14],
+    ],
+    dtype=np.int64,
+)
 CHUNK_START, CHUNK_END, PARENT, ROOT = 1, 2, 4, 8
 MAX_THREADS = 256  #: threads per block (one page); also the shared tree's width
 MASK = 0xFFFFFFFF
@@ -141,9 +162,14 @@ def build(device: Callable[[Any], Any]) -> dict[str, Any]:
         flags = PARENT | ROOT if root else PARENT
         compress(iv, m, 0, 64, flags, iv, sched, gidx, st, out)
 
-    return {"compress": compress, "chunk_cv": device(chunk_cv),
-            "parent_cv": device(parent_cv), "load_block": load_block, "imin": imin,
-            "imax": imax}  # fmt: skip
+    return {
+        "compress": compress,
+        "chunk_cv": device(chunk_cv),
+        "parent_cv": device(parent_cv),
+        "load_block": load_block,
+        "imin": imin,
+        "imax": imax,
+    }
 
 
 def digest_words_to_bytes(words: np.ndarray) -> np.ndarray:
@@ -171,10 +197,13 @@ def kernels() -> dict[str, Any]:
     if not _KERNELS:
         from . import _copy_kernels, _hash_kernel, _validate_kernel
 
-        _KERNELS.update(page_hash=_hash_kernel.page_hash, first_bad=_validate_kernel.first_bad,
-                        ladder_copy=_copy_kernels.ladder_copy,
-                        scatter_rows=_copy_kernels.scatter_rows,
-                        zero_rows=_copy_kernels.zero_rows)  # fmt: skip
+        _KERNELS.update(
+            page_hash=_hash_kernel.page_hash,
+            first_bad=_validate_kernel.first_bad,
+            ladder_copy=_copy_kernels.ladder_copy,
+            scatter_rows=_copy_kernels.scatter_rows,
+            zero_rows=_copy_kernels.zero_rows,
+        )
     return _KERNELS
 
 
@@ -203,13 +232,21 @@ def threads_for(page_bytes: int) -> int:
     """Threads of a page's block: one per 1 KiB chunk up to MAX_THREADS."""
     chunks = max(1, -(-page_bytes // 1024))
     if chunks > MAX_THREADS * MAX_RUN:
-        raise ValueError(f"pages of {page_bytes} bytes exceed the kernel's "
-                         f"{MAX_THREADS * MAX_RUN} KiB limit")  # fmt: skip
+        raise ValueError(
+            f"pages of {page_bytes} bytes exceed the kernel's {MAX_THREADS * MAX_RUN} KiB limit"
+        )
     return min(MAX_THREADS, chunks)
 
 
-def page_hash_words(data: Any, total: int, page_bytes: int, *, threads: int | None = None,
-                    pages: int | None = None, stream: Any = 0) -> Any:  # fmt: skip
+def page_hash_words(
+    data: Any,
+    total: int,
+    page_bytes: int,
+    *,
+    threads: int | None = None,
+    pages: int | None = None,
+    stream: Any = 0,
+) -> Any:
     """The (n_pages, 8) uint32 root chaining values (the digests as little-endian words) of the
     pages of a device array, left on the device (enqueued on ``stream``); ``n_pages`` is
     ``ceil(total / page_bytes)`` (or ``pages``: 1 hashes an empty input). ``threads``
@@ -222,17 +259,31 @@ def page_hash_words(data: Any, total: int, page_bytes: int, *, threads: int | No
         return out
     chunks = max(1, -(-page_bytes // 1024))
     if threads is not None and not (1 <= threads <= MAX_THREADS and chunks <= threads * MAX_RUN):
-        raise ValueError(f"{threads} threads cannot hash pages of {page_bytes} bytes "
-                         f"(each thread merges at most {MAX_RUN} chunks)")  # fmt: skip
+        raise ValueError(
+            f"{threads} threads cannot hash pages of {page_bytes} bytes "
+            f"(each thread merges at most {MAX_RUN} chunks)"
+        )
     iv, sched, gidx = _consts()
     longest = max(1, min(page_bytes, total))  # the first page: no page is longer
-    _launch("page_hash", n, threads or threads_for(longest), data, total, page_bytes, iv,
-            sched, gidx, out, stream=stream)  # fmt: skip
+    _launch(
+        "page_hash",
+        n,
+        threads or threads_for(longest),
+        data,
+        total,
+        page_bytes,
+        iv,
+        sched,
+        gidx,
+        out,
+        stream=stream,
+    )
     return out
 
 
-def page_hashes_device(data: Any, total: int, page_bytes: int, *, threads: int | None = None,
-                       pages: int | None = None) -> np.ndarray:  # fmt: skip
+def page_hashes_device(
+    data: Any, total: int, page_bytes: int, *, threads: int | None = None, pages: int | None = None
+) -> np.ndarray:
     """(n_pages, 32) digests (on the host) of the pages of a device array: see
     :func:`page_hash_words`."""
     words = page_hash_words(data, total, page_bytes, threads=threads, pages=pages)
@@ -254,23 +305,47 @@ def first_bad_device(actual: Any, expected: Any, *, stream: Any = 0) -> int:
     return -1 if got >= n else got
 
 
-def ladder_copy_device(src: Any, page_bytes: int, n_pages: int, pool: Any, block_table: Any
-                       ) -> None:  # fmt: skip
+def ladder_copy_device(
+    src: Any, page_bytes: int, n_pages: int, pool: Any, block_table: Any
+) -> None:
     """Copy the first ``n_pages`` pages of ``src`` into ``pool`` blocks of ``page_bytes``
     through ``block_table`` (all device arrays)."""
     if n_pages > 0:
         _launch("ladder_copy", n_pages, 128, src, page_bytes, n_pages, pool, block_table)
 
 
-def scatter_rows_device(src: Any, n_tokens: int, page_tokens: int, layers: int, row: int,
-                        layer: int, dst_k: Any, dst_v: Any, slots: Any, *, stream: Any = 0
-                        ) -> None:  # fmt: skip
+def scatter_rows_device(
+    src: Any,
+    n_tokens: int,
+    page_tokens: int,
+    layers: int,
+    row: int,
+    layer: int,
+    dst_k: Any,
+    dst_v: Any,
+    slots: Any,
+    *,
+    stream: Any = 0,
+) -> None:
     """Layer ``layer``'s K and V rows of the ``n_tokens`` tokens stored in ``src`` (consecutive
     pages, spec F-SEG-4) into rows ``slots`` of ``dst_k`` / ``dst_v`` (flat device bytes);
     arguments checked by the caller (:func:`numba_kernels.checks.check_scatter`)."""
     if n_tokens > 0:
-        _launch("scatter_rows", (n_tokens, 2), _row_threads(row), src, n_tokens, page_tokens,
-                layers, row, layer, dst_k, dst_v, slots, stream=stream)  # fmt: skip
+        _launch(
+            "scatter_rows",
+            (n_tokens, 2),
+            _row_threads(row),
+            src,
+            n_tokens,
+            page_tokens,
+            layers,
+            row,
+            layer,
+            dst_k,
+            dst_v,
+            slots,
+            stream=stream,
+        )
 
 
 def zero_rows_device(dst: Any, row: int, slots: Any, *, stream: Any = 0) -> None:

@@ -17,15 +17,16 @@ from typing import Any
 __all__ = ["KERNELS", "compile_all", "nvcc_wheel_home"]
 
 #: every kernel (one module per concern), each with the argument types its launchers pass
-KERNELS = ("page_hash", "first_bad", "first_bad_words", "ladder_copy", "scatter_rows",
-           "zero_rows")  # fmt: skip
+KERNELS = ("page_hash", "first_bad", "first_bad_words", "ladder_copy", "scatter_rows", "zero_rows")
 #: the module and kernel of each entry of :data:`KERNELS`
-_WHERE = {"page_hash": ("_hash_kernel", "page_hash"),
-          "first_bad": ("_validate_kernel", "first_bad"),
-          "first_bad_words": ("_validate_kernel", "first_bad"),
-          "ladder_copy": ("_copy_kernels", "ladder_copy"),
-          "scatter_rows": ("_copy_kernels", "scatter_rows"),
-          "zero_rows": ("_copy_kernels", "zero_rows")}  # fmt: skip
+_WHERE = {
+    "page_hash": ("_hash_kernel", "page_hash"),
+    "first_bad": ("_validate_kernel", "first_bad"),
+    "first_bad_words": ("_validate_kernel", "first_bad"),
+    "ladder_copy": ("_copy_kernels", "ladder_copy"),
+    "scatter_rows": ("_copy_kernels", "scatter_rows"),
+    "zero_rows": ("_copy_kernels", "zero_rows"),
+}
 
 
 def nvcc_wheel_home() -> str | None:
@@ -45,17 +46,29 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
     u8 = types.Array(types.uint8, 1, "C")
     i64 = types.int64
     return {
-        "page_hash": (u8, i64, i64, types.Array(types.uint32, 1, "C"),
-                      types.Array(types.int64, 2, "C"), types.Array(types.int64, 2, "C"),
-                      types.Array(types.uint32, 2, "C")),
-        "first_bad": (types.Array(types.uint8, 2, "C"), types.Array(types.uint8, 2, "C"),
-                      types.Array(types.int64, 1, "C")),
-        "first_bad_words": (types.Array(types.uint32, 2, "C"), types.Array(types.uint32, 2, "C"),
-                            types.Array(types.int64, 1, "C")),
+        "page_hash": (
+            u8,
+            i64,
+            i64,
+            types.Array(types.uint32, 1, "C"),
+            types.Array(types.int64, 2, "C"),
+            types.Array(types.int64, 2, "C"),
+            types.Array(types.uint32, 2, "C"),
+        ),
+        "first_bad": (
+            types.Array(types.uint8, 2, "C"),
+            types.Array(types.uint8, 2, "C"),
+            types.Array(types.int64, 1, "C"),
+        ),
+        "first_bad_words": (
+            types.Array(types.uint32, 2, "C"),
+            types.Array(types.uint32, 2, "C"),
+            types.Array(types.int64, 1, "C"),
+        ),
         "ladder_copy": (u8, i64, i64, u8, types.Array(types.int64, 1, "C")),
         "scatter_rows": (u8, i64, i64, i64, i64, i64, u8, u8, types.Array(types.int64, 1, "C")),
         "zero_rows": (u8, i64, types.Array(types.int64, 1, "C"), i64),
-    }  # fmt: skip
+    }
 
 
 def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
@@ -86,8 +99,10 @@ def _main() -> int:
         return 1
     for name, ptx in out.items():
         target = re.search(r"^\.target (\S+)", ptx, re.M)
-        print(f"{name} target={target.group(1) if target else '?'} bytes={len(ptx)} "
-              f"funnel_shifts={ptx.count('shf.l.wrap.b32')}")  # fmt: skip
+        print(
+            f"{name} target={target.group(1) if target else '?'} bytes={len(ptx)} "
+            f"funnel_shifts={ptx.count('shf.l.wrap.b32')}"
+        )
     return 0
 
 

@@ -50,10 +50,12 @@ def drop_caches(paths: list[str]) -> str:
         return "fadvise"
 
 
-def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
-              cold: bool = True) -> dict[str, Any]:  # fmt: skip
-    fp = ModelFingerprint.create("bench/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8,
-                                 head_dim=128, page_tokens=16)  # fmt: skip
+def run_bench(
+    work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3, cold: bool = True
+) -> dict[str, Any]:
+    fp = ModelFingerprint.create(
+        "bench/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16
+    )
     tokens = max(SEGMENTS, mib * (1 << 20) // fp.token_bytes // SEGMENTS * SEGMENTS)
     nbytes = tokens * fp.token_bytes
     own = work_dir is None
@@ -66,8 +68,12 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
             parent, pieces = store.root_key, []
             for i in range(SEGMENTS):
                 a, b = i * per, (i + 1) * per
-                r = store.put_kv(parent, np.arange(a, b), kv[a * fp.token_bytes : b *
-                                 fp.token_bytes], token_start=a)  # fmt: skip
+                r = store.put_kv(
+                    parent,
+                    np.arange(a, b),
+                    kv[a * fp.token_bytes : b * fp.token_bytes],
+                    token_start=a,
+                )
                 pieces.append(Piece(a, b, r.key, store))
                 parent = r.key
             # the same bytes again as BATCH conversations of SEGMENTS // BATCH segments (other
@@ -78,9 +84,12 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                 for a in range(c * quarter, (c + 1) * quarter, per):
                     b = a + per
                     lo = a - c * quarter
-                    r = store.put_kv(parent, np.arange(a, b) + tokens,
-                                     kv[a * fp.token_bytes : b * fp.token_bytes],
-                                     token_start=lo)  # fmt: skip
+                    r = store.put_kv(
+                        parent,
+                        np.arange(a, b) + tokens,
+                        kv[a * fp.token_bytes : b * fp.token_bytes],
+                        token_start=lo,
+                    )
                     chain.append(Piece(lo, lo + per, r.key, store))
                     parent = r.key
                 chains.append(chain)
@@ -106,9 +115,16 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
 
             def jobs() -> list[Job]:
                 qb = quarter * fp.token_bytes
-                return [Job(chain, quarter, FlatKV(fp, out[c * qb : (c + 1) * qb],
-                                                   read_direct=True), fp, lambda t: 0)
-                        for c, chain in enumerate(chains)]  # fmt: skip
+                return [
+                    Job(
+                        chain,
+                        quarter,
+                        FlatKV(fp, out[c * qb : (c + 1) * qb], read_direct=True),
+                        fp,
+                        lambda t: 0,
+                    )
+                    for c, chain in enumerate(chains)
+                ]
 
             def one_by_one() -> None:
                 for j in jobs():
@@ -129,12 +145,17 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
                 np.load(npy)
 
             ops: list[tuple[str, Callable[[], None]]] = [
-                ("restore (validated)", restore), ("raw read", raw_read), ("np.load", np_load),
+                ("restore (validated)", restore),
+                ("raw read", raw_read),
+                ("np.load", np_load),
                 (f"{BATCH} restores one by one", one_by_one),
                 (f"{BATCH} restores batched", batched),
-            ]  # fmt: skip
-            paths = [raw, npy] + [os.path.join(store.path, n) for n in os.listdir(store.path)
-                                  if n.startswith("strata-conv-")]  # fmt: skip
+            ]
+            paths = [raw, npy] + [
+                os.path.join(store.path, n)
+                for n in os.listdir(store.path)
+                if n.startswith("strata-conv-")
+            ]
             samples: dict[str, list[float]] = {}
             how = "-"
             for rnd in range(rounds + 1):  # round 0 warms up and is dropped
@@ -157,21 +178,32 @@ def run_bench(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
         for mode in ("hot", "cold") if cold else ("hot",):
             base = gbs[f"raw read {mode}"]
             ratios[f"restore/raw {mode}"] = gbs[f"restore (validated) {mode}"] / base
-            ratios[f"restore/np.load {mode}"] = (gbs[f"restore (validated) {mode}"]
-                                                 / gbs[f"np.load {mode}"])  # fmt: skip
+            ratios[f"restore/np.load {mode}"] = (
+                gbs[f"restore (validated) {mode}"] / gbs[f"np.load {mode}"]
+            )
             batch = gbs[f"{BATCH} restores batched {mode}"]
             ratios[f"batched/one restore {mode}"] = batch / gbs[f"restore (validated) {mode}"]
-            ratios[f"batched/one by one {mode}"] = batch / gbs[f"{BATCH} restores one by one "
-                                                               f"{mode}"]  # fmt: skip
+            ratios[f"batched/one by one {mode}"] = (
+                batch / gbs[f"{BATCH} restores one by one {mode}"]
+            )
         # where a hot restore's time goes: the read pass (pread straight into the caller's buffer
         # and BLAKE3 of every page there, on every core) and the apply pass (nothing left to copy
         # for a direct read: only the zeroing of what a ladder stop does not deliver)
-        split = {f"restore {k}": nbytes / statistics.median(v[1:]) / 1e9
-                 for k, v in passes.items()
-                 if not k.endswith("warmup") and statistics.median(v[1:]) > 0}  # fmt: skip
-        return {"bytes": nbytes, "tokens": tokens, "segments": SEGMENTS, "rounds": rounds,
-                "cold_cache": how, "gb_per_s": gbs, "ratios": ratios,
-                "restore_passes_gb_per_s": split}  # fmt: skip
+        split = {
+            f"restore {k}": nbytes / statistics.median(v[1:]) / 1e9
+            for k, v in passes.items()
+            if not k.endswith("warmup") and statistics.median(v[1:]) > 0
+        }
+        return {
+            "bytes": nbytes,
+            "tokens": tokens,
+            "segments": SEGMENTS,
+            "rounds": rounds,
+            "cold_cache": how,
+            "gb_per_s": gbs,
+            "ratios": ratios,
+            "restore_passes_gb_per_s": split,
+        }
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)

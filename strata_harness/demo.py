@@ -35,8 +35,9 @@ SYSTEM_TOKENS = 512
 CHECKPOINTS = 6
 
 
-def _kv(fp: ModelFingerprint, tokens: npt.NDArray[np.uint32], start: int = 0
-        ) -> npt.NDArray[np.uint8]:  # fmt: skip
+def _kv(
+    fp: ModelFingerprint, tokens: npt.NDArray[np.uint32], start: int = 0
+) -> npt.NDArray[np.uint8]:
     """The K/V a deterministic model computes for ``tokens`` at positions start...: equal
     prefixes give equal bytes, which is what makes stored prefixes shareable."""
     pos = np.arange(start, start + len(tokens), dtype=np.uint32)
@@ -96,8 +97,11 @@ class _Engine:
         full[: have * tb] = kv[: have * tb]
         full[have * tb :] = _kv(self.fp, prompt[have:], have)
         self.prefilled += len(prompt) - have
-        chain = [x for x in self.ckpts.get(c, [Checkpoint(SYSTEM_TOKENS, pinned=True)])
-                 if x.length <= have or x.length == SYSTEM_TOKENS]  # fmt: skip
+        chain = [
+            x
+            for x in self.ckpts.get(c, [Checkpoint(SYSTEM_TOKENS, pinned=True)])
+            if x.length <= have or x.length == SYSTEM_TOKENS
+        ]
         chain.append(Checkpoint(len(prompt), last_used=self.tick))
         enforce_count(chain, CHECKPOINTS, "spread")
         openers = [x for x in self.openers.get(c, [0, SYSTEM_TOKENS]) if x <= len(prev)]
@@ -135,19 +139,36 @@ def _bar(done: int, total: int, info: str) -> None:
     sys.stdout.flush()
 
 
-def run_demo(path: str, requests: int, base: StoreConfig | None = None, *,
-             kept: bool = True) -> int:  # fmt: skip
+def run_demo(
+    path: str, requests: int, base: StoreConfig | None = None, *, kept: bool = True
+) -> int:
     """Run the demo in ``path``. ``base`` (a user's config): its settings are used, except the
     RAM budget and the levels, which the demo sizes small itself to show spills and cascades."""
-    fp = ModelFingerprint.create("demo/llama-3.2-1b-geometry", n_layers=16, n_kv_heads=8,
-                                 head_dim=64, page_tokens=16, dtype="float16")  # fmt: skip
-    cfg: dict[str, Any] = {**(base.to_mapping() if base else {}), **{
-        "ram_mib": 128, "slots": SLOTS, "spill_on": "evict", "levels": (),
-        "warm_dir": os.path.join(path, "warm"), "warm_mib": 192,
-        "cold_dir": os.path.join(path, "cold"), "cold_mib": 1024,
-    }}  # fmt: skip
-    print(f"strata demo: {CONVERSATIONS} agent conversations, {SLOTS} slots, {requests} "
-          f"requests, in {path}")  # fmt: skip
+    fp = ModelFingerprint.create(
+        "demo/llama-3.2-1b-geometry",
+        n_layers=16,
+        n_kv_heads=8,
+        head_dim=64,
+        page_tokens=16,
+        dtype="float16",
+    )
+    cfg: dict[str, Any] = {
+        **(base.to_mapping() if base else {}),
+        **{
+            "ram_mib": 128,
+            "slots": SLOTS,
+            "spill_on": "evict",
+            "levels": (),
+            "warm_dir": os.path.join(path, "warm"),
+            "warm_mib": 192,
+            "cold_dir": os.path.join(path, "cold"),
+            "cold_mib": 1024,
+        },
+    }
+    print(
+        f"strata demo: {CONVERSATIONS} agent conversations, {SLOTS} slots, {requests} "
+        f"requests, in {path}"
+    )
     print(
         f"  model: {fp.describe()}, {fp.token_bytes // 1024} KiB/token; RAM "
         f"{cfg['ram_mib']} MiB, warm {cfg['warm_mib']} MiB, cold {cfg['cold_mib']} MiB"
@@ -197,18 +218,21 @@ def _write_root_config(path: str, cfg: dict[str, Any]) -> None:
 def _report(s: dict[str, Any], e: _Engine, verdict: str) -> None:
     lv = s["levels"]
     print()
-    print(f"  {'level':<6}{'served':>8}{'moved down':>12}{'deleted':>9}{'entries':>9}"
-          f"{'MiB':>8}")  # fmt: skip
+    print(f"  {'level':<6}{'served':>8}{'moved down':>12}{'deleted':>9}{'entries':>9}{'MiB':>8}")
     ram = lv["ram"]
-    print(f"  {'ram':<6}{s['hits_ram']:>8}{s['evict_spills']:>12}"
-          f"{ram['evictions'] - s['evict_spills']:>9}{ram['entries']:>9}"
-          f"{ram['bytes'] / 2**20:>8.0f}")  # fmt: skip
+    print(
+        f"  {'ram':<6}{s['hits_ram']:>8}{s['evict_spills']:>12}"
+        f"{ram['evictions'] - s['evict_spills']:>9}{ram['entries']:>9}"
+        f"{ram['bytes'] / 2**20:>8.0f}"
+    )
     for name in ("warm", "cold"):
         d = lv[name]
         down = d["degradations"] if name == "warm" else "-"
-        print(f"  {name:<6}{d['hits']:>8}{down:>12}"
-              f"{d['disk_evictions'] + d['age_evictions'] + d['discards']:>9}{d['entries']:>9}"
-              f"{d['bytes'] / 2**20:>8.0f}")  # fmt: skip
+        print(
+            f"  {name:<6}{d['hits']:>8}{down:>12}"
+            f"{d['disk_evictions'] + d['age_evictions'] + d['discards']:>9}{d['entries']:>9}"
+            f"{d['bytes'] / 2**20:>8.0f}"
+        )
     print()
     gbs = e.restore_bytes / e.restore_s / 1e9 if e.restore_s else 0.0
     rows = [
@@ -270,8 +294,9 @@ def _save_for_damage(store: Store, fp: ModelFingerprint) -> None:
     store.save_session("demo-damage-check", tokens, _kv(fp, tokens), checkpoints=turns)
 
 
-def _damage_check(store: Store, cfg: dict[str, Any], fp: ModelFingerprint
-                  ) -> tuple[str, int, str, bool] | None:  # fmt: skip
+def _damage_check(
+    store: Store, cfg: dict[str, Any], fp: ModelFingerprint
+) -> tuple[str, int, str, bool] | None:
     """Damage one byte of a segment that a restore reaches (:func:`damage_target`) and restore
     the conversation: (damaged file, its first token, what happened, detected)."""
     target = damage_target(store)
@@ -288,13 +313,16 @@ def _damage_check(store: Store, cfg: dict[str, Any], fp: ModelFingerprint
     good = r.tokens <= start
     what = "DAMAGE NOT DETECTED"
     if good:
-        what = (f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
-                f"segment (token {start:,}, {level} level)")  # fmt: skip
+        what = (
+            f"restored {r.tokens:,} of {len(prompt):,} tokens, stopping at the damaged "
+            f"segment (token {start:,}, {level} level)"
+        )
     return path, start, what, good
 
 
-def _fsck_verdict(cfg: dict[str, Any], damage: tuple[str, int, str, bool] | None
-                  ) -> tuple[str, bool]:  # fmt: skip
+def _fsck_verdict(
+    cfg: dict[str, Any], damage: tuple[str, int, str, bool] | None
+) -> tuple[str, bool]:
     """fsck of both levels after the run: exactly the damaged segment, or nothing."""
     from stratastore.ops.fsck import fsck
 
@@ -320,29 +348,48 @@ def _real_model_phase(path: str) -> bool:
         import torch
         import transformers
     except ImportError:
-        print("  real model: the transformers extra is not installed (pip install -e "
-              "'.[transformers]' adds a tiny Llama phase)")  # fmt: skip
+        print(
+            "  real model: the transformers extra is not installed (pip install -e "
+            "'.[transformers]' adds a tiny Llama phase)"
+        )
         return True
     import copy
 
     from stratastore.adapters.hf import TransformersCache
 
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=2048)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    )
     torch.manual_seed(0)
     model: Any = transformers.LlamaForCausalLM(cfg)
     model.eval()
     gen = torch.Generator().manual_seed(1)
-    store_cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "park_min_free_mib": 1,
-                 "spill_on": "evict", "cold_dir": os.path.join(path, "cold"),
-                 "cold_mib": 64, "create_dirs": True}  # fmt: skip
+    store_cfg = {
+        "ram_mib": 1,
+        "slots": 1,
+        "min_free_mib": 1,
+        "park_min_free_mib": 1,
+        "spill_on": "evict",
+        "cold_dir": os.path.join(path, "cold"),
+        "cold_mib": 64,
+        "create_dirs": True,
+    }
     history = {c: torch.randint(0, 1000, (1, 200), generator=gen) for c in range(3)}
     kept: dict[int, Any] = {}
     restored = worst = 0
     sources: dict[str, int] = {}
-    with TransformersCache.open(cfg, "demo/tiny-llama@seed0", store_cfg, dtype=torch.float32,
-                                probe=lambda: 1 << 40) as kv, torch.no_grad():  # fmt: skip
+    with (
+        TransformersCache.open(
+            cfg, "demo/tiny-llama@seed0", store_cfg, dtype=torch.float32, probe=lambda: 1 << 40
+        ) as kv,
+        torch.no_grad(),
+    ):
         for turn in range(3):
             for c in range(3):
                 ids = history[c]

@@ -40,14 +40,28 @@ __all__ = ["TARGETS", "render_lmcache", "run_lmcache"]
 
 DISK, PLUGIN = "LMCache disk (+ fsync)", "LMCache + stratastore plugin"
 #: (name, figure, target): the plugin's figure over the disk backend's, at least ``target``
-TARGETS = [("durable store", "durable_write", 1.0), ("retrieve cold", "read_cold", 1.0),
-           ("retrieve hot", "read_hot", 0.8)]  # fmt: skip
-_COLUMNS = [("durable store", "durable_write"), ("hot", "read_hot"), ("cold", "read_cold"),
-            ("50% prefix hot", "prefix_hot"), ("50% prefix cold", "prefix_cold")]  # fmt: skip
+TARGETS = [
+    ("durable store", "durable_write", 1.0),
+    ("retrieve cold", "read_cold", 1.0),
+    ("retrieve hot", "read_hot", 0.8),
+]
+_COLUMNS = [
+    ("durable store", "durable_write"),
+    ("hot", "read_hot"),
+    ("cold", "read_cold"),
+    ("50% prefix hot", "prefix_hot"),
+    ("50% prefix cold", "prefix_cold"),
+]
 
 
-def run_lmcache(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
-                cold: bool = True, warmup: bool = True) -> dict[str, Any]:  # fmt: skip
+def run_lmcache(
+    work_dir: str | None = None,
+    *,
+    mib: int = 1024,
+    rounds: int = 3,
+    cold: bool = True,
+    warmup: bool = True,
+) -> dict[str, Any]:
     """Run the protocol of the module docstring in a new directory under ``work_dir`` (default:
     the system's temporary directory), removed afterwards; the result document.
     :class:`~strata_harness.peer_protocol.PeersBenchError` when LMCache is not installed or a
@@ -55,18 +69,23 @@ def run_lmcache(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3
     if mib < 1 or rounds < 1:
         raise PeersBenchError(f"--mib ({mib}) and --rounds ({rounds}) must be at least 1")
     if importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("torch") is None:
-        raise PeersBenchError("lmcache (with torch) is not installed: pip install "
-                              "'stratastore[lmcache]'")  # fmt: skip
+        raise PeersBenchError(
+            "lmcache (with torch) is not installed: pip install 'stratastore[lmcache]'"
+        )
     tokens = max(32, mib * 2**20 // TOKEN_BYTES // 32 * 32)
     base = work_dir or tempfile.gettempdir()
     if not os.path.isdir(base):
         raise PeersBenchError(f"--dir {base} is not a directory; create it or name another")
     if shutil.disk_usage(base).free < 4 * tokens * TOKEN_BYTES:
-        raise PeersBenchError(f"{base} has too little room for {4 * tokens * TOKEN_BYTES:,} "
-                              "bytes: name a --dir with room, or a smaller --mib")  # fmt: skip
+        raise PeersBenchError(
+            f"{base} has too little room for {4 * tokens * TOKEN_BYTES:,} "
+            "bytes: name a --dir with room, or a smaller --mib"
+        )
     version = importlib.metadata.version("lmcache")
-    backends = [("lmcache-disk", lmcache_engine("disk", DISK)),
-                ("lmcache-strata", lmcache_engine("strata", PLUGIN))]  # fmt: skip
+    backends = [
+        ("lmcache-disk", lmcache_engine("disk", DISK)),
+        ("lmcache-strata", lmcache_engine("strata", PLUGIN)),
+    ]
     load_start = os.getloadavg()[0]
     root = tempfile.mkdtemp(prefix="strata-lmcache-", dir=base)
     run = Run(root, tokens, cold)
@@ -88,18 +107,38 @@ def run_lmcache(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3
     for name, key, target in TARGETS:
         mine, theirs = rows[PLUGIN][key], rows[DISK][key]
         if mine and theirs:
-            ratios.append({"name": name, "value": mine / theirs, "target": target,
-                           "met": mine / theirs >= target})  # fmt: skip
-    return {"lmcache": version, "bytes": tokens * TOKEN_BYTES, "tokens": tokens,
-            "prefix_tokens": run.half, "geometry": GEOMETRY, "rounds": rounds,
-            "warmup_rounds": int(warmup), "cold": cold, "engines": engines, "rows": rows,
-            "ratios": ratios, "load_1m": {"start": load_start, "end": os.getloadavg()[0]},
-            "page_cache": {"method": "fsync + posix_fadvise(DONTNEED), checked with mincore",
-                           "max_resident_after_eviction": max(run.cold_resident.values(),
-                                                              default=0.0),
-                           "min_resident_before_hot": min(run.hot_resident, default=1.0)},
-            "bit_for_bit": {"results_compared": run.compared[0],
-                            "bytes_compared": run.compared[1], "all_equal": True}}  # fmt: skip
+            ratios.append(
+                {
+                    "name": name,
+                    "value": mine / theirs,
+                    "target": target,
+                    "met": mine / theirs >= target,
+                }
+            )
+    return {
+        "lmcache": version,
+        "bytes": tokens * TOKEN_BYTES,
+        "tokens": tokens,
+        "prefix_tokens": run.half,
+        "geometry": GEOMETRY,
+        "rounds": rounds,
+        "warmup_rounds": int(warmup),
+        "cold": cold,
+        "engines": engines,
+        "rows": rows,
+        "ratios": ratios,
+        "load_1m": {"start": load_start, "end": os.getloadavg()[0]},
+        "page_cache": {
+            "method": "fsync + posix_fadvise(DONTNEED), checked with mincore",
+            "max_resident_after_eviction": max(run.cold_resident.values(), default=0.0),
+            "min_resident_before_hot": min(run.hot_resident, default=1.0),
+        },
+        "bit_for_bit": {
+            "results_compared": run.compared[0],
+            "bytes_compared": run.compared[1],
+            "all_equal": True,
+        },
+    }
 
 
 def render_lmcache(doc: dict[str, Any]) -> str:
@@ -118,14 +157,18 @@ def render_lmcache(doc: dict[str, Any]) -> str:
     for row in [head, *rows]:
         lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)))
     for r in doc["ratios"]:
-        lines.append(f"  plugin / disk, {r['name']}: {r['value']:.2f}x (target >= "
-                     f"{r['target']:.1f}x: {'met' if r['met'] else 'missed'})")  # fmt: skip
+        lines.append(
+            f"  plugin / disk, {r['name']}: {r['value']:.2f}x (target >= "
+            f"{r['target']:.1f}x: {'met' if r['met'] else 'missed'})"
+        )
     pc, bb = doc["page_cache"], doc["bit_for_bit"]
     lines.append(
         f"  cold: {pc['method']}, at most {pc['max_resident_after_eviction']:.1%} left "
         f"resident; hot: at least {pc['min_resident_before_hot']:.0%} resident"
     )
-    lines.append(f"  bit for bit: {bb['results_compared']} results, {bb['bytes_compared']:,} "
-                 f"bytes, all equal; 1-minute load {doc['load_1m']['start']:.2f} -> "
-                 f"{doc['load_1m']['end']:.2f}")  # fmt: skip
+    lines.append(
+        f"  bit for bit: {bb['results_compared']} results, {bb['bytes_compared']:,} "
+        f"bytes, all equal; 1-minute load {doc['load_1m']['start']:.2f} -> "
+        f"{doc['load_1m']['end']:.2f}"
+    )
     return "\n".join(lines)

@@ -84,8 +84,12 @@ def raw_read(job: Job) -> Record:
         return out
 
     buf, secs, rss = timed(read)
-    return record(secs, rss, n, compare(buf.view(np.float16).reshape(shape(job["tokens"])), job,
-                                        job["tokens"]))  # fmt: skip
+    return record(
+        secs,
+        rss,
+        n,
+        compare(buf.view(np.float16).reshape(shape(job["tokens"])), job, job["tokens"]),
+    )
 
 
 def memcpy(job: Job) -> Record:
@@ -179,8 +183,13 @@ def _store(job: Job) -> Any:
 
     fp = fingerprint()
     # the park goes to disk, nothing is kept in RAM; an attention-only model resumes on any page
-    cfg = {"park": "disk", "ram_mib": 0, "cold_dir": job["path"], "page_resume": True,
-           "cold_mib": 2 * job["tokens"] * TOKEN_BYTES // 2**20 + 64}  # fmt: skip
+    cfg = {
+        "park": "disk",
+        "ram_mib": 0,
+        "cold_dir": job["path"],
+        "page_resume": True,
+        "cold_mib": 2 * job["tokens"] * TOKEN_BYTES // 2**20 + 64,
+    }
     return fp, Store.open(fp, cfg)
 
 
@@ -195,8 +204,9 @@ def strata_park(job: Job) -> Record:
 
     def park() -> float:
         t = time.perf_counter()
-        packed = pack_pages(fp, [kv[x, 0] for x in range(LAYERS)],
-                            [kv[x, 1] for x in range(LAYERS)], n)  # fmt: skip
+        packed = pack_pages(
+            fp, [kv[x, 0] for x in range(LAYERS)], [kv[x, 1] for x in range(LAYERS)], n
+        )
         packing = time.perf_counter() - t
         store.park(conv, packed)
         store.flush()
@@ -257,8 +267,11 @@ OPS: dict[str, Callable[[Job], Record]] = {
 
 
 #: what each engine's operations import, imported before the clock starts (imports are not timed)
-PRELOAD = {"safetensors": ("safetensors", "safetensors.numpy"), "torch": ("torch",),
-           "lmcache": ("torch", "lmcache.v1.cache_engine")}  # fmt: skip
+PRELOAD = {
+    "safetensors": ("safetensors", "safetensors.numpy"),
+    "torch": ("torch",),
+    "lmcache": ("torch", "lmcache.v1.cache_engine"),
+}
 
 
 def main(argv: list[str]) -> int:

@@ -71,17 +71,30 @@ def _engine(job: Job) -> Any:
     extra = {}
     if backend == "strata":  # the stratastore plugin, its budget the K/V and more
         p = f"storage_plugin.{PLUGIN}."
-        extra = {p + "module_path": "stratastore.adapters.lmcache",
-                 p + "class_name": "StrataStoragePlugin", p + "dir": job["path"],
-                 p + "budget_mib": job["tokens"] * TOKEN_BYTES // 2**20 + 64}  # fmt: skip
+        extra = {
+            p + "module_path": "stratastore.adapters.lmcache",
+            p + "class_name": "StrataStoragePlugin",
+            p + "dir": job["path"],
+            p + "budget_mib": job["tokens"] * TOKEN_BYTES // 2**20 + 64,
+        }
     cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=job["chunk"], local_cpu=backend == "ram", max_local_cpu_size=room,
+        chunk_size=job["chunk"],
+        local_cpu=backend == "ram",
+        max_local_cpu_size=room,
         local_disk=job["path"] + "/" if backend == "disk" else None,
         max_local_disk_size=room if backend == "disk" else 0.0,
-        storage_plugins=[PLUGIN] if extra else None, extra_config=extra or None,
-    )  # fmt: skip
-    engine = cpu_engine(INSTANCE, cfg, model_name="bench/llama-3.1-8b-geometry", layers=LAYERS,
-                        heads=HEADS, head_dim=HEAD_DIM, chunk=job["chunk"])  # fmt: skip
+        storage_plugins=[PLUGIN] if extra else None,
+        extra_config=extra or None,
+    )
+    engine = cpu_engine(
+        INSTANCE,
+        cfg,
+        model_name="bench/llama-3.1-8b-geometry",
+        layers=LAYERS,
+        heads=HEADS,
+        head_dim=HEAD_DIM,
+        chunk=job["chunk"],
+    )
     if extra and PLUGIN not in engine.storage_manager.storage_backends:
         raise PeersBenchError("LMCache did not load the stratastore plugin (see its log)")
     return engine
@@ -130,8 +143,9 @@ def session(job: Job) -> Record:
         nonlocal resets
         if op.endswith("cold"):
             if len(engine.storage_manager.storage_backends["LocalCPUBackend"].hot_cache):
-                raise PeersBenchError(f"LMCache {job['backend']}: chunks are held in RAM, a read "
-                                      "is not cold")  # fmt: skip
+                raise PeersBenchError(
+                    f"LMCache {job['backend']}: chunks are held in RAM, a read is not cold"
+                )
             cold.append(evict(files))
         resets = reset_peak_rss() and resets
 
@@ -149,5 +163,4 @@ def session(job: Job) -> Record:
     if disk and job["cold"]:
         read(n, "read cold")
         read(half, "prefix cold")
-    return {"records": records, "hot_resident": hot, "cold_resident": cold,
-            "peak_reset": resets}  # fmt: skip
+    return {"records": records, "hot_resident": hot, "cold_resident": cold, "peak_reset": resets}

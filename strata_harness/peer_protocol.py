@@ -49,8 +49,13 @@ __all__ = [
 ]
 
 LAYERS, HEADS, HEAD_DIM, PAGE_TOKENS = 32, 8, 128, 16
-GEOMETRY = {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float16",
-            "page_tokens": PAGE_TOKENS}  # fmt: skip
+GEOMETRY = {
+    "layers": LAYERS,
+    "kv_heads": HEADS,
+    "head_dim": HEAD_DIM,
+    "dtype": "float16",
+    "page_tokens": PAGE_TOKENS,
+}
 TOKEN_BYTES = LAYERS * 2 * HEADS * HEAD_DIM * 2  #: 128 KiB
 CHUNK = 16 << 20  #: raw reads and writes, and comparisons, go in pieces of this many bytes
 
@@ -71,9 +76,13 @@ def fingerprint() -> Any:
     """The model of the benchmark: the Llama-3.1-8B geometry, pages of 16 tokens."""
     from stratastore.format import ModelFingerprint
 
-    return ModelFingerprint.create("bench/llama-3.1-8b-geometry", n_layers=LAYERS,
-                                   n_kv_heads=HEADS, head_dim=HEAD_DIM,
-                                   page_tokens=PAGE_TOKENS)  # fmt: skip
+    return ModelFingerprint.create(
+        "bench/llama-3.1-8b-geometry",
+        n_layers=LAYERS,
+        n_kv_heads=HEADS,
+        head_dim=HEAD_DIM,
+        page_tokens=PAGE_TOKENS,
+    )
 
 
 # -- the page cache ---------------------------------------------------------------------------
@@ -91,8 +100,14 @@ def data_files(paths: Iterable[str]) -> list[str]:
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     return libc
@@ -216,22 +231,27 @@ def compare(got: npt.NDArray[Any], job: Job, tokens: int, *, flat: bool = False)
     if flat:
         want = np.memmap(job["packed"], np.uint8, "r")[: tokens * TOKEN_BYTES]
         have = np.ascontiguousarray(got).reshape(-1).view(np.uint8)
-        pieces: Iterable[tuple[Any, Any]] = ((have[i : i + CHUNK], want[i : i + CHUNK])
-                                             for i in range(0, want.size, CHUNK))  # fmt: skip
+        pieces: Iterable[tuple[Any, Any]] = (
+            (have[i : i + CHUNK], want[i : i + CHUNK]) for i in range(0, want.size, CHUNK)
+        )
         if have.size != want.size:
             raise PeersBenchError(f"{job['op']}: {have.size:,} bytes, {want.size:,} expected")
     else:
         src = np.memmap(job["source"], np.uint16, "r", shape=shape(job["tokens"]))
         if got.shape != shape(tokens) or got.itemsize != 2:
-            raise PeersBenchError(f"{job['op']}: returned {got.dtype}{list(got.shape)}, not "
-                                  f"float16{list(shape(tokens))}")  # fmt: skip
+            raise PeersBenchError(
+                f"{job['op']}: returned {got.dtype}{list(got.shape)}, not "
+                f"float16{list(shape(tokens))}"
+            )
         have = got.view(np.uint16)
         pieces = ((have[x, k], src[x, k, :tokens]) for x in range(LAYERS) for k in range(2))
     n = 0
     for a, b in pieces:
         if not np.array_equal(a, b):
-            raise PeersBenchError(f"{job['op']}: the bytes read differ from the bytes written "
-                                  f"(in the {n:,} to {n + b.nbytes:,} byte range)")  # fmt: skip
+            raise PeersBenchError(
+                f"{job['op']}: the bytes read differ from the bytes written "
+                f"(in the {n:,} to {n + b.nbytes:,} byte range)"
+            )
         n += b.nbytes
     return n
 

@@ -28,20 +28,29 @@ TARGETS: list[tuple[str, str, str, str, float, bool]] = [
     ("hot restore / np.load", "read_hot", "numpy", "read_hot", 1.0, True),
     ("hot restore / LMCache RAM", "read_hot", "LMCache RAM", "read_hot", 1.0, True),
     ("hot restore / LMCache disk", "read_hot", "LMCache disk", "read_hot", 2.0, True),
-    ("cold restore / raw cold read (fresh buffer)", "read_cold",
-     "raw read into a fresh buffer, cold", "", 0.9, True),
+    (
+        "cold restore / raw cold read (fresh buffer)",
+        "read_cold",
+        "raw read into a fresh buffer, cold",
+        "",
+        0.9,
+        True,
+    ),
     ("cold restore / LMCache disk", "read_cold", "LMCache disk", "read_cold", 1.5, True),
     ("50% prefix hot / best peer", "prefix_hot", "best peer", "prefix_hot", 1.0, True),
     ("50% prefix cold / best peer", "prefix_cold", "best peer", "prefix_cold", 1.0, True),
     ("peak RSS of a restore / numpy's load", "rss_read", "numpy", "rss_read", 1.1, False),
-]  # fmt: skip
+]
 
 
 def op_stats(recs: list[Record]) -> dict[str, Any]:
     secs = statistics.median(r["seconds"] for r in recs)
-    out = {"seconds": secs, "gb_per_s": recs[0]["bytes"] / secs / 1e9,
-           "samples_s": [r["seconds"] for r in recs],
-           "peak_rss_gib": max(r["maxrss"] for r in recs) / 2**30}  # fmt: skip
+    out = {
+        "seconds": secs,
+        "gb_per_s": recs[0]["bytes"] / secs / 1e9,
+        "samples_s": [r["seconds"] for r in recs],
+        "peak_rss_gib": max(r["maxrss"] for r in recs) / 2**30,
+    }
     if "pack_seconds" in recs[0]:
         rest = statistics.median(r["seconds"] - r["pack_seconds"] for r in recs)
         out["gb_per_s_without_pack_pages"] = recs[0]["bytes"] / rest / 1e9
@@ -55,12 +64,17 @@ def table_row(name: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:
     writes = [v["peak_rss_gib"] for k, v in ops.items() if not k.startswith(("read", "prefix"))]
     reads = [v["peak_rss_gib"] for k, v in ops.items() if k.startswith(("read", "prefix"))]
     dw = ops.get("durable write", {})
-    return {"engine": name, "durable_write": gbps("durable write"),
-            "durable_write_without_pack_pages": dw.get("gb_per_s_without_pack_pages"),
-            "read_hot": gbps("read hot"), "read_cold": gbps("read cold"),
-            "prefix_hot": gbps("prefix hot"), "prefix_cold": gbps("prefix cold"),
-            "rss_write": max(writes, default=None),
-            "rss_read": max(reads, default=None)}  # fmt: skip
+    return {
+        "engine": name,
+        "durable_write": gbps("durable write"),
+        "durable_write_without_pack_pages": dw.get("gb_per_s_without_pack_pages"),
+        "read_hot": gbps("read hot"),
+        "read_cold": gbps("read cold"),
+        "prefix_hot": gbps("prefix hot"),
+        "prefix_cold": gbps("prefix cold"),
+        "rss_write": max(writes, default=None),
+        "rss_read": max(reads, default=None),
+    }
 
 
 def _short(name: str) -> str:
@@ -70,8 +84,9 @@ def _short(name: str) -> str:
     return name.split()[0]
 
 
-def _ratios(rows: dict[str, dict[str, Any]], limits: dict[str, float],
-            notes: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+def _ratios(
+    rows: dict[str, dict[str, Any]], limits: dict[str, float], notes: list[str]
+) -> list[dict[str, Any]]:
     ours = rows.get(LAYER, {})
     peers = {_short(n): r for n, r in rows.items() if not n.startswith("stratastore")}
     out = []
@@ -91,9 +106,17 @@ def _ratios(rows: dict[str, dict[str, Any]], limits: dict[str, float],
         value = ours[mine] / theirs
         met = value >= target if higher else value <= target
         missed = (1 - value / target if higher else value / target - 1) * 100
-        out.append({"name": name, "against": against, "value": value, "target": target,
-                    "better": "higher" if higher else "lower", "met": met,
-                    "missed_by_pct": 0.0 if met else missed})  # fmt: skip
+        out.append(
+            {
+                "name": name,
+                "against": against,
+                "value": value,
+                "target": target,
+                "better": "higher" if higher else "lower",
+                "met": met,
+                "missed_by_pct": 0.0 if met else missed,
+            }
+        )
     return out
 
 
@@ -105,15 +128,25 @@ def summarise(samples: dict[tuple[str, str], list[Record]], doc: dict[str, Any])
         engines.setdefault(row, {})[op] = op_stats(recs)
     raw = engines.pop("raw", {})
     limits = {k: raw[op]["gb_per_s"] for k, op in LIMITS.items() if op in raw}
-    order = [LAYER, FLAT, *sorted(n for n in engines if n.startswith("LMCache")),
-             *(n for n in engines if not n.startswith(("LMCache", "stratastore")))]  # fmt: skip
+    order = [
+        LAYER,
+        FLAT,
+        *sorted(n for n in engines if n.startswith("LMCache")),
+        *(n for n in engines if not n.startswith(("LMCache", "stratastore"))),
+    ]
     rows = {n: table_row(n, engines[n]) for n in order if n in engines}
     if FLAT in rows and LAYER in rows:  # one park serves both
         rows[FLAT]["rss_write"] = rows[LAYER]["rss_write"]
     notes = doc["notes"]
     ratios = _ratios(rows, limits, notes)
-    return {**doc, "engines": {**engines, "raw": raw}, "rows": list(rows.values()),
-            "limits": limits, "ratios": ratios, "notes": notes}  # fmt: skip
+    return {
+        **doc,
+        "engines": {**engines, "raw": raw},
+        "rows": list(rows.values()),
+        "limits": limits,
+        "ratios": ratios,
+        "notes": notes,
+    }
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -121,8 +154,14 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 
 def _table(doc: dict[str, Any]) -> list[str]:
-    head = ["engine", "durable write GB/s", "read hot", "read cold", "50% prefix hot / cold",
-            "peak RSS GiB (write / read)"]  # fmt: skip
+    head = [
+        "engine",
+        "durable write GB/s",
+        "read hot",
+        "read cold",
+        "50% prefix hot / cold",
+        "peak RSS GiB (write / read)",
+    ]
     body = []
     for r in doc["rows"]:
         dw = _f(r["durable_write"])
@@ -132,9 +171,16 @@ def _table(doc: dict[str, Any]) -> list[str]:
             dw = "RAM only"
         elif r["durable_write_without_pack_pages"]:
             dw += f" ({r['durable_write_without_pack_pages']:.2f} without pack_pages)"
-        body.append([r["engine"], dw, _f(r["read_hot"]), _f(r["read_cold"]),
-                     f"{_f(r['prefix_hot'])} / {_f(r['prefix_cold'])}",
-                     f"{_f(r['rss_write'])} / {_f(r['rss_read'])}"])  # fmt: skip
+        body.append(
+            [
+                r["engine"],
+                dw,
+                _f(r["read_hot"]),
+                _f(r["read_cold"]),
+                f"{_f(r['prefix_hot'])} / {_f(r['prefix_cold'])}",
+                f"{_f(r['rss_write'])} / {_f(r['rss_read'])}",
+            ]
+        )
     width = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
 
     def line(cells: list[str]) -> str:
@@ -157,29 +203,35 @@ def render(doc: dict[str, Any]) -> str:
         f"stratastore: {doc['stratastore']}",
         f"bit for bit: {bit['results_compared']} results compared "
         f"({bit['bytes_compared'] / 2**30:.2f} GiB), all equal",
-    ]  # fmt: skip
+    ]
     if doc["cold"]:
-        out.append(f"cold: {pc['method']}; after {pc['evictions']} evictions at most "
-                   f"{pc['max_resident_after_eviction']:.2%} of the data files' pages stayed "
-                   f"resident; hot: at least {pc['min_resident_before_hot']:.1%}")  # fmt: skip
+        out.append(
+            f"cold: {pc['method']}; after {pc['evictions']} evictions at most "
+            f"{pc['max_resident_after_eviction']:.2%} of the data files' pages stayed "
+            f"resident; hot: at least {pc['min_resident_before_hot']:.1%}"
+        )
     out += ["", *_table(doc), ""]
 
     def reads(buffer: str) -> str:
         hot, cold = (lim.get(f"raw read into {buffer} buffer, {h}") for h in ("hot", "cold"))
         return f"{_f(hot)} hot, {_f(cold)} cold"
 
-    out.append(f"Limits: raw write+fsync {_f(lim.get('raw write+fsync'))} GB/s; raw read into a "
-               f"fresh buffer {reads('a fresh')}; into a touched buffer {reads('a touched')}; "
-               f"memcpy into a touched buffer {_f(lim.get('memcpy into a touched buffer (numpy)'))}"
-               " (numpy)")  # fmt: skip
+    out.append(
+        f"Limits: raw write+fsync {_f(lim.get('raw write+fsync'))} GB/s; raw read into a "
+        f"fresh buffer {reads('a fresh')}; into a touched buffer {reads('a touched')}; "
+        f"memcpy into a touched buffer {_f(lim.get('memcpy into a touched buffer (numpy)'))}"
+        " (numpy)"
+    )
     out += ["", f"Targets ({LAYER}, ratios of GB/s; of GiB for RSS):"]
-    names = [r["name"] + (f" ({r['against']})" if "best" in r["name"] else "")
-             for r in doc["ratios"]]  # fmt: skip
+    names = [
+        r["name"] + (f" ({r['against']})" if "best" in r["name"] else "") for r in doc["ratios"]
+    ]
     width = max(map(len, names), default=0)
     for name, r in zip(names, doc["ratios"], strict=True):
         sign = ">=" if r["better"] == "higher" else "<="
         verdict = "met" if r["met"] else f"missed by {r['missed_by_pct']:.0f}%"
-        out.append(f"  {name:<{width}}  {r['value']:5.2f}x  (target {sign} "
-                   f"{r['target']:.1f}x)  {verdict}")  # fmt: skip
+        out.append(
+            f"  {name:<{width}}  {r['value']:5.2f}x  (target {sign} {r['target']:.1f}x)  {verdict}"
+        )
     out += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(out)

@@ -98,8 +98,13 @@ class Run:
         self.package = os.path.dirname(os.path.abspath(__file__))
         pkg_parent = os.path.dirname(self.package)
         path = os.pathsep.join(p for p in (pkg_parent, os.environ.get("PYTHONPATH")) if p)
-        self.env = dict(os.environ, PYTHONPATH=path, PYTHONHASHSEED="0",
-                        LMCACHE_TRACK_USAGE="false", LMCACHE_LOG_LEVEL="WARNING")  # fmt: skip
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=path,
+            PYTHONHASHSEED="0",
+            LMCACHE_TRACK_USAGE="false",
+            LMCACHE_LOG_LEVEL="WARNING",
+        )
 
     def file(self, name: str) -> str:
         return os.path.join(self.root, name)
@@ -107,16 +112,23 @@ class Run:
     def spawn(self, op: str, **job: Any) -> Record:
         """Run ``op`` in a fresh interpreter (in the work directory, so that it imports the
         stratastore this process imported); its record."""
-        job = {"op": op, "source": self.file("source.bin"), "packed": self.file("packed.bin"),
-               "tokens": self.tokens, "result": self.file("result.json"), **job}  # fmt: skip
+        job = {
+            "op": op,
+            "source": self.file("source.bin"),
+            "packed": self.file("packed.bin"),
+            "tokens": self.tokens,
+            "result": self.file("result.json"),
+            **job,
+        }
         with open(self.file("job.json"), "w") as f:
             json.dump(job, f)
         if os.path.exists(job["result"]):
             os.unlink(job["result"])
         cmd = [sys.executable, "-m", "strata_harness.peer_engines", self.file("job.json")]
         try:
-            proc = subprocess.run(cmd, cwd=self.root, env=self.env, capture_output=True,
-                                  text=True, timeout=TIMEOUT_S)  # fmt: skip
+            proc = subprocess.run(
+                cmd, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=TIMEOUT_S
+            )
         except subprocess.TimeoutExpired:
             raise PeersBenchError(f"{op} ran over {TIMEOUT_S} s") from None
         if not os.path.exists(job["result"]):
@@ -127,8 +139,10 @@ class Run:
         if "error" in out:
             raise PeersBenchError(str(out["error"]))
         if out["package"] != self.package:
-            raise PeersBenchError(f"{op} ran the stratastore in {out['package']}, not this one "
-                                  f"({self.package}); check PYTHONPATH")  # fmt: skip
+            raise PeersBenchError(
+                f"{op} ran the stratastore in {out['package']}, not this one "
+                f"({self.package}); check PYTHONPATH"
+            )
         return out
 
     def add(self, row: str, op: str, rec: Record) -> None:
@@ -142,9 +156,11 @@ class Run:
         self.evictions += 1
         self.cold_resident[what] = max(frac, self.cold_resident.get(what, 0.0))
         if frac > MAX_RESIDENT:
-            raise PeersBenchError(f"{what}: {frac:.1%} of the data files' pages stayed in the "
-                                  "page cache after fsync + POSIX_FADV_DONTNEED; a cold read "
-                                  "would not be cold (a process mapping them?)")  # fmt: skip
+            raise PeersBenchError(
+                f"{what}: {frac:.1%} of the data files' pages stayed in the "
+                "page cache after fsync + POSIX_FADV_DONTNEED; a cold read "
+                "would not be cold (a process mapping them?)"
+            )
 
     def evict(self, paths: list[str], what: str) -> None:
         self.evicted(evict(data_files(paths)), what)
@@ -211,8 +227,9 @@ def lmcache_engine(backend: str, row: str) -> Callable[[Run], None]:
         chunk = 256  # LMCache's default; the prefix must be whole chunks
         while run.half % chunk:
             chunk //= 2
-        out = run.spawn("lmcache.session", path=path, backend=backend, half=run.half,
-                        chunk=chunk, cold=run.cold)  # fmt: skip
+        out = run.spawn(
+            "lmcache.session", path=path, backend=backend, half=run.half, chunk=chunk, cold=run.cold
+        )
         shutil.rmtree(path, ignore_errors=True)
         if "unavailable" in out:
             run.skipped[f"lmcache-{backend}"] = f"LMCache cannot run here: {out['unavailable']}"
@@ -239,15 +256,22 @@ def write_source(run: Run, *, packed: bool = True) -> None:
     if not packed:
         return
     kv = np.memmap(run.file("source.bin"), np.float16, "r", shape=shape(run.tokens))
-    flat = pack_pages(fingerprint(), [kv[x, 0] for x in range(LAYERS)],
-                        [kv[x, 1] for x in range(LAYERS)], run.tokens)  # fmt: skip
+    flat = pack_pages(
+        fingerprint(),
+        [kv[x, 0] for x in range(LAYERS)],
+        [kv[x, 1] for x in range(LAYERS)],
+        run.tokens,
+    )
     flat.tofile(run.file("packed.bin"))
 
 
 def _engines(notes: list[str]) -> list[tuple[str, Callable[[Run], None]]]:
     have = {m: importlib.util.find_spec(m) is not None for m in ("safetensors", "torch", "lmcache")}
     out: list[tuple[str, Callable[[Run], None]]] = [
-        ("raw", _raw), ("numpy", _file_peer("numpy")), ("stratastore", _stratastore)]  # fmt: skip
+        ("raw", _raw),
+        ("numpy", _file_peer("numpy")),
+        ("stratastore", _stratastore),
+    ]
     for name in ("safetensors", "torch"):
         if have[name]:
             out.append((name, _file_peer(name)))
@@ -255,16 +279,21 @@ def _engines(notes: list[str]) -> list[tuple[str, Callable[[Run], None]]]:
             notes.append(f"{name} is not installed: skipped")
     if have["lmcache"] and have["torch"]:
         version = importlib.metadata.version("lmcache")
-        out.append(("lmcache-disk", lmcache_engine("disk", f"LMCache {version}, local disk backend "
-                                             "(+ fsync)")))  # fmt: skip
+        out.append(
+            (
+                "lmcache-disk",
+                lmcache_engine("disk", f"LMCache {version}, local disk backend (+ fsync)"),
+            )
+        )
         out.append(("lmcache-ram", lmcache_engine("ram", f"LMCache {version}, RAM backend")))
     else:
         notes.append("lmcache (with torch) is not installed: LMCache skipped")
     return out
 
 
-def run_peers(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
-              cold: bool = True) -> dict[str, Any]:  # fmt: skip
+def run_peers(
+    work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3, cold: bool = True
+) -> dict[str, Any]:
     """Run the protocol of the module docstring in a new directory under ``work_dir`` (default:
     the system's temporary directory), removed afterwards; the result document."""
     if mib < 1 or rounds < 1:
@@ -274,9 +303,11 @@ def run_peers(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
         raise PeersBenchError(f"--dir {work_dir} is not a directory; create it or name another")
     free = shutil.disk_usage(work_dir or tempfile.gettempdir()).free
     if free < 9 * tokens * TOKEN_BYTES:
-        raise PeersBenchError(f"{work_dir or tempfile.gettempdir()} has {free / 2**30:.1f} GiB "
-                              f"free; the run writes about {9 * tokens * TOKEN_BYTES / 2**30:.1f}"
-                              " GiB: name a --dir with room, or a smaller --mib")  # fmt: skip
+        raise PeersBenchError(
+            f"{work_dir or tempfile.gettempdir()} has {free / 2**30:.1f} GiB "
+            f"free; the run writes about {9 * tokens * TOKEN_BYTES / 2**30:.1f}"
+            " GiB: name a --dir with room, or a smaller --mib"
+        )
     notes: list[str] = []
     engines = _engines(notes)
     load_start = os.getloadavg()[0]
@@ -293,22 +324,37 @@ def run_peers(work_dir: str | None = None, *, mib: int = 1024, rounds: int = 3,
         shutil.rmtree(root, ignore_errors=True)
     notes += run.skipped.values()
     if not run.peak_reset:
-        notes.append("LMCache: the kernel refused to reset the RSS high-water mark, so its "
-                     "reads' peak RSS includes the store's")  # fmt: skip
-    return summarise(run.samples, {
-        "stratastore": run.package,
-        "bytes": tokens * TOKEN_BYTES, "tokens": tokens, "prefix_tokens": run.half,
-        "geometry": GEOMETRY, "rounds": rounds, "warmup_rounds": 1, "cold": cold,
-        "load_1m": {"start": load_start, "end": os.getloadavg()[0]},
-        "page_cache": {"method": "fsync + posix_fadvise(DONTNEED), checked with mincore",
-                       "evictions": run.evictions,
-                       "max_resident_after_eviction": max(run.cold_resident.values(), default=0.0),
-                       "max_resident_after_eviction_by_row": run.cold_resident,
-                       "min_resident_before_hot": min(run.hot_resident, default=1.0)},
-        "bit_for_bit": {"results_compared": run.compared[0], "bytes_compared": run.compared[1],
-                        "all_equal": True},
-        "notes": notes,
-    })  # fmt: skip
+        notes.append(
+            "LMCache: the kernel refused to reset the RSS high-water mark, so its "
+            "reads' peak RSS includes the store's"
+        )
+    return summarise(
+        run.samples,
+        {
+            "stratastore": run.package,
+            "bytes": tokens * TOKEN_BYTES,
+            "tokens": tokens,
+            "prefix_tokens": run.half,
+            "geometry": GEOMETRY,
+            "rounds": rounds,
+            "warmup_rounds": 1,
+            "cold": cold,
+            "load_1m": {"start": load_start, "end": os.getloadavg()[0]},
+            "page_cache": {
+                "method": "fsync + posix_fadvise(DONTNEED), checked with mincore",
+                "evictions": run.evictions,
+                "max_resident_after_eviction": max(run.cold_resident.values(), default=0.0),
+                "max_resident_after_eviction_by_row": run.cold_resident,
+                "min_resident_before_hot": min(run.hot_resident, default=1.0),
+            },
+            "bit_for_bit": {
+                "results_compared": run.compared[0],
+                "bytes_compared": run.compared[1],
+                "all_equal": True,
+            },
+            "notes": notes,
+        },
+    )
 
 
 def render_peers(doc: dict[str, Any]) -> str:

@@ -111,8 +111,13 @@ class Replay:
 
     def to_json(self) -> dict[str, Any]:
         def row(r: Row) -> dict[str, Any]:
-            return {"figure": r.figure, "store": r.store, "sim": r.sim, "reference": r.reference,
-                    "verdict": r.verdict}  # fmt: skip
+            return {
+                "figure": r.figure,
+                "store": r.store,
+                "sim": r.sim,
+                "reference": r.reference,
+                "verdict": r.verdict,
+            }
 
         return {
             "ok": self.ok,
@@ -125,24 +130,49 @@ class Replay:
 def _agent_rows(run: AgentRun) -> list[Row]:
     p = run.policy
     ref_kept, ref_reread = EDIT_TABLE[p]
-    sims = {back: run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, CHECKPOINTS, back, p))
-            for back in EDITS}  # fmt: skip
-    rows = [Row(f"{p}: kept (tokens before the end)", run.kept, sims[EDITS[0]]["kept"],
-                ref_kept, _ks(ref_kept))]  # fmt: skip
+    sims = {
+        back: run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, CHECKPOINTS, back, p)) for back in EDITS
+    }
+    rows = [
+        Row(
+            f"{p}: kept (tokens before the end)",
+            run.kept,
+            sims[EDITS[0]]["kept"],
+            ref_kept,
+            _ks(ref_kept),
+        )
+    ]
     for back in EDITS:
         sim, ref = sims[back]["reread_tokens"], ref_reread[back]
         text = f"reads {_k(ref)}"
-        rows.append(Row(f"{p}: edit {_k(back)} back, re-read ({run.sources[str(back)]})",
-                        run.reread[back], sim, ref, text))  # fmt: skip
-        rows.append(Row(f"{p}: same after a restart ({run.sources[f'{back} restart']})",
-                        run.reread_restart[back], sim, ref, text))  # fmt: skip
+        rows.append(
+            Row(
+                f"{p}: edit {_k(back)} back, re-read ({run.sources[str(back)]})",
+                run.reread[back],
+                sim,
+                ref,
+                text,
+            )
+        )
+        rows.append(
+            Row(
+                f"{p}: same after a restart ({run.sources[f'{back} restart']})",
+                run.reread_restart[back],
+                sim,
+                ref,
+                text,
+            )
+        )
     return rows
 
 
 def _park_rows(run: ParkRun, tb: int) -> list[Row]:
     mode = "on" if run.truncate else "off"
-    sim = run_park_truncate(ParkTruncate(BUDGET_MIB, SLOTS, MIN_TOKENS, EVERY, FIRST, OTHERS,
-                                         SIM_TOKEN_KIB, 0, run.truncate))  # fmt: skip
+    sim = run_park_truncate(
+        ParkTruncate(
+            BUDGET_MIB, SLOTS, MIN_TOKENS, EVERY, FIRST, OTHERS, SIM_TOKEN_KIB, 0, run.truncate
+        )
+    )
     step = sim["steps"][-1]  # the 3rd request's park (of B)
     sim_held = FIRST
     for s in sim["steps"]:
@@ -150,17 +180,43 @@ def _park_rows(run: ParkRun, tb: int) -> list[Row]:
     ref, text = PARK_TRUNCATE[mode], PARK_TRUNCATE_TEXT[mode]
     mib = run.ram_bytes / tb * SIM_TOKEN_KIB / 1024  # tokens held x the simulator's KiB a token
     rows = [
-        Row(f"{mode}: entries after the 3rd request", run.entries, step["cache_entries"],
-            ref.get("entries"), text.get("entries", "")),
-        Row(f"{mode}: bytes then (MiB at {SIM_TOKEN_KIB} KiB/token)", round(mib, 1),
-            step["cache_mib"], None, text.get("bytes", ""), "MiB"),
-        Row(f"{mode}: evictions then", run.evictions, sim["counters"]["evictions"],
-            ref.get("evictions"), text.get("evictions", "")),
-        Row(f"{mode}: tokens of A held then", run.first_held, sim_held,
-            ref.get("first_held"), text.get("first_held", "")),
-        Row(f"{mode}: return of A ({FIRST:,} tokens), restored ({run.source})", run.restored,
-            sim["restored_tokens"], ref.get("restored"), text.get("restored", "")),
-    ]  # fmt: skip
+        Row(
+            f"{mode}: entries after the 3rd request",
+            run.entries,
+            step["cache_entries"],
+            ref.get("entries"),
+            text.get("entries", ""),
+        ),
+        Row(
+            f"{mode}: bytes then (MiB at {SIM_TOKEN_KIB} KiB/token)",
+            round(mib, 1),
+            step["cache_mib"],
+            None,
+            text.get("bytes", ""),
+            "MiB",
+        ),
+        Row(
+            f"{mode}: evictions then",
+            run.evictions,
+            sim["counters"]["evictions"],
+            ref.get("evictions"),
+            text.get("evictions", ""),
+        ),
+        Row(
+            f"{mode}: tokens of A held then",
+            run.first_held,
+            sim_held,
+            ref.get("first_held"),
+            text.get("first_held", ""),
+        ),
+        Row(
+            f"{mode}: return of A ({FIRST:,} tokens), restored ({run.source})",
+            run.restored,
+            sim["restored_tokens"],
+            ref.get("restored"),
+            text.get("restored", ""),
+        ),
+    ]
     return rows
 
 
@@ -186,41 +242,47 @@ def run_replay(work_dir: str | None = None) -> Replay:
     rep = Replay(agent, park)
     rep.tables = [
         (_agent_title(agent), [row for run in agent.values() for row in _agent_rows(run)]),
-        (_park_title(park, fp.token_bytes),
-         [row for run in park.values() for row in _park_rows(run, fp.token_bytes)]),
-    ]  # fmt: skip
+        (
+            _park_title(park, fp.token_bytes),
+            [row for run in park.values() for row in _park_rows(run, fp.token_bytes)],
+        ),
+    ]
     return rep
 
 
 def _agent_title(agent: dict[str, AgentRun]) -> str:
     runs = list(agent.values())
     checked, bad = sum(r.checked for r in runs), sum(r.mismatches for r in runs)
-    return "\n  ".join([
-        f"the 200-turn edit table through the Store: a {SYSTEM:,}-token system prompt, "
-        f"{TURNS} turns of {TURN:,} tokens, checkpoints={CHECKPOINTS}",
-        "one Store per policy (RAM, and a disk level for the restart); each turn restores, "
-        "checks, prefills, parks",
-        "turns resumed at the previous turn's end: "
-        + ", ".join(f"{r.policy} {r.resumed_turns}/{TURNS - 1}" for r in runs),
-        "tokens prefilled / prompt tokens: "
-        + ", ".join(f"{r.policy} {r.prefilled:,} / {r.prompt_tokens:,}" for r in runs),
-        f"restores bit-exact: {checked - bad}/{checked}",
-    ])  # fmt: skip
+    return "\n  ".join(
+        [
+            f"the 200-turn edit table through the Store: a {SYSTEM:,}-token system prompt, "
+            f"{TURNS} turns of {TURN:,} tokens, checkpoints={CHECKPOINTS}",
+            "one Store per policy (RAM, and a disk level for the restart); each turn restores, "
+            "checks, prefills, parks",
+            "turns resumed at the previous turn's end: "
+            + ", ".join(f"{r.policy} {r.resumed_turns}/{TURNS - 1}" for r in runs),
+            "tokens prefilled / prompt tokens: "
+            + ", ".join(f"{r.policy} {r.prefilled:,} / {r.prompt_tokens:,}" for r in runs),
+            f"restores bit-exact: {checked - bad}/{checked}",
+        ]
+    )
 
 
 def _park_title(park: dict[str, ParkRun], tb: int) -> str:
     checked = sum(r.checked for r in park.values())
     bad = sum(r.mismatches for r in park.values())
-    return "\n  ".join([
-        f"the park-truncate episode through the Store: A {FIRST:,} tokens, B {OTHERS[0]:,}, "
-        f"C {OTHERS[1]:,}, then A again; park_truncate on / off",
-        f"RAM level only: {PARK_RAM_MIB} MiB at {tb} B/token ({PARK_RAM_MIB * 2**20 // tb:,} "
-        f"tokens; the simulator: {BUDGET_MIB:,} MiB at {SIM_TOKEN_KIB} KiB/token, "
-        f"{BUDGET_MIB * 1024 // SIM_TOKEN_KIB:,})",
-        f"{SLOTS} slots, min_tokens {MIN_TOKENS:,}, a checkpoint every {EVERY:,} tokens; "
-        f"restores bit-exact: {checked - bad}/{checked}",
-        "bytes: the reference does not give its K/V size a token, so they are not compared",
-    ])  # fmt: skip
+    return "\n  ".join(
+        [
+            f"the park-truncate episode through the Store: A {FIRST:,} tokens, B {OTHERS[0]:,}, "
+            f"C {OTHERS[1]:,}, then A again; park_truncate on / off",
+            f"RAM level only: {PARK_RAM_MIB} MiB at {tb} B/token ({PARK_RAM_MIB * 2**20 // tb:,} "
+            f"tokens; the simulator: {BUDGET_MIB:,} MiB at {SIM_TOKEN_KIB} KiB/token, "
+            f"{BUDGET_MIB * 1024 // SIM_TOKEN_KIB:,})",
+            f"{SLOTS} slots, min_tokens {MIN_TOKENS:,}, a checkpoint every {EVERY:,} tokens; "
+            f"restores bit-exact: {checked - bad}/{checked}",
+            "bytes: the reference does not give its K/V size a token, so they are not compared",
+        ]
+    )
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -248,18 +310,30 @@ def format_replay(rep: Replay) -> str:
     lines: list[str] = []
     headers = ["figure", "Store (this run)", "simulator", "reference", "verdict"]
     for title, rows in rep.tables:
-        cells = [[r.figure, _show(r.store, r.unit), _show(r.sim, r.unit),
-                  r.reference_text or _show(r.reference), r.verdict] for r in rows]  # fmt: skip
+        cells = [
+            [
+                r.figure,
+                _show(r.store, r.unit),
+                _show(r.sim, r.unit),
+                r.reference_text or _show(r.reference),
+                r.verdict,
+            ]
+            for r in rows
+        ]
         widths = [max(len(x) for x in col) for col in zip(headers, *cells, strict=True)]
         lines += [title, ""]
         for i, line in enumerate([headers, *cells]):
-            padded = [x.ljust(w) if j == 0 else x.rjust(w)
-                      for j, (x, w) in enumerate(zip(line, widths, strict=True))]  # fmt: skip
+            padded = [
+                x.ljust(w) if j == 0 else x.rjust(w)
+                for j, (x, w) in enumerate(zip(line, widths, strict=True))
+            ]
             lines.append("  " + " | ".join(padded))
             if i == 0:
                 lines.append("  " + "-+-".join("-" * w for w in widths))
         lines.append("")
-    lines.append("Store figures match the reference tables" if rep.ok
-                 else "Store figures DIFFER from the reference tables (or a restore was not "
-                 "bit-exact)")  # fmt: skip
+    lines.append(
+        "Store figures match the reference tables"
+        if rep.ok
+        else "Store figures DIFFER from the reference tables (or a restore was not bit-exact)"
+    )
     return "\n".join(lines)

@@ -34,8 +34,18 @@ from stratastore.chain import Checkpoint, Conversation, Policy, as_tokens
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
 
-__all__ = ["CHECKPOINTS", "EDIT_TABLE", "EDITS", "END", "SYSTEM", "TURN", "TURNS", "AgentRun",
-           "level_dir", "run_agent"]  # fmt: skip
+__all__ = [
+    "CHECKPOINTS",
+    "EDIT_TABLE",
+    "EDITS",
+    "END",
+    "SYSTEM",
+    "TURN",
+    "TURNS",
+    "AgentRun",
+    "level_dir",
+    "run_agent",
+]
 
 SYSTEM, TURNS, TURN, CHECKPOINTS = 9525, 200, 1000, 6
 END = SYSTEM + TURNS * TURN
@@ -69,8 +79,9 @@ def level_dir(work_dir: str, policy: Policy) -> str:
     return str(PurePath(work_dir, f"edit-table-{policy}"))
 
 
-def _edited(held: npt.NDArray[np.uint32], back: int, rng: np.random.Generator
-            ) -> npt.NDArray[np.uint32]:  # fmt: skip
+def _edited(
+    held: npt.NDArray[np.uint32], back: int, rng: np.random.Generator
+) -> npt.NDArray[np.uint32]:
     """The held conversation rewritten ``back`` tokens before its end (same length)."""
     at = len(held) - back
     prompt = np.concatenate([held[:at], rng.integers(0, 150_000, back, dtype=np.uint32)])
@@ -124,7 +135,15 @@ def run_agent(policy: Policy, work_dir: str, fp: ModelFingerprint | None = None)
         for back, prompt in edits.items():
             r, _ = again.serve(prompt)
             reread_restart[back], sources[f"{back} restart"] = END - r.tokens, r.source
-    return AgentRun(policy, kept, reread, reread_restart, sources, resumed,
-                    engine.checked + again.checked, engine.mismatches + again.mismatches,
-                    engine.prefilled + again.prefilled,
-                    engine.prompt_tokens + again.prompt_tokens)  # fmt: skip
+    return AgentRun(
+        policy,
+        kept,
+        reread,
+        reread_restart,
+        sources,
+        resumed,
+        engine.checked + again.checked,
+        engine.mismatches + again.mismatches,
+        engine.prefilled + again.prefilled,
+        engine.prompt_tokens + again.prompt_tokens,
+    )

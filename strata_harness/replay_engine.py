@@ -33,8 +33,9 @@ TABLE_ROWS = 4096  #: rows of the K/V table the tiny model draws from
 
 def replay_fingerprint() -> ModelFingerprint:
     """The tiny model of the replay: 2 layers x 1 KV head x 7 dims, fp16 (56 bytes a token)."""
-    return ModelFingerprint.create("replay/tiny", n_layers=2, n_kv_heads=1, head_dim=7,
-                                   page_tokens=16)  # fmt: skip
+    return ModelFingerprint.create(
+        "replay/tiny", n_layers=2, n_kv_heads=1, head_dim=7, page_tokens=16
+    )
 
 
 def plenty() -> int:

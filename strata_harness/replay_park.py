@@ -39,8 +39,20 @@ from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
 from stratastore.tiers.records import Restored
 
-__all__ = ["BUDGET_MIB", "EVERY", "FIRST", "MIN_TOKENS", "OTHERS", "PARK_RAM_MIB", "PARK_TRUNCATE",
-           "PARK_TRUNCATE_TEXT", "SIM_TOKEN_KIB", "SLOTS", "ParkRun", "run_park"]  # fmt: skip
+__all__ = [
+    "BUDGET_MIB",
+    "EVERY",
+    "FIRST",
+    "MIN_TOKENS",
+    "OTHERS",
+    "PARK_RAM_MIB",
+    "PARK_TRUNCATE",
+    "PARK_TRUNCATE_TEXT",
+    "SIM_TOKEN_KIB",
+    "SLOTS",
+    "ParkRun",
+    "run_park",
+]
 
 BUDGET_MIB, SLOTS, MIN_TOKENS, EVERY = 3500, 2, 4096, 4096  #: the reference's test config
 FIRST, OTHERS = 62_000, (76_000, 20_000)  #: the reference's scenario (and the simulator's)
@@ -88,19 +100,30 @@ def _chain(conv_id: str, tokens: npt.NDArray[np.uint32]) -> Conversation:
     """A request's chain as the engine parks it: a checkpoint every ``EVERY`` tokens and at the
     end, a segment cut at each (the simulator's chain)."""
     lengths = [*range(EVERY, len(tokens), EVERY), len(tokens)]
-    return Conversation(conv_id, tokens.copy(), [Checkpoint(n, last_used=i)
-                                                 for i, n in enumerate(lengths)],
-                        cuts=[0, *lengths[:-1]])  # fmt: skip
+    return Conversation(
+        conv_id,
+        tokens.copy(),
+        [Checkpoint(n, last_used=i) for i, n in enumerate(lengths)],
+        cuts=[0, *lengths[:-1]],
+    )
 
 
 def run_park(truncate: bool, fp: ModelFingerprint | None = None) -> ParkRun:
     """The workload through a Store with a RAM level only (see the module's docstring)."""
     fp = fp or replay_fingerprint()
     rng = np.random.default_rng(1)
-    prompts = {name: rng.integers(0, 150_000, n, dtype=np.uint32)
-               for name, n in zip("ABC", (FIRST, *OTHERS), strict=True)}  # fmt: skip
-    cfg = {"ram_mib": PARK_RAM_MIB, "slots": SLOTS, "min_tokens": MIN_TOKENS, "park": "ram",
-           "park_truncate": truncate, "checkpoints": PARK_CHECKPOINTS}  # fmt: skip
+    prompts = {
+        name: rng.integers(0, 150_000, n, dtype=np.uint32)
+        for name, n in zip("ABC", (FIRST, *OTHERS), strict=True)
+    }
+    cfg = {
+        "ram_mib": PARK_RAM_MIB,
+        "slots": SLOTS,
+        "min_tokens": MIN_TOKENS,
+        "park": "ram",
+        "park_truncate": truncate,
+        "checkpoints": PARK_CHECKPOINTS,
+    }
     with Store.open(fp, cfg, probe=plenty) as store:
         engine = Engine(store, fp)
         live: tuple[str, Bytes] | None = None
@@ -114,9 +137,19 @@ def run_park(truncate: bool, fp: ModelFingerprint | None = None) -> ParkRun:
             if i == 2:  # after the 3rd request
                 ram = store.stats()["levels"]["ram"]
                 hit = store.lookup(prompts["A"])
-                after_third = {"entries": ram["entries"], "ram_bytes": ram["bytes"],
-                               "evictions": ram["evictions"], "truncations": ram["truncations"],
-                               "first_held": hit[1] if hit else 0}  # fmt: skip
+                after_third = {
+                    "entries": ram["entries"],
+                    "ram_bytes": ram["bytes"],
+                    "evictions": ram["evictions"],
+                    "truncations": ram["truncations"],
+                    "first_held": hit[1] if hit else 0,
+                }
         assert r is not None
-    return ParkRun(truncate, restored=r.tokens, source=r.source, checked=engine.checked,
-                   mismatches=engine.mismatches, **after_third)  # fmt: skip
+    return ParkRun(
+        truncate,
+        restored=r.tokens,
+        source=r.source,
+        checked=engine.checked,
+        mismatches=engine.mismatches,
+        **after_third,
+    )

@@ -194,9 +194,12 @@ def run_low_ram(cfg: LowRam, work_dir: str) -> dict[str, Any]:
     from stratastore.io import files
 
     files.makedirs(work_dir)
-    return {"scenario": "low-ram", "scale": cfg.scale,
-            "old": _low_ram_once(cfg, f"{work_dir}/old", legacy=True),
-            "new": _low_ram_once(cfg, f"{work_dir}/new", legacy=False)}  # fmt: skip
+    return {
+        "scenario": "low-ram",
+        "scale": cfg.scale,
+        "old": _low_ram_once(cfg, f"{work_dir}/old", legacy=True),
+        "new": _low_ram_once(cfg, f"{work_dir}/new", legacy=False),
+    }
 
 
 def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
@@ -207,8 +210,9 @@ def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
     if min(cfg.slots, cfg.conversations, cfg.requests) < 1 or cfg.scale < 16:
         raise ConfigError("sim low-ram: slots, conversations, requests >= 1 and scale >= 16")
     s, mib = cfg.scale, 1 << 20
-    fp = ModelFingerprint.create("sim/low-ram", n_layers=2, n_kv_heads=2, head_dim=8,
-                                 page_tokens=16)  # 128 bytes a token  # fmt: skip
+    fp = ModelFingerprint.create(
+        "sim/low-ram", n_layers=2, n_kv_heads=2, head_dim=8, page_tokens=16
+    )  # 128 bytes a token
     full_token_bytes = 25_000  # ~2.5 GB per 100K-token conversation (the low-RAM episode)
     per_full_token = full_token_bytes / s / fp.token_bytes  # scaled tokens per full-scale token
     rng = np.random.default_rng(cfg.seed)
@@ -267,11 +271,16 @@ def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
         st = tiers.stats()
     finally:
         tiers.close()
-    return {"rule": "old: one floor, discard" if legacy else "new: transient floor, spill",
-            "parks_ram": st["parks_ram"], "parks_disk": st["parks_disk"],
-            "discards": st["discards"], "disk_hits": st["hits_disk"],
-            "disk_hits_refused": st["disk_hits_refused"], "ram_hits": st["hits_ram"],
-            "tokens_reread": round(reread / per_full_token)}  # fmt: skip
+    return {
+        "rule": "old: one floor, discard" if legacy else "new: transient floor, spill",
+        "parks_ram": st["parks_ram"],
+        "parks_disk": st["parks_disk"],
+        "discards": st["discards"],
+        "disk_hits": st["hits_disk"],
+        "disk_hits_refused": st["disk_hits_refused"],
+        "ram_hits": st["hits_ram"],
+        "tokens_reread": round(reread / per_full_token),
+    }
 
 
 def _snapshot(
@@ -281,8 +290,9 @@ def _snapshot(
     after another turn shares all its earlier segments (by key) with its previous park."""
     n = len(tokens)
     lengths = [x for x in openers if 0 < x < n] + [n]
-    conv = Conversation(f"c{conv_id}", as_tokens(tokens), [Checkpoint(x) for x in lengths],
-                        cuts=[0, *lengths[:-1]])  # fmt: skip
+    conv = Conversation(
+        f"c{conv_id}", as_tokens(tokens), [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]]
+    )
     block = np.frombuffer(bytes(range(256)) * (fp.token_bytes // 256 + 1), np.uint8)
     kv = np.resize(block, n * fp.token_bytes) ^ np.uint8(conv_id)
     return cls(conv, kv)

@@ -133,9 +133,14 @@ class Store:
         self._spill.raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
-    def park(self, conv: Conversation, kv: npt.NDArray[Any] | Any,
-             states: Mapping[int, bytes] | None = None, *, pin: bool = False
-             ) -> ParkReport:  # fmt: skip
+    def park(
+        self,
+        conv: Conversation,
+        kv: npt.NDArray[Any] | Any,
+        states: Mapping[int, bytes] | None = None,
+        *,
+        pin: bool = False,
+    ) -> ParkReport:
         """Keep a conversation leaving its slot: RAM, else disk, else discard (counted).
         ``states`` maps checkpoint lengths to the running state saved there (hybrid and
         recurrent models). The store keeps ``conv`` and ``kv`` (the capture) until they are
@@ -170,8 +175,9 @@ class Store:
         if not isinstance(pin, bool):
             raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
         if states is not None and not isinstance(states, Mapping):
-            raise InvalidConversation(f"park: states must map checkpoint lengths to bytes, not "
-                                      f"{type(states).__name__}")  # fmt: skip
+            raise InvalidConversation(
+                f"park: states must map checkpoint lengths to bytes, not {type(states).__name__}"
+            )
         if is_device_array(kv):  # hashed on the device, copied once, outside the lock
             snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
         else:
@@ -183,8 +189,11 @@ class Store:
         self._spill.hand_over(spills)
         return report
 
-    def lookup(self, prompt: Sequence[int] | npt.NDArray[np.integer],
-               media: Mapping[int, bytes] | None = None) -> tuple[str, int] | None:  # fmt: skip
+    def lookup(
+        self,
+        prompt: Sequence[int] | npt.NDArray[np.integer],
+        media: Mapping[int, bytes] | None = None,
+    ) -> tuple[str, int] | None:
         """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``;
         ``source`` is ``"ram"``, ``"pending"`` (a park whose disk write is in flight),
         ``"disk"`` or ``"remote"`` (the shared remote level, asked only when the local levels
@@ -207,10 +216,14 @@ class Store:
             hit = self._tiers.lookup(tokens, pictures, found)
         return (hit[0], hit[1].length) if hit else None
 
-    def restore(self, prompt: Sequence[int] | npt.NDArray[np.integer],
-                out: npt.NDArray[Any] | Destination,
-                media: Mapping[int, bytes] | None = None, *,
-                max_tokens: int | None = None) -> Restored:  # fmt: skip
+    def restore(
+        self,
+        prompt: Sequence[int] | npt.NDArray[np.integer],
+        out: npt.NDArray[Any] | Destination,
+        media: Mapping[int, bytes] | None = None,
+        *,
+        max_tokens: int | None = None,
+    ) -> Restored:
         """Copy the deepest stored prefix of ``prompt`` into ``out``: the engine's K/V buffer
         for this conversation in the page layout of spec F-SEG-4 (at least
         ``len(prompt) * token_bytes`` bytes; ``max_tokens`` of them when capped), or a
@@ -268,11 +281,14 @@ class Store:
                 self._reading -= 1
 
     def restore_many(
-        self, requests: Sequence[tuple[Sequence[int] | npt.NDArray[np.integer],
-                                       npt.NDArray[Any] | Destination]],
-        media: Sequence[Mapping[int, bytes] | None] = (), *,
+        self,
+        requests: Sequence[
+            tuple[Sequence[int] | npt.NDArray[np.integer], npt.NDArray[Any] | Destination]
+        ],
+        media: Sequence[Mapping[int, bytes] | None] = (),
+        *,
         max_tokens: int | Sequence[int | None] | None = None,
-    ) -> list[Restored]:  # fmt: skip
+    ) -> list[Restored]:
         """:meth:`restore` for several prompts submitted together (one destination each): their
         disk reads share one batched read agenda, read-ahead, validation and copy overlapping
         across requests (:mod:`stratastore.restore.agenda`). Each request keeps the contract of
@@ -286,11 +302,14 @@ class Store:
         if max_tokens is None or isinstance(max_tokens, (int, np.integer)):
             caps = [restore_cap(max_tokens, "restore_many")] * len(reqs)
         elif isinstance(max_tokens, Sequence) and len(max_tokens) == len(reqs):
-            caps = [restore_cap(c, f"restore_many (request #{i})")
-                    for i, c in enumerate(max_tokens)]  # fmt: skip
+            caps = [
+                restore_cap(c, f"restore_many (request #{i})") for i, c in enumerate(max_tokens)
+            ]
         else:
-            raise InvalidRequest(f"restore_many: max_tokens must be an int, None, or a list of "
-                                 f"{len(reqs)} (one per request), not {max_tokens!r}")  # fmt: skip
+            raise InvalidRequest(
+                f"restore_many: max_tokens must be an int, None, or a list of "
+                f"{len(reqs)} (one per request), not {max_tokens!r}"
+            )
         with self._in_flight("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps)
         with self._lock:
@@ -303,24 +322,33 @@ class Store:
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
 
-    def save_session(self, name: str, tokens: Sequence[int] | npt.NDArray[np.integer],
-                     kv: npt.NDArray[Any], checkpoints: Sequence[int] = ()) -> None:  # fmt: skip
+    def save_session(
+        self,
+        name: str,
+        tokens: Sequence[int] | npt.NDArray[np.integer],
+        kv: npt.NDArray[Any],
+        checkpoints: Sequence[int] = (),
+    ) -> None:
         """Save a conversation under ``name`` (durable when this returns; never evicted).
         Session names and conversation ids are one namespace (spec F-CHAIN-4): the name of a
         parked conversation is refused (:class:`~stratastore.tiers.tiered.InvalidConversation`)."""
         self._check_open("save_session")
         toks = as_tokens(tokens, f"save_session {name!r}", InvalidConversation)
         data = kv_bytes(kv, f"save_session {name!r}")
-        bad = [c for c in checkpoints if isinstance(c, bool) or not isinstance(c, (int, np.integer))
-               or not 0 <= c <= len(toks)]  # fmt: skip
+        bad = [
+            c
+            for c in checkpoints
+            if isinstance(c, bool)
+            or not isinstance(c, (int, np.integer))
+            or not 0 <= c <= len(toks)
+        ]
         if isinstance(checkpoints, (str, bytes)) or bad:
             raise InvalidConversation(
                 f"save_session {name!r}: checkpoints must be token lengths (ints) within its "
                 f"{len(toks)} tokens; got {bad[:1] or checkpoints!r}"
             )
         lengths = sorted({*map(int, checkpoints), len(toks)} - {0})
-        conv = Conversation(name, toks, [Checkpoint(n) for n in lengths],
-                            cuts=[0, *lengths[:-1]])  # fmt: skip
+        conv = Conversation(name, toks, [Checkpoint(n) for n in lengths], cuts=[0, *lengths[:-1]])
         with self._in_flight("save_session"):  # the lock for the checks, not the write
             self._tiers.save_session(Snapshot(conv, data))
 
@@ -396,9 +424,12 @@ class Store:
         try:  # best effort, on the spill writer's thread too: a failure never stops the writer
             doc = self._stats(None)
             doc.update(pid=this_process(), written_at=time.time())
-            durable_write_in(d, f"{INDEX_DIR}/{MONITOR_FILE}",
-                             json.dumps(doc, default=str).encode(),
-                             mode=self._tiers.cfg.file_mode)  # fmt: skip
+            durable_write_in(
+                d,
+                f"{INDEX_DIR}/{MONITOR_FILE}",
+                json.dumps(doc, default=str).encode(),
+                mode=self._tiers.cfg.file_mode,
+            )
         except Exception:
             with self._lock:
                 self.counters["monitor_errors"] += 1
@@ -439,6 +470,7 @@ class Store:
         self._check_open("__enter__")
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

@@ -23,9 +23,12 @@ from stratastore.chain import as_tokens
 from stratastore.levels.local import SegmentStore
 
 settings.register_profile(
-    "ci", derandomize=True, deadline=None, print_blob=True,
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -48,8 +51,12 @@ def conversation_kv(
     (seeded by ``base``) for ``fp`` (default :func:`tiny_fp`)."""
     fp = fp or tiny_fp()
     lengths = [*range(step, n, step), n] if step else [n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(x) for x in lengths],
+        cuts=[0, *lengths[:-1]],
+    )
     kv = np.random.default_rng(base).integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
     return conv, kv
 
@@ -102,10 +109,16 @@ def run_on_private_tmpfs(tmp_path: Path, script: str, *args: str) -> str:
     path.write_text(script)
     root = Path(__file__).resolve().parents[1]
     argv = " ".join(a.format(vol=vol) for a in args)
-    cmd = (f"mount -t tmpfs -o size=32m tmpfs {vol} && cd {root} && PYTHONPATH={root} "
-           f"{sys.executable} {path} {argv}")  # fmt: skip
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    cmd = (
+        f"mount -t tmpfs -o size=32m tmpfs {vol} && cd {root} && PYTHONPATH={root} "
+        f"{sys.executable} {path} {argv}"
+    )
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if r.returncode != 0 and "Operation not permitted" in r.stderr:
         pytest.skip(f"private mounts are not permitted here: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr

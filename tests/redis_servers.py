@@ -109,9 +109,12 @@ def _run(args: Sequence[str], *, timeout: float = CLI_TIMEOUT, what: str = "") -
     ``what``, the exit status and the output on a non-zero exit or a timeout."""
     try:
         done = subprocess.run(
-            list(args), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+            list(args),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
             check=False,
-        )  # fmt: skip
+        )
     except subprocess.TimeoutExpired as e:
         raise RedisServerError(f"{what or args[0]}: timed out after {timeout} s") from e
     out = done.stdout.decode(errors="replace")
@@ -174,24 +177,81 @@ def make_tls_files(dir: Path | str) -> TlsFiles:
     cnf.write_text(_OPENSSL_CNF)
     newkey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     files = TlsFiles(
-        ca=d / "ca.crt", cert=d / "server.crt", key=d / "server.key",
-        client_cert=d / "client.crt", client_key=d / "client.key",
-    )  # fmt: skip
+        ca=d / "ca.crt",
+        cert=d / "server.crt",
+        key=d / "server.key",
+        client_cert=d / "client.crt",
+        client_key=d / "client.key",
+    )
     ca_key = d / "ca.key"
-    _run([openssl, "req", "-x509", "-new", *newkey, "-config", str(cnf), "-extensions", "ca_ext",
-          "-subj", "/CN=stratastore test CA", "-days", "3650",
-          "-keyout", str(ca_key), "-out", str(files.ca)], what="openssl (CA)")  # fmt: skip
+    _run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-new",
+            *newkey,
+            "-config",
+            str(cnf),
+            "-extensions",
+            "ca_ext",
+            "-subj",
+            "/CN=stratastore test CA",
+            "-days",
+            "3650",
+            "-keyout",
+            str(ca_key),
+            "-out",
+            str(files.ca),
+        ],
+        what="openssl (CA)",
+    )
     for cn, ext, crt, key in (
         ("localhost", "server_ext", files.cert, files.key),
         ("stratastore-test-client", "client_ext", files.client_cert, files.client_key),
     ):
         csr = crt.with_suffix(".csr")
-        _run([openssl, "req", "-new", *newkey, "-config", str(cnf), "-subj", f"/CN={cn}",
-              "-keyout", str(key), "-out", str(csr)], what=f"openssl ({cn} key)")  # fmt: skip
-        _run([openssl, "x509", "-req", "-in", str(csr), "-CA", str(files.ca),
-              "-CAkey", str(ca_key), "-set_serial", str(random.getrandbits(63)),
-              "-days", "3650", "-extfile", str(cnf), "-extensions", ext,
-              "-out", str(crt)], what=f"openssl ({cn} certificate)")  # fmt: skip
+        _run(
+            [
+                openssl,
+                "req",
+                "-new",
+                *newkey,
+                "-config",
+                str(cnf),
+                "-subj",
+                f"/CN={cn}",
+                "-keyout",
+                str(key),
+                "-out",
+                str(csr),
+            ],
+            what=f"openssl ({cn} key)",
+        )
+        _run(
+            [
+                openssl,
+                "x509",
+                "-req",
+                "-in",
+                str(csr),
+                "-CA",
+                str(files.ca),
+                "-CAkey",
+                str(ca_key),
+                "-set_serial",
+                str(random.getrandbits(63)),
+                "-days",
+                "3650",
+                "-extfile",
+                str(cnf),
+                "-extensions",
+                ext,
+                "-out",
+                str(crt),
+            ],
+            what=f"openssl ({cn} certificate)",
+        )
         csr.unlink()
     return files
 
@@ -338,14 +398,38 @@ class RedisServer:
 
     def command_line(self) -> list[str]:
         """The ``redis-server`` arguments this server is started with."""
-        args = [self.server_bin, "--bind", self.host, "--dir", str(self.dir),
-                "--daemonize", "no", "--save", "", "--appendonly", "no", "--logfile", "",
-                "--enable-debug-command", "local"]  # fmt: skip
+        args = [
+            self.server_bin,
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            "",
+            "--enable-debug-command",
+            "local",
+        ]
         if self.tls:
-            args += ["--port", "0", "--tls-port", str(self.port),
-                     "--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key),
-                     "--tls-ca-cert-file", str(self.tls.ca),
-                     "--tls-auth-clients", "yes" if self.tls_auth_clients else "no"]  # fmt: skip
+            args += [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.tls.cert),
+                "--tls-key-file",
+                str(self.tls.key),
+                "--tls-ca-cert-file",
+                str(self.tls.ca),
+                "--tls-auth-clients",
+                "yes" if self.tls_auth_clients else "no",
+            ]
         else:
             args += ["--port", str(self.port)]
         if self.password is not None:
@@ -362,9 +446,14 @@ class RedisServer:
         if self.maxmemory_policy is not None:
             args += ["--maxmemory-policy", self.maxmemory_policy]
         if self.cluster:
-            args += ["--cluster-enabled", "yes",
-                     "--cluster-config-file", str(self.dir / "nodes.conf"),
-                     "--cluster-node-timeout", "2000"]  # fmt: skip
+            args += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.dir / "nodes.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ]
         return args + self.extra_args
 
     def start(self, timeout: float = 10.0) -> Self:
@@ -393,10 +482,13 @@ class RedisServer:
             log.write(f"---- {time.strftime('%H:%M:%S')} starting on port {self.port}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
-                [*_pdeathsig_prefix(), *self.command_line()], cwd=self.dir,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                [*_pdeathsig_prefix(), *self.command_line()],
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         _LIVE[self._proc.pid] = self._proc
 
     def wait_ready(self, timeout: float = 10.0) -> None:
@@ -514,9 +606,12 @@ class RedisServer:
             sock.close()
 
     def execute(
-        self, *args: Arg, user: str | None = None, password: str | None = None,
+        self,
+        *args: Arg,
+        user: str | None = None,
+        password: str | None = None,
         timeout: float = 5.0,
-    ) -> Reply:  # fmt: skip
+    ) -> Reply:
         """Send one command on a new connection (authenticated as in :meth:`connection`) and
         return its RESP2 reply: bytes, int, None or a list. An error reply raises
         RedisReplyError; a refused, reset or timed-out connection raises OSError."""
@@ -530,8 +625,15 @@ class RedisServer:
         port, TLS flags and credentials (default: its password, if any)."""
         args = [self.cli_bin, "-e", "-h", self.host, "-p", str(self.port)]
         if self.tls is not None:
-            args += ["--tls", "--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
-                     "--key", str(self.tls.client_key)]  # fmt: skip
+            args += [
+                "--tls",
+                "--cacert",
+                str(self.tls.ca),
+                "--cert",
+                str(self.tls.client_cert),
+                "--key",
+                str(self.tls.client_key),
+            ]
         password = password if password is not None else self.password
         if user is not None:
             args += ["--user", user]
@@ -540,14 +642,20 @@ class RedisServer:
         return args
 
     def cli(
-        self, *args: str, user: str | None = None, password: str | None = None,
+        self,
+        *args: str,
+        user: str | None = None,
+        password: str | None = None,
         timeout: float = CLI_TIMEOUT,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Run ``redis-cli ARGS`` against this server (see :meth:`cli_args`) and return its stdout
         (redis-cli's raw format: one line per value). Raises RedisServerError on a non-zero exit
         (an error reply included) or after ``timeout`` seconds."""
-        return _run([*self.cli_args(user=user, password=password), *args], timeout=timeout,
-                    what=f"redis-cli {' '.join(args[:2])}")  # fmt: skip
+        return _run(
+            [*self.cli_args(user=user, password=password), *args],
+            timeout=timeout,
+            what=f"redis-cli {' '.join(args[:2])}",
+        )
 
     def client_kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``redis.Redis(**kwargs)`` (host, port, password, and the TLS
@@ -556,9 +664,12 @@ class RedisServer:
         if self.password is not None:
             kw["password"] = self.password
         if self.tls is not None:
-            kw.update(ssl=True, ssl_ca_certs=str(self.tls.ca),
-                      ssl_certfile=str(self.tls.client_cert),
-                      ssl_keyfile=str(self.tls.client_key))  # fmt: skip
+            kw.update(
+                ssl=True,
+                ssl_ca_certs=str(self.tls.ca),
+                ssl_certfile=str(self.tls.client_cert),
+                ssl_keyfile=str(self.tls.client_key),
+            )
         return kw
 
 
@@ -588,12 +699,24 @@ class RedisCluster:
         self.nodes: list[RedisServer] = []
         try:
             for i in range(masters):
-                self.nodes.append(RedisServer(
-                    self.dir / f"node{i}", cluster=True, password=password,
-                    extra_args=extra_args, binaries=binaries,
-                ))  # fmt: skip
-            self.nodes[0].cli("--cluster", "create", *self.seeds, "--cluster-replicas", "0",
-                              "--cluster-yes", timeout=timeout)  # fmt: skip
+                self.nodes.append(
+                    RedisServer(
+                        self.dir / f"node{i}",
+                        cluster=True,
+                        password=password,
+                        extra_args=extra_args,
+                        binaries=binaries,
+                    )
+                )
+            self.nodes[0].cli(
+                "--cluster",
+                "create",
+                *self.seeds,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+                timeout=timeout,
+            )
             self.wait_ok(timeout)
         except BaseException:
             self.stop()
@@ -630,8 +753,11 @@ class RedisCluster:
         """Poll until every running node reports ``cluster_state:ok`` with all 16384 slots
         assigned and knows all the nodes; RedisServerError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        want = [b"cluster_state:ok", b"cluster_slots_assigned:16384",
-                b"cluster_known_nodes:%d" % len(self.nodes)]  # fmt: skip
+        want = [
+            b"cluster_state:ok",
+            b"cluster_slots_assigned:16384",
+            b"cluster_known_nodes:%d" % len(self.nodes),
+        ]
         delay = 0.01
         while True:
             infos: list[Reply] = []
@@ -703,8 +829,18 @@ class RedisCluster:
             if time.monotonic() > deadline:
                 raise RedisServerError(f"slot {slot}: keys still on the source after {timeout} s")
             batch: list[Arg] = [k for k in keys if isinstance(k, bytes)]
-            source.execute("MIGRATE", target.host, target.port, "", 0, 5000, *auth, "KEYS", *batch,
-                           timeout=10.0)  # fmt: skip
+            source.execute(
+                "MIGRATE",
+                target.host,
+                target.port,
+                "",
+                0,
+                5000,
+                *auth,
+                "KEYS",
+                *batch,
+                timeout=10.0,
+            )
         for n in [target, source, *(n for n in self.nodes if n not in (target, source))]:
             if n.running:
                 n.execute("CLUSTER", "SETSLOT", slot, "NODE", dst_id)

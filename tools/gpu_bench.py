@@ -83,12 +83,18 @@ def kernels(total_mib: int = 512, page_kib: int = 64) -> None:
 
 
 def engine_fp() -> ModelFingerprint:
-    return ModelFingerprint.create("bench/gpu", n_layers=32, n_kv_heads=8, head_dim=128,
-                                   page_tokens=16)  # fmt: skip
+    return ModelFingerprint.create(
+        "bench/gpu", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16
+    )
 
 
-def end_to_end(total_mib: int = 1024, fp: ModelFingerprint | None = None, runs: int = 3,
-               block_size: int = 16, tokens: int | None = None) -> dict[str, Any]:  # fmt: skip
+def end_to_end(
+    total_mib: int = 1024,
+    fp: ModelFingerprint | None = None,
+    runs: int = 3,
+    block_size: int = 16,
+    tokens: int | None = None,
+) -> dict[str, Any]:
     """Park one conversation of ``total_mib`` to a disk level, then restore it into a device
     paged pool (validated on the device) and, on the same files, read it raw into pinned memory
     and copy that to the device unvalidated (``tokens``: that many instead of ``total_mib``).
@@ -98,8 +104,12 @@ def end_to_end(total_mib: int = 1024, fp: ModelFingerprint | None = None, runs: 
     rng = np.random.default_rng(7)
     kv = rng.integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
     with tempfile.TemporaryDirectory(prefix="strata-gpu-") as tmp:
-        cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(Path(tmp) / "cold"),
-               "cold_mib": max(64, 2 * total_mib)}  # fmt: skip
+        cfg = {
+            "ram_mib": 0,
+            "park": "disk",
+            "cold_dir": str(Path(tmp) / "cold"),
+            "cold_mib": max(64, 2 * total_mib),
+        }
         with Store.open(fp, cfg) as store:
             prompt = as_tokens(np.arange(n))
             store.park(Conversation("bench", prompt, [Checkpoint(n)]), kv.copy())
@@ -135,10 +145,11 @@ def end_to_end(total_mib: int = 1024, fp: ModelFingerprint | None = None, runs: 
             restore()
             _check(fp, pools, table, kv, n, block_size)
     nbytes = n * fp.token_bytes
-    out = {"bytes": nbytes, "restore_s": t_restore, "raw_s": t_raw,
-           "ratio": t_raw / t_restore}  # fmt: skip
-    print(f"end to end: {nbytes / MIB:,.0f} MiB, {n:,} tokens, paged pool of {block_size}-token "
-          f"blocks, hot, medians of {runs}")  # fmt: skip
+    out = {"bytes": nbytes, "restore_s": t_restore, "raw_s": t_raw, "ratio": t_raw / t_restore}
+    print(
+        f"end to end: {nbytes / MIB:,.0f} MiB, {n:,} tokens, paged pool of {block_size}-token "
+        f"blocks, hot, medians of {runs}"
+    )
     print(f"  validated restore into device pool  {nbytes / t_restore / 1e9:8.2f} GB/s")
     print(f"  raw read + unvalidated copy         {nbytes / t_raw / 1e9:8.2f} GB/s")
     print(f"  ratio                               {out['ratio']:8.2f}x (target >= 0.9x)")
@@ -152,8 +163,14 @@ def _segment_keys(store: Store) -> list[bytes]:
     return [k for _, _, k in view.convs["bench"].segments]
 
 
-def _check(fp: ModelFingerprint, pools: list[Any], table: np.ndarray, kv: np.ndarray, n: int,
-           block_size: int) -> None:  # fmt: skip
+def _check(
+    fp: ModelFingerprint,
+    pools: list[Any],
+    table: np.ndarray,
+    kv: np.ndarray,
+    n: int,
+    block_size: int,
+) -> None:
     """The pool holds ``kv`` (stored layout, one segment) token for token: checked on a sample
     of tokens (the first, the last, some between), so a wrong figure is never printed."""
     row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize

@@ -84,8 +84,9 @@ ROWS = (ROW_RESTORE, ROW_MGET_SEG, ROW_MGET_ALL, ROW_LOCAL, ROW_PLAIN_READ, ROW_
 
 def engine_fp() -> ModelFingerprint:
     """Llama-3.1-8B's K/V geometry: 128 KiB a token, pages of 16 tokens (2 MiB)."""
-    return ModelFingerprint.create("bench/8b", n_layers=32, n_kv_heads=8, head_dim=128,
-                                   page_tokens=16)  # fmt: skip
+    return ModelFingerprint.create(
+        "bench/8b", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16
+    )
 
 
 @dataclass
@@ -109,8 +110,9 @@ class Image:
 
     def conversation(self) -> Conversation:
         """A fresh Conversation (a Store may trim the one it is given)."""
-        return Conversation("bench", self.prompt.copy(), [Checkpoint(len(self.prompt))],
-                            cuts=list(self.cuts))  # fmt: skip
+        return Conversation(
+            "bench", self.prompt.copy(), [Checkpoint(len(self.prompt))], cuts=list(self.cuts)
+        )
 
     def segments(self) -> list[SegmentKey]:
         return self.conversation().segment_keys(self.fp.digest())
@@ -130,9 +132,15 @@ def make_image(mib: int, fp: ModelFingerprint) -> Image:
 
 def store_config(url: str, local: str, mib: int, keep_local: bool = False) -> StoreConfig:
     """RAM level off, one local cold level, the remote level at ``url`` (budgets with room)."""
-    return StoreConfig(ram_mib=0, cold_dir=local, cold_mib=2 * mib + 64, remote_url=url,
-                       remote_mib=2 * mib + 64, remote_name=NAME,
-                       remote_keep_local=keep_local)  # fmt: skip
+    return StoreConfig(
+        ram_mib=0,
+        cold_dir=local,
+        cold_mib=2 * mib + 64,
+        remote_url=url,
+        remote_mib=2 * mib + 64,
+        remote_name=NAME,
+        remote_keep_local=keep_local,
+    )
 
 
 def part_names(be: RedisBackend, segs: list[SegmentKey]) -> list[list[str]]:
@@ -144,8 +152,9 @@ def part_names(be: RedisBackend, segs: list[SegmentKey]) -> list[list[str]]:
     return out
 
 
-def run_rounds(ops: list[tuple[str, Callable[[], None], Callable[[], None]]], runs: int
-               ) -> dict[str, float]:  # fmt: skip
+def run_rounds(
+    ops: list[tuple[str, Callable[[], None], Callable[[], None]]], runs: int
+) -> dict[str, float]:
     """Median seconds of each ``(row, op, after)`` over ``runs`` rounds after a warmup round,
     the rows interleaved (the order reversed every other round); ``after`` (untimed) checks what
     the op did and cleans up after it."""
@@ -162,8 +171,9 @@ def run_rounds(ops: list[tuple[str, Callable[[], None], Callable[[], None]]], ru
     return {row: statistics.median(ts) for row, ts in times.items()}
 
 
-def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int,
-                 out: npt.NDArray[np.uint8]) -> Section:  # fmt: skip
+def bench_server(
+    kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int, out: npt.NDArray[np.uint8]
+) -> Section:
     """Every row of one server (see the module)."""
     fp, n, tb = img.fp, len(img.prompt), img.fp.token_bytes
     sec = Section(kind, url)
@@ -173,8 +183,7 @@ def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int
         report = first.park(img.conversation(), img.kv.copy())
         first.flush()
         assert report.where == "disk" and report.tokens == n, report
-        second = stack.enter_context(Store.open(fp, store_config(url, str(tmp / f"{kind}-b"),
-                                                                 mib)))  # fmt: skip
+        second = stack.enter_context(Store.open(fp, store_config(url, str(tmp / f"{kind}-b"), mib)))
         be = RedisBackend.open(RemoteSettings(url, name=NAME), fp)
         stack.callback(be.close)
         assert all(s.key in be for s in segs), f"{kind}: the remote level lacks a segment"
@@ -230,8 +239,12 @@ def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int
             pb = RedisBackend.open(settings, fp)
             park_be[0] = pb
             for s in segs:
-                pb.put_kv(s.parent, img.prompt[s.start : s.end], img.kv[s.start * tb : s.end * tb],
-                          token_start=s.start)  # fmt: skip
+                pb.put_kv(
+                    s.parent,
+                    img.prompt[s.start : s.end],
+                    img.kv[s.start * tb : s.end * tb],
+                    token_start=s.start,
+                )
 
         def park_after() -> None:
             pb = park_be[0]
@@ -250,8 +263,10 @@ def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int
 
         pb_bytes = be.part_bytes
         n_parts = [-(-(s.end - s.start) * tb // pb_bytes) for s in segs]
-        set_keys = [[f"plain-set/{{{s.key.hex()}}}/{i}" for i in range(k)]
-                    for s, k in zip(segs, n_parts, strict=True)]  # fmt: skip
+        set_keys = [
+            [f"plain-set/{{{s.key.hex()}}}/{i}" for i in range(k)]
+            for s, k in zip(segs, n_parts, strict=True)
+        ]
 
         def pipeline_set() -> None:
             for s, keys in zip(segs, set_keys, strict=True):
@@ -269,15 +284,18 @@ def bench_server(kind: str, url: str, img: Image, tmp: Path, mib: int, runs: int
                 assert client.delete(*keys) == len(keys)
 
         out.fill(0)
-        sec.best = run_rounds([
-            (ROW_RESTORE, restore_remote, check("remote", restored)),
-            (ROW_MGET_SEG, mget_per_segment, check()),
-            (ROW_MGET_ALL, mget_in_one, check()),
-            (ROW_LOCAL, restore_local, check("disk", restored)),
-            (ROW_PLAIN_READ, plain_reads, check()),
-            (ROW_PARK, park, park_after),
-            (ROW_SET, pipeline_set, set_after),
-        ], runs)  # fmt: skip
+        sec.best = run_rounds(
+            [
+                (ROW_RESTORE, restore_remote, check("remote", restored)),
+                (ROW_MGET_SEG, mget_per_segment, check()),
+                (ROW_MGET_ALL, mget_in_one, check()),
+                (ROW_LOCAL, restore_local, check("disk", restored)),
+                (ROW_PLAIN_READ, plain_reads, check()),
+                (ROW_PARK, park, park_after),
+                (ROW_SET, pipeline_set, set_after),
+            ],
+            runs,
+        )
         looks = []
         for _ in range(max(3, runs)):
             t = time.perf_counter()
@@ -291,8 +309,9 @@ def gbs(nbytes: int, s: float) -> str:
     return f"{nbytes / s / 1e9:6.2f}"
 
 
-def table(img: Image, sections: list[Section], runs: int, command: str,
-          load: tuple[float, float, float]) -> str:  # fmt: skip
+def table(
+    img: Image, sections: list[Section], runs: int, command: str, load: tuple[float, float, float]
+) -> str:
     """The printed report: one markdown table, the notes under it."""
     import redis
     import redis.utils
@@ -317,15 +336,18 @@ def table(img: Image, sections: list[Section], runs: int, command: str,
         ratio = mget / b[ROW_RESTORE]
         status.append((sec.kind, ratio))
         rows = [
-            (ROW_RESTORE, f"{ratio:.2f}x plain MGET (target >= {TARGET}x); "
-                          f"{b[ROW_LOCAL] / b[ROW_RESTORE]:.2f}x the local cold level"),
+            (
+                ROW_RESTORE,
+                f"{ratio:.2f}x plain MGET (target >= {TARGET}x); "
+                f"{b[ROW_LOCAL] / b[ROW_RESTORE]:.2f}x the local cold level",
+            ),
             (ROW_MGET_SEG, "baseline"),
             (ROW_MGET_ALL, "baseline"),
             (ROW_LOCAL, "warm page cache"),
             (ROW_PLAIN_READ, f"diagnostic: {mget / b[ROW_PLAIN_READ]:.2f}x plain MGET"),
             (ROW_PARK, f"{b[ROW_SET] / b[ROW_PARK]:.2f}x plain pipeline SET"),
             (ROW_SET, "baseline"),
-        ]  # fmt: skip
+        ]
         for row, note in rows:
             lines.append(f"| {sec.kind} | {row} | {gbs(nb, b[row]).strip()} | {note} |")
     lines += [
@@ -346,8 +368,10 @@ def table(img: Image, sections: list[Section], runs: int, command: str,
     ]
     for kind, ratio in status:
         verdict = "meets" if ratio >= TARGET else "MISSES"
-        lines.append(f"- {kind}: restore from Redis / plain MGET = {ratio:.2f}x: {verdict} "
-                     f"the target (>= {TARGET}x)")  # fmt: skip
+        lines.append(
+            f"- {kind}: restore from Redis / plain MGET = {ratio:.2f}x: {verdict} "
+            f"the target (>= {TARGET}x)"
+        )
     return "\n".join(lines)
 
 
@@ -365,8 +389,9 @@ def _server_version() -> str:
     found = find_redis()
     if found is None:
         return "redis-server ?"
-    got = subprocess.run([found[0], "--version"], capture_output=True, text=True, timeout=10,
-                         check=False)  # fmt: skip
+    got = subprocess.run(
+        [found[0], "--version"], capture_output=True, text=True, timeout=10, check=False
+    )
     words = [w for w in got.stdout.split() if w.startswith("v=")]
     return f"redis-server {words[0][2:] if words else '?'}"
 
@@ -391,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("MiB and --runs must be at least 1")
     binaries = find_redis()
     if binaries is None:
-        print("redis-server/redis-cli not found: apt-get install redis-server "
-              "(or tools/ensure_redis.sh)", file=sys.stderr)  # fmt: skip
+        print(
+            "redis-server/redis-cli not found: apt-get install redis-server "
+            "(or tools/ensure_redis.sh)",
+            file=sys.stderr,
+        )
         return 2
     load = os.getloadavg()
     img = make_image(args.mib, engine_fp())

@@ -36,8 +36,16 @@ def make_model(dir: Path) -> Path:
     sys.path.insert(0, str(ROOT))
     from tests.vllm.models import make_llama
 
-    return make_llama(dir, layers=32, kv_heads=8, head_dim=128, heads=8, intermediate=256,
-                      vocab=1000, max_positions=16384)  # fmt: skip
+    return make_llama(
+        dir,
+        layers=32,
+        kv_heads=8,
+        head_dim=128,
+        heads=8,
+        intermediate=256,
+        vocab=1000,
+        max_positions=16384,
+    )
 
 
 def phase(job: dict[str, Any]) -> dict[str, Any]:
@@ -49,22 +57,36 @@ def phase(job: dict[str, Any]) -> dict[str, Any]:
     via, store = job["via"], job["store"]
     kt = None
     if via == "strata":
-        kt = KVTransferConfig(kv_connector="StrataConnector",
-                              kv_connector_module_path="stratastore.adapters.vllm",
-                              kv_role="kv_both",
-                              kv_connector_extra_config={"strata": {
-                                  "cold_dir": store, "cold_mib": 65536,
-                                  "create_dirs": True}})  # fmt: skip
+        kt = KVTransferConfig(
+            kv_connector="StrataConnector",
+            kv_connector_module_path="stratastore.adapters.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "strata": {"cold_dir": store, "cold_mib": 65536, "create_dirs": True}
+            },
+        )
     elif via == "example":
-        kt = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both",
-                              kv_connector_extra_config={"shared_storage_path": store})  # fmt: skip
-    llm = LLM(model=job["model"], dtype="bfloat16", max_model_len=max(job["sizes"]) + 512,
-              enforce_eager=True, seed=0, kv_transfer_config=kt)  # fmt: skip
+        kt = KVTransferConfig(
+            kv_connector="ExampleConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"shared_storage_path": store},
+        )
+    llm = LLM(
+        model=job["model"],
+        dtype="bfloat16",
+        max_model_len=max(job["sizes"]) + 512,
+        enforce_eager=True,
+        seed=0,
+        kv_transfer_config=kt,
+    )
     out = []
     for p in job.get("warm", []):  # vLLM keeps the conversations: turn 1 first, in this
         # process, one request at a time as turn 1's own phase runs them
-        llm.generate([TokensPrompt(prompt_token_ids=p)],
-                     SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # fmt: skip
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=p)],
+            SamplingParams(temperature=0, max_tokens=16),
+            use_tqdm=False,
+        )
     for size, prompt in zip(job["sizes"], job["prompts"], strict=True):
         sp = SamplingParams(temperature=0, max_tokens=16 if job["turn"] == 1 else 1)
         t0 = time.monotonic()
@@ -73,9 +95,15 @@ def phase(job: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # a peer that fails (its engine is gone): said, and the rest
             out.append({"size": size, "failed": f"{type(e).__name__}: {e}"[-300:]})
             break
-        out.append({"size": size, "seconds": time.monotonic() - t0,
-                    "tokens": list(got.outputs[0].token_ids),
-                    "cached": got.num_cached_tokens, "prompt": len(prompt)})  # fmt: skip
+        out.append(
+            {
+                "size": size,
+                "seconds": time.monotonic() - t0,
+                "tokens": list(got.outputs[0].token_ids),
+                "cached": got.num_cached_tokens,
+                "prompt": len(prompt),
+            }
+        )
     if job["turn"] == 1 and via != "none":  # the parks of the last requests land before exit
         time.sleep(job.get("linger", 30))
     return {"results": out}
@@ -88,10 +116,17 @@ def size_of(r: dict[str, Any]) -> int:
 def run_phase(job: dict[str, Any], work: Path, name: str) -> dict[str, Any]:
     jf, of = work / f"{name}.job.json", work / f"{name}.out.json"
     jf.write_text(json.dumps(job))
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "6")}  # fmt: skip
-    got = subprocess.run([sys.executable, __file__, "--phase", str(jf), str(of)], env=env,
-                         capture_output=True, text=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "6"),
+    }
+    got = subprocess.run(
+        [sys.executable, __file__, "--phase", str(jf), str(of)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if got.returncode != 0 or not of.exists():
         errors = [ln for ln in got.stderr.splitlines() if "Error" in ln] or ["(no error line)"]
         print(f"phase {name} failed: {errors[-1][-300:]}")
@@ -121,8 +156,9 @@ def main() -> int:
     new = [rng.integers(3, 1000, 64).tolist() for _ in sizes]
     base = {"model": model, "sizes": sizes}
     # turn 1 without a connector gives the replies every turn 2 is built on
-    first = run_phase({**base, "via": "none", "store": "", "turn": 1, "prompts": turn1},
-                      work, "none-turn1")  # fmt: skip
+    first = run_phase(
+        {**base, "via": "none", "store": "", "turn": 1, "prompts": turn1}, work, "none-turn1"
+    )
     replies = [r["tokens"] for r in first["results"]]
     prompts = [p + r + n for p, r, n in zip(turn1, replies, new, strict=True)]
     table: dict[str, list[dict[str, Any]] | None] = {}
@@ -130,8 +166,11 @@ def main() -> int:
         store = str(work / f"store-{via}")
         subprocess.run(["rm", "-rf", store], check=True)
         if via != "none":  # turn 1 stores the conversation (and must reply as vLLM alone)
-            got = run_phase({**base, "via": via, "store": store, "turn": 1, "prompts": turn1},
-                            work, f"{via}-turn1")  # fmt: skip
+            got = run_phase(
+                {**base, "via": via, "store": store, "turn": 1, "prompts": turn1},
+                work,
+                f"{via}-turn1",
+            )
             if "failed" in got:
                 table[via] = None
                 continue
@@ -140,19 +179,24 @@ def main() -> int:
                     print(f"{via}: turn 1 of {r['size']} tokens failed: {r['failed'][:200]}")
                 elif r["tokens"] != want:
                     print(f"{via}: turn 1 of {r['size']} tokens replied otherwise than vLLM alone")
-        done = run_phase({**base, "via": via, "store": store, "turn": 2, "prompts": prompts},
-                         work, f"{via}-turn2")  # fmt: skip
+        done = run_phase(
+            {**base, "via": via, "store": store, "turn": 2, "prompts": prompts},
+            work,
+            f"{via}-turn2",
+        )
         table[via] = done.get("results")
-    kept = run_phase({**base, "via": "none", "store": "", "turn": 2, "prompts": prompts,
-                      "warm": turn1}, work, "kept-turn2")["results"]  # fmt: skip
+    kept = run_phase(
+        {**base, "via": "none", "store": "", "turn": 2, "prompts": prompts, "warm": turn1},
+        work,
+        "kept-turn2",
+    )["results"]
     load = os.getloadavg()[0]
     print(f"second turn after a restart, time to first token (1-minute load {load:.2f})")
     print(
         "tokens: the first token against vLLM keeping the conversation in its own prefix "
         "cache (turn 2 in turn 1's process) / against the recompute"
     )
-    print(f"{'prompt':>7} {'connector':<12}{'loaded':>8}{'seconds':>9}{'vs recompute':>14}"
-          f"  tokens")  # fmt: skip
+    print(f"{'prompt':>7} {'connector':<12}{'loaded':>8}{'seconds':>9}{'vs recompute':>14}  tokens")
     for i in range(len(sizes)):
         ref = (table["none"] or [])[i]
         for via in CONNECTORS:
@@ -163,13 +207,18 @@ def main() -> int:
             if "failed" in r:
                 print(f"{size_of(ref):>7} {via:<12} failed: {r['failed'][:120]}")
                 continue
-            same = "/".join("same" if r["tokens"] == x["tokens"] else "differ"
-                            for x in (kept[i], ref))  # fmt: skip
-            print(f"{r['prompt']:>7} {via:<12}{r['cached']:>8}{r['seconds']:>9.2f}"
-                  f"{ref['seconds'] / r['seconds']:>13.1f}x  {same}")  # fmt: skip
+            same = "/".join(
+                "same" if r["tokens"] == x["tokens"] else "differ" for x in (kept[i], ref)
+            )
+            print(
+                f"{r['prompt']:>7} {via:<12}{r['cached']:>8}{r['seconds']:>9.2f}"
+                f"{ref['seconds'] / r['seconds']:>13.1f}x  {same}"
+            )
         k = kept[i]
-        print(f"{k['prompt']:>7} {'(kept)':<12}{k['cached']:>8}{k['seconds']:>9.2f}"
-              f"{ref['seconds'] / k['seconds']:>13.1f}x")  # fmt: skip
+        print(
+            f"{k['prompt']:>7} {'(kept)':<12}{k['cached']:>8}{k['seconds']:>9.2f}"
+            f"{ref['seconds'] / k['seconds']:>13.1f}x"
+        )
     return 0
 
 

@@ -92,8 +92,15 @@ class TransformersCache:
     there), in the adapter's dtype. A cache on CUDA parks from the device (hashed there, copied
     to the host once)."""
 
-    def __init__(self, store: Store, config: Any, fp: ModelFingerprint, dtype: Any,
-                 tokenizer: Any = None, device: Any = "cpu") -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        config: Any,
+        fp: ModelFingerprint,
+        dtype: Any,
+        tokenizer: Any = None,
+        device: Any = "cpu",
+    ) -> None:
         import torch
 
         self.store, self.config, self.fp, self.dtype = store, config, fp, dtype
@@ -133,8 +140,9 @@ class TransformersCache:
         try:
             where = torch.device(device)
         except (RuntimeError, TypeError) as e:
-            raise ConfigError(f"device={device!r} is not a torch device ({e}): pass 'cpu' or "
-                              "'cuda[:N]'") from None  # fmt: skip
+            raise ConfigError(
+                f"device={device!r} is not a torch device ({e}): pass 'cpu' or 'cuda[:N]'"
+            ) from None
         return cls(Store.open(fp, store_config, **store_kw), config, fp, dtype, tokenizer, where)
 
     def close(self) -> None:
@@ -143,8 +151,9 @@ class TransformersCache:
     def __enter__(self) -> TransformersCache:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def stats(self) -> dict[str, Any]:
@@ -152,9 +161,18 @@ class TransformersCache:
         return self.store.stats()
 
     # -- the engine's calls -------------------------------------------------------------------
-    def park(self, conv_id: str, token_ids: Any, cache: Any, checkpoints: Sequence[int] = (),
-             *, pinned: Sequence[int] = (), pin: bool = False, tail: bool = True,
-             messages: Messages | None = None) -> ParkReport:  # fmt: skip
+    def park(
+        self,
+        conv_id: str,
+        token_ids: Any,
+        cache: Any,
+        checkpoints: Sequence[int] = (),
+        *,
+        pinned: Sequence[int] = (),
+        pin: bool = False,
+        tail: bool = True,
+        messages: Messages | None = None,
+    ) -> ParkReport:
         """Keep ``cache`` (a ``DynamicCache`` holding exactly ``token_ids``) under ``conv_id``.
 
         ``checkpoints`` are the token lengths a later prompt may resume at (message ends; the
@@ -202,9 +220,9 @@ class TransformersCache:
         r = self.store.restore(ids, buf.dest, max_tokens=cap)
         return (buf.cache(self.config, r.tokens), r.tokens) if r.tokens else (None, 0)
 
-    def restore_many(self, prompts: Sequence[Any], *,
-                     max_tokens: int | Sequence[int | None] | None = None
-                     ) -> list[tuple[Any, int]]:  # fmt: skip
+    def restore_many(
+        self, prompts: Sequence[Any], *, max_tokens: int | Sequence[int | None] | None = None
+    ) -> list[tuple[Any, int]]:
         """:meth:`restore` for several prompts at once, through :meth:`Store.restore_many` (one
         batched read agenda): a ``(DynamicCache, n)`` or ``(None, 0)`` per prompt, in order.
         ``max_tokens``: one cap for all, or one (``None``: ``len(prompt) - 1``) per prompt.
@@ -215,17 +233,23 @@ class TransformersCache:
         elif len(max_tokens) == len(ids):
             caps = [_cap(i, c) for i, c in zip(ids, max_tokens, strict=True)]
         else:
-            raise ConfigError(f"restore_many: max_tokens must be an int, None, or one per prompt "
-                              f"({len(ids)}), not {max_tokens!r}")  # fmt: skip
+            raise ConfigError(
+                f"restore_many: max_tokens must be an int, None, or one per prompt "
+                f"({len(ids)}), not {max_tokens!r}"
+            )
         bufs = [CacheBuffers(self.fp, self.dtype, len(i), self.device) for i in ids]
-        got = self.store.restore_many([(i, b.dest) for i, b in zip(ids, bufs, strict=True)],
-                                      max_tokens=caps)  # fmt: skip
-        return [(b.cache(self.config, r.tokens), r.tokens) if r.tokens else (None, 0)
-                for b, r in zip(bufs, got, strict=True)]  # fmt: skip
+        got = self.store.restore_many(
+            [(i, b.dest) for i, b in zip(ids, bufs, strict=True)], max_tokens=caps
+        )
+        return [
+            (b.cache(self.config, r.tokens), r.tokens) if r.tokens else (None, 0)
+            for b, r in zip(bufs, got, strict=True)
+        ]
 
     # -- saved sessions (never evicted) -----------------------------------------------------------
-    def save_session(self, name: str, token_ids: Any, cache: Any,
-                     checkpoints: Sequence[int] = ()) -> None:  # fmt: skip
+    def save_session(
+        self, name: str, token_ids: Any, cache: Any, checkpoints: Sequence[int] = ()
+    ) -> None:
         """Save ``cache`` (holding exactly ``token_ids``) as the session ``name``: durable when
         this returns, never evicted (:meth:`Store.save_session`; sessions and conversations
         share one namespace)."""
@@ -249,8 +273,13 @@ class TransformersCache:
         n = len(conv.tokens)
         buf = CacheBuffers(self.fp, self.dtype, n, self.device)
         starts = list(conv.cuts) or [0]
-        deliver_capture(buf.dest, flat[: n * self.fp.token_bytes],
-                        list(zip(starts, [*starts[1:], n], strict=True)), n, self.fp)  # fmt: skip
+        deliver_capture(
+            buf.dest,
+            flat[: n * self.fp.token_bytes],
+            list(zip(starts, [*starts[1:], n], strict=True)),
+            n,
+            self.fp,
+        )
         return buf.cache(self.config, n), n
 
     def delete_session(self, name: str) -> bool:
@@ -260,6 +289,8 @@ class TransformersCache:
     # -- checks -------------------------------------------------------------------------------
     def _tokenizer(self, call: str) -> Any:
         if self.tokenizer is None:
-            raise ConfigError(f"{call}: messages= needs the tokenizer (TransformersCache.open("
-                              "..., tokenizer=tok)) whose chat template renders them")  # fmt: skip
+            raise ConfigError(
+                f"{call}: messages= needs the tokenizer (TransformersCache.open("
+                "..., tokenizer=tok)) whose chat template renders them"
+            )
         return self.tokenizer

@@ -20,15 +20,37 @@ import numpy.typing as npt
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 
-__all__ = ["Messages", "config_dtype", "cuts_from_chat_template", "fingerprint_for", "geometry",
-           "ids_of", "refuse_sliding", "sliding_window_of"]  # fmt: skip
+__all__ = [
+    "Messages",
+    "config_dtype",
+    "cuts_from_chat_template",
+    "fingerprint_for",
+    "geometry",
+    "ids_of",
+    "refuse_sliding",
+    "sliding_window_of",
+]
 
 _ARCH_FIELDS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rope_theta",
-    "rope_scaling", "rope_parameters", "max_position_embeddings", "rms_norm_eps",
-    "attention_bias", "sliding_window", "partial_rotary_factor", "tie_word_embeddings",
-)  # fmt: skip
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "attention_bias",
+    "sliding_window",
+    "partial_rotary_factor",
+    "tie_word_embeddings",
+)
 
 _DTYPES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
 
@@ -42,8 +64,9 @@ def geometry(config: Any) -> tuple[int, int, int]:
     return layers, heads, int(head_dim)
 
 
-def fingerprint_for(config: Any, model_id: str, dtype: Any, *, page_tokens: int = 16
-                    ) -> ModelFingerprint:  # fmt: skip
+def fingerprint_for(
+    config: Any, model_id: str, dtype: Any, *, page_tokens: int = 16
+) -> ModelFingerprint:
     """The fingerprint of ``model_id`` (name and revision: the weights) with ``config``'s K/V
     geometry and architecture, for caches of torch ``dtype``."""
     if str(dtype) not in _DTYPES:
@@ -51,9 +74,15 @@ def fingerprint_for(config: Any, model_id: str, dtype: Any, *, page_tokens: int 
     layers, heads, head_dim = geometry(config)
     arch = {f: getattr(config, f, None) for f in _ARCH_FIELDS}
     extra = json.dumps(arch, sort_keys=True, default=str).encode()
-    return ModelFingerprint.create(model_id, n_layers=layers, n_kv_heads=heads,
-                                   head_dim=head_dim, page_tokens=page_tokens,
-                                   dtype=_DTYPES[str(dtype)], extra=extra)  # fmt: skip
+    return ModelFingerprint.create(
+        model_id,
+        n_layers=layers,
+        n_kv_heads=heads,
+        head_dim=head_dim,
+        page_tokens=page_tokens,
+        dtype=_DTYPES[str(dtype)],
+        extra=extra,
+    )
 
 
 def sliding_window_of(config: Any) -> int | None:
@@ -64,18 +93,22 @@ def sliding_window_of(config: Any) -> int | None:
     ``use_sliding_window`` is set, when ``sliding_window`` (or ``attention_chunk_size``) is
     set and smaller than ``max_position_embeddings``, or when transformers itself builds a
     sliding layer for the config's ``DynamicCache``."""
-    window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size",
-                                                                 None)  # fmt: skip
+    window = getattr(config, "sliding_window", None) or getattr(
+        config, "attention_chunk_size", None
+    )
     types = [str(t) for t in getattr(config, "layer_types", None) or ()]
     longest = getattr(config, "max_position_embeddings", None)
     use = getattr(config, "use_sliding_window", None)  # Qwen2: False turns the field off
     in_use = (
         any("sliding" in t or "chunked" in t for t in types)
         or use is True
-        or (use is not False and window is not None
-            and (longest is None or int(window) < int(longest)))
+        or (
+            use is not False
+            and window is not None
+            and (longest is None or int(window) < int(longest))
+        )
         or _builds_sliding_layers(config)
-    )  # fmt: skip
+    )
     if not in_use:
         return None
     return int(window) if window else -1  # -1: sliding layers whose window the config omits
@@ -97,8 +130,11 @@ def refuse_sliding(config: Any) -> None:
     window = sliding_window_of(config)
     if window is None:
         return
-    fields = [f"{f}={getattr(config, f)}" for f in ("sliding_window", "attention_chunk_size",
-              "use_sliding_window") if getattr(config, f, None) not in (None, False)]  # fmt: skip
+    fields = [
+        f"{f}={getattr(config, f)}"
+        for f in ("sliding_window", "attention_chunk_size", "use_sliding_window")
+        if getattr(config, f, None) not in (None, False)
+    ]
     types = [str(t) for t in getattr(config, "layer_types", None) or ()]
     layers = [i for i, t in enumerate(types) if "sliding" in t or "chunked" in t]
     if layers:
@@ -144,8 +180,7 @@ def _render(tokenizer: Any, messages: Messages) -> list[int]:
     return [int(t) for t in out]
 
 
-def cuts_from_chat_template(tokenizer: Any, messages: Messages,
-                            token_ids: Any = None) -> list[int]:  # fmt: skip
+def cuts_from_chat_template(tokenizer: Any, messages: Messages, token_ids: Any = None) -> list[int]:
     """Where each message ends (the next one's opener starts), in tokens: the lengths of the
     chat template rendered on ``messages[:i]`` for ``i = 1 .. len(messages)``, ascending.
 
@@ -156,8 +191,10 @@ def cuts_from_chat_template(tokenizer: Any, messages: Messages,
     cut there, never a wrong one. Raises :class:`ConfigError` for a tokenizer without a chat
     template."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ConfigError("the tokenizer has no chat_template: message openers come from it; "
-                          "pass checkpoints= instead")  # fmt: skip
+        raise ConfigError(
+            "the tokenizer has no chat_template: message openers come from it; "
+            "pass checkpoints= instead"
+        )
     ids = None if token_ids is None else ids_of(token_ids)
     cuts: list[int] = []
     for i in range(1, len(messages) + 1):

@@ -27,8 +27,17 @@ from stratastore.format import ModelFingerprint
 from stratastore.restore import Destination, DeviceLayerKV, LayerKV
 from stratastore.restore.destinations import page_runs
 
-__all__ = ["CacheBuffers", "KVRows", "cache_rows", "device_view", "is_cuda", "pack",
-           "pack_on_device", "packed", "token_rows"]  # fmt: skip
+__all__ = [
+    "CacheBuffers",
+    "KVRows",
+    "cache_rows",
+    "device_view",
+    "is_cuda",
+    "pack",
+    "pack_on_device",
+    "packed",
+    "token_rows",
+]
 
 #: one layer's K and V as byte views ``[n, heads, dim * itemsize]``
 KVRows = tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]
@@ -63,8 +72,9 @@ def _heads_of(a: npt.NDArray[np.uint8], heads: int) -> npt.NDArray[np.uint8]:
     return as_strided(a, (*a.shape[:2], heads, d), (*a.strides[:2], d, 1), writeable=True)
 
 
-def pack(fp: ModelFingerprint, rows: Sequence[KVRows], n: int, cuts: Sequence[int]
-         ) -> npt.NDArray[np.uint8]:  # fmt: skip
+def pack(
+    fp: ModelFingerprint, rows: Sequence[KVRows], n: int, cuts: Sequence[int]
+) -> npt.NDArray[np.uint8]:
     """The stored layout (spec F-SEG-4, a segment from each cut) of ``n`` tokens given per
     layer as ``(K, V)`` byte views ``[n, heads, d]`` of any strides: one strided copy per
     layer, K/V and page run, straight from the cache's memory (what ``pack_pages`` does after
@@ -72,8 +82,11 @@ def pack(fp: ModelFingerprint, rows: Sequence[KVRows], n: int, cuts: Sequence[in
     tb, p = fp.token_bytes, fp.page_tokens
     out = np.empty(n * tb, np.uint8)
     bounds = sorted({0, *(c for c in cuts if 0 < c < n), n})
-    runs = [run for lo, hi in itertools.pairwise(bounds)
-            for run in page_runs(fp, lo, hi - lo, out[lo * tb : hi * tb], p)]  # fmt: skip
+    runs = [
+        run
+        for lo, hi in itertools.pairwise(bounds)
+        for run in page_runs(fp, lo, hi - lo, out[lo * tb : hi * tb], p)
+    ]
 
     def task(layer: int, kind: int) -> Callable[[], None]:
         src = rows[layer][kind]
@@ -90,8 +103,9 @@ def pack(fp: ModelFingerprint, rows: Sequence[KVRows], n: int, cuts: Sequence[in
     return out
 
 
-def pack_on_device(fp: ModelFingerprint, layers: Sequence[tuple[Any, Any]], n: int,
-                    cuts: Sequence[int]) -> Any:  # fmt: skip
+def pack_on_device(
+    fp: ModelFingerprint, layers: Sequence[tuple[Any, Any]], n: int, cuts: Sequence[int]
+) -> Any:
     """The stored layout (spec F-SEG-4, a segment from each cut) of ``n`` tokens given per
     layer as ``(K, V)`` tensors ``[1, heads, n, dim]`` on the device, built on the device: a
     uint8 tensor there, one strided torch copy per layer, K/V and page run (what :func:`pack`
@@ -102,8 +116,16 @@ def pack_on_device(fp: ModelFingerprint, layers: Sequence[tuple[Any, Any]], n: i
     first = layers[0][0]
     out = torch.empty(n * tb, dtype=torch.uint8, device=first.device)
     bounds = sorted({0, *(c for c in cuts if 0 < c < n), n})
-    rows = [tuple((t if t.stride(-1) == 1 else t.contiguous()).detach()[0].transpose(0, 1)
-                  .view(torch.uint8) for t in kv) for kv in layers]  # fmt: skip
+    rows = [
+        tuple(
+            (t if t.stride(-1) == 1 else t.contiguous())
+            .detach()[0]
+            .transpose(0, 1)
+            .view(torch.uint8)
+            for t in kv
+        )
+        for kv in layers
+    ]
     for lo, hi in itertools.pairwise(bounds):
         full, rest = divmod(hi - lo, p)
         for t0, count, q in ((lo, full, p), (lo + full * p, 1 if rest else 0, rest)):
@@ -137,8 +159,7 @@ class CacheBuffers:
     touched), and the destination writing into their memory: :class:`LayerKV`, or on CUDA
     :class:`~stratastore.restore.DeviceLayerKV` (validated on the device)."""
 
-    def __init__(self, fp: ModelFingerprint, dtype: Any, tokens: int, device: Any = "cpu"
-                 ) -> None:  # fmt: skip
+    def __init__(self, fp: ModelFingerprint, dtype: Any, tokens: int, device: Any = "cpu") -> None:
         import torch
 
         shape = (max(tokens, 1), fp.n_kv_heads, fp.head_dim)
@@ -146,11 +167,16 @@ class CacheBuffers:
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(fp.n_layers)]
         self.dest: Destination
         if is_cuda(device):
-            self.dest = DeviceLayerKV(fp, [device_view(t) for t in self.k],
-                                      [device_view(t) for t in self.v])  # fmt: skip
+            self.dest = DeviceLayerKV(
+                fp, [device_view(t) for t in self.k], [device_view(t) for t in self.v]
+            )
         else:
-            self.dest = LayerKV(fp, [_byte_view(t) for t in self.k],
-                                [_byte_view(t) for t in self.v], read_direct=True)  # fmt: skip
+            self.dest = LayerKV(
+                fp,
+                [_byte_view(t) for t in self.k],
+                [_byte_view(t) for t in self.v],
+                read_direct=True,
+            )
 
     def cache(self, config: Any, n: int) -> Any:
         """A ``DynamicCache`` of the first ``n`` tokens, holding views of these tensors."""
@@ -180,8 +206,9 @@ def _byte_view(t: Any) -> npt.NDArray[np.uint8]:
     return out
 
 
-def cache_rows(cache: Any, n: int, dtype: Any, layers: int, heads: int, head_dim: int
-               ) -> list[KVRows]:  # fmt: skip
+def cache_rows(
+    cache: Any, n: int, dtype: Any, layers: int, heads: int, head_dim: int
+) -> list[KVRows]:
     """Each layer's ``(K, V)`` of ``cache`` as byte views ``[n, heads, dim * itemsize]``,
     after checking the layer count (``layers``), ``dtype`` and shape ``(1, heads, n,
     head_dim)`` (and that all are on one device); none for a cache on CUDA (packed on the
@@ -196,8 +223,10 @@ def cache_rows(cache: Any, n: int, dtype: Any, layers: int, heads: int, head_dim
     for i, layer in enumerate(found):
         for t in (layer.keys, layer.values):
             if t.dtype != dtype:
-                raise ConfigError(f"layer {i} holds {t.dtype}; this adapter stores "
-                                  f"{dtype}: open it with dtype={t.dtype}")  # fmt: skip
+                raise ConfigError(
+                    f"layer {i} holds {t.dtype}; this adapter stores "
+                    f"{dtype}: open it with dtype={t.dtype}"
+                )
             if tuple(t.shape) != (1, heads, n, head_dim):
                 raise ConfigError(
                     f"layer {i} K/V shape {tuple(t.shape)} is not (1, {heads}, {n}, "
@@ -205,8 +234,9 @@ def cache_rows(cache: Any, n: int, dtype: Any, layers: int, heads: int, head_dim
                 )
     places = {str(t.device) for layer in found for t in (layer.keys, layer.values)}
     if len(places) > 1:
-        raise ConfigError(f"the cache's layers live on {sorted(places)}: park a cache whose "
-                          "K/V are on one device")  # fmt: skip
+        raise ConfigError(
+            f"the cache's layers live on {sorted(places)}: park a cache whose K/V are on one device"
+        )
     if is_cuda(found[0].keys):
         return []  # packed, hashed on the device
     for layer in found:
@@ -214,8 +244,9 @@ def cache_rows(cache: Any, n: int, dtype: Any, layers: int, heads: int, head_dim
     return rows
 
 
-def packed(fp: ModelFingerprint, cache: Any, rows: list[KVRows], n: int,
-           cuts: Sequence[int]) -> Any:  # fmt: skip
+def packed(
+    fp: ModelFingerprint, cache: Any, rows: list[KVRows], n: int, cuts: Sequence[int]
+) -> Any:
     """The stored layout of ``cache`` (checked by :func:`cache_rows`): on the host from
     ``rows``, or for a cache on CUDA built on the device (:func:`pack_on_device`), as device
     memory :meth:`~stratastore.Store.park` hashes there."""

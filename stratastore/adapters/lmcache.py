@@ -80,8 +80,14 @@ from stratastore.adapters.lmcache_store import ChunkStore, OpenChunk, stored_byt
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError
 
-__all__ = ["FlushTimeout", "PluginSettings", "PutsFailed", "StrataStoragePlugin",
-           "fingerprint_of", "key_fields"]  # fmt: skip
+__all__ = [
+    "FlushTimeout",
+    "PluginSettings",
+    "PutsFailed",
+    "StrataStoragePlugin",
+    "fingerprint_of",
+    "key_fields",
+]
 
 log = logging.getLogger("stratastore.adapters.lmcache")
 
@@ -93,8 +99,10 @@ class PutsFailed(StrataError):
     def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
         self.failures = failures
         first = "; ".join(f"{k}: {type(e).__name__}: {e}" for k, e in failures[:3])
-        super().__init__(f"{len(failures)} LMCache chunk put(s) failed and are not stored "
-                         f"({first}); check the disk and the plugin's directory")  # fmt: skip
+        super().__init__(
+            f"{len(failures)} LMCache chunk put(s) failed and are not stored "
+            f"({first}); check the disk and the plugin's directory"
+        )
 
 
 class FlushTimeout(StrataError):
@@ -103,19 +111,31 @@ class FlushTimeout(StrataError):
 
     def __init__(self, pending: int, timeout: float) -> None:
         self.pending = pending
-        super().__init__(f"{pending} LMCache chunk put(s) still in flight after {timeout} s: "
-                         "they are not known to be durable; flush again to wait")  # fmt: skip
+        super().__init__(
+            f"{pending} LMCache chunk put(s) still in flight after {timeout} s: "
+            "they are not known to be durable; flush again to wait"
+        )
 
 
 class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     """LMCache's ``StoragePluginInterface`` over a :class:`ChunkStore` (the module docstring
     says what each call promises)."""
 
-    def __init__(self, dst_device: str = "cpu", config: Any = None, metadata: Any = None,
-                 local_cpu_backend: Any = None, loop: asyncio.AbstractEventLoop | None = None
-                 ) -> None:  # fmt: skip
-        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
-                         local_cpu_backend=local_cpu_backend, loop=loop)  # fmt: skip
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: Any = None,
+        metadata: Any = None,
+        local_cpu_backend: Any = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(
+            dst_device=dst_device,
+            config=config,
+            metadata=metadata,
+            local_cpu_backend=local_cpu_backend,
+            loop=loop,
+        )
         self.settings = PluginSettings.from_config(
             getattr(config, "extra_config", None), getattr(config, "storage_plugins", None)
         )
@@ -127,9 +147,9 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 f"{self.settings.budget_bytes >> 20} is smaller than one chunk "
                 f"({need:,} bytes stored, kv_shape {tuple(metadata.kv_shape)} x "
                 f"{metadata.kv_dtype}): nothing could be stored; use at least "
-                f"{-(-need >> 20) + 1} MiB")  # fmt: skip
-        self.chunks = ChunkStore.open(self.settings.path, fingerprint,
-                                      self.settings.budget_bytes)  # fmt: skip
+                f"{-(-need >> 20) + 1} MiB"
+            )
+        self.chunks = ChunkStore.open(self.settings.path, fingerprint, self.settings.budget_bytes)
         self._writers = ThreadPoolExecutor(self.settings.put_threads, "strata-lmcache-put")
         self._readers = ThreadPoolExecutor(self.settings.read_threads, "strata-lmcache-read")
         self._lock = Lock()
@@ -140,17 +160,23 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._refusing_puts = False  #: close() stopped accepting puts
         self._reading = 0  #: gets in flight (close waits for them)
         self._reads_done = Condition(self._lock)
-        log.info("stratastore: LMCache chunks in %s (budget %d MiB)", self.settings.path,
-                 self.settings.budget_bytes >> 20)  # fmt: skip
+        log.info(
+            "stratastore: LMCache chunks in %s (budget %d MiB)",
+            self.settings.path,
+            self.settings.budget_bytes >> 20,
+        )
 
     def __str__(self) -> str:
         return self.settings.name
 
     # -- puts ---------------------------------------------------------------------------------
-    def batched_submit_put_task(self, keys: Sequence[Any], objs: list[Any],
-                                transfer_spec: Any = None,
-                                on_complete_callback: Callable[[Any], None] | None = None
-                                ) -> list[Future[bool]] | None:  # fmt: skip
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[Any],
+        objs: list[Any],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[Any], None] | None = None,
+    ) -> list[Future[bool]] | None:
         """Start a durable put of each chunk not stored or in flight already; one Future a
         started put (``True``: stored or present; ``False``: refused; an exception: failed).
         Once ``close`` stopped accepting puts, each is refused: a Future done with False (no
@@ -179,8 +205,7 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         with self._lock:
             self._in_flight.pop(cid, None)
 
-    def _put(self, key: Any, cid: bytes, obj: Any,
-             done: Callable[[Any], None] | None) -> bool:  # fmt: skip
+    def _put(self, key: Any, cid: bytes, obj: Any, done: Callable[[Any], None] | None) -> bool:
         try:
             layout = self._layout_of(obj)
             if layout is None or not self.chunks.accepts(layout):
@@ -191,8 +216,12 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             self.chunks.count("put_errors")
             with self._lock:
                 self._failures.append((key.to_string(), e))
-            log.error("stratastore: the put of LMCache chunk %s failed: %s: %s",
-                      key.to_string(), type(e).__name__, e)  # fmt: skip
+            log.error(
+                "stratastore: the put of LMCache chunk %s failed: %s: %s",
+                key.to_string(),
+                type(e).__name__,
+                e,
+            )
             raise
         finally:
             obj.ref_count_down()
@@ -211,16 +240,24 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         shapes = meta.shapes or [meta.shape]
         dtypes = meta.dtypes or [meta.dtype]
         try:
-            layout, tokens = ChunkLayout.of(meta.fmt.name, meta.fmt.token_dim(),
-                                            [str(d) for d in dtypes], [d.itemsize for d in dtypes],
-                                            [tuple(s) for s in shapes])  # fmt: skip
+            layout, tokens = ChunkLayout.of(
+                meta.fmt.name,
+                meta.fmt.token_dim(),
+                [str(d) for d in dtypes],
+                [d.itemsize for d in dtypes],
+                [tuple(s) for s in shapes],
+            )
         except FormatError as e:
             log.error("stratastore: a memory object of %s is not stored: %s", meta.fmt, e)
             self.chunks.count("puts_refused")
             return None
         if len(obj.byte_array) != tokens * layout.bytes_per_token:
-            log.error("stratastore: a memory object of %s holds %d bytes, not %d: not stored",
-                      meta.fmt, len(obj.byte_array), tokens * layout.bytes_per_token)  # fmt: skip
+            log.error(
+                "stratastore: a memory object of %s holds %d bytes, not %d: not stored",
+                meta.fmt,
+                len(obj.byte_array),
+                tokens * layout.bytes_per_token,
+            )
             self.chunks.count("puts_refused")
             return None
         return layout
@@ -249,8 +286,9 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         cid = chunk_id(key_fields(key))
         return self.chunks.pin(cid) if pin else self.chunks.contains(cid)
 
-    async def batched_async_contains(self, lookup_id: str, keys: list[Any],
-                                     pin: bool = False) -> int:  # fmt: skip
+    async def batched_async_contains(
+        self, lookup_id: str, keys: list[Any], pin: bool = False
+    ) -> int:
         hits: list[bytes] = []
         for key in keys:
             cid = chunk_id(key_fields(key))
@@ -285,11 +323,13 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         with self._lock:
             if self._closed or not self.chunks.contains(cid):
                 return None
-            return self._readers.submit(lambda: (self._get_prefix([key], busy_loop=False)
-                                                 or [None])[0])  # fmt: skip
+            return self._readers.submit(
+                lambda: (self._get_prefix([key], busy_loop=False) or [None])[0]
+            )
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any],
-                                       transfer_spec: Any = None) -> list[Any]:  # fmt: skip
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[Any], transfer_spec: Any = None
+    ) -> list[Any]:
         """The longest stored, valid prefix of ``keys``, read on a thread (never on LMCache's
         loop; ``close`` waits for it); releases the pins ``batched_async_contains`` took for
         ``lookup_id``."""
@@ -364,8 +404,10 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         import torch
 
         if self.local_cpu_backend is None:
-            raise ConfigError("the plugin has no LMCache CPU backend to allocate memory objects "
-                              "in: set max_local_cpu_size > 0")  # fmt: skip
+            raise ConfigError(
+                "the plugin has no LMCache CPU backend to allocate memory objects "
+                "in: set max_local_cpu_size > 0"
+            )
         layout = self.chunks.layout
         assert layout is not None  # open_chunk() found the chunk's token count through it
         shapes = [torch.Size(s) for s in layout.shapes_for(chunk.tokens)]
@@ -379,8 +421,10 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         )
         if obj is None:
             self.chunks.count("alloc_failures")
-            log.warning("stratastore: LMCache's CPU buffer has no room for a chunk of %d "
-                        "tokens: a miss", chunk.tokens)  # fmt: skip
+            log.warning(
+                "stratastore: LMCache's CPU buffer has no room for a chunk of %d tokens: a miss",
+                chunk.tokens,
+            )
         return obj
 
     # -- removal, stats, close ----------------------------------------------------------------
@@ -406,8 +450,10 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         doc = self.stats()
         lines = []
         for name in PluginCounters().as_dict():
-            lines += [f"# TYPE strata_lmcache_{name}_total counter",
-                      f"strata_lmcache_{name}_total {doc[name]}"]  # fmt: skip
+            lines += [
+                f"# TYPE strata_lmcache_{name}_total counter",
+                f"strata_lmcache_{name}_total {doc[name]}",
+            ]
         for name in ("entries", "used_bytes", "budget_bytes", "puts_in_flight"):
             lines += [f"# TYPE strata_lmcache_{name} gauge", f"strata_lmcache_{name} {doc[name]}"]
         return "\n".join(lines) + "\n"

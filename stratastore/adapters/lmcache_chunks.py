@@ -79,8 +79,10 @@ def chunk_id(k: KeyFields) -> bytes:
     the segment ``state_key(chunk id)``. :class:`~stratastore.format.FormatError` for a field
     out of range."""
     if not 0 <= k.world_size < 2**64 or not -(2**63) <= k.worker_id < 2**63:
-        raise FormatError(f"LMCache key of {k.model_name!r}: world_size {k.world_size} or "
-                          f"worker_id {k.worker_id} is out of range")  # fmt: skip
+        raise FormatError(
+            f"LMCache key of {k.model_name!r}: world_size {k.world_size} or "
+            f"worker_id {k.worker_id} is out of range"
+        )
     if not -(2**63) <= k.layer_id < 2**63:
         raise FormatError(f"LMCache key of {k.model_name!r}: layer_id {k.layer_id} is out of range")
     h = blake3.blake3(_KEY_DOMAIN)
@@ -112,22 +114,33 @@ class ChunkLayout:
     shapes: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def of(cls, fmt: str, token_dim: int, dtypes: Sequence[str], itemsizes: Sequence[int],
-           shapes: Sequence[Sequence[int]]) -> tuple[ChunkLayout, int]:  # fmt: skip
+    def of(
+        cls,
+        fmt: str,
+        token_dim: int,
+        dtypes: Sequence[str],
+        itemsizes: Sequence[int],
+        shapes: Sequence[Sequence[int]],
+    ) -> tuple[ChunkLayout, int]:
         """The layout of a memory object with these groups, and its token count; a
         :class:`~stratastore.format.FormatError` when the groups disagree on it, or a shape
         has no dimension ``token_dim``."""
         if not shapes or len({len(shapes), len(dtypes), len(itemsizes)}) != 1:
             raise FormatError(f"a chunk of {len(shapes)} shapes and {len(dtypes)} dtypes")
         if any(not 0 <= token_dim < len(s) for s in shapes):
-            raise FormatError(f"format {fmt}: token dimension {token_dim} is outside the shapes "
-                              f"{[list(s) for s in shapes]}")  # fmt: skip
+            raise FormatError(
+                f"format {fmt}: token dimension {token_dim} is outside the shapes "
+                f"{[list(s) for s in shapes]}"
+            )
         counts = {int(s[token_dim]) for s in shapes}
         if len(counts) != 1 or min(counts) < 1:
-            raise FormatError(f"format {fmt}: the groups' shapes {[list(s) for s in shapes]} "
-                              "disagree on the token count")  # fmt: skip
-        marked = tuple(tuple(0 if i == token_dim else int(d) for i, d in enumerate(s))
-                       for s in shapes)  # fmt: skip
+            raise FormatError(
+                f"format {fmt}: the groups' shapes {[list(s) for s in shapes]} "
+                "disagree on the token count"
+            )
+        marked = tuple(
+            tuple(0 if i == token_dim else int(d) for i, d in enumerate(s)) for s in shapes
+        )
         layout = cls(fmt, token_dim, tuple(dtypes), tuple(int(i) for i in itemsizes), marked)
         layout.check()
         return layout, counts.pop()
@@ -139,9 +152,11 @@ class ChunkLayout:
             raise FormatError(f"chunk layout: {groups} shapes, {len(self.dtypes)} dtypes")
         for s, size in zip(self.shapes, self.itemsizes, strict=True):
             if not 0 <= self.token_dim < len(s) <= 8 or not 1 <= size <= 16:
-                raise FormatError(f"chunk layout: shape {list(s)} (token dimension "
-                                  f"{self.token_dim}) or item size {size} is out of "
-                                  "range")  # fmt: skip
+                raise FormatError(
+                    f"chunk layout: shape {list(s)} (token dimension "
+                    f"{self.token_dim}) or item size {size} is out of "
+                    "range"
+                )
             if any(not 1 <= d < 2**31 for i, d in enumerate(s) if i != self.token_dim):
                 raise FormatError(f"chunk layout: shape {list(s)} has a dimension out of range")
 
@@ -157,8 +172,10 @@ class ChunkLayout:
 
     def shapes_for(self, tokens: int) -> list[tuple[int, ...]]:
         """Each group's shape for a chunk of ``tokens`` tokens."""
-        return [tuple(tokens if i == self.token_dim else d for i, d in enumerate(s))
-                for s in self.shapes]  # fmt: skip
+        return [
+            tuple(tokens if i == self.token_dim else d for i, d in enumerate(s))
+            for s in self.shapes
+        ]
 
     def tokens_for(self, payload_bytes: int) -> int | None:
         """The token count of a chunk of ``payload_bytes``; None when it is no whole count."""
@@ -167,9 +184,14 @@ class ChunkLayout:
 
     def encode(self) -> bytes:
         """The layout record's payload: UTF-8 JSON, keys sorted (one text per layout)."""
-        doc = {"version": _LAYOUT_VERSION, "fmt": self.fmt, "token_dim": self.token_dim,
-               "dtypes": list(self.dtypes), "itemsizes": list(self.itemsizes),
-               "shapes": [list(s) for s in self.shapes]}  # fmt: skip
+        doc = {
+            "version": _LAYOUT_VERSION,
+            "fmt": self.fmt,
+            "token_dim": self.token_dim,
+            "dtypes": list(self.dtypes),
+            "itemsizes": list(self.itemsizes),
+            "shapes": [list(s) for s in self.shapes],
+        }
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -179,13 +201,18 @@ class ChunkLayout:
         try:
             doc = json.loads(raw.decode())
             if doc["version"] != _LAYOUT_VERSION:
-                raise FormatError(f"{name}: chunk layout version {doc['version']} is not "
-                                  f"{_LAYOUT_VERSION}; use a stratastore that reads "
-                                  "it")  # fmt: skip
-            layout = cls(str(doc["fmt"]), int(doc["token_dim"]),
-                         tuple(str(d) for d in doc["dtypes"]),
-                         tuple(int(i) for i in doc["itemsizes"]),
-                         tuple(tuple(int(d) for d in s) for s in doc["shapes"]))  # fmt: skip
+                raise FormatError(
+                    f"{name}: chunk layout version {doc['version']} is not "
+                    f"{_LAYOUT_VERSION}; use a stratastore that reads "
+                    "it"
+                )
+            layout = cls(
+                str(doc["fmt"]),
+                int(doc["token_dim"]),
+                tuple(str(d) for d in doc["dtypes"]),
+                tuple(int(i) for i in doc["itemsizes"]),
+                tuple(tuple(int(d) for d in s) for s in doc["shapes"]),
+            )
         except (ValueError, KeyError, TypeError) as e:
             raise FormatError(f"{name}: not a chunk layout record ({e})") from None
         layout.check()

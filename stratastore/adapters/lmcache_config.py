@@ -23,10 +23,15 @@ __all__ = ["PLUGIN_MODULE", "PluginSettings", "chunk_bytes_of", "fingerprint_of"
 #: the module LMCache loads the plugin from (``storage_plugin.<name>.module_path``)
 PLUGIN_MODULE = "stratastore.adapters.lmcache"
 
-_DTYPES = {"torch.float16": DType.FLOAT16, "torch.bfloat16": DType.BFLOAT16,
-           "torch.float32": DType.FLOAT32, "torch.float8_e4m3fn": DType.FLOAT8_E4M3,
-           "torch.float8_e5m2": DType.FLOAT8_E5M2, "torch.int8": DType.INT8,
-           "torch.uint8": DType.INT8}  # fmt: skip
+_DTYPES = {
+    "torch.float16": DType.FLOAT16,
+    "torch.bfloat16": DType.BFLOAT16,
+    "torch.float32": DType.FLOAT32,
+    "torch.float8_e4m3fn": DType.FLOAT8_E4M3,
+    "torch.float8_e5m2": DType.FLOAT8_E5M2,
+    "torch.int8": DType.INT8,
+    "torch.uint8": DType.INT8,
+}
 
 
 def chunk_bytes_of(metadata: Any) -> int:
@@ -50,27 +55,37 @@ class PluginSettings:
     read_threads: int = 4
 
     @classmethod
-    def from_config(cls, extra: Mapping[str, Any] | None, plugins: Sequence[str] | None
-                    ) -> PluginSettings:  # fmt: skip
+    def from_config(
+        cls, extra: Mapping[str, Any] | None, plugins: Sequence[str] | None
+    ) -> PluginSettings:
         """Read them; :class:`~stratastore.errors.ConfigError` naming the entry and the fix."""
         extra = extra or {}
-        mine = [n for n in plugins or ()
-                if extra.get(f"storage_plugin.{n}.module_path") == PLUGIN_MODULE]  # fmt: skip
+        mine = [
+            n
+            for n in plugins or ()
+            if extra.get(f"storage_plugin.{n}.module_path") == PLUGIN_MODULE
+        ]
         if len(mine) > 1:
-            raise ConfigError(f"storage_plugins {mine} all load {PLUGIN_MODULE}; use one (one "
-                              "directory per engine)")  # fmt: skip
+            raise ConfigError(
+                f"storage_plugins {mine} all load {PLUGIN_MODULE}; use one (one "
+                "directory per engine)"
+            )
         name = mine[0] if mine else "stratastore"
         p = f"storage_plugin.{name}."
         path = extra.get(p + "dir")
         if not isinstance(path, str) or not path:
-            raise ConfigError(f"extra_config {p}dir is not set: name the directory (on a local "
-                              "disk) where the plugin keeps its chunks")  # fmt: skip
+            raise ConfigError(
+                f"extra_config {p}dir is not set: name the directory (on a local "
+                "disk) where the plugin keeps its chunks"
+            )
 
         def number(key: str, default: int | None) -> int:
             v = extra.get(p + key, default)
             if v is None:
-                raise ConfigError(f"extra_config {p}{key} is not set: give the most MiB the "
-                                  "plugin's directory may hold")  # fmt: skip
+                raise ConfigError(
+                    f"extra_config {p}{key} is not set: give the most MiB the "
+                    "plugin's directory may hold"
+                )
             try:
                 n = int(v)
             except (TypeError, ValueError):
@@ -79,30 +94,50 @@ class PluginSettings:
                 raise ConfigError(f"extra_config {p}{key} = {v!r}: use a whole number >= 1")
             return n
 
-        return cls(name, str(Path(path).absolute()), number("budget_mib", None) << 20,
-                   number("put_threads", 4), number("read_threads", 4))  # fmt: skip
+        return cls(
+            name,
+            str(Path(path).absolute()),
+            number("budget_mib", None) << 20,
+            number("put_threads", 4),
+            number("read_threads", 4),
+        )
 
 
 def fingerprint_of(metadata: Any) -> ModelFingerprint:
     """The directory's model fingerprint, from LMCache's metadata (model, K/V shape and dtype):
     a directory written for another model refuses to open (``IncompatibleFingerprint``)."""
     if metadata is None:
-        raise ConfigError("the LMCache metadata is missing: the plugin must be loaded by "
-                          "LMCache's storage manager (storage_plugins)")  # fmt: skip
+        raise ConfigError(
+            "the LMCache metadata is missing: the plugin must be loaded by "
+            "LMCache's storage manager (storage_plugins)"
+        )
     layers, kv, _, heads, head_dim = (int(d) for d in metadata.kv_shape)
     dtype = _DTYPES.get(str(metadata.kv_dtype))
     if dtype is None:
-        raise ConfigError(f"K/V dtype {metadata.kv_dtype} is not one the plugin stores; use "
-                          f"one of {', '.join(sorted(_DTYPES))}")  # fmt: skip
+        raise ConfigError(
+            f"K/V dtype {metadata.kv_dtype} is not one the plugin stores; use "
+            f"one of {', '.join(sorted(_DTYPES))}"
+        )
     extra = f"stratastore LMCache plugin chunks v1; kv={kv}; dtype={metadata.kv_dtype}".encode()
-    return ModelFingerprint.create(f"lmcache:{metadata.model_name}", n_layers=layers,
-                                   n_kv_heads=heads, head_dim=head_dim, page_tokens=16,
-                                   dtype=dtype, extra=extra)  # fmt: skip
+    return ModelFingerprint.create(
+        f"lmcache:{metadata.model_name}",
+        n_layers=layers,
+        n_kv_heads=heads,
+        head_dim=head_dim,
+        page_tokens=16,
+        dtype=dtype,
+        extra=extra,
+    )
 
 
 def key_fields(key: Any) -> KeyFields:
     """The fields of an LMCache ``CacheEngineKey`` / ``LayerCacheEngineKey``."""
-    return KeyFields(str(key.model_name), int(key.world_size), int(key.worker_id),
-                     key.chunk_hash if isinstance(key.chunk_hash, bytes) else int(key.chunk_hash),
-                     str(key.dtype), int(getattr(key, "layer_id", -1)),
-                     tuple((str(k), str(v)) for k, v in key.tags or ()))  # fmt: skip
+    return KeyFields(
+        str(key.model_name),
+        int(key.world_size),
+        int(key.worker_id),
+        key.chunk_hash if isinstance(key.chunk_hash, bytes) else int(key.chunk_hash),
+        str(key.dtype),
+        int(getattr(key, "layer_id", -1)),
+        tuple((str(k), str(v)) for k, v in key.tags or ()),
+    )

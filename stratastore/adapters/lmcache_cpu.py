@@ -44,8 +44,9 @@ def copy_connector(layers: int, heads: int, head_dim: int) -> Any:
                 part = kv[:, :, a:b].reshape(layers, 2, b - a, heads * head_dim)
                 obj.tensor.copy_(part.transpose(0, 1))
 
-        def batched_to_gpu(self, objs: Any = None, starts: Any = None, ends: Any = None,
-                           **kw: Any) -> None:  # fmt: skip
+        def batched_to_gpu(
+            self, objs: Any = None, starts: Any = None, ends: Any = None, **kw: Any
+        ) -> None:
             kv = kw["kvcaches"]
             for obj, a, b in zip(objs, starts, ends, strict=True):
                 part = obj.tensor.view(2, layers, b - a, heads, head_dim)
@@ -54,8 +55,17 @@ def copy_connector(layers: int, heads: int, head_dim: int) -> Any:
     return CopyConnector()
 
 
-def cpu_engine(instance_id: str, config: Any, *, model_name: str, layers: int, heads: int,
-               head_dim: int, chunk: int, dtype: str = "float16") -> Any:  # fmt: skip
+def cpu_engine(
+    instance_id: str,
+    config: Any,
+    *,
+    model_name: str,
+    layers: int,
+    heads: int,
+    head_dim: int,
+    chunk: int,
+    dtype: str = "float16",
+) -> Any:
     """An LMCache engine for ``config`` (an ``LMCacheEngineConfig``) on the CPU, K/V of
     ``layers x 2 x heads x head_dim`` of ``dtype`` a token, ``chunk`` tokens a chunk; post-
     initialised. Close it with ``LMCacheEngineBuilder.destroy(instance_id)``."""
@@ -63,12 +73,23 @@ def cpu_engine(instance_id: str, config: Any, *, model_name: str, layers: int, h
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from lmcache.v1.metadata import LMCacheMetadata
 
-    meta = LMCacheMetadata(model_name=model_name, world_size=1, local_world_size=1,
-                           worker_id=0, local_worker_id=0, kv_dtype=getattr(torch, dtype),
-                           kv_shape=(layers, 2, chunk, heads, head_dim),
-                           chunk_size=chunk)  # fmt: skip
-    engine = LMCacheEngineBuilder.get_or_create(instance_id, config, meta,
-                                                copy_connector(layers, heads, head_dim),
-                                                lambda t, r: None, lambda o, r: o)  # fmt: skip
+    meta = LMCacheMetadata(
+        model_name=model_name,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=getattr(torch, dtype),
+        kv_shape=(layers, 2, chunk, heads, head_dim),
+        chunk_size=chunk,
+    )
+    engine = LMCacheEngineBuilder.get_or_create(
+        instance_id,
+        config,
+        meta,
+        copy_connector(layers, heads, head_dim),
+        lambda t, r: None,
+        lambda o, r: o,
+    )
     engine.post_init()
     return engine

@@ -37,8 +37,9 @@ class ChunkRoom:
     key no eviction takes (the layout record); ``count(name)``: adds one to a plugin counter
     (``evictions``, each chunk this process's eviction deleted)."""
 
-    def __init__(self, store: SegmentStore, budget_bytes: int, *, keep: bytes,
-                 count: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self, store: SegmentStore, budget_bytes: int, *, keep: bytes, count: Callable[[str], None]
+    ) -> None:
         self.store = store
         self.level = DiskLevel("LMCache chunk", store, budget_bytes)
         self.level.usage = self.used
@@ -74,8 +75,9 @@ class ChunkRoom:
             used = self.store.used()
             after = [self.store.contains(k) for k, _ in reserved]
             if before == after:
-                in_flight = (n for (_, n), indexed in zip(reserved, after, strict=True)
-                             if not indexed)  # fmt: skip
+                in_flight = (
+                    n for (_, n), indexed in zip(reserved, after, strict=True) if not indexed
+                )
                 return used, sum(in_flight)
 
     def reserve(self, key: bytes, size: int) -> object | None:
@@ -87,15 +89,23 @@ class ChunkRoom:
                 self.level.make_room(size)
             except LevelRefused:
                 if size > self.budget_bytes:
-                    log.warning("stratastore: a chunk of %d bytes is larger than the whole "
-                                "budget of %s (%d bytes); raise budget_mib", size,
-                                self.store.path, self.budget_bytes)  # fmt: skip
+                    log.warning(
+                        "stratastore: a chunk of %d bytes is larger than the whole "
+                        "budget of %s (%d bytes); raise budget_mib",
+                        size,
+                        self.store.path,
+                        self.budget_bytes,
+                    )
                 else:
                     used, in_flight = self._committed_and_in_flight()
-                    log.warning("stratastore: %s is full (%d of %d bytes, %d in flight) and "
-                                "holds only pinned chunks: a chunk was not stored",
-                                self.store.path, used, self.budget_bytes,
-                                in_flight)  # fmt: skip
+                    log.warning(
+                        "stratastore: %s is full (%d of %d bytes, %d in flight) and "
+                        "holds only pinned chunks: a chunk was not stored",
+                        self.store.path,
+                        used,
+                        self.budget_bytes,
+                        in_flight,
+                    )
                 return None
             token = object()
             with self._lock:

@@ -107,8 +107,14 @@ class ChunkStore:
         self.closed = False
 
     @classmethod
-    def open(cls, path: str, fingerprint: ModelFingerprint, budget_bytes: int, *,
-             file_mode: int = DEFAULT_FILE_MODE) -> ChunkStore:  # fmt: skip
+    def open(
+        cls,
+        path: str,
+        fingerprint: ModelFingerprint,
+        budget_bytes: int,
+        *,
+        file_mode: int = DEFAULT_FILE_MODE,
+    ) -> ChunkStore:
         """Open (create) the directory and read its layout record if it has one. Raises what
         ``SegmentStore.open`` raises (:class:`IncompatibleFingerprint`: another model's
         directory) and :class:`~stratastore.format.FormatError` naming the layout record and the
@@ -125,7 +131,8 @@ class ChunkStore:
                         f"the LMCache chunk layout record {data_name(state_key(LAYOUT_ID))} in "
                         f"{path} cannot be read ({type(e).__name__}: {e}); run `strata fsck "
                         f"--repair --yes {path}`: it quarantines a damaged record, the chunks "
-                        "stay, and the next put records the layout again") from e  # fmt: skip
+                        "stay, and the next put records the layout again"
+                    ) from e
         except BaseException:
             store.close()
             raise
@@ -163,11 +170,16 @@ class ChunkStore:
                 except StrataError as e:
                     if not self._layout_warned:
                         self._layout_warned = True
-                        log.error("stratastore: the LMCache chunk layout record %s in %s cannot "
-                                  "be read (%s: %s): every get is a miss (no chunk is removed); "
-                                  "run `strata fsck --repair --yes %s`",
-                                  data_name(state_key(LAYOUT_ID)), self.store.path,
-                                  type(e).__name__, e, self.store.path)  # fmt: skip
+                        log.error(
+                            "stratastore: the LMCache chunk layout record %s in %s cannot "
+                            "be read (%s: %s): every get is a miss (no chunk is removed); "
+                            "run `strata fsck --repair --yes %s`",
+                            data_name(state_key(LAYOUT_ID)),
+                            self.store.path,
+                            type(e).__name__,
+                            e,
+                            self.store.path,
+                        )
             return self.layout
 
     def accepts(self, layout: ChunkLayout) -> bool:
@@ -185,10 +197,13 @@ class ChunkStore:
             first = not self._refused_layout
             self._refused_layout = True
         if first:
-            log.error("stratastore: %s holds LMCache chunks of layout %s; chunks of layout %s "
-                      "are not stored: give each engine configuration its own directory",
-                      self.store.path, self.layout.encode().decode(),
-                      layout.encode().decode())  # fmt: skip
+            log.error(
+                "stratastore: %s holds LMCache chunks of layout %s; chunks of layout %s "
+                "are not stored: give each engine configuration its own directory",
+                self.store.path,
+                self.layout.encode().decode(),
+                layout.encode().decode(),
+            )
         return False
 
     # -- putting ------------------------------------------------------------------------------
@@ -257,10 +272,15 @@ class ChunkStore:
         tokens = layout.tokens_for(reader.sidecar.payload_bytes)
         if tokens is None:
             reader.close()
-            self._damaged(key, FormatError(
-                f"{reader.path}: {reader.sidecar.payload_bytes} bytes are no whole number of "
-                f"tokens of this directory's chunk layout"), identity,
-                reader.sidecar.sealed_at_ns)  # fmt: skip
+            self._damaged(
+                key,
+                FormatError(
+                    f"{reader.path}: {reader.sidecar.payload_bytes} bytes are no whole number of "
+                    f"tokens of this directory's chunk layout"
+                ),
+                identity,
+                reader.sidecar.sealed_at_ns,
+            )
             return None
         return OpenChunk(chunk_id, tokens, reader, identity)
 
@@ -276,8 +296,9 @@ class ChunkStore:
         try:
             with chunk.reader as seg:
                 if len(dst) != chunk.payload_bytes:
-                    raise FormatError(f"{seg.path}: {chunk.payload_bytes} bytes, the memory "
-                                      f"object {len(dst)}")  # fmt: skip
+                    raise FormatError(
+                        f"{seg.path}: {chunk.payload_bytes} bytes, the memory object {len(dst)}"
+                    )
                 if seg.sidecar.codec is Codec.RAW:
                     seg.read_into(dst)
                     require_valid(seg.sidecar, np.frombuffer(dst, dtype=np.uint8))
@@ -299,14 +320,20 @@ class ChunkStore:
         logged (quietly once the store is closed); the chunk stays."""
         self.count("read_errors")
         if self.closed:
-            log.info("stratastore: LMCache chunk %s was not read: the plugin closed",
-                     key.hex()[:16])  # fmt: skip
+            log.info(
+                "stratastore: LMCache chunk %s was not read: the plugin closed", key.hex()[:16]
+            )
             return
-        log.warning("stratastore: LMCache chunk %s could not be read (%s: %s): a miss; the "
-                    "chunk is kept", key.hex()[:16], type(e).__name__, e)  # fmt: skip
+        log.warning(
+            "stratastore: LMCache chunk %s could not be read (%s: %s): a miss; the chunk is kept",
+            key.hex()[:16],
+            type(e).__name__,
+            e,
+        )
 
-    def _damaged(self, key: bytes, e: BaseException, identity: IndexRecord | None,
-                 sealed_at_ns: int | None) -> None:  # fmt: skip
+    def _damaged(
+        self, key: bytes, e: BaseException, identity: IndexRecord | None, sealed_at_ns: int | None
+    ) -> None:
         """Count and log a chunk whose files failed validation and delete it, only if its
         files are still the ones read (its index record still ``identity``, the one before it
         was opened, and sealed when the sidecar read says): checked and deleted under the
@@ -314,9 +341,13 @@ class ChunkStore:
         is never deleted."""
         with self._lock:
             self.counters.damaged += 1
-        log.warning("stratastore: LMCache chunk %s is damaged (%s: %s): a miss; it is removed "
-                    "so that the next store writes it again", key.hex()[:16],
-                    type(e).__name__, e)  # fmt: skip
+        log.warning(
+            "stratastore: LMCache chunk %s is damaged (%s: %s): a miss; it is removed "
+            "so that the next store writes it again",
+            key.hex()[:16],
+            type(e).__name__,
+            e,
+        )
         if self.closed:
             return
 
@@ -330,8 +361,13 @@ class ChunkStore:
             try:
                 self.store.delete_if(key, still_the_copy_read)
             except StrataError as d:
-                log.error("stratastore: the damaged chunk %s could not be removed: %s; run "
-                          "strata fsck %s", key.hex()[:16], d, self.store.path)  # fmt: skip
+                log.error(
+                    "stratastore: the damaged chunk %s could not be removed: %s; run "
+                    "strata fsck %s",
+                    key.hex()[:16],
+                    d,
+                    self.store.path,
+                )
 
     # -- pins and removal ---------------------------------------------------------------------
     def pin(self, chunk_id: bytes) -> bool:

@@ -36,9 +36,13 @@ def cut_manifest(m: ChainManifest, length: int) -> ChainManifest | None:
     end = segs[-1][1] if segs else 0
     if end == 0:
         return None
-    return replace(m, tokens=m.tokens[:end],
-                   checkpoints=tuple(c for c in m.checkpoints if c.length <= end),
-                   media=tuple(x for x in m.media if x[0] < end), segments=segs)  # fmt: skip
+    return replace(
+        m,
+        tokens=m.tokens[:end],
+        checkpoints=tuple(c for c in m.checkpoints if c.length <= end),
+        media=tuple(x for x in m.media if x[0] < end),
+        segments=segs,
+    )
 
 
 def conv_id_key(conv_id: str) -> bytes:

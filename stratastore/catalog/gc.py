@@ -38,8 +38,13 @@ class Collector:
     """Removes conversations' tails, and unreadable segments (:meth:`discard`), for the levels
     of one store."""
 
-    def __init__(self, catalog: Catalog, levels: Callable[[], Sequence[SegmentBackend]],
-                 manifest_dir: str, file_mode: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        catalog: Catalog,
+        levels: Callable[[], Sequence[SegmentBackend]],
+        manifest_dir: str,
+        file_mode: int,
+    ) -> None:
         self.catalog = catalog
         self.levels = levels
         self.manifest_dir = manifest_dir
@@ -62,8 +67,9 @@ class Collector:
         finally:
             self.catalog.finish(r)
 
-    def free_oldest(self, *, before_ns: int | None = None,
-                    level: SegmentBackend | None = None) -> int:  # fmt: skip
+    def free_oldest(
+        self, *, before_ns: int | None = None, level: SegmentBackend | None = None
+    ) -> int:
         """Shorten the oldest conversation GC may touch: sealed before ``before_ns`` (age GC),
         or, for ``level`` (capacity GC), the oldest of the first :data:`CANDIDATES` whose
         shortening deletes a segment ``level`` holds (one whose segments all live in another
@@ -72,7 +78,7 @@ class Collector:
             if level is not None and not any(
                 k in level for k in self.catalog.would_free(conv_id, pinned_length)
             ):
-                continue  # fmt: skip
+                continue
             r = self.catalog.shorten(conv_id, pinned_length)
             if r is None:
                 continue

@@ -78,8 +78,9 @@ def _file_of(digest: bytes) -> str:
     return f"{CHAIN_PREFIX}{digest.hex()}{CHAIN_SUFFIX}"
 
 
-def recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
-            warn: Callable[[str], None]) -> Recovered:  # fmt: skip
+def recover(
+    catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str, warn: Callable[[str], None]
+) -> Recovered:
     """Bring the catalog in line with the files (see the module's docstring). A catalog entry
     that does not decode (the index's LMDB file damaged) has the catalog rebuilt."""
     try:
@@ -90,8 +91,9 @@ def recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
         return _recover(catalog, gc, root, manifest_dir, warn)
 
 
-def _recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
-             warn: Callable[[str], None]) -> Recovered:  # fmt: skip
+def _recover(
+    catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str, warn: Callable[[str], None]
+) -> Recovered:
     out = Recovered()
     names = {n for n in files.listdir(manifest_dir) if is_chain_name(n)}
 
@@ -111,9 +113,14 @@ def _recover(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
     return out
 
 
-def _reconcile(catalog: Catalog, gc: Collector, names: set[str], manifest_dir: str,
-               load: Callable[[str], tuple[ChainManifest, bytes, bytes] | None],
-               out: Recovered) -> None:  # fmt: skip
+def _reconcile(
+    catalog: Catalog,
+    gc: Collector,
+    names: set[str],
+    manifest_dir: str,
+    load: Callable[[str], tuple[ChainManifest, bytes, bytes] | None],
+    out: Recovered,
+) -> None:
     """Files the catalog lacks or holds another version of are (re)entered; entries whose file
     is refused or gone are removed (their file left for fsck). One stat per manifest; only a
     file whose stamp changed is read."""
@@ -164,8 +171,9 @@ def _finish_dead(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str
     return len(done)
 
 
-def finish_ticket(catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str,
-                  ticket: bytes) -> None:  # fmt: skip
+def finish_ticket(
+    catalog: Catalog, gc: Collector, root: bytes, manifest_dir: str, ticket: bytes
+) -> None:
     """Finish the work ``ticket`` left in flight (its process is gone, F-CAT-7): a park whose
     manifest file was written is committed from that file, else withdrawn; a removal's manifest
     file is made to match the catalog and its doomed keys are deleted."""

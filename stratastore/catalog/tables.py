@@ -139,8 +139,7 @@ class Catalog(CatalogReads):
             if blocker is None:
                 blocker = self._parking(txn, cid)
             if blocker is None:
-                blocker = next((b for k in keys if (b := txn.get(b"k" + k, db=self._doomed))),
-                               None)  # fmt: skip
+                blocker = next((b for k in keys if (b := txn.get(b"k" + k, db=self._doomed))), None)
             if blocker is not None:
                 return bytes(blocker)
             txn.put(ticket, pending_row(cid, keys), db=self._pending)
@@ -200,8 +199,14 @@ class Catalog(CatalogReads):
         return Removal("", None, dead, ticket, 0)
 
     # -- removals -----------------------------------------------------------------------------
-    def shorten(self, conv_id: str, keep: Callable[[ChainManifest], int], *,
-                sessions: bool = False, touch_file: bool = True) -> Removal | None:  # fmt: skip
+    def shorten(
+        self,
+        conv_id: str,
+        keep: Callable[[ChainManifest], int],
+        *,
+        sessions: bool = False,
+        touch_file: bool = True,
+    ) -> Removal | None:
         """Cut ``conv_id`` to the prefix ``keep(manifest)`` tokens long (0: remove it), in one
         transaction: the conversation and the keys nothing names any more are doomed and
         returned (see :class:`Removal`). None when there is nothing to do: it is gone, being
@@ -310,12 +315,17 @@ class Catalog(CatalogReads):
         ticket = self.new_ticket()
 
         def run(txn: Any) -> tuple[bytes, ...] | None:
-            if (txn.get(b"c" + cid, db=self._doomed) is not None
-                    or self._parking(txn, cid) is not None):  # fmt: skip
+            if (
+                txn.get(b"c" + cid, db=self._doomed) is not None
+                or self._parking(txn, cid) is not None
+            ):
                 return None
             old = txn.get(cid, db=self._convs)
-            touched = (self._unlink_conv(txn, m.conv_id, self._decode(m.conv_id, old))
-                       if old is not None else set())  # fmt: skip
+            touched = (
+                self._unlink_conv(txn, m.conv_id, self._decode(m.conv_id, old))
+                if old is not None
+                else set()
+            )
             for k in manifest_keys(m):
                 txn.put(k + cid, b"", db=self._members)
             self._put_conv(txn, m, raw, stamp)

@@ -38,8 +38,11 @@ class InvalidRequest(ConfigError):
     batch) that cannot be used as given; nothing was read, written or taken."""
 
 
-def as_tokens(tokens: Sequence[int] | npt.NDArray[np.integer], what: str = "prompt",
-              error: type[ConfigError] = InvalidRequest) -> Tokens:  # fmt: skip
+def as_tokens(
+    tokens: Sequence[int] | npt.NDArray[np.integer],
+    what: str = "prompt",
+    error: type[ConfigError] = InvalidRequest,
+) -> Tokens:
     """Token ids as a uint32 array, refusing anything but a one-dimensional sequence of integer
     ids in 0..2**32-1 (spec F-KEY-3) with ``error`` naming ``what``."""
     try:
@@ -47,19 +50,26 @@ def as_tokens(tokens: Sequence[int] | npt.NDArray[np.integer], what: str = "prom
     except (TypeError, ValueError) as e:  # ragged nesting, objects numpy cannot hold
         raise error(f"{what}: token ids cannot be read as integers ({e})") from None
     if arr.ndim != 1:
-        raise error(f"{what}: token ids must be one-dimensional, got shape {arr.shape} of "
-                    f"{type(tokens).__name__}; pass a list or 1-D array of ints")  # fmt: skip
+        raise error(
+            f"{what}: token ids must be one-dimensional, got shape {arr.shape} of "
+            f"{type(tokens).__name__}; pass a list or 1-D array of ints"
+        )
     if arr.size and arr.dtype.kind not in "iu":
-        raise error(f"{what}: token ids must be integers in 0..2**32-1 (spec F-KEY-3); got "
-                    f"{arr.dtype} values")  # fmt: skip
+        raise error(
+            f"{what}: token ids must be integers in 0..2**32-1 (spec F-KEY-3); got "
+            f"{arr.dtype} values"
+        )
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 2**32):
-        raise error(f"{what}: token ids must be integers in 0..2**32-1 (spec F-KEY-3); got ids "
-                    f"from {int(arr.min())} to {int(arr.max())}")  # fmt: skip
+        raise error(
+            f"{what}: token ids must be integers in 0..2**32-1 (spec F-KEY-3); got ids "
+            f"from {int(arr.min())} to {int(arr.max())}"
+        )
     return np.ascontiguousarray(arr, dtype=np.uint32)
 
 
-def as_media(media: object, n_tokens: int, what: str = "media",
-             error: type[ConfigError] = InvalidRequest) -> dict[int, bytes]:  # fmt: skip
+def as_media(
+    media: object, n_tokens: int, what: str = "media", error: type[ConfigError] = InvalidRequest
+) -> dict[int, bytes]:
     """``media`` (``None``, or a mapping of each picture's token position to its 32-byte
     digest, spec F-KEY-4) checked against a prompt of ``n_tokens``: a position that is not an
     integer within the tokens, or a digest that is not 32 bytes, raises ``error`` naming it (a
@@ -67,20 +77,25 @@ def as_media(media: object, n_tokens: int, what: str = "media",
     if media is None:
         return {}
     if not isinstance(media, Mapping):
-        raise error(f"{what} must be a mapping of token position to 32-byte digest, not "
-                    f"{type(media).__name__}")  # fmt: skip
+        raise error(
+            f"{what} must be a mapping of token position to 32-byte digest, not "
+            f"{type(media).__name__}"
+        )
     out: dict[int, bytes] = {}
     for pos, digest in media.items():
         if isinstance(pos, (bool, np.bool_)) or not isinstance(pos, (int, np.integer)):
-            raise error(f"{what}: position {pos!r} is {type(pos).__name__}, not an integer token "
-                        "position")  # fmt: skip
+            raise error(
+                f"{what}: position {pos!r} is {type(pos).__name__}, not an integer token position"
+            )
         if not 0 <= int(pos) < n_tokens:
             raise error(f"{what}: position {int(pos)} is not within the {n_tokens} tokens")
         raw = bytes(digest) if isinstance(digest, (bytes, bytearray, memoryview)) else None
         if raw is None or len(raw) != 32:
             size = "a" if raw is None else f"{len(raw)}-byte"
-            raise error(f"{what}: the digest at {int(pos)} is {size} {type(digest).__name__}, "
-                        "not a 32-byte digest (spec F-KEY-4)")  # fmt: skip
+            raise error(
+                f"{what}: the digest at {int(pos)} is {size} {type(digest).__name__}, "
+                "not a 32-byte digest (spec F-KEY-4)"
+            )
         out[int(pos)] = raw
     return out
 
@@ -115,8 +130,9 @@ class Conversation:
                 f"conversation {self.conv_id}: checkpoint at {lengths[-1]} is past its "
                 f"{len(self.tokens)} tokens"
             )
-        self.media = as_media(self.media, len(self.tokens), f"conversation {self.conv_id}: media",
-                              ConfigError)  # fmt: skip
+        self.media = as_media(
+            self.media, len(self.tokens), f"conversation {self.conv_id}: media", ConfigError
+        )
         if not self.cuts:
             self.cuts = [0]
         if self.cuts[0] != 0 or self.cuts != sorted(set(self.cuts)):

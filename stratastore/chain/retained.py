@@ -102,8 +102,9 @@ class RetainedChains:
         mem = self._memory.get(conv_id)
         return [c.length for c in mem.kept] if mem else []
 
-    def apply(self, conv: Conversation, stored: Stored = None,
-              layout: set[int] | None = None) -> list[Checkpoint]:  # fmt: skip
+    def apply(
+        self, conv: Conversation, stored: Stored = None, layout: set[int] | None = None
+    ) -> list[Checkpoint]:
         """Set ``conv.checkpoints`` to the chain it keeps at this park and remember it; returns
         the passed checkpoints that were not kept (their running states can go). ``stored``
         gives the chain the store holds for the id, asked only when nothing is remembered.
@@ -120,15 +121,17 @@ class RetainedChains:
         chain = self._chain(mem, on_branch if layout is None else on_branch & layout, passed)
         conv.checkpoints = chain
         seen = on_branch | {c.length for c in passed}
-        self._memory[conv.conv_id] = _Memory([replace(c) for c in chain],
-                                             {n: digests[n] for n in seen})  # fmt: skip
+        self._memory[conv.conv_id] = _Memory(
+            [replace(c) for c in chain], {n: digests[n] for n in seen}
+        )
         while len(self._memory) > self.capacity:
             self._memory.popitem(last=False)
         kept = {c.length for c in chain}
         return [c for c in passed if c.length not in kept]
 
-    def _chain(self, mem: _Memory, on_branch: set[int],
-               passed: list[Checkpoint]) -> list[Checkpoint]:  # fmt: skip
+    def _chain(
+        self, mem: _Memory, on_branch: set[int], passed: list[Checkpoint]
+    ) -> list[Checkpoint]:
         """Kept (still on the branch), then each new one added and the count held."""
         by_length = {c.length: c for c in passed}
         chain = [by_length.get(c.length, c) for c in mem.kept if c.length in on_branch]

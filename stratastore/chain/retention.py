@@ -93,8 +93,9 @@ def enforce_count(chain: list[Checkpoint], count: int, policy: Policy) -> list[C
     return dropped
 
 
-def add_checkpoint(chain: list[Checkpoint], new: Checkpoint, count: int,
-                   policy: Policy) -> list[Checkpoint]:  # fmt: skip
+def add_checkpoint(
+    chain: list[Checkpoint], new: Checkpoint, count: int, policy: Policy
+) -> list[Checkpoint]:
     """Add ``new`` to ``chain`` (ascending; at its place by length) and hold the chain to ``count``:
     the step an engine takes each time it saves a checkpoint (the 200-turn edit table's simulation
     adds one at each turn's end). Returns the dropped ones, in the order they left (``new`` itself

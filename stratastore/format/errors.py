@@ -66,8 +66,9 @@ def _differing_hex(a: bytes, b: bytes, *, least: int = 16, past: int = 8) -> tup
     """``a`` and ``b`` in hex, each cut (``...``) after ``least`` digits or ``past`` digits
     past their first difference, whichever is later: two digests never read the same."""
     ha, hb = a.hex(), b.hex()
-    first = next((i for i, (x, y) in enumerate(zip(ha, hb, strict=False)) if x != y),
-                 min(len(ha), len(hb)))  # fmt: skip
+    first = next(
+        (i for i, (x, y) in enumerate(zip(ha, hb, strict=False)) if x != y), min(len(ha), len(hb))
+    )
     n = max(least, first + past)
 
     def cut(h: str) -> str:

@@ -95,12 +95,16 @@ class ModelFingerprint:
         wrong type (``extra="text"``, ``n_layers="32"``) is a :class:`FormatError` naming it
         and what it takes, like one out of range; a numpy integer counts as an integer."""
         if not isinstance(model_id, str):
-            raise FormatError(f"ModelFingerprint.create: model_id={_arg(model_id)} must be a "
-                              "str naming the weights (\"org/model@revision\")")  # fmt: skip
+            raise FormatError(
+                f"ModelFingerprint.create: model_id={_arg(model_id)} must be a "
+                'str naming the weights ("org/model@revision")'
+            )
         if not isinstance(extra, (bytes, bytearray, memoryview)):
             fix = f"; pass {_arg(extra)}.encode()" if isinstance(extra, str) else ""
-            raise FormatError(f"ModelFingerprint.create: extra={_arg(extra)} must be bytes (the "
-                              f"engine's further identity, e.g. b\"rope=yarn\"){fix}")  # fmt: skip
+            raise FormatError(
+                f"ModelFingerprint.create: extra={_arg(extra)} must be bytes (the "
+                f'engine\'s further identity, e.g. b"rope=yarn"){fix}'
+            )
         if isinstance(dtype, str):
             try:
                 dtype = DType[dtype.upper()]
@@ -109,8 +113,10 @@ class ModelFingerprint:
                 raise FormatError(f"dtype {dtype!r} is not known; use one of {allowed}") from None
         elif not isinstance(dtype, DType):
             allowed = ", ".join(d.name.lower() for d in DType)
-            raise FormatError(f"ModelFingerprint.create: dtype={_arg(dtype)} must be a DType or "
-                              f"the name of one ({allowed})")  # fmt: skip
+            raise FormatError(
+                f"ModelFingerprint.create: dtype={_arg(dtype)} must be a DType or "
+                f"the name of one ({allowed})"
+            )
         fp = cls(
             model_digest=blake3.blake3(model_id.encode()).digest(),
             extra_digest=blake3.blake3(extra).digest(),
@@ -196,8 +202,16 @@ class ModelFingerprint:
         other's vs this"`` (a digest as its first 12 hex digits), in field order."""
         names = {"model_digest": "model id digest", "extra_digest": "architecture digest"}
         out = []
-        for f in ("model_digest", "extra_digest", "n_layers", "n_kv_heads", "head_dim",
-                  "page_tokens", "dtype", "kv_layout"):  # fmt: skip
+        for f in (
+            "model_digest",
+            "extra_digest",
+            "n_layers",
+            "n_kv_heads",
+            "head_dim",
+            "page_tokens",
+            "dtype",
+            "kv_layout",
+        ):
             a, b = getattr(other, f), getattr(self, f)
             if a != b:
                 out.append(f"{names.get(f, f)}: {_shown(a)} vs {_shown(b)}")
@@ -226,8 +240,10 @@ def _count(name: str, value: object) -> int:
     one; a bool, a float or a string is not): the range is :meth:`~ModelFingerprint.validate`'s."""
     if isinstance(value, SupportsIndex) and not isinstance(value, bool):
         return operator.index(value)
-    raise FormatError(f"ModelFingerprint.create: {name}={_arg(value)} must be an integer "
-                      f"({type(value).__name__} given)")  # fmt: skip
+    raise FormatError(
+        f"ModelFingerprint.create: {name}={_arg(value)} must be an integer "
+        f"({type(value).__name__} given)"
+    )
 
 
 def _shown(value: object) -> str:

@@ -41,9 +41,20 @@ class IndexRecord:
     def from_sidecar(
         cls, sc: Sidecar, sidecar_bytes: int, file_bytes: int, refcount: int = 0
     ) -> IndexRecord:
-        return cls(sc.kind, sc.level, sc.codec, refcount, sc.page_count, sc.page_bytes,
-                   sidecar_bytes, file_bytes, sc.token_start, sc.token_end, sc.sealed_at_ns,
-                   sc.parent_key)  # fmt: skip
+        return cls(
+            sc.kind,
+            sc.level,
+            sc.codec,
+            refcount,
+            sc.page_count,
+            sc.page_bytes,
+            sidecar_bytes,
+            file_bytes,
+            sc.token_start,
+            sc.token_end,
+            sc.sealed_at_ns,
+            sc.parent_key,
+        )
 
     @property
     def total_bytes(self) -> int:
@@ -52,10 +63,20 @@ class IndexRecord:
 
     def pack(self) -> bytes:
         return INDEX_RECORD.pack(
-            INDEX_SCHEMA, int(self.kind), int(self.level), int(self.codec), self.refcount,
-            self.page_count, self.page_bytes, self.sidecar_bytes, self.file_bytes, self.token_start,
-            self.token_end, self.sealed_at_ns, self.parent_key,
-        )  # fmt: skip
+            INDEX_SCHEMA,
+            int(self.kind),
+            int(self.level),
+            int(self.codec),
+            self.refcount,
+            self.page_count,
+            self.page_bytes,
+            self.sidecar_bytes,
+            self.file_bytes,
+            self.token_start,
+            self.token_end,
+            self.sealed_at_ns,
+            self.parent_key,
+        )
 
     @classmethod
     def unpack(cls, raw: bytes, obj: str = "index record") -> IndexRecord:
@@ -67,7 +88,8 @@ class IndexRecord:
         if ver != INDEX_SCHEMA:
             raise FormatError(f"{obj}: schema {ver}, expected {INDEX_SCHEMA}; rebuild the index")
         try:
-            return cls(Kind(kind), Level(level), Codec(codec), ref, pc, pb, sb, fb, t0, t1,
-                       sealed, parent)  # fmt: skip
+            return cls(
+                Kind(kind), Level(level), Codec(codec), ref, pc, pb, sb, fb, t0, t1, sealed, parent
+            )
         except ValueError:
             raise FormatError(f"{obj}: unknown kind, level or codec; rebuild the index") from None

@@ -55,8 +55,9 @@ CKPT_PINNED, CKPT_TAIL, CKPT_STATE = 1, 2, 4
 MAX_TOKENS = 1 << 24
 MAX_ITEMS = 1 << 20
 MAX_CONV_ID = 4096
-MAX_MANIFEST_BYTES = (MANIFEST_HEAD.size + MAX_CONV_ID + 4 * MAX_TOKENS
-                      + 3 * 48 * MAX_ITEMS + TRAILER)  # fmt: skip
+MAX_MANIFEST_BYTES = (
+    MANIFEST_HEAD.size + MAX_CONV_ID + 4 * MAX_TOKENS + 3 * 48 * MAX_ITEMS + TRAILER
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +84,10 @@ class ChainManifest:
         n = len(self.tokens)
         if len(self.model) != 32 or not self.conv_id or len(self.conv_id.encode()) > MAX_CONV_ID:
             raise FormatError(f"{obj}: model digest or conversation id is invalid")
-        if n > MAX_TOKENS or max(len(self.checkpoints), len(self.media),
-                                 len(self.segments)) > MAX_ITEMS:  # fmt: skip
+        if (
+            n > MAX_TOKENS
+            or max(len(self.checkpoints), len(self.media), len(self.segments)) > MAX_ITEMS
+        ):
             raise FormatError(f"{obj}: too many tokens or items")
         lengths = [c.length for c in self.checkpoints]
         if lengths != sorted(set(lengths)) or (lengths and not 0 <= lengths[0] <= lengths[-1] <= n):
@@ -107,10 +110,20 @@ def encode_manifest(m: ChainManifest) -> bytes:
     m.validate("manifest to encode")
     cid = m.conv_id.encode()
     head = MANIFEST_HEAD.pack(
-        MANIFEST_MAGIC, MAJOR, MINOR, MANIFEST_HEAD.size, FLAG_SESSION if m.session else 0,
-        m.model, len(cid), 0, len(m.tokens), len(m.checkpoints), len(m.media), len(m.segments),
+        MANIFEST_MAGIC,
+        MAJOR,
+        MINOR,
+        MANIFEST_HEAD.size,
+        FLAG_SESSION if m.session else 0,
+        m.model,
+        len(cid),
+        0,
+        len(m.tokens),
+        len(m.checkpoints),
+        len(m.media),
+        len(m.segments),
         m.sealed_at_ns,
-    )  # fmt: skip
+    )
     parts = [head, cid, np.asarray(m.tokens, dtype="<u4").tobytes()]
     for c in m.checkpoints:
         flags = (CKPT_PINNED * c.pinned) | (CKPT_TAIL * c.tail) | (CKPT_STATE * bool(c.state_key))
@@ -127,8 +140,21 @@ def decode_manifest(data: bytes, obj: str = "manifest") -> ChainManifest:
         raise FormatError(f"{obj}: {len(data)} bytes is over the manifest limit")
     if len(data) < MANIFEST_HEAD.size + TRAILER:
         raise FormatError(f"{obj}: truncated at {len(data)} bytes (spec F-CHAIN-1)")
-    (magic, major, minor, head_bytes, flags, model, cid_len, _, n_tok, n_ck, n_media, n_seg,
-     sealed) = MANIFEST_HEAD.unpack_from(data)  # fmt: skip
+    (
+        magic,
+        major,
+        minor,
+        head_bytes,
+        flags,
+        model,
+        cid_len,
+        _,
+        n_tok,
+        n_ck,
+        n_media,
+        n_seg,
+        sealed,
+    ) = MANIFEST_HEAD.unpack_from(data)
     if magic != MANIFEST_MAGIC:
         raise FormatError(f"{obj}: bad magic {magic!r}; not a chain manifest (spec F-CHAIN-1)")
     if major != MAJOR:
@@ -136,11 +162,22 @@ def decode_manifest(data: bytes, obj: str = "manifest") -> ChainManifest:
             f"{obj}: manifest version {major}.{minor} is not readable by this version; "
             "upgrade stratastore to read it"
         )
-    if head_bytes < MANIFEST_HEAD.size or cid_len > MAX_CONV_ID or n_tok > MAX_TOKENS or max(
-            n_ck, n_media, n_seg) > MAX_ITEMS:  # fmt: skip
+    if (
+        head_bytes < MANIFEST_HEAD.size
+        or cid_len > MAX_CONV_ID
+        or n_tok > MAX_TOKENS
+        or max(n_ck, n_media, n_seg) > MAX_ITEMS
+    ):
         raise FormatError(f"{obj}: a count is out of range (spec F-CHAIN-1)")
-    want = (head_bytes + cid_len + 4 * n_tok + _CKPT.size * n_ck + _MEDIA.size * n_media
-            + _SEG.size * n_seg + TRAILER)  # fmt: skip
+    want = (
+        head_bytes
+        + cid_len
+        + 4 * n_tok
+        + _CKPT.size * n_ck
+        + _MEDIA.size * n_media
+        + _SEG.size * n_seg
+        + TRAILER
+    )
     if len(data) != want:
         raise FormatError(f"{obj}: {len(data)} bytes, its counts need exactly {want}")
     actual = blake3.blake3(memoryview(data)[:-TRAILER]).digest()
@@ -158,8 +195,11 @@ def decode_manifest(data: bytes, obj: str = "manifest") -> ChainManifest:
     for _ in range(n_ck):
         length, f, key = _CKPT.unpack_from(data, pos)
         pos += _CKPT.size
-        ckpts.append(ManifestCheckpoint(length, bool(f & CKPT_PINNED), bool(f & CKPT_TAIL),
-                                        key if f & CKPT_STATE else None))  # fmt: skip
+        ckpts.append(
+            ManifestCheckpoint(
+                length, bool(f & CKPT_PINNED), bool(f & CKPT_TAIL), key if f & CKPT_STATE else None
+            )
+        )
     media = []
     for _ in range(n_media):
         media.append(_MEDIA.unpack_from(data, pos))
@@ -168,8 +208,16 @@ def decode_manifest(data: bytes, obj: str = "manifest") -> ChainManifest:
     for _ in range(n_seg):
         segs.append(_SEG.unpack_from(data, pos))
         pos += _SEG.size
-    m = ChainManifest(conv_id, model, tokens, tuple(ckpts), tuple(media), tuple(segs), sealed,
-                      bool(flags & FLAG_SESSION))  # fmt: skip
+    m = ChainManifest(
+        conv_id,
+        model,
+        tokens,
+        tuple(ckpts),
+        tuple(media),
+        tuple(segs),
+        sealed,
+        bool(flags & FLAG_SESSION),
+    )
     m.validate(obj)
     return m
 
@@ -186,8 +234,9 @@ def manifest_key_mismatch(
     ``model``. Pure: no I/O. ``m`` must have passed :meth:`ChainManifest.validate` (every
     decoded manifest has).
     """
-    derived = key_chain(root if root is not None else m.model, m.tokens, m.media,
-                        [(s, e) for s, e, _ in m.segments])  # fmt: skip
+    derived = key_chain(
+        root if root is not None else m.model, m.tokens, m.media, [(s, e) for s, e, _ in m.segments]
+    )
     for i, (seg, (start, end, recorded)) in enumerate(zip(derived, m.segments, strict=True)):
         if seg.key != recorded:
             return KeyMismatch(obj, f"segment {i} (tokens [{start}, {end}))", recorded, seg.key)
@@ -196,8 +245,9 @@ def manifest_key_mismatch(
         if c.state_key is not None:
             want = state_key(ends[c.length]) if c.length in ends else b""
             if c.state_key != want:
-                return KeyMismatch(obj, f"the state of the checkpoint at {c.length}",
-                                   c.state_key, want)  # fmt: skip
+                return KeyMismatch(
+                    obj, f"the state of the checkpoint at {c.length}", c.state_key, want
+                )
     return None
 
 

@@ -139,8 +139,9 @@ class CommitRecord:
         if not re.fullmatch("[0-9a-f]{32}", nonce):
             raise ValueError(f"a nonce is 32 lowercase hex digits, not {nonce!r}")
         if not MIN_PART_BYTES <= part_bytes <= MAX_PART_BYTES:
-            raise ValueError(f"part_bytes {part_bytes} is outside "
-                             f"{MIN_PART_BYTES}..{MAX_PART_BYTES}")  # fmt: skip
+            raise ValueError(
+                f"part_bytes {part_bytes} is outside {MIN_PART_BYTES}..{MAX_PART_BYTES}"
+            )
         parts = -(-sidecar.stored_bytes // part_bytes)
         return cls(nonce, parts, part_bytes, sidecar)
 
@@ -159,10 +160,14 @@ def decode_commit_record(raw: bytes, obj: str = "commit record") -> CommitRecord
         raise FormatError(f"{obj} has a malformed head (SRC1:<32 hex>:<parts>:<part bytes>:)")
     parts, part_bytes = int(m[2]), int(m[3])
     if not MIN_PART_BYTES <= part_bytes <= MAX_PART_BYTES:
-        raise FormatError(f"{obj} names parts of {part_bytes:,} bytes, outside the "
-                          f"{MIN_PART_BYTES:,}..{MAX_PART_BYTES:,} allowed")  # fmt: skip
+        raise FormatError(
+            f"{obj} names parts of {part_bytes:,} bytes, outside the "
+            f"{MIN_PART_BYTES:,}..{MAX_PART_BYTES:,} allowed"
+        )
     sc = decode_sidecar(raw[m.end() :], obj)
     if parts != -(-sc.stored_bytes // part_bytes):
-        raise FormatError(f"{obj} is damaged: {parts} parts of {part_bytes} bytes for "
-                          f"{sc.stored_bytes} stored bytes")  # fmt: skip
+        raise FormatError(
+            f"{obj} is damaged: {parts} parts of {part_bytes} bytes for "
+            f"{sc.stored_bytes} stored bytes"
+        )
     return CommitRecord(m[1].decode(), parts, part_bytes, sc)

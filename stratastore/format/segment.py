@@ -63,17 +63,31 @@ class SegmentHeader:
 
     def matches(self, sc: Sidecar) -> bool:
         """True when this header describes the segment ``sc`` commits (spec F-SEG-2)."""
-        return (self.kind, self.codec, self.key, self.page_count, self.page_bytes,
-                self.stored_bytes) == (sc.kind, sc.codec, sc.key, sc.page_count,
-                sc.page_bytes, sc.stored_bytes)  # fmt: skip
+        return (
+            self.kind,
+            self.codec,
+            self.key,
+            self.page_count,
+            self.page_bytes,
+            self.stored_bytes,
+        ) == (sc.kind, sc.codec, sc.key, sc.page_count, sc.page_bytes, sc.stored_bytes)
 
 
 def encode_segment_header(h: SegmentHeader) -> bytes:
     """The whole header block (``data_offset`` bytes, zero-padded)."""
     signed = SEGMENT_HEAD.pack(
-        SEGMENT_MAGIC, MAJOR, h.minor, h.data_offset, int(h.kind), int(h.codec), h.key,
-        h.page_count, h.page_bytes, h.stored_bytes, b"\0" * 32,
-    )[:_SIGNED]  # fmt: skip
+        SEGMENT_MAGIC,
+        MAJOR,
+        h.minor,
+        h.data_offset,
+        int(h.kind),
+        int(h.codec),
+        h.key,
+        h.page_count,
+        h.page_bytes,
+        h.stored_bytes,
+        b"\0" * 32,
+    )[:_SIGNED]
     head = signed + blake3.blake3(signed).digest()
     return head + b"\0" * (h.data_offset - len(head))
 

@@ -197,12 +197,28 @@ def encode_sidecar(sc: Sidecar) -> bytes:
     """Serialise a sidecar (v1.0 head) after validating it."""
     sc.validate("sidecar to encode")
     head = SIDECAR_HEAD.pack(
-        SIDECAR_MAGIC, MAJOR, sc.minor, SIDECAR_HEAD.size + len(sc.extra_head), 0,
-        0, sc.optional_features, int(sc.kind), int(sc.codec), int(sc.level),
-        sc.fingerprint.pack(), sc.key, sc.parent_key, sc.token_start, sc.token_end,
-        sc.page_count, sc.page_bytes, sc.last_page_bytes, len(sc.media),
-        sc.stored_bytes, sc.sealed_at_ns,
-    )  # fmt: skip
+        SIDECAR_MAGIC,
+        MAJOR,
+        sc.minor,
+        SIDECAR_HEAD.size + len(sc.extra_head),
+        0,
+        0,
+        sc.optional_features,
+        int(sc.kind),
+        int(sc.codec),
+        int(sc.level),
+        sc.fingerprint.pack(),
+        sc.key,
+        sc.parent_key,
+        sc.token_start,
+        sc.token_end,
+        sc.page_count,
+        sc.page_bytes,
+        sc.last_page_bytes,
+        len(sc.media),
+        sc.stored_bytes,
+        sc.sealed_at_ns,
+    )
     parts = [head, sc.extra_head, sc.page_hashes]
     if sc.codec is not Codec.RAW:
         parts.append(struct.pack(f"<{len(sc.stored_lengths)}I", *sc.stored_lengths))
@@ -233,9 +249,28 @@ def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
     if len(data) < SIDECAR_HEAD.size + TRAILER_BYTES:
         raise _bad(obj, f"truncated at {len(data)} bytes")
     (
-        _, _, _, head_bytes, _, required, optional, kind, codec, level, fp_raw, key, parent,
-        t0, t1, pc, page_bytes, last_page, media_count, stored, sealed,
-    ) = SIDECAR_HEAD.unpack_from(data)  # fmt: skip
+        _,
+        _,
+        _,
+        head_bytes,
+        _,
+        required,
+        optional,
+        kind,
+        codec,
+        level,
+        fp_raw,
+        key,
+        parent,
+        t0,
+        t1,
+        pc,
+        page_bytes,
+        last_page,
+        media_count,
+        stored,
+        sealed,
+    ) = SIDECAR_HEAD.unpack_from(data)
     if required & ~KNOWN_REQUIRED_FEATURES:
         raise UnsupportedVersion(
             f"{obj}: required feature bits {required:#x} are unknown to this version; "
@@ -273,11 +308,24 @@ def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
     except FormatError as e:
         raise _bad(obj, str(e)) from None
     sc = Sidecar(
-        kind=kind_e, codec=codec_e, level=level_e, fingerprint=fp,
-        key=key, parent_key=parent, token_start=t0, token_end=t1, page_bytes=page_bytes,
-        last_page_bytes=last_page, page_hashes=hashes, stored_bytes=stored, sealed_at_ns=sealed,
-        stored_lengths=lengths, media=media, minor=minor, optional_features=optional,
+        kind=kind_e,
+        codec=codec_e,
+        level=level_e,
+        fingerprint=fp,
+        key=key,
+        parent_key=parent,
+        token_start=t0,
+        token_end=t1,
+        page_bytes=page_bytes,
+        last_page_bytes=last_page,
+        page_hashes=hashes,
+        stored_bytes=stored,
+        sealed_at_ns=sealed,
+        stored_lengths=lengths,
+        media=media,
+        minor=minor,
+        optional_features=optional,
         extra_head=bytes(data[SIDECAR_HEAD.size : head_bytes]),
-    )  # fmt: skip
+    )
     sc.validate(obj)
     return sc

@@ -123,9 +123,12 @@ class DurableFile:
 
 
 def durable_write(
-    path: str, data: bytes | memoryview, *, exclusive: bool = False,
+    path: str,
+    data: bytes | memoryview,
+    *,
+    exclusive: bool = False,
     mode: int = DEFAULT_FILE_MODE,
-) -> None:  # fmt: skip
+) -> None:
     """Write ``data`` to ``path`` with the durable protocol; a new file gets ``mode``."""
     with DurableFile(path, exclusive=exclusive, mode=mode) as f:
         f.write(data)

@@ -49,10 +49,13 @@ class NotARegularFile(StrataIOError):
     def __init__(self, op: str, path: str, kind: str) -> None:
         self.kind = kind
         super().__init__(
-            op, path, _errno.EINVAL, f"{kind}, not a regular file",
+            op,
+            path,
+            _errno.EINVAL,
+            f"{kind}, not a regular file",
             "stratastore never reads, moves or removes it: remove or rename it by hand if it "
             "does not belong in the store directory",
-        )  # fmt: skip
+        )
 
 
 class SymlinkRefused(StrataIOError):
@@ -63,10 +66,13 @@ class SymlinkRefused(StrataIOError):
 
     def __init__(self, op: str, path: str) -> None:
         super().__init__(
-            op, path, _errno.ELOOP, "a symbolic link inside a store directory",
+            op,
+            path,
+            _errno.ELOOP,
+            "a symbolic link inside a store directory",
             "stratastore never follows it: replace the link by the real file or directory, or "
             "remove it by hand (point the store's configuration at the real directory instead)",
-        )  # fmt: skip
+        )
 
 
 class NotAStoreName(StrataIOError):
@@ -76,10 +82,13 @@ class NotAStoreName(StrataIOError):
 
     def __init__(self, op: str, path: str) -> None:
         super().__init__(
-            op, path, _errno.EPERM, "not a store file name inside a store directory",
+            op,
+            path,
+            _errno.EPERM,
+            "not a store file name inside a store directory",
             "stratastore only removes its own files (strata-conv-, strata-chain-, strata-tmp- "
             "names and the index files in strata-index/); report this as a bug",
-        )  # fmt: skip
+        )
 
 
 class ShortRead(StrataIOError):
@@ -92,19 +101,26 @@ class ShortRead(StrataIOError):
         self.ended_at = ended_at
         self.wanted_to = wanted_to
         super().__init__(
-            "read", path, _errno.ENODATA,
+            "read",
+            path,
+            _errno.ENODATA,
             f"the file ends at byte {ended_at:,}, bytes up to {wanted_to:,} were expected "
             "(truncated while being read)",
             "the segment is damaged or being replaced: run `strata fsck` on its store",
-        )  # fmt: skip
+        )
 
 
 def kind_of(st_mode: int) -> str:
     """What a file is, in words, from its ``st_mode`` (for messages and findings)."""
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(st_mode):
             return name
     return "a special file"

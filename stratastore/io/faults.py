@@ -137,8 +137,9 @@ def use(injector: FaultInjector) -> Iterator[FaultInjector]:
 
 
 @contextmanager
-def inject(*faults: Fault, crash_at: int | None = None, record: bool = False
-           ) -> Iterator[FaultInjector]:  # fmt: skip
+def inject(
+    *faults: Fault, crash_at: int | None = None, record: bool = False
+) -> Iterator[FaultInjector]:
     """Install an injector for the duration of the block (tests only; not re-entrant)."""
     global _active
     inj = FaultInjector(list(faults), crash_at=crash_at, record=record)

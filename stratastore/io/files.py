@@ -55,7 +55,6 @@ __all__ = [
     "permissions",
     "mtime_ns",
     "file_size",
-    "filesystem_type",
     "fsync",
     "fsync_dir",
     "link",
@@ -361,32 +360,27 @@ def advise_willneed(path: str) -> bool:
 
 
 #: filesystems LMDB cannot live on (no coherent shared memory map or byte-range locks)
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs",
-    "fuse.glusterfs", "fuse.sshfs", "fuse.s3fs", "lustre", "gpfs", "beegfs", "davfs",
-})  # fmt: skip
-
-
-def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
-    """The type of the filesystem holding ``path`` (longest mount point that prefixes it), or
-    ``None`` when the mount table cannot be read (not Linux)."""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    real = os.path.realpath(path)
-    best, best_type = "", None
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or not tail:
-            continue
-        mount = fields[4].replace("\\040", " ")
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
-            best, best_type = mount, tail[0]
-    return best_type
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ncpfs",
+        "afs",
+        "9p",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "fuse.s3fs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "davfs",
+    }
+)
 
 
 class FileLock:
@@ -457,8 +451,9 @@ def preadv_exact(fd: int, bufs: list[memoryview], offset: int, path: str) -> Non
     total = sum(v.nbytes for v in views)
     done, i = 0, 0
     while i < len(views):
-        n = _do("read", path, functools.partial(os.preadv, fd, views[i : i + _IOV_MAX],
-                                                offset + done))  # fmt: skip
+        n = _do(
+            "read", path, functools.partial(os.preadv, fd, views[i : i + _IOV_MAX], offset + done)
+        )
         if n == 0:
             raise ShortRead(path, offset + done, offset + total)
         done += n

@@ -154,8 +154,9 @@ def remove_store_file(path: str, *, missing_ok: bool = False) -> bool:
         return call("unlink", path, run)
 
 
-def store_subdir(parent: str, name: str, *, mode: int = DEFAULT_FILE_MODE, create: bool = True
-                 ) -> str:  # fmt: skip
+def store_subdir(
+    parent: str, name: str, *, mode: int = DEFAULT_FILE_MODE, create: bool = True
+) -> str:
     """``parent/name`` for ``strata-index`` or ``strata-quarantine``, made (with
     ``dir_mode(mode)``) when missing and ``create``; raises :class:`SymlinkRefused` when it is a
     symbolic link and :class:`NotARegularFile` when it is not a directory (spec F-DIR-8), so

@@ -8,9 +8,22 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["after_fork_in_child", "cpu_count", "env_default", "env_var", "mem_available",
-           "mem_total", "populate_write", "process_alive", "process_start", "random_bytes",
-           "silence_stdout", "this_process", "volume_bytes"]  # fmt: skip
+__all__ = [
+    "after_fork_in_child",
+    "cpu_count",
+    "env_default",
+    "env_var",
+    "filesystem_type",
+    "mem_available",
+    "mem_total",
+    "populate_write",
+    "process_alive",
+    "process_start",
+    "random_bytes",
+    "silence_stdout",
+    "this_process",
+    "volume_bytes",
+]
 
 #: ``madvise`` advice: fault a range in, writable, without changing its contents (Linux 5.14)
 MADV_POPULATE_WRITE = 23
@@ -28,8 +41,9 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def mem_total(meminfo: str = "/proc/meminfo",
-              cgroup: str = "/sys/fs/cgroup/memory.max") -> int | None:  # fmt: skip
+def mem_total(
+    meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup/memory.max"
+) -> int | None:
     """Bytes of RAM this process can have: the machine's physical memory (``MemTotal``;
     elsewhere the physical pages), or its container's limit when that is lower (cgroup v2
     ``memory.max``); ``None`` when neither can be read."""
@@ -158,3 +172,25 @@ def process_start(pid: int) -> int:
         return int(fields[19])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem holding ``path`` (longest mount point that prefixes it), or
+    ``None`` when the mount table cannot be read (not Linux)."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best, best_type = "", None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, best_type = mount, tail[0]
+    return best_type

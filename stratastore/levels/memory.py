@@ -85,8 +85,15 @@ class MemoryBackend:
         codec: Codec = Codec.RAW,
         page_hashes: npt.NDArray[np.uint8] | None = None,
     ) -> PutResult:
-        u = kv_segment(self.fingerprint, parent_key, tokens, payload, token_start=token_start,
-                       media=media, page_hashes=page_hashes)  # fmt: skip
+        u = kv_segment(
+            self.fingerprint,
+            parent_key,
+            tokens,
+            payload,
+            token_start=token_start,
+            media=media,
+            page_hashes=page_hashes,
+        )
         return self._put(u, codec)
 
     def put_state(

@@ -243,8 +243,7 @@ def _copy_validated(seg: PayloadReader, dst: memoryview, verify: bool) -> None:
     with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
         for p0, chunk, want in chunks:
             a = p0 * sc.page_bytes
-            bad = numba_kernels.validated_copy(chunk, dst[a : a + chunk.size], sc.page_bytes,
-                                               want)  # fmt: skip
+            bad = numba_kernels.validated_copy(chunk, dst[a : a + chunk.size], sc.page_bytes, want)
             if bad >= 0:
                 _raise_page(sc, chunk, bad, p0)
 
@@ -268,8 +267,9 @@ def _raise_page(sc: Sidecar, payload: npt.NDArray[np.uint8], page: int, first: i
     raise ChecksumMismatch(data_name(sc.key), sc.page_hash(first + page), actual, first + page)
 
 
-def _decode_prefix(sc: Sidecar, stored: npt.NDArray[np.uint8], n: int, nbytes: int
-                   ) -> npt.NDArray[np.uint8]:  # fmt: skip
+def _decode_prefix(
+    sc: Sidecar, stored: npt.NDArray[np.uint8], n: int, nbytes: int
+) -> npt.NDArray[np.uint8]:
     """The first ``n`` pages (``nbytes``) of a ZSTD segment, decompressed, not validated: a
     frame that does not decode (or decodes to the wrong size) ends the decoding, leaving that
     page and the ones after it zeros (so they fail validation)."""
@@ -278,8 +278,9 @@ def _decode_prefix(sc: Sidecar, stored: npt.NDArray[np.uint8], n: int, nbytes: i
     for i, off in enumerate(sc.stored_offsets()[:n]):
         want = sc.page_len(i)
         try:
-            page = dctx.decompress(stored[off : off + sc.stored_lengths[i]].tobytes(),
-                                   max_output_size=want)  # fmt: skip
+            page = dctx.decompress(
+                stored[off : off + sc.stored_lengths[i]].tobytes(), max_output_size=want
+            )
         except zstandard.ZstdError:
             break
         if len(page) != want:

@@ -124,19 +124,36 @@ def kv_segment(
         raise StoreError("a segment whose parent is the model root must start at token 0")
     hashes = None if page_hashes is None else _page_hashes(page_hashes, -(-want // fp.page_bytes))
     key = segment_key(parent_key, tokens, media)
-    return Unsealed(key, Kind.KV, parent_key, token_start, token_start + n, fp.page_bytes, view,
-                    tuple(media), hashes)  # fmt: skip
+    return Unsealed(
+        key,
+        Kind.KV,
+        parent_key,
+        token_start,
+        token_start + n,
+        fp.page_bytes,
+        view,
+        tuple(media),
+        hashes,
+    )
 
 
 def _page_hashes(hashes: object, pages: int) -> npt.NDArray[np.uint8]:
     """A put's own page digests, checked: ``(pages, 32)`` uint8, else :class:`StoreError`."""
-    if (not isinstance(hashes, np.ndarray) or hashes.dtype != np.uint8
-            or hashes.shape != (pages, DIGEST_BYTES)):  # fmt: skip
-        got = (f"{hashes.dtype} {hashes.shape}" if isinstance(hashes, np.ndarray)
-               else type(hashes).__name__)  # fmt: skip
-        raise StoreError(f"page_hashes are {got}; this payload has {pages} pages: pass their "
-                         f"({pages}, {DIGEST_BYTES}) uint8 BLAKE3 digests, or None to hash them "
-                         "here")  # fmt: skip
+    if (
+        not isinstance(hashes, np.ndarray)
+        or hashes.dtype != np.uint8
+        or hashes.shape != (pages, DIGEST_BYTES)
+    ):
+        got = (
+            f"{hashes.dtype} {hashes.shape}"
+            if isinstance(hashes, np.ndarray)
+            else type(hashes).__name__
+        )
+        raise StoreError(
+            f"page_hashes are {got}; this payload has {pages} pages: pass their "
+            f"({pages}, {DIGEST_BYTES}) uint8 BLAKE3 digests, or None to hash them "
+            "here"
+        )
     return np.ascontiguousarray(hashes)
 
 
@@ -145,8 +162,15 @@ def state_segment(checkpoint_key: bytes, payload: Buffer, *, token_pos: int) -> 
     view = byte_view(payload)
     if not view:
         raise StoreError("a running-state segment needs at least one byte")
-    return Unsealed(state_key(checkpoint_key), Kind.STATE, checkpoint_key, token_pos, token_pos,
-                    STATE_PAGE_BYTES, view)  # fmt: skip
+    return Unsealed(
+        state_key(checkpoint_key),
+        Kind.STATE,
+        checkpoint_key,
+        token_pos,
+        token_pos,
+        STATE_PAGE_BYTES,
+        view,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +192,15 @@ def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded
     view = u.payload
     given = u.hashes
     if codec is Codec.RAW:
-        return Encoded(codec, _chunks(view, write_chunk), (), len(view),
-                       (lambda: given) if given is not None
-                       else numba_kernels.start_page_hashes(view, u.page_bytes))  # fmt: skip
+        return Encoded(
+            codec,
+            _chunks(view, write_chunk),
+            (),
+            len(view),
+            (lambda: given)
+            if given is not None
+            else numba_kernels.start_page_hashes(view, u.page_bytes),
+        )
     hashes = given if given is not None else numba_kernels.page_hashes(view, u.page_bytes)
     cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
     frames = [memoryview(cctx.compress(p)) for p in _chunks(view, u.page_bytes)]
@@ -178,16 +208,27 @@ def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded
     return Encoded(codec, iter(frames), lengths, sum(lengths), lambda: hashes)
 
 
-def sidecar_for(u: Unsealed, enc: Encoded, hashes: npt.NDArray[np.uint8], fp: ModelFingerprint,
-                level: Level) -> Sidecar:  # fmt: skip
+def sidecar_for(
+    u: Unsealed, enc: Encoded, hashes: npt.NDArray[np.uint8], fp: ModelFingerprint, level: Level
+) -> Sidecar:
     """The sidecar that commits ``u`` stored as ``enc`` at ``level``, sealed now."""
     return Sidecar(
-        kind=u.kind, codec=enc.codec, level=level, fingerprint=fp, key=u.key, parent_key=u.parent,
-        token_start=u.token_start, token_end=u.token_end, page_bytes=u.page_bytes,
+        kind=u.kind,
+        codec=enc.codec,
+        level=level,
+        fingerprint=fp,
+        key=u.key,
+        parent_key=u.parent,
+        token_start=u.token_start,
+        token_end=u.token_end,
+        page_bytes=u.page_bytes,
         last_page_bytes=len(u.payload) - (u.page_count - 1) * u.page_bytes,
-        page_hashes=hashes.tobytes(), stored_bytes=enc.stored_bytes, sealed_at_ns=time.time_ns(),
-        stored_lengths=enc.lengths, media=u.media,
-    )  # fmt: skip
+        page_hashes=hashes.tobytes(),
+        stored_bytes=enc.stored_bytes,
+        sealed_at_ns=time.time_ns(),
+        stored_lengths=enc.lengths,
+        media=u.media,
+    )
 
 
 def seal(u: Unsealed, codec: Codec, fp: ModelFingerprint, level: Level) -> tuple[Sidecar, bytes]:

@@ -28,8 +28,9 @@ class StagingPool:
     """Byte buffers handed out by :meth:`take` and returned with :meth:`give`; at most
     ``keep_bytes`` of returned buffers are kept for the next :meth:`take`."""
 
-    def __init__(self, keep_bytes: int = DEFAULT_KEEP_BYTES,
-                 alloc: Callable[[int], Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, keep_bytes: int = DEFAULT_KEEP_BYTES, alloc: Callable[[int], Any] | None = None
+    ) -> None:
         """``alloc(n)``: a new buffer of ``n`` bytes (default: a numpy array; the device path
         passes pinned host or device memory, which slice and have ``size`` alike)."""
         self.keep_bytes = keep_bytes

@@ -61,8 +61,12 @@ def _scan(d: str, now: float) -> dict[str, Any]:
         if parsed[1] == "side":
             entries += 1
             oldest = st.mtime if oldest is None else min(oldest, st.mtime)
-    return {"dir": d, "entries": entries, "bytes": nbytes,
-            "oldest_age_s": round(now - oldest, 1) if oldest is not None else None}  # fmt: skip
+    return {
+        "dir": d,
+        "entries": entries,
+        "bytes": nbytes,
+        "oldest_age_s": round(now - oldest, 1) if oldest is not None else None,
+    }
 
 
 def _is_count(v: object) -> bool:
@@ -98,8 +102,14 @@ def snapshot_problem(doc: dict[str, Any]) -> str | None:
     return None
 
 
-_JSON_KINDS = {list: "a JSON list", str: "a JSON string", bool: "a JSON boolean",
-               int: "a JSON number", float: "a JSON number", type(None): "a JSON null"}  # fmt: skip
+_JSON_KINDS = {
+    list: "a JSON list",
+    str: "a JSON string",
+    bool: "a JSON boolean",
+    int: "a JSON number",
+    float: "a JSON number",
+    type(None): "a JSON null",
+}
 
 
 def _unreadable(e: StrataIOError) -> str:
@@ -168,23 +178,37 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
     out_levels: dict[str, Any] = {}
     if snap is not None and isinstance(snap.get("levels", {}).get("ram"), dict):
         ram = snap["levels"]["ram"]
-        out_levels["ram"] = {"dir": None, "entries": ram.get("entries"),
-                             "bytes": ram.get("bytes"), "budget": ram.get("budget"),
-                             "oldest_age_s": None, "evictions": ram.get("evictions")}  # fmt: skip
+        out_levels["ram"] = {
+            "dir": None,
+            "entries": ram.get("entries"),
+            "bytes": ram.get("bytes"),
+            "budget": ram.get("budget"),
+            "oldest_age_s": None,
+            "evictions": ram.get("evictions"),
+        }
     for d in levels:
         scan = _scan(d, now)
         name, lv = by_dir.get(files.realpath(d), (pathnames.basename(d) or d, {}))
-        out_levels[name] = {**scan, "budget": lv.get("budget"), "hits": lv.get("hits"),
-                            "degradations": lv.get("degradations"),
-                            "evictions": ((lv.get("disk_evictions") or 0)
-                                          + (lv.get("age_evictions") or 0)
-                                          if lv else None)}  # fmt: skip
+        out_levels[name] = {
+            **scan,
+            "budget": lv.get("budget"),
+            "hits": lv.get("hits"),
+            "degradations": lv.get("degradations"),
+            "evictions": (
+                (lv.get("disk_evictions") or 0) + (lv.get("age_evictions") or 0) if lv else None
+            ),
+        }
     remote = snap.get("levels", {}).get("remote") if snap is not None else None
     if snap is not None and isinstance(remote, dict):  # the shared level: no credentials in dir
-        out_levels["remote"] = {"dir": remote.get("dir"), "entries": remote.get("entries"),
-                                "bytes": remote.get("bytes"), "budget": remote.get("budget"),
-                                "oldest_age_s": None, "hits": snap.get("hits_remote"),
-                                **{k: remote.get(k) for k in _REMOTE}}  # fmt: skip
+        out_levels["remote"] = {
+            "dir": remote.get("dir"),
+            "entries": remote.get("entries"),
+            "bytes": remote.get("bytes"),
+            "budget": remote.get("budget"),
+            "oldest_age_s": None,
+            "hits": snap.get("hits_remote"),
+            **{k: remote.get(k) for k in _REMOTE},
+        }
     rank = {"ram": 0, "warm": 1, "cold": 2}
     out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))
     counters = {}
@@ -193,12 +217,15 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
     return {
         "path": pathnames.abspath(path) if path else pathnames.PATH_LIST_SEP.join(levels),
         "time": now,
-        "snapshot": None if snap is None else {
-            "pid": snap.get("pid"), "written_at": snap.get("written_at"),
+        "snapshot": None
+        if snap is None
+        else {
+            "pid": snap.get("pid"),
+            "written_at": snap.get("written_at"),
             "age_s": round(now - float(snap["written_at"]), 1),
             "writer_alive": _alive(snap.get("pid")),
         },
         "snapshot_problem": problem,
         "levels": out_levels,
         "counters": counters,
-    }  # fmt: skip
+    }

@@ -66,8 +66,9 @@ def measure_dir(path: str, mib: int = 64) -> tuple[float, float]:
     return len(data) / w / 1e6, len(data) / r / 1e6
 
 
-def _choice(ask: Callable[[str], str], question: str, options: tuple[str, ...],
-            default: str) -> str:  # fmt: skip
+def _choice(
+    ask: Callable[[str], str], question: str, options: tuple[str, ...], default: str
+) -> str:
     while True:
         got = ask(f"{question} [{'/'.join(options)}, Enter: {default}] ").strip().lower()
         if not got:
@@ -76,8 +77,9 @@ def _choice(ask: Callable[[str], str], question: str, options: tuple[str, ...],
             return got
 
 
-def _number(ask: Callable[[str], str], say: Callable[[str], None], question: str,
-            default: int, low: int = 0) -> int:  # fmt: skip
+def _number(
+    ask: Callable[[str], str], say: Callable[[str], None], question: str, default: int, low: int = 0
+) -> int:
     while True:
         got = ask(f"{question} [Enter: {default}] ").strip()
         if not got:
@@ -112,19 +114,27 @@ def run_init(
     per_token = MODEL_SIZES[model_size]
     say(f"  a {model_size} model's K/V: {per_token // 1024} KiB a token")
     values: dict[str, Any] = {}
-    several = _choice(ask, "serve one request at a time, or several?", ("one", "several"),
-                      "several")  # fmt: skip
+    several = _choice(
+        ask, "serve one request at a time, or several?", ("one", "several"), "several"
+    )
     if several == "one":
         values["slots"] = 1
     else:
         values["slots"] = _number(ask, say, "  how many at once (slots)?", defaults.slots, 1)
     room = max(0, machine.free_ram - defaults.min_free_mib * MIB)
-    say(f"  RAM for parked conversations: the default {defaults.ram_mib:,} MiB holds about "
+    say(
+        f"  RAM for parked conversations: the default {defaults.ram_mib:,} MiB holds about "
         f"{defaults.ram_mib * MIB // per_token:,} tokens; this machine can spare about "
-        f"{room // MIB:,} MiB beside the {defaults.min_free_mib:,} MiB parking floor")  # fmt: skip
+        f"{room // MIB:,} MiB beside the {defaults.min_free_mib:,} MiB parking floor"
+    )
     values["ram_mib"] = _number(ask, say, "  RAM budget in MiB?", defaults.ram_mib)
-    disk = _choice(ask, "keep conversations on disk (they survive restarts, and a park RAM "
-                   "cannot take spills there)?", ("no", "yes"), "no")  # fmt: skip
+    disk = _choice(
+        ask,
+        "keep conversations on disk (they survive restarts, and a park RAM "
+        "cannot take spills there)?",
+        ("no", "yes"),
+        "no",
+    )
     levels: list[LevelSpec] = []
     if disk == "yes":
         home = pathnames.expanduser("~/.cache/stratastore")
@@ -133,8 +143,12 @@ def run_init(
         say(f"  {d}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
         cold = pathnames.abspath(d)
         levels.append(LevelSpec("cold", cold, _number(ask, say, "  its budget in MiB?", 65536, 1)))
-        if _choice(ask, "  a faster warm level in front of it (another disk)?", ("no", "yes"),
-                   "no") == "yes":  # fmt: skip
+        if (
+            _choice(
+                ask, "  a faster warm level in front of it (another disk)?", ("no", "yes"), "no"
+            )
+            == "yes"
+        ):
             w = ask("  directory for the warm level: ").strip()
             if w:
                 write, read = measure(w)

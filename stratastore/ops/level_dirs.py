@@ -48,8 +48,14 @@ from stratastore.format.naming import (
 )
 from stratastore.io import files, pathnames
 
-__all__ = ["ROOT_CONFIG", "NoStoreLevels", "StoreLevels", "find_store_levels", "is_level_dir",
-           "levels_of"]  # fmt: skip
+__all__ = [
+    "ROOT_CONFIG",
+    "NoStoreLevels",
+    "StoreLevels",
+    "find_store_levels",
+    "is_level_dir",
+    "levels_of",
+]
 
 #: the order levels are listed in (the cascade's order, warm to cold); other names come after
 _RANK = {"warm": 0, "cold": 1}
@@ -88,7 +94,8 @@ class StoreLevels:
         if self.skipped:
             rest = len(self.skipped) - _SHOW_SKIPPED
             out += f"; skipped {', '.join(self.skipped[:_SHOW_SKIPPED])}" + (
-                f" and {rest} more" if rest > 0 else "")  # fmt: skip
+                f" and {rest} more" if rest > 0 else ""
+            )
         if not self.complete:
             out += "; not known to be the whole store"
         return out
@@ -152,8 +159,11 @@ def _root_levels(root: str, *, strict: bool) -> tuple[list[str], bool, str, list
             skipped.append(f"{cfg_path} ({e})")
         else:
             real = {files.realpath(d) for d in dirs}
-            skipped += [f"{d} (a level its config does not name)" for d in subs
-                        if files.realpath(d) not in real]  # fmt: skip
+            skipped += [
+                f"{d} (a level its config does not name)"
+                for d in subs
+                if files.realpath(d) not in real
+            ]
             return dirs, True, f"the levels of config {cfg_path}", skipped
     complete = set(_RANK) <= {pathnames.basename(d) for d in subs}
     return subs, complete, f"the levels of store root {root}", skipped
@@ -163,19 +173,24 @@ def _config_levels(cfg: StoreConfig, source: str) -> list[str]:
     """The directories of ``cfg``'s disk levels that are on, in the config's order."""
     dirs = [pathnames.abspath(lv.dir) for lv in cfg.disk_levels()]
     if not dirs:
-        raise NoStoreLevels(f"config {source} turns on no disk level: set warm_dir and warm_mib, "
-                            "or cold_dir and cold_mib, or give [[levels]] tables with a dir and "
-                            "a mib")  # fmt: skip
+        raise NoStoreLevels(
+            f"config {source} turns on no disk level: set warm_dir and warm_mib, "
+            "or cold_dir and cold_mib, or give [[levels]] tables with a dir and "
+            "a mib"
+        )
     for d in dirs:
         if not files.is_dir(d):
-            raise NoStoreLevels(f"level directory {d} (named by config {source}) does not exist: "
-                                "nothing was stored there yet, or the config names the wrong "
-                                "place")  # fmt: skip
+            raise NoStoreLevels(
+                f"level directory {d} (named by config {source}) does not exist: "
+                "nothing was stored there yet, or the config names the wrong "
+                "place"
+            )
     return dirs
 
 
-def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
-                      config_source: str = "--config") -> StoreLevels:  # fmt: skip
+def find_store_levels(
+    paths: Sequence[str], config: StoreConfig | None = None, config_source: str = "--config"
+) -> StoreLevels:
     """The levels of the store named by ``paths`` (config files, level directories or store
     roots; see the module docstring), or by ``config`` when ``paths`` is empty.
 
@@ -183,8 +198,10 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
     :class:`~stratastore.errors.ConfigError` for a config file that does not parse."""
     if not paths:
         if config is None:
-            raise NoStoreLevels("name the store: its root directory, a level directory or its "
-                                "config file (or pass --config FILE)")  # fmt: skip
+            raise NoStoreLevels(
+                "name the store: its root directory, a level directory or its "
+                "config file (or pass --config FILE)"
+            )
         dirs = _config_levels(config, config_source)
         return StoreLevels(tuple(dirs), tuple(dirs), True, f"the levels of config {config_source}")
     checked: list[str] = []
@@ -199,8 +216,9 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
             how.append(f"the levels of config {path}")
         elif not files.is_dir(path):
             what = "does not exist" if not files.lexists(path) else "is not a directory or a file"
-            raise NoStoreLevels(f"{p} {what}; name the store's root directory, a level directory "
-                                "or its config file")  # fmt: skip
+            raise NoStoreLevels(
+                f"{p} {what}; name the store's root directory, a level directory or its config file"
+            )
         elif is_level_dir(path):
             found = [path]
             explicit.append(path)
@@ -208,11 +226,13 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
             found, whole, found_how, skip = _root_levels(path, strict=True)
             skipped += skip
             if not found:
-                raise NoStoreLevels(f"{p} holds no store level: no strata-index/ or strata-conv-, "
-                                    "strata-chain- files in it or in its subdirectories"
-                                    + (f" (skipped {', '.join(skip)})" if skip else "")
-                                    + "; name the store's root directory, a level directory or "
-                                    "its config file")  # fmt: skip
+                raise NoStoreLevels(
+                    f"{p} holds no store level: no strata-index/ or strata-conv-, "
+                    "strata-chain- files in it or in its subdirectories"
+                    + (f" (skipped {', '.join(skip)})" if skip else "")
+                    + "; name the store's root directory, a level directory or "
+                    "its config file"
+                )
             complete = complete and whole
             how.append(found_how)
         real = {files.realpath(d) for d in checked}
@@ -225,8 +245,9 @@ def find_store_levels(paths: Sequence[str], config: StoreConfig | None = None,
         complete = complete and given.complete
         how.insert(0, given.found_from)
         skipped += [s for s in given.skipped if s not in skipped]
-    return StoreLevels(tuple(checked), tuple(_ordered(store)), complete, "; ".join(how),
-                       tuple(skipped))  # fmt: skip
+    return StoreLevels(
+        tuple(checked), tuple(_ordered(store)), complete, "; ".join(how), tuple(skipped)
+    )
 
 
 def levels_of(dirs: Sequence[str]) -> StoreLevels:
@@ -254,5 +275,4 @@ def levels_of(dirs: Sequence[str]) -> StoreLevels:
         if more:
             beside.append(f"beside {', '.join(more)} ({how})")
     found_from = ", ".join(["the level directories given", *beside])
-    return StoreLevels(tuple(checked), tuple(_ordered(store)), complete, found_from,
-                       tuple(skipped))  # fmt: skip
+    return StoreLevels(tuple(checked), tuple(_ordered(store)), complete, found_from, tuple(skipped))

@@ -39,8 +39,10 @@ class Stop:
     def describe(self) -> str:
         what = "saved session" if self.session else "conversation"
         how = "missing from every level" if self.missing else "damaged"
-        return (f"it follows segment {self.key.hex()} (token {self.start}, {how}) in the chain "
-                f"of {what} {self.conv_id!r} ({self.manifest})")  # fmt: skip
+        return (
+            f"it follows segment {self.key.hex()} (token {self.start}, {how}) in the chain "
+            f"of {what} {self.conv_id!r} ({self.manifest})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +65,9 @@ class Unreachable:
             return "no chain manifest names it"
         first = next((s for s in self.stops if s.missing), self.stops[0])
         more = len(self.stops) - 1
-        return first.describe() + (f", and {more} other chain(s) that stop before it" if more
-                                   else "")  # fmt: skip
+        return first.describe() + (
+            f", and {more} other chain(s) that stop before it" if more else ""
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,5 @@ def reachability(
                 reachable.add(c.state_key)
             else:
                 past.setdefault(c.state_key, []).append(stop)
-    unreachable = {k: Unreachable(k, tuple(past.get(k, ())))
-                   for k in keys if k not in reachable}  # fmt: skip
+    unreachable = {k: Unreachable(k, tuple(past.get(k, ()))) for k in keys if k not in reachable}
     return Reachability(frozenset(reachable), unreachable)

@@ -97,8 +97,9 @@ def _refuse_unknown_cuts(findings: list[Finding], levels: StoreLevels) -> None:
         )
 
 
-def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None = None
-           ) -> list[Action]:  # fmt: skip
+def repair(
+    dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None = None
+) -> list[Action]:
     """Bring the directories back to a clean fsck without destroying valid data: quarantine
     damaged segments and manifests (moved into ``strata-quarantine/``, never deleted), remove
     temp files, truncate a broken chain to its deepest checkpoint below the gap, and rebuild the
@@ -128,8 +129,9 @@ def repair(dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None
         try:
             if _does(f) is Repair.REMOVE_TEMP:
                 guard.remove_store_file(f.object, missing_ok=True)
-                actions.append(Action("remove_temp", f.object,
-                                      "a temp file of an interrupted write"))  # fmt: skip
+                actions.append(
+                    Action("remove_temp", f.object, "a temp file of an interrupted write")
+                )
             elif _does(f) is Repair.QUARANTINE_SEGMENT:
                 d = pathnames.dirname(f.object)
                 rebuild.add(d)
@@ -177,8 +179,9 @@ def _rebuild_indexes(dirs: Sequence[str], rebuild: set[str], actions: list[Actio
             actions.append(Action("rebuild_index", index, "from the sidecars"))
 
 
-def _quarantine_unreachable(dirs: Sequence[str], levels: StoreLevels,
-                            actions: list[Action]) -> None:  # fmt: skip
+def _quarantine_unreachable(
+    dirs: Sequence[str], levels: StoreLevels, actions: list[Action]
+) -> None:
     """Quarantine the segments no chain reaches after the cuts (those between a chain's new
     end and the segment it was cut at, and those past it), and rebuild those indexes (fsck
     without ``deep``). Quarantining an unreachable segment never makes another one unreachable
@@ -243,8 +246,11 @@ def _rebuild_index(d: str) -> None:
         with contextlib.suppress(StrataIOError):
             mode = modes.inherited_mode(files.permissions(pathnames.join(index, "data.mdb")))
         # only the index's own files; anything else there is left alone
-        owned = [pathnames.join(index, n) for n in files.listdir(index)
-                 if guard.is_store_name(n, in_index=True)]  # fmt: skip
+        owned = [
+            pathnames.join(index, n)
+            for n in files.listdir(index)
+            if guard.is_store_name(n, in_index=True)
+        ]
         for path in owned:  # a link or a FIFO refuses the rebuild before anything is removed
             guard.require_regular(path, "unlink", missing_ok=True)
         for path in owned:
@@ -277,10 +283,11 @@ def _truncate_chain(path: str, present: set[bytes]) -> Action | None:
         _quarantine(path)
         return Action("quarantine", path, f"{CHAIN_BROKEN.id} at its first segment")
     cut = dataclasses.replace(
-        m, tokens=m.tokens[:keep],
+        m,
+        tokens=m.tokens[:keep],
         checkpoints=tuple(c for c in m.checkpoints if c.length <= keep),
         media=tuple((p, dg) for p, dg in m.media if p < keep),
         segments=tuple(s for s in m.segments if s[1] <= keep),
-    )  # fmt: skip
+    )
     durable_write(path, encode_manifest(cut), mode=files.permissions(path))  # keeps its mode
     return Action("truncate_chain", path, f"{m.conv_id!r} cut to {keep} tokens (gap at {gap})")

@@ -8,11 +8,10 @@ from stratastore.restore.destinations import (
     LayerKV,
     PagedKV,
     as_destination,
-    deliver_capture,
     flat_bytes,
-    pack_pages,
 )
 from stratastore.restore.device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
+from stratastore.restore.pages import deliver_capture, pack_pages
 from stratastore.restore.two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [

@@ -41,8 +41,9 @@ DEPTH = 2  #: validated chunks waiting for the apply pass
 _Item = tuple[int, Chunk | Damage | BaseException | None]  #: None: the job's read pass ended
 
 
-def restore_batch(jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
-                  ) -> list[Outcome | Exception]:  # fmt: skip
+def restore_batch(
+    jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
+) -> list[Outcome | Exception]:
     """Run ``jobs`` through one agenda; returns, per job, its :class:`Outcome` or the exception
     it raised (a :class:`~.two_pass.RestoreFailed` or an I/O error of that job only: the others
     still complete). A destination too small for its job fails that job before any I/O."""
@@ -54,8 +55,7 @@ def restore_batch(jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
         agenda.inline(agenda.order[0])
     elif agenda.live:
         agenda.pipeline(readahead)
-    return [r if r is not None else RuntimeError("restore job did not run")
-            for r in agenda.results]  # fmt: skip
+    return [r if r is not None else RuntimeError("restore job did not run") for r in agenda.results]
 
 
 class _Agenda:

@@ -39,9 +39,8 @@ __all__ = [
     "LayerKV",
     "PagedKV",
     "as_destination",
-    "deliver_capture",
     "flat_bytes",
-    "pack_pages",
+    "page_runs",
 ]
 
 
@@ -55,8 +54,9 @@ class Destination(Protocol):
         """Tokens it can hold from position 0."""
         ...
 
-    def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                    page_tokens: int) -> None:  # fmt: skip
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
         """Write ``n_tokens`` tokens starting at ``token_start``, given as consecutive stored
         pages of ``page_tokens`` (the last may be short)."""
         ...
@@ -72,14 +72,18 @@ def flat_bytes(a: object, what: str) -> npt.NDArray[np.uint8]:
     memory or refuses). Raises :class:`DestinationRefused` for anything but a writable,
     C-contiguous numpy array of plain (non-object) items; ``what`` names it in the message."""
     if not isinstance(a, np.ndarray):
-        raise DestinationRefused(f"{what} must be a numpy array or a restore Destination, not "
-                                 f"{type(a).__name__}")  # fmt: skip
+        raise DestinationRefused(
+            f"{what} must be a numpy array or a restore Destination, not {type(a).__name__}"
+        )
     if a.dtype.hasobject:
-        raise DestinationRefused(f"{what} has dtype {a.dtype}, which holds references, not "
-                                 "bytes; pass a uint8 (or the model's dtype) array")  # fmt: skip
+        raise DestinationRefused(
+            f"{what} has dtype {a.dtype}, which holds references, not "
+            "bytes; pass a uint8 (or the model's dtype) array"
+        )
     if not a.flags.writeable:
-        raise DestinationRefused(f"{what} is read-only; pass a writable array (a restore writes "
-                                 "into it in place)")  # fmt: skip
+        raise DestinationRefused(
+            f"{what} is read-only; pass a writable array (a restore writes into it in place)"
+        )
     if not a.flags.c_contiguous:
         order = "Fortran-ordered" if a.flags.f_contiguous else "not contiguous"
         raise DestinationRefused(
@@ -102,8 +106,9 @@ class FlatKV:
     deliver (damage, a ladder stop, an error, the ladder off); never a byte that failed
     validation."""
 
-    def __init__(self, fp: ModelFingerprint, buf: npt.NDArray[np.generic], *,
-                 read_direct: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, fp: ModelFingerprint, buf: npt.NDArray[np.generic], *, read_direct: bool = True
+    ) -> None:
         self.fp = fp
         self.tb = fp.token_bytes
         self.buf = flat_bytes(buf, "the K/V buffer")
@@ -112,8 +117,9 @@ class FlatKV:
     def capacity(self) -> int:
         return self.buf.size // self.tb
 
-    def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                    page_tokens: int) -> None:  # fmt: skip
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
         a = token_start * self.tb
         parallel_copy(self.buf[a : a + n_tokens * self.tb], data[: n_tokens * self.tb])
 
@@ -172,8 +178,12 @@ class _PerToken:
     def page_views(self, t0: int, p: int) -> list[memoryview]:
         """Where the bytes of a stored page of tokens ``[t0, t0 + p)`` go, in their stored order
         (spec F-SEG-4: per layer, K then V, each ``[p, row]``): a scatter read's targets."""
-        return [r.reshape(-1).data for layer in range(self.layers) for kind in (0, 1)
-                for r in self._rows(layer, kind, t0, p)]  # fmt: skip
+        return [
+            r.reshape(-1).data
+            for layer in range(self.layers)
+            for kind in (0, 1)
+            for r in self._rows(layer, kind, t0, p)
+        ]
 
     def zero(self, token_start: int, n_tokens: int) -> None:
         """Zero the K and V rows of tokens ``[token_start, token_start + n_tokens)``."""
@@ -181,8 +191,9 @@ class _PerToken:
             for r in self._rows(layer, kind, token_start, n_tokens):
                 r[:] = 0
 
-    def page_runs(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                  page_tokens: int) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
+    def page_runs(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> list[tuple[int, npt.NDArray[np.uint8]]]:
         """See :func:`page_runs`."""
         return page_runs(self.fp, token_start, n_tokens, data, page_tokens)
 
@@ -190,18 +201,28 @@ class _PerToken:
 class LayerKV(_PerToken):
     """``k[layer]`` and ``v[layer]``: arrays ``[max_tokens, n_kv_heads, head_dim]``."""
 
-    def __init__(self, fp: ModelFingerprint, k: Sequence[npt.NDArray[np.generic]],
-                 v: Sequence[npt.NDArray[np.generic]], *, read_direct: bool = True
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fp: ModelFingerprint,
+        k: Sequence[npt.NDArray[np.generic]],
+        v: Sequence[npt.NDArray[np.generic]],
+        *,
+        read_direct: bool = True,
+    ) -> None:
         super().__init__(fp)
         self.read_direct = read_direct
         if len(k) != fp.n_layers or len(v) != fp.n_layers:
-            raise DestinationRefused(f"LayerKV needs {fp.n_layers} K and V arrays, got {len(k)}, "
-                                     f"{len(v)}")  # fmt: skip
+            raise DestinationRefused(
+                f"LayerKV needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}"
+            )
         self.k = [self._checked(a, f"LayerKV K[{i}]", ()) for i, a in enumerate(k)]
         self.v = [self._checked(a, f"LayerKV V[{i}]", ()) for i, a in enumerate(v)]
-        _refuse_overlaps([*((f"LayerKV K[{i}]", a) for i, a in enumerate(self.k)),
-                          *((f"LayerKV V[{i}]", a) for i, a in enumerate(self.v))])  # fmt: skip
+        _refuse_overlaps(
+            [
+                *((f"LayerKV K[{i}]", a) for i, a in enumerate(self.k)),
+                *((f"LayerKV V[{i}]", a) for i, a in enumerate(self.v)),
+            ]
+        )
         self.max_tokens = int(min(a.shape[0] for a in [*self.k, *self.v]))
 
     def capacity(self) -> int:
@@ -210,8 +231,9 @@ class LayerKV(_PerToken):
     def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
         return [(self.v if kind else self.k)[layer][t0 : t0 + p].reshape(-1)]
 
-    def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                    page_tokens: int) -> None:  # fmt: skip
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
         """One strided copy per layer and K/V for all the pages (and one for the short last
         page), spread over the worker threads: never a copy per page."""
         runs = self.page_runs(token_start, n_tokens, data, page_tokens)
@@ -226,22 +248,29 @@ class LayerKV(_PerToken):
 
             return run
 
-        parallel_run([task(i, kind) for i in range(self.layers) for kind in (0, 1)],
-                     n_tokens * self.tb)  # fmt: skip
+        parallel_run(
+            [task(i, kind) for i in range(self.layers) for kind in (0, 1)], n_tokens * self.tb
+        )
 
 
 class PagedKV(_PerToken):
     """``pools[layer]``: ``[2, num_blocks, block_size, n_kv_heads, head_dim]``; token ``t``
     lives in block ``block_table[t // block_size]`` at slot ``t % block_size``."""
 
-    def __init__(self, fp: ModelFingerprint, pools: Sequence[npt.NDArray[np.generic]],
-                 block_table: Sequence[int] | npt.NDArray[np.integer], *,
-                 read_direct: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fp: ModelFingerprint,
+        pools: Sequence[npt.NDArray[np.generic]],
+        block_table: Sequence[int] | npt.NDArray[np.integer],
+        *,
+        read_direct: bool = True,
+    ) -> None:
         super().__init__(fp)
         self.read_direct = read_direct
         if len(pools) != fp.n_layers:
-            raise DestinationRefused(f"PagedKV needs {fp.n_layers} per-layer pools, got "
-                                     f"{len(pools)}")  # fmt: skip
+            raise DestinationRefused(
+                f"PagedKV needs {fp.n_layers} per-layer pools, got {len(pools)}"
+            )
         shape: tuple[int, ...] = tuple(getattr(pools[0], "shape", ()))
         if len(shape) != 5 or shape[0] != 2 or any(p.shape != shape for p in pools):
             raise DestinationRefused(
@@ -249,9 +278,12 @@ class PagedKV(_PerToken):
                 f"{fp.head_dim}], all of one shape; pool[0] is {shape}"
             )
         self.num_blocks, self.block_size = shape[1], shape[2]
-        self.pools = [self._checked(p, f"PagedKV pool[{i}]", (2, self.num_blocks))
-                      .reshape(2, self.num_blocks * self.block_size, self.row)
-                      for i, p in enumerate(pools)]  # fmt: skip
+        self.pools = [
+            self._checked(p, f"PagedKV pool[{i}]", (2, self.num_blocks)).reshape(
+                2, self.num_blocks * self.block_size, self.row
+            )
+            for i, p in enumerate(pools)
+        ]
         self.table = _block_table(block_table, self.num_blocks, self.block_size)
         _refuse_overlaps([(f"PagedKV pool[{i}]", p) for i, p in enumerate(self.pools)])
 
@@ -263,19 +295,23 @@ class PagedKV(_PerToken):
         slots = self.table[t // self.block_size] * self.block_size + t % self.block_size
         cuts = [0, *(np.flatnonzero(np.diff(slots) != 1) + 1).tolist(), p]
         pool = self.pools[layer][kind]
-        return [pool[int(slots[a]) : int(slots[a]) + b - a].reshape(-1)
-                for a, b in itertools.pairwise(cuts)]  # fmt: skip
+        return [
+            pool[int(slots[a]) : int(slots[a]) + b - a].reshape(-1)
+            for a, b in itertools.pairwise(cuts)
+        ]
 
-    def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                    page_tokens: int) -> None:  # fmt: skip
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
         """One scatter (a fancy-indexed assignment over the block table's slots) per layer and
         K/V for all the pages, spread over the worker threads: never a copy per page."""
         runs = []
         for t0, pages in self.page_runs(token_start, n_tokens, data, page_tokens):
             n, p = pages.shape[0], pages.shape[3]
             t = np.arange(t0, t0 + n * p).reshape(n, p)
-            runs.append((self.table[t // self.block_size] * self.block_size
-                         + t % self.block_size, pages))  # fmt: skip
+            runs.append(
+                (self.table[t // self.block_size] * self.block_size + t % self.block_size, pages)
+            )
 
         def task(layer: int, kind: int) -> Callable[[], None]:
             def run() -> None:
@@ -284,8 +320,9 @@ class PagedKV(_PerToken):
 
             return run
 
-        parallel_run([task(i, kind) for i in range(self.layers) for kind in (0, 1)],
-                     n_tokens * self.tb)  # fmt: skip
+        parallel_run(
+            [task(i, kind) for i in range(self.layers) for kind in (0, 1)], n_tokens * self.tb
+        )
 
 
 def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray[np.int64]:
@@ -296,8 +333,10 @@ def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray
     try:
         arr = np.asarray(table)
     except (TypeError, ValueError) as e:
-        raise DestinationRefused(f"the PagedKV block table cannot be read as block ids ({e}); "
-                                 "pass a list or 1-D integer array") from None  # fmt: skip
+        raise DestinationRefused(
+            f"the PagedKV block table cannot be read as block ids ({e}); "
+            "pass a list or 1-D integer array"
+        ) from None
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise DestinationRefused(
             f"the PagedKV block table must be a one-dimensional sequence of integer block ids; "
@@ -305,8 +344,10 @@ def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray
         )
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num_blocks):
         bad = next(int(b) for b in arr.tolist() if not 0 <= b < num_blocks)
-        raise DestinationRefused(f"the PagedKV block table holds block {bad}; the pools' block "
-                                 f"ids are 0..{num_blocks - 1}")  # fmt: skip
+        raise DestinationRefused(
+            f"the PagedKV block table holds block {bad}; the pools' block "
+            f"ids are 0..{num_blocks - 1}"
+        )
     ids, counts = np.unique(arr, return_counts=True)
     if (counts > 1).any():
         j = int(np.flatnonzero(counts > 1)[0])
@@ -323,13 +364,16 @@ def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray
 def _refuse_overlaps(arrays: list[tuple[str, npt.NDArray[np.uint8]]]) -> None:
     """Refuse destination arrays that share memory (one array given for two layers, or K and
     V): a restore would write both into one place and report success over wrong bytes."""
-    spans = sorted((a.ctypes.data, a.ctypes.data + a.nbytes, name) for name, a in arrays
-                   if a.nbytes)  # fmt: skip
+    spans = sorted(
+        (a.ctypes.data, a.ctypes.data + a.nbytes, name) for name, a in arrays if a.nbytes
+    )
     reach, widest = 0, ""  # the furthest end so far, and whose it is
     for start, end, name in spans:
         if start < reach:
-            raise DestinationRefused(f"{name} overlaps {widest} in memory: a restore would write "
-                                     "both into one place; pass distinct arrays")  # fmt: skip
+            raise DestinationRefused(
+                f"{name} overlaps {widest} in memory: a restore would write "
+                "both into one place; pass distinct arrays"
+            )
         if end > reach:
             reach, widest = end, name
 
@@ -357,32 +401,20 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
                 "destination with the store's fingerprint"
             )
         return cast(Destination, out)
-    raise DestinationRefused(f"{what} must be a numpy array, device memory or a restore "
-                             "Destination (FlatKV, LayerKV, PagedKV, DeviceLayerKV, "
-                             f"DevicePagedKV), not {type(out).__name__}")  # fmt: skip
+    raise DestinationRefused(
+        f"{what} must be a numpy array, device memory or a restore "
+        "Destination (FlatKV, LayerKV, PagedKV, DeviceLayerKV, "
+        f"DevicePagedKV), not {type(out).__name__}"
+    )
 
 
-def deliver_capture(dest: Destination, kv: npt.NDArray[np.uint8],
-                    boundaries: Sequence[tuple[int, int]], length: int, fp: ModelFingerprint
-                    ) -> None:  # fmt: skip
-    """Copy tokens ``[0, length)`` of a capture held in memory (``kv``: the stored page layout
-    of spec F-SEG-4, segment by segment along ``boundaries``, the conversation's
-    ``(start, end)`` cuts) into ``dest``. A capture in this process's memory (the RAM level, a
-    park whose disk write is in flight) is the engine's own bytes: nothing to validate."""
-    if isinstance(dest, FlatKV):
-        dest.write_pages(0, length, kv, fp.page_tokens)
-        return
-    for start, end in boundaries:
-        if start >= length:
-            break
-        end = min(end, length)
-        dest.write_pages(start, end - start, kv[start * fp.token_bytes : end * fp.token_bytes],
-                         fp.page_tokens)  # fmt: skip
-
-
-def page_runs(fp: ModelFingerprint, token_start: int, n_tokens: int,
-              data: npt.NDArray[np.uint8], page_tokens: int
-              ) -> list[tuple[int, npt.NDArray[np.uint8]]]:  # fmt: skip
+def page_runs(
+    fp: ModelFingerprint,
+    token_start: int,
+    n_tokens: int,
+    data: npt.NDArray[np.uint8],
+    page_tokens: int,
+) -> list[tuple[int, npt.NDArray[np.uint8]]]:
     """``data`` (the consecutive stored pages of one segment, spec F-SEG-4) as at most two runs
     of equal pages: ``(first token, [n_pages, layers, 2, p, row] view)``, the whole pages and
     then the short last one. Views, never copies: what one strided copy per layer and K/V
@@ -396,61 +428,5 @@ def page_runs(fp: ModelFingerprint, token_start: int, n_tokens: int,
     rest = n_tokens - full * page_tokens
     if rest:
         tail = data[full * page_tokens * tb : n_tokens * tb]
-        runs.append((token_start + full * page_tokens,
-                     tail.reshape(1, fp.n_layers, 2, rest, row)))  # fmt: skip
+        runs.append((token_start + full * page_tokens, tail.reshape(1, fp.n_layers, 2, rest, row)))
     return runs
-
-
-def pack_pages(
-    fp: ModelFingerprint,
-    k: Sequence[npt.NDArray[np.generic]],
-    v: Sequence[npt.NDArray[np.generic]],
-    n_tokens: int,
-    cuts: Sequence[int] = (0,),
-    *,
-    out: npt.NDArray[np.uint8] | None = None,
-) -> npt.NDArray[np.uint8]:
-    """A conversation's K/V in the stored layout (spec F-SEG-4), the inverse of
-    :class:`LayerKV`: ``n_tokens`` tokens given per layer as K and V arrays
-    ``[tokens, n_kv_heads, head_dim]`` (any dtype of ``fp``'s item size, or bytes). Each segment
-    (from each of ``cuts`` to the next, the conversation's segment boundaries) is laid out in
-    pages of ``page_tokens`` counted from its own start, the last one short.
-
-    One strided copy per layer, K/V and segment, spread over the worker threads: each
-    source byte is copied once, into ``out`` when given (a flat uint8 buffer of at least
-    ``n_tokens * token_bytes`` bytes, C-contiguous and writable: reusing one spares a fresh
-    buffer's page faults) or into a new array. Returns the packed bytes (a view of ``out``)."""
-    if len(k) != fp.n_layers or len(v) != fp.n_layers:
-        raise ConfigError(f"pack_pages needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}")
-    row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize
-    parts = []
-    for arr in (*k, *v):
-        b = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)  # a view when contiguous
-        if b.size < n_tokens * row:
-            raise ConfigError(f"a K/V array holds {b.size // row} tokens, {n_tokens} are needed")
-        parts.append(b[: n_tokens * row].reshape(n_tokens, row))
-    n_layers, p, tb = fp.n_layers, fp.page_tokens, fp.token_bytes
-    if out is None:
-        out = np.empty(n_tokens * tb, np.uint8)
-    else:
-        out = flat_bytes(out, "pack_pages out")
-        if out.size < n_tokens * tb:
-            raise DestinationRefused(f"pack_pages out holds {out.size:,} bytes; {n_tokens:,} "
-                                     f"tokens need {n_tokens * tb:,}")  # fmt: skip
-        out = out[: n_tokens * tb]
-    bounds = sorted({0, *(c for c in cuts if 0 < c < n_tokens), n_tokens})
-    runs = [run for lo, hi in itertools.pairwise(bounds)
-            for run in page_runs(fp, lo, hi - lo, out[lo * tb : hi * tb], p)]  # fmt: skip
-
-    def task(layer: int, kind: int) -> Callable[[], None]:
-        src = parts[kind * n_layers + layer]
-
-        def run() -> None:
-            for t0, view in runs:
-                n, q = view.shape[0], view.shape[3]
-                view[:, layer, kind] = src[t0 : t0 + n * q].reshape(n, q, row)
-
-        return run
-
-    parallel_run([task(i, kind) for i in range(n_layers) for kind in (0, 1)], n_tokens * tb)
-    return out

@@ -75,13 +75,13 @@ def device_staging(kind: str) -> StagingPool:
             from numba import cuda
 
             alloc = cuda.pinned_array if kind == "pinned" else cuda.device_array
-            pool = _pools[kind] = StagingPool(_KEEP_BYTES,
-                                              alloc=lambda n: alloc(n, dtype=np.uint8))  # fmt: skip
+            pool = _pools[kind] = StagingPool(_KEEP_BYTES, alloc=lambda n: alloc(n, dtype=np.uint8))
         return pool
 
 
-def stage_and_validate(host: npt.NDArray[np.uint8], dev: Any,
-                       expected: npt.NDArray[np.uint8], page_bytes: int) -> int:  # fmt: skip
+def stage_and_validate(
+    host: npt.NDArray[np.uint8], dev: Any, expected: npt.NDArray[np.uint8], page_bytes: int
+) -> int:
     """Copy ``host`` (pages read from a segment, pinned when it can be) into ``dev`` (device
     staging of the same size) on a stream of its own, hash its pages there (``page_hash``) and
     compare them with ``expected`` (the sidecar's ``(pages, 32)`` digests, ``first_bad``).
@@ -168,8 +168,9 @@ class DeviceFlatKV(DeviceDestination):
     """The stored layout in one device buffer (any dtype, C-contiguous): a segment's pages at
     ``start * token_bytes``, as :class:`~stratastore.restore.FlatKV` on the host."""
 
-    def __init__(self, fp: ModelFingerprint, buf: object, what: str = "the device K/V buffer"
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self, fp: ModelFingerprint, buf: object, what: str = "the device K/V buffer"
+    ) -> None:
         super().__init__(fp)
         self.buf = _device_bytes(buf, what)
 
@@ -225,8 +226,18 @@ class _DevicePerToken(DeviceDestination):
 
         slots = _rows_on_device(self._slots(token_start, n_tokens), self.stream)
         for layer, (k, v) in enumerate(self._pairs()):
-            scatter_rows_device(src, n_tokens, page_tokens, self.layers, self.row, layer, k, v,
-                                slots, stream=self.stream)  # fmt: skip
+            scatter_rows_device(
+                src,
+                n_tokens,
+                page_tokens,
+                self.layers,
+                self.row,
+                layer,
+                k,
+                v,
+                slots,
+                stream=self.stream,
+            )
 
     def zero(self, token_start: int, n_tokens: int) -> None:
         from numba_kernels.cuda import zero_rows_device
@@ -247,13 +258,18 @@ class DeviceLayerKV(_DevicePerToken):
     def __init__(self, fp: ModelFingerprint, k: Sequence[object], v: Sequence[object]) -> None:
         super().__init__(fp)
         if len(k) != fp.n_layers or len(v) != fp.n_layers:
-            raise DestinationRefused(f"DeviceLayerKV needs {fp.n_layers} K and V arrays, got "
-                                     f"{len(k)}, {len(v)}")  # fmt: skip
+            raise DestinationRefused(
+                f"DeviceLayerKV needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}"
+            )
         self.k = [self._arrays(a, f"DeviceLayerKV K[{i}]", ()) for i, a in enumerate(k)]
         self.v = [self._arrays(a, f"DeviceLayerKV V[{i}]", ()) for i, a in enumerate(v)]
-        _refuse_overlaps([(f"DeviceLayerKV {kind}[{i}]", a)
-                          for kind, arrays in (("K", self.k), ("V", self.v))
-                          for i, a in enumerate(arrays)])  # fmt: skip
+        _refuse_overlaps(
+            [
+                (f"DeviceLayerKV {kind}[{i}]", a)
+                for kind, arrays in (("K", self.k), ("V", self.v))
+                for i, a in enumerate(arrays)
+            ]
+        )
         self.max_tokens = min(int(a.shape[0]) // self.row for a in [*self.k, *self.v])
 
     def capacity(self) -> int:
@@ -271,16 +287,23 @@ class DevicePagedKV(_DevicePerToken):
     token ``t`` lives in block ``block_table[t // block_size]`` at slot ``t % block_size``, as
     :class:`~stratastore.restore.PagedKV` on the host (the same block-table checks)."""
 
-    def __init__(self, fp: ModelFingerprint, pools: Sequence[object],
-                 block_table: Sequence[int] | npt.NDArray[np.integer]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fp: ModelFingerprint,
+        pools: Sequence[object],
+        block_table: Sequence[int] | npt.NDArray[np.integer],
+    ) -> None:
         from stratastore.restore.destinations import _block_table
 
         super().__init__(fp)
         if len(pools) != fp.n_layers:
-            raise DestinationRefused(f"DevicePagedKV needs {fp.n_layers} per-layer pools, got "
-                                     f"{len(pools)}")  # fmt: skip
-        arrays = [as_device_array(p, f"DevicePagedKV pool[{i}]", DestinationRefused, writable=True)
-                  for i, p in enumerate(pools)]  # fmt: skip
+            raise DestinationRefused(
+                f"DevicePagedKV needs {fp.n_layers} per-layer pools, got {len(pools)}"
+            )
+        arrays = [
+            as_device_array(p, f"DevicePagedKV pool[{i}]", DestinationRefused, writable=True)
+            for i, p in enumerate(pools)
+        ]
         shape = tuple(int(x) for x in arrays[0].shape) if arrays else ()
         if len(shape) != 5 or shape[0] != 2 or any(tuple(a.shape) != shape for a in arrays):
             raise DestinationRefused(
@@ -288,8 +311,10 @@ class DevicePagedKV(_DevicePerToken):
                 f"{fp.head_dim}], all of one shape; pool[0] is {shape}"
             )
         self.num_blocks, self.block_size = shape[1], shape[2]
-        flat = [self._arrays(a, f"DevicePagedKV pool[{i}]", (2, self.num_blocks))
-                for i, a in enumerate(arrays)]  # fmt: skip
+        flat = [
+            self._arrays(a, f"DevicePagedKV pool[{i}]", (2, self.num_blocks))
+            for i, a in enumerate(arrays)
+        ]
         half = self.num_blocks * self.block_size * self.row
         self.pools = [(f[:half], f[half:]) for f in flat]  # K and V of each layer
         self.table = _block_table(block_table, self.num_blocks, self.block_size)
@@ -315,13 +340,16 @@ def _rows_on_device(rows: npt.NDArray[np.int64], stream: Any) -> Any:
 
 def _refuse_overlaps(arrays: list[tuple[str, Any]]) -> None:
     """Refuse device arrays that share memory (one tensor given for two layers, or K and V)."""
-    spans = sorted((address(a), address(a) + int(a.shape[0]), name) for name, a in arrays
-                   if int(a.shape[0]))  # fmt: skip
+    spans = sorted(
+        (address(a), address(a) + int(a.shape[0]), name) for name, a in arrays if int(a.shape[0])
+    )
     reach, widest = 0, ""
     for start, end, name in spans:
         if start < reach:
-            raise DestinationRefused(f"{name} overlaps {widest} in device memory: a restore "
-                                     "would write both into one place; pass distinct "
-                                     "tensors")  # fmt: skip
+            raise DestinationRefused(
+                f"{name} overlaps {widest} in device memory: a restore "
+                "would write both into one place; pass distinct "
+                "tensors"
+            )
         if end > reach:
             reach, widest = end, name

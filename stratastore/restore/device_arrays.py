@@ -47,16 +47,19 @@ def _name(obj: object) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def as_device_array(obj: object, what: str, error: type[StrataError], *,
-                    writable: bool = False) -> Any:  # fmt: skip
+def as_device_array(
+    obj: object, what: str, error: type[StrataError], *, writable: bool = False
+) -> Any:
     """``obj`` as a numba device array over the same memory (no copy): itself when it is one,
     else through its ``__cuda_array_interface__``. ``error`` (naming ``what``) when numba
     cannot read the interface, or, with ``writable``, when it says the memory is read-only."""
     if hasattr(obj, "copy_to_host") and hasattr(obj, "is_c_contiguous"):
         return obj
     if not is_device_array(obj):
-        raise error(f"{what} is {_name(obj)}, not device memory (a numba device array, or an "
-                    "object with __cuda_array_interface__: a torch CUDA tensor, CuPy)")  # fmt: skip
+        raise error(
+            f"{what} is {_name(obj)}, not device memory (a numba device array, or an "
+            "object with __cuda_array_interface__: a torch CUDA tensor, CuPy)"
+        )
     from numba import config, cuda
 
     try:
@@ -74,8 +77,10 @@ def as_device_array(obj: object, what: str, error: type[StrataError], *,
             f"({type(e).__name__}: {e}); pass a numba device array, or a view of the same "
             "memory numba reads (torch bfloat16: t.view(torch.int16))"
         ) from None
-    raise error(f"{what} is read-only device memory; pass a writable tensor (a restore writes "
-                "into it in place)")  # fmt: skip
+    raise error(
+        f"{what} is read-only device memory; pass a writable tensor (a restore writes "
+        "into it in place)"
+    )
 
 
 def _simulated(obj: Any) -> Any:
@@ -108,12 +113,16 @@ def device_bytes(dev: Any, what: str, error: type[StrataError], fix: str) -> Any
     object items, is refused with ``error`` (``fix`` says what to pass): the store reads and
     writes device memory in place, never through a gather made behind the caller's back."""
     if not dev.is_c_contiguous():
-        raise error(f"{what} (a device array {tuple(dev.shape)} of {np.dtype(dev.dtype)}, "
-                    f"strides {tuple(dev.strides)}) is not C-contiguous; {fix}")  # fmt: skip
+        raise error(
+            f"{what} (a device array {tuple(dev.shape)} of {np.dtype(dev.dtype)}, "
+            f"strides {tuple(dev.strides)}) is not C-contiguous; {fix}"
+        )
     dtype = np.dtype(dev.dtype)
     if dtype.hasobject or dtype.itemsize == 0:
-        raise error(f"{what} has dtype {dtype}, which holds no K/V bytes; pass the cache's own "
-                    "(numeric) array")  # fmt: skip
+        raise error(
+            f"{what} has dtype {dtype}, which holds no K/V bytes; pass the cache's own "
+            "(numeric) array"
+        )
     size = int(np.prod(dev.shape))
     if size == 0:
         from numba import cuda

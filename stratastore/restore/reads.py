@@ -44,8 +44,9 @@ def _forget_pool() -> None:
 after_fork_in_child(_forget_pool)
 
 
-def read_hashed(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_bytes: int
-                ) -> npt.NDArray[np.uint8]:  # fmt: skip
+def read_hashed(
+    seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_bytes: int
+) -> npt.NDArray[np.uint8]:
     """Fill ``buf`` with the segment's payload from byte ``offset`` (a page boundary) and return
     the ``(pages, 32)`` BLAKE3 digests of the ``page_bytes`` pages of ``buf`` as it now holds
     them (the last may be short). Raises the read's typed error
@@ -78,8 +79,9 @@ def read_plain(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, page_b
     _run_groups(run, -(-buf.size // page_bytes), max(1, _GROUP_BYTES // page_bytes))
 
 
-def read_scattered_hashed(seg: OpenSegment, pages: list[list[memoryview]], page_bytes: int,
-                          first: int = 0) -> npt.NDArray[np.uint8]:  # fmt: skip
+def read_scattered_hashed(
+    seg: OpenSegment, pages: list[list[memoryview]], page_bytes: int, first: int = 0
+) -> npt.NDArray[np.uint8]:
     """Scatter the segment's pages ``first..first+len(pages)-1`` into the caller's memory (page
     ``first + i`` into the buffers ``pages[i]``, in turn: a destination's own layout) and return the
     ``(pages, 32)`` BLAKE3 digests of each page as those buffers now hold it. Errors as

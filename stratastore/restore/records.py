@@ -20,8 +20,16 @@ from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.local import SegmentNotFound
 from stratastore.levels.staging import StagingPool
 
-__all__ = ["DAMAGE", "DEFAULT_CHUNK", "Chunk", "Damage", "Outcome", "Piece", "RestoreFailed",
-           "corrupt"]  # fmt: skip
+__all__ = [
+    "DAMAGE",
+    "DEFAULT_CHUNK",
+    "Chunk",
+    "Damage",
+    "Outcome",
+    "Piece",
+    "RestoreFailed",
+    "corrupt",
+]
 
 DEFAULT_CHUNK = 16 << 20
 #: what a read finds in a damaged image: the ladder stops there (anything else is raised)

@@ -120,8 +120,10 @@ class Job:
 
     def check_capacity(self) -> None:
         if self.wanted > self.dest.capacity():
-            raise StrataError(f"restore: the destination holds {self.dest.capacity():,} tokens, "
-                              f"{self.wanted:,} are wanted")  # fmt: skip
+            raise StrataError(
+                f"restore: the destination holds {self.dest.capacity():,} tokens, "
+                f"{self.wanted:,} are wanted"
+            )
 
     def prefetch(self) -> None:
         """Hand the segment files this job reads to the kernel's read-ahead."""
@@ -193,8 +195,9 @@ class Job:
                 t0 = time.perf_counter()
                 data = seg.pages(pages)
                 actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes)
-                yield from self._checked(piece, 0, len(actual), _first_bad(actual, expected),
-                                         data, None, 0, t0)  # fmt: skip
+                yield from self._checked(
+                    piece, 0, len(actual), _first_bad(actual, expected), data, None, 0, t0
+                )
             else:
                 per = max(1, self.chunk_bytes // sc.page_bytes)  # pages a chunk reads
                 placed = need if piece.start + need == piece.end else need // pt * pt
@@ -204,8 +207,9 @@ class Job:
                     try:
                         if direct is not None:
                             data, staging = None, None
-                            actual, n = self._read_direct(seg, piece, p0, p1, placed, nbytes,
-                                                          direct)  # fmt: skip
+                            actual, n = self._read_direct(
+                                seg, piece, p0, p1, placed, nbytes, direct
+                            )
                         else:
                             a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
                             staging, n = STAGING.take(b - a), 0
@@ -221,13 +225,29 @@ class Job:
                                 Damage(piece.start + p0 * pt, str(e), piece.key, corrupt(e))
                             ) from e
                         raise
-                    yield from self._checked(piece, p0, p1 - p0,
-                                             _first_bad(actual, expected[p0:p1]), data, staging,
-                                             n, t0)  # fmt: skip
+                    yield from self._checked(
+                        piece,
+                        p0,
+                        p1 - p0,
+                        _first_bad(actual, expected[p0:p1]),
+                        data,
+                        staging,
+                        n,
+                        t0,
+                    )
 
-    def _checked(self, piece: Piece, p0: int, n_pages: int, bad: int, data: Any,
-                 staging: Any, placed: int, t0: float, pool: StagingPool | None = None
-                 ) -> Iterator[Chunk]:  # fmt: skip
+    def _checked(
+        self,
+        piece: Piece,
+        p0: int,
+        n_pages: int,
+        bad: int,
+        data: Any,
+        staging: Any,
+        placed: int,
+        t0: float,
+        pool: StagingPool | None = None,
+    ) -> Iterator[Chunk]:
         """The chunk of the ``n_pages`` pages ``p0..`` of ``piece``, whose first bad page is
         ``bad`` (-1: none): cut before it, then :class:`_Stop` there."""
         pt = self.fp.page_tokens
@@ -239,11 +259,23 @@ class Job:
             hi = min(hi, lo + bad * pt)
         yield Chunk(piece, lo, hi, data, staging, placed, time.perf_counter() - t0, pool)
         if bad >= 0:
-            raise _Stop(Damage(hi, f"page {p0 + bad} of segment {piece.key.hex()[:16]} "
-                                   "failed BLAKE3 validation", piece.key, True))  # fmt: skip
+            raise _Stop(
+                Damage(
+                    hi,
+                    f"page {p0 + bad} of segment {piece.key.hex()[:16]} failed BLAKE3 validation",
+                    piece.key,
+                    True,
+                )
+            )
 
-    def _device(self, seg: OpenSegment, piece: Piece, pages: int, nbytes: int,
-                expected: npt.NDArray[np.uint8]) -> Iterator[Chunk]:  # fmt: skip
+    def _device(
+        self,
+        seg: OpenSegment,
+        piece: Piece,
+        pages: int,
+        nbytes: int,
+        expected: npt.NDArray[np.uint8],
+    ) -> Iterator[Chunk]:
         """The read pass into a device destination (:mod:`.device`): each chunk's pages read
         into pinned host staging (a compressed segment: decoded whole, one chunk), copied to
         device staging, hashed and checked there; the chunk's data is that device staging."""
@@ -272,12 +304,20 @@ class Job:
             finally:
                 if host is not None:
                     pinned.give(host)
-            yield from self._checked(piece, p0, p1 - p0, bad, staging[: b - a], staging, 0, t0,
-                                     device)  # fmt: skip
+            yield from self._checked(
+                piece, p0, p1 - p0, bad, staging[: b - a], staging, 0, t0, device
+            )
 
-    def _read_direct(self, seg: OpenSegment, piece: Piece, p0: int, p1: int, placed: int,
-                     nbytes: int, dest: FlatKV | _PerToken
-                     ) -> tuple[npt.NDArray[np.uint8], int]:  # fmt: skip
+    def _read_direct(
+        self,
+        seg: OpenSegment,
+        piece: Piece,
+        p0: int,
+        p1: int,
+        placed: int,
+        nbytes: int,
+        dest: FlatKV | _PerToken,
+    ) -> tuple[npt.NDArray[np.uint8], int]:
         """Read pages ``[p0, p1)`` of ``piece`` straight into ``dest`` (one region of a
         :class:`FlatKV`, or scattered into per-layer rows) and hash them there: those of its
         first ``placed`` tokens (every wanted page, the segment's short last page included); a
@@ -293,8 +333,10 @@ class Job:
                 if isinstance(dest, FlatKV):
                     digests.append(read_hashed(seg, dest.region(start + a, b - a), a * tb, pb))
                 else:
-                    views = [dest.page_views(t, min(pt, start + b - t))
-                             for t in range(start + a, start + b, pt)]  # fmt: skip
+                    views = [
+                        dest.page_views(t, min(pt, start + b - t))
+                        for t in range(start + a, start + b, pt)
+                    ]
                     digests.append(read_scattered_hashed(seg, views, pb, p0))
         except BaseException:
             dest.zero(start + a, b - a)

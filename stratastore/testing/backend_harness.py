@@ -40,14 +40,16 @@ class BackendHarness:
     supports_persistence: bool = True
 
     # -- hooks --------------------------------------------------------------------------------
-    def make_backend(self, path: Path, fingerprint: ModelFingerprint, level: Level
-                     ) -> SegmentBackend:  # fmt: skip
+    def make_backend(
+        self, path: Path, fingerprint: ModelFingerprint, level: Level
+    ) -> SegmentBackend:
         """A backend of ``fingerprint`` at ``level``; ``path`` is an empty directory of its own
         (or, from :meth:`reopen`, the one it used before)."""
         raise NotImplementedError("return your backend for this fingerprint and level")
 
-    def reopen(self, backend: SegmentBackend, path: Path, fingerprint: ModelFingerprint,
-               level: Level) -> SegmentBackend:  # fmt: skip
+    def reopen(
+        self, backend: SegmentBackend, path: Path, fingerprint: ModelFingerprint, level: Level
+    ) -> SegmentBackend:
         """Close ``backend`` and open it again on what it stored (persistence)."""
         backend.close()
         return self.make_backend(path, fingerprint, level)
@@ -60,12 +62,14 @@ class BackendHarness:
     # -- helpers ------------------------------------------------------------------------------
     def fingerprint(self) -> ModelFingerprint:
         """2 layers x 2 kv heads x 4 dims fp16: 64 bytes a token, 256-byte pages of 4 tokens."""
-        return ModelFingerprint.create("backend/tiny", n_layers=2, n_kv_heads=2, head_dim=4,
-                                       page_tokens=4)  # fmt: skip
+        return ModelFingerprint.create(
+            "backend/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4
+        )
 
     def other_fingerprint(self) -> ModelFingerprint:
-        return ModelFingerprint.create("backend/other", n_layers=2, n_kv_heads=2, head_dim=4,
-                                       page_tokens=4)  # fmt: skip
+        return ModelFingerprint.create(
+            "backend/other", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4
+        )
 
     def kv(self, n: int, seed: int = 0) -> U8:
         fp = self.fingerprint()
@@ -88,8 +92,9 @@ class BackendHarness:
 
         return run()
 
-    def put(self, b: SegmentBackend, n: int, seed: int = 0, codec: Codec = Codec.RAW
-            ) -> tuple[bytes, U8]:  # fmt: skip
+    def put(
+        self, b: SegmentBackend, n: int, seed: int = 0, codec: Codec = Codec.RAW
+    ) -> tuple[bytes, U8]:
         data = self.kv(n, seed)
         toks = np.arange(n) + 1000 * seed
         r = b.put_kv(b.fingerprint.digest(), toks, data, token_start=0, codec=codec)

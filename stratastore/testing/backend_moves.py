@@ -56,8 +56,10 @@ class MoveTests(BackendHarness):
 
     def test_relocate_from_a_directory_store_and_back(self, tmp_path: Path) -> None:
         fp = self.fingerprint()
-        with SegmentStore.open(tmp_path / "dir", fp, level=Level.WARM) as local, \
-                self.opened(tmp_path / "b", Level.COLD) as b:  # fmt: skip
+        with (
+            SegmentStore.open(tmp_path / "dir", fp, level=Level.WARM) as local,
+            self.opened(tmp_path / "b", Level.COLD) as b,
+        ):
             key, data = self.put(local, 7)
             assert b.relocate_from(local, key) in ("link", "copy")
             assert key not in local and b.record(key).level is Level.COLD
@@ -66,8 +68,7 @@ class MoveTests(BackendHarness):
             local.get_into(key, out := np.zeros_like(data))
             assert np.array_equal(out, data) and local.used() == local.record(key).total_bytes
 
-    def test_relocate_of_a_key_the_source_lacks_is_segment_not_found(self, tmp_path: Path
-                                                                      ) -> None:  # fmt: skip
+    def test_relocate_of_a_key_the_source_lacks_is_segment_not_found(self, tmp_path: Path) -> None:
         with self.opened(tmp_path / "a") as a, self.opened(tmp_path / "b", Level.COLD) as b:
             key, _ = self.put(a, 4)
             with raises(SegmentNotFound):
@@ -89,8 +90,10 @@ class MoveTests(BackendHarness):
 
     def test_relocate_from_another_model_is_refused(self, tmp_path: Path) -> None:
         other = self.other_fingerprint()
-        with self.opened(tmp_path / "a", fingerprint=other) as a, \
-                self.opened(tmp_path / "b", Level.COLD) as b:  # fmt: skip
+        with (
+            self.opened(tmp_path / "a", fingerprint=other) as a,
+            self.opened(tmp_path / "b", Level.COLD) as b,
+        ):
             data = np.zeros(3 * other.token_bytes, np.uint8)
             key = a.put_kv(other.digest(), [1, 2, 3], data, token_start=0).key
             with raises(IncompatibleFingerprint):

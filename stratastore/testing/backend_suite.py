@@ -58,8 +58,9 @@ class BackendTests(MoveTests):
         hosts the catalog gives its tables (``CatalogHost``); a shared one is a
         ``SharedBackend``; ``persistent`` is what :attr:`supports_persistence` tests."""
         with self.opened(tmp_path / "a") as b:
-            flags = {f: getattr(b, f) for f in ("persistent", "shared", "chain_index",
-                                                 "hosts_catalog")}  # fmt: skip
+            flags = {
+                f: getattr(b, f) for f in ("persistent", "shared", "chain_index", "hosts_catalog")
+            }
             assert all(isinstance(v, bool) for v in flags.values()), flags
             assert flags["persistent"] == self.supports_persistence
             if flags["hosts_catalog"]:
@@ -111,8 +112,11 @@ class BackendTests(MoveTests):
             assert sorted(k for k, _ in b.records()) == sorted(keys)
             rec = b.record(keys[1])
             assert (rec.kind, rec.level, rec.token_start, rec.token_end) == (
-                Kind.KV, Level.COLD, 0, 4
-            )  # fmt: skip
+                Kind.KV,
+                Level.COLD,
+                0,
+                4,
+            )
             assert rec.parent_key == b.fingerprint.digest() and rec.page_count == 1
             assert dict(b.records())[keys[1]] == rec
 
@@ -245,8 +249,14 @@ class BackendTests(MoveTests):
             with b.open_reader(key) as seg:
                 hashes = np.frombuffer(seg.sidecar.page_hashes, np.uint8).reshape(-1, 32)
             for i, codec in enumerate((Codec.RAW, Codec.ZSTD)):
-                k = b.put_kv(root, np.arange(10) + 100 * (i + 1), data, token_start=0,
-                             codec=codec, page_hashes=hashes.copy()).key  # fmt: skip
+                k = b.put_kv(
+                    root,
+                    np.arange(10) + 100 * (i + 1),
+                    data,
+                    token_start=0,
+                    codec=codec,
+                    page_hashes=hashes.copy(),
+                ).key
                 out = np.zeros_like(data)
                 assert b.get_into(k, out).page_hashes == hashes.tobytes()
                 assert np.array_equal(out, data)
@@ -292,10 +302,12 @@ class BackendTests(MoveTests):
             b.delete(key)
             out = np.zeros_like(data)
             reads: list[Callable[[], object]] = [
-                lambda: b.record(key), lambda: b.open_reader(key),
-                lambda: b.read_into(key, 0, out), lambda: b.get_into(key, out),
+                lambda: b.record(key),
+                lambda: b.open_reader(key),
+                lambda: b.read_into(key, 0, out),
+                lambda: b.get_into(key, out),
                 lambda: b.get_bytes(key, max_bytes=1 << 20),
-            ]  # fmt: skip
+            ]
             for read in reads:
                 with raises(SegmentNotFound):
                     read()

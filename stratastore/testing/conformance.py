@@ -33,8 +33,9 @@ class ConformanceReport:
         return not self.violations
 
 
-def check_conformance(dirs: Sequence[str], *, levels: StoreLevels | None = None
-                      ) -> ConformanceReport:  # fmt: skip
+def check_conformance(
+    dirs: Sequence[str], *, levels: StoreLevels | None = None
+) -> ConformanceReport:
     """Every page of the level directories ``dirs`` re-hashed; each finding filed under the
     clauses it breaks (or as allowed). ``levels``: the store's levels, for chain checks (default:
     ``dirs`` and their sibling levels); :func:`~stratastore.ops.level_dirs.find_store_levels` finds

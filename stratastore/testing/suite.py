@@ -31,8 +31,9 @@ class StoreTests:
         raise NotImplementedError("return your store opened on `path` for `fingerprint`")
 
     def fingerprint(self) -> ModelFingerprint:
-        return ModelFingerprint.create("conformance/tiny", n_layers=2, n_kv_heads=2, head_dim=4,
-                                       page_tokens=4)  # fmt: skip
+        return ModelFingerprint.create(
+            "conformance/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4
+        )
 
     def kv(self, n: int, seed: int = 0) -> np.ndarray[Any, Any]:
         fp = self.fingerprint()
@@ -61,8 +62,10 @@ class StoreTests:
     def test_everything_survives_reopening(self, tmp_path: Path) -> None:
         fp = self.fingerprint()
         store = self.open_store(tmp_path, fp)
-        keys = [store.put_kv(store.root_key, np.arange(5) + 10 * i, self.kv(5, i),
-                             token_start=0).key for i in range(4)]  # fmt: skip
+        keys = [
+            store.put_kv(store.root_key, np.arange(5) + 10 * i, self.kv(5, i), token_start=0).key
+            for i in range(4)
+        ]
         store.delete(keys[0])
         store.close()
         store = self.open_store(tmp_path, fp)
@@ -93,8 +96,9 @@ class StoreTests:
         try:
             parent = store.root_key
             for i in range(3):
-                parent = store.put_kv(parent, np.arange(7) + 7 * i, self.kv(7, i),
-                                      token_start=7 * i).key  # fmt: skip
+                parent = store.put_kv(
+                    parent, np.arange(7) + 7 * i, self.kv(7, i), token_start=7 * i
+                ).key
         finally:
             store.close()
         report = check_conformance([str(tmp_path)])

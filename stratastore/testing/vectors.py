@@ -45,8 +45,14 @@ from stratastore.format.remote_record import RemoteNames, decode_commit_record
 from stratastore.io import files, pathnames
 from stratastore.levels.local import SegmentStore
 
-__all__ = ["REFUSALS", "kit_path", "load_manifest", "load_vectors", "refusal_class",
-           "vector_outcome"]  # fmt: skip
+__all__ = [
+    "REFUSALS",
+    "kit_path",
+    "load_manifest",
+    "load_vectors",
+    "refusal_class",
+    "vector_outcome",
+]
 
 #: the conformance kit's folder in the installed package (package data; format-spec/ at the
 #: repository root is a link to it)
@@ -95,9 +101,12 @@ def load_vectors(
             fix = fixes.get(f"{v}/{entry['file']}")
             if fix is not None:
                 by, rec = fix
-                entry = {**entry, "expect": rec["expect"], "violates": rec["violates"],
-                         "superseded_by": f"{by}/{rec['replaced_by']}" if rec.get("replaced_by")
-                         else by}  # fmt: skip
+                entry = {
+                    **entry,
+                    "expect": rec["expect"],
+                    "violates": rec["violates"],
+                    "superseded_by": f"{by}/{rec['replaced_by']}" if rec.get("replaced_by") else by,
+                }
             out.append((v, entry))
     return out
 
@@ -108,8 +117,11 @@ def _version_folders(root: str) -> list[str]:
     def order(name: str) -> list[tuple[int, str]]:
         return [(int(t), "") if t.isdigit() else (-1, t) for t in re.split(r"(\d+)", name)]
 
-    found = [name for name in files.subdirectories(root)
-             if files.is_file(pathnames.join(root, name, "MANIFEST.json"))]  # fmt: skip
+    found = [
+        name
+        for name in files.subdirectories(root)
+        if files.is_file(pathnames.join(root, name, "MANIFEST.json"))
+    ]
     return sorted(found, key=order)
 
 
@@ -129,10 +141,15 @@ def _sized(vector_dir: str, recipe: dict[str, Any]) -> tuple[str, bytes]:
     to ``bytes`` long, read as the kind ``of`` (a size bound's vector without the megabytes)."""
     of, size = recipe["of"], recipe["bytes"]
     head = _read(vector_dir, recipe["head"])
-    if of not in SIZED_KINDS or not isinstance(size, int) or not len(head) <= size <= (
-            MAX_SIZED_BYTES):  # fmt: skip
-        raise ValueError(f"a sized recipe reads {SIZED_KINDS} of at most {MAX_SIZED_BYTES} "
-                         f"bytes, not {of!r} of {size!r}")  # fmt: skip
+    if (
+        of not in SIZED_KINDS
+        or not isinstance(size, int)
+        or not len(head) <= size <= (MAX_SIZED_BYTES)
+    ):
+        raise ValueError(
+            f"a sized recipe reads {SIZED_KINDS} of at most {MAX_SIZED_BYTES} "
+            f"bytes, not {of!r} of {size!r}"
+        )
     return of, head + bytes(size - len(head))
 
 
@@ -174,8 +191,14 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
 
 #: the classes of refusal the vectors name (README "Error names"); a subclass an implementation
 #: adds (a more precise I/O error, say) reports the documented class it refines
-REFUSALS = ("KeyMismatch", "UnsupportedVersion", "FormatError", "ChecksumMismatch",
-            "IncompatibleFingerprint", "StrataIOError")  # fmt: skip
+REFUSALS = (
+    "KeyMismatch",
+    "UnsupportedVersion",
+    "FormatError",
+    "ChecksumMismatch",
+    "IncompatibleFingerprint",
+    "StrataIOError",
+)
 
 
 def refusal_class(e: BaseException) -> str:
@@ -206,9 +229,14 @@ def _remote_keys(vector_dir: str, case: dict[str, Any]) -> str:
     except ValueError as e:
         raise FormatError(f"remote store name {case['name']!r}: {e}") from None
     key, parent = bytes.fromhex(case["key"]), bytes.fromhex(case["parent"])
-    ours = {"record": names.record(key), "part": names.part(key, case["nonce"], case["part"]),
-            "recs": names.recs, "ages": names.ages, "used": names.used,
-            "kids": names.kids(parent)}  # fmt: skip
+    ours = {
+        "record": names.record(key),
+        "part": names.part(key, case["nonce"], case["part"]),
+        "recs": names.recs,
+        "ages": names.ages,
+        "used": names.used,
+        "kids": names.kids(parent),
+    }
     return "ok" if ours == case["names"] else "KeyMismatch"
 
 
@@ -229,8 +257,10 @@ def _index_tables(vector_dir: str, recipe: dict[str, Any]) -> str:
     in hex: ``KeyMismatch`` when a row differs (a deliberately wrong encoding: the file's name
     says which), the error of the open or of the first sidecar not adopted otherwise."""
     fp = ModelFingerprint.unpack(_read(vector_dir, recipe["fingerprint"]))
-    want = {name: {bytes.fromhex(k): bytes.fromhex(v) for k, v in recipe["tables"][name].items()}
-            for name in DERIVED_TABLES}  # fmt: skip
+    want = {
+        name: {bytes.fromhex(k): bytes.fromhex(v) for k, v in recipe["tables"][name].items()}
+        for name in DERIVED_TABLES
+    }
     with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
         _lay_out(d, vector_dir, recipe["files"])
         with SegmentStore.open(d, fp, create=False) as store:
@@ -238,9 +268,13 @@ def _index_tables(vector_dir: str, recipe: dict[str, Any]) -> str:
                 return store.skipped[0].error
             env = store.index.env
             with store.index.read_txn() as txn:
-                built = {name: {bytes(k): bytes(v) for k, v in txn.cursor(
-                    db=env.open_db(name.encode(), txn=txn, create=False))}
-                    for name in DERIVED_TABLES}  # fmt: skip
+                built = {
+                    name: {
+                        bytes(k): bytes(v)
+                        for k, v in txn.cursor(db=env.open_db(name.encode(), txn=txn, create=False))
+                    }
+                    for name in DERIVED_TABLES
+                }
     return "ok" if built == want else "KeyMismatch"
 
 

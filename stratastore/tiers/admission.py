@@ -46,26 +46,34 @@ class Placement:
     def describe(self) -> str:
         """What the rule decided, with the figures it compared (the log line's wording)."""
         if self.where == "discard":
-            return (f"physical RAM admission: need {mib(self.need)} plus "
-                    f"{mib(self.transient_floor)}, {mib(self.available)} free")  # fmt: skip
+            return (
+                f"physical RAM admission: need {mib(self.need)} plus "
+                f"{mib(self.transient_floor)}, {mib(self.available)} free"
+            )
         floor = self.parking_floor if self.floor == "parking" else self.transient_floor
-        return (f"{self.where} under the {self.floor} RAM floor (need {mib(self.need)} plus "
-                f"{mib(floor)})")  # fmt: skip
+        return (
+            f"{self.where} under the {self.floor} RAM floor (need {mib(self.need)} plus "
+            f"{mib(floor)})"
+        )
 
     def log_line(self, what: str) -> str | None:
         """The admission log line for ``what`` (``"park"``, ``"disk hit"``, ``"session
         save"``, ...): a refusal, or an admission under the transient floor; ``None`` for an
         admission under the parking floor (the normal case says nothing)."""
         if self.where == "discard":
-            floors = (f"plus {mib(self.parking_floor)}, or {mib(self.transient_floor)} for a "
-                      "disk-bound copy")  # fmt: skip
+            floors = (
+                f"plus {mib(self.parking_floor)}, or {mib(self.transient_floor)} for a "
+                "disk-bound copy"
+            )
             why = f"(physical RAM admission: need {mib(self.need)} {floors}; " + (
                 f"{mib(self.available)} free)"
             )
             return f"skip parking {why}" if what == "park" else f"{what} skipped {why}"
         if self.floor == "transient":
-            return (f"{what} under the transient RAM floor (need {mib(self.need)} plus "
-                    f"{mib(self.transient_floor)}, not {mib(self.parking_floor)})")  # fmt: skip
+            return (
+                f"{what} under the transient RAM floor (need {mib(self.need)} plus "
+                f"{mib(self.transient_floor)}, not {mib(self.parking_floor)})"
+            )
         return None
 
 
@@ -85,8 +93,9 @@ class Admission:
     ``legacy=True`` is the engine's original rule, kept only to compare against: one
     floor for everything, and a capture or disk read that fails it is discarded."""
 
-    def __init__(self, cfg: StoreConfig, probe: Callable[[], int] | None = None, *,
-                 legacy: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: StoreConfig, probe: Callable[[], int] | None = None, *, legacy: bool = False
+    ) -> None:
         self.parking_floor = cfg.min_free_mib * MIB
         self.transient_floor = cfg.park_min_free_mib * MIB
         self.probe = probe or mem_available
@@ -97,14 +106,33 @@ class Admission:
         (else the bytes are disk-bound and only pass through RAM); ``disk``: whether a disk
         level can take them."""
         if self.legacy:
-            return admit(need, self.probe(), self.parking_floor, self.parking_floor,
-                         stays_in_ram=stays_in_ram, disk=False)  # fmt: skip
-        return admit(need, self.probe(), self.parking_floor, self.transient_floor,
-                     stays_in_ram=stays_in_ram, disk=disk)  # fmt: skip
+            return admit(
+                need,
+                self.probe(),
+                self.parking_floor,
+                self.parking_floor,
+                stays_in_ram=stays_in_ram,
+                disk=False,
+            )
+        return admit(
+            need,
+            self.probe(),
+            self.parking_floor,
+            self.transient_floor,
+            stays_in_ram=stays_in_ram,
+            disk=disk,
+        )
 
 
-def admit(need: int, available: int, parking_floor: int, transient_floor: int, *,
-          stays_in_ram: bool, disk: bool) -> Placement:  # fmt: skip
+def admit(
+    need: int,
+    available: int,
+    parking_floor: int,
+    transient_floor: int,
+    *,
+    stays_in_ram: bool,
+    disk: bool,
+) -> Placement:
     """The rule itself, pure: RAM under the parking floor, else disk under either floor, else
     discard. A disk-bound request never lands in RAM."""
     floors = (parking_floor, transient_floor)
@@ -115,8 +143,13 @@ def admit(need: int, available: int, parking_floor: int, transient_floor: int, *
     return Placement("discard", "none", need, available, *floors)
 
 
-def park_target(cfg: StoreConfig, admission: Admission, disk: bool, token_bytes: int,
-                warn: Callable[[str], None]) -> tuple[Literal["ram", "disk"], str]:  # fmt: skip
+def park_target(
+    cfg: StoreConfig,
+    admission: Admission,
+    disk: bool,
+    token_bytes: int,
+    warn: Callable[[str], None],
+) -> tuple[Literal["ram", "disk"], str]:
     """Where parks go (``park = ram | disk | auto``) and why. ``auto`` sizes a
     snapshot per slot (a full context when ``context_tokens`` is given, else a slot's share of
     the RAM budget) and picks disk when free RAM cannot hold them above the parking floor.
@@ -130,8 +163,9 @@ def park_target(cfg: StoreConfig, admission: Admission, disk: bool, token_bytes:
         return "ram", "no disk level"
     if cfg.park == "disk":
         return "disk", "configured"
-    per_slot = (cfg.context_tokens * token_bytes if cfg.context_tokens
-                else cfg.ram_mib * MIB // cfg.slots)  # fmt: skip
+    per_slot = (
+        cfg.context_tokens * token_bytes if cfg.context_tokens else cfg.ram_mib * MIB // cfg.slots
+    )
     need = cfg.slots * per_slot + admission.parking_floor
     target: Literal["ram", "disk"] = "disk" if admission.probe() < need else "ram"
     warn(f"park target auto -> {target}")

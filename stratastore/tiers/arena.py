@@ -59,10 +59,17 @@ class Arena:
     ``RLIMIT_AS``, or the kernel's overcommit limit): a typed error naming the setting, never a
     raw ``OSError``/``MemoryError``."""
 
-    def __init__(self, nbytes: int, *, chunk_bytes: int = DEFAULT_CHUNK,
-                 hugepages: bool = True, prefault: RamPrefault = "lazy", ahead_bytes: int = 0,
-                 room: Callable[[int], bool] | None = None,
-                 setting: str = "the arena size") -> None:  # fmt: skip
+    def __init__(
+        self,
+        nbytes: int,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK,
+        hugepages: bool = True,
+        prefault: RamPrefault = "lazy",
+        ahead_bytes: int = 0,
+        room: Callable[[int], bool] | None = None,
+        setting: str = "the arena size",
+    ) -> None:
         if chunk_bytes < 4096 or chunk_bytes % 4096:
             raise ConfigError(f"arena chunk of {chunk_bytes} bytes must be a multiple of 4096")
         self.chunk = chunk_bytes
@@ -148,8 +155,9 @@ class Arena:
         for at, pos, n in self._spans(a):
             self.buf[at : at + n] = flat[pos : pos + n]
 
-    def read_into(self, a: Allocation, dst: npt.NDArray[np.uint8], nbytes: int | None = None
-                  ) -> None:  # fmt: skip
+    def read_into(
+        self, a: Allocation, dst: npt.NDArray[np.uint8], nbytes: int | None = None
+    ) -> None:
         """Copy the first ``nbytes`` (default all) of the allocation into ``dst``."""
         limit = a.nbytes if nbytes is None else nbytes
         flat = dst.reshape(-1)
@@ -198,8 +206,7 @@ class Arena:
         return new
 
     def _start_thread(self) -> None:
-        t = threading.Thread(target=self._populate_ahead, name="strata-arena-populate",
-                             daemon=True)  # fmt: skip
+        t = threading.Thread(target=self._populate_ahead, name="strata-arena-populate", daemon=True)
         try:
             t.start()
         except RuntimeError:  # no thread to be had (a tight RLIMIT_AS): populate on use only
@@ -213,8 +220,9 @@ class Arena:
         first allocation: an arena that is never used takes no RAM."""
         if self._ready >= self._ahead or not self._allocs:
             return None
-        while self._next < self.n_chunks and (self._populated[self._next]
-                                              or self._in_use[self._next]):  # fmt: skip
+        while self._next < self.n_chunks and (
+            self._populated[self._next] or self._in_use[self._next]
+        ):
             self._next += 1  # an in-use chunk was populated by its allocation
         return self._next if self._next < self.n_chunks else None
 

@@ -22,8 +22,9 @@ from stratastore.tiers.records import MAX_STATE_BYTES, InvalidConversation, Snap
 __all__ = ["batch_requests", "check_snapshot", "restore_cap", "session_name"]
 
 #: a restore batch, checked: each request's tokens and where they land, and its pictures
-Batch = tuple[list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8] | Destination]],
-              list[dict[int, bytes]]]  # fmt: skip
+Batch = tuple[
+    list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8] | Destination]], list[dict[int, bytes]]
+]
 
 
 def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> None:
@@ -35,8 +36,7 @@ def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> 
     are checked again here because the engine may have changed them after construction."""
     conv = snap.conv
     if not isinstance(conv, Conversation):
-        raise InvalidConversation(f"{call}: expected a Conversation, got "
-                                  f"{type(conv).__name__}")  # fmt: skip
+        raise InvalidConversation(f"{call}: expected a Conversation, got {type(conv).__name__}")
     cid = conv.conv_id
     if not isinstance(cid, str) or not cid:
         raise InvalidConversation(
@@ -60,11 +60,11 @@ def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> 
     n = len(conv.tokens)
     what = f"{call}: conversation {cid!r}"
     if n > MAX_TOKENS:
-        raise InvalidConversation(f"{what}: {n:,} tokens is over the {MAX_TOKENS:,} a "
-                                  "manifest holds (spec F-CHAIN-1)")  # fmt: skip
+        raise InvalidConversation(
+            f"{what}: {n:,} tokens is over the {MAX_TOKENS:,} a manifest holds (spec F-CHAIN-1)"
+        )
     lengths = [c.length for c in conv.checkpoints]
-    if (not lengths or lengths != sorted(set(lengths)) or lengths[0] < 0
-            or lengths[-1] > n):  # fmt: skip
+    if not lengths or lengths != sorted(set(lengths)) or lengths[0] < 0 or lengths[-1] > n:
         raise InvalidConversation(
             f"{what}: checkpoints {lengths[:8]} must ascend, root first, within its {n:,} tokens"
         )
@@ -78,8 +78,10 @@ def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> 
     conv.media = as_media(conv.media, n, f"{what}: media", InvalidConversation)
     bounds = conv.boundaries()
     if max(len(lengths), len(conv.media), len(bounds)) > MAX_ITEMS:
-        raise InvalidConversation(f"{what}: over {MAX_ITEMS:,} checkpoints, media or "
-                                  "segments (spec F-CHAIN-1); cut it coarser")  # fmt: skip
+        raise InvalidConversation(
+            f"{what}: over {MAX_ITEMS:,} checkpoints, media or "
+            "segments (spec F-CHAIN-1); cut it coarser"
+        )
     longest = max((e - s for s, e in bounds), default=0)
     if -(-longest // fp.page_tokens) > MAX_PAGES:
         raise InvalidConversation(
@@ -92,8 +94,11 @@ def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> 
             f"({fp.token_bytes} a token for {fp.describe()})"
         )
     for length, blob in snap.states.items():
-        if (not isinstance(length, int) or not isinstance(blob, (bytes, bytearray, memoryview))
-                or len(blob) > MAX_STATE_BYTES):  # fmt: skip
+        if (
+            not isinstance(length, int)
+            or not isinstance(blob, (bytes, bytearray, memoryview))
+            or len(blob) > MAX_STATE_BYTES
+        ):
             raise InvalidConversation(
                 f"{what}: a running state must map a checkpoint length (int) to at most "
                 f"{MAX_STATE_BYTES:,} bytes; got {type(length).__name__} -> "
@@ -106,17 +111,21 @@ def restore_cap(cap: object, call: str) -> int | None:
     if cap is None:
         return None
     if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
-        raise InvalidRequest(f"{call}: max_tokens must be a token count >= 0 or None, not "
-                             f"{cap!r}; pass len(prompt) - 1 to always leave a token to "
-                             "compute")  # fmt: skip
+        raise InvalidRequest(
+            f"{call}: max_tokens must be a token count >= 0 or None, not "
+            f"{cap!r}; pass len(prompt) - 1 to always leave a token to "
+            "compute"
+        )
     return int(cap)
 
 
 def session_name(name: object, call: str) -> str:
     """A session's name, checked: a non-empty string, UTF-8 encodable (it names a manifest)."""
     if not isinstance(name, str) or not name:
-        raise InvalidConversation(f"{call}: the session name {name!r} must be a non-empty "
-                                  "string (what save_session() was given)")  # fmt: skip
+        raise InvalidConversation(
+            f"{call}: the session name {name!r} must be a non-empty "
+            "string (what save_session() was given)"
+        )
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -130,23 +139,42 @@ def session_name(name: object, call: str) -> str:
 def batch_requests(requests: object, media: object) -> Batch:
     """The requests and media of ``Store.restore_many``, checked before anything runs."""
     if not isinstance(requests, Sequence) or isinstance(requests, (str, bytes)):
-        raise InvalidRequest(f"restore_many: requests must be a list of (prompt, out) pairs, "
-                             f"not {type(requests).__name__}")  # fmt: skip
+        raise InvalidRequest(
+            f"restore_many: requests must be a list of (prompt, out) pairs, "
+            f"not {type(requests).__name__}"
+        )
     if not isinstance(media, Sequence) or isinstance(media, (str, bytes)):
-        raise InvalidRequest(f"restore_many: media must be a list (one mapping or None per "
-                             f"request), not {type(media).__name__}")  # fmt: skip
+        raise InvalidRequest(
+            f"restore_many: media must be a list (one mapping or None per "
+            f"request), not {type(media).__name__}"
+        )
     if len(media) > len(requests):
-        raise InvalidRequest(f"restore_many: {len(media)} media for {len(requests)} "
-                             "request(s); give at most one per request")  # fmt: skip
+        raise InvalidRequest(
+            f"restore_many: {len(media)} media for {len(requests)} "
+            "request(s); give at most one per request"
+        )
     reqs, pictures = [], []
     for i, req in enumerate(requests):
         if not isinstance(req, (tuple, list)) or len(req) != 2:
-            raise InvalidRequest(f"restore_many: request #{i} is {type(req).__name__} "
-                                 f"{str(req)[:40]}, not a (prompt, out) pair")  # fmt: skip
+            raise InvalidRequest(
+                f"restore_many: request #{i} is {type(req).__name__} "
+                f"{str(req)[:40]}, not a (prompt, out) pair"
+            )
         tokens = as_tokens(req[0], f"restore_many: request #{i}'s prompt")
         out: Any = req[1]
-        reqs.append((tokens, flat_bytes(out, f"Store.restore_many out #{i}")
-                     if isinstance(out, np.ndarray) else out))  # fmt: skip
-        pictures.append(as_media(media[i] if i < len(media) else None, len(tokens),
-                                 f"restore_many: request #{i}'s media"))  # fmt: skip
+        reqs.append(
+            (
+                tokens,
+                flat_bytes(out, f"Store.restore_many out #{i}")
+                if isinstance(out, np.ndarray)
+                else out,
+            )
+        )
+        pictures.append(
+            as_media(
+                media[i] if i < len(media) else None,
+                len(tokens),
+                f"restore_many: request #{i}'s media",
+            )
+        )
     return reqs, pictures

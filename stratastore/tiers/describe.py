@@ -75,12 +75,17 @@ def info_line(s: Mapping[str, Any]) -> str:
         if d["bytes"] is None:  # the remote level while it is down: entries, bytes unknown
             parts.append(f"{name}=-e/-MiB/{d['budget'] / 2**20:.0f}MiB{where}")
             continue
-        parts.append(f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
-                     f"/{d['budget'] / 2**20:.0f}MiB{where}")  # fmt: skip
-    parts += [f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
-              f"discards={s['discards']}",
-              f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
-              + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
-              f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
-              f"held_tokens={s['held_tokens']}", f"admission={s['admission']}"]  # fmt: skip
+        parts.append(
+            f"{name}={d['entries']}e/{d['bytes'] / 2**20:.0f}MiB"
+            f"/{d['budget'] / 2**20:.0f}MiB{where}"
+        )
+    parts += [
+        f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
+        f"discards={s['discards']}",
+        f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
+        + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
+        f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
+        f"held_tokens={s['held_tokens']}",
+        f"admission={s['admission']}",
+    ]
     return "strata: " + " ".join(parts)

@@ -56,8 +56,13 @@ def device_to_host(kv: object, what: str) -> npt.NDArray[np.uint8]:
     return host
 
 
-def device_snapshot(conv: Conversation, kv: object, states: Mapping[int, bytes],
-                    fp: ModelFingerprint, call: str = "park") -> Snapshot:  # fmt: skip
+def device_snapshot(
+    conv: Conversation,
+    kv: object,
+    states: Mapping[int, bytes],
+    fp: ModelFingerprint,
+    call: str = "park",
+) -> Snapshot:
     """The snapshot of a park from device memory: ``kv`` checked (layout, then with ``conv``
     as every park is: :func:`check_snapshot`, its size among them) before the device does
     anything; each segment of ``conv`` (:meth:`~stratastore.chain.Conversation.boundaries`,
@@ -95,10 +100,12 @@ def kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
     if is_device_array(kv):
         return device_to_host(kv, what)
     if not isinstance(kv, np.ndarray):
-        raise InvalidConversation(f"{what}: kv must be a numpy array or a device array "
-                                  "(a numba device array, or one with "
-                                  "__cuda_array_interface__: a torch CUDA tensor, CuPy), "
-                                  f"got {type(kv).__name__}")  # fmt: skip
+        raise InvalidConversation(
+            f"{what}: kv must be a numpy array or a device array "
+            "(a numba device array, or one with "
+            "__cuda_array_interface__: a torch CUDA tensor, CuPy), "
+            f"got {type(kv).__name__}"
+        )
     if kv.dtype.hasobject:
         raise InvalidConversation(
             f"{what}: kv has dtype {kv.dtype}, which holds references, not K/V bytes; pass "

@@ -142,10 +142,14 @@ class DiskLevel:
                     break
                 raise LevelRefused(
                     f"{self.name} level cannot free {size:,} bytes: "
-                    + (self.last_refusal if not self.is_last else "what it holds is pinned "
-                       "prefixes, saved sessions or parks in flight, or the oldest conversations' "
-                       "segments live in another level; raise its budget")
-                )  # fmt: skip
+                    + (
+                        self.last_refusal
+                        if not self.is_last
+                        else "what it holds is pinned "
+                        "prefixes, saved sessions or parks in flight, or the oldest conversations' "
+                        "segments live in another level; raise its budget"
+                    )
+                )
 
     def _free_one(self) -> bool:
         """One step of making room: False when nothing more can go."""

@@ -21,9 +21,15 @@ __all__ = ["DiskReader"]
 
 
 class DiskReader:
-    def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, levels: Sequence[DiskLevel],
-                 holder: Callable[[bytes], SegmentBackend | None], counters: dict[str, int],
-                 warn: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        fp: ModelFingerprint,
+        levels: Sequence[DiskLevel],
+        holder: Callable[[bytes], SegmentBackend | None],
+        counters: dict[str, int],
+        warn: Callable[[str], None],
+    ) -> None:
         self.cfg = cfg
         self.fp = fp
         self.levels = levels
@@ -36,8 +42,16 @@ class DiskReader:
         """The two-pass restore of ``[0, length)`` (spec F-SC-3): validate every page first,
         then apply; on damage the ladder applies the deepest resume point below it."""
         pieces = [Piece(s, e, k, self.holder(k)) for s, e, k in dc.segments if s < length]
-        return Job(pieces, length, dest, self.fp, self._ladder_point(dc), self.cfg.ladder,
-                   self.cfg.restore_chunk_mib * MIB, self.holder)  # fmt: skip
+        return Job(
+            pieces,
+            length,
+            dest,
+            self.fp,
+            self._ladder_point(dc),
+            self.cfg.ladder,
+            self.cfg.restore_chunk_mib * MIB,
+            self.holder,
+        )
 
     def read(self, dc: DiskConv, length: int, dest: Destination) -> int:
         """Run one disk job now; the tokens it left in ``dest``, all validated."""
@@ -64,8 +78,14 @@ class DiskReader:
                 zero(got, out.tokens - got)
         return Restored("disk", got, dc.conv.conv_id, state)
 
-    def account_restored(self, dc: DiskConv, job: Job, out: Outcome, r: Restored,
-                         removed: Callable[[bytes], bool] | None = None) -> Restored:  # fmt: skip
+    def account_restored(
+        self,
+        dc: DiskConv,
+        job: Job,
+        out: Outcome,
+        r: Restored,
+        removed: Callable[[bytes], bool] | None = None,
+    ) -> Restored:
         """Count a finished disk restore (the caller serialises this: no I/O here);
         ``removed`` as in :meth:`account`."""
         self.account(dc, job, out, removed)
@@ -73,8 +93,9 @@ class DiskReader:
         self.counters["tokens_restored"] += r.tokens
         return r
 
-    def account(self, dc: DiskConv, job: Job, out: Outcome,
-                removed: Callable[[bytes], bool] | None = None) -> None:  # fmt: skip
+    def account(
+        self, dc: DiskConv, job: Job, out: Outcome, removed: Callable[[bytes], bool] | None = None
+    ) -> None:
         """Level hits, and the ladder: count it, warn, remember the damaged keys for fsck.
         ``removed(key)``: the segment the restore stopped at was removed by GC meanwhile (no
         level holds it and no chain names it now): a miss past what was delivered, not damage
@@ -88,8 +109,10 @@ class DiskReader:
         if out.laddered:
             self.counters["ladder_restores"] += 1
             self.damaged.extend(k for k in out.damaged if k not in self.damaged)
-            self.warn(f"conversation {dc.conv.conv_id}: restored {out.tokens:,} of "
-                      f"{out.wanted:,} tokens: {out.reason}")  # fmt: skip
+            self.warn(
+                f"conversation {dc.conv.conv_id}: restored {out.tokens:,} of "
+                f"{out.wanted:,} tokens: {out.reason}"
+            )
 
     def _state_at_or_below(self, dc: DiskConv, limit: int) -> tuple[int, bytes | None]:
         """The deepest checkpoint at or below ``limit`` whose saved state reads back valid."""

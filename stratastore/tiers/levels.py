@@ -40,8 +40,10 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
     for name, d, mib in given:
         if bool(d) != (mib > 0):
             key = f"{name}_" if not cfg.levels else f"levels[{name}]."
-            warn(f"the {name} level is OFF: {key}dir={d!r} with {key}mib={mib}; a level needs "
-                 f"both (set its budget in MiB, or clear its directory)")  # fmt: skip
+            warn(
+                f"the {name} level is OFF: {key}dir={d!r} with {key}mib={mib}; a level needs "
+                f"both (set its budget in MiB, or clear its directory)"
+            )
     seen: dict[str, tuple[str, str]] = {}
     for spec in (s for s in cfg.disk_levels() if s.dir):  # a URL level has no directory
         real = files.realpath(spec.dir)
@@ -65,10 +67,12 @@ def _require_parent(cfg: StoreConfig, spec: LevelSpec) -> None:
     if parent is None:
         return
     setting = cfg.setting_name(spec, "dir")
-    raise ConfigError(f"{setting}={spec.dir!r}: its parent directory {parent} does not exist "
-                      f"(a disk not mounted, or a typo); mount or create {parent}, correct "
-                      f"the setting, or set create_dirs = true to make the missing "
-                      f"directories")  # fmt: skip
+    raise ConfigError(
+        f"{setting}={spec.dir!r}: its parent directory {parent} does not exist "
+        f"(a disk not mounted, or a typo); mount or create {parent}, correct "
+        f"the setting, or set create_dirs = true to make the missing "
+        f"directories"
+    )
 
 
 def _warn_over_volume(cfg: StoreConfig, spec: LevelSpec, warn: Callable[[str], None]) -> None:
@@ -78,14 +82,17 @@ def _warn_over_volume(cfg: StoreConfig, spec: LevelSpec, warn: Callable[[str], N
     if size is None or spec.mib * MIB <= size:
         return
     setting = cfg.setting_name(spec, "mib")
-    warn(f"the {spec.name} level's budget {setting}={spec.mib} ({spec.mib:,} MiB) is more than "
-         f"the volume {spec.dir} is on holds ({size // MIB:,} MiB): the disk fills before the "
-         f"level frees space; set {setting} to at most {size // MIB} (less what else uses the "
-         f"volume)")  # fmt: skip
+    warn(
+        f"the {spec.name} level's budget {setting}={spec.mib} ({spec.mib:,} MiB) is more than "
+        f"the volume {spec.dir} is on holds ({size // MIB:,} MiB): the disk fills before the "
+        f"level frees space; set {setting} to at most {size // MIB} (less what else uses the "
+        f"volume)"
+    )
 
 
-def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
-                warn: Callable[[str], None]) -> list[DiskLevel]:  # fmt: skip
+def open_levels(
+    cfg: StoreConfig, fp: ModelFingerprint, warn: Callable[[str], None]
+) -> list[DiskLevel]:
     """The disk levels, first to last, each linked to the next; all closed again on failure."""
     check_levels(cfg, warn)
     specs = cfg.disk_levels()
@@ -98,9 +105,17 @@ def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
             if spec.dir:
                 _warn_over_volume(cfg, spec, warn)
             try:
-                levels.insert(0, DiskLevel(spec.name, store, spec.mib * MIB,
-                                           max_age_s=spec.max_age_s, when_full=cfg.when_full,
-                                           next_level=levels[0] if levels else None))  # fmt: skip
+                levels.insert(
+                    0,
+                    DiskLevel(
+                        spec.name,
+                        store,
+                        spec.mib * MIB,
+                        max_age_s=spec.max_age_s,
+                        when_full=cfg.when_full,
+                        next_level=levels[0] if levels else None,
+                    ),
+                )
             except BaseException:
                 store.close()
                 raise
@@ -111,9 +126,14 @@ def open_levels(cfg: StoreConfig, fp: ModelFingerprint,
     return levels
 
 
-def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manifest_dir: str,
-                   file_mode: int, warn: Callable[[str], None]
-                   ) -> tuple[Catalog, Collector, DiskWriter, list[tuple[str, str]]]:  # fmt: skip
+def attach_catalog(
+    levels: list[DiskLevel],
+    root: bytes,
+    token_bytes: int,
+    manifest_dir: str,
+    file_mode: int,
+    warn: Callable[[str], None],
+) -> tuple[Catalog, Collector, DiskWriter, list[tuple[str, str]]]:
     """Open the shared catalog in the last level's environment (spec F-CAT-1), bring it in line
     with the files (recovery), and wire the levels to its GC: the last level frees space by
     shortening the oldest conversations, every level cuts the chains that name an unreadable
@@ -139,8 +159,9 @@ def attach_catalog(levels: list[DiskLevel], root: bytes, token_bytes: int, manif
     return catalog, gc, writer, got.skipped
 
 
-def open_remote(cfg: StoreConfig, fp: ModelFingerprint, levels: list[DiskLevel],
-                warn: Callable[[str], None]) -> RemoteLevel | None:  # fmt: skip
+def open_remote(
+    cfg: StoreConfig, fp: ModelFingerprint, levels: list[DiskLevel], warn: Callable[[str], None]
+) -> RemoteLevel | None:
     """The shared remote level (``cfg.remote``: ``remote_url``, or a ``[[levels]]`` entry with a
     Redis URL), opened through the registry with its own settings table: it needs a local
     disk level (the catalog lives there, and a park is acknowledged by the local write)."""
@@ -148,9 +169,11 @@ def open_remote(cfg: StoreConfig, fp: ModelFingerprint, levels: list[DiskLevel],
     if spec is None:
         return None
     if not levels:
-        raise ConfigError(f"setting {cfg.setting_name(spec, 'url')} needs a local disk level "
-                          "(cold_dir and cold_mib, or levels): a park is written there first, "
-                          "then copied to the remote level")  # fmt: skip
+        raise ConfigError(
+            f"setting {cfg.setting_name(spec, 'url')} needs a local disk level "
+            "(cold_dir and cold_mib, or levels): a park is written there first, "
+            "then copied to the remote level"
+        )
     backend = open_level(spec.url, fp, Level.COLD, cfg.level_settings(spec))
     if not (backend.shared and isinstance(backend, SharedBackend)):
         backend.close()

@@ -27,8 +27,18 @@ from stratastore.restore import Destination, Job, Outcome
 from stratastore.tiers.records import Restored, Snapshot
 from stratastore.tiers.view import DiskConv
 
-__all__ = ["Copy", "Delivered", "Hit", "LevelSource", "Lookup", "Read", "Source", "SourceName",
-           "Step", "deepest"]  # fmt: skip
+__all__ = [
+    "Copy",
+    "Delivered",
+    "Hit",
+    "LevelSource",
+    "Lookup",
+    "Read",
+    "Source",
+    "SourceName",
+    "Step",
+    "deepest",
+]
 
 #: the sources a restore can come from, as :class:`~.records.Restored` names them
 SourceName = Literal["ram", "pending", "disk", "remote"]
@@ -107,8 +117,9 @@ class LevelSource(Source, Protocol):
         """Where a finished read resumes, and its running state (I/O: without the lock)."""
         ...
 
-    def settle(self, read: Read, outcome: Outcome, found: Restored, asked: str
-               ) -> tuple[Restored, list[bytes]]:  # fmt: skip
+    def settle(
+        self, read: Read, outcome: Outcome, found: Restored, asked: str
+    ) -> tuple[Restored, list[bytes]]:
         """Account a finished read (under the flow's lock; no I/O): its result, and the
         segments it found damaged that are settled after the lock (network calls). ``asked``:
         what asked for it, for the messages."""

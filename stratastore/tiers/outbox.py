@@ -51,8 +51,12 @@ class Outbox:
         self._newest[snap.conv.conv_id] = snap
         return None
 
-    def lookup(self, prompt: npt.NDArray[np.integer] | list[int], media: Mapping[int, bytes] | None,
-               page_tokens: int | None) -> Match | None:  # fmt: skip
+    def lookup(
+        self,
+        prompt: npt.NDArray[np.integer] | list[int],
+        media: Mapping[int, bytes] | None,
+        page_tokens: int | None,
+    ) -> Match | None:
         """The deepest resume point for ``prompt`` among the captures waiting to be written
         (the same rules as every level: checkpoints, or whole pages with ``page_tokens``)."""
         return self._index.lookup(self._model, prompt, media, page_tokens=page_tokens)

@@ -52,11 +52,22 @@ class Parking:
     """The park flow of one store (see the module). ``target``: where parks go (``ram`` or
     ``disk``, :func:`~.admission.park_target`)."""
 
-    def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, lock: AbstractContextManager[Any],
-                 admission: Admission, target: str, ram: RamLevel, levels: Sequence[DiskLevel],
-                 writer: DiskWriter | None, catalog: Catalog | None, view: DiskView,
-                 remote: RemoteLevel | None, counters: dict[str, int],
-                 warn: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        fp: ModelFingerprint,
+        lock: AbstractContextManager[Any],
+        admission: Admission,
+        target: str,
+        ram: RamLevel,
+        levels: Sequence[DiskLevel],
+        writer: DiskWriter | None,
+        catalog: Catalog | None,
+        view: DiskView,
+        remote: RemoteLevel | None,
+        counters: dict[str, int],
+        warn: Callable[[str], None],
+    ) -> None:
         self.cfg, self.fp, self.lock, self.admission = cfg, fp, lock, admission
         self.target, self.ram, self.levels, self.writer = target, ram, levels, writer
         self.catalog, self.view, self.remote = catalog, view, remote
@@ -107,8 +118,9 @@ class Parking:
             if cid in self.ram:  # an older park of this id held in RAM is superseded now: it
                 self.ram.drop(cid)  # must not serve as the id's latest (close writes RAM down)
             log_admission(self.warn, p, "park to disk", f"conversation {cid}")
-            return ParkReport("disk", p.floor if p.where == "disk" else "parking",
-                              len(snap.conv.tokens))  # fmt: skip
+            return ParkReport(
+                "disk", p.floor if p.where == "disk" else "parking", len(snap.conv.tokens)
+            )
         if p.where == "discard" and in_ram and self.cfg.park_truncate:
             with self.ram.cache.gate(p.available, self.admission.parking_floor):
                 if self._park_ram(snap, pin):  # the prefix that passes the floor
@@ -136,8 +148,9 @@ class Parking:
             snap.states.pop(gone.length, None)
         conv.cuts = sorted(layout - {len(conv.tokens)}) or [0]
         if snap.states:
-            resumable = [c for c in conv.checkpoints
-                         if c.length in passed or c.length in snap.states]  # fmt: skip
+            resumable = [
+                c for c in conv.checkpoints if c.length in passed or c.length in snap.states
+            ]
             conv.checkpoints = resumable or conv.checkpoints
 
     def _park_ram(self, snap: Snapshot, pin: bool) -> bool:
@@ -213,8 +226,10 @@ class Parking:
                 return
             why = self.writer.last_refusal or "the disk level refused it"
             if self.catalog is not None and self.catalog.is_session(cid):
-                why = (f"its id {cid!r} is now a saved session's name (sessions and "
-                       "conversations share one namespace); the session is kept")  # fmt: skip
+                why = (
+                    f"its id {cid!r} is now a saved session's name (sessions and "
+                    "conversations share one namespace); the session is kept"
+                )
         finally:
             with self.lock:
                 self.outbox.done(snap)
@@ -244,8 +259,9 @@ class Parking:
                 nbytes = len(entry.conv.tokens) * self.fp.token_bytes
                 p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
                 if p.where == "discard":
-                    self.warn(f"close: conversation {cid} stays unwritten (RAM only): "
-                              f"{p.describe()}")  # fmt: skip
+                    self.warn(
+                        f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}"
+                    )
                     continue
                 if self.spill(self.ram.capture(cid)):
                     handed += 1

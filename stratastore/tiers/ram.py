@@ -50,14 +50,17 @@ def fit_default_ram(
     if cfg.ram_mib * MIB + cfg.slots * DEFAULT_CHUNK <= total:
         return cfg
     fit = max(1, total // 2 // MIB)
-    warn(f"ram_mib: the default {default} MiB does not fit this machine's "
-         f"{total / MIB:,.0f} MiB of physical memory; the RAM level takes {fit} MiB (set "
-         "ram_mib to choose)")  # fmt: skip
+    warn(
+        f"ram_mib: the default {default} MiB does not fit this machine's "
+        f"{total / MIB:,.0f} MiB of physical memory; the RAM level takes {fit} MiB (set "
+        "ram_mib to choose)"
+    )
     return dataclasses.replace(cfg, ram_mib=fit)
 
 
-def reserve_arena(cfg: StoreConfig, physical: int | None = None,
-                  admission: Admission | None = None) -> Arena:  # fmt: skip
+def reserve_arena(
+    cfg: StoreConfig, physical: int | None = None, admission: Admission | None = None
+) -> Arena:
     """The RAM level's arena: ``ram_mib`` plus a chunk of slack per slot (chunk rounding),
     address space only, populated as ``ram_prefault`` says, a slot's share kept populated ahead
     of use in the background while ``admission``'s parking floor holds with a chunk more (free
@@ -76,16 +79,26 @@ def reserve_arena(cfg: StoreConfig, physical: int | None = None,
             "memory.max); lower ram_mib to fit beside the parking floor (min_free_mib) and "
             "the engine, or set park = disk (the RAM level then keeps nothing)"
         )
-    room = (None if admission is None
-            else lambda n: admission.probe() >= n + admission.parking_floor)  # fmt: skip
-    return Arena(size, prefault=cfg.ram_prefault, ahead_bytes=cfg.ram_mib * MIB // cfg.slots,
-                 room=room, setting=setting)  # fmt: skip
+    room = None if admission is None else lambda n: admission.probe() >= n + admission.parking_floor
+    return Arena(
+        size,
+        prefault=cfg.ram_prefault,
+        ahead_bytes=cfg.ram_mib * MIB // cfg.slots,
+        room=room,
+        setting=setting,
+    )
 
 
 class RamLevel:
-    def __init__(self, cfg: StoreConfig, fp: ModelFingerprint,
-                 spill: Callable[[Snapshot], bool], *, reserve: bool = True,
-                 admission: Admission | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        fp: ModelFingerprint,
+        spill: Callable[[Snapshot], bool],
+        *,
+        reserve: bool = True,
+        admission: Admission | None = None,
+    ) -> None:
         """``reserve``: whether parks may stay in RAM (the park target is ``ram``); without it,
         or with ``ram_mib = 0``, no arena is reserved and the level is off. ``admission``: its
         parking floor holds back the arena's background populate. An impossible ``ram_mib``
@@ -95,10 +108,15 @@ class RamLevel:
         self.spill_on_evict = cfg.spill_on == "evict"
         self.spill = spill
         self.arena = reserve_arena(cfg, admission=admission) if cfg.ram_mib and reserve else None
-        self.cache = ConversationCache(fp.digest(), SizeModel(self.tb),
-                                       budget_bytes=cfg.ram_mib * MIB, slots=cfg.slots,
-                                       min_tokens=cfg.min_tokens, min_free_bytes=0,
-                                       truncate=cfg.park_truncate)  # fmt: skip
+        self.cache = ConversationCache(
+            fp.digest(),
+            SizeModel(self.tb),
+            budget_bytes=cfg.ram_mib * MIB,
+            slots=cfg.slots,
+            min_tokens=cfg.min_tokens,
+            min_free_bytes=0,
+            truncate=cfg.park_truncate,
+        )
         self.cache.on_evict = self._evicted
         self.cache.on_shrink = self._shrunk
         self._allocs: dict[str, Allocation] = {}
@@ -139,8 +157,7 @@ class RamLevel:
             return False
         self.arena.write(alloc, snap.kv[:nbytes])
         self._allocs[conv_id] = alloc
-        self._states[conv_id] = {n: s for n, s in snap.states.items()
-                                 if n <= out.parked_tokens}  # fmt: skip
+        self._states[conv_id] = {n: s for n, s in snap.states.items() if n <= out.parked_tokens}
         self._hashes[conv_id] = _covered(snap.page_hashes, out.parked_tokens)
         return True
 
@@ -192,8 +209,12 @@ class RamLevel:
         assert self.arena is not None
         self.arena.read_into(alloc, kv)
         conv = self.cache.entries[conv_id].conv
-        return Snapshot(conv, kv, dict(self._states.get(conv_id, {})),
-                        page_hashes=dict(self._hashes.get(conv_id, {})))  # fmt: skip
+        return Snapshot(
+            conv,
+            kv,
+            dict(self._states.get(conv_id, {})),
+            page_hashes=dict(self._hashes.get(conv_id, {})),
+        )
 
     def _evicted(self, conv: Conversation) -> None:
         if self.spill_on_evict:
@@ -216,16 +237,16 @@ class RamLevel:
         self._allocs[conv.conv_id] = new
         states = self._states.get(conv.conv_id, {})
         self._states[conv.conv_id] = {n: s for n, s in states.items() if n <= len(conv.tokens)}
-        self._hashes[conv.conv_id] = _covered(self._hashes.get(conv.conv_id, {}),
-                                              len(conv.tokens))  # fmt: skip
+        self._hashes[conv.conv_id] = _covered(self._hashes.get(conv.conv_id, {}), len(conv.tokens))
 
     def stats(self) -> dict[str, int]:
         c = self.cache
         return {"entries": len(c.entries), "bytes": c.used, "budget": c.budget, **c.counters}
 
 
-def _covered(hashes: dict[tuple[int, int], npt.NDArray[np.uint8]], tokens: int
-             ) -> dict[tuple[int, int], npt.NDArray[np.uint8]]:  # fmt: skip
+def _covered(
+    hashes: dict[tuple[int, int], npt.NDArray[np.uint8]], tokens: int
+) -> dict[tuple[int, int], npt.NDArray[np.uint8]]:
     """The device digests of segments within the first ``tokens`` tokens (what a capture
     truncated to them still holds the bytes of)."""
     return {k: h for k, h in hashes.items() if k[1] <= tokens}

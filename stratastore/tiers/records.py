@@ -68,10 +68,12 @@ class Snapshot:
         what is written nor what a restore of the park in flight delivers. Its device digests
         (``page_hashes``) go with it."""
         c = self.conv
-        conv = Conversation(c.conv_id, c.tokens, [replace(x) for x in c.checkpoints],
-                            dict(c.media), list(c.cuts))  # fmt: skip
-        return Snapshot(conv, self.kv, dict(self.states), page_hashes=dict(self.page_hashes),
-                        kept=self.kept)  # fmt: skip
+        conv = Conversation(
+            c.conv_id, c.tokens, [replace(x) for x in c.checkpoints], dict(c.media), list(c.cuts)
+        )
+        return Snapshot(
+            conv, self.kv, dict(self.states), page_hashes=dict(self.page_hashes), kept=self.kept
+        )
 
 
 @dataclass(frozen=True, slots=True)

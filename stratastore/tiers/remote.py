@@ -149,10 +149,14 @@ class RemoteLevel:
                 if seg.key in self.store:
                     continue
                 hashes = snap.page_hashes.get((seg.start, seg.end))
-                got = self.store.put_kv(seg.parent, conv.tokens[seg.start : seg.end],
-                                        snap.kv[seg.start * tb : seg.end * tb],
-                                        token_start=seg.start, media=seg.media,
-                                        page_hashes=hashes)  # fmt: skip
+                got = self.store.put_kv(
+                    seg.parent,
+                    conv.tokens[seg.start : seg.end],
+                    snap.kv[seg.start * tb : seg.end * tb],
+                    token_start=seg.start,
+                    media=seg.media,
+                    page_hashes=hashes,
+                )
                 stored += got.created
             for n, blob in sorted(snap.states.items()):
                 if n in ends and blob and state_key(ends[n]) not in self.store:
@@ -191,8 +195,9 @@ class RemoteLevel:
                 return
 
     # -- find ---------------------------------------------------------------------------------
-    def lookup(self, prompt: npt.NDArray[np.integer], media: Mapping[int, bytes] | None
-               ) -> RemoteHit | None:  # fmt: skip
+    def lookup(
+        self, prompt: npt.NDArray[np.integer], media: Mapping[int, bytes] | None
+    ) -> RemoteHit | None:
         """The deepest whole-segment prefix of ``prompt`` the remote level holds (see the
         module), or None; a remote failure is a miss (counted). Its round trips take one
         deadline (``remote_timeout_ms``) together, whatever the server does."""
@@ -215,8 +220,9 @@ class RemoteLevel:
         self.counters["remote_hits"] += 1
         return hit
 
-    def _walk(self, prompt: npt.NDArray[np.integer], media: list[tuple[int, bytes]]
-              ) -> RemoteHit | None:  # fmt: skip
+    def _walk(
+        self, prompt: npt.NDArray[np.integer], media: list[tuple[int, bytes]]
+    ) -> RemoteHit | None:
         """Every stored segment on a path of ``prompt`` from the root, level by level (one
         round trip a level): a child counts only where its key is the one derived from the
         prompt's own tokens (and pictures) after its parent. Content keys make this a tree
@@ -250,10 +256,13 @@ class RemoteLevel:
         length = segments[-1][1]
         on_path = {e: states[k] for _, e, k in segments if k in states}
         tokens = np.asarray(prompt[:length])
-        conv = Conversation(f"remote:{segments[-1][2].hex()[:32]}", tokens,
-                            [Checkpoint(e) for _, e, _ in segments],
-                            {p: d for p, d in media if p < length},
-                            [s for s, _, _ in segments])  # fmt: skip
+        conv = Conversation(
+            f"remote:{segments[-1][2].hex()[:32]}",
+            tokens,
+            [Checkpoint(e) for _, e, _ in segments],
+            {p: d for p, d in media if p < length},
+            [s for s, _, _ in segments],
+        )
         dc = DiskConv(conv, segments, False, on_path)
         return RemoteHit(dc, Match(conv.conv_id, length, length, "checkpoint"))
 
@@ -286,8 +295,10 @@ class RemoteLevel:
         return [k for k in o.corrupt if k in held]
 
     def _restored(self, o: Outcome, caller: str) -> str:
-        return (f"{caller} (remote level): restored {o.tokens:,} of {o.wanted:,} tokens from "
-                f"{self.settings.shown}")  # fmt: skip
+        return (
+            f"{caller} (remote level): restored {o.tokens:,} of {o.wanted:,} tokens from "
+            f"{self.settings.shown}"
+        )
 
     def settle_damage(self, keys: list[bytes], o: Outcome, caller: str, said: bool) -> None:
         """The segments a restore found damaged (:meth:`restored`), each checked again and,
@@ -296,9 +307,11 @@ class RemoteLevel:
         already). Without the Store's lock."""
         for key in keys:
             if self.drop_damaged(key):
-                self.warn(f"{self._restored(o, caller)}: its segment {key.hex()[:16]} is damaged "
-                          f"there ({o.reason}); it is removed, so no node reads it again (a "
-                          "node holding it locally puts it back with its next park)")  # fmt: skip
+                self.warn(
+                    f"{self._restored(o, caller)}: its segment {key.hex()[:16]} is damaged "
+                    f"there ({o.reason}); it is removed, so no node reads it again (a "
+                    "node holding it locally puts it back with its next park)"
+                )
             elif not said:
                 self.warn(f"{self._restored(o, caller)}: {o.reason}")
 
@@ -321,25 +334,31 @@ class RemoteLevel:
         try:
             self.store.delete(key)
         except StrataError as e:
-            self.warn(f"the remote level {self.settings.shown}: segment {key.hex()[:16]} is "
-                      f"damaged and could not be removed ({e}); strata fsck --remote --repair "
-                      "removes it")  # fmt: skip
+            self.warn(
+                f"the remote level {self.settings.shown}: segment {key.hex()[:16]} is "
+                f"damaged and could not be removed ({e}); strata fsck --remote --repair "
+                "removes it"
+            )
             return False
         self.counters["remote_damaged"] += 1
         return True
 
-    def fell_short(self, dc: DiskConv, o: Outcome | Exception, r: Restored | Exception,
-                   here: int) -> None:  # fmt: skip
+    def fell_short(
+        self, dc: DiskConv, o: Outcome | Exception, r: Restored | Exception, here: int
+    ) -> None:
         """A restore from this level delivered less than the ``here`` tokens the local levels
         hold (the caller does it again from them): said and counted as a ladder stop."""
         self.counters["remote_ladder_stops"] += 1
         got = r.tokens if isinstance(r, Restored) else 0
         why = (o.reason or "a shallower resume point") if isinstance(o, Outcome) else str(o)
-        self.warn(f"conversation {dc.conv.conv_id} (remote level): restored {got:,} tokens "
-                  f"({why}); restoring the {here:,} the local levels hold instead")  # fmt: skip
+        self.warn(
+            f"conversation {dc.conv.conv_id} (remote level): restored {got:,} tokens "
+            f"({why}); restoring the {here:,} the local levels hold instead"
+        )
 
-    def fetch(self, hit: RemoteHit, tokens: int, kv: npt.NDArray[np.uint8] | None = None
-              ) -> Snapshot | None:  # fmt: skip
+    def fetch(
+        self, hit: RemoteHit, tokens: int, kv: npt.NDArray[np.uint8] | None = None
+    ) -> Snapshot | None:
         """The first ``tokens`` of ``hit`` as a snapshot (what ``remote_keep_local`` writes
         locally): ``kv`` when given (those bytes, validated by the restore that delivered
         them), else read again from the remote level, validated; None when that read fails
@@ -355,8 +374,9 @@ class RemoteLevel:
                         break
                     self.store.get_into(key, kv[s * tb : e * tb])
             if tokens in dc.state_keys:
-                states[tokens] = self.store.get_bytes(dc.state_keys[tokens],
-                                                      max_bytes=MAX_STATE_BYTES)  # fmt: skip
+                states[tokens] = self.store.get_bytes(
+                    dc.state_keys[tokens], max_bytes=MAX_STATE_BYTES
+                )
         except StrataError as e:
             self.counters["remote_kept_local_errors"] += 1
             if isinstance(e, StrataIOError):
@@ -368,17 +388,23 @@ class RemoteLevel:
         segs = [(s, e) for s, e, _ in dc.segments if e <= tokens]
         if not segs:  # (a restore delivers whole segments: nothing to keep)
             return None
-        conv = Conversation(c.conv_id, c.tokens[:tokens],
-                            [Checkpoint(e) for _, e in segs],  # none at 0: no resume point
-                            {p: d for p, d in c.media.items() if p < tokens},
-                            [s for s, _ in segs] or [0])  # fmt: skip
+        conv = Conversation(
+            c.conv_id,
+            c.tokens[:tokens],
+            [Checkpoint(e) for _, e in segs],  # none at 0: no resume point
+            {p: d for p, d in c.media.items() if p < tokens},
+            [s for s, _ in segs] or [0],
+        )
         return Snapshot(conv, kv, states, kept=True)
 
     def stats(self) -> dict[str, object]:
         """The level's figures for ``Store.stats()['levels']['remote']`` (no credentials)."""
-        out: dict[str, object] = {"dir": self.settings.shown, "namespace": self.store.ns,
-                                  "eviction": self.settings.eviction,
-                                  "budget": self.settings.budget_bytes}  # fmt: skip
+        out: dict[str, object] = {
+            "dir": self.settings.shown,
+            "namespace": self.store.ns,
+            "eviction": self.settings.eviction,
+            "budget": self.settings.budget_bytes,
+        }
         out.update((f"backend_{k}", v) for k, v in self.store.counters.items())
         if time.monotonic() >= self._down_until:  # (a stats call is not a skipped call)
             try:

@@ -65,8 +65,9 @@ def _at(seq: Sequence[Any], i: int) -> Any:
     return seq[i] if i < len(seq) else None
 
 
-def destinations(fp: ModelFingerprint, requests: Sequence[Request], caps: Caps
-                 ) -> list[Destination]:  # fmt: skip
+def destinations(
+    fp: ModelFingerprint, requests: Sequence[Request], caps: Caps
+) -> list[Destination]:
     """Each request's destination, refused before any lookup or take when it cannot be
     written in place or cannot hold the whole prompt (``caps[i]`` of it, when capped)."""
     tb = fp.token_bytes
@@ -77,8 +78,9 @@ def destinations(fp: ModelFingerprint, requests: Sequence[Request], caps: Caps
         cap = _at(caps, i)
         need = len(prompt) if cap is None else min(len(prompt), cap)
         if dest.capacity() < need:
-            room = ("all of them" if need == len(prompt)
-                    else f"{need:,} of them (max_tokens={cap:,})")  # fmt: skip
+            room = (
+                "all of them" if need == len(prompt) else f"{need:,} of them (max_tokens={cap:,})"
+            )
             raise DestinationRefused(
                 f"restore: the destination holds {dest.capacity():,} tokens ({what}); a prompt "
                 f"of {len(prompt):,} tokens needs room for {room} "
@@ -104,15 +106,22 @@ class Restorer:
     ``keep(snap)``: hand a snapshot to the disk writer as a park would (``remote_keep_local``),
     ``None`` without a disk level."""
 
-    def __init__(self, lock: AbstractContextManager[Any], fp: ModelFingerprint, lookup: Lookup,
-                 remote: RemoteSource | None, counters: dict[str, int],
-                 keep: Callable[[Snapshot], bool] | None,
-                 warn: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lock: AbstractContextManager[Any],
+        fp: ModelFingerprint,
+        lookup: Lookup,
+        remote: RemoteSource | None,
+        counters: dict[str, int],
+        keep: Callable[[Snapshot], bool] | None,
+        warn: Callable[[str], None],
+    ) -> None:
         self.lock, self.fp, self.lookup, self.remote = lock, fp, lookup, remote
         self.counters, self.keep, self.warn = counters, keep, warn
 
-    def restore_many(self, requests: Sequence[Request], media: Media = (), caps: Caps = ()
-                     ) -> list[Restored | Exception]:  # fmt: skip
+    def restore_many(
+        self, requests: Sequence[Request], media: Media = (), caps: Caps = ()
+    ) -> list[Restored | Exception]:
         """Per request, its :class:`Restored` or the error that request alone raised; a
         destination refused raises :class:`~stratastore.restore.DestinationRefused` before
         anything runs. ``media[i]``: request ``i``'s pictures; ``caps[i]``: at most that many
@@ -124,17 +133,24 @@ class Restorer:
         self._keep_local(p)
         return p.results
 
-    def _run(self, request: tuple[Request, Mapping[int, bytes] | None, int | None],
-             remote: RemoteSource | None) -> Restored | Exception:  # fmt: skip
+    def _run(
+        self,
+        request: tuple[Request, Mapping[int, bytes] | None, int | None],
+        remote: RemoteSource | None,
+    ) -> Restored | Exception:
         """One request, one pass over the local sources and ``remote``, with no fallback."""
         req, pictures, cap = request
         p = self._pass([req], [pictures], [cap], remote, fallback=False)
         self._keep_local(p)
         return p.results[0]
 
-    def _fall_back(self, request: tuple[Request, Mapping[int, bytes] | None, int | None],
-                   read: Read, o: Outcome | Exception, r: Restored | Exception
-                   ) -> Restored | Exception:  # fmt: skip
+    def _fall_back(
+        self,
+        request: tuple[Request, Mapping[int, bytes] | None, int | None],
+        read: Read,
+        o: Outcome | Exception,
+        r: Restored | Exception,
+    ) -> Restored | Exception:
         """A restore from the remote level delivered less (``r``) than the local sources hold:
         done again from the local sources alone; where that delivers less still, from all the
         sources with no fallback. Whatever an earlier pass left past the prefix returned is
@@ -151,20 +167,35 @@ class Restorer:
             zero(_delivered(final), past - _delivered(final))
         return final
 
-    def _pass(self, requests: Sequence[Request], media: Media, caps: Caps,
-              remote: RemoteSource | None, *, fallback: bool) -> _Pass:  # fmt: skip
+    def _pass(
+        self,
+        requests: Sequence[Request],
+        media: Media,
+        caps: Caps,
+        remote: RemoteSource | None,
+        *,
+        fallback: bool,
+    ) -> _Pass:
         """Ask, plan, copy and read, account (see the module); ``remote``: the remote level's
         source, or ``None`` to ask the local sources alone; ``fallback``: a remote read that
         falls short of the local sources goes to :attr:`_Pass.again`."""
-        capped = [prompt if (c := _at(caps, i)) is None else prompt[:c]
-                  for i, (prompt, _) in enumerate(requests)]  # fmt: skip
+        capped = [
+            prompt if (c := _at(caps, i)) is None else prompt[:c]
+            for i, (prompt, _) in enumerate(requests)
+        ]
         with self.lock:
-            ask = [remote is not None and self.lookup.worth_asking(
-                       prompt, self.lookup.here(capped[i], _at(media, i)), _at(caps, i))
-                   for i, (prompt, _) in enumerate(requests)]  # fmt: skip
+            ask = [
+                remote is not None
+                and self.lookup.worth_asking(
+                    prompt, self.lookup.here(capped[i], _at(media, i)), _at(caps, i)
+                )
+                for i, (prompt, _) in enumerate(requests)
+            ]
         assert remote is not None or not any(ask)
-        walked = [remote.deepest(capped[i], _at(media, i)) if remote is not None and ask[i]
-                  else None for i in range(len(requests))]  # fmt: skip
+        walked = [
+            remote.deepest(capped[i], _at(media, i)) if remote is not None and ask[i] else None
+            for i in range(len(requests))
+        ]
         with self.lock:
             dests = destinations(self.fp, requests, caps)
             p = _Pass([Restored("none", 0)] * len(requests))
@@ -191,22 +222,31 @@ class Restorer:
                         )
                     p.reads.append((i, step))
         for i, c in copies:  # the capture stays valid once its write finished
-            deliver_capture(c.dest, c.capture.kv, c.capture.conv.boundaries(), c.match.length,
-                            self.fp)  # fmt: skip
-            p.results[i] = Restored("pending", c.match.length, c.match.conv_id,
-                                    c.capture.states.get(c.match.length))  # fmt: skip
+            deliver_capture(
+                c.dest, c.capture.kv, c.capture.conv.boundaries(), c.match.length, self.fp
+            )
+            p.results[i] = Restored(
+                "pending", c.match.length, c.match.conv_id, c.capture.states.get(c.match.length)
+            )
         outcomes = restore_batch([read.job for _, read in p.reads])
-        found = [o if isinstance(o, Exception) else read.source.resume(read, o)
-                 for (_, read), o in zip(p.reads, outcomes, strict=True)]  # fmt: skip
+        found = [
+            o if isinstance(o, Exception) else read.source.resume(read, o)
+            for (_, read), o in zip(p.reads, outcomes, strict=True)
+        ]
         damage = self._account(p, copies, outcomes, found, floors)
         for bad, o, caller, said in damage:  # network calls: without the lock
             assert self.remote is not None
             self.remote.level.settle_damage(bad, o, caller, said)
         return p
 
-    def _account(self, p: _Pass, copies: list[tuple[int, Copy]],
-                 outcomes: list[Outcome | Exception], found: list[Restored | Exception],
-                 floors: dict[int, int]) -> list[_Damage]:  # fmt: skip
+    def _account(
+        self,
+        p: _Pass,
+        copies: list[tuple[int, Copy]],
+        outcomes: list[Outcome | Exception],
+        found: list[Restored | Exception],
+        floors: dict[int, int],
+    ) -> list[_Damage]:
         """Settle a pass under the lock: the copies counted, each read settled by its source
         or, a remote read short of the local sources, kept for the fallback. Returns the
         remote segments found damaged, settled after the lock."""
@@ -257,5 +297,6 @@ class Restorer:
                     self.keep(snap)  # counted as it lands, or as it is refused
                 except StrataError as e:
                     level.counters["remote_kept_local_errors"] += 1
-                    self.warn(f"{read.dc.conv.conv_id} (read from the remote level) not kept "
-                              f"locally: {e}")  # fmt: skip
+                    self.warn(
+                        f"{read.dc.conv.conv_id} (read from the remote level) not kept locally: {e}"
+                    )

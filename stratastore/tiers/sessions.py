@@ -32,9 +32,11 @@ __all__ = ["Sessions"]
 
 
 def _taken(name: str) -> str:
-    return (f"save_session: {name!r} is the id of a parked conversation; sessions and "
-            "conversations share one namespace (spec F-CHAIN-4): save the session under "
-            "another name")  # fmt: skip
+    return (
+        f"save_session: {name!r} is the id of a parked conversation; sessions and "
+        "conversations share one namespace (spec F-CHAIN-4): save the session under "
+        "another name"
+    )
 
 
 class Sessions:
@@ -42,10 +44,17 @@ class Sessions:
     reads without it (no call holds the lock over disk I/O or hashing; a session's durable
     write is a park's, beside this process's restores as beside another process's)."""
 
-    def __init__(self, lock: AbstractContextManager[Any], fp: ModelFingerprint,
-                 admission: Admission, writer: DiskWriter | None, reader: DiskReader,
-                 view: DiskView, parked_here: Callable[[str], bool],
-                 warn: Callable[[str], None] = lambda msg: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lock: AbstractContextManager[Any],
+        fp: ModelFingerprint,
+        admission: Admission,
+        writer: DiskWriter | None,
+        reader: DiskReader,
+        view: DiskView,
+        parked_here: Callable[[str], bool],
+        warn: Callable[[str], None] = lambda msg: None,
+    ) -> None:
         self.lock = lock
         self.fp = fp
         self.admission = admission
@@ -71,8 +80,9 @@ class Sessions:
         except NameTaken:
             raise InvalidConversation(taken) from None
         if not written:
-            raise StrataError(f"session {name}: the disk level refused it: "
-                              f"{self.writer.last_refusal}")  # fmt: skip
+            raise StrataError(
+                f"session {name}: the disk level refused it: {self.writer.last_refusal}"
+            )
 
     def _admit_save(self, snap: Snapshot) -> str:
         """The checks of a save, and its admission (under the Store's lock)."""
@@ -81,8 +91,10 @@ class Sessions:
         if self.parked_here(name):
             raise InvalidConversation(_taken(name))
         if self.writer is None:
-            raise StrataError(f"session {name} cannot be saved: no disk level is configured "
-                              "(set cold_dir and cold_mib)")  # fmt: skip
+            raise StrataError(
+                f"session {name} cannot be saved: no disk level is configured "
+                "(set cold_dir and cold_mib)"
+            )
         p = self.admission.admit(snap.kv.nbytes, stays_in_ram=False, disk=True)
         if p.where == "discard":
             raise StrataError(f"session {name} cannot be saved: {p.describe()}")

@@ -53,8 +53,9 @@ class RamSource:
 
     name: SourceName = "ram"
 
-    def __init__(self, ram: RamLevel, root: bytes, page: int | None,
-                 counters: dict[str, int]) -> None:  # fmt: skip
+    def __init__(
+        self, ram: RamLevel, root: bytes, page: int | None, counters: dict[str, int]
+    ) -> None:
         self.ram, self.root, self.page, self.counters = ram, root, page, counters
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
@@ -100,10 +101,17 @@ class DiskSource:
 
     name: SourceName = "disk"
 
-    def __init__(self, view: DiskView, reader: DiskReader, admission: Admission,
-                 token_bytes: int, page: int | None, counters: dict[str, int],
-                 holder: Callable[[bytes], SegmentBackend | None],
-                 warn: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        view: DiskView,
+        reader: DiskReader,
+        admission: Admission,
+        token_bytes: int,
+        page: int | None,
+        counters: dict[str, int],
+        holder: Callable[[bytes], SegmentBackend | None],
+        warn: Callable[[str], None],
+    ) -> None:
         self.view, self.reader, self.admission = view, reader, admission
         self.tb, self.page, self.counters = token_bytes, page, counters
         self.holder, self.warn = holder, warn
@@ -141,11 +149,13 @@ class DiskSource:
         """Where a finished read resumes, and its running state (I/O: without the lock)."""
         return self.reader.resume_state(read.dc, read.job, outcome)
 
-    def settle(self, read: Read, outcome: Outcome, found: Restored, asked: str
-               ) -> tuple[Restored, list[bytes]]:  # fmt: skip
+    def settle(
+        self, read: Read, outcome: Outcome, found: Restored, asked: str
+    ) -> tuple[Restored, list[bytes]]:
         """Level hits, the ladder (damaged keys kept for fsck) or a cut by GC, and the hit."""
-        r = self.reader.account_restored(read.dc, read.job, outcome, found,
-                                         self._removed_from(read.dc))  # fmt: skip
+        r = self.reader.account_restored(
+            read.dc, read.job, outcome, found, self._removed_from(read.dc)
+        )
         return r, []
 
     def _removed_from(self, dc: DiskConv) -> Callable[[bytes], bool]:
@@ -169,8 +179,16 @@ class RemoteSource(DiskSource):
     name: SourceName = "remote"
 
     def __init__(self, level: RemoteLevel, disk: DiskSource) -> None:
-        super().__init__(disk.view, disk.reader, disk.admission, disk.tb, disk.page,
-                         disk.counters, disk.holder, disk.warn)  # fmt: skip
+        super().__init__(
+            disk.view,
+            disk.reader,
+            disk.admission,
+            disk.tb,
+            disk.page,
+            disk.counters,
+            disk.holder,
+            disk.warn,
+        )
         self.level = level
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
@@ -181,8 +199,9 @@ class RemoteSource(DiskSource):
     def conversation(self, hit: Hit) -> DiskConv | None:
         return hit.dc
 
-    def settle(self, read: Read, outcome: Outcome, found: Restored, asked: str
-               ) -> tuple[Restored, list[bytes]]:  # fmt: skip
+    def settle(
+        self, read: Read, outcome: Outcome, found: Restored, asked: str
+    ) -> tuple[Restored, list[bytes]]:
         """Counted as a remote hit; a ladder stop there is not local damage (the segments whose
         bytes looked wrong are returned, settled after the lock)."""
         self.counters["hits_remote"] += 1

@@ -54,9 +54,16 @@ class SpillWriter:
     down (the flow's ``write_disk_now``); ``after_write()`` runs after each, on this thread
     (the monitor's snapshot: the store's disk writes stay on one thread)."""
 
-    def __init__(self, lock: AbstractContextManager[Any], outbox: Outbox, depth: int,
-                 write: Callable[[Snapshot], None], after_write: Callable[[], object],
-                 remote: RemoteLevel | None, warn: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lock: AbstractContextManager[Any],
+        outbox: Outbox,
+        depth: int,
+        write: Callable[[Snapshot], None],
+        after_write: Callable[[], object],
+        remote: RemoteLevel | None,
+        warn: Callable[[str], None],
+    ) -> None:
         self.lock, self.outbox, self.write, self.after_write = lock, outbox, write, after_write
         self.remote, self.warn = remote, warn
         self.queue: queue.Queue[object] = queue.Queue(maxsize=depth)
@@ -133,7 +140,8 @@ class SpillWriter:
                 if snap.kept and self.remote is not None:  # the store's own copy
                     # (remote_keep_local): nobody was told of it, so it is not a lost park
                     self.remote.counters["remote_kept_local_errors"] += 1
-                    self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept "
-                              f"locally: {e}")  # fmt: skip
+                    self.warn(
+                        f"{snap.conv.conv_id} (read from the remote level) not kept locally: {e}"
+                    )
                     return
                 self.record(snap.conv.conv_id, e)

@@ -60,14 +60,27 @@ from stratastore.tiers.spill import SpillWriter
 from stratastore.tiers.view import DiskConv, DiskView
 from stratastore.tiers.writer import DiskWriter
 
-__all__ = ["MAX_STATE_BYTES", "InvalidConversation", "ParkReport", "Restored", "Snapshot",
-           "SpillRefused", "Tiers"]  # fmt: skip
+__all__ = [
+    "MAX_STATE_BYTES",
+    "InvalidConversation",
+    "ParkReport",
+    "Restored",
+    "Snapshot",
+    "SpillRefused",
+    "Tiers",
+]
 
 
 class Tiers:
-    def __init__(self, cfg: StoreConfig, fp: ModelFingerprint, *,
-                 probe: Callable[[], int] | None = None, legacy_admission: bool = False,
-                 warn: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        fp: ModelFingerprint,
+        *,
+        probe: Callable[[], int] | None = None,
+        legacy_admission: bool = False,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
         cfg = fit_default_ram(cfg, self.warn)  # the defaults open on an 8 GiB machine
         self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
@@ -80,8 +93,13 @@ class Tiers:
         self.target, self.target_source = park_target(
             cfg, self.admission, bool(cfg.disk_levels()), self.tb, self.warn
         )
-        self.ram = RamLevel(cfg, fp, lambda snap: self.parking.spill(snap),
-                            reserve=self.target == "ram", admission=self.admission)  # fmt: skip
+        self.ram = RamLevel(
+            cfg,
+            fp,
+            lambda snap: self.parking.spill(snap),
+            reserve=self.target == "ram",
+            admission=self.admission,
+        )
         try:
             self.levels = open_levels(cfg, fp, self.warn)
         except BaseException:
@@ -105,27 +123,63 @@ class Tiers:
             raise
         self.view = DiskView(self.catalog, self.root)
         self.reader = DiskReader(cfg, fp, self.levels, self.holder, self.counters, self.warn)
-        self.parking = Parking(cfg, fp, self.lock, self.admission, self.target, self.ram,
-                               self.levels, self.writer, self.catalog, self.view, self.remote,
-                               self.counters, self.warn)  # fmt: skip
-        self.sessions = Sessions(self.lock, fp, self.admission, self.writer, self.reader,
-                                 self.view, lambda n: n in self.ram or n in self.parking.outbox,
-                                 self.warn)  # fmt: skip
+        self.parking = Parking(
+            cfg,
+            fp,
+            self.lock,
+            self.admission,
+            self.target,
+            self.ram,
+            self.levels,
+            self.writer,
+            self.catalog,
+            self.view,
+            self.remote,
+            self.counters,
+            self.warn,
+        )
+        self.sessions = Sessions(
+            self.lock,
+            fp,
+            self.admission,
+            self.writer,
+            self.reader,
+            self.view,
+            lambda n: n in self.ram or n in self.parking.outbox,
+            self.warn,
+        )
         self.lookups, remote = self._sources()
-        self.restorer = Restorer(self.lock, fp, self.lookups, remote, self.counters,
-                                 self.parking.spill if self.writer is not None else None,
-                                 self.warn)  # fmt: skip
+        self.restorer = Restorer(
+            self.lock,
+            fp,
+            self.lookups,
+            remote,
+            self.counters,
+            self.parking.spill if self.writer is not None else None,
+            self.warn,
+        )
         self.spill_writer: SpillWriter | None = None
 
     def _sources(self) -> tuple[Lookup, RemoteSource | None]:
         """The restore sources in their order: RAM, parks in flight, the disk levels, then the
         shared remote level (asked last, and only for what the others do not hold)."""
         page = self.fp.page_tokens if self.cfg.page_resume else None
-        disk = DiskSource(self.view, self.reader, self.admission, self.tb, page, self.counters,
-                          self.holder, self.warn)  # fmt: skip
+        disk = DiskSource(
+            self.view,
+            self.reader,
+            self.admission,
+            self.tb,
+            page,
+            self.counters,
+            self.holder,
+            self.warn,
+        )
         remote = None if self.remote is None else RemoteSource(self.remote, disk)
-        local = (RamSource(self.ram, self.root, page, self.counters),
-                 PendingSource(self.parking.outbox, page, self.counters), disk)  # fmt: skip
+        local = (
+            RamSource(self.ram, self.root, page, self.counters),
+            PendingSource(self.parking.outbox, page, self.counters),
+            disk,
+        )
         return Lookup(local, remote), remote
 
     def close(self) -> None:
@@ -156,9 +210,14 @@ class Tiers:
         capture is handed over."""
         self.parking.defer_spills = True
         self.spill_writer = SpillWriter(
-            self.lock, self.parking.outbox, depth, lambda snap: self.write_disk_now(snap),
-            after_write, self.remote, self.warn,
-        )  # fmt: skip
+            self.lock,
+            self.parking.outbox,
+            depth,
+            lambda snap: self.write_disk_now(snap),
+            after_write,
+            self.remote,
+            self.warn,
+        )
         return self.spill_writer
 
     def write_disk_now(self, snap: Snapshot) -> None:
@@ -171,22 +230,26 @@ class Tiers:
         return self.parking.spill_ram_on_close()
 
     # -- lookup and restore -------------------------------------------------------------------
-    def lookup_here(self, prompt: Prompt, media: Mapping[int, bytes] | None = None,
-                    max_tokens: int | None = None) -> tuple[Hit | None, bool]:  # fmt: skip
+    def lookup_here(
+        self,
+        prompt: Prompt,
+        media: Mapping[int, bytes] | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[Hit | None, bool]:
         """The local sources' deepest resume point for ``prompt`` (capped at ``max_tokens``),
         and whether the remote level is worth asking (:meth:`.lookup.Lookup.worth_asking`)."""
         with self.lock:
             here = self.lookups.here(prompt if max_tokens is None else prompt[:max_tokens], media)
             return here, self.lookups.worth_asking(prompt, here, max_tokens)
 
-    def find_remote(self, prompt: Prompt, media: Mapping[int, bytes] | None = None
-                    ) -> Hit | None:  # fmt: skip
+    def find_remote(self, prompt: Prompt, media: Mapping[int, bytes] | None = None) -> Hit | None:
         """The deepest prefix of ``prompt`` the shared remote level holds, or None (no remote
         level, a miss, a failure). Network calls: without the lock; hand it to :meth:`lookup`."""
         return self.lookups.there(prompt, media)
 
-    def lookup(self, prompt: Prompt, media: Mapping[int, bytes] | None = None,
-               remote: Hit | None = None) -> tuple[str, Match] | None:  # fmt: skip
+    def lookup(
+        self, prompt: Prompt, media: Mapping[int, bytes] | None = None, remote: Hit | None = None
+    ) -> tuple[str, Match] | None:
         """The deepest resume point for ``prompt`` (with ``media``: position -> digest of each
         picture in it; a stored prefix matches only where its pictures match too, spec
         F-KEY-4): ``("ram" | "pending" | "disk" | "remote", match)``. ``remote``: the remote
@@ -195,9 +258,13 @@ class Tiers:
             hit = deepest((self.lookups.here(prompt, media), remote))
         return None if hit is None else (hit.source.name, hit.match)
 
-    def restore(self, prompt: Prompt, out: npt.NDArray[np.uint8] | Destination,
-                media: Mapping[int, bytes] | None = None,
-                max_tokens: int | None = None) -> Restored:  # fmt: skip
+    def restore(
+        self,
+        prompt: Prompt,
+        out: npt.NDArray[np.uint8] | Destination,
+        media: Mapping[int, bytes] | None = None,
+        max_tokens: int | None = None,
+    ) -> Restored:
         """Restore the deepest stored prefix of ``prompt`` (and its ``media``, as in
         :meth:`lookup`) into ``out``: a flat buffer in the stored page layout (at least
         ``len(prompt) * token_bytes``) or a :class:`~stratastore.restore.Destination`; returns
@@ -273,32 +340,52 @@ class Tiers:
         with self.lock:
             levels: dict[str, Any] = {"ram": self.ram.stats()}
             for lvl in self.levels:
-                levels[lvl.name] = {"dir": lvl.store.path, "entries": len(lvl.store),
-                                    "bytes": lvl.store.used(), "budget": lvl.budget,
-                                    **lvl.counters.as_dict()}  # fmt: skip
+                levels[lvl.name] = {
+                    "dir": lvl.store.path,
+                    "entries": len(lvl.store),
+                    "bytes": lvl.store.used(),
+                    "budget": lvl.budget,
+                    **lvl.counters.as_dict(),
+                }
             if self.remote is not None:
                 levels["remote"] = {**self.remote.stats(), **self.remote.counters}
             self.view.sync()
             gc = {"gc_removed": self.gc.removed, "gc_cut": self.gc.cut} if self.gc else {}
-            return {"park_target": self.target, "park_target_source": self.target_source,
-                    **self.counters, "evict_spills": self.ram.evict_spills, **gc,
-                    "held_tokens": self._held_tokens(),
-                    "admission": self.parking.last_admission,
-                    "damaged_segments": [k.hex() for k in self.damaged],
-                    "unreadable_manifests": [n for n, _ in self.skipped_manifests],
-                    "free_ram": self.admission.probe(), "levels": levels}  # fmt: skip
+            return {
+                "park_target": self.target,
+                "park_target_source": self.target_source,
+                **self.counters,
+                "evict_spills": self.ram.evict_spills,
+                **gc,
+                "held_tokens": self._held_tokens(),
+                "admission": self.parking.last_admission,
+                "damaged_segments": [k.hex() for k in self.damaged],
+                "unreadable_manifests": [n for n, _ in self.skipped_manifests],
+                "free_ram": self.admission.probe(),
+                "levels": levels,
+            }
 
     def describe(self) -> StoreDescription:
         """A read-only snapshot of the levels, the RAM level, the parks in flight, the park
         target, the last admission and the counters (:mod:`.describe`)."""
         with self.lock:
-            levels = [LevelDescription(lvl.name, lvl.store.path, lvl.budget, lvl.store.used(),
-                                       len(lvl.store)) for lvl in self.levels]  # fmt: skip
+            levels = [
+                LevelDescription(
+                    lvl.name, lvl.store.path, lvl.budget, lvl.store.used(), len(lvl.store)
+                )
+                for lvl in self.levels
+            ]
             if self.remote is not None:
                 r = self.remote.stats()
-                levels.append(LevelDescription("remote", str(r["dir"]), self.remote.settings
-                                               .budget_bytes, _count(r["bytes"]),
-                                               _count(r["entries"])))  # fmt: skip
+                levels.append(
+                    LevelDescription(
+                        "remote",
+                        str(r["dir"]),
+                        self.remote.settings.budget_bytes,
+                        _count(r["bytes"]),
+                        _count(r["entries"]),
+                    )
+                )
             c = self.ram.cache
             ram = RamDescription(c.budget, c.used, c.slots, tuple(c.entries), self.ram.on)
             return StoreDescription(

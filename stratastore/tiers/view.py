@@ -33,10 +33,14 @@ class DiskConv:
 
     @classmethod
     def of(cls, m: ChainManifest) -> DiskConv:
-        conv = Conversation(m.conv_id, m.tokens,
-                            [Checkpoint(c.length, pinned=c.pinned, tail=c.tail)
-                             for c in m.checkpoints] or [Checkpoint(0)],
-                            dict(m.media), [s for s, _, _ in m.segments] or [0])  # fmt: skip
+        conv = Conversation(
+            m.conv_id,
+            m.tokens,
+            [Checkpoint(c.length, pinned=c.pinned, tail=c.tail) for c in m.checkpoints]
+            or [Checkpoint(0)],
+            dict(m.media),
+            [s for s, _, _ in m.segments] or [0],
+        )
         keys = {c.length: c.state_key for c in m.checkpoints if c.state_key}
         return cls(conv, list(m.segments), m.session, keys)
 
@@ -71,8 +75,12 @@ class DiskView:
     def get(self, conv_id: str) -> DiskConv | None:
         return self.convs.get(conv_id)
 
-    def lookup(self, prompt: npt.NDArray[np.integer] | list[int],
-               media: Mapping[int, bytes] | None, page: int | None) -> Match | None:  # fmt: skip
+    def lookup(
+        self,
+        prompt: npt.NDArray[np.integer] | list[int],
+        media: Mapping[int, bytes] | None,
+        page: int | None,
+    ) -> Match | None:
         return self.index.lookup(self.root, prompt, media, page_tokens=page)
 
     def _remember(self, dc: DiskConv) -> None:

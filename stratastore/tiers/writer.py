@@ -32,9 +32,17 @@ _SLACK = 8192  #: a sidecar and a header beside the pages, as make_room counts a
 
 
 class DiskWriter:
-    def __init__(self, levels: Sequence[DiskLevel], catalog: Catalog, gc: Collector,
-                 root: bytes, token_bytes: int, manifest_dir: str, file_mode: int,
-                 warn: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        levels: Sequence[DiskLevel],
+        catalog: Catalog,
+        gc: Collector,
+        root: bytes,
+        token_bytes: int,
+        manifest_dir: str,
+        file_mode: int,
+        warn: Callable[[str], None],
+    ) -> None:
         self.levels = levels
         self.level = levels[0]
         self.catalog = catalog
@@ -53,8 +61,9 @@ class DiskWriter:
                 return lvl.store
         return None
 
-    def write(self, snap: Snapshot, *, session: bool = False,
-              on_put: Callable[[int], None] | None = None) -> bool:  # fmt: skip
+    def write(
+        self, snap: Snapshot, *, session: bool = False, on_put: Callable[[int], None] | None = None
+    ) -> bool:
         """Write ``snap`` down (see the module's docstring); False when a level refused it
         (:attr:`last_refusal` says why). A segment whose ``(start, end)`` is in
         ``snap.page_hashes`` (a park from device memory) is put with those digests, not hashed
@@ -67,8 +76,9 @@ class DiskWriter:
         ends = {s.end: s.key for s in specs}
         states = {n: b for n, b in sorted(snap.states.items()) if n in ends and b}
         skeys = {n: state_key(ends[n]) for n in states}  # F-KEY-5
-        ticket = self.catalog.begin(conv.conv_id, {s.key for s in specs} | set(skeys.values()),
-                                    session=session)  # fmt: skip
+        ticket = self.catalog.begin(
+            conv.conv_id, {s.key for s in specs} | set(skeys.values()), session=session
+        )
         try:
             for i, seg in enumerate(specs):
                 if self.holder(seg.key) is None:
@@ -76,15 +86,22 @@ class DiskWriter:
                     kv = snap.kv[seg.start * self.tb : seg.end * self.tb]
                     toks = conv.tokens[seg.start : seg.end]
                     put = self.level.store.put_kv(  # digests from the device: not hashed again
-                        seg.parent, toks, kv, token_start=seg.start, media=seg.media,
+                        seg.parent,
+                        toks,
+                        kv,
+                        token_start=seg.start,
+                        media=seg.media,
                         page_hashes=snap.page_hashes.get((seg.start, seg.end)),
-                    )  # fmt: skip
+                    )
                     if on_put is not None:
                         on_put((seg.end - seg.start) * self.tb + _SLACK)
                     if put.key != seg.key:  # one derivation: a difference is a bug, never data
-                        raise KeyMismatch(f"conversation {conv.conv_id}",
-                                          f"segment {i} (tokens [{seg.start}, {seg.end}))",
-                                          seg.key, put.key)  # fmt: skip
+                        raise KeyMismatch(
+                            f"conversation {conv.conv_id}",
+                            f"segment {i} (tokens [{seg.start}, {seg.end}))",
+                            seg.key,
+                            put.key,
+                        )
             for n, blob in states.items():
                 if self.holder(skeys[n]) is None:
                     self.level.make_room(len(blob) + _SLACK)
@@ -92,12 +109,18 @@ class DiskWriter:
                     if on_put is not None:
                         on_put(len(blob) + _SLACK)
             m = ChainManifest(
-                conv.conv_id, self.root, conv.tokens.copy(),
-                tuple(ManifestCheckpoint(c.length, c.pinned, c.tail, skeys.get(c.length))
-                      for c in conv.checkpoints),
-                tuple(sorted(conv.media.items())), tuple((s.start, s.end, s.key) for s in specs),
-                time.time_ns(), session,
-            )  # fmt: skip
+                conv.conv_id,
+                self.root,
+                conv.tokens.copy(),
+                tuple(
+                    ManifestCheckpoint(c.length, c.pinned, c.tail, skeys.get(c.length))
+                    for c in conv.checkpoints
+                ),
+                tuple(sorted(conv.media.items())),
+                tuple((s.start, s.end, s.key) for s in specs),
+                time.time_ns(),
+                session,
+            )
             raw = encode_manifest(m)
             stamp = durable_write_in(
                 self.manifest_dir, chain_name(conv.conv_id), raw, mode=self.file_mode
@@ -138,16 +161,23 @@ class DiskWriter:
         level = self.level
         largest = max((e - s for s, e in snap.conv.boundaries()), default=0) * self.tb + _SLACK
         if largest > level.budget:
-            return (f"{level.name} level: a segment of {largest:,} bytes is larger than its whole "
-                    f"budget ({level.budget:,} bytes); raise that level's budget")  # fmt: skip
+            return (
+                f"{level.name} level: a segment of {largest:,} bytes is larger than its whole "
+                f"budget ({level.budget:,} bytes); raise that level's budget"
+            )
         states = sum(_SLACK + len(b) for b in snap.states.values() if b)
         if not reject:
             return snap.kv.nbytes + states  # an upper bound; the last level makes room
-        need = states + sum(_SLACK + (e - s) * self.tb for s, e, k in snap.conv.segments(self.root)
-                            if self.holder(k) is None)  # fmt: skip
+        need = states + sum(
+            _SLACK + (e - s) * self.tb
+            for s, e, k in snap.conv.segments(self.root)
+            if self.holder(k) is None
+        )
         free = -pending_bytes + sum(max(0, lvl.budget - lvl.used()) for lvl in self.levels)
         if need > free:
-            return (f"the disk levels are full ({need:,} bytes needed, {max(free, 0):,} free "
-                    "beside the writes waiting) and when_full=reject; raise their budget or set "
-                    "when_full=evict")  # fmt: skip
+            return (
+                f"the disk levels are full ({need:,} bytes needed, {max(free, 0):,} free "
+                "beside the writes waiting) and when_full=reject; raise their budget or set "
+                "when_full=evict"
+            )
         return need

@@ -24,8 +24,9 @@ PROMPT = 8 * CHUNK  #: the worker's prompts: 8 chunks
 MODEL = "test/lmcache-plugin"
 
 
-def engine(path: str, instance: str, *, budget_mib: int = 64, chunk: int = CHUNK,
-           **extra: Any) -> Any:  # fmt: skip
+def engine(
+    path: str, instance: str, *, budget_mib: int = 64, chunk: int = CHUNK, **extra: Any
+) -> Any:
     """An LMCache engine on the CPU whose only storage is the stratastore plugin in ``path``
     (``local_cpu`` off: nothing is served from RAM)."""
     from lmcache.v1.config import LMCacheEngineConfig
@@ -34,14 +35,21 @@ def engine(path: str, instance: str, *, budget_mib: int = 64, chunk: int = CHUNK
 
     p = "storage_plugin.stratastore."
     cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=chunk, local_cpu=False, max_local_cpu_size=0.03,
+        chunk_size=chunk,
+        local_cpu=False,
+        max_local_cpu_size=0.03,
         storage_plugins=["stratastore"],
-        extra_config={p + "module_path": "stratastore.adapters.lmcache",
-                      p + "class_name": "StrataStoragePlugin", p + "dir": path,
-                      p + "budget_mib": budget_mib, **{p + k: v for k, v in extra.items()}},
-    )  # fmt: skip
-    return cpu_engine(instance, cfg, model_name=MODEL, layers=LAYERS, heads=HEADS,
-                      head_dim=HEAD_DIM, chunk=chunk)  # fmt: skip
+        extra_config={
+            p + "module_path": "stratastore.adapters.lmcache",
+            p + "class_name": "StrataStoragePlugin",
+            p + "dir": path,
+            p + "budget_mib": budget_mib,
+            **{p + k: v for k, v in extra.items()},
+        },
+    )
+    return cpu_engine(
+        instance, cfg, model_name=MODEL, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, chunk=chunk
+    )
 
 
 def plugin(eng: Any) -> Any:

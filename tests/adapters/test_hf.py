@@ -23,10 +23,16 @@ from stratastore.adapters.hf import TransformersCache  # noqa: E402
 
 
 def tiny(seed: int = 0, **overrides: Any) -> Any:
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=1024,
-                                   **overrides)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        **overrides,
+    )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(cfg).eval()
 
@@ -54,8 +60,15 @@ def assert_continues_exactly(model: Any, prompt: Any, n: int, restored: Any, kep
 
 
 def config(tmp_path: Path, ram_mib: int = 1) -> dict[str, Any]:
-    return {"ram_mib": ram_mib, "slots": 1, "min_free_mib": 1, "park_min_free_mib": 1,
-            "cold_dir": str(tmp_path / "cold"), "cold_mib": 256, "spill_on": "evict"}  # fmt: skip
+    return {
+        "ram_mib": ram_mib,
+        "slots": 1,
+        "min_free_mib": 1,
+        "park_min_free_mib": 1,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 256,
+        "spill_on": "evict",
+    }
 
 
 def ids_of(n: int, seed: int) -> Any:
@@ -69,8 +82,9 @@ def test_parked_evicted_restored_then_continued_equals_a_full_prefill(tmp_path: 
     checkpoints = [40, 77, 128]
     _, cache = prefill(model, history)
     kept = copy.deepcopy(cache)
-    with TransformersCache.open(model.config, "test/tiny-llama@seed0", config(tmp_path),
-                                probe=lambda: 1 << 40) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config, "test/tiny-llama@seed0", config(tmp_path), probe=lambda: 1 << 40
+    ) as kv:
         assert kv.park("chat", history, cache, checkpoints=checkpoints).where == "ram"
         for other in range(12):  # other conversations fill the 1 MiB of RAM: chat is evicted
             o = ids_of(128, 100 + other)
@@ -87,8 +101,9 @@ def test_parked_evicted_restored_then_continued_equals_a_full_prefill(tmp_path: 
 def test_an_edited_history_resumes_at_the_last_checkpoint_before_the_edit(tmp_path: Path) -> None:
     model = tiny()
     history = torch.cat([ids_of(40, 1), ids_of(37, 2), ids_of(51, 3)], dim=1)
-    with TransformersCache.open(model.config, "test/tiny-llama@seed0", config(tmp_path, 64),
-                                probe=lambda: 1 << 40) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config, "test/tiny-llama@seed0", config(tmp_path, 64), probe=lambda: 1 << 40
+    ) as kv:
         _, cache = prefill(model, history)
         kept = copy.deepcopy(cache)
         kv.park("chat", history, cache, checkpoints=[40, 77])
@@ -102,8 +117,9 @@ def test_an_edited_history_resumes_at_the_last_checkpoint_before_the_edit(tmp_pa
 def test_another_model_config_never_matches(tmp_path: Path) -> None:
     model = tiny()
     history = ids_of(64, 1)
-    with TransformersCache.open(model.config, "test/tiny-llama@seed0",
-                                config(tmp_path) | {"park": "disk"}) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config, "test/tiny-llama@seed0", config(tmp_path) | {"park": "disk"}
+    ) as kv:
         kv.park("chat", history, prefill(model, history)[1])
         kv.store.flush()
     other = tiny(rope_theta=500000.0)  # same geometry, other positions: other K/V
@@ -113,8 +129,9 @@ def test_another_model_config_never_matches(tmp_path: Path) -> None:
     fresh["cold_dir"] = str(tmp_path / "other")
     with TransformersCache.open(other.config, "test/tiny-llama@seed0", fresh) as kv2:
         assert kv2.lookup(history) == 0
-    with TransformersCache.open(model.config, "test/tiny-llama@seed1", fresh | {
-            "cold_dir": str(tmp_path / "third")}) as kv3:  # fmt: skip
+    with TransformersCache.open(
+        model.config, "test/tiny-llama@seed1", fresh | {"cold_dir": str(tmp_path / "third")}
+    ) as kv3:
         assert kv3.lookup(history) == 0  # other weights: another model id
 
 
@@ -123,9 +140,12 @@ def test_half_precision_round_trips_bit_exactly(tmp_path: Path, dtype: str) -> N
     model = tiny().to(getattr(torch, dtype))
     history = ids_of(70, 5)
     _, cache = prefill(model, history)
-    with TransformersCache.open(model.config, "test/tiny-llama@seed0",
-                                config(tmp_path) | {"park": "disk"},
-                                dtype=getattr(torch, dtype)) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config,
+        "test/tiny-llama@seed0",
+        config(tmp_path) | {"park": "disk"},
+        dtype=getattr(torch, dtype),
+    ) as kv:
         kv.park("chat", history, cache, checkpoints=[32])
         restored, n = kv.restore(history, max_tokens=70)  # all of it (the default leaves one)
         assert n == 70
@@ -138,8 +158,9 @@ def test_bad_input_is_typed(tmp_path: Path) -> None:
     model = tiny()
     history = ids_of(20, 1)
     _, cache = prefill(model, history)
-    with TransformersCache.open(model.config, "test/tiny-llama@seed0", config(tmp_path, 64),
-                                probe=lambda: 1 << 40) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config, "test/tiny-llama@seed0", config(tmp_path, 64), probe=lambda: 1 << 40
+    ) as kv:
         with pytest.raises(StrataError, match="shape"):
             kv.park("chat", ids_of(21, 1), cache)  # ids and cache disagree
         with pytest.raises(StrataError, match="one sequence"):
@@ -155,8 +176,13 @@ def test_unsupported_dtype_and_wrong_cache_dtype_are_typed(tmp_path: Path) -> No
         fingerprint_for(model.config, "test/tiny", torch.int8)
     history = ids_of(20, 1)
     _, cache = prefill(model, history)  # float32 K/V
-    with TransformersCache.open(model.config, "test/tiny-llama@seed0", config(tmp_path, 64),
-                                dtype=torch.float16, probe=lambda: 1 << 40) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config,
+        "test/tiny-llama@seed0",
+        config(tmp_path, 64),
+        dtype=torch.float16,
+        probe=lambda: 1 << 40,
+    ) as kv:
         with pytest.raises(ConfigError, match=r"open it with dtype=torch\.float32"):
             kv.park("chat", history, cache)
         assert kv.lookup(history) == 0  # nothing was stored

@@ -104,8 +104,9 @@ def test_packing_on_the_device_is_the_host_packing(dtype: str) -> None:
     """:func:`hf_tensors.pack_on_device` (torch copies, here on CPU tensors) is bit-identical to
     the host's :func:`hf_tensors.pack`, segments, short pages and a strided last dimension
     included."""
-    fp = hf.ModelFingerprint.create("t", n_layers=3, n_kv_heads=2, head_dim=8, page_tokens=4,
-                                    dtype=dtype)  # fmt: skip
+    fp = hf.ModelFingerprint.create(
+        "t", n_layers=3, n_kv_heads=2, head_dim=8, page_tokens=4, dtype=dtype
+    )
     torch.manual_seed(0)
     n, dt = 23, getattr(torch, dtype)
     layers = []

@@ -37,9 +37,15 @@ from stratastore.adapters.hf import TransformersCache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "test/tiny-llama@seed0"
-SMALL = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "max_position_embeddings": 1024}  # fmt: skip
+SMALL = {
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+}
 
 
 def tiny(seed: int = 0, **overrides: Any) -> Any:
@@ -59,13 +65,21 @@ def ids_of(n: int, seed: int) -> Any:
 
 
 def config(tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    return {"ram_mib": 64, "slots": 4, "min_free_mib": 1, "park_min_free_mib": 1,
-            "cold_dir": str(tmp_path / "cold"), "cold_mib": 256, **kw}  # fmt: skip
+    return {
+        "ram_mib": 64,
+        "slots": 4,
+        "min_free_mib": 1,
+        "park_min_free_mib": 1,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 256,
+        **kw,
+    }
 
 
 def open_kv(model: Any, tmp_path: Path, **kw: Any) -> TransformersCache:
-    return TransformersCache.open(model.config, MODEL, config(tmp_path, **kw),
-                                  probe=lambda: 1 << 40)  # fmt: skip
+    return TransformersCache.open(
+        model.config, MODEL, config(tmp_path, **kw), probe=lambda: 1 << 40
+    )
 
 
 def assert_continues_exactly(model: Any, prompt: Any, n: int, restored: Any, kept: Any) -> None:
@@ -107,8 +121,9 @@ def test_a_prompt_parked_whole_restores_all_but_its_last_token(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("where", ["ram", "disk"])
-def test_a_conversation_parked_turn_after_turn_continues_exactly(tmp_path: Path, where: str
-                                                                 ) -> None:  # fmt: skip
+def test_a_conversation_parked_turn_after_turn_continues_exactly(
+    tmp_path: Path, where: str
+) -> None:
     """The engine's main flow: one conversation id parked at every turn's end (the store keeps the
     earlier turns' checkpoints across parks, the 200-turn edit table), each next prompt restored and
     continued bit-identically."""
@@ -142,9 +157,9 @@ def test_stats_are_the_stores(tmp_path: Path) -> None:
         assert s.keys() == kv.store.stats().keys()
 
 
-def test_restore_many_restores_each_prompt_through_one_batch(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:  # fmt: skip
+def test_restore_many_restores_each_prompt_through_one_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = tiny()
     histories = [ids_of(40 + 7 * i, 10 + i) for i in range(3)]
     with open_kv(model, tmp_path, park="disk") as kv:
@@ -196,8 +211,7 @@ def test_a_pinned_system_prompt_survives_the_disk_filling_up(tmp_path: Path) -> 
     model = tiny()
     pinned, loose = ids_of(128, 1), ids_of(128, 2)
     with open_kv(model, tmp_path, park="disk", cold_mib=1) as kv:
-        kv.park("pinned", pinned, forward(model, pinned)[1], checkpoints=[40, 90],
-                pinned=[40])  # fmt: skip
+        kv.park("pinned", pinned, forward(model, pinned)[1], checkpoints=[40, 90], pinned=[40])
         kv.park("loose", loose, forward(model, loose)[1], checkpoints=[40, 90])
         kv.store.flush()
         for i in range(40):  # 64 KiB each: the 1 MiB level evicts the oldest
@@ -257,21 +271,26 @@ def _engine_md_example() -> str:
 
 
 @pytest.mark.parametrize("where", ["hf.py docstring", "engine.md"])
-def test_the_documented_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                where: str) -> None:  # fmt: skip
+def test_the_documented_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     """One forward keyword everywhere: the examples pass ``cache=`` and read ``out.cache``,
     and run as written, without a warning, on this transformers."""
     code = _example(hf.__doc__ or "") if where == "hf.py docstring" else _engine_md_example()
     assert "past_key_values" not in code
     model, tokenizer = tiny(), chat_tokenizer()
     messages = chat(3)
-    ids = torch.tensor([tokenizer.apply_chat_template(messages, tokenize=True,
-                                                      return_dict=False)])  # fmt: skip
+    ids = torch.tensor([tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "strata.toml").write_text("ram_mib = 64\nslots = 2\nmin_free_mib = 1\n")
-    scope = {"model": model, "tokenizer": tokenizer, "messages": messages, "ids": ids,
-             "prompt_ids": torch.cat([ids, ids_of(5, 9)], dim=1),
-             "store_config": {"ram_mib": 64, "slots": 2, "min_free_mib": 1}}  # fmt: skip
+    scope = {
+        "model": model,
+        "tokenizer": tokenizer,
+        "messages": messages,
+        "ids": ids,
+        "prompt_ids": torch.cat([ids, ids_of(5, 9)], dim=1),
+        "store_config": {"ram_mib": 64, "slots": 2, "min_free_mib": 1},
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.no_grad():
@@ -311,8 +330,20 @@ def test_opening_parking_and_restoring_warn_nothing(tmp_path: Path) -> None:
 
 
 # -- copies --------------------------------------------------------------------------------------
-_WRITES = {"clone", "cat", "copy_", "_to_copy", "zero_", "fill_", "zeros", "zeros_like",
-           "new_zeros", "stack", "index_select", "contiguous"}  # fmt: skip
+_WRITES = {
+    "clone",
+    "cat",
+    "copy_",
+    "_to_copy",
+    "zero_",
+    "fill_",
+    "zeros",
+    "zeros_like",
+    "new_zeros",
+    "stack",
+    "index_select",
+    "contiguous",
+}
 
 
 class TorchCopies(TorchDispatchMode):
@@ -323,8 +354,7 @@ class TorchCopies(TorchDispatchMode):
         super().__init__()
         self.bytes = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-                           ) -> Any:  # fmt: skip
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket.__name__ in _WRITES:
             for t in out if isinstance(out, (tuple, list)) else [out]:
@@ -358,27 +388,46 @@ def synthetic_cache(layers: int, heads: int, n: int, dim: int, dtype: Any) -> An
     return cache
 
 
-def copy_figures(where: str, *, layers: int = 4, heads: int = 8, dim: int = 64,
-                 n: int = 1024, reps: int = 3, cold_dir: str = "") -> dict[str, float]:  # fmt: skip
+def copy_figures(
+    where: str,
+    *,
+    layers: int = 4,
+    heads: int = 8,
+    dim: int = 64,
+    n: int = 1024,
+    reps: int = 3,
+    cold_dir: str = "",
+) -> dict[str, float]:
     """Per park and per restore of ``n`` fp32 tokens (``where``: a RAM or a disk hit): torch
     bytes copied and numpy bytes allocated at peak (the Store's own buffers included: its
     staging of a RAM hit for a per-layer destination, its read chunks, a re-park's capture), as
     multiples of the payload (the K/V bytes of ``n`` tokens), and the best time of ``reps``
     (a park without its disk write). Runs on the earlier adapter too (to compare)."""
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=heads * dim, head_dim=dim,
-                                   intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=heads, num_key_value_heads=heads,
-                                   max_position_embeddings=4 * n)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=heads * dim,
+        head_dim=dim,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=4 * n,
+    )
     payload = 2 * layers * heads * dim * 4 * n
     ids = ids_of(n, 1)
     prompt = torch.cat([ids, ids_of(1, 2)], dim=1)  # restores n: leaves one token
     cache = synthetic_cache(layers, heads, n, dim, torch.float32)
     figures: dict[str, float] = {"payload_mib": payload / 2**20}
-    store = {"ram_mib": 4 * payload >> 20, "slots": 2, "min_free_mib": 1, "park_min_free_mib": 1,
-             "park": where} | ({"cold_dir": cold_dir, "cold_mib": 4 * payload >> 20}
-                               if where == "disk" else {})  # fmt: skip
-    with TransformersCache.open(cfg, MODEL, store, dtype=torch.float32,
-                                probe=lambda: 1 << 40) as kv:  # fmt: skip
+    store = {
+        "ram_mib": 4 * payload >> 20,
+        "slots": 2,
+        "min_free_mib": 1,
+        "park_min_free_mib": 1,
+        "park": where,
+    } | ({"cold_dir": cold_dir, "cold_mib": 4 * payload >> 20} if where == "disk" else {})
+    with TransformersCache.open(
+        cfg, MODEL, store, dtype=torch.float32, probe=lambda: 1 << 40
+    ) as kv:
 
         def park() -> None:
             kv.park("c", ids, cache)
@@ -415,9 +464,9 @@ class _Recorded(hf_tensors.LayerKV):
 
 
 @pytest.mark.parametrize("where", ["ram", "disk"])
-def test_a_restore_lands_in_the_tensors_the_cache_holds(tmp_path: Path, where: str,
-                                                        monkeypatch: pytest.MonkeyPatch
-                                                        ) -> None:  # fmt: skip
+def test_a_restore_lands_in_the_tensors_the_cache_holds(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A restore writes the K/V once, into the memory of the tensors the returned cache holds:
     no zero-fill, no copy, no concatenation after it (torch copies nothing); a park copies from
     the cache's tensors straight into the stored layout (no ``.contiguous()`` per layer)."""
@@ -474,8 +523,10 @@ def chat(n: int, seed: int = 0, sizes: tuple[int, ...] = (30, 12, 20)) -> list[d
     rng = np.random.default_rng(seed)
     roles = ["system", *(["user", "assistant"] * n)][:n]
     words = [sizes[min(i, len(sizes) - 1)] for i in range(n)]
-    return [{"role": r, "content": " ".join(f"w{w}" for w in rng.integers(0, 300, k))}
-            for r, k in zip(roles, words, strict=True)]  # fmt: skip
+    return [
+        {"role": r, "content": " ".join(f"w{w}" for w in rng.integers(0, 300, k))}
+        for r, k in zip(roles, words, strict=True)
+    ]
 
 
 def test_message_openers_come_from_the_chat_template(tmp_path: Path) -> None:
@@ -489,8 +540,9 @@ def test_message_openers_come_from_the_chat_template(tmp_path: Path) -> None:
     assert cuts == [33, 48, 71] == [*cuts[:2], ids.shape[1]]  # each message: 3 + its words
     _, cache = forward(model, ids)
     kept = copy.deepcopy(cache)
-    with TransformersCache.open(model.config, MODEL, config(tmp_path), tokenizer=tok,
-                                probe=lambda: 1 << 40) as kv:  # fmt: skip
+    with TransformersCache.open(
+        model.config, MODEL, config(tmp_path), tokenizer=tok, probe=lambda: 1 << 40
+    ) as kv:
         kv.park("chat", ids, cache, messages=messages, pinned=cuts[:1])
         edited = [*messages[:2], {"role": "assistant", "content": "w1 w2 w3"}]
         prompt = torch.tensor([tok.apply_chat_template(edited, tokenize=True, return_dict=False)])
@@ -503,8 +555,9 @@ def test_a_template_that_rewrites_history_gives_no_cut_there() -> None:
     """A template that renders a message differently once others follow (here the last one
     carries a marker, as templates that drop past reasoning do): only the renderings that are
     prefixes of the conversation count, so no cut is ever wrong."""
-    marked = CHATML.replace("{{ m['content'] }}",
-                            "{{ m['content'] }}{% if loop.last %} thought{% endif %}")  # fmt: skip
+    marked = CHATML.replace(
+        "{{ m['content'] }}", "{{ m['content'] }}{% if loop.last %} thought{% endif %}"
+    )
     tok = chat_tokenizer(marked)
     messages = chat(3)
     ids = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
@@ -526,5 +579,7 @@ def test_incompatible_fingerprint_tells_the_two_models_apart(tmp_path: Path) -> 
     with pytest.raises(IncompatibleFingerprint) as e:
         TransformersCache.open(other, MODEL, config(tmp_path))
     this = hf.fingerprint_for(other, MODEL, torch.float32)
-    assert f"architecture digest: {written.extra_digest.hex()[:12]} vs " \
-           f"{this.extra_digest.hex()[:12]}" in str(e.value)  # fmt: skip
+    assert (
+        f"architecture digest: {written.extra_digest.hex()[:12]} vs "
+        f"{this.extra_digest.hex()[:12]}" in str(e.value)
+    )

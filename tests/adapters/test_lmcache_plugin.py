@@ -119,8 +119,9 @@ def test_prefix_chunks_store_look_up_and_retrieve_bit_identically(
 
 
 def run_worker(*args: str, **kw: Any) -> Any:
-    env = dict(os.environ, PYTHONHASHSEED="123", LMCACHE_LOG_LEVEL="ERROR",
-               LMCACHE_TRACK_USAGE="false")  # fmt: skip
+    env = dict(
+        os.environ, PYTHONHASHSEED="123", LMCACHE_LOG_LEVEL="ERROR", LMCACHE_TRACK_USAGE="false"
+    )
     cmd = [sys.executable, "-m", "tests.adapters.lmcache_worker", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, **kw)
 
@@ -206,8 +207,9 @@ def test_remove_and_capacity_stay_exact_over_a_long_put_remove_loop(
     assert len(chunk_files(d)) == 2  # the layout record's data file and sidecar
 
 
-def test_kill_9_during_puts_loses_nothing_reported_durable(engines: Engines,
-                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_kill_9_during_puts_loses_nothing_reported_durable(
+    engines: Engines, tmp_path: Path
+) -> None:
     d = tmp_path / "d"
     proc = run_worker("store", str(d), "40")
     assert proc.stdout is not None
@@ -248,9 +250,9 @@ def test_pinned_chunks_are_not_evicted_until_unpinned(engines: Engines, tmp_path
     assert eng.lookup(prompt(0, n)) == 0 and plugin(eng).stats()["puts_refused"] == 0
 
 
-def test_non_blocking_gets_read_off_lmcache_s_event_loop(engines: Engines, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch
-                                                        ) -> None:  # fmt: skip
+def test_non_blocking_gets_read_off_lmcache_s_event_loop(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     eng = engines(tmp_path / "d")
     p, loop = plugin(eng), eng.storage_manager.loop
     eng.store(prompt(0), kvcaches=kv(0))
@@ -271,16 +273,19 @@ def test_non_blocking_gets_read_off_lmcache_s_event_loop(engines: Engines, tmp_p
     assert run(p.batched_async_contains("req", keys, pin=True), loop).result(10) == len(keys)
     assert all(p.chunks.pinned(chunk_id(key_fields(k))) for k in keys)
     objs = run(p.batched_get_non_blocking("req", keys), loop).result(10)
-    assert len(objs) == len(keys) and not any(p.chunks.pinned(chunk_id(key_fields(k)))
-                                              for k in keys)  # fmt: skip
+    assert len(objs) == len(keys) and not any(
+        p.chunks.pinned(chunk_id(key_fields(k))) for k in keys
+    )
     want = kv(0)
     for j, obj in enumerate(objs):
         part = want[:, :, j * CHUNK : (j + 1) * CHUNK].reshape(2, 2, CHUNK, -1).transpose(0, 1)
         assert same(obj.tensor, part.contiguous())
         obj.ref_count_down()
     one = p.get_non_blocking(keys[1]).result(10)
-    assert same(one.tensor, want[:, :, CHUNK : 2 * CHUNK].reshape(2, 2, CHUNK, -1)
-                .transpose(0, 1).contiguous())  # fmt: skip
+    assert same(
+        one.tensor,
+        want[:, :, CHUNK : 2 * CHUNK].reshape(2, 2, CHUNK, -1).transpose(0, 1).contiguous(),
+    )
     one.ref_count_down()
     assert readers and "storage-manager-event-loop" not in readers
 
@@ -298,8 +303,9 @@ def test_settings_name_the_entry_and_the_fix() -> None:
     assert (s.name, s.path, s.budget_bytes, s.put_threads) == ("stratastore", "/x", 3 << 20, 4)
 
 
-def test_flush_reports_a_failed_put_once(engines: Engines, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_flush_reports_a_failed_put_once(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     eng = engines(tmp_path / "d")
     p = plugin(eng)
     from stratastore.io.errors import StrataIOError
@@ -324,8 +330,9 @@ def test_the_engine_md_snippet_loads_the_plugin_as_written(tmp_path: Path) -> No
     text = ENGINE_MD.read_text().split("## LMCache and vLLM: the stratastore storage plugin")[1]
     yaml_text = re.search(r"```yaml\n(.*?)```", text, re.S)
     assert yaml_text, "no yaml block in the LMCache section of engine.md"
-    snippet = re.sub(r"(storage_plugin\.stratastore\.dir:) .*", rf"\1 {tmp_path / 'kv'}",
-                     yaml_text.group(1))  # fmt: skip
+    snippet = re.sub(
+        r"(storage_plugin\.stratastore\.dir:) .*", rf"\1 {tmp_path / 'kv'}", yaml_text.group(1)
+    )
     (tmp_path / "lmcache.yaml").write_text(snippet)
     from lmcache.v1.config import LMCacheEngineConfig
 
@@ -335,8 +342,15 @@ def test_the_engine_md_snippet_loads_the_plugin_as_written(tmp_path: Path) -> No
         cfg = LMCacheEngineConfig.from_file(str(tmp_path / "lmcache.yaml"))
         cfg.max_local_cpu_size = 0.03  # the snippet's is sized for a real model
         n = 2 * cfg.chunk_size
-        eng = cpu_engine(name, cfg, model_name="test/engine-md", layers=2, heads=4, head_dim=32,
-                         chunk=cfg.chunk_size)  # fmt: skip
+        eng = cpu_engine(
+            name,
+            cfg,
+            model_name="test/engine-md",
+            layers=2,
+            heads=4,
+            head_dim=32,
+            chunk=cfg.chunk_size,
+        )
         try:
             if name.endswith("1"):
                 eng.store(prompt(0, n), kvcaches=kv(0, n))
@@ -357,8 +371,9 @@ def test_a_directory_of_another_model_is_refused(engines: Engines, tmp_path: Pat
     plugin(eng).flush()
     engines.close(eng)  # type: ignore[attr-defined]
     with pytest.raises(IncompatibleFingerprint):
-        StrataStoragePlugin(config=eng.config, metadata=_other_model(eng.metadata),
-                            local_cpu_backend=None)  # fmt: skip
+        StrataStoragePlugin(
+            config=eng.config, metadata=_other_model(eng.metadata), local_cpu_backend=None
+        )
 
 
 def _other_model(meta: Any) -> Any:
@@ -376,8 +391,9 @@ def test_the_benchmark_runs_at_a_small_size(tmp_path: Path) -> None:
     rows = doc["rows"]
     assert set(rows) == {"LMCache disk (+ fsync)", "LMCache + stratastore plugin"}
     for r in rows.values():
-        assert all(r[k] for k in ("durable_write", "read_hot", "read_cold", "prefix_hot",
-                                  "prefix_cold"))  # fmt: skip
+        assert all(
+            r[k] for k in ("durable_write", "read_hot", "read_cold", "prefix_hot", "prefix_cold")
+        )
     assert doc["bit_for_bit"]["results_compared"] == 8 and len(doc["ratios"]) == 3
     assert "plugin / disk, retrieve hot" in render_lmcache(doc)
     assert os.listdir(tmp_path) == []

@@ -23,16 +23,28 @@ from stratastore.errors import ConfigError  # noqa: E402
 def test_a_budget_below_one_chunk_is_a_config_error(tmp_path: Path) -> None:
     p = "storage_plugin.stratastore."
     cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=256, local_cpu=False, max_local_cpu_size=0.03,
+        chunk_size=256,
+        local_cpu=False,
+        max_local_cpu_size=0.03,
         storage_plugins=["stratastore"],
-        extra_config={p + "module_path": "stratastore.adapters.lmcache",
-                      p + "class_name": "StrataStoragePlugin", p + "dir": str(tmp_path / "d"),
-                      p + "budget_mib": 1},
-    )  # fmt: skip
+        extra_config={
+            p + "module_path": "stratastore.adapters.lmcache",
+            p + "class_name": "StrataStoragePlugin",
+            p + "dir": str(tmp_path / "d"),
+            p + "budget_mib": 1,
+        },
+    )
     # a chunk: 32 layers x 2 x 256 tokens x 8 heads x 128 x fp16 = 32 MiB, over 1 MiB
-    meta = LMCacheMetadata(model_name="m", world_size=1, local_world_size=1, worker_id=0,
-                           local_worker_id=0, kv_dtype=torch.float16,
-                           kv_shape=(32, 2, 256, 8, 128), chunk_size=256)  # fmt: skip
+    meta = LMCacheMetadata(
+        model_name="m",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.float16,
+        kv_shape=(32, 2, 256, 8, 128),
+        chunk_size=256,
+    )
     plugin = None
     try:
         with pytest.raises(ConfigError, match="budget_mib"):

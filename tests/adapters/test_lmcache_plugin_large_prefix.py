@@ -40,14 +40,20 @@ from tests.adapters.lmcache_worker import (  # noqa: E402
 def small_engine(path: Path, name: str, cpu_gb: float) -> Any:
     p = "storage_plugin.stratastore."
     cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=cpu_gb,
+        chunk_size=CHUNK,
+        local_cpu=False,
+        max_local_cpu_size=cpu_gb,
         storage_plugins=["stratastore"],
-        extra_config={p + "module_path": "stratastore.adapters.lmcache",
-                      p + "class_name": "StrataStoragePlugin", p + "dir": str(path),
-                      p + "budget_mib": 64},
-    )  # fmt: skip
-    return cpu_engine(name, cfg, model_name=MODEL, layers=LAYERS, heads=HEADS,
-                      head_dim=HEAD_DIM, chunk=CHUNK)  # fmt: skip
+        extra_config={
+            p + "module_path": "stratastore.adapters.lmcache",
+            p + "class_name": "StrataStoragePlugin",
+            p + "dir": str(path),
+            p + "budget_mib": 64,
+        },
+    )
+    return cpu_engine(
+        name, cfg, model_name=MODEL, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, chunk=CHUNK
+    )
 
 
 def test_a_blocking_get_longer_than_the_cpu_buffer_returns(tmp_path: Path) -> None:
@@ -59,8 +65,9 @@ def test_a_blocking_get_longer_than_the_cpu_buffer_returns(tmp_path: Path) -> No
     LMCacheEngineBuilder.destroy("review16-hang-store")
     small = small_engine(d, "review16-hang-get", 0.0003)  # ~320 KB: 4 chunks, not 8
     got: list[Any] = []
-    t = threading.Thread(target=lambda: got.append(plugin(small).batched_get_blocking(keys)),
-                         daemon=True)  # fmt: skip
+    t = threading.Thread(
+        target=lambda: got.append(plugin(small).batched_get_blocking(keys)), daemon=True
+    )
     t.start()
     t.join(20)
     hung = t.is_alive()

@@ -35,8 +35,9 @@ def test_a_chunk_another_process_stored_is_not_deleted_by_this_one(tmp_path: Pat
     d = tmp_path / "d"
     mine = ChunkStore.open(str(d), tiny_fp(), 1 << 20)  # opened first: no layout yet
     try:
-        subprocess.run([sys.executable, "-c", OTHER_PROCESS, str(d)], cwd=ROOT, check=True,
-                       timeout=120)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", OTHER_PROCESS, str(d)], cwd=ROOT, check=True, timeout=120
+        )
         assert mine.contains(cid(0))  # the shared index finds the other process's chunk
         got = read(mine, 0)
         # a valid, durable chunk: delivered, or at worst a miss, but never deleted

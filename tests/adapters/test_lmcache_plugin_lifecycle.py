@@ -88,8 +88,9 @@ def test_a_read_in_flight_at_close_is_not_counted_as_damage(
         return real(cid)
 
     monkeypatch.setattr(p.chunks, "open_chunk", blocked)
-    fut = asyncio.run_coroutine_threadsafe(p.batched_get_non_blocking("r", keys),
-                                           eng.storage_manager.loop)  # fmt: skip
+    fut = asyncio.run_coroutine_threadsafe(
+        p.batched_get_non_blocking("r", keys), eng.storage_manager.loop
+    )
     assert entered.wait(30)
     closer = threading.Thread(target=p.close)
     closer.start()

@@ -20,8 +20,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     med = {k: statistics.median(v[1:]) for k, v in SAMPLES.items()}  # drop the warmup round
     gbs = {k: TOTAL / v / 1e9 for k, v in med.items()}
     tr = terminalreporter
-    tr.write_sep("-", f"stratastore vs raw, {TOTAL / 2**30:.2f} GiB in {SEGMENTS} segments, "
-                 f"medians of {ROUNDS} interleaved rounds")  # fmt: skip
+    tr.write_sep(
+        "-",
+        f"stratastore vs raw, {TOTAL / 2**30:.2f} GiB in {SEGMENTS} segments, "
+        f"medians of {ROUNDS} interleaved rounds",
+    )
     for name, base in PAIRS:
-        tr.write_line(f"{name:<28}{gbs[name]:6.2f} GB/s   {base:<17}{gbs[base]:6.2f} GB/s   "
-                      f"ratio {gbs[name] / gbs[base]:.2f}x")  # fmt: skip
+        tr.write_line(
+            f"{name:<28}{gbs[name]:6.2f} GB/s   {base:<17}{gbs[base]:6.2f} GB/s   "
+            f"ratio {gbs[name] / gbs[base]:.2f}x"
+        )

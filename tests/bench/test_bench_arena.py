@@ -38,6 +38,8 @@ def test_capture_into_arena_vs_first_touch(benchmark: Any) -> None:
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
     if benchmark.stats is not None:
         a, f = (NBYTES / statistics.median(times[k][1:]) / 1e9 for k in ("arena", "fresh"))
-        print(f"\ncapture of {MIB} MiB: arena {a:.2f} GB/s, fresh memory {f:.2f} GB/s, "
-              f"ratio {a / f:.1f}x (hugepages {'on' if arena.hugepages else 'off'})")  # fmt: skip
+        print(
+            f"\ncapture of {MIB} MiB: arena {a:.2f} GB/s, fresh memory {f:.2f} GB/s, "
+            f"ratio {a / f:.1f}x (hugepages {'on' if arena.hugepages else 'off'})"
+        )
     arena.close()

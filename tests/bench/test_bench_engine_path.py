@@ -28,8 +28,9 @@ from stratastore import Checkpoint, Conversation, ModelFingerprint, Store
 
 MIB = 1 << 20
 SIZE = int(os.environ.get("STRATA_BENCH_ENGINE_MIB", "16")) * MIB
-FP = ModelFingerprint.create("bench/engine-path", n_layers=8, n_kv_heads=8, head_dim=128,
-                             page_tokens=16)  # fmt: skip
+FP = ModelFingerprint.create(
+    "bench/engine-path", n_layers=8, n_kv_heads=8, head_dim=128, page_tokens=16
+)
 TOKENS = SIZE // FP.token_bytes
 ROUNDS = 9
 
@@ -41,8 +42,15 @@ def conversation(i: int) -> tuple[Conversation, np.ndarray]:
 
 
 def open_store(root: Path) -> Store:
-    return Store.open(FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(root / "cold"),
-                           "cold_mib": 64 * SIZE // MIB + 64})  # fmt: skip
+    return Store.open(
+        FP,
+        {
+            "ram_mib": 0,
+            "park": "disk",
+            "cold_dir": str(root / "cold"),
+            "cold_mib": 64 * SIZE // MIB + 64,
+        },
+    )
 
 
 def test_restore_right_after_another_conversations_park(benchmark: Any, tmp_path: Path) -> None:
@@ -70,8 +78,7 @@ def test_restore_right_after_another_conversations_park(benchmark: Any, tmp_path
             flush.append(time.perf_counter() - t)
         assert np.array_equal(out, kvb)
         benchmark.pedantic(store.restore, (b.tokens, out), rounds=1, iterations=1)
-    med = {k: statistics.median(v) for k, v in (("idle", idle), ("after", after),
-                                                ("flush", flush))}  # fmt: skip
+    med = {k: statistics.median(v) for k, v in (("idle", idle), ("after", after), ("flush", flush))}
     benchmark.extra_info.update({f"{k}_ms": v * 1e3 for k, v in med.items()})
     print(
         f"\nrestore of {SIZE / MIB:.0f} MiB (hot), medians of {rounds}: nothing pending "
@@ -122,6 +129,8 @@ def test_restores_from_several_threads(benchmark: Any, tmp_path: Path) -> None:
         benchmark.pedantic(run, (1,), rounds=1, iterations=1)
     gbs = {n: statistics.median(v) for n, v in rates.items()}
     benchmark.extra_info.update({f"threads_{n}_gbs": v for n, v in gbs.items()})
-    print(f"\nrestores of {SIZE / MIB:.0f} MiB (hot) from 1/2/4 threads on {os.cpu_count()} "
-          f"cores: " + ", ".join(f"{n} thread(s) {v:.2f} GB/s ({v / gbs[1]:.2f}x)"
-                                 for n, v in gbs.items()))  # fmt: skip
+    print(
+        f"\nrestores of {SIZE / MIB:.0f} MiB (hot) from 1/2/4 threads on {os.cpu_count()} "
+        f"cores: "
+        + ", ".join(f"{n} thread(s) {v:.2f} GB/s ({v / gbs[1]:.2f}x)" for n, v in gbs.items())
+    )

@@ -21,8 +21,14 @@ import numpy as np
 from stratastore import ModelFingerprint
 from stratastore.restore import LayerKV, PagedKV, pack_pages
 
-FP = ModelFingerprint.create("bench/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8,
-                             head_dim=128, page_tokens=16, dtype="float16")  # fmt: skip
+FP = ModelFingerprint.create(
+    "bench/llama-3.1-8b-geometry",
+    n_layers=32,
+    n_kv_heads=8,
+    head_dim=128,
+    page_tokens=16,
+    dtype="float16",
+)
 MIB = int(os.environ.get("STRATA_BENCH_MIB", "1024"))
 TOKENS = max(1, (MIB << 20) // FP.token_bytes)
 CUTS = [0, TOKENS // 4 + 3, TOKENS // 2 + 7]  #: segments whose last page is short
@@ -38,8 +44,10 @@ def test_layout_copies_vs_memcpy(benchmark: Any) -> None:
     k2 = [np.ones_like(a) for a in k]  # touched: the copies, not page faults, are measured
     v2 = [np.ones_like(a) for a in v]
     blocks = -(-TOKENS // BLOCK)
-    pools = [np.ones((2, blocks, BLOCK, FP.n_kv_heads, FP.head_dim), np.uint16)
-             for _ in range(FP.n_layers)]  # fmt: skip
+    pools = [
+        np.ones((2, blocks, BLOCK, FP.n_kv_heads, FP.head_dim), np.uint16)
+        for _ in range(FP.n_layers)
+    ]
     table = rng.permutation(blocks)
     layer_kv, paged = LayerKV(FP, k2, v2), PagedKV(FP, pools, table)
     touched = np.ones_like(flat)

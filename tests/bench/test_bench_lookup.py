@@ -32,8 +32,12 @@ def stored() -> tuple[PrefixIndex, np.ndarray]:
         index.add(MODEL, Conversation(f"c{i}", as_tokens(toks), ckpts, cuts=[0, 5_000]))
     long = np.concatenate([systems[3], rng.integers(0, 150_000, PROMPT_TOKENS - 5_000)])
     lengths = [5_000, *range(10_000, PROMPT_TOKENS, 10_000), PROMPT_TOKENS]
-    index.add(MODEL, Conversation("long", as_tokens(long), [Checkpoint(n) for n in lengths],
-                                  cuts=[0, *lengths[:-1]]))  # fmt: skip
+    index.add(
+        MODEL,
+        Conversation(
+            "long", as_tokens(long), [Checkpoint(n) for n in lengths], cuts=[0, *lengths[:-1]]
+        ),
+    )
     prompt = long.copy()
     prompt[-1_000:] += 1
     return index, as_tokens(prompt)
@@ -52,5 +56,7 @@ def test_lookup_200k_prompt_10k_conversations(benchmark: Any, stored: Stored) ->
     assert m.length == PROMPT_TOKENS - 1_000 - (PROMPT_TOKENS - 1_000 - 190_000) % 16
     if benchmark.stats is not None:
         med = benchmark.stats.stats.median
-        print(f"\nlookup: {med * 1e6:.0f} us median for a {len(prompt):,}-token prompt against "
-              f"{len(index):,} conversations ({med / len(prompt) * 1e9:.2f} ns/token)")  # fmt: skip
+        print(
+            f"\nlookup: {med * 1e6:.0f} us median for a {len(prompt):,}-token prompt against "
+            f"{len(index):,} conversations ({med / len(prompt) * 1e9:.2f} ns/token)"
+        )

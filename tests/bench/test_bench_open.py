@@ -93,11 +93,15 @@ def test_open_time_and_rss(benchmark: Any, capsys: pytest.CaptureFixture[str]) -
         "rounds; RSS growth when open returns, then once the background window is full):"
     ]
     for m in MODES:
-        lines.append(f"  ram_prefault={m:<10} {t[m] * 1e3:9.1f} ms   RSS +{r[m]:7.1f} MiB, "
-                     f"then +{r2[m]:7.1f} MiB")  # fmt: skip
+        lines.append(
+            f"  ram_prefault={m:<10} {t[m] * 1e3:9.1f} ms   RSS +{r[m]:7.1f} MiB, "
+            f"then +{r2[m]:7.1f} MiB"
+        )
     speed = t["open"] / t["background"]
-    lines.append(f"  old (open) / new default (background): open time {speed:.0f}x; RSS at "
-                 f"return +{r['open']:.0f} MiB against +{r['background']:.1f} MiB")  # fmt: skip
+    lines.append(
+        f"  old (open) / new default (background): open time {speed:.0f}x; RSS at "
+        f"return +{r['open']:.0f} MiB against +{r['background']:.1f} MiB"
+    )
     say(capsys, lines)
 
 
@@ -154,6 +158,7 @@ def test_capture_into_populated_chunks_vs_first_touch(
     lines = [f"capture of {CAPTURE // MIB} MiB (medians of {len(secs['populated'])} rounds):"]
     lines += [f"  {k:<16} {v:6.2f} GB/s" for k, v in gbs.items()]
     ratio = gbs["populated"] / gbs["first touch"], gbs["populated"] / gbs["lazy first use"]
-    lines.append(f"  populated / first touch: {ratio[0]:.1f}x; "
-                 f"populated / lazy first use: {ratio[1]:.1f}x")  # fmt: skip
+    lines.append(
+        f"  populated / first touch: {ratio[0]:.1f}x; populated / lazy first use: {ratio[1]:.1f}x"
+    )
     say(capsys, lines)

@@ -41,8 +41,9 @@ def test_peers_small(benchmark: Any, tmp_path: Path) -> None:
     benchmark.group = "peers"
     if not _evicts(tmp_path):
         pytest.skip(f"{tmp_path} cannot evict from the page cache (tmpfs?): no cold reads")
-    doc = benchmark.pedantic(run_peers, args=(str(tmp_path),), kwargs={"mib": 16, "rounds": 1},
-                             rounds=1, iterations=1)  # fmt: skip
+    doc = benchmark.pedantic(
+        run_peers, args=(str(tmp_path),), kwargs={"mib": 16, "rounds": 1}, rounds=1, iterations=1
+    )
     assert doc["tokens"] == 128 and doc["prefix_tokens"] == 64 and doc["cold"]
     rows = {r["engine"]: r for r in doc["rows"]}
     assert {LAYER, FLAT, NUMPY} <= set(rows)

@@ -14,9 +14,13 @@ MIB = int(os.environ.get("STRATA_BENCH_RESTORE_MIB", "128"))
 
 def test_restore_vs_raw_and_np_load(benchmark: Any, tmp_path: Any) -> None:
     benchmark.group = "restore"
-    doc = benchmark.pedantic(run_bench, args=(str(tmp_path),),
-                             kwargs={"mib": MIB, "rounds": 2, "cold": False},
-                             rounds=1, iterations=1)  # fmt: skip
+    doc = benchmark.pedantic(
+        run_bench,
+        args=(str(tmp_path),),
+        kwargs={"mib": MIB, "rounds": 2, "cold": False},
+        rounds=1,
+        iterations=1,
+    )
     assert set(doc["gb_per_s"]) == {
         "restore (validated) hot",
         "raw read hot",

@@ -49,8 +49,16 @@ FP = tiny_fp("bench/scaling")  # 64 bytes a token, pages of 4 tokens
 GROUPS = 8  #: conversations share their first segment with every GROUPS-th other
 MIB = 1 << 20
 BIG_MIB = 1 << 20  #: the budget while growing: never full
-OPS = ("lookup hit", "lookup miss", "restore", "park+flush", "GC park+flush", "lookup after GC",
-       "open", "first lookup")  # fmt: skip
+OPS = (
+    "lookup hit",
+    "lookup miss",
+    "restore",
+    "park+flush",
+    "GC park+flush",
+    "lookup after GC",
+    "open",
+    "first lookup",
+)
 ONCE = ("open", "first lookup")  #: O(n) by design: reported, not judged
 #: op -> size -> median seconds (filled size by size; printed as a table after the last)
 ROWS: dict[str, dict[int, float]] = {op: {} for op in OPS}
@@ -179,9 +187,12 @@ class Scaled:
 @pytest.fixture(scope="module")
 def scaled() -> Iterator[Scaled]:
     shm = "/dev/shm"
-    root = Path(tempfile.mkdtemp(prefix="strata-scaling-",
-                                 dir=shm if os.path.isdir(shm) and os.access(shm, os.W_OK)
-                                 else None))  # fmt: skip
+    root = Path(
+        tempfile.mkdtemp(
+            prefix="strata-scaling-",
+            dir=shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None,
+        )
+    )
     s = Scaled(root)
     try:
         yield s

@@ -25,8 +25,9 @@ from stratastore.levels.local import SegmentStore
 
 MIB = int(os.environ.get("STRATA_BENCH_MIB", "1024"))
 SEGMENTS = 8
-FP = ModelFingerprint.create("bench/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8,
-                             head_dim=128, page_tokens=16)  # fmt: skip
+FP = ModelFingerprint.create(
+    "bench/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16
+)
 TOKENS = max(1, MIB * (1 << 20) // SEGMENTS // FP.token_bytes)
 SEG_BYTES = TOKENS * FP.token_bytes
 TOTAL = SEG_BYTES * SEGMENTS
@@ -113,10 +114,15 @@ def test_store_vs_raw_interleaved(benchmark: Any, bench_set: BenchSet) -> None:
     rnd = [0]
 
     def one_round() -> None:
-        writes = [("raw write+fsync", bs.raw_write_fsync, bs.drop_raw),
-                  ("put (durable)", bs.put_all, bs.fresh_store)]  # fmt: skip
-        reads = [("raw read (hot)", bs.raw_read), ("get_into (validated, hot)", bs.get_all),
-                 ("view (validated, hot)", bs.view_all)]  # fmt: skip
+        writes = [
+            ("raw write+fsync", bs.raw_write_fsync, bs.drop_raw),
+            ("put (durable)", bs.put_all, bs.fresh_store),
+        ]
+        reads = [
+            ("raw read (hot)", bs.raw_read),
+            ("get_into (validated, hot)", bs.get_all),
+            ("view (validated, hot)", bs.view_all),
+        ]
         if rnd[0] % 2:
             writes.reverse()
             reads.reverse()

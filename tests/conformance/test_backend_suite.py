@@ -15,8 +15,9 @@ from stratastore.testing import BackendTests
 
 
 class TestSegmentStoreBackend(BackendTests):
-    def make_backend(self, path: Path, fingerprint: ModelFingerprint, level: Level
-                     ) -> SegmentBackend:  # fmt: skip
+    def make_backend(
+        self, path: Path, fingerprint: ModelFingerprint, level: Level
+    ) -> SegmentBackend:
         return SegmentStore.open(path, fingerprint, level=level)
 
     def corrupt(self, backend: SegmentBackend, key: bytes, offset: int) -> None:
@@ -30,8 +31,9 @@ class TestSegmentStoreBackend(BackendTests):
 class TestMemoryBackend(BackendTests):
     supports_persistence = False
 
-    def make_backend(self, path: Path, fingerprint: ModelFingerprint, level: Level
-                     ) -> SegmentBackend:  # fmt: skip
+    def make_backend(
+        self, path: Path, fingerprint: ModelFingerprint, level: Level
+    ) -> SegmentBackend:
         return MemoryBackend(path.name, fingerprint, level)
 
     def corrupt(self, backend: SegmentBackend, key: bytes, offset: int) -> None:

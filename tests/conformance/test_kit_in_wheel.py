@@ -47,8 +47,14 @@ def _builds_wheels_offline() -> bool:
 
 def _run(argv: list[str | Path], cwd: Path, timeout: float = 300) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    done = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**env, "PYTHONNOUSERSITE": "1"})  # fmt: skip
+    done = subprocess.run(
+        [str(a) for a in argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env, "PYTHONNOUSERSITE": "1"},
+    )
     assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout}{done.stderr}"
     return done.stdout
 
@@ -69,15 +75,31 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         else:
             shutil.copy2(ROOT / name, src / name)
     isolation = ["--no-build-isolation"] if _builds_wheels_offline() else []  # else: from PyPI
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", dist, src],
-         cwd=base)  # fmt: skip
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", dist, src],
+        cwd=base,
+    )
     (wheel,) = dist.glob("stratastore-*.whl")
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
-          "--no-index", wheel], cwd=base)  # fmt: skip
-    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                cwd=base).strip()  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            wheel,
+        ],
+        cwd=base,
+    )
+    site = _run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=base
+    ).strip()
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (Path(site) / "dependencies-of-the-test-run.pth").write_text("".join(f"{p}\n" for p in ours))
     away.mkdir()
@@ -85,13 +107,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 
 def _digests(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _installed_kit(installed: Installed) -> Path:
-    out = _run([installed.python, "-c", "from stratastore.testing.vectors import kit_path; "
-                "print(kit_path())"], cwd=installed.away)  # fmt: skip
+    out = _run(
+        [
+            installed.python,
+            "-c",
+            "from stratastore.testing.vectors import kit_path; print(kit_path())",
+        ],
+        cwd=installed.away,
+    )
     kit = Path(out.strip())
     assert kit.is_relative_to(installed.env), f"{kit} is not the installed package's"
     return kit
@@ -139,7 +170,11 @@ def test_load_vectors_without_arguments_returns_every_vector(installed: Installe
 @pytest.mark.slow
 def test_conformance_cites_the_installed_spec(installed: Installed) -> None:
     store = installed.away / "store"
-    _run([installed.python, "-c", """if True:
+    _run(
+        [
+            installed.python,
+            "-c",
+            """if True:
         import sys
         import numpy as np
         from stratastore import ModelFingerprint
@@ -149,7 +184,11 @@ def test_conformance_cites_the_installed_spec(installed: Installed) -> None:
         kv = np.random.default_rng(0).integers(0, 256, 8 * fp.token_bytes, dtype=np.uint8)
         with SegmentStore.open(sys.argv[1], fp) as s:
             s.put_kv(s.root_key, np.arange(8), kv, token_start=0)
-        """, store], cwd=installed.away)  # fmt: skip
+        """,
+            store,
+        ],
+        cwd=installed.away,
+    )
     out = _run([installed.strata, "conformance", store], cwd=installed.away)
     verdict = out.strip().splitlines()[-1]
     assert verdict.startswith("conforms to "), out

@@ -20,8 +20,9 @@ def test_lmdb_key_encoding(tmp_path: Path) -> None:
     """F-IDX-5: ``segments`` maps the raw 32-byte key to the 84-byte record; ``meta`` maps the
     ASCII names ``schema`` (u32 little-endian) and ``fingerprint`` (the 84-byte record)."""
     with SegmentStore.open(tmp_path, FP) as store:
-        put = store.put_kv(FP.digest(), [1, 2, 3], np.zeros(3 * FP.token_bytes, np.uint8),
-                           token_start=0)  # fmt: skip
+        put = store.put_kv(
+            FP.digest(), [1, 2, 3], np.zeros(3 * FP.token_bytes, np.uint8), token_start=0
+        )
         sc = store.sidecar(put.key)
     env = lmdb.open(str(tmp_path / INDEX_DIR), subdir=True, readonly=True, lock=False, max_dbs=4)
     try:
@@ -33,6 +34,9 @@ def test_lmdb_key_encoding(tmp_path: Path) -> None:
     assert list(rows) == [put.key] and len(put.key) == 32
     rec = IndexRecord.unpack(rows[put.key])
     assert (rec.kind, rec.token_start, rec.token_end, rec.parent_key) == (
-        sc.kind, 0, 3, FP.digest()
-    )  # fmt: skip
+        sc.kind,
+        0,
+        3,
+        FP.digest(),
+    )
     assert meta == {b"schema": (1).to_bytes(4, "little"), b"fingerprint": FP.pack()}

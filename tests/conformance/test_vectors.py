@@ -69,10 +69,23 @@ def test_vectors_were_never_modified_in_history() -> None:
     homes = ["format-spec/vectors", VECTORS.resolve().relative_to(ROOT.resolve()).as_posix()]
     try:
         out = subprocess.run(
-            ["git", "-C", str(ROOT), "log", "-M", "--format=commit %h %s", "--name-status",
-             "--diff-filter=MDR", "--", *(f"{h}/{v}" for h in homes for v in RELEASED)],
-            capture_output=True, text=True, timeout=60, check=True,
-        ).stdout  # fmt: skip
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "log",
+                "-M",
+                "--format=commit %h %s",
+                "--name-status",
+                "--diff-filter=MDR",
+                "--",
+                *(f"{h}/{v}" for h in homes for v in RELEASED),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         pytest.skip(f"not a git checkout with history ({e}); the digests above still hold")
     changed, commit = [], ""
@@ -168,8 +181,10 @@ def test_key_vectors_recompute() -> None:
 
 def test_store_reads_the_valid_vectors(tmp_path: Path) -> None:
     """A directory laid out from the vectors by hand is adopted and reads back the pattern."""
-    pairs = [("sidecar_kv_raw.side", "segment_kv_raw.seg", 0),
-             ("sidecar_kv_zstd.side", "segment_kv_zstd.seg", 7)]  # fmt: skip
+    pairs = [
+        ("sidecar_kv_raw.side", "segment_kv_raw.seg", 0),
+        ("sidecar_kv_zstd.side", "segment_kv_zstd.seg", 7),
+    ]
     fp = None
     for side_name, seg_name, _ in pairs:
         sc = decode_sidecar((V1 / side_name).read_bytes())
@@ -222,8 +237,9 @@ def test_each_correction_lies_in_the_folder_that_supersedes() -> None:
 MISMATCH_NAMED = [(v, e) for v, e in ENTRIES if "first_mismatch" in e]
 
 
-@pytest.mark.parametrize(("version", "entry"), MISMATCH_NAMED,
-                         ids=[f"{v}/{e['file']}" for v, e in MISMATCH_NAMED])  # fmt: skip
+@pytest.mark.parametrize(
+    ("version", "entry"), MISMATCH_NAMED, ids=[f"{v}/{e['file']}" for v, e in MISMATCH_NAMED]
+)
 def test_a_key_mismatch_names_the_first_wrong_item(version: str, entry: dict[str, Any]) -> None:
     """Keys are derived from the root along the manifest's own content, never from a recorded
     key, and the first that differs is the one reported (F-CHAIN-2): a wrong first segment
@@ -239,8 +255,11 @@ def test_the_largest_sidecar_is_the_number_the_spec_gives() -> None:
     from stratastore.format.sidecar import MAX_SIDECAR_BYTES
 
     assert "40,112,384" in SPEC.read_text() and MAX_SIDECAR_BYTES == 40_112_384
-    sizes = {json.loads((VECTORS / v / e["file"]).read_text())["bytes"]: e["expect"]
-             for v, e in ENTRIES if e["kind"] == "sized"}  # fmt: skip
+    sizes = {
+        json.loads((VECTORS / v / e["file"]).read_text())["bytes"]: e["expect"]
+        for v, e in ENTRIES
+        if e["kind"] == "sized"
+    }
     assert sizes == {MAX_SIDECAR_BYTES: "UnsupportedVersion", MAX_SIDECAR_BYTES + 1: "FormatError"}
 
 
@@ -248,8 +267,18 @@ def test_the_largest_sidecar_is_the_number_the_spec_gives() -> None:
 def test_the_generator_reproduces_the_committed_vectors(tmp_path: Path, folder: str) -> None:
     """tools/make_vectors.py writes the errata and v1.2 folders byte for byte (deterministic)."""
     out = tmp_path / folder
-    subprocess.run([sys.executable, str(ROOT / "tools" / "make_vectors.py"), f"--{folder}",
-                    str(out), str(VECTORS)], check=True, capture_output=True, timeout=120,
-                   cwd=ROOT)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "make_vectors.py"),
+            f"--{folder}",
+            str(out),
+            str(VECTORS),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     committed = {p.name: p.read_bytes() for p in (VECTORS / folder).iterdir()}
     assert {p.name: p.read_bytes() for p in out.iterdir()} == committed

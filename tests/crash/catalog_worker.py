@@ -98,8 +98,9 @@ class Worker:
         exact = bool(np.array_equal(out[:n], kv_of(prompt)[:n]))
         return {"source": r.source, "tokens": r.tokens, "exact": exact}
 
-    def op_save_session(self, name: str, parts: Parts,
-                        checkpoints: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
+    def op_save_session(
+        self, name: str, parts: Parts, checkpoints: Sequence[int] = ()
+    ) -> dict[str, Any]:
         toks = tokens_of(parts)
         self._store().save_session(name, toks, kv_of(toks), checkpoints=list(checkpoints))
         return {}
@@ -117,8 +118,9 @@ class Worker:
         s = self._store().stats()
         return {k: s[k] for k in ("parks_disk", "discards", "spills_refused", "spill_errors")}
 
-    def op_stress(self, prefix: str, count: int, tokens: int, every: int, flush_every: int,
-                  base: int) -> dict[str, Any]:  # fmt: skip
+    def op_stress(
+        self, prefix: str, count: int, tokens: int, every: int, flush_every: int, base: int
+    ) -> dict[str, Any]:
         """Park ``count`` conversations of ``tokens`` tokens (a segment every ``every``),
         flushing every ``flush_every`` parks; every failure is collected, none stops the run."""
         store = self._store()
@@ -131,8 +133,9 @@ class Worker:
                 failures.extend(f"flush: {cid}: {cause!r}" for cid, cause in e.failures)
 
         for i in range(count):
-            conv, kv = conversation(f"{prefix}-{i}", [[base + i * tokens, tokens]],
-                                    even_cuts(tokens, every))  # fmt: skip
+            conv, kv = conversation(
+                f"{prefix}-{i}", [[base + i * tokens, tokens]], even_cuts(tokens, every)
+            )
             try:
                 store.park(conv, kv)
             except Exception as e:  # a park must not fail: collect it with the rest
@@ -160,8 +163,12 @@ def main() -> None:
         try:
             reply = {"ok": True, **getattr(worker, f"op_{op}")(**req)}
         except Exception as e:
-            reply = {"ok": False, "error": type(e).__name__, "msg": str(e),
-                     "trace": traceback.format_exc()}  # fmt: skip
+            reply = {
+                "ok": False,
+                "error": type(e).__name__,
+                "msg": str(e),
+                "trace": traceback.format_exc(),
+            }
         print(json.dumps(reply), flush=True)
         if op == "close":
             return

@@ -26,13 +26,17 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("STRATA_KILL_ROUNDS", "12"))
 
 
-def spawn(path: Path, count: int, seed: int, env: dict[str, str] | None = None
-          ) -> subprocess.Popen[str]:  # fmt: skip
+def spawn(
+    path: Path, count: int, seed: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.crash.writer", str(path), str(count), str(seed)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def acked(stdout: str) -> dict[int, str]:
@@ -90,8 +94,9 @@ def test_killed_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert kills >= ROUNDS // 2, "the writer finished before it could be killed; slow it down"
     assert len(all_acks) > 0
     # temp files of killed puts may remain (fsck's ORPHAN_TEMP); they are never adopted
-    assert all(n.startswith(("strata-conv-", TEMP_PREFIX, "strata-index")) for n in
-               os.listdir(path))  # fmt: skip
+    assert all(
+        n.startswith(("strata-conv-", TEMP_PREFIX, "strata-index")) for n in os.listdir(path)
+    )
 
 
 def test_crash_at_every_io_step_of_a_put(tmp_path: Path) -> None:

@@ -41,10 +41,14 @@ class Proc:
     def __init__(self, name: str) -> None:
         self.name = name
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "tests.crash.catalog_worker"], cwd=ROOT,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "tests.crash.catalog_worker"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+        )
         assert self.read()["ready"]
 
     def send(self, op: str, **args: Any) -> None:
@@ -137,8 +141,9 @@ def manifests(d: Path) -> list[Path]:
 
 
 # -- 1. a stale view deletes a newer manifest ---------------------------------------------------
-def test_a_stale_view_never_deletes_a_newer_manifest(tmp_path: Path,
-                                                     procs: dict[str, Proc]) -> None:  # fmt: skip
+def test_a_stale_view_never_deletes_a_newer_manifest(
+    tmp_path: Path, procs: dict[str, Proc]
+) -> None:
     """B looked when X was at version 1 (two segments); A parks X again (version 2: other
     tokens after a shared start, so another first segment), then parks W, whose room takes
     what version 1 alone named; B then deletes a session, which runs its GC: X's manifest
@@ -173,7 +178,8 @@ def test_a_stale_view_never_deletes_a_newer_manifest(tmp_path: Path,
 
 # -- 2. capacity GC evicts a session saved after this process last looked -----------------------
 def test_capacity_gc_never_evicts_a_session_saved_after_the_last_look(
-        tmp_path: Path, procs: dict[str, Proc]) -> None:  # fmt: skip
+    tmp_path: Path, procs: dict[str, Proc]
+) -> None:
     """B looks; A saves session S (within the same timestamp tick as B's look); B parks enough
     to push the level over its budget: S must still load in full (F-CHAIN-5) whatever happens
     to B's park (refused, or stored by evicting something else)."""
@@ -222,14 +228,21 @@ def fast_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_parks_never_fail_when_another_process_moved_the_segment_first(
-        fast_dir: Path, procs: dict[str, Proc]) -> None:  # fmt: skip
+    fast_dir: Path, procs: dict[str, Proc]
+) -> None:
     """Two processes park into a small warm level over a cold one, so each keeps degrading
     the oldest warm segments, often the other's, often the same one at the same time. A
     segment the other process moved down (or deleted) first is not an error of this park:
     no park may raise and no flush may report a failed disk write. (Today 5 to 70 of the 200
     fail, every run: SegmentNotFound from the warm level's adopt of a segment already gone.)"""
-    cfg = {"ram_mib": 0, "park": "disk", "warm_dir": str(fast_dir / "warm"), "warm_mib": 1,
-           "cold_dir": str(fast_dir / "cold"), "cold_mib": 4}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "warm_dir": str(fast_dir / "warm"),
+        "warm_mib": 1,
+        "cold_dir": str(fast_dir / "cold"),
+        "cold_mib": 4,
+    }
     a, b = procs["A"], procs["B"]
     a.call("open", cfg=cfg)
     b.call("open", cfg=cfg)
@@ -246,8 +259,9 @@ def test_parks_never_fail_when_another_process_moved_the_segment_first(
 
 
 # -- 4. a re-park invisible under coarse timestamps ---------------------------------------------
-def test_a_park_again_is_seen_with_coarse_timestamps(tmp_path: Path,
-                                                    procs: dict[str, Proc]) -> None:  # fmt: skip
+def test_a_park_again_is_seen_with_coarse_timestamps(
+    tmp_path: Path, procs: dict[str, Proc]
+) -> None:
     """B looks up X (version 1, 2,000 tokens); A parks X again, longer (4,000 tokens), within
     the same 1 s timestamp tick, so the directory's and the manifest's times read as before;
     B must restore the new version."""

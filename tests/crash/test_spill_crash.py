@@ -37,8 +37,14 @@ def test_crash_at_every_io_step_of_a_spill(tmp_path: Path) -> None:
         k += 1
         cold = tmp_path / f"k{k}"
         env = {**os.environ, CRASH_ENV: str(k), "PYTHONPATH": str(ROOT)}
-        r = subprocess.run([sys.executable, "-c", _WRITER, str(cold)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-c", _WRITER, str(cold)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         done = r.returncode == 0
         assert done or r.returncode == CRASH_EXIT, r.stderr
         acked = {int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("ACK")}

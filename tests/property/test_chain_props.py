@@ -54,8 +54,9 @@ class Engine:
 @given(ops=ops, count=st.integers(2, 8), seed=st.integers(0, 2**16))
 # a case where the policies differ: spread still has a checkpoint 1,000 tokens back, LRU not
 @example(ops=[("turn", 100)] * 60 + [("edit", 1000, 100)], count=6, seed=1)
-def test_lookup_is_exact_and_spread_keeps_at_least_lru(ops: list[tuple[int, ...]], count: int,
-                                                       seed: int) -> None:  # fmt: skip
+def test_lookup_is_exact_and_spread_keeps_at_least_lru(
+    ops: list[tuple[int, ...]], count: int, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 1000, SYSTEM).astype(np.uint32)
     spread, lru = Engine("spread", count, None), Engine("lru", count, None)

@@ -28,8 +28,12 @@ class StoreMachine(RuleBasedStateMachine):
         self.store = SegmentStore.open(self.dir, FP)
         self.model: dict[bytes, bytes] = {}
 
-    @rule(target=keys, tokens=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40),
-          seed=st.integers(0, 3), zstd=st.booleans())  # fmt: skip
+    @rule(
+        target=keys,
+        tokens=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40),
+        seed=st.integers(0, 3),
+        zstd=st.booleans(),
+    )
     def put(self, tokens: list[int], seed: int, zstd: bool) -> bytes:
         payload = kv_bytes(FP, len(tokens), seed)
         codec = Codec.ZSTD if zstd else Codec.RAW

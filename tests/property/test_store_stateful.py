@@ -38,16 +38,23 @@ def kv(i: int, n: int) -> np.ndarray:
 
 def conversation(i: int, n: int) -> Conversation:
     lengths = sorted({*range(16, n, 16), n})
-    return Conversation(f"c{i}", as_tokens(tokens(i, n)), [Checkpoint(x) for x in lengths],
-                        cuts=[0, *lengths[:-1]])  # fmt: skip
+    return Conversation(
+        f"c{i}", as_tokens(tokens(i, n)), [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]]
+    )
 
 
 class StoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="strata-stateful-"))
-        self.cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "park_min_free_mib": 1,
-                    "cold_dir": str(self.dir / "cold"), "cold_mib": 64}  # fmt: skip
+        self.cfg = {
+            "ram_mib": 1,
+            "slots": 1,
+            "min_free_mib": 1,
+            "park_min_free_mib": 1,
+            "cold_dir": str(self.dir / "cold"),
+            "cold_mib": 64,
+        }
         self.store = Store.open(FP, self.cfg, probe=lambda: 1 << 40, warn=lambda m: None)
         self.parked: dict[int, int] = {}  #: conversation -> tokens parked (RAM or disk)
         self.on_disk: dict[int, int] = {}  #: conversation -> tokens known durable on disk
@@ -70,8 +77,9 @@ class StoreModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, CONVS - 1), n=st.integers(1, MAX), disk=st.booleans())  # disk: session
     def park(self, i: int, n: int, disk: bool) -> None:
         if disk:  # a session has its own tokens (conversation number i + CONVS)
-            self.store.save_session(f"s{i}", tokens(i + CONVS, n), kv(i + CONVS, n).copy(),
-                                    checkpoints=range(16, n, 16))  # fmt: skip
+            self.store.save_session(
+                f"s{i}", tokens(i + CONVS, n), kv(i + CONVS, n).copy(), checkpoints=range(16, n, 16)
+            )
             self.sessions[f"s{i}"] = n
             return
         self.lengths.setdefault(i, set()).add(n)
@@ -151,8 +159,9 @@ class StoreModel(RuleBasedStateMachine):
             self.store.load_session(name, out)
             assert np.array_equal(out, kv(int(name[1:]) + CONVS, n))
         errors = [f for f in fsck([self.cfg["cold_dir"]], deep=True) if f.severity == "error"]
-        assert all(f.id == "PAGE_HASH_MISMATCH" for f in errors) and (errors == []
-                   or self.damaged), errors  # fmt: skip
+        assert all(f.id == "PAGE_HASH_MISMATCH" for f in errors) and (
+            errors == [] or self.damaged
+        ), errors
 
     @invariant()
     def counters_are_sane(self) -> None:

@@ -20,8 +20,14 @@ FLOORS = {
     "corruptions": 1000,
 }
 FUZZ_FLOOR = 10_000  #: executions per parser
-FUZZ_PARSERS = ("sidecar", "segment_header", "index_record", "fingerprint", "chain_manifest",
-                "config")  # fmt: skip
+FUZZ_PARSERS = (
+    "sidecar",
+    "segment_header",
+    "index_record",
+    "fingerprint",
+    "chain_manifest",
+    "config",
+)
 
 COUNTS: Counter[str] = Counter()
 

@@ -33,8 +33,9 @@ from stratastore.ops.repair import repair
 from tests.reliability.counts import SCALE
 
 #: 2 layers x 4 kv heads x 64 dims fp16: 2 KiB a token, 32 KiB pages of 16 tokens
-FP = ModelFingerprint.create("test/reliability", n_layers=2, n_kv_heads=4, head_dim=64,
-                             page_tokens=16)  # fmt: skip
+FP = ModelFingerprint.create(
+    "test/reliability", n_layers=2, n_kv_heads=4, head_dim=64, page_tokens=16
+)
 TB = FP.token_bytes
 N_TOKENS = 96  # 192 KiB a conversation, checkpoints every 32 tokens
 
@@ -42,8 +43,9 @@ N_TOKENS = 96  # 192 KiB a conversation, checkpoints every 32 tokens
 def conversation(i: int) -> tuple[Conversation, np.ndarray]:
     toks = np.arange(N_TOKENS) + 1000 * (i + 1)
     lengths = [32, 64, N_TOKENS]
-    conv = Conversation(f"conv{i}", as_tokens(toks), [Checkpoint(x) for x in lengths],
-                        cuts=[0, 32, 64])  # fmt: skip
+    conv = Conversation(
+        f"conv{i}", as_tokens(toks), [Checkpoint(x) for x in lengths], cuts=[0, 32, 64]
+    )
     kv = np.random.default_rng(i).integers(0, 256, N_TOKENS * TB, dtype=np.uint8)
     return conv, kv
 
@@ -123,30 +125,47 @@ def workloads(variant: int = 0) -> dict[str, Workload]:
     """The canonical workloads; ``variant`` v parks v more conversations in each (``make soak``
     runs variants 0..9: longer histories, more degradation and GC)."""
     ws = {
-        "park": Workload("park", {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 64}, 3 + variant,
-                         run=lambda r, a: None),
+        "park": Workload(
+            "park",
+            {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 64},
+            3 + variant,
+            run=lambda r, a: None,
+        ),
         # warm holds about five conversations: the later parks degrade the oldest to cold, by
         # copy (link fails with EXDEV, as across volumes)
-        "degrade": Workload("degrade", {"ram_mib": 0, "warm_dir": "warm", "warm_mib": 1,
-                                        "cold_dir": "cold", "cold_mib": 64}, 7 + variant,
-                            run=lambda r, a: None,
-                            faults=[Fault(op="link", errno=errno.EXDEV, persistent=True)]),
+        "degrade": Workload(
+            "degrade",
+            {"ram_mib": 0, "warm_dir": "warm", "warm_mib": 1, "cold_dir": "cold", "cold_mib": 64},
+            7 + variant,
+            run=lambda r, a: None,
+            faults=[Fault(op="link", errno=errno.EXDEV, persistent=True)],
+        ),
         # parks go to RAM (4 slots) and only what RAM evicts is spilled to cold; a RAM park is
         # not durable, so nothing is acknowledged: after a fault, whatever restores is whole
-        "spill": Workload("spill", {"ram_mib": 4, "slots": 4, "spill_on": "evict",
-                                    "cold_dir": "cold", "cold_mib": 64}, 7 + variant,
-                          run=lambda r, a: None, may_evict=True, durable=False),
+        "spill": Workload(
+            "spill",
+            {"ram_mib": 4, "slots": 4, "spill_on": "evict", "cold_dir": "cold", "cold_mib": 64},
+            7 + variant,
+            run=lambda r, a: None,
+            may_evict=True,
+            durable=False,
+        ),
         # cold holds about four conversations: the later parks evict the oldest
-        "gc": Workload("gc", {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 1}, 7 + variant,
-                       run=lambda r, a: None, may_evict=True),
-    }  # fmt: skip
+        "gc": Workload(
+            "gc",
+            {"ram_mib": 0, "cold_dir": "cold", "cold_mib": 1},
+            7 + variant,
+            run=lambda r, a: None,
+            may_evict=True,
+        ),
+    }
     for w in ws.values():
         w.run = _park_all(w)
     park = ws["park"]
-    ws["repair"] = Workload("repair", dict(park.config), park.parks, _repair,
-                            prepare=_damage(park))  # fmt: skip
-    ws["rebuild"] = Workload("rebuild", dict(park.config), park.parks, _rebuild,
-                             prepare=_drop_index(park))  # fmt: skip
+    ws["repair"] = Workload("repair", dict(park.config), park.parks, _repair, prepare=_damage(park))
+    ws["rebuild"] = Workload(
+        "rebuild", dict(park.config), park.parks, _rebuild, prepare=_drop_index(park)
+    )
     return ws
 
 
@@ -179,8 +198,7 @@ def check(w: Workload, root: Path, acked: set[int], *, isolate_index: bool = Fal
             continue
         want = 64 if i in damaged else N_TOKENS
         assert got[i] == want, f"{w.name}: acknowledged conv{i} restored {got[i]} tokens"
-    errors = [f for f in fsck(w.dirs(root), isolate_index=isolate_index)
-              if f.severity == "error"]  # fmt: skip
+    errors = [f for f in fsck(w.dirs(root), isolate_index=isolate_index) if f.severity == "error"]
     assert not errors, f"{w.name}: fsck errors {errors}"
 
 

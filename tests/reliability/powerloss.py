@@ -79,13 +79,21 @@ def crash_states(rec: Recorder) -> Iterator[tuple[str, int, Tree]]:
         for d in pending:
             old = trees[dir_synced.get(d, 0)]
             kept = {p: b for p, b in now.items() if os.path.dirname(p) != d}
-            yield "dropped dir update", i, {**kept, **{p: b for p, b in old.items()
-                                                      if os.path.dirname(p) == d}}  # fmt: skip
+            yield (
+                "dropped dir update",
+                i,
+                {**kept, **{p: b for p, b in old.items() if os.path.dirname(p) == d}},
+            )
         if pending and dirty:  # all of it at once: every unsynced byte and entry lost
             lost = {p: b for p, b in now.items() if os.path.dirname(p) not in pending}
             for d in pending:
-                lost.update({p: b for p, b in trees[dir_synced.get(d, 0)].items()
-                             if os.path.dirname(p) == d})  # fmt: skip
+                lost.update(
+                    {
+                        p: b
+                        for p, b in trees[dir_synced.get(d, 0)].items()
+                        if os.path.dirname(p) == d
+                    }
+                )
             for p, synced in dirty.items():
                 if p in lost:
                     lost[p] = synced or b""

@@ -69,8 +69,9 @@ def _verify(root: Path, damaged: Path | None, expect_finding: bool) -> None:
     errors = [f for f in findings if f.severity == "error"]
     if expect_finding:
         assert damaged is not None
-        names = {Path(f.object).name for f in findings} | {Path(f.object).parent.name
-                                                             for f in findings}  # fmt: skip
+        names = {Path(f.object).name for f in findings} | {
+            Path(f.object).parent.name for f in findings
+        }
         assert damaged.name in names, f"fsck did not name {damaged.name}: {findings}"
     # before repair: a damaged store opens (or refuses with a typed error) and restores
     # validated bytes. Not with a damaged LMDB file: LMDB trusts its pages, and a damaged one
@@ -91,9 +92,16 @@ def _verify(root: Path, damaged: Path | None, expect_finding: bool) -> None:
     # a flip in a sidecar's required_features reads as a newer writer's file (F-COMPAT-2: the
     # bits are checked before the checksum), which repair leaves for a newer reader: the one
     # error a repaired store may keep, and only on the damaged file itself
-    left = [f for f in fsck(dirs, deep=True) if f.severity == "error"
-            and not (f.id == "SIDECAR_UNSUPPORTED" and damaged is not None
-                     and Path(f.object).name == damaged.name)]  # fmt: skip
+    left = [
+        f
+        for f in fsck(dirs, deep=True)
+        if f.severity == "error"
+        and not (
+            f.id == "SIDECAR_UNSUPPORTED"
+            and damaged is not None
+            and Path(f.object).name == damaged.name
+        )
+    ]
     assert not left, errors
     with Store.open(FP, cfg, probe=lambda: 1 << 40) as store:
         for i in range(3):

@@ -30,26 +30,38 @@ def conversation(
     """Tokens ``base, base + 1, ...`` cut and checkpointed at each of ``ends``; random K/V
     seeded by ``seed`` (the same seed gives the same bytes whatever the cuts)."""
     n = ends[-1]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(0), *(Checkpoint(e) for e in ends)],
-                        cuts=[0, *ends[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(0), *(Checkpoint(e) for e in ends)],
+        cuts=[0, *ends[:-1]],
+    )
     rng = np.random.default_rng(seed)
     return conv, rng.integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
 
 
 def store_config(tmp: Path, sub: str, url: str | None, name: str, **kw: Any) -> StoreConfig:
     """No RAM level (every park goes to disk, then is pushed), a cold level of its own."""
-    cfg: dict[str, Any] = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp / sub),
-                           "cold_mib": kw.pop("cold_mib", 64)}  # fmt: skip
+    cfg: dict[str, Any] = {
+        "ram_mib": 0,
+        "park": "disk",
+        "cold_dir": str(tmp / sub),
+        "cold_mib": kw.pop("cold_mib", 64),
+    }
     if url is not None:
-        cfg.update(remote_url=url, remote_name=name, remote_mib=kw.pop("remote_mib", 64),
-                   remote_timeout_ms=kw.pop("remote_timeout_ms", 2000))  # fmt: skip
+        cfg.update(
+            remote_url=url,
+            remote_name=name,
+            remote_mib=kw.pop("remote_mib", 64),
+            remote_timeout_ms=kw.pop("remote_timeout_ms", 2000),
+        )
     cfg.update(kw)
     return StoreConfig(**cfg)
 
 
-def open_store(cfg: StoreConfig, warns: list[str] | None = None,
-               fp: ModelFingerprint = FP) -> Store:  # fmt: skip
+def open_store(
+    cfg: StoreConfig, warns: list[str] | None = None, fp: ModelFingerprint = FP
+) -> Store:
     sink = warns if warns is not None else []
     store: Store = run_with_timeout(lambda: Store.open(fp, cfg, warn=sink.append), BOUND)
     return store

@@ -35,8 +35,7 @@ from stratastore.chain import as_tokens
 
 def fingerprint() -> ModelFingerprint:
     """tests/conftest.py's ``tiny_fp()``: 64 bytes a token, pages of 4 tokens."""
-    return ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=2, head_dim=4,
-                                   page_tokens=4)  # fmt: skip
+    return ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4)
 
 
 def kv(fp: ModelFingerprint, seed: int, n_tokens: int) -> npt.NDArray[np.uint8]:
@@ -46,9 +45,12 @@ def kv(fp: ModelFingerprint, seed: int, n_tokens: int) -> npt.NDArray[np.uint8]:
 
 def _park(store: Store, fp: ModelFingerprint, op: dict[str, Any]) -> dict[str, Any]:
     tokens = op["tokens"]
-    conv = Conversation(op["id"], as_tokens(np.asarray(tokens)),
-                        [Checkpoint(x) for x in op["checkpoints"]],
-                        cuts=list(op.get("cuts") or [0]))  # fmt: skip
+    conv = Conversation(
+        op["id"],
+        as_tokens(np.asarray(tokens)),
+        [Checkpoint(x) for x in op["checkpoints"]],
+        cuts=list(op.get("cuts") or [0]),
+    )
     data = kv(fp, op["seed"], op.get("kv_tokens") or len(tokens))[: len(tokens) * fp.token_bytes]
     states = {int(k): bytes.fromhex(v) for k, v in (op.get("states") or {}).items()}
     report = store.park(conv, data.copy(), states=states or None)

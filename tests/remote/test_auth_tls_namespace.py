@@ -56,8 +56,9 @@ def _cfg(tmp: Path, url: str, sub: str = "a", **kw: Any) -> StoreConfig:
     return StoreConfig(ram_mib=0, cold_dir=str(tmp / sub), cold_mib=64, remote_url=url, **kw)
 
 
-def _park(cfg: StoreConfig, fp: ModelFingerprint, base: int, warns: Warns, n: int = 64,
-          step: int = 16) -> tuple[npt.NDArray[np.uint8], dict[str, Any]]:  # fmt: skip
+def _park(
+    cfg: StoreConfig, fp: ModelFingerprint, base: int, warns: Warns, n: int = 64, step: int = 16
+) -> tuple[npt.NDArray[np.uint8], dict[str, Any]]:
     """Park the conversation of tokens ``base..base+n`` (K/V seeded by ``base``) on a store of
     ``cfg``, acknowledged on its disk level and pushed; its K/V and the store's stats."""
     conv, kv = conversation_kv(f"c{base}", n, base, step=step, fp=fp)
@@ -69,8 +70,9 @@ def _park(cfg: StoreConfig, fp: ModelFingerprint, base: int, warns: Warns, n: in
     return kv, stats
 
 
-def _restore(cfg: StoreConfig, fp: ModelFingerprint, base: int, warns: Warns, n: int = 64
-             ) -> tuple[Any, npt.NDArray[np.uint8], dict[str, Any]]:  # fmt: skip
+def _restore(
+    cfg: StoreConfig, fp: ModelFingerprint, base: int, warns: Warns, n: int = 64
+) -> tuple[Any, npt.NDArray[np.uint8], dict[str, Any]]:
     """Restore the prompt ``base..base+n`` on a store of ``cfg``: (Restored, bytes, stats)."""
     out = np.zeros(n * fp.token_bytes, np.uint8)
     with Store.open(fp, cfg, warn=warns.append) as s:
@@ -79,8 +81,9 @@ def _restore(cfg: StoreConfig, fp: ModelFingerprint, base: int, warns: Warns, n:
     return r, out, stats
 
 
-def _roundtrip(tmp: Path, fp: ModelFingerprint, base: int, cfg_of: Callable[[str], StoreConfig]
-               ) -> Warns:  # fmt: skip
+def _roundtrip(
+    tmp: Path, fp: ModelFingerprint, base: int, cfg_of: Callable[[str], StoreConfig]
+) -> Warns:
     """Park on one store (its own cold level), restore on another (a fresh one): the bytes
     come from the remote level, whole and equal. The warnings said meanwhile."""
     warns: Warns = []
@@ -111,9 +114,12 @@ def _monitor(level_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """``strata monitor LEVEL_DIR FLAGS`` in a process of its own."""
     return subprocess.run(
         [sys.executable, "-m", "stratastore.cli", "monitor", str(level_dir), *flags],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
 
 
 def _keys(server: RedisServer, pattern: str = "*") -> set[bytes]:
@@ -140,9 +146,14 @@ def _keys(server: RedisServer, pattern: str = "*") -> set[bytes]:
     ids=["config", "env", "url", "config-over-env", "env-over-url", "config-wrong-env-right"],
 )
 def test_auth_password_from_config_env_or_url(
-    redis_auth_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    cfg_pw: str, env_pw: str, url_pw: str, ok: bool,
-) -> None:  # fmt: skip
+    redis_auth_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cfg_pw: str,
+    env_pw: str,
+    url_pw: str,
+    ok: bool,
+) -> None:
     """A store with the server's password (from the config, else the environment, else the
     URL) parks, and another restores from the remote level what it parked."""
     s = redis_auth_server
@@ -206,8 +217,9 @@ def test_wrong_password_is_a_config_error_without_it(
     assert "authentication refused" in msg and "remote_password" in msg
     assert redis_auth_server.url.replace("redis://", "") in msg  # which server
     assert wrong not in msg and wrong not in repr(e.value) and warns == []
-    good = _cfg(tmp_path, redis_auth_server.url, remote_password=AUTH_PASSWORD,
-                remote_name="wrongpw")  # fmt: skip
+    good = _cfg(
+        tmp_path, redis_auth_server.url, remote_password=AUTH_PASSWORD, remote_name="wrongpw"
+    )
     _, stats = _park(good, tiny_fp(), 3000, warns)
     assert stats["levels"]["remote"]["remote_puts"] >= 1 and warns == []
 
@@ -229,8 +241,9 @@ def test_alice_outside_her_keys_is_refused_and_the_park_stands(
     key (NOPERM). The park is acknowledged on the local level and restores from it; the
     refusal is typed (RemoteError), counted and said, without alice's password."""
     s = redis_auth_server
-    cfg = _cfg(tmp_path, s.url, remote_name="bob", remote_username="alice",
-               remote_password=ALICE_PASSWORD)  # fmt: skip
+    cfg = _cfg(
+        tmp_path, s.url, remote_name="bob", remote_username="alice", remote_password=ALICE_PASSWORD
+    )
     fp = tiny_fp()
     warns: Warns = []
     conv, kv = conversation_kv("c4000", 64, 4000, fp=fp)
@@ -265,27 +278,35 @@ def mtls_server(
         yield server
 
 
-def test_tls_end_to_end(redis_tls_server: RedisServer, tls_files: TlsFiles,
-                        tmp_path: Path) -> None:  # fmt: skip
+def test_tls_end_to_end(redis_tls_server: RedisServer, tls_files: TlsFiles, tmp_path: Path) -> None:
     """rediss:// with the CA of the server's certificate: one store parks, another restores."""
     assert redis_tls_server.url.startswith("rediss://")
 
     def cfg(sub: str) -> StoreConfig:
-        return _cfg(tmp_path, redis_tls_server.url, sub, remote_tls_ca=str(tls_files.ca),
-                    remote_name="tls")  # fmt: skip
+        return _cfg(
+            tmp_path, redis_tls_server.url, sub, remote_tls_ca=str(tls_files.ca), remote_name="tls"
+        )
 
     assert _roundtrip(tmp_path, tiny_fp("test/tls"), 5000, cfg) == []
 
 
-def test_tls_client_certificate(mtls_server: RedisServer, tls_files: TlsFiles,
-                                tmp_path: Path) -> None:  # fmt: skip
+def test_tls_client_certificate(
+    mtls_server: RedisServer, tls_files: TlsFiles, tmp_path: Path
+) -> None:
     """A server that asks for a client certificate: remote_tls_cert and remote_tls_key are
     used (end to end); without them the level fails typed, the park stands locally."""
     t = tls_files
 
     def cfg(sub: str, **kw: Any) -> StoreConfig:
-        return _cfg(tmp_path, mtls_server.url, sub, remote_tls_ca=str(t.ca), remote_name="mtls",
-                    remote_timeout_ms=1000, **kw)  # fmt: skip
+        return _cfg(
+            tmp_path,
+            mtls_server.url,
+            sub,
+            remote_tls_ca=str(t.ca),
+            remote_name="mtls",
+            remote_timeout_ms=1000,
+            **kw,
+        )
 
     certs = {"remote_tls_cert": str(t.client_cert), "remote_tls_key": str(t.client_key)}
     assert _roundtrip(tmp_path, tiny_fp("test/mtls"), 6000, lambda sub: cfg(sub, **certs)) == []
@@ -302,15 +323,21 @@ def test_tls_client_certificate_with_the_wrong_key_is_a_config_error(
     mtls_server: RedisServer, tls_files: TlsFiles, tmp_path: Path
 ) -> None:
     t = tls_files
-    cfg = _cfg(tmp_path, mtls_server.url, remote_tls_ca=str(t.ca),
-               remote_tls_cert=str(t.client_cert), remote_tls_key=str(t.key))  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        mtls_server.url,
+        remote_tls_ca=str(t.ca),
+        remote_tls_cert=str(t.client_cert),
+        remote_tls_key=str(t.key),
+    )
     with pytest.raises(ConfigError, match="remote_tls_cert") as e:
         Store.open(tiny_fp(), cfg, warn=[].append)
     assert "TLS" in str(e.value)
 
 
-def test_tls_without_the_ca_is_a_config_error(redis_tls_server: RedisServer,
-                                              tmp_path: Path) -> None:  # fmt: skip
+def test_tls_without_the_ca_is_a_config_error(
+    redis_tls_server: RedisServer, tmp_path: Path
+) -> None:
     """rediss:// without remote_tls_ca: the test CA is not trusted, so the server's
     certificate is refused: ConfigError at open naming remote_tls_ca, at once."""
     started = time.monotonic()
@@ -320,8 +347,9 @@ def test_tls_without_the_ca_is_a_config_error(redis_tls_server: RedisServer,
     assert "remote_tls_ca" in str(e.value) and "rediss://127.0.0.1" in str(e.value)
 
 
-def test_tls_ca_file_missing_is_a_config_error(redis_tls_server: RedisServer,
-                                               tmp_path: Path) -> None:  # fmt: skip
+def test_tls_ca_file_missing_is_a_config_error(
+    redis_tls_server: RedisServer, tmp_path: Path
+) -> None:
     cfg = _cfg(tmp_path, redis_tls_server.url, remote_tls_ca=str(tmp_path / "no-such-ca.pem"))
     with pytest.raises(ConfigError, match="remote_tls_ca"):
         Store.open(tiny_fp(), cfg, warn=[].append)
@@ -382,9 +410,12 @@ MONITOR_TABLE_BUG = "KeyError: 'oldest_age_s'"
 
 @pytest.mark.parametrize("via", ["config", "env", "url", "url-user", "env-user"])
 def test_credentials_are_never_shown(
-    redis_bin: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], via: str,
-) -> None:  # fmt: skip
+    redis_bin: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    via: str,
+) -> None:
     """Every warning, error, stats document, info line, Prometheus page, published
     monitor.json and ``strata monitor`` output (table, JSON, Prometheus) of stores with
     credentials, working and failing, names the server without them."""
@@ -427,13 +458,18 @@ def test_credentials_are_never_shown(
         # errors: a wrong password, a bad URL carrying one, a URL that is not a string
         e = error(lambda: Store.open(tiny_fp(), cfg("wrong", wrong), warn=seen.append))
         assert isinstance(e, ConfigError) and shown in str(e)
-        e = error(lambda: StoreConfig(remote_url=f"redis://:{SECRET}@127.0.0.1:port/0",
-                                      remote_mib=1))  # fmt: skip
+        e = error(
+            lambda: StoreConfig(remote_url=f"redis://:{SECRET}@127.0.0.1:port/0", remote_mib=1)
+        )
         assert isinstance(e, ConfigError) and "remote_url" in str(e)
         e = error(lambda: StoreConfig(remote_url=f"redis:/:{SECRET}@x", remote_mib=1))
         assert isinstance(e, ConfigError) and "remote_url" in str(e)
-        e = error(lambda: StoreConfig(remote_url=f"redis://:{SECRET}@h:1/0".encode(),  # type: ignore[arg-type]
-                                      remote_mib=1))  # fmt: skip
+        e = error(
+            lambda: StoreConfig(
+                remote_url=f"redis://:{SECRET}@h:1/0".encode(),  # type: ignore[arg-type]
+                remote_mib=1,
+            )
+        )
         assert isinstance(e, ConfigError) and "remote_url" in str(e)
         e = error(lambda: StoreConfig(remote_password=SECRET.encode()))  # type: ignore[arg-type]
         assert isinstance(e, ConfigError) and "remote_password" in str(e)
@@ -517,8 +553,11 @@ def raw(ns_server: RedisServer) -> Iterator[Any]:
 
 def _dump(r: Any, outside: str) -> dict[bytes, tuple[bytes, int]]:
     """Every key not starting with ``outside``: its DUMP (type and value) and its TTL."""
-    return {k: (r.dump(k), r.pttl(k)) for k in r.scan_iter(count=1000)
-            if not k.startswith(outside.encode())}  # fmt: skip
+    return {
+        k: (r.dump(k), r.pttl(k))
+        for k in r.scan_iter(count=1000)
+        if not k.startswith(outside.encode())
+    }
 
 
 def _plant_foreign(r: Any, ns: str, copy_of: bytes | None = None) -> list[bytes]:
@@ -547,8 +586,12 @@ def _plant_foreign(r: Any, ns: str, copy_of: bytes | None = None) -> list[bytes]
     r.zadd(f"strata/other/{fp32}/ages", {f"{0:020d}:{k}": 0})
     r.rpush("queue:{x}", b"a", b"b")
     r.sadd("set:1", b"m")
-    extra = [f"strata/other/{fp32}/recs".encode(), f"strata/other/{fp32}/ages".encode(),
-             b"queue:{x}", b"set:1"]  # fmt: skip
+    extra = [
+        f"strata/other/{fp32}/recs".encode(),
+        f"strata/other/{fp32}/ages".encode(),
+        b"queue:{x}",
+        b"set:1",
+    ]
     if copy_of is not None:  # a copy of one of our commit records, in another store's space
         for where in (f"strata/other/{fp32}/s/", f"strata/{name}/{'f' * 32}/s/"):
             key = where + copy_of.decode().split("/s/", 1)[1]
@@ -663,8 +706,9 @@ def test_parks_evictions_deletes_and_fsck_never_touch_foreign_keys(
     assert remote["remote_evictions"] > 0 and 0 < remote["bytes"] <= 1 << 20, remote
     assert warns == []
     assert _dump(raw, ns) == before
-    r, out, _ = _restore(_cfg(tmp_path, url, "s-r", remote_name="ev-small"), fp, bases[-1],
-                         warns, n=n)  # fmt: skip
+    r, out, _ = _restore(
+        _cfg(tmp_path, url, "s-r", remote_name="ev-small"), fp, bases[-1], warns, n=n
+    )
     assert (r.source, r.tokens) == ("remote", n) and np.array_equal(out, kvs[bases[-1]])
 
     backend = RedisBackend.open(RemoteSettings(url, name="ev-small"), fp)
@@ -736,9 +780,11 @@ def test_bad_remote_names_are_config_errors(name: str) -> None:
 
 def test_good_settings_are_accepted() -> None:
     """The counterparts of the mistakes below: each of these constructs."""
-    for kw in ({"remote_mib": 1}, {"remote_eviction": "redis"},
-               {"remote_mib": 1, "remote_name": "a-b_c.9", "remote_part_mib": 512,
-                "remote_timeout_ms": 1}):  # fmt: skip
+    for kw in (
+        {"remote_mib": 1},
+        {"remote_eviction": "redis"},
+        {"remote_mib": 1, "remote_name": "a-b_c.9", "remote_part_mib": 512, "remote_timeout_ms": 1},
+    ):
         StoreConfig(remote_url="redis+cluster://127.0.0.1:1,127.0.0.1:2", **kw)
 
 
@@ -755,8 +801,9 @@ def test_good_settings_are_accepted() -> None:
         ({"remote_mib": 4, "remote_keep_local": "yes"}, ("remote_keep_local",)),
     ],
 )
-def test_eviction_and_budget_mistakes_name_the_setting(kw: dict[str, Any],
-                                                       names: tuple[str, ...]) -> None:  # fmt: skip
+def test_eviction_and_budget_mistakes_name_the_setting(
+    kw: dict[str, Any], names: tuple[str, ...]
+) -> None:
     with pytest.raises(ConfigError) as e:
         StoreConfig(remote_url="redis://127.0.0.1:1/0", **kw)
     for name in names:
@@ -766,9 +813,16 @@ def test_eviction_and_budget_mistakes_name_the_setting(kw: dict[str, Any],
 def test_remote_url_needs_a_disk_level(tmp_path: Path) -> None:
     """No disk level (none, or the cold level switched off): Store.open raises ConfigError
     naming remote_url and what to set, before connecting (nothing listens at port 1)."""
-    for cfg in (StoreConfig(ram_mib=1, remote_url="redis://127.0.0.1:1/0", remote_mib=1),
-                StoreConfig(ram_mib=1, cold_dir=str(tmp_path / "off"), cold_mib=0,
-                            remote_url="redis://127.0.0.1:1/0", remote_mib=1)):  # fmt: skip
+    for cfg in (
+        StoreConfig(ram_mib=1, remote_url="redis://127.0.0.1:1/0", remote_mib=1),
+        StoreConfig(
+            ram_mib=1,
+            cold_dir=str(tmp_path / "off"),
+            cold_mib=0,
+            remote_url="redis://127.0.0.1:1/0",
+            remote_mib=1,
+        ),
+    ):
         with pytest.raises(ConfigError, match="remote_url needs a local disk level") as e:
             Store.open(tiny_fp(), cfg, warn=[].append)
         assert "cold_dir" in str(e.value)
@@ -781,10 +835,12 @@ def test_mapping_and_toml_mistakes_name_the_setting(tmp_path: Path) -> None:
         StoreConfig.from_toml(str(toml))
     assert "Toml-canary" not in str(e.value)
     with pytest.raises(ConfigError, match="remote_name"):
-        StoreConfig.from_mapping({"remote_url": "redis://127.0.0.1:1/0", "remote_mib": 1,
-                                  "remote_name": "Bad/Name"})  # fmt: skip
-    cfg = StoreConfig.from_mapping({"remote_url": "redis://127.0.0.1:1/0", "remote_mib": 1,
-                                    "remote_password": "Map-canary"})  # fmt: skip
+        StoreConfig.from_mapping(
+            {"remote_url": "redis://127.0.0.1:1/0", "remote_mib": 1, "remote_name": "Bad/Name"}
+        )
+    cfg = StoreConfig.from_mapping(
+        {"remote_url": "redis://127.0.0.1:1/0", "remote_mib": 1, "remote_password": "Map-canary"}
+    )
     assert "Map-canary" not in repr(cfg) and "Map-canary" not in str(cfg)
 
 
@@ -794,15 +850,15 @@ def test_mapping_and_toml_mistakes_name_the_setting(tmp_path: Path) -> None:
 def test_info_line_while_the_remote_level_is_down(tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: the level is down
     warns: Warns = []
-    with Store.open(tiny_fp(), _cfg(tmp_path, url, remote_timeout_ms=500),
-                    warn=warns.append) as s:  # fmt: skip
+    with Store.open(tiny_fp(), _cfg(tmp_path, url, remote_timeout_ms=500), warn=warns.append) as s:
         assert warns and s.stats()["levels"]["remote"]["bytes"] is None
         line = s.info_line()
     assert "remote=-" in line or "remote=None" in line, line
 
 
-def test_strata_monitor_table_shows_the_remote_level(ns_server: RedisServer,
-                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_strata_monitor_table_shows_the_remote_level(
+    ns_server: RedisServer, tmp_path: Path
+) -> None:
     _park(_cfg(tmp_path, ns_server.url, remote_name="monitor"), tiny_fp(), 900, [])
     got = _monitor(tmp_path / "a", "--once")
     assert MONITOR_TABLE_BUG not in got.stderr

@@ -22,8 +22,9 @@ from tests.remote.helpers import BOUND, FP, backend, unique_name
 redis = import_or_skip("redis")
 
 
-def test_a_segment_of_more_than_8000_parts_can_be_deleted(redis_session_server: RedisServer
-                                                          ) -> None:  # fmt: skip
+def test_a_segment_of_more_than_8000_parts_can_be_deleted(
+    redis_session_server: RedisServer,
+) -> None:
     """_DELETE does ``DEL unpack(KEYS)``: Lua's unpack takes at most ~8000 values, so a
     segment of more parts (part_bytes 4096, the settings' floor: 33 MiB; remote_part_mib=1:
     an 8 GiB segment) can never be deleted: enforce_budget and fsck --repair fail on it for
@@ -163,8 +164,9 @@ def test_a_read_from_a_trickling_server_is_bounded_by_the_timeout(trickle: Trick
     saturated link, a server swapping): every recv returns within the timeout, so the read of
     one 4 KiB part takes ~7 minutes. "Every call has remote_timeout_ms": the read must end (a
     RemoteError, timed out) within a few timeouts, not run on while bytes trickle in."""
-    b = backend(f"redis://127.0.0.1:{trickle.port}/0", unique_name(), part_bytes=4096,
-                timeout_s=0.5)  # fmt: skip
+    b = backend(
+        f"redis://127.0.0.1:{trickle.port}/0", unique_name(), part_bytes=4096, timeout_s=0.5
+    )
     try:
         put = b.put_kv(FP.digest(), np.arange(64), kv_bytes(FP, 64), token_start=0)
         seg = b.open_reader(put.key)

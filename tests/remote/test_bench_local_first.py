@@ -27,14 +27,16 @@ MEDIANS: dict[tuple[str, str], float] = {}
 
 
 @pytest.fixture
-def held(redis_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
-         ) -> Iterator[tuple[Store, Any, Any]]:  # fmt: skip
+def held(
+    redis_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Store, Any, Any]]:
     """A store holding one conversation on its local disk level, its remote level as the
     test's ``state`` says."""
     state = request.node.callspec.params["state"]
     if state == "none":
-        store = Store.open(FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "a"),
-                                "cold_mib": 256})  # fmt: skip
+        store = Store.open(
+            FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "a"), "cold_mib": 256}
+        )
     else:
         store = open_store(tmp_path, "a", redis_server.url, unique_name(), remote_timeout_ms=2000)
     conv, kv = conversation("c", 1000, ENDS)
@@ -50,8 +52,9 @@ def held(redis_server: RedisServer, tmp_path: Path, request: pytest.FixtureReque
 
 @pytest.mark.parametrize("op", ["restore", "lookup"])
 @pytest.mark.parametrize("state", ["healthy", "paused", "gone", "none"])
-def test_bench_local_hit_beside_the_remote_level(benchmark: Any, held: tuple[Store, Any, Any],
-                                                 op: str, state: str) -> None:  # fmt: skip
+def test_bench_local_hit_beside_the_remote_level(
+    benchmark: Any, held: tuple[Store, Any, Any], op: str, state: str
+) -> None:
     store, conv, kv = held
     prompt = np.asarray(conv.tokens)
     out = np.zeros_like(kv)
@@ -69,5 +72,7 @@ def test_bench_local_hit_beside_the_remote_level(benchmark: Any, held: tuple[Sto
     states = ("healthy", "paused", "gone", "none")
     if all((op, s) in MEDIANS for s in states):  # the last of the four: the ratios
         base = MEDIANS[(op, "healthy")]
-        print(f"local hit {op}: " + ", ".join(f"{s}/healthy {MEDIANS[(op, s)] / base:.2f}x"
-                                              for s in states[1:]))  # fmt: skip
+        print(
+            f"local hit {op}: "
+            + ", ".join(f"{s}/healthy {MEDIANS[(op, s)] / base:.2f}x" for s in states[1:])
+        )

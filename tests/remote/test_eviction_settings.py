@@ -19,25 +19,38 @@ import_or_skip("redis")
 
 
 def _open_warnings(tmp: Path, url: str, **settings: Any) -> list[str]:
-    cfg = {"ram_mib": 0, "cold_dir": str(tmp / "cold"), "cold_mib": 16, "remote_url": url,
-           "remote_name": "evict", "remote_eviction": "redis", **settings}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "cold_dir": str(tmp / "cold"),
+        "cold_mib": 16,
+        "remote_url": url,
+        "remote_name": "evict",
+        "remote_eviction": "redis",
+        **settings,
+    }
     warns: list[str] = []
     with Store.open(tiny_fp(), cfg, warn=warns.append):
         pass
     return [w for w in warns if "maxmemory" in w]
 
 
-@pytest.mark.parametrize(("maxmemory", "policy", "warned"), [
-    (None, None, True),  # the defaults: no maxmemory, noeviction
-    ("16mb", "volatile-lru", True),  # evicts only keys with an expiry: never a committed part
-    ("16mb", "noeviction", True),
-    ("16mb", "allkeys-lru", False),
-    ("16mb", "allkeys-lfu", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("maxmemory", "policy", "warned"),
+    [
+        (None, None, True),  # the defaults: no maxmemory, noeviction
+        ("16mb", "volatile-lru", True),  # evicts only keys with an expiry: never a committed part
+        ("16mb", "noeviction", True),
+        ("16mb", "allkeys-lru", False),
+        ("16mb", "allkeys-lfu", False),
+    ],
+)
 def test_a_server_that_never_evicts_is_said_at_open(
-    redis_bin: tuple[str, str], tmp_path: Path, maxmemory: str | None, policy: str | None,
+    redis_bin: tuple[str, str],
+    tmp_path: Path,
+    maxmemory: str | None,
+    policy: str | None,
     warned: bool,
-) -> None:  # fmt: skip
+) -> None:
     kw: dict[str, Any] = {}
     if maxmemory is not None:
         kw.update(maxmemory=maxmemory, maxmemory_policy=policy)
@@ -51,14 +64,15 @@ def test_a_server_that_never_evicts_is_said_at_open(
         assert got == []
 
 
-def test_a_cluster_names_each_primary_that_never_evicts(redis_cluster: RedisCluster,
-                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_a_cluster_names_each_primary_that_never_evicts(
+    redis_cluster: RedisCluster, tmp_path: Path
+) -> None:
     got = _open_warnings(tmp_path, redis_cluster.url)
     assert len(got) == 3, got  # the session's cluster: three primaries, no maxmemory
 
 
-def test_the_store_s_own_budget_needs_no_server_setting(redis_session_server: RedisServer,
-                                                        tmp_path: Path) -> None:  # fmt: skip
-    got = _open_warnings(tmp_path, redis_session_server.url, remote_eviction="store",
-                         remote_mib=16)  # fmt: skip
+def test_the_store_s_own_budget_needs_no_server_setting(
+    redis_session_server: RedisServer, tmp_path: Path
+) -> None:
+    got = _open_warnings(tmp_path, redis_session_server.url, remote_eviction="store", remote_mib=16)
     assert got == []

@@ -53,17 +53,36 @@ def conversation(
 ) -> tuple[Conversation, npt.NDArray[np.uint8]]:
     """Tokens ``base, base + 1, ...`` cut and checkpointed at each of ``ends``, random K/V."""
     n = ends[-1]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(0), *(Checkpoint(e) for e in ends)],
-                        cuts=[0, *ends[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(0), *(Checkpoint(e) for e in ends)],
+        cuts=[0, *ends[:-1]],
+    )
     rng = np.random.default_rng(base if seed is None else seed)
     return conv, rng.integers(0, 256, n * fp.token_bytes, dtype=np.uint8)
 
 
-def open_store(tmp_path: Path, node: str, url: str, name: str, warnings: list[str] | None = None,
-               *, fp: ModelFingerprint = FP, **settings: Any) -> Store:  # fmt: skip
-    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / node), "cold_mib": 256,
-           "remote_url": url, "remote_name": name, "remote_mib": 256, **settings}  # fmt: skip
+def open_store(
+    tmp_path: Path,
+    node: str,
+    url: str,
+    name: str,
+    warnings: list[str] | None = None,
+    *,
+    fp: ModelFingerprint = FP,
+    **settings: Any,
+) -> Store:
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "cold_dir": str(tmp_path / node),
+        "cold_mib": 256,
+        "remote_url": url,
+        "remote_name": name,
+        "remote_mib": 256,
+        **settings,
+    }
     if cfg.get("remote_eviction") == "redis":
         cfg["remote_mib"] = 0
     sink = warnings if warnings is not None else []
@@ -82,8 +101,9 @@ def park(store: Store, conv: Conversation, kv: npt.NDArray[np.uint8]) -> None:
     run_with_timeout(go, BOUND)
 
 
-def restore(store: Store, prompt: npt.NDArray[np.integer], kv: npt.NDArray[np.uint8],
-            valid: set[int]) -> Any:  # fmt: skip
+def restore(
+    store: Store, prompt: npt.NDArray[np.integer], kv: npt.NDArray[np.uint8], valid: set[int]
+) -> Any:
     """Restore ``prompt``: the tokens delivered are one of ``valid`` (resume points), their
     bytes are ``kv``'s, and every byte past them is still zero (nothing damaged delivered)."""
     tb = store._tiers.tb
@@ -140,8 +160,9 @@ THREE = [40, 80, 120]  #: three segments, a checkpoint at each end
 # -- (a) a Redis node killed mid-write -------------------------------------------------------------
 
 
-def test_killed_between_the_parts_and_the_commit(redis_bin: tuple[str, str],
-                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_killed_between_the_parts_and_the_commit(
+    redis_bin: tuple[str, str], tmp_path: Path
+) -> None:
     """The server dies after segment 2's parts are written, before its commit: the park is
     acknowledged locally, the push's error is counted, the local levels keep serving (and the
     breaker skips the level); after a restart (AOF: nothing acknowledged is lost) only segment 1
@@ -204,14 +225,14 @@ def test_killed_while_a_big_park_is_pushed(redis_bin: tuple[str, str], tmp_path:
     1 MiB): the park is acknowledged locally and restores whole; after a restart every segment
     the level lists reads back whole and valid, and fsck is clean (a write cut short leaves
     pending parts only)."""
-    fp = ModelFingerprint.create("test/big", n_layers=4, n_kv_heads=4, head_dim=64,
-                                 page_tokens=16)  # fmt: skip
+    fp = ModelFingerprint.create("test/big", n_layers=4, n_kv_heads=4, head_dim=64, page_tokens=16)
     assert fp.token_bytes == 4096
     name = unique_name()
     with RedisServer(tmp_path / "redis", binaries=redis_bin, extra_args=AOF) as server:
         conv, kv = conversation("big", 7000, [512, 1024, 1536, 2048], fp=fp)
-        a = open_store(tmp_path, "a", server.url, name, fp=fp, remote_part_mib=1,
-                       remote_timeout_ms=5000)  # fmt: skip
+        a = open_store(
+            tmp_path, "a", server.url, name, fp=fp, remote_part_mib=1, remote_timeout_ms=5000
+        )
         try:
             backend = a._tiers.remote.store  # type: ignore[union-attr]
             real, puts = backend._pipeline, []
@@ -357,8 +378,7 @@ class DropProxy:
         self.listener.close()
 
 
-def test_a_connection_dropped_mid_read(redis_session_server: RedisServer,
-                                       tmp_path: Path) -> None:  # fmt: skip
+def test_a_connection_dropped_mid_read(redis_session_server: RedisServer, tmp_path: Path) -> None:
     """B reads through a relay that resets its connections part-way through the segments'
     bytes (and every reconnection after): the restore stops at a segment boundary with the
     valid prefix, counted; a direct read is a RemoteError; the local levels keep serving, and
@@ -381,8 +401,10 @@ def test_a_connection_dropped_mid_read(redis_session_server: RedisServer,
         assert any("(remote level): restored" in w for w in warnings), warnings
         backend = b._tiers.remote.store  # type: ignore[union-attr]
         with pytest.raises(RemoteError) as e:
-            run_with_timeout(lambda: backend.get_bytes(conv.segments(FP.digest())[0][2],
-                                                       max_bytes=1 << 20), BOUND)  # fmt: skip
+            run_with_timeout(
+                lambda: backend.get_bytes(conv.segments(FP.digest())[0][2], max_bytes=1 << 20),
+                BOUND,
+            )
         assert "ConnectionError" in str(e.value)  # what failed, said
         calls = rs["remote_skipped"] + rs["remote_errors"]
         local_roundtrip(b, "local", 9000)
@@ -394,8 +416,9 @@ def test_a_connection_dropped_mid_read(redis_session_server: RedisServer,
 
 
 @pytest.mark.parametrize("how", ["client-kill", "server-kill"])
-def test_connections_gone_after_the_lookup(redis_server: RedisServer, tmp_path: Path,
-                                           how: str) -> None:  # fmt: skip
+def test_connections_gone_after_the_lookup(
+    redis_server: RedisServer, tmp_path: Path, how: str
+) -> None:
     """Right after B's walk, ``CLIENT KILL TYPE normal`` drops every connection (the client
     reconnects once: every byte delivered), or the server is killed (the reads fail: a ladder
     stop at token 0, counted; the local levels keep serving)."""
@@ -505,16 +528,17 @@ def test_a_key_evicted_between_lookup_and_restore(url: str, tmp_path: Path, what
         look.close()
 
 
-def test_keys_evicted_by_redis_under_maxmemory(redis_bin: tuple[str, str],
-                                               tmp_path: Path) -> None:  # fmt: skip
+def test_keys_evicted_by_redis_under_maxmemory(redis_bin: tuple[str, str], tmp_path: Path) -> None:
     """A server with maxmemory and allkeys-lru (remote_eviction=redis) holds less than the
     conversations parked: Redis evicts parts, commit records and index entries at will. Every
     restore is a miss or a valid prefix, never wrong bytes; evictions show as short restores."""
     name = unique_name()
-    with RedisServer(tmp_path / "redis", binaries=redis_bin, maxmemory="3mb",
-                     maxmemory_policy="allkeys-lru") as server:  # fmt: skip
-        convs = [conversation(f"c{i}", 100_000 * (i + 1), [500, 1000, 1500, 2000])
-                 for i in range(20)]  # fmt: skip
+    with RedisServer(
+        tmp_path / "redis", binaries=redis_bin, maxmemory="3mb", maxmemory_policy="allkeys-lru"
+    ) as server:
+        convs = [
+            conversation(f"c{i}", 100_000 * (i + 1), [500, 1000, 1500, 2000]) for i in range(20)
+        ]
         prompts = [np.asarray(c.tokens).copy() for c, _ in convs]
         kvs = [kv.copy() for _, kv in convs]
         with open_store(tmp_path, "a", server.url, name, remote_eviction="redis") as a:
@@ -523,10 +547,13 @@ def test_keys_evicted_by_redis_under_maxmemory(redis_bin: tuple[str, str],
             assert a.stats()["levels"]["remote"]["remote_put_errors"] == 0
         info = server.execute("INFO", "stats")
         assert isinstance(info, bytes) and b"evicted_keys:0\r" not in info
-        with open_store(tmp_path, "b", server.url, name, remote_eviction="redis",
-                        remote_keep_local=False) as b:  # fmt: skip
-            got = [restore(b, p, kv, {0, 500, 1000, 1500, 2000})
-                   for p, kv in zip(prompts, kvs, strict=True)]  # fmt: skip
+        with open_store(
+            tmp_path, "b", server.url, name, remote_eviction="redis", remote_keep_local=False
+        ) as b:
+            got = [
+                restore(b, p, kv, {0, 500, 1000, 1500, 2000})
+                for p, kv in zip(prompts, kvs, strict=True)
+            ]
             s = remote_stats(b)
         short = [r for r in got if r.tokens < 2000]
         assert short, "nothing was evicted from what was read"
@@ -665,8 +692,9 @@ def test_a_server_that_never_answers(silent: Silent, tmp_path: Path) -> None:
         assert s["remote_put_errors"] == 1 and s["remote_errors"] == 2
         level._down_until = 0.0
         longer = np.arange(3000, 3040)  # held in part here: the remote level is asked
-        r = restore(store, longer, np.concatenate([kv2, np.zeros(8 * FP.token_bytes, np.uint8)]),
-                    {32})  # fmt: skip
+        r = restore(
+            store, longer, np.concatenate([kv2, np.zeros(8 * FP.token_bytes, np.uint8)]), {32}
+        )
         assert r.source == "disk"
         s = remote_stats(store)["levels"]["remote"]
         assert s["remote_errors"] == 3 and s["backend_timeouts"] >= 3

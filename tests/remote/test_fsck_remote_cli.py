@@ -28,20 +28,31 @@ FP_A, FP_B = tiny_fp("fsck/model-a"), tiny_fp("fsck/model-b")
 PART = 4096
 
 
-def strata(tmp: Path, url: str, name: str, *args: str, password: str = ""
-           ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def strata(
+    tmp: Path, url: str, name: str, *args: str, password: str = ""
+) -> subprocess.CompletedProcess[str]:
     """``strata --config tmp/strata.toml ARGS`` with a config naming ``url`` and ``name``."""
     cfg = tmp / "strata.toml"
-    lines = [f'cold_dir = "{tmp / "cold"}"', "cold_mib = 64", f'remote_url = "{url}"',
-             f'remote_name = "{name}"', "remote_mib = 64", "remote_timeout_ms = 2000"]  # fmt: skip
+    lines = [
+        f'cold_dir = "{tmp / "cold"}"',
+        "cold_mib = 64",
+        f'remote_url = "{url}"',
+        f'remote_name = "{name}"',
+        "remote_mib = 64",
+        "remote_timeout_ms = 2000",
+    ]
     if password:
         lines.append(f'remote_password = "{password}"')
     cfg.write_text("\n".join(lines) + "\n")
     return subprocess.run(
         [sys.executable, "-m", "stratastore.cli", "--config", str(cfg), *args],
-        capture_output=True, text=True, timeout=120, cwd=REPO, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
 
 
 def backend(url: str, name: str, fp: Any) -> RedisBackend:
@@ -61,19 +72,21 @@ def no_traceback(got: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in got.stderr and "Traceback" not in got.stdout, got.stderr
 
 
-def test_fsck_remote_checks_repairs_and_touches_nothing_else(redis_server: RedisServer,
-                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_fsck_remote_checks_repairs_and_touches_nothing_else(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     url = redis_server.url
     mine_a, mine_b = backend(url, "shop", FP_A), backend(url, "shop", FP_B)
     theirs = backend(url, "shop-2", FP_A)  # another store name: a prefix of ours is not ours
     r = redis.Redis(**redis_server.client_kwargs(), socket_timeout=10)
     try:
-        keep = mine_a.put_kv(FP_A.digest(), np.arange(100), kv_bytes(FP_A, 100),
-                             token_start=0).key  # fmt: skip
-        lose = mine_a.put_kv(FP_A.digest(), np.arange(300, 400), kv_bytes(FP_A, 100, 1),
-                             token_start=0).key  # fmt: skip
-        other_model = mine_b.put_kv(FP_B.digest(), np.arange(50), kv_bytes(FP_B, 50),
-                                    token_start=0).key  # fmt: skip
+        keep = mine_a.put_kv(FP_A.digest(), np.arange(100), kv_bytes(FP_A, 100), token_start=0).key
+        lose = mine_a.put_kv(
+            FP_A.digest(), np.arange(300, 400), kv_bytes(FP_A, 100, 1), token_start=0
+        ).key
+        other_model = mine_b.put_kv(
+            FP_B.digest(), np.arange(50), kv_bytes(FP_B, 50), token_start=0
+        ).key
         theirs.put_kv(FP_A.digest(), np.arange(100), kv_bytes(FP_A, 100), token_start=0)
         theirs._r.delete(theirs._part(keep, theirs._need(keep).nonce, 0))  # damage, not ours
         r.set(b"unrelated", b"v")
@@ -89,8 +102,11 @@ def test_fsck_remote_checks_repairs_and_touches_nothing_else(redis_server: Redis
         no_traceback(got)
         assert got.returncode == 1, got.stdout + got.stderr
         assert "2 namespace(s)" in got.stdout, got.stdout
-        lines = {ln.split(": ", 1)[1].split(" ", 1)[0]: ln for ln in got.stdout.splitlines()
-                 if ": strata/" in ln}  # fmt: skip
+        lines = {
+            ln.split(": ", 1)[1].split(" ", 1)[0]: ln
+            for ln in got.stdout.splitlines()
+            if ": strata/" in ln
+        }
         assert lines[mine_a.ns].startswith("NOT CLEAN") and "missing_parts=1" in lines[mine_a.ns]
         assert "orphan_parts=1" in lines[mine_a.ns]
         assert lines[mine_b.ns].startswith("ok")
@@ -128,13 +144,21 @@ def test_fsck_remote_user_errors_are_messages(redis_server: RedisServer, tmp_pat
     cfg = tmp_path / "plain.toml"
     cfg.write_text(f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 64\n')
     cases = [
-        ([sys.executable, "-m", "stratastore.cli", "--config", str(cfg), "fsck", "--remote"],
-         "remote_url"),
+        (
+            [sys.executable, "-m", "stratastore.cli", "--config", str(cfg), "fsck", "--remote"],
+            "remote_url",
+        ),
         ([sys.executable, "-m", "stratastore.cli", "fsck", "--remote"], "--config"),
-    ]  # fmt: skip
+    ]
     for argv, named in cases:
-        got = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        got = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         no_traceback(got)
         assert got.returncode == 2 and named in got.stderr, (argv, got.stderr)
     with_path = strata(tmp_path, url, "shop", "fsck", "--remote", str(tmp_path))
@@ -145,8 +169,9 @@ def test_fsck_remote_user_errors_are_messages(redis_server: RedisServer, tmp_pat
     assert down.returncode != 0 and "redis://127.0.0.1:" in down.stderr, down.stderr
 
 
-def test_fsck_remote_never_shows_the_password(redis_auth_server: RedisServer,
-                                              tmp_path: Path) -> None:  # fmt: skip
+def test_fsck_remote_never_shows_the_password(
+    redis_auth_server: RedisServer, tmp_path: Path
+) -> None:
     from tests.remote.conftest import AUTH_PASSWORD
 
     url = f"redis://127.0.0.1:{redis_auth_server.port}/0"

@@ -138,8 +138,9 @@ def test_fsck_remote_never_reads_a_huge_value_whole(redis_server: RedisServer) -
         tracemalloc.start()
         try:
             with contextlib.suppress(StrataError):
-                run_with_timeout(lambda: fsck_remote(RemoteSettings(redis_server.url,
-                                                                    name=name)), BOUND)  # fmt: skip
+                run_with_timeout(
+                    lambda: fsck_remote(RemoteSettings(redis_server.url, name=name)), BOUND
+                )
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()

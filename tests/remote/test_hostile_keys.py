@@ -55,8 +55,9 @@ def test_a_hostile_ages_member_never_fails_an_acknowledged_park(
         r.set(ns + "used", 10**12)  # over any budget: the push runs enforce_budget
         r.zadd(ns + "ages", {b"0": 0})  # sorts first; no ':K' part
         warns: list[str] = []
-        store = open_store(store_config(tmp_path, "a", redis_session_server.url, name,
-                                        remote_mib=1), warns)  # fmt: skip
+        store = open_store(
+            store_config(tmp_path, "a", redis_session_server.url, name, remote_mib=1), warns
+        )
         try:
             conv, kv = conversation("c", 100, [16, 32], seed=1)
             park(store, conv, kv)  # before its fix: SpillError, "acknowledged parks did not land"
@@ -70,8 +71,9 @@ def test_a_hostile_ages_member_never_fails_an_acknowledged_park(
         r.close()
 
 
-def test_a_damaged_used_counter_never_crashes_stats(redis_session_server: RedisServer,
-                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_a_damaged_used_counter_never_crashes_stats(
+    redis_session_server: RedisServer, tmp_path: Path
+) -> None:
     """``used`` holding something that is not a number (damage, or a hand-made key): stats()
     must still answer (a typed error is caught there, the level's bytes are unknown)."""
     name = unique_name()
@@ -89,8 +91,7 @@ def test_a_damaged_used_counter_never_crashes_stats(redis_session_server: RedisS
         r.close()
 
 
-def test_fsck_repair_leaves_names_of_other_shapes_alone(redis_session_server: RedisServer
-                                                        ) -> None:  # fmt: skip
+def test_fsck_repair_leaves_names_of_other_shapes_alone(redis_session_server: RedisServer) -> None:
     """fsck's own contract: "a name in the namespace that is not shaped as this backend's keys
     is left as it is (never judged, never deleted)". Names under ``p/`` and ``s/`` that are
     not ``p/{<64 hex>}/<32 hex>/<n>`` or ``s/{<64 hex>}`` must survive --repair."""
@@ -157,8 +158,9 @@ _GIANT = textwrap.dedent(
 )
 
 
-def test_a_commit_record_with_a_giant_part_count_is_bounded(redis_session_server: RedisServer
-                                                            ) -> None:  # fmt: skip
+def test_a_commit_record_with_a_giant_part_count_is_bounded(
+    redis_session_server: RedisServer,
+) -> None:
     """A 337-byte commit record (a STATE sidecar of one 64 MiB page, written in parts of 1
     byte: 2^25 parts): fsck, a read and a delete must give a report or a typed error in bounded
     memory. Before the fix it decoded, and each built a list of every part's name (MemoryError
@@ -171,17 +173,26 @@ def test_a_commit_record_with_a_giant_part_count_is_bounded(redis_session_server
         rec = b._rec_key(put.key)
         c = decode_commit_record(r.get(rec))
         big = 1 << 25
-        sc = dataclasses.replace(c.sidecar, page_bytes=big, last_page_bytes=big,
-                                 stored_bytes=big)  # fmt: skip
+        sc = dataclasses.replace(c.sidecar, page_bytes=big, last_page_bytes=big, stored_bytes=big)
         raw = CommitRecord(c.nonce, big, 1, sc).encode()
         # (F-REM-2 allowed parts of 1 byte before the fix; now a format error)
         assert len(raw) < 1024
         r.set(rec, raw)
         got = subprocess.run(
-            [sys.executable, "-c", _GIANT, redis_session_server.url, str(REPO), name,
-             put.key.hex()],
-            capture_output=True, text=True, timeout=300, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                _GIANT,
+                redis_session_server.url,
+                str(REPO),
+                name,
+                put.key.hex(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+        )
         assert got.returncode == 0, got.stderr[-3000:]
         words = dict(w.split(":") for w in got.stdout.split())
         assert words.get("fsck") == "flagged", got.stdout
@@ -203,8 +214,10 @@ def test_a_huge_value_at_a_commit_record_is_not_read_whole(redis_server: RedisSe
     try:
         put = b.put_kv(FP.digest(), np.arange(16), kv_bytes(FP, 16), token_start=0)
         r.setrange(b._rec_key(put.key), 256 << 20, b"x")
-        for what, fn in (("read", lambda: b.get_bytes(put.key, max_bytes=1 << 20)),
-                         ("fsck", lambda: b.fsck())):  # fmt: skip
+        for what, fn in (
+            ("read", lambda: b.get_bytes(put.key, max_bytes=1 << 20)),
+            ("fsck", lambda: b.fsck()),
+        ):
             tracemalloc.start()
             try:
                 with contextlib.suppress(StrataError):

@@ -69,8 +69,11 @@ def test_a_kids_listing_of_another_type_does_not_take_the_remote_level_down(
         out[:] = 0
         got = run_with_timeout(lambda: c.restore(np.arange(5000, 5064), out), BOUND)
         remote = c.stats()["levels"]["remote"]
-        assert (got.source, got.tokens) == ("remote", 64), (got, remote["remote_errors"],
-                                                            remote["remote_skipped"])  # fmt: skip
+        assert (got.source, got.tokens) == ("remote", 64), (
+            got,
+            remote["remote_errors"],
+            remote["remote_skipped"],
+        )
         assert np.array_equal(out, y_kv)
         assert remote["remote_errors"] == 0, remote
     finally:

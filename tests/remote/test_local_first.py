@@ -85,10 +85,10 @@ def _local_hit_calls(store: Store, conv: Any, kv: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("state", ["healthy", "paused", "gone"])
-def test_a_local_hit_never_calls_the_remote_level(redis_server: RedisServer, tmp_path: Path,
-                                                  state: str) -> None:  # fmt: skip
-    store = open_store(tmp_path, "a", redis_server.url, unique_name(),
-                       remote_timeout_ms=TIMEOUT_MS)  # fmt: skip
+def test_a_local_hit_never_calls_the_remote_level(
+    redis_server: RedisServer, tmp_path: Path, state: str
+) -> None:
+    store = open_store(tmp_path, "a", redis_server.url, unique_name(), remote_timeout_ms=TIMEOUT_MS)
     try:
         conv, kv = conversation("c", 1000, THREE)
         park(store, conv, kv)  # on the local disk level, and pushed to the remote level
@@ -119,8 +119,9 @@ def test_a_prompt_held_in_part_walks_the_remote_level_within_one_deadline(
         prompt = np.arange(1000, 1120)
         with paused(redis_server):
             started = time.monotonic()
-            r = restore(a, prompt, np.concatenate([kv, np.zeros(40 * FP.token_bytes, np.uint8)]),
-                        {80})  # fmt: skip
+            r = restore(
+                a, prompt, np.concatenate([kv, np.zeros(40 * FP.token_bytes, np.uint8)]), {80}
+            )
             took = time.monotonic() - started
         assert r.source == "disk"
         assert took < 1.6 * TIMEOUT_MS / 1000, f"{took:.2f} s for one deadline of {TIMEOUT_MS} ms"

@@ -34,8 +34,9 @@ def _name(path: Path) -> str:
 class _RedisSuite(BackendTests):
     url = ""
 
-    def make_backend(self, path: Path, fingerprint: ModelFingerprint, level: Level
-                     ) -> SegmentBackend:  # fmt: skip
+    def make_backend(
+        self, path: Path, fingerprint: ModelFingerprint, level: Level
+    ) -> SegmentBackend:
         settings = RemoteSettings(self.url, name=_name(path), part_bytes=PART)
         return RedisBackend.open(settings, fingerprint, level)
 
@@ -70,8 +71,9 @@ def url(request: pytest.FixtureRequest) -> str:
 
 
 def _backend(url: str, tmp_path: Path, name: str = "", part: int = PART) -> RedisBackend:
-    return RedisBackend.open(RemoteSettings(url, name=name or _name(tmp_path), part_bytes=part),
-                             tiny_fp())  # fmt: skip
+    return RedisBackend.open(
+        RemoteSettings(url, name=name or _name(tmp_path), part_bytes=part), tiny_fp()
+    )
 
 
 def test_ranges_across_parts(url: str, tmp_path: Path) -> None:

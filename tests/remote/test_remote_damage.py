@@ -71,8 +71,9 @@ def test_fsck_remote_deep_finds_a_flipped_byte_and_repair_removes_it(
         assert ns["findings"] == [{"id": "PAGE_HASH_MISMATCH", "segment": bad.hex(), "page": 1}]
         assert bad in b and keep in b  # a check changes nothing
 
-        fixed = strata(tmp_path, redis_server.url, name, "fsck", "--remote", "--deep",
-                       "--repair", "--yes")  # fmt: skip
+        fixed = strata(
+            tmp_path, redis_server.url, name, "fsck", "--remote", "--deep", "--repair", "--yes"
+        )
         no_traceback(fixed)
         assert fixed.returncode == 0, fixed.stdout + fixed.stderr
         assert bad not in b and keep in b
@@ -134,8 +135,7 @@ def test_a_restore_that_meets_remote_damage_removes_it_once(
         a.close()
 
 
-def test_a_namespace_is_judged_by_its_own_model(redis_server: RedisServer,
-                                               tmp_path: Path) -> None:  # fmt: skip
+def test_a_namespace_is_judged_by_its_own_model(redis_server: RedisServer, tmp_path: Path) -> None:
     """Namespace A holds only a record copied from model B's namespace (first or not: it is
     the only one), and namespace B holds its own valid one beside another copied from A: each
     foreign record is a bad record, repair removes it, both namespaces then check clean, and
@@ -171,8 +171,7 @@ def test_a_namespace_is_judged_by_its_own_model(redis_server: RedisServer,
 
 
 def test_fsck_remote_on_a_refused_connection_says_refused(tmp_path: Path) -> None:
-    got = strata(tmp_path, f"redis://127.0.0.1:{free_port()}/0", unique_name(), "fsck",
-                 "--remote")  # fmt: skip
+    got = strata(tmp_path, f"redis://127.0.0.1:{free_port()}/0", unique_name(), "fsck", "--remote")
     no_traceback(got)
     assert got.returncode == 2, got.stdout + got.stderr
     assert "refused" in got.stderr.lower() and "errno 104" not in got.stderr, got.stderr

@@ -121,11 +121,18 @@ def test_a_kept_local_copy_that_does_not_land_is_not_a_lost_park(
         # and remote_kept_local beside remote_kept_local_errors for the one copy)
         s = b.stats()
         remote = s["levels"]["remote"]
-        seen = {"discards": s["discards"], "spills_refused": s["spills_refused"],
-                "remote_kept_local": remote["remote_kept_local"],
-                "remote_kept_local_errors": remote["remote_kept_local_errors"]}  # fmt: skip
-        assert seen == {"discards": 0, "spills_refused": 0, "remote_kept_local": 0,
-                        "remote_kept_local_errors": 1}, seen  # fmt: skip
+        seen = {
+            "discards": s["discards"],
+            "spills_refused": s["spills_refused"],
+            "remote_kept_local": remote["remote_kept_local"],
+            "remote_kept_local_errors": remote["remote_kept_local_errors"],
+        }
+        assert seen == {
+            "discards": 0,
+            "spills_refused": 0,
+            "remote_kept_local": 0,
+            "remote_kept_local_errors": 1,
+        }, seen
     finally:
         run_with_timeout(b.close, BOUND)
 

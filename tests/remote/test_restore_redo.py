@@ -89,8 +89,10 @@ def test_a_local_redo_leaves_no_remote_bytes_past_the_prefix_it_reports(
         got = run_with_timeout(lambda: b.restore(np.arange(1000, 1120), out), BOUND)
         n = got.tokens * TB
         stale = np.flatnonzero(out[n:])
-        assert not stale.size, (f"restored {got.tokens} tokens, but bytes from token "
-                                f"{(n + stale[0]) // TB} on are non-zero")  # fmt: skip
+        assert not stale.size, (
+            f"restored {got.tokens} tokens, but bytes from token "
+            f"{(n + stale[0]) // TB} on are non-zero"
+        )
     finally:
         run_with_timeout(b.close, BOUND)
 

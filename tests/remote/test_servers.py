@@ -91,8 +91,9 @@ def test_tls_only(redis_tls_server: RedisServer, tls_files: TlsFiles) -> None:
     plain = redis.Redis(host=s.host, port=s.port, socket_connect_timeout=5, **once())
     with pytest.raises(redis.exceptions.ConnectionError):
         plain.ping()
-    r = redis.Redis(host=s.host, port=s.port, ssl=True, ssl_ca_certs=str(tls_files.ca),
-                    socket_timeout=5)  # fmt: skip
+    r = redis.Redis(
+        host=s.host, port=s.port, ssl=True, ssl_ca_certs=str(tls_files.ca), socket_timeout=5
+    )
     assert r.ping() is True
     r.set("infra/tls", "t")
     assert s.cli("GET", "infra/tls").strip() == "t"
@@ -103,8 +104,9 @@ def test_tls_client_certificate_required(
     redis_bin: tuple[str, str], tls_files: TlsFiles, tmp_path: Path
 ) -> None:
     with RedisServer(tmp_path, tls=tls_files, tls_auth_clients=True, binaries=redis_bin) as s:
-        no_cert = redis.Redis(host=s.host, port=s.port, ssl=True,
-                              ssl_ca_certs=str(tls_files.ca), **once())  # fmt: skip
+        no_cert = redis.Redis(
+            host=s.host, port=s.port, ssl=True, ssl_ca_certs=str(tls_files.ca), **once()
+        )
         with pytest.raises(redis.exceptions.ConnectionError):
             no_cert.ping()
         assert redis.Redis(**s.client_kwargs(), socket_timeout=5).ping() is True
@@ -164,10 +166,13 @@ def test_kill_refuses_connections_and_restart(redis_server: RedisServer) -> None
 
 
 def test_maxmemory_noeviction(redis_bin: tuple[str, str], tmp_path: Path) -> None:
-    with RedisServer(tmp_path, maxmemory="2mb", maxmemory_policy="noeviction",
-                     binaries=redis_bin) as s:  # fmt: skip
-        assert s.execute("CONFIG", "GET", "maxmemory-policy") == [b"maxmemory-policy",
-                                                                  b"noeviction"]  # fmt: skip
+    with RedisServer(
+        tmp_path, maxmemory="2mb", maxmemory_policy="noeviction", binaries=redis_bin
+    ) as s:
+        assert s.execute("CONFIG", "GET", "maxmemory-policy") == [
+            b"maxmemory-policy",
+            b"noeviction",
+        ]
         r = redis.Redis(**s.client_kwargs(), socket_timeout=5)
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             for i in range(10):

@@ -12,11 +12,14 @@ from stratastore.levels.redis.settings import RemoteSettings
 SECRET = "Qu3ry-secret-pw"
 
 
-@pytest.mark.parametrize("url", [
-    f"redis://127.0.0.1:6379/0?password={SECRET}",
-    f"redis://127.0.0.1:6379/0?username=bob&password={SECRET}",
-    f"rediss+cluster://h1:7000,h2:7001/0?password={SECRET}",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://127.0.0.1:6379/0?password={SECRET}",
+        f"redis://127.0.0.1:6379/0?username=bob&password={SECRET}",
+        f"rediss+cluster://h1:7000,h2:7001/0?password={SECRET}",
+    ],
+)
 def test_a_bad_url_with_a_query_password_never_shows_it(url: str) -> None:
     with pytest.raises(ConfigError) as e:
         StoreConfig(remote_url=url, remote_mib=1)

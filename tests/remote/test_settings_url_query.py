@@ -11,10 +11,13 @@ from stratastore import StoreConfig
 from stratastore.errors import ConfigError
 
 
-@pytest.mark.parametrize("url", [
-    "redis://127.0.0.1:6379/0?password=p@sswordhost",
-    "redis://127.0.0.1:6379/0#frag@sswordhost",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0?password=p@sswordhost",
+        "redis://127.0.0.1:6379/0#frag@sswordhost",
+    ],
+)
 def test_a_query_holding_an_at_sign_is_refused(url: str) -> None:
     with pytest.raises(ConfigError) as e:
         StoreConfig(remote_url=url, remote_mib=1)

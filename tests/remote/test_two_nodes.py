@@ -72,14 +72,27 @@ def unique_name() -> str:
     return "tn-" + uuid.uuid4().hex[:16]
 
 
-def conv_op(cid: str, tokens: list[int], ends: list[int], seed: int, *,
-            kv_tokens: int | None = None, states: dict[int, bytes] | None = None
-            ) -> dict[str, Any]:  # fmt: skip
+def conv_op(
+    cid: str,
+    tokens: list[int],
+    ends: list[int],
+    seed: int,
+    *,
+    kv_tokens: int | None = None,
+    states: dict[int, bytes] | None = None,
+) -> dict[str, Any]:
     """A park of ``tokens`` cut (and checkpointed) at each of ``ends``; its K/V is
     ``kv(seed, kv_tokens)`` cut to the tokens (see node_worker)."""
-    return {"op": "park", "id": cid, "tokens": tokens, "checkpoints": [0, *ends],
-            "cuts": [0, *ends[:-1]], "seed": seed, "kv_tokens": kv_tokens,
-            "states": {str(k): v.hex() for k, v in (states or {}).items()}}  # fmt: skip
+    return {
+        "op": "park",
+        "id": cid,
+        "tokens": tokens,
+        "checkpoints": [0, *ends],
+        "cuts": [0, *ends[:-1]],
+        "seed": seed,
+        "kv_tokens": kv_tokens,
+        "states": {str(k): v.hex() for k, v in (states or {}).items()},
+    }
 
 
 def sha(seed: int, tokens: int, kv_tokens: int | None = None) -> str:
@@ -93,15 +106,27 @@ class Node:
     process (node_worker) that opens the Store, runs the operations and closes it."""
 
     def __init__(self, cold: Path, url: str, name: str, **settings: Any) -> None:
-        self.config = {"ram_mib": 0, "park": "disk", "cold_dir": str(cold), "cold_mib": 64,
-                       "remote_url": url, "remote_name": name, "remote_mib": 64,
-                       **settings}  # fmt: skip
+        self.config = {
+            "ram_mib": 0,
+            "park": "disk",
+            "cold_dir": str(cold),
+            "cold_mib": 64,
+            "remote_url": url,
+            "remote_name": name,
+            "remote_mib": 64,
+            **settings,
+        }
 
     def start(self, *ops: dict[str, Any]) -> subprocess.Popen[str]:
         spec = json.dumps({"config": self.config, "ops": list(ops)})
-        return subprocess.Popen([sys.executable, "-m", "tests.remote.node_worker", spec],
-                                cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.remote.node_worker", spec],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     @staticmethod
     def result(p: subprocess.Popen[str]) -> tuple[list[Any], list[str]]:
@@ -144,8 +169,9 @@ def test_node_b_restores_what_node_a_parked(remote: Remote, tmp_path: Path) -> N
     assert ra["remote_puts"] == 2 and ra["entries"] == 2 and ra["remote_put_errors"] == 0
     assert a_stats["levels"]["cold"]["entries"] == 2  # acknowledged on A's own disk first
 
-    before, got, b_stats = b.run({"op": "lookup", "prompt": PROMPT},
-                                 {"op": "restore", "prompt": PROMPT}, STATS)  # fmt: skip
+    before, got, b_stats = b.run(
+        {"op": "lookup", "prompt": PROMPT}, {"op": "restore", "prompt": PROMPT}, STATS
+    )
     assert before == ["remote", 100]
     assert got["source"] == "remote" and got["tokens"] == 100
     assert got["sha"] == sha(3, 100) and got["rest_zero"]
@@ -223,15 +249,17 @@ def test_local_first_and_kept_locally(
     assert stats["levels"]["remote"]["remote_kept_local"] == 1
     assert stats["levels"]["cold"]["entries"] == 2
 
-    seen, again, stats = b.run({"op": "lookup", "prompt": PROMPT},
-                               {"op": "restore", "prompt": PROMPT}, STATS)  # fmt: skip
+    seen, again, stats = b.run(
+        {"op": "lookup", "prompt": PROMPT}, {"op": "restore", "prompt": PROMPT}, STATS
+    )
     assert seen == ["disk", 100]
     assert again["source"] == "disk" and again["tokens"] == 100 and again["sha"] == sha(3, 100)
     assert stats["hits_disk"] == 1 and stats["hits_remote"] == 0
 
     server.stop()
-    seen, again, stats = b.run({"op": "lookup", "prompt": PROMPT},
-                               {"op": "restore", "prompt": PROMPT}, STATS)  # fmt: skip
+    seen, again, stats = b.run(
+        {"op": "lookup", "prompt": PROMPT}, {"op": "restore", "prompt": PROMPT}, STATS
+    )
     assert seen == ["disk", 100]
     assert again["source"] == "disk" and again["tokens"] == 100 and again["sha"] == sha(3, 100)
     assert again["rest_zero"]
@@ -246,8 +274,9 @@ def test_without_keep_local_b_reads_the_remote_level_every_time(
     name = unique_name()
     Node(tmp_path / "a", remote.url, name).run(conv_op("c1", TOKENS, [40, 100], seed=3))
     b = Node(tmp_path / "b", remote.url, name, remote_keep_local=False)
-    first, second, stats = b.run({"op": "restore", "prompt": PROMPT},
-                                 {"op": "restore", "prompt": PROMPT}, STATS)  # fmt: skip
+    first, second, stats = b.run(
+        {"op": "restore", "prompt": PROMPT}, {"op": "restore", "prompt": PROMPT}, STATS
+    )
     (third,) = b.run({"op": "restore", "prompt": PROMPT})
     for got in (first, second, third):
         assert got["source"] == "remote" and got["tokens"] == 100
@@ -270,9 +299,12 @@ def test_a_longer_prefix_on_the_remote_level_is_taken_from_it(
     b.run(conv_op("sys", system, [32], seed=21, kv_tokens=96))
     a.run(conv_op("chat", turns, [32, 64, 96], seed=21))
     other = [*system, 1, 2, 3]
-    seen, got, local, stats = b.run({"op": "lookup", "prompt": [*turns, 5]},
-                                    {"op": "restore", "prompt": [*turns, 5]},
-                                    {"op": "restore", "prompt": other}, STATS)  # fmt: skip
+    seen, got, local, stats = b.run(
+        {"op": "lookup", "prompt": [*turns, 5]},
+        {"op": "restore", "prompt": [*turns, 5]},
+        {"op": "restore", "prompt": other},
+        STATS,
+    )
     assert seen == ["remote", 96]
     assert got["source"] == "remote" and got["tokens"] == 96 and got["sha"] == sha(21, 96)
     assert local["source"] == "disk" and local["tokens"] == 32
@@ -319,8 +351,9 @@ def test_a_hybrid_model_resumes_at_a_state_from_the_remote_level(
         conv_op("h", TOKENS, [40, 100], seed=5, states={40: state})
     )
     b = Node(tmp_path / "b", remote.url, name)
-    got, again, stats = b.run({"op": "restore", "prompt": PROMPT},
-                              {"op": "restore", "prompt": PROMPT}, STATS)  # fmt: skip
+    got, again, stats = b.run(
+        {"op": "restore", "prompt": PROMPT}, {"op": "restore", "prompt": PROMPT}, STATS
+    )
     assert got["source"] == "remote" and got["tokens"] == 40
     assert got["state"] == state.hex()
     assert got["sha"] == sha(5, 40, 100) and got["rest_zero"]

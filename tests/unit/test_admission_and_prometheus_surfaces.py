@@ -35,8 +35,14 @@ def test_a_refused_park_says_skip_parking_with_the_figures() -> None:
 def test_disk_hits_under_the_transient_floor_and_skipped(tmp_path: Path) -> None:
     lines: list[str] = []
     free = [1 << 40]
-    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"), "cold_mib": 16,
-           "min_free_mib": 2560, "park_min_free_mib": 512}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 16,
+        "min_free_mib": 2560,
+        "park_min_free_mib": 512,
+    }
     with Store.open(FP, cfg, probe=lambda: free[0], warn=lines.append) as store:
         c, kv = conversation("c1", 100, 0)
         store.park(c, kv)
@@ -53,13 +59,19 @@ def test_disk_hits_under_the_transient_floor_and_skipped(tmp_path: Path) -> None
         free[0] = 1000 * MIB
         d, kvd = conversation("d1", 100, 500)
         assert store.park(d, kvd).where == "disk"
-        assert any(x.startswith("park to disk under the transient RAM floor") and "d1" in x
-                   for x in lines), lines  # fmt: skip
+        assert any(
+            x.startswith("park to disk under the transient RAM floor") and "d1" in x for x in lines
+        ), lines
 
 
 def test_prometheus_has_the_admission_series_and_no_invented_zeros(tmp_path: Path) -> None:
-    cfg = {"ram_mib": 4, "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
-           "park_min_free_mib": 0}  # fmt: skip
+    cfg = {
+        "ram_mib": 4,
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 16,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+    }
     with Store.open(FP, cfg) as store:
         c, kv = conversation("c1", 100, 0)
         store.park(c, kv)
@@ -74,14 +86,25 @@ def test_prometheus_has_the_admission_series_and_no_invented_zeros(tmp_path: Pat
     # what the stats do not hold is not reported (another version's monitor file, say)
     bare = prometheus_text({"parks_disk": 3, "levels": {}})
     assert 'strata_parks_total{destination="disk"} 3' in bare
-    for absent in ('destination="ram"', "strata_discards_total", "strata_hits_total",
-                   "strata_held_tokens", "strata_admission_info"):  # fmt: skip
+    for absent in (
+        'destination="ram"',
+        "strata_discards_total",
+        "strata_hits_total",
+        "strata_held_tokens",
+        "strata_admission_info",
+    ):
         assert absent not in bare, absent
 
 
 def test_held_tokens_counts_a_mirrored_conversation_once(tmp_path: Path) -> None:
-    cfg = {"ram_mib": 4, "spill_on": "park", "cold_dir": str(tmp_path / "c"), "cold_mib": 16,
-           "min_free_mib": 0, "park_min_free_mib": 0}  # fmt: skip
+    cfg = {
+        "ram_mib": 4,
+        "spill_on": "park",
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 16,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+    }
     with Store.open(FP, cfg) as store:
         for i in range(10):
             c, kv = conversation(f"c{i}", 100, 1000 * i)
@@ -93,8 +116,13 @@ def test_held_tokens_counts_a_mirrored_conversation_once(tmp_path: Path) -> None
 def test_the_info_line_names_held_tokens_hits_by_source_and_the_levels_folders(
     tmp_path: Path,
 ) -> None:
-    cfg = {"ram_mib": 4, "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
-           "park_min_free_mib": 0}  # fmt: skip
+    cfg = {
+        "ram_mib": 4,
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 16,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+    }
     with Store.open(FP, cfg) as store:
         c, kv = conversation("c1", 100, 0)
         store.park(c, kv)

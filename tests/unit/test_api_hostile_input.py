@@ -44,11 +44,25 @@ def kv_of(n: int = N, seed: int = 1) -> np.ndarray:
 
 def parked(tmp_path: Path, park: str = "ram") -> tuple[Store, np.ndarray]:
     """A store holding ``TOKS`` (whole history, so a restore from RAM moves it), and its K/V."""
-    store = Store.open(FP, {"ram_mib": 16, "park": park, "cold_dir": str(tmp_path / "cold"),
-                            "cold_mib": 16, "min_free_mib": 0, "park_min_free_mib": 0})  # fmt: skip
+    store = Store.open(
+        FP,
+        {
+            "ram_mib": 16,
+            "park": park,
+            "cold_dir": str(tmp_path / "cold"),
+            "cold_mib": 16,
+            "min_free_mib": 0,
+            "park_min_free_mib": 0,
+        },
+    )
     kv = kv_of()
-    conv = Conversation("c", as_tokens(TOKS), [Checkpoint(8, pinned=True), Checkpoint(N)],
-                        cuts=[0, 8], media={10: DIGEST})  # fmt: skip
+    conv = Conversation(
+        "c",
+        as_tokens(TOKS),
+        [Checkpoint(8, pinned=True), Checkpoint(N)],
+        cuts=[0, 8],
+        media={10: DIGEST},
+    )
     store.park(conv, kv.copy())
     store.flush()
     return store, kv
@@ -75,10 +89,18 @@ def test_a_block_table_with_a_duplicate_block_is_refused_before_anything(tmp_pat
 
 @pytest.mark.parametrize(
     "table, why",
-    [([-1, 0], "0..7"), ([0, 8], "0..7"), (["a"], "integer"), ([0.5, 1.5], "integer"),
-     ([[0, 1]], "one-dimensional"), ([[0], [1, 2]], "block table"), ([True], "integer"),
-     (np.array([2**63], np.uint64), "0..7"), (None, "block table")],
-)  # fmt: skip
+    [
+        ([-1, 0], "0..7"),
+        ([0, 8], "0..7"),
+        (["a"], "integer"),
+        ([0.5, 1.5], "integer"),
+        ([[0, 1]], "one-dimensional"),
+        ([[0], [1, 2]], "block table"),
+        ([True], "integer"),
+        (np.array([2**63], np.uint64), "0..7"),
+        (None, "block table"),
+    ],
+)
 def test_a_bad_block_table_is_a_destination_refused(table: Any, why: str) -> None:
     with pytest.raises(DestinationRefused, match=why):
         PagedKV(FP, pools(), table)
@@ -115,8 +137,11 @@ def test_a_destination_too_small_is_refused_naming_the_size_before_a_take(tmp_pa
     with store:
         with pytest.raises(DestinationRefused, match=r"32 tokens .*2,048 bytes"):
             store.restore(TOKS, np.zeros((N - 1) * TB, np.uint8), {10: DIGEST})
-        small = LayerKV(FP, [np.zeros((8, 2, 4), np.float16) for _ in range(2)],
-                        [np.zeros((8, 2, 4), np.float16) for _ in range(2)])  # fmt: skip
+        small = LayerKV(
+            FP,
+            [np.zeros((8, 2, 4), np.float16) for _ in range(2)],
+            [np.zeros((8, 2, 4), np.float16) for _ in range(2)],
+        )
         good = np.zeros(N * TB, np.uint8)
         with pytest.raises(DestinationRefused, match=r"holds 8 tokens \(out #1\)"):
             store.restore_many([(TOKS, good), (TOKS, small)], [{10: DIGEST}, {10: DIGEST}])
@@ -127,9 +152,16 @@ def test_a_destination_too_small_is_refused_naming_the_size_before_a_take(tmp_pa
 
 
 # -- 4: typed errors at the facade -------------------------------------------------------------
-BAD_MEDIA = [({"a": DIGEST}, "position"), ([1, 2], "mapping"), ({10: b"x"}, "32-byte"),
-             ({N: DIGEST}, "within"), ({-1: DIGEST}, "within"), ({10: "s" * 32}, "32-byte"),
-             ({10.0: DIGEST}, "position"), ({True: DIGEST}, "position")]  # fmt: skip
+BAD_MEDIA = [
+    ({"a": DIGEST}, "position"),
+    ([1, 2], "mapping"),
+    ({10: b"x"}, "32-byte"),
+    ({N: DIGEST}, "within"),
+    ({-1: DIGEST}, "within"),
+    ({10: "s" * 32}, "32-byte"),
+    ({10.0: DIGEST}, "position"),
+    ({True: DIGEST}, "position"),
+]
 
 
 @pytest.mark.parametrize("media, why", BAD_MEDIA)
@@ -195,8 +227,10 @@ def test_bad_park_and_session_inputs_are_invalid_conversations(tmp_path: Path) -
             store.save_session("x", TOKS, kv_of(), checkpoints=["a"])  # type: ignore[list-item]
         with pytest.raises(InvalidConversation, match="checkpoints"):
             store.save_session("x", TOKS, kv_of(), checkpoints=[N + 1])
-        for call in (lambda: store.load_session(5, np.zeros(N * TB, np.uint8)),  # type: ignore[arg-type]
-                     lambda: store.delete_session(None)):  # type: ignore[arg-type]  # fmt: skip
+        for call in (
+            lambda: store.load_session(5, np.zeros(N * TB, np.uint8)),  # type: ignore[arg-type]
+            lambda: store.delete_session(None),
+        ):  # type: ignore[arg-type]
             with pytest.raises(InvalidConversation, match="session name"):
                 call()
         assert store.stats()["discards"] == 0 and store.lookup(TOKS) is not None
@@ -227,9 +261,15 @@ def test_a_fifo_config_is_a_config_error_not_a_hang(
 # -- 6: monitor names every snapshot it ignores -------------------------------------------------
 @pytest.mark.parametrize(
     "kind, why",
-    [("[]", "a JSON list"), ("null", "a JSON null"), ('{"written_at": "y", "levels": {}}',
-     "written_at"), ("{not json", "not JSON"), ("fifo", "FIFO"), ("link", "symbolic link")],
-)  # fmt: skip
+    [
+        ("[]", "a JSON list"),
+        ("null", "a JSON null"),
+        ('{"written_at": "y", "levels": {}}', "written_at"),
+        ("{not json", "not JSON"),
+        ("fifo", "FIFO"),
+        ("link", "symbolic link"),
+    ],
+)
 def test_monitor_names_a_snapshot_it_ignores(tmp_path: Path, kind: str, why: str) -> None:
     store, _ = parked(tmp_path, "disk")
     store.close()

@@ -36,8 +36,7 @@ def conv(cid: Any, n: int, base: int, **kw: Any) -> tuple[Conversation, np.ndarr
 
 
 def disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
-            **kw}  # fmt: skip
+    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, **kw}
 
 
 # -- item 6: errors belong to the call that caused them ----------------------------------------
@@ -235,8 +234,14 @@ def test_ram_mib_over_the_address_space_limit_is_a_config_error() -> None:
         except ConfigError as e:
             print("CONFIG-ERROR:", e)
     """)
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
     assert "CONFIG-ERROR:" in r.stdout and "ram_mib=4096" in r.stdout, r.stdout
 
@@ -257,8 +262,9 @@ def test_a_half_configured_level_is_a_config_error(values: dict[str, Any], named
 
 def test_a_level_switched_off_by_its_budget_is_said_loudly(tmp_path: Path) -> None:
     said: list[str] = []
-    cfg = StoreConfig.from_mapping({"cold_dir": str(tmp_path / "c"), "cold_mib": 0,
-                                    "ram_mib": 1, "min_free_mib": 1})  # fmt: skip
+    cfg = StoreConfig.from_mapping(
+        {"cold_dir": str(tmp_path / "c"), "cold_mib": 0, "ram_mib": 1, "min_free_mib": 1}
+    )
     with Store.open(FP, cfg, warn=said.append, probe=lambda: 1 << 40) as store:
         assert "cold" not in store.stats()["levels"]
     assert any("cold level is OFF" in m and "cold_mib" in m for m in said), said

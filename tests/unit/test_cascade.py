@@ -39,15 +39,16 @@ def reads_back(store: SegmentStore, key: bytes, data: np.ndarray) -> bool:
 
 @pytest.fixture
 def levels(tmp_path: Path) -> Iterator[tuple[DiskLevel, DiskLevel]]:
-    with SegmentStore.open(tmp_path / "warm", FP, level=Level.WARM) as w, \
-            SegmentStore.open(tmp_path / "cold", FP, level=Level.COLD) as c:  # fmt: skip
+    with (
+        SegmentStore.open(tmp_path / "warm", FP, level=Level.WARM) as w,
+        SegmentStore.open(tmp_path / "cold", FP, level=Level.COLD) as c,
+    ):
         cold = DiskLevel("cold", c, 4 * (SEG + 1000))
         warm = DiskLevel("warm", w, 2 * (SEG + 1000), next_level=cold)
         yield warm, cold
 
 
-def test_budget_degrades_the_oldest_to_the_next_level(levels: tuple[DiskLevel, DiskLevel]
-                                                      ) -> None:  # fmt: skip
+def test_budget_degrades_the_oldest_to_the_next_level(levels: tuple[DiskLevel, DiskLevel]) -> None:
     warm, cold = levels
     written = [put(warm, i) for i in range(3)]  # the third makes the first degrade
     first_key, first_data = written[0]
@@ -71,8 +72,10 @@ def test_only_the_last_level_deletes(levels: tuple[DiskLevel, DiskLevel]) -> Non
 
 
 def test_reject_when_full_keeps_the_entry_where_it_is(tmp_path: Path) -> None:
-    with SegmentStore.open(tmp_path / "w", FP, level=Level.WARM) as w, \
-            SegmentStore.open(tmp_path / "c", FP) as c:  # fmt: skip
+    with (
+        SegmentStore.open(tmp_path / "w", FP, level=Level.WARM) as w,
+        SegmentStore.open(tmp_path / "c", FP) as c,
+    ):
         cold = DiskLevel("cold", c, 1 * (SEG + 1000), when_full="reject")
         warm = DiskLevel("warm", w, 2 * (SEG + 1000), next_level=cold)
         put(warm, 0)
@@ -84,8 +87,10 @@ def test_reject_when_full_keeps_the_entry_where_it_is(tmp_path: Path) -> None:
 
 
 def test_oversized_entry_is_refused(tmp_path: Path) -> None:
-    with SegmentStore.open(tmp_path / "w", FP, level=Level.WARM) as w, \
-            SegmentStore.open(tmp_path / "c", FP) as c:  # fmt: skip
+    with (
+        SegmentStore.open(tmp_path / "w", FP, level=Level.WARM) as w,
+        SegmentStore.open(tmp_path / "c", FP) as c,
+    ):
         cold = DiskLevel("cold", c, 1000)
         warm = DiskLevel("warm", w, 10 * SEG, next_level=cold)
         key, data = put(warm, 0)

@@ -33,17 +33,23 @@ def _restored(store: Store, base: int, n: int) -> int:
     return store.restore(prompt, out).tokens
 
 
-def test_a_refused_cascade_step_does_not_wipe_the_warm_levels_conversations(
-        tmp_path: Path) -> None:  # fmt: skip
-    cfg = {"ram_mib": 0, "park": "disk", "warm_dir": str(tmp_path / "warm"), "warm_mib": 1,
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 1}  # fmt: skip
+def test_a_refused_cascade_step_does_not_wipe_the_warm_levels_conversations(tmp_path: Path) -> None:
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "warm_dir": str(tmp_path / "warm"),
+        "warm_mib": 1,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 1,
+    }
     with Store.open(FP, cfg, probe=lambda: 1 << 40, warn=lambda _m: None) as s:
         # saved sessions fill cold (the cascade moves the older ones down) until refused
         saved = 0
         while saved < 30:
             try:
-                s.save_session(f"s{saved}", _toks(10_000_000 + saved * 10_000, 2048),
-                               _kv(saved, 2048))  # fmt: skip
+                s.save_session(
+                    f"s{saved}", _toks(10_000_000 + saved * 10_000, 2048), _kv(saved, 2048)
+                )
             except StrataError:  # the levels are full: expected
                 break
             saved += 1
@@ -54,8 +60,7 @@ def test_a_refused_cascade_step_does_not_wipe_the_warm_levels_conversations(
         assert s.stats()["levels"]["warm"]["entries"] == 0
         n, parked = 2200, []
         for j in range(6):  # six conversations fit in warm
-            s.park(Conversation(f"c{j}", _toks(j * 5000, n), [Checkpoint(n)]),
-                   _kv(j * 5000, n))  # fmt: skip
+            s.park(Conversation(f"c{j}", _toks(j * 5000, n), [Checkpoint(n)]), _kv(j * 5000, n))
             s.flush()
             parked.append(j)
         assert [_restored(s, j * 5000, n) for j in parked] == [n] * 6

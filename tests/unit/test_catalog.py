@@ -159,8 +159,9 @@ def test_a_killed_park_is_finished_by_the_next_open(tmp_path: Path) -> None:
         print("registered", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert p.returncode == -signal.SIGKILL and "registered" in p.stdout, p.stderr
     c, kv = conv("k", 100)
     first = c.segment_keys(FP.digest())[0].key

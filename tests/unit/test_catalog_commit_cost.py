@@ -25,8 +25,7 @@ SHARED = b"\x5a" * 32  # the system prompt's segment, named by every conversatio
 def _manifest(cid: str, i: int) -> ChainManifest:
     ck = (ManifestCheckpoint(8, True, False, None), ManifestCheckpoint(16, False, False, None))
     segs = ((0, 8, SHARED), (8, 16, i.to_bytes(4, "big") * 8))
-    return ChainManifest(cid, FP.digest(), np.arange(16, dtype=np.uint32), ck, (), segs,
-                         1_000 + i)  # fmt: skip
+    return ChainManifest(cid, FP.digest(), np.arange(16, dtype=np.uint32), ck, (), segs, 1_000 + i)
 
 
 def test_park_and_gc_do_not_walk_the_conversations_sharing_a_prefix(

@@ -41,8 +41,7 @@ def _fp() -> ModelFingerprint:
     return ModelFingerprint.create("review12/tiny", **FP_ARGS)  # type: ignore[arg-type]
 
 
-def test_a_process_keeps_working_after_another_grew_the_shared_environment(
-        tmp_path: Path) -> None:  # fmt: skip
+def test_a_process_keeps_working_after_another_grew_the_shared_environment(tmp_path: Path) -> None:
     fp = _fp()
     cold = str(tmp_path / "cold")
     cfg = {"ram_mib": 0, "park": "disk", "cold_dir": cold, "cold_mib": 64}
@@ -57,6 +56,8 @@ def test_a_process_keeps_working_after_another_grew_the_shared_environment(
         prompt = np.concatenate([toks, np.array([4_000_000_000], dtype=np.uint32)])
         r = s.restore(prompt, out)  # StoreError: MDB_MAP_RESIZED
         assert r.tokens == 512
-        s.park(Conversation("small2", toks[:256].copy() + 1, [Checkpoint(256)]),
-               kv[: 256 * fp.token_bytes])  # fmt: skip
+        s.park(
+            Conversation("small2", toks[:256].copy() + 1, [Checkpoint(256)]),
+            kv[: 256 * fp.token_bytes],
+        )
         s.flush()

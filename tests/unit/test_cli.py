@@ -15,8 +15,12 @@ from tests.conftest import kv_bytes, tiny_fp
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stratastore.cli", *args], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_version_and_help() -> None:
@@ -47,8 +51,9 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert doc["snapshot"]["writer_alive"] is False
 
 
-def test_monitor_views(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_monitor_views(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stratastore import Store
     from tests.unit.test_store_facade import conversation
 
@@ -114,8 +119,9 @@ def test_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["nosuchcommand"], "invalid choice"),
     ],
 )
-def test_user_errors_are_one_line_without_traceback(tmp_path: Path, args: list[str],
-                                                    message: str) -> None:  # fmt: skip
+def test_user_errors_are_one_line_without_traceback(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "garbage").mkdir()
     (tmp_path / "garbage" / f"strata-conv-{'ab' * 32}.side").write_bytes(b"junk" * 100)
@@ -127,8 +133,9 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path, args: list[s
 
 
 def test_bench_runs_small(tmp_path: Path) -> None:
-    r = run_cli("bench", "--mib", "16", "--rounds", "1", "--hot-only", "--json", "--dir",
-                str(tmp_path))  # fmt: skip
+    r = run_cli(
+        "bench", "--mib", "16", "--rounds", "1", "--hot-only", "--json", "--dir", str(tmp_path)
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ratios"]["restore/raw hot"] > 0 and not (tmp_path / "raw.bin").exists()

@@ -24,8 +24,9 @@ def disk_cfg(tmp_path: Path) -> dict[str, Any]:
     return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}
 
 
-def _closed_while_inside(store: Store, monkeypatch: pytest.MonkeyPatch, hook: str,
-                         call: Any) -> list[BaseException | object]:  # fmt: skip
+def _closed_while_inside(
+    store: Store, monkeypatch: pytest.MonkeyPatch, hook: str, call: Any
+) -> list[BaseException | object]:
     """Run ``call`` on a thread, hold it in ``facade.<hook>`` (after its open check, before
     its lock), close the store meanwhile, then let it go on. What it returned or raised."""
     real = getattr(facade, hook)

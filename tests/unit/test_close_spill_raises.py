@@ -84,8 +84,7 @@ def test_close_flushes_acknowledged_parks_even_when_the_ram_spill_step_fails(
     assert first_done.wait(30)  # the held write ended (on closed levels) before the reopen
     assert not t.is_alive()
     with Store.open(FP, cfg, warn=lambda m: None) as again:
-        got = {c.conv_id: again.lookup(np.concatenate([c.tokens, [7]]))
-               for c in (a, b)}  # fmt: skip
+        got = {c.conv_id: again.lookup(np.concatenate([c.tokens, [7]])) for c in (a, b)}
     assert got == {"a": ("disk", 64), "b": ("disk", 64)}, (
         f"acknowledged parks lost when close()'s RAM spill raised ({errors[:1]!r}): {got}"
     )

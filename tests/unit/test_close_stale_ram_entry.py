@@ -23,8 +23,9 @@ MIB = 1 << 20
 def conversation(cid: str, tokens: np.ndarray, seed: int) -> tuple[Conversation, np.ndarray]:
     n = len(tokens)
     lengths = [*range(16, n, 16), n]
-    conv = Conversation(cid, as_tokens(tokens), [Checkpoint(x) for x in lengths],
-                        cuts=[0, *lengths[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid, as_tokens(tokens), [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]]
+    )
     kv = np.random.default_rng(seed).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
     return conv, kv
 

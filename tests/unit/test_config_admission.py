@@ -86,8 +86,9 @@ GIB = 1 << 30
         (10_000, False, True, "disk", "parking"),  # a disk hit never lands in RAM
     ],
 )
-def test_admission_rule(available_mib: int, stays: bool, disk: bool, where: str, floor: str
-                        ) -> None:  # fmt: skip
+def test_admission_rule(
+    available_mib: int, stays: bool, disk: bool, where: str, floor: str
+) -> None:
     need = 2 * GIB  # a 2 GiB snapshot; floors 2560 and 512 MiB
     p = admit(need, available_mib * MIB, 2560 * MIB, 512 * MIB, stays_in_ram=stays, disk=disk)
     assert (p.where, p.floor) == (where, floor)

@@ -39,14 +39,16 @@ def test_defaults_have_no_disk_level() -> None:
 
 
 def test_flat_settings_derive_the_list_as_before() -> None:
-    cfg = StoreConfig.from_mapping({"warm_dir": "/w", "warm_mib": 10, "warm_max_age_s": 60,
-                                    "cold_dir": "/c", "cold_mib": 20})  # fmt: skip
+    cfg = StoreConfig.from_mapping(
+        {"warm_dir": "/w", "warm_mib": 10, "warm_max_age_s": 60, "cold_dir": "/c", "cold_mib": 20}
+    )
     assert cfg.levels == ()  # nothing given as a list: the flat settings are the truth
     assert cfg.disk_levels() == (LevelSpec("warm", "/w", 10, 60), LevelSpec("cold", "/c", 20))
     assert StoreConfig(cold_dir="/c", cold_mib=20).disk_levels() == (LevelSpec("cold", "/c", 20),)
     assert StoreConfig(warm_dir="/w", warm_mib=10).disk_levels() == (LevelSpec("warm", "/w", 10),)
-    off = StoreConfig.from_mapping({"warm_dir": "/w", "warm_mib": 0, "cold_dir": "/c",
-                                    "cold_mib": 20})  # fmt: skip
+    off = StoreConfig.from_mapping(
+        {"warm_dir": "/w", "warm_mib": 0, "cold_dir": "/c", "cold_mib": 20}
+    )
     assert [lv.name for lv in off.disk_levels()] == ["cold"]  # a level is on only with both
 
 
@@ -61,8 +63,10 @@ def test_spill_dir_and_disk_mib_name_the_cold_level() -> None:
 
 def test_the_levels_toml_example() -> None:
     cfg = StoreConfig.from_toml_bytes(WARM_COLD_TOML)
-    assert cfg.disk_levels() == (LevelSpec("warm", "/nvme/strata", 65536),
-                                 LevelSpec("cold", "/hdd/strata", 1048576, 2592000))  # fmt: skip
+    assert cfg.disk_levels() == (
+        LevelSpec("warm", "/nvme/strata", 65536),
+        LevelSpec("cold", "/hdd/strata", 1048576, 2592000),
+    )
     # old code reading the flat settings reads the list's warm and cold entries
     assert (cfg.warm_dir, cfg.warm_mib, cfg.warm_max_age_s) == ("/nvme/strata", 65536, 0)
     assert (cfg.cold_dir, cfg.cold_mib, cfg.cold_max_age_s) == ("/hdd/strata", 1048576, 2592000)
@@ -70,13 +74,17 @@ def test_the_levels_toml_example() -> None:
 
 
 def test_three_levels_and_names_of_ones_own() -> None:
-    levels = [{"name": "nvme", "dir": "/a", "mib": 1}, {"name": "ssd", "dir": "/b", "mib": 2},
-              {"name": "hdd-0", "dir": "/c", "mib": 3, "max_age_s": 9}]  # fmt: skip
+    levels = [
+        {"name": "nvme", "dir": "/a", "mib": 1},
+        {"name": "ssd", "dir": "/b", "mib": 2},
+        {"name": "hdd-0", "dir": "/c", "mib": 3, "max_age_s": 9},
+    ]
     cfg = StoreConfig.from_mapping({"levels": levels})
     assert [lv.name for lv in cfg.disk_levels()] == ["nvme", "ssd", "hdd-0"]
     assert not cfg.warm_on and not cfg.cold_on and cfg.warm_dir == cfg.cold_dir == ""
-    three = StoreConfig.from_mapping({"levels": [WARM, {"name": "mid", "dir": "/m", "mib": 5},
-                                                 COLD]})  # fmt: skip
+    three = StoreConfig.from_mapping(
+        {"levels": [WARM, {"name": "mid", "dir": "/m", "mib": 5}, COLD]}
+    )
     assert [lv.name for lv in three.disk_levels()] == ["warm", "mid", "cold"]
     assert three.warm_dir == "/nvme/strata" and three.cold_dir == "/hdd/strata"
     off = StoreConfig.from_mapping({"levels": [WARM, {"name": "mid", "dir": "/m", "mib": 0}]})
@@ -93,8 +101,14 @@ def test_built_in_python_from_specs_or_mappings() -> None:
 
 
 def test_list_with_agreeing_flat_settings() -> None:
-    cfg = StoreConfig.from_mapping({"levels": [WARM, COLD], "warm_dir": "/nvme/strata",
-                                    "warm_mib": 65536, "cold_max_age_s": 2592000})  # fmt: skip
+    cfg = StoreConfig.from_mapping(
+        {
+            "levels": [WARM, COLD],
+            "warm_dir": "/nvme/strata",
+            "warm_mib": 65536,
+            "cold_max_age_s": 2592000,
+        }
+    )
     assert cfg == StoreConfig.from_toml_bytes(WARM_COLD_TOML)
     # a flat setting of a level the list does not have, at its default, agrees (it is off)
     assert StoreConfig.from_mapping({"levels": [COLD], "warm_dir": "", "warm_mib": 0}).levels
@@ -110,15 +124,17 @@ def test_list_with_agreeing_flat_settings() -> None:
         ({"warm_mib": 0}, r"warm_mib=0 and levels\[0\] \(warm\) mib=65536"),
     ],
 )
-def test_list_with_a_conflicting_flat_setting_names_both(flat: dict[str, Any], match: str
-                                                        ) -> None:  # fmt: skip
+def test_list_with_a_conflicting_flat_setting_names_both(flat: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match + ".*keep one"):
         StoreConfig.from_mapping({"levels": [WARM, COLD], **flat})
 
 
 def test_flat_setting_of_a_level_the_list_lacks() -> None:
-    with pytest.raises(ConfigError, match=r"cold_dir='/c' names the cold level.*no level named "
-                       r"'cold'.*add it to levels, or remove cold_dir"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"cold_dir='/c' names the cold level.*no level named "
+        r"'cold'.*add it to levels, or remove cold_dir",
+    ):
         StoreConfig.from_mapping({"levels": [WARM], "cold_dir": "/c", "cold_mib": 3})
     with pytest.raises(ConfigError, match=r"cold_mib=3 and levels\[1\] \(cold\) mib="):
         StoreConfig(levels=(LevelSpec(**WARM), LevelSpec(**COLD)), cold_mib=3)
@@ -167,8 +183,11 @@ def test_bad_lists() -> None:
 def test_duplicate_names_and_directories() -> None:
     with pytest.raises(ConfigError, match=r"levels\[0\] and levels\[1\] are both named 'warm'"):
         StoreConfig.from_mapping({"levels": [WARM, {**COLD, "name": "warm"}]})
-    with pytest.raises(ConfigError, match=r"levels\[0\] \(warm\) and levels\[1\] \(cold\) name "
-                       "one directory '/nvme/strata/'.*a directory of its own"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"levels\[0\] \(warm\) and levels\[1\] \(cold\) name "
+        "one directory '/nvme/strata/'.*a directory of its own",
+    ):
         StoreConfig.from_mapping({"levels": [WARM, {**COLD, "dir": "/nvme/strata/"}]})
 
 

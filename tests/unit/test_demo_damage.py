@@ -17,9 +17,11 @@ from stratastore.ops.fsck import fsck
 
 @pytest.mark.parametrize("requests", [1, 20, 60, 120])
 def test_the_demo_damages_a_segment_its_restore_reads(
-    tmp_path: Path, requests: int, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    requests: int,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(demo, "_real_model_phase", lambda path: True)  # the store's part only
     rc = demo.run_demo(str(tmp_path), requests, kept=False)
     out = capsys.readouterr().out

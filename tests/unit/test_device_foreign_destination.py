@@ -41,8 +41,13 @@ N = 16
 
 
 def _other(n_layers: int) -> ModelFingerprint:
-    return ModelFingerprint.create("review15/other", n_layers=n_layers, n_kv_heads=FP.n_kv_heads,
-                                   head_dim=FP.head_dim, page_tokens=FP.page_tokens)  # fmt: skip
+    return ModelFingerprint.create(
+        "review15/other",
+        n_layers=n_layers,
+        n_kv_heads=FP.n_kv_heads,
+        head_dim=FP.head_dim,
+        page_tokens=FP.page_tokens,
+    )
 
 
 def _device_dest(kind: str, fp: ModelFingerprint) -> tuple[Any, list[Any]]:
@@ -51,17 +56,19 @@ def _device_dest(kind: str, fp: ModelFingerprint) -> tuple[Any, list[Any]]:
         buf = cuda.to_device(np.full(N * fp.token_bytes, 0xEE, np.uint8))
         return DeviceFlatKV(fp, buf), [buf]
     if kind == "layer":
-        arrays = [cuda.to_device(np.full(shape, 0xEEEE, np.uint16))
-                  for _ in range(2 * fp.n_layers)]  # fmt: skip
+        arrays = [cuda.to_device(np.full(shape, 0xEEEE, np.uint16)) for _ in range(2 * fp.n_layers)]
         return DeviceLayerKV(fp, arrays[: fp.n_layers], arrays[fp.n_layers :]), arrays
-    pools = [cuda.to_device(np.full((2, 8, 4, fp.n_kv_heads, fp.head_dim), 0xEEEE, np.uint16))
-             for _ in range(fp.n_layers)]  # fmt: skip
+    pools = [
+        cuda.to_device(np.full((2, 8, 4, fp.n_kv_heads, fp.head_dim), 0xEEEE, np.uint16))
+        for _ in range(fp.n_layers)
+    ]
     return DevicePagedKV(fp, pools, [0, 1, 2, 3]), pools
 
 
 def _store(tmp_path: Path) -> Store:
-    store = Store.open(FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"),
-                            "cold_mib": 64})  # fmt: skip
+    store = Store.open(
+        FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}
+    )
     conv, kv = conversation_kv("a", N, 0, step=8)
     store.park(conv, kv.copy())
     store.flush()
@@ -70,15 +77,15 @@ def _store(tmp_path: Path) -> Store:
 
 @pytest.mark.parametrize("layers", [1, 3])
 @pytest.mark.parametrize("kind", ["flat", "layer", "paged"])
-def test_a_device_destination_for_another_geometry_is_refused(tmp_path: Path, kind: str,
-                                                               layers: int) -> None:  # fmt: skip
+def test_a_device_destination_for_another_geometry_is_refused(
+    tmp_path: Path, kind: str, layers: int
+) -> None:
     with _store(tmp_path) as store:
         dest, arrays = _device_dest(kind, _other(layers))
         before = [a.copy_to_host() for a in arrays]
         with pytest.raises(DestinationRefused):  # today: restored N (1 layer), IndexError (3)
             store.restore(np.arange(N), dest)
-        assert all(np.array_equal(a.copy_to_host(), b) for a, b in zip(arrays, before,
-                                                                        strict=True))  # fmt: skip
+        assert all(np.array_equal(a.copy_to_host(), b) for a, b in zip(arrays, before, strict=True))
         assert store.stats()["damaged_segments"] == []
 
 

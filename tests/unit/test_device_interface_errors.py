@@ -44,14 +44,17 @@ class _GradTensor:
 
     @property
     def __cuda_array_interface__(self) -> Any:
-        raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad. "
-                           "If gradients aren't required, use var.detach() to get Variable "
-                           "that doesn't require grad.")  # fmt: skip
+        raise RuntimeError(
+            "Can't get __cuda_array_interface__ on Variable that requires grad. "
+            "If gradients aren't required, use var.detach() to get Variable "
+            "that doesn't require grad."
+        )
 
 
 def _store(tmp_path: Path) -> Store:
-    store = Store.open(FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"),
-                            "cold_mib": 64})  # fmt: skip
+    store = Store.open(
+        FP, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}
+    )
     conv, kv = conversation_kv("a", 16, 0)
     store.park(conv, kv.copy())
     store.flush()
@@ -67,6 +70,7 @@ def test_restore_into_a_tensor_whose_interface_raises_is_refused_typed(
         with pytest.raises(DestinationRefused, match="__cuda_array_interface__"):
             store.restore(prompt, tensor())
         with pytest.raises(StrataError):
-            store.restore_many([(prompt, np.zeros(16 * FP.token_bytes, np.uint8)),
-                                (prompt, tensor())])  # fmt: skip
+            store.restore_many(
+                [(prompt, np.zeros(16 * FP.token_bytes, np.uint8)), (prompt, tensor())]
+            )
         assert store.lookup(prompt) == ("disk", 16)  # nothing was taken or damaged

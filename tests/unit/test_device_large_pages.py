@@ -20,8 +20,9 @@ from numba import cuda
 from stratastore import Checkpoint, Conversation, ModelFingerprint, Store
 from stratastore.chain import as_tokens
 
-BIG = ModelFingerprint.create("review15/big-pages", n_layers=2, n_kv_heads=2, head_dim=4,
-                              page_tokens=1 << 19)  # fmt: skip
+BIG = ModelFingerprint.create(
+    "review15/big-pages", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=1 << 19
+)
 
 
 def _image() -> tuple[Conversation, np.ndarray]:

@@ -75,8 +75,7 @@ def host_hashing() -> Iterator[list[str]]:
 
 
 def _disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
-            **kw}  # fmt: skip
+    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, **kw}
 
 
 def _check_sidecars(store: Store, conv: Conversation, kv: npt.NDArray[np.uint8]) -> None:
@@ -85,8 +84,10 @@ def _check_sidecars(store: Store, conv: Conversation, kv: npt.NDArray[np.uint8])
     tb = FP.token_bytes
     for seg in conv.segment_keys(FP.digest()):
         data = kv[seg.start * tb : seg.end * tb]
-        want = b"".join(blake3.blake3(data[i : i + FP.page_bytes].tobytes()).digest()
-                        for i in range(0, data.size, FP.page_bytes))  # fmt: skip
+        want = b"".join(
+            blake3.blake3(data[i : i + FP.page_bytes].tobytes()).digest()
+            for i in range(0, data.size, FP.page_bytes)
+        )
         with level.open_reader(seg.key) as r:
             assert r.sidecar.page_hashes == want
 
@@ -115,8 +116,7 @@ def test_disk_park_is_hashed_on_the_device_and_restores_bit_exact(tmp_path: Path
 
 
 def test_device_park_spilled_on_close_is_not_hashed_again(tmp_path: Path) -> None:
-    cfg = {"ram_mib": 1, "spill_on": "evict", "cold_dir": str(tmp_path / "cold"),
-           "cold_mib": 64}  # fmt: skip
+    cfg = {"ram_mib": 1, "spill_on": "evict", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}
     conv, kv, dev = _conv("a", 0)
     store = Store.open(FP, cfg, probe=lambda: 1 << 40)
     try:
@@ -144,8 +144,13 @@ def test_device_park_mirrored_and_evicted_is_not_hashed_again(tmp_path: Path) ->
             store.flush()
         assert calls == []
         _check_sidecars(store, conv, kv)
-    evict = {"ram_mib": 1, "slots": 1, "spill_on": "evict", "cold_dir": str(tmp_path / "e"),
-             "cold_mib": 64}  # fmt: skip
+    evict = {
+        "ram_mib": 1,
+        "slots": 1,
+        "spill_on": "evict",
+        "cold_dir": str(tmp_path / "e"),
+        "cold_mib": 64,
+    }
     with Store.open(FP, evict, probe=free) as store:
         conv, kv, dev = _conv("a", 0)
         b, _, devb = _conv("b", 1000)
@@ -176,13 +181,17 @@ def test_bad_device_arrays_are_refused_before_anything_runs(
 ) -> None:
     launched: list[int] = []
     real = numba_kernels.cuda.page_hashes_device
-    monkeypatch.setattr(numba_kernels.cuda, "page_hashes_device",
-                        lambda *a, **kw: launched.append(1) or real(*a, **kw))  # fmt: skip
+    monkeypatch.setattr(
+        numba_kernels.cuda,
+        "page_hashes_device",
+        lambda *a, **kw: launched.append(1) or real(*a, **kw),
+    )
     with Store.open(FP, _disk_cfg(tmp_path)) as store:
         conv, kv = conversation_kv("a", N, 0, step=STEP)
         wide = np.zeros((N, 2 * FP.token_bytes), np.uint8)
-        strided = CudaInterface(_device(wide), shape=(N, FP.token_bytes),
-                             strides=(2 * FP.token_bytes, 1))  # fmt: skip
+        strided = CudaInterface(
+            _device(wide), shape=(N, FP.token_bytes), strides=(2 * FP.token_bytes, 1)
+        )
         bad = {
             "wrong size": (_device(kv[: -FP.token_bytes]), "K/V is 1472 bytes"),
             # the right count of items of the wrong dtype: twice the bytes
@@ -226,8 +235,9 @@ def test_put_kv_takes_the_callers_digests(store: SegmentStore, codec: Codec) -> 
     data = np.random.default_rng(1).integers(0, 256, 10 * FP.token_bytes, dtype=np.uint8)
     given = numba_kernels.page_hashes(data, FP.page_bytes)  # 3 pages, the last short
     with host_hashing() as calls:
-        key = store.put_kv(store.root_key, np.arange(10), data, token_start=0, codec=codec,
-                           page_hashes=given).key  # fmt: skip
+        key = store.put_kv(
+            store.root_key, np.arange(10), data, token_start=0, codec=codec, page_hashes=given
+        ).key
     assert calls == []
     sc = store.get_into(key, np.zeros_like(data))  # reads validate against them
     assert sc.page_hashes == given.tobytes()
@@ -236,9 +246,14 @@ def test_put_kv_takes_the_callers_digests(store: SegmentStore, codec: Codec) -> 
 def test_put_kv_refuses_digests_of_another_shape(store: SegmentStore) -> None:
     data = np.zeros(10 * FP.token_bytes, np.uint8)  # 3 pages
     good = numba_kernels.page_hashes(data, FP.page_bytes)
-    for bad in (good[:2], good[:, :16], good.astype(np.int8), good.reshape(-1),
-                good.tobytes(), np.zeros((4, 32), np.uint8)):  # fmt: skip
+    for bad in (
+        good[:2],
+        good[:, :16],
+        good.astype(np.int8),
+        good.reshape(-1),
+        good.tobytes(),
+        np.zeros((4, 32), np.uint8),
+    ):
         with pytest.raises(StoreError, match="page_hashes"):
-            store.put_kv(store.root_key, np.arange(10), data, token_start=0,
-                         page_hashes=bad)  # type: ignore[arg-type]  # fmt: skip
+            store.put_kv(store.root_key, np.arange(10), data, token_start=0, page_hashes=bad)  # type: ignore[arg-type]
     assert store.keys() == [] and store.used() == 0

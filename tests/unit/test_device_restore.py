@@ -54,22 +54,27 @@ def host_and_device(kind: str, n: int) -> tuple[Any, Any, Any, Any]:
             np.full(shape, SENTINEL * 0x101, np.uint16).view(np.float16) for _ in range(FP.n_layers)
         ]
         dk, dv = [cuda.to_device(a) for a in k], [cuda.to_device(a) for a in v]
-        return LayerKV(FP, k, v, read_direct=False), [*k, *v], DeviceLayerKV(FP, dk, dv), \
-            [*dk, *dv]  # fmt: skip
+        return LayerKV(FP, k, v, read_direct=False), [*k, *v], DeviceLayerKV(FP, dk, dv), [*dk, *dv]
     if kind == "paged":
         shape = (2, 11, BLOCK, FP.n_kv_heads, FP.head_dim)
         pools = [np.full(shape, SENTINEL * 0x101, np.uint16) for _ in range(FP.n_layers)]
         dpools = [cuda.to_device(p) for p in pools]
-        return PagedKV(FP, pools, TABLE, read_direct=False), pools, \
-            DevicePagedKV(FP, dpools, TABLE), dpools  # fmt: skip
+        return (
+            PagedKV(FP, pools, TABLE, read_direct=False),
+            pools,
+            DevicePagedKV(FP, dpools, TABLE),
+            dpools,
+        )
     out = np.full(n * TB, SENTINEL, np.uint8)
     dout = cuda.to_device(out)
     return FlatKV(FP, out, read_direct=False), [out], DeviceFlatKV(FP, dout), [dout]
 
 
 def as_bytes(arrays: list[Any]) -> list[npt.NDArray[np.uint8]]:
-    return [(a.copy_to_host() if hasattr(a, "copy_to_host") else a).view(np.uint8).reshape(-1)
-            for a in arrays]  # fmt: skip
+    return [
+        (a.copy_to_host() if hasattr(a, "copy_to_host") else a).view(np.uint8).reshape(-1)
+        for a in arrays
+    ]
 
 
 def flip(store: SegmentStore, key: bytes, offset: int) -> None:
@@ -100,8 +105,9 @@ def damage(store: SegmentStore, pieces: list[Piece], how: str) -> list[Piece]:
 
 @pytest.mark.parametrize("how", DAMAGE)
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_device_restore_is_bit_exact_with_the_host_path(tmp_path: Path, kind: str,
-                                                          how: str) -> None:  # fmt: skip
+def test_a_device_restore_is_bit_exact_with_the_host_path(
+    tmp_path: Path, kind: str, how: str
+) -> None:
     with SegmentStore.open(tmp_path / "s", FP) as store:
         pieces, kv = make_image(store)
         pieces = damage(store, pieces, how)
@@ -109,10 +115,19 @@ def test_a_device_restore_is_bit_exact_with_the_host_path(tmp_path: Path, kind: 
         kw: dict[str, Any] = {"resume_at": page_floor, "chunk_bytes": 2 * PT * TB}
         want = two_pass_restore(pieces, 64, host, FP, **kw)
         got = two_pass_restore(pieces, 64, dev, FP, **kw)
-        assert (got.tokens, got.first_bad, got.damaged) == \
-            (want.tokens, want.first_bad, want.damaged)  # fmt: skip
-        expected = {"none": (64, None), "first-page": (0, 0), "middle-page": (28, 28),
-                    "last-page": (62, 62), "truncated": (20, 20), "missing": (20, 20)}  # fmt: skip
+        assert (got.tokens, got.first_bad, got.damaged) == (
+            want.tokens,
+            want.first_bad,
+            want.damaged,
+        )
+        expected = {
+            "none": (64, None),
+            "first-page": (0, 0),
+            "middle-page": (28, 28),
+            "last-page": (62, 62),
+            "truncated": (20, 20),
+            "missing": (20, 20),
+        }
         assert (got.tokens, got.first_bad) == expected[how]
         for h, d in zip(as_bytes(host_arrays), as_bytes(dev_arrays), strict=True):
             assert np.array_equal(h, d)
@@ -155,8 +170,7 @@ def test_the_host_never_hashes_on_the_device_path(
 
 # -- through the Store -----------------------------------------------------------------------
 def disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
-            **kw}  # fmt: skip
+    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, **kw}
 
 
 def device_layer(n: int) -> tuple[DeviceLayerKV, list[Any]]:
@@ -188,8 +202,10 @@ def test_store_restores_disk_ram_and_pending_parks_into_device_memory(tmp_path: 
         dest, arrays = device_layer(42)
         r = store.restore(prompt, dest)
         assert (r.source, r.tokens) == ("disk", 40)
-        assert all(np.array_equal(x.copy_to_host().view(np.uint8).reshape(-1)[: w.size], w)
-                   for x, w in zip(arrays, layer_bytes(kva, 40, a.cuts), strict=True))  # fmt: skip
+        assert all(
+            np.array_equal(x.copy_to_host().view(np.uint8).reshape(-1)[: w.size], w)
+            for x, w in zip(arrays, layer_bytes(kva, 40, a.cuts), strict=True)
+        )
         b, kvb = conversation_kv("b", 24, 500)
         with writer_held(store) as entered:  # b's write is in flight: served from its capture
             store.park(b, kvb.copy())
@@ -204,8 +220,10 @@ def test_store_restores_disk_ram_and_pending_parks_into_device_memory(tmp_path: 
         dest, arrays = device_layer(20)
         many = store.restore_many([(c.tokens, dest), (c.tokens, np.zeros(20 * TB, np.uint8))])
         assert next((m.source, m.tokens) for m in many) == ("ram", 20)
-        assert all(np.array_equal(x.copy_to_host().view(np.uint8).reshape(-1), w)
-                   for x, w in zip(arrays, layer_bytes(kvc, 20, c.cuts), strict=True))  # fmt: skip
+        assert all(
+            np.array_equal(x.copy_to_host().view(np.uint8).reshape(-1), w)
+            for x, w in zip(arrays, layer_bytes(kvc, 20, c.cuts), strict=True)
+        )
 
 
 def test_restore_many_mixes_device_and_host_destinations(tmp_path: Path) -> None:
@@ -214,8 +232,11 @@ def test_restore_many_mixes_device_and_host_destinations(tmp_path: Path) -> None
         for conv, kv in convs:
             store.park(conv, kv.copy())
         store.flush()
-        outs = [cuda.to_device(np.zeros(24 * TB, np.uint8)), np.zeros(24 * TB, np.uint8),
-                cuda.to_device(np.zeros(24 * TB, np.uint8))]  # fmt: skip
+        outs = [
+            cuda.to_device(np.zeros(24 * TB, np.uint8)),
+            np.zeros(24 * TB, np.uint8),
+            cuda.to_device(np.zeros(24 * TB, np.uint8)),
+        ]
         pairs = zip(convs, outs, strict=True)
         got = store.restore_many([(conv.tokens, out) for (conv, _), out in pairs])
         assert [(g.source, g.tokens) for g in got] == [("disk", 24)] * 3
@@ -233,12 +254,16 @@ def test_an_object_with_the_cuda_array_interface_is_restored_into(tmp_path: Path
         mem = CudaInterface(cuda.to_device(np.zeros(16 * TB, np.uint8)))
         assert store.restore(a.tokens, mem).tokens == 16
         assert np.array_equal(mem.host(), kva)
-        k = [CudaInterface(cuda.to_device(np.zeros((16, FP.n_kv_heads, FP.head_dim), np.float16)))
-             for _ in range(4)]  # fmt: skip
+        k = [
+            CudaInterface(cuda.to_device(np.zeros((16, FP.n_kv_heads, FP.head_dim), np.float16)))
+            for _ in range(4)
+        ]
         dest = DeviceLayerKV(FP, k[:2], k[2:])
         assert store.restore(a.tokens, dest).tokens == 16
-        assert all(np.array_equal(x.host().view(np.uint8).reshape(-1), w)
-                   for x, w in zip(k, layer_bytes(kva, 16, a.cuts), strict=True))  # fmt: skip
+        assert all(
+            np.array_equal(x.host().view(np.uint8).reshape(-1), w)
+            for x, w in zip(k, layer_bytes(kva, 16, a.cuts), strict=True)
+        )
 
 
 def test_device_destinations_that_cannot_be_written_in_place_are_refused() -> None:
@@ -251,16 +276,19 @@ def test_device_destinations_that_cannot_be_written_in_place_are_refused() -> No
         DeviceFlatKV(FP, CudaInterface(dev, data=(ptr, True)))
     with pytest.raises(DestinationRefused, match="not device memory"):
         DeviceLayerKV(FP, [np.zeros(shape, np.float16)] * 2, [np.zeros(shape, np.float16)] * 2)
-    wrong = [cuda.to_device(np.zeros((8, 2 * FP.n_kv_heads, FP.head_dim), np.float16))
-             for _ in range(4)]  # fmt: skip
+    wrong = [
+        cuda.to_device(np.zeros((8, 2 * FP.n_kv_heads, FP.head_dim), np.float16)) for _ in range(4)
+    ]
     with pytest.raises(DestinationRefused, match="wrong offset"):
         DeviceLayerKV(FP, wrong[:2], wrong[2:])
     one = cuda.to_device(np.zeros(shape, np.float16))
     others = [cuda.to_device(np.zeros(shape, np.float16)) for _ in range(2)]
     with pytest.raises(DestinationRefused, match="overlaps"):
         DeviceLayerKV(FP, [one, others[0]], [one, others[1]])
-    pools = [cuda.to_device(np.zeros((2, 4, BLOCK, FP.n_kv_heads, FP.head_dim), np.uint16))
-             for _ in range(FP.n_layers)]  # fmt: skip
+    pools = [
+        cuda.to_device(np.zeros((2, 4, BLOCK, FP.n_kv_heads, FP.head_dim), np.uint16))
+        for _ in range(FP.n_layers)
+    ]
     with pytest.raises(DestinationRefused, match="block 4"):
         DevicePagedKV(FP, pools, [0, 4])
     with pytest.raises(DestinationRefused, match="twice"):

@@ -35,8 +35,9 @@ def put(level: DiskLevel, i: int) -> bytes:
 
 
 @pytest.mark.parametrize("payload", [1, 1000, STATE_PAGE_BYTES, STATE_PAGE_BYTES + 1])
-def test_a_raw_segment_takes_what_its_index_record_counts(store: SegmentStore,
-                                                          payload: int) -> None:  # fmt: skip
+def test_a_raw_segment_takes_what_its_index_record_counts(
+    store: SegmentStore, payload: int
+) -> None:
     before = store.used()
     key = store.put_state(b"\x07" * 32, b"\x01" * payload, token_pos=0).key
     assert raw_segment_bytes(payload, STATE_PAGE_BYTES) == store.record(key).total_bytes

@@ -50,8 +50,7 @@ def turn_conv(t: int, whole_list: bool) -> Conversation:
     return Conversation("agent", HELD[:end].copy(), cks, cuts=[0, *range(SYSTEM, end, TURN)])
 
 
-def engine_run(store: Store, turns: range, whole_list: bool,
-               restore: bool = True) -> Conversation:  # fmt: skip
+def engine_run(store: Store, turns: range, whole_list: bool, restore: bool = True) -> Conversation:
     """Each turn: restore the prompt (the previous park comes back whole), then park it."""
     conv = None
     for t in turns:
@@ -105,8 +104,14 @@ def test_edit_table_through_store_park_turn_by_turn(policy: str) -> None:
 def test_edit_table_continues_from_the_disk_chain_after_a_restart(
     tmp_path: Path, whole_list: bool
 ) -> None:
-    cfg = {"ram_mib": 0, "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, "min_free_mib": 0,
-           "checkpoints": 6, "retention": "spread"}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "min_free_mib": 0,
+        "checkpoints": 6,
+        "retention": "spread",
+    }
     with Store.open(FP4, cfg, probe=lambda: BIG) as store:
         engine_run(store, range(1, 151), whole_list=False, restore=False)
     with Store.open(FP4, cfg, probe=lambda: BIG) as store:  # a new process: no memory but disk
@@ -125,8 +130,12 @@ def test_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
         n = len(tokens)
         # cut at every message opener, as turn_conv's engine does: a remembered checkpoint is
         # kept only where the capture has a segment boundary (its bytes are packed that way)
-        conv = Conversation("agent", as_tokens(tokens), [Checkpoint(n - 2000), Checkpoint(n)],
-                            cuts=[0, *range(SYSTEM, edit_at, TURN), edit_at])  # fmt: skip
+        conv = Conversation(
+            "agent",
+            as_tokens(tokens),
+            [Checkpoint(n - 2000), Checkpoint(n)],
+            cuts=[0, *range(SYSTEM, edit_at, TURN), edit_at],
+        )
         store.park(conv, np.zeros(n * FP4.token_bytes, np.uint8))
     old_kept = sorted(END - x for x in EDIT_TABLE["spread"][0])
     assert [c.length for c in conv.checkpoints] == [
@@ -161,15 +170,24 @@ FP64 = tiny_fp()  # 64 bytes a token
 
 def chain_conv(cid: str, n: int, every: int, base: int) -> tuple[Conversation, npt.NDArray[Any]]:
     lengths = [*range(every, n, every), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(x) for x in lengths],
+        cuts=[0, *lengths[:-1]],
+    )
     kv = np.random.default_rng(base).integers(0, 256, n * FP64.token_bytes, dtype=np.uint8)
     return conv, kv
 
 
 def store_001(free: Callable[[], int], truncate: bool = True) -> Store:
-    cfg = {"ram_mib": 1, "slots": 2, "min_free_mib": 1, "park_truncate": truncate,
-           "min_tokens": 5000}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "slots": 2,
+        "min_free_mib": 1,
+        "park_truncate": truncate,
+        "min_tokens": 5000,
+    }
     return Store.open(FP64, cfg, probe=free)
 
 

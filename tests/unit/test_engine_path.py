@@ -25,8 +25,7 @@ conversation = conversation_kv
 
 
 def disk_cfg(tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
-            **kw}  # fmt: skip
+    return {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, **kw}
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
@@ -82,8 +81,9 @@ def test_pending_capture_into_a_layer_destination(tmp_path: Path) -> None:
     k = [np.random.default_rng(i).integers(0, 256, (n, row), np.uint8) for i in range(2)]
     v = [np.random.default_rng(9 + i).integers(0, 256, (n, row), np.uint8) for i in range(2)]
     lengths = [16, 32, n]
-    conv = Conversation("l", as_tokens(np.arange(n)), [Checkpoint(x) for x in lengths],
-                        cuts=[0, 16, 32])  # fmt: skip
+    conv = Conversation(
+        "l", as_tokens(np.arange(n)), [Checkpoint(x) for x in lengths], cuts=[0, 16, 32]
+    )
     kv = pack_pages(FP, k, v, n, [0, 16, 32])
     with Store.open(FP, disk_cfg(tmp_path)) as store:
         with writer_held(store) as entered:
@@ -99,9 +99,15 @@ def test_pending_capture_into_a_layer_destination(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spill_on_close", [True, False])
 def test_close_writes_down_what_only_ram_holds(tmp_path: Path, spill_on_close: bool) -> None:
-    cfg = {"ram_mib": 4, "spill_on": "evict", "cold_dir": str(tmp_path / "cold"),
-           "cold_mib": 64, "min_free_mib": 0, "park_min_free_mib": 0,
-           "spill_on_close": spill_on_close}  # fmt: skip
+    cfg = {
+        "ram_mib": 4,
+        "spill_on": "evict",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+        "spill_on_close": spill_on_close,
+    }
     a, kva = conversation("a", 80, 0)
     with Store.open(FP, cfg) as store:
         assert store.park(a, kva.copy()).where == "ram"
@@ -117,8 +123,14 @@ def test_close_writes_down_what_only_ram_holds(tmp_path: Path, spill_on_close: b
 
 
 def test_close_does_not_rewrite_what_is_on_disk(tmp_path: Path) -> None:
-    cfg = {"ram_mib": 4, "spill_on": "park", "cold_dir": str(tmp_path / "cold"),
-           "cold_mib": 64, "min_free_mib": 0, "park_min_free_mib": 0}  # fmt: skip
+    cfg = {
+        "ram_mib": 4,
+        "spill_on": "park",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+    }
     a, kva = conversation("a", 80, 0)
     with Store.open(FP, cfg) as store:
         store.park(a, kva.copy())
@@ -131,8 +143,14 @@ def test_close_does_not_rewrite_what_is_on_disk(tmp_path: Path) -> None:
 def test_close_refused_by_admission_leaves_a_warning(tmp_path: Path) -> None:
     free = [1 << 40]
     warnings: list[str] = []
-    cfg = {"ram_mib": 4, "spill_on": "evict", "cold_dir": str(tmp_path / "cold"),
-           "cold_mib": 64, "min_free_mib": 0, "park_min_free_mib": 1}  # fmt: skip
+    cfg = {
+        "ram_mib": 4,
+        "spill_on": "evict",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "min_free_mib": 0,
+        "park_min_free_mib": 1,
+    }
     a, kva = conversation("a", 80, 0)
     store = Store.open(FP, cfg, probe=lambda: free[0], warn=warnings.append)
     assert store.park(a, kva.copy()).where == "ram"
@@ -151,8 +169,9 @@ def test_max_tokens_leaves_a_token_to_compute(tmp_path: Path) -> None:
         r = store.restore(a.tokens, np.zeros_like(out), max_tokens=63)
         assert r.tokens == 48  # the deepest checkpoint at or below 63
         assert store.restore(a.tokens, np.zeros_like(out), max_tokens=0).tokens == 0
-        got = store.restore_many([(a.tokens, np.zeros_like(out)), (a.tokens, np.zeros_like(out))],
-                                 max_tokens=[None, 40])  # fmt: skip
+        got = store.restore_many(
+            [(a.tokens, np.zeros_like(out)), (a.tokens, np.zeros_like(out))], max_tokens=[None, 40]
+        )
         assert [g.tokens for g in got] == [64, 32]
         for bad in (-1, 1.5, "3", True):
             with pytest.raises(InvalidRequest, match="max_tokens"):
@@ -213,8 +232,9 @@ def test_restores_on_two_threads_do_not_wait_for_each_others_reads(
         assert np.array_equal(out_a, kva) and np.array_equal(out_b, kvb)
 
 
-def test_close_waits_for_a_restore_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                             ) -> None:  # fmt: skip
+def test_close_waits_for_a_restore_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """close() from another thread while a restore reads: the restore finishes on open levels
     (validated, whole), then the store closes; nothing is read from a closed level."""
     from stratastore.restore import two_pass
@@ -267,8 +287,10 @@ def test_a_pinned_ram_conversation_stays_after_a_whole_restore(tmp_path: Path) -
 def _layered(n: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     row = FP.n_kv_heads * FP.head_dim * 2
     rng = np.random.default_rng(seed)
-    return ([rng.integers(0, 256, (n, row), np.uint8) for _ in range(FP.n_layers)],
-            [rng.integers(0, 256, (n, row), np.uint8) for _ in range(FP.n_layers)])  # fmt: skip
+    return (
+        [rng.integers(0, 256, (n, row), np.uint8) for _ in range(FP.n_layers)],
+        [rng.integers(0, 256, (n, row), np.uint8) for _ in range(FP.n_layers)],
+    )
 
 
 Layers = list[np.ndarray]
@@ -291,9 +313,15 @@ def test_retention_never_changes_the_layout_the_capture_was_packed_in(
     must not move a boundary: the bytes would be read in another layout than they were written
     in, and delivered, validated, in the wrong places (a dropped checkpoint that was not a cut
     did this once; a remembered one did in its first version)."""
-    cfg = {"ram_mib": 4 if park == "ram" else 0, "park": park, "checkpoints": 2,
-           "cold_dir": str(tmp_path / "c"), "cold_mib": 16, "min_free_mib": 0,
-           "park_min_free_mib": 0}  # fmt: skip
+    cfg = {
+        "ram_mib": 4 if park == "ram" else 0,
+        "park": park,
+        "checkpoints": 2,
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 16,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+    }
     n = 90
     k, v = _layered(n, 1)
     toks = as_tokens(np.arange(1000, 1000 + n))

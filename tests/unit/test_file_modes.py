@@ -43,8 +43,10 @@ def mode(p: Path) -> int:
 
 def make(d: Path, n: int = 3, **kw: int) -> list[bytes]:
     with SegmentStore.open(d, FP, **kw) as s:
-        return [s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i),
-                         token_start=0).key for i in range(n)]  # fmt: skip
+        return [
+            s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i), token_start=0).key
+            for i in range(n)
+        ]
 
 
 def modes(d: Path) -> dict[str, int]:
@@ -60,8 +62,13 @@ def test_default_is_private(tmp_path: Path) -> None:
     keys = make(d)
     got = modes(d)
     assert got["."] == 0o700 and got[INDEX_DIR] == 0o700
-    for name in (data_name(keys[0]), sidecar_name(keys[0]), f"{INDEX_DIR}/data.mdb",
-                 f"{INDEX_DIR}/lock.mdb", f"{INDEX_DIR}/write.lock"):  # fmt: skip
+    for name in (
+        data_name(keys[0]),
+        sidecar_name(keys[0]),
+        f"{INDEX_DIR}/data.mdb",
+        f"{INDEX_DIR}/lock.mdb",
+        f"{INDEX_DIR}/write.lock",
+    ):
         assert got[name] == 0o600, (name, oct(got[name]))
     assert all(m & 0o077 == 0 for m in got.values()), {k: oct(v) for k, v in got.items()}
     assert StoreConfig().file_mode == 0o600
@@ -91,8 +98,14 @@ def test_store_manifests_and_monitor_follow_the_config(tmp_path: Path) -> None:
 
     for file_mode in (0o600, 0o640):
         cold = tmp_path / f"cold{file_mode:o}"
-        cfg = {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64,
-               "min_free_mib": 1, "file_mode": file_mode}  # fmt: skip
+        cfg = {
+            "ram_mib": 1,
+            "park": "disk",
+            "cold_dir": str(cold),
+            "cold_mib": 64,
+            "min_free_mib": 1,
+            "file_mode": file_mode,
+        }
         conv = Conversation("c", as_tokens(np.arange(16)), [Checkpoint(16)], cuts=[0])
         with Store.open(FP, cfg) as store:
             store.park(conv, kv_bytes(FP, 16).copy())

@@ -19,8 +19,9 @@ from tests.conftest import tiny_fp
 
 
 def test_fingerprint_roundtrip_and_sizes() -> None:
-    fp = ModelFingerprint.create("m", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16,
-                                 dtype="bfloat16")  # fmt: skip
+    fp = ModelFingerprint.create(
+        "m", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16, dtype="bfloat16"
+    )
     assert fp.token_bytes == 2 * 32 * 8 * 128 * 2 == 131072
     assert fp.page_bytes == 16 * 131072
     raw = fp.pack()
@@ -42,14 +43,16 @@ def test_fingerprint_bounds_refused(field: str, value: int) -> None:
 
 def test_fingerprint_page_too_large_refused() -> None:
     with pytest.raises(FormatError, match="page_tokens"):
-        ModelFingerprint.create("m", n_layers=4096, n_kv_heads=4096, head_dim=64,
-                                page_tokens=16, dtype="float32")  # fmt: skip
+        ModelFingerprint.create(
+            "m", n_layers=4096, n_kv_heads=4096, head_dim=64, page_tokens=16, dtype="float32"
+        )
 
 
 def test_fingerprint_unknown_dtype_name() -> None:
     with pytest.raises(FormatError, match="float16"):
-        ModelFingerprint.create("m", n_layers=1, n_kv_heads=1, head_dim=1, page_tokens=1,
-                                dtype="float64")  # fmt: skip
+        ModelFingerprint.create(
+            "m", n_layers=1, n_kv_heads=1, head_dim=1, page_tokens=1, dtype="float64"
+        )
 
 
 @pytest.mark.parametrize("size", [0, 83, 85])
@@ -73,11 +76,13 @@ def test_every_field_changes_the_digest() -> None:
         ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=1, head_dim=4, page_tokens=4),
         ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=2, head_dim=8, page_tokens=4),
         ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=8),
-        ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4,
-                                dtype="bfloat16"),
-        ModelFingerprint.create("test/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4,
-                                extra=b"rope=2x"),
-    ]  # fmt: skip
+        ModelFingerprint.create(
+            "test/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4, dtype="bfloat16"
+        ),
+        ModelFingerprint.create(
+            "test/tiny", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=4, extra=b"rope=2x"
+        ),
+    ]
     digests = {v.digest() for v in variants} | {base.digest()}
     assert len(digests) == len(variants) + 1
 

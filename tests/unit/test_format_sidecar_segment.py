@@ -40,12 +40,21 @@ def make_sidecar(n_tokens: int = 10, codec: Codec = Codec.RAW, **kw: object) -> 
     payload = (pc - 1) * FP.page_bytes + last
     lengths = tuple(range(100, 100 + pc)) if codec is Codec.ZSTD else ()
     fields: dict[str, object] = dict(
-        kind=Kind.KV, codec=codec, level=Level.COLD, fingerprint=FP,
-        key=segment_key(FP.digest(), list(range(n_tokens))), parent_key=FP.digest(),
-        token_start=0, token_end=n_tokens, page_bytes=FP.page_bytes, last_page_bytes=last,
-        page_hashes=bytes(range(32)) * pc, stored_bytes=sum(lengths) if lengths else payload,
-        sealed_at_ns=123, stored_lengths=lengths,
-    )  # fmt: skip
+        kind=Kind.KV,
+        codec=codec,
+        level=Level.COLD,
+        fingerprint=FP,
+        key=segment_key(FP.digest(), list(range(n_tokens))),
+        parent_key=FP.digest(),
+        token_start=0,
+        token_end=n_tokens,
+        page_bytes=FP.page_bytes,
+        last_page_bytes=last,
+        page_hashes=bytes(range(32)) * pc,
+        stored_bytes=sum(lengths) if lengths else payload,
+        sealed_at_ns=123,
+        stored_lengths=lengths,
+    )
     fields.update(kw)
     return Sidecar(**fields)  # type: ignore[arg-type]
 
@@ -62,9 +71,15 @@ def test_sidecar_roundtrip(n_tokens: int, codec: Codec) -> None:
 
 def test_state_sidecar_roundtrip() -> None:
     sc = make_sidecar(
-        1, kind=Kind.STATE, token_start=7, token_end=7, page_bytes=1000, last_page_bytes=10,
-        page_hashes=b"\0" * 64, stored_bytes=1010,
-    )  # fmt: skip
+        1,
+        kind=Kind.STATE,
+        token_start=7,
+        token_end=7,
+        page_bytes=1000,
+        last_page_bytes=10,
+        page_hashes=b"\0" * 64,
+        stored_bytes=1010,
+    )
     assert decode_sidecar(encode_sidecar(sc)) == sc
 
 
@@ -89,9 +104,15 @@ def test_sidecar_semantic_rules(change: dict[str, object], match: str) -> None:
 def test_state_page_size_is_bounded() -> None:
     big = 1 << 27
     sc = make_sidecar(
-        1, kind=Kind.STATE, token_start=7, token_end=7, page_bytes=big, last_page_bytes=10,
-        page_hashes=b"\0" * 64, stored_bytes=big + 10,
-    )  # fmt: skip
+        1,
+        kind=Kind.STATE,
+        token_start=7,
+        token_end=7,
+        page_bytes=big,
+        last_page_bytes=10,
+        page_hashes=b"\0" * 64,
+        stored_bytes=big + 10,
+    )
     with pytest.raises(FormatError, match="STATE page"):
         encode_sidecar(sc)
 
@@ -188,8 +209,13 @@ def test_names() -> None:
     assert data_name(key) == f"strata-conv-{key.hex()}.seg"
     assert parse_name(sidecar_name(key)) == (key, "side")
     assert parse_name(data_name(key)) == (key, "seg")
-    for other in ["strata-conv-xyz.seg", "strata-tmp-1-" + data_name(key), "notes.txt",
-                  f"strata-conv-{key.hex().upper()}.seg", data_name(key) + ".bak"]:  # fmt: skip
+    for other in [
+        "strata-conv-xyz.seg",
+        "strata-tmp-1-" + data_name(key),
+        "notes.txt",
+        f"strata-conv-{key.hex().upper()}.seg",
+        data_name(key) + ".bak",
+    ]:
         assert parse_name(other) is None
     with pytest.raises(FormatError):
         data_name(b"short")

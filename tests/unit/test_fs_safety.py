@@ -35,8 +35,10 @@ HANG = 20  #: seconds a child may take before it counts as hung
 
 def make(d: Path, n: int = 3) -> list[bytes]:
     with SegmentStore.open(d, FP) as s:
-        return [s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i),
-                         token_start=0).key for i in range(n)]  # fmt: skip
+        return [
+            s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i), token_start=0).key
+            for i in range(n)
+        ]
 
 
 def outside_with_canary(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
@@ -64,8 +66,14 @@ def run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter on this checkout; a hang fails the test."""
     env = {**os.environ, "PYTHONPATH": str(PKG_ROOT)}
     try:
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                              text=True, timeout=HANG, env=env, cwd=PKG_ROOT)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=HANG,
+            env=env,
+            cwd=PKG_ROOT,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"hung for {HANG} s on a FIFO: {code.splitlines()[0]} {args}")
 
@@ -92,9 +100,11 @@ def test_cli_repair_with_symlinked_index_leaves_the_target(tmp_path: Path) -> No
     make(d)
     out, content = outside_with_canary(tmp_path)
     link_index(d, out)
-    r = run_child("import sys; from stratastore.cli import main; "
-                  "sys.exit(main(['fsck', '--repair', '--yes', '--json', sys.argv[1]]))",
-                  str(d))  # fmt: skip
+    r = run_child(
+        "import sys; from stratastore.cli import main; "
+        "sys.exit(main(['fsck', '--repair', '--yes', '--json', sys.argv[1]]))",
+        str(d),
+    )
     assert untouched(out, content)
     assert r.returncode == 1, r.stderr  # the link stays an error finding
     ids = {f["id"] for f in json.loads(r.stdout[r.stdout.index("{") :])["findings"]}
@@ -271,13 +281,19 @@ def test_fifo_manifest_does_not_hang_store_open(tmp_path: Path) -> None:
 
 def test_fifo_does_not_hang_fsck(tmp_path: Path) -> None:
     d, side, chain = fifo_store(tmp_path)
-    r = run_child("import sys; from stratastore.cli import main; "
-                  "sys.exit(main(['fsck', '--json', sys.argv[1]]))", str(d))  # fmt: skip
+    r = run_child(
+        "import sys; from stratastore.cli import main; "
+        "sys.exit(main(['fsck', '--json', sys.argv[1]]))",
+        str(d),
+    )
     assert r.returncode == 1, r.stderr
     found = {(f["id"], f["object"]) for f in json.loads(r.stdout)["findings"]}
     assert {("NOT_REGULAR_FILE", str(side)), ("NOT_REGULAR_FILE", str(chain))} <= found
-    r = run_child("import sys; from stratastore.cli import main; "
-                  "sys.exit(main(['fsck', '--repair', '--yes', sys.argv[1]]))", str(d))  # fmt: skip
+    r = run_child(
+        "import sys; from stratastore.cli import main; "
+        "sys.exit(main(['fsck', '--repair', '--yes', sys.argv[1]]))",
+        str(d),
+    )
     assert side.exists() and chain.exists()  # left alone, still reported
     assert "NOT_REGULAR_FILE" in r.stdout
 
@@ -285,15 +301,21 @@ def test_fifo_does_not_hang_fsck(tmp_path: Path) -> None:
 def test_fifo_does_not_hang_monitor(tmp_path: Path) -> None:
     d, _, _ = fifo_store(tmp_path)
     os.mkfifo(d / INDEX_DIR / "monitor.json")
-    r = run_child("import sys; from stratastore.cli import main; sys.exit(main("
-                  "['monitor', '--once', '--json', sys.argv[1]]))", str(d))  # fmt: skip
+    r = run_child(
+        "import sys; from stratastore.cli import main; sys.exit(main("
+        "['monitor', '--once', '--json', sys.argv[1]]))",
+        str(d),
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     (level,) = doc["levels"].values()
     assert level["entries"] == 3  # the FIFO is not counted as an entry
-    r = run_child("import sys; from stratastore.metrics.monitor import read_monitor; "
-                  "doc = read_monitor(sys.argv[1]); print(doc['snapshot']); "
-                  "print(doc['snapshot_problem'])", str(d))  # fmt: skip
+    r = run_child(
+        "import sys; from stratastore.metrics.monitor import read_monitor; "
+        "doc = read_monitor(sys.argv[1]); print(doc['snapshot']); "
+        "print(doc['snapshot_problem'])",
+        str(d),
+    )
     assert r.returncode == 0, r.stderr
     snapshot, problem = r.stdout.strip().split("\n")
     assert snapshot == "None" and "FIFO" in problem, r.stdout  # refused and said, not hung

@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def make(d: Path, n: int = 3) -> list[bytes]:
     with SegmentStore.open(d, FP) as s:
-        return [s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i),
-                         token_start=0).key for i in range(n)]  # fmt: skip
+        return [
+            s.put_kv(s.root_key, np.arange(12) + 100 * i, kv_bytes(FP, 12, i), token_start=0).key
+            for i in range(n)
+        ]
 
 
 def ids(*dirs: Path, deep: bool = False) -> set[str]:
@@ -84,10 +86,12 @@ def test_across_levels_and_manifests(tmp_path: Path) -> None:
     from stratastore.chain import as_tokens
 
     cold = tmp_path / "cold"
-    with Store.open(FP, {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64,
-                         "min_free_mib": 1}) as store:  # fmt: skip
-        conv = Conversation("c", as_tokens(np.arange(40)), [Checkpoint(16), Checkpoint(40)],
-                            cuts=[0, 16])  # fmt: skip
+    with Store.open(
+        FP, {"ram_mib": 1, "park": "disk", "cold_dir": str(cold), "cold_mib": 64, "min_free_mib": 1}
+    ) as store:
+        conv = Conversation(
+            "c", as_tokens(np.arange(40)), [Checkpoint(16), Checkpoint(40)], cuts=[0, 16]
+        )
         store.park(conv, kv_bytes(FP, 40))
     assert ids(cold) == set()
     warm = tmp_path / "warm"
@@ -117,15 +121,24 @@ def test_every_id_is_documented() -> None:
     from tests.unit.test_findings_table import fsck_ids
 
     used = fsck_ids()
-    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", (ROOT / "format-spec" / "FSCK.md")
-                                .read_text(), re.M))  # fmt: skip
+    documented = set(
+        re.findall(r"^\| `([A-Z_]+)` \|", (ROOT / "format-spec" / "FSCK.md").read_text(), re.M)
+    )
     assert used and used == documented
 
 
 DAMAGES = [
-    "flip_page", "flip_header", "truncate_data", "drop_data", "flip_sidecar",
-    "garbage_sidecar", "drop_sidecar", "temp_file", "drop_index", "rename_sidecar",
-]  # fmt: skip
+    "flip_page",
+    "flip_header",
+    "truncate_data",
+    "drop_data",
+    "flip_sidecar",
+    "garbage_sidecar",
+    "drop_sidecar",
+    "temp_file",
+    "drop_index",
+    "rename_sidecar",
+]
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
@@ -248,8 +261,9 @@ def test_five_damages_at_once_then_repair_via_the_cli(
     shutil.rmtree(cold / INDEX_DIR)
 
     assert main(["fsck", str(cold), "--json"]) == 1
-    found = {(f["id"], Path(f["object"]).name) for f in json.loads(capsys.readouterr().out)
-             ["findings"]}  # fmt: skip
+    found = {
+        (f["id"], Path(f["object"]).name) for f in json.loads(capsys.readouterr().out)["findings"]
+    }
     assert ("PAGE_HASH_MISMATCH", data_name(flipped)) in found, found
     assert ("ORPHAN_FILE", data_name(unsided)) in found, found
     assert ("ORPHAN_TEMP", "strata-tmp-0123456789abcdef-x") in found, found

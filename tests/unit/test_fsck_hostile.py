@@ -32,10 +32,22 @@ FP = tiny_fp()
 def _store(warm: Path, cold: Path) -> tuple[dict[str, Any], Conversation, Any]:
     """One chain: its manifest in cold, its segments in warm (where parks go)."""
     # the store root (the levels' parent) is made with its levels
-    cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64, "create_dirs": True}  # fmt: skip
-    conv = Conversation("c", as_tokens(np.arange(48)), [Checkpoint(16), Checkpoint(32),
-                        Checkpoint(48)], cuts=[0, 16, 32])  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "park": "disk",
+        "min_free_mib": 1,
+        "warm_dir": str(warm),
+        "warm_mib": 64,
+        "cold_dir": str(cold),
+        "cold_mib": 64,
+        "create_dirs": True,
+    }
+    conv = Conversation(
+        "c",
+        as_tokens(np.arange(48)),
+        [Checkpoint(16), Checkpoint(32), Checkpoint(48)],
+        cuts=[0, 16, 32],
+    )
     kv = kv_bytes(FP, 48)
     with Store.open(FP, cfg) as store:
         store.park(conv, kv.copy())
@@ -46,8 +58,12 @@ def _store(warm: Path, cold: Path) -> tuple[dict[str, Any], Conversation, Any]:
 
 
 def _snapshot(*dirs: Path) -> dict[str, bytes]:
-    return {str(p): p.read_bytes() for d in dirs for p in sorted(d.rglob("*"))
-            if p.is_file() and INDEX_DIR not in p.parts}  # fmt: skip
+    return {
+        str(p): p.read_bytes()
+        for d in dirs
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and INDEX_DIR not in p.parts
+    }
 
 
 def _make_special(path: Path, kind: str, tmp_path: Path) -> None:
@@ -134,8 +150,9 @@ def test_a_config_file_in_the_store_root_names_the_whole_store(
     of the root checks both levels, and repair knows the store is whole and cuts nothing."""
     warm, root = tmp_path / "ssd" / "warm", tmp_path / "root"
     cfg, conv, kv = _store(warm, root / "cold")
-    (root / "strata.toml").write_text(f'warm_dir = "{warm}"\nwarm_mib = 64\n'
-                                      f'cold_dir = "{root / "cold"}"\ncold_mib = 64\n')  # fmt: skip
+    (root / "strata.toml").write_text(
+        f'warm_dir = "{warm}"\nwarm_mib = 64\ncold_dir = "{root / "cold"}"\ncold_mib = 64\n'
+    )
     before = _snapshot(warm, root / "cold")
     capsys.readouterr()
     assert main(["fsck", str(root), "--repair", "--yes"]) == 0
@@ -266,5 +283,7 @@ def test_both_special_files_of_one_segment_are_named(tmp_path: Path) -> None:
     os.mkfifo(d / sidecar_name(key))
     os.mkfifo(d / data_name(key))
     found = [(f.id, Path(f.object).name) for f in fsck([str(d)]) if f.severity == "error"]
-    assert sorted(found) == [("NOT_REGULAR_FILE", data_name(key)),
-                             ("NOT_REGULAR_FILE", sidecar_name(key))], found  # fmt: skip
+    assert sorted(found) == [
+        ("NOT_REGULAR_FILE", data_name(key)),
+        ("NOT_REGULAR_FILE", sidecar_name(key)),
+    ], found

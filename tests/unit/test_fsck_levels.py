@@ -104,13 +104,18 @@ def test_conformance_and_monitor_accept_the_store_root_and_config(
         assert main(["monitor", str(target), "--once", "--json"]) == 0
         doc = _json(capsys)
         assert {lv["dir"] for lv in doc["levels"].values() if lv["dir"]} == {
-            str(demo_root / "warm"), str(demo_root / "cold")
-        }  # fmt: skip
+            str(demo_root / "warm"),
+            str(demo_root / "cold"),
+        }
 
 
 def _park_chain(cfg: dict[str, Any]) -> tuple[Conversation, np.ndarray[Any, Any]]:
-    conv = Conversation("c", as_tokens(np.arange(48)), [Checkpoint(16), Checkpoint(32),
-                        Checkpoint(48)], cuts=[0, 16, 32])  # fmt: skip
+    conv = Conversation(
+        "c",
+        as_tokens(np.arange(48)),
+        [Checkpoint(16), Checkpoint(32), Checkpoint(48)],
+        cuts=[0, 16, 32],
+    )
     kv = kv_bytes(FP, 48)
     with Store.open(FP, cfg) as store:
         store.park(conv, kv.copy())
@@ -180,15 +185,27 @@ def test_each_derived_index_field_changed_is_stale(
 
 
 def _snapshot(*dirs: Path) -> dict[str, bytes]:
-    return {str(p): p.read_bytes() for d in dirs for p in sorted(d.rglob("*"))
-            if p.is_file() and INDEX_DIR not in p.parts}  # fmt: skip
+    return {
+        str(p): p.read_bytes()
+        for d in dirs
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and INDEX_DIR not in p.parts
+    }
 
 
 def _warm_cold_store(warm: Path, cold: Path) -> tuple[dict[str, Any], Conversation, Any]:
     """A chain whose manifest is in cold and whose segments are in warm (where parks go)."""
     # the store root (the levels' parent) is made with its levels
-    cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64, "create_dirs": True}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "park": "disk",
+        "min_free_mib": 1,
+        "warm_dir": str(warm),
+        "warm_mib": 64,
+        "cold_dir": str(cold),
+        "cold_mib": 64,
+        "create_dirs": True,
+    }
     conv, kv = _park_chain(cfg)
     assert [p for p in cold.iterdir() if is_chain_name(p.name)]
     assert not list(cold.glob("strata-conv-*")) and list(warm.glob("strata-conv-*.side"))
@@ -261,8 +278,9 @@ def test_repair_cuts_at_a_damaged_segment_given_one_level(tmp_path: Path) -> Non
 
 def _levels_config(path: Path, levels: list[tuple[str, Path, int]]) -> Path:
     """A config of ``[[levels]]`` tables: (name, dir, mib) each."""
-    path.write_text("".join(f'[[levels]]\nname = "{n}"\ndir = "{d}"\nmib = {mib}\n\n'
-                            for n, d, mib in levels))  # fmt: skip
+    path.write_text(
+        "".join(f'[[levels]]\nname = "{n}"\ndir = "{d}"\nmib = {mib}\n\n' for n, d, mib in levels)
+    )
     return path
 
 
@@ -270,8 +288,10 @@ def test_fsck_given_a_config_with_a_levels_list(
     demo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A ``levels`` list naming the demo's warm and cold reads as the flat settings do."""
-    cfg = _levels_config(tmp_path / "strata.toml", [("warm", demo_root / "warm", 64),
-                                                    ("cold", demo_root / "cold", 64)])  # fmt: skip
+    cfg = _levels_config(
+        tmp_path / "strata.toml",
+        [("warm", demo_root / "warm", 64), ("cold", demo_root / "cold", 64)],
+    )
     capsys.readouterr()
     assert main(["fsck", str(cfg), "--json"]) == 1
     doc = _json(capsys)
@@ -288,8 +308,10 @@ def test_a_third_level_of_a_config_is_found_in_its_order(tmp_path: Path) -> None
     fast, mid, slow, off = (tmp_path / n for n in ("z-fast", "m-mid", "a-slow", "off"))
     for d in (fast, mid, slow):
         d.mkdir()
-    cfg = _levels_config(tmp_path / "three.toml", [("nvme", fast, 8), ("ssd", mid, 16),
-                                                   ("off", off, 0), ("hdd", slow, 32)])  # fmt: skip
+    cfg = _levels_config(
+        tmp_path / "three.toml",
+        [("nvme", fast, 8), ("ssd", mid, 16), ("off", off, 0), ("hdd", slow, 32)],
+    )
     found = find_store_levels([str(cfg)])
     assert found.checked == (str(fast), str(mid), str(slow)) and found.complete
     assert find_store_levels([], StoreConfig.from_toml(str(cfg))).checked == found.checked

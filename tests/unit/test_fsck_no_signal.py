@@ -72,8 +72,13 @@ def _one_segment(d: Path) -> Path:
 def test_data_file_truncated_while_fsck_reads_it_is_a_finding(tmp_path: Path) -> None:
     d = tmp_path / "s"
     data = _one_segment(d)
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(d), str(data), str(DATA_OFFSET)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(d), str(data), str(DATA_OFFSET)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert data.stat().st_size == DATA_OFFSET, "the truncation never happened"
     assert r.returncode != -signal.SIGBUS, "fsck was killed by SIGBUS reading a truncated file"
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])

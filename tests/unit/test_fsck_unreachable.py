@@ -48,14 +48,25 @@ def _kv(tokens: npt.NDArray[np.integer]) -> npt.NDArray[np.uint8]:
 def _store(warm: Path, cold: Path) -> dict[str, Any]:
     """Parks a, b and c to disk (segments in warm, manifests in cold); returns the config."""
     # the store root (the levels' parent) is made with its levels
-    cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64, "create_dirs": True}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "park": "disk",
+        "min_free_mib": 1,
+        "warm_dir": str(warm),
+        "warm_mib": 64,
+        "cold_dir": str(cold),
+        "cold_mib": 64,
+        "create_dirs": True,
+    }
     with Store.open(FP, cfg) as store:
         for cid, tokens in TOKENS.items():
             n = len(tokens)
-            conv = Conversation(cid, as_tokens(tokens),
-                                [Checkpoint(x) for x in range(SEG, n + 1, SEG)],
-                                cuts=list(range(0, n, SEG)))  # fmt: skip
+            conv = Conversation(
+                cid,
+                as_tokens(tokens),
+                [Checkpoint(x) for x in range(SEG, n + 1, SEG)],
+                cuts=list(range(0, n, SEG)),
+            )
             store.park(conv, _kv(tokens))
         store.flush()
     return cfg
@@ -113,7 +124,10 @@ def test_the_segments_after_a_hole_and_only_those(root: Path) -> None:
         assert a[2].hex() in detail and "'a'" in detail and str(warm) in detail
         assert chain_name("a") in detail and "missing" in detail
         assert sorted(f.id for f in _real(found)) == [  # the index still names the hole
-            "CHAIN_BROKEN", "INDEX_DANGLING", "SEGMENT_UNREACHABLE"]  # fmt: skip
+            "CHAIN_BROKEN",
+            "INDEX_DANGLING",
+            "SEGMENT_UNREACHABLE",
+        ]
 
 
 def test_a_hole_in_a_shared_segment(root: Path) -> None:
@@ -160,8 +174,15 @@ def test_an_incomplete_level_set_reports_nothing(tmp_path: Path) -> None:
 
 def test_repair_quarantines_them_and_fscks_clean(root: Path) -> None:
     warm, cold = root / "warm", root / "cold"
-    cfg = {"ram_mib": 1, "park": "disk", "min_free_mib": 1, "warm_dir": str(warm),
-           "warm_mib": 64, "cold_dir": str(cold), "cold_mib": 64}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "park": "disk",
+        "min_free_mib": 1,
+        "warm_dir": str(warm),
+        "warm_mib": 64,
+        "cold_dir": str(cold),
+        "cold_mib": 64,
+    }
     a = _segments(cold, "a")
     _delete(warm, a[2])
     with SegmentStore.open(warm, FP, level=Level.WARM) as s:
@@ -204,8 +225,16 @@ def test_cli_json_and_conformance_carry_the_id(
     capsys.readouterr()
     assert main(["fsck", str(root), "--deep", "--json"]) == 1  # the hole's INDEX_DANGLING
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"dirs", "levels", "store_levels", "levels_complete", "levels_from",
-                        "deep", "errors", "findings"}  # fmt: skip
+    assert set(doc) == {
+        "dirs",
+        "levels",
+        "store_levels",
+        "levels_complete",
+        "levels_from",
+        "deep",
+        "errors",
+        "findings",
+    }
     assert doc["levels_complete"] is True and doc["errors"] == 1
     ours = [f for f in doc["findings"] if f["id"] == "SEGMENT_UNREACHABLE"]
     assert [(f["id"], f["severity"], f["object"]) for f in ours] == [
@@ -225,8 +254,7 @@ def test_cli_json_and_conformance_carry_the_id(
 
 def _manifest(cid: str, n: int, keys: list[bytes], states: dict[int, bytes]) -> ChainManifest:
     bounds = [(i * SEG, (i + 1) * SEG, k) for i, k in enumerate(keys)]
-    ckpts = tuple(ManifestCheckpoint(x, state_key=states.get(x))
-                  for x in range(SEG, n + 1, SEG))  # fmt: skip
+    ckpts = tuple(ManifestCheckpoint(x, state_key=states.get(x)) for x in range(SEG, n + 1, SEG))
     return ChainManifest(cid, b"m" * 32, np.zeros(n, np.uint32), ckpts, (), tuple(bounds), 0)
 
 

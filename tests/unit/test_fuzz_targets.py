@@ -39,11 +39,22 @@ def test_bounded_atheris_run(target: str, tmp_path: Path) -> None:
     # OOM limit is counted on top of that, so a fuzz input that grows memory still fails
     inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     r = subprocess.run(
-        [sys.executable, str(ROOT / "fuzz" / "run.py"), target, f"-runs={RUNS}",
-         "-max_len=4096", "-seed=1", f"-rss_limit_mb={inherited + 2048}",
-         f"-artifact_prefix={tmp_path}/", str(corpus)],  # a crash's input: not in the tree
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "fuzz" / "run.py"),
+            target,
+            f"-runs={RUNS}",
+            "-max_len=4096",
+            "-seed=1",
+            f"-rss_limit_mb={inherited + 2048}",
+            f"-artifact_prefix={tmp_path}/",
+            str(corpus),
+        ],  # a crash's input: not in the tree
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"Done {RUNS} runs" in r.stderr
     counts.add(f"fuzz {target}", RUNS)

@@ -31,8 +31,13 @@ Parts = Sequence[tuple[int, int]]
 
 
 def cold_store(tmp_path: Path, mib: int, **more: Any) -> Store:
-    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": mib,
-           **more}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": mib,
+        **more,
+    }
     return Store.open(FP, cfg, probe=lambda: 1 << 40, warn=lambda _msg: None)
 
 
@@ -57,8 +62,7 @@ def flush_errors(store: Store) -> list[str]:
 
 
 # -- 5. an unpinned shared prefix is evicted first ----------------------------------------------
-def test_a_shared_prefix_is_not_evicted_under_the_conversations_that_use_it(tmp_path: Path
-                                                                            ) -> None:  # fmt: skip
+def test_a_shared_prefix_is_not_evicted_under_the_conversations_that_use_it(tmp_path: Path) -> None:
     """Conversations share a 256-token prefix (its own segment, not pinned); each adds a
     2,000-token tail. The level (1 MiB) holds about seven, so from the eighth park on GC must
     make room: every park must restore in full right after its flush, and so must the park
@@ -134,8 +138,11 @@ def test_a_park_is_never_acknowledged_then_silently_gone(tmp_path: Path) -> None
 def unreachable_segments(level_dir: Path) -> tuple[list[str], int]:
     """Segment sidecars in ``level_dir`` that no manifest reaches (walking each manifest's
     segments from its first, up to the first one missing), and how many manifests there are."""
-    present = {parsed[0] for p in level_dir.iterdir()
-               if (parsed := parse_name(p.name)) is not None and parsed[1] == "side"}  # fmt: skip
+    present = {
+        parsed[0]
+        for p in level_dir.iterdir()
+        if (parsed := parse_name(p.name)) is not None and parsed[1] == "side"
+    }
     reachable: set[bytes] = set()
     names = sorted(level_dir.glob("strata-chain-*.chain"))
     for path in names:

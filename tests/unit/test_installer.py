@@ -17,8 +17,13 @@ from stratastore.ops.installer import MODEL_SIZES, Machine, run_init, to_toml, w
 from tests.conftest import tiny_fp
 
 GIB = 1 << 30
-MACHINES = [Machine(2 * GIB, 2), Machine(8 * GIB, 4), Machine(24 * GIB, 2),
-            Machine(128 * GIB, 32), Machine(1024 * GIB, 192)]  # fmt: skip
+MACHINES = [
+    Machine(2 * GIB, 2),
+    Machine(8 * GIB, 4),
+    Machine(24 * GIB, 2),
+    Machine(128 * GIB, 32),
+    Machine(1024 * GIB, 192),
+]
 
 
 def no_disk_bench(path: str) -> tuple[float, float]:
@@ -28,8 +33,9 @@ def no_disk_bench(path: str) -> tuple[float, float]:
 @pytest.mark.parametrize("mode", ["yes", "enter"])
 @pytest.mark.parametrize("size", sorted(MODEL_SIZES))
 @pytest.mark.parametrize("machine", MACHINES, ids=[f"{m.free_ram // GIB}G" for m in MACHINES])
-def test_yes_or_enter_writes_exactly_the_defaults(machine: Machine, size: str, mode: str,
-                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_yes_or_enter_writes_exactly_the_defaults(
+    machine: Machine, size: str, mode: str, tmp_path: Path
+) -> None:
     asked: list[str] = []
 
     def ask(question: str) -> str:
@@ -37,8 +43,14 @@ def test_yes_or_enter_writes_exactly_the_defaults(machine: Machine, size: str, m
         return ""  # Enter
 
     said: list[str] = []
-    cfg = run_init(yes=mode == "yes", ask=ask, say=said.append, machine=machine,
-                   model_size=size if mode == "yes" else None, measure=no_disk_bench)  # fmt: skip
+    cfg = run_init(
+        yes=mode == "yes",
+        ask=ask,
+        say=said.append,
+        machine=machine,
+        model_size=size if mode == "yes" else None,
+        measure=no_disk_bench,
+    )
     assert cfg == StoreConfig()
     if mode == "yes":
         assert asked == [] and said == []
@@ -52,18 +64,40 @@ def test_yes_or_enter_writes_exactly_the_defaults(machine: Machine, size: str, m
 
 
 def test_answers_change_what_they_answer(tmp_path: Path) -> None:
-    answers = iter(["70b", "one", "4096", "yes", str(tmp_path / "cold"), "2048", "yes",
-                    str(tmp_path / "warm"), "512"])  # fmt: skip
+    answers = iter(
+        [
+            "70b",
+            "one",
+            "4096",
+            "yes",
+            str(tmp_path / "cold"),
+            "2048",
+            "yes",
+            str(tmp_path / "warm"),
+            "512",
+        ]
+    )
     measured: list[str] = []
 
     def measure(path: str) -> tuple[float, float]:
         measured.append(path)
         return 600.0, 2000.0
 
-    cfg = run_init(yes=False, ask=lambda q: next(answers), say=lambda s: None,
-                   machine=MACHINES[2], measure=measure)  # fmt: skip
-    want = StoreConfig(slots=1, ram_mib=4096, cold_dir=str(tmp_path / "cold"), cold_mib=2048,
-                       warm_dir=str(tmp_path / "warm"), warm_mib=512)  # fmt: skip
+    cfg = run_init(
+        yes=False,
+        ask=lambda q: next(answers),
+        say=lambda s: None,
+        machine=MACHINES[2],
+        measure=measure,
+    )
+    want = StoreConfig(
+        slots=1,
+        ram_mib=4096,
+        cold_dir=str(tmp_path / "cold"),
+        cold_mib=2048,
+        warm_dir=str(tmp_path / "warm"),
+        warm_mib=512,
+    )
     assert cfg == want
     assert measured == [str(tmp_path / "cold"), str(tmp_path / "warm")]
     path = tmp_path / "strata.toml"
@@ -76,8 +110,13 @@ def test_answers_change_what_they_answer(tmp_path: Path) -> None:
 def test_bad_answers_are_asked_again_and_nothing_is_overwritten(tmp_path: Path) -> None:
     answers = iter(["", "several", "lots", "-3", "3", "", "maybe", "no"])
     said: list[str] = []
-    cfg = run_init(yes=False, ask=lambda q: next(answers), say=said.append,
-                   machine=MACHINES[0], measure=no_disk_bench)  # fmt: skip
+    cfg = run_init(
+        yes=False,
+        ask=lambda q: next(answers),
+        say=said.append,
+        machine=MACHINES[0],
+        measure=no_disk_bench,
+    )
     assert cfg == StoreConfig(slots=3)
     assert any("not a whole number" in s for s in said) and any("at least 1" in s for s in said)
     path = tmp_path / "strata.toml"
@@ -89,10 +128,20 @@ def test_bad_answers_are_asked_again_and_nothing_is_overwritten(tmp_path: Path) 
 
 def test_cli_init_yes_and_enter_at_every_prompt(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "stratastore.cli", "init"]
-    a = subprocess.run([*cmd, "--yes", "--output", str(tmp_path / "a.toml")], text=True,
-                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
-    b = subprocess.run([*cmd, "--output", str(tmp_path / "b.toml")], input="\n" * 10,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    a = subprocess.run(
+        [*cmd, "--yes", "--output", str(tmp_path / "a.toml")],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    b = subprocess.run(
+        [*cmd, "--output", str(tmp_path / "b.toml")],
+        input="\n" * 10,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert "the defaults" in a.stdout and "this machine" not in a.stdout
     assert (tmp_path / "a.toml").read_bytes() == (tmp_path / "b.toml").read_bytes()

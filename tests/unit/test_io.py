@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from stratastore.io import DurableFile, StrataIOError, durable_write, faults, files, relocate_file
+from stratastore.io import (
+    DurableFile,
+    StrataIOError,
+    durable_write,
+    faults,
+    files,
+    relocate_file,
+    system,
+)
 from stratastore.io.faults import Fault
 from tests.conftest import run_on_private_tmpfs
 
@@ -29,8 +37,9 @@ def test_durable_write_order_of_operations(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("op", ["open", "write", "fsync", "rename", "fsync_dir"])
 @pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC, errno.EROFS])
-def test_failure_at_each_step_leaves_old_content_and_no_temp(tmp_path: Path, op: str, err: int
-                                                             ) -> None:  # fmt: skip
+def test_failure_at_each_step_leaves_old_content_and_no_temp(
+    tmp_path: Path, op: str, err: int
+) -> None:
     target = tmp_path / "f"
     target.write_bytes(b"old")
     with faults.inject(Fault(op=op, errno=err)) as inj, pytest.raises(StrataIOError) as ei:
@@ -60,8 +69,10 @@ def test_short_writes_are_completed(tmp_path: Path) -> None:
 
 
 def test_persistent_short_write_reports_enospc(tmp_path: Path) -> None:
-    with faults.inject(Fault(op="write", short=True, persistent=True)), \
-            pytest.raises(StrataIOError) as ei:  # fmt: skip
+    with (
+        faults.inject(Fault(op="write", short=True, persistent=True)),
+        pytest.raises(StrataIOError) as ei,
+    ):
         durable_write(str(tmp_path / "f"), b"x" * 1000)
     assert ei.value.errno == errno.ENOSPC
     assert listing(tmp_path) == []
@@ -176,8 +187,8 @@ def test_filesystem_type_from_mountinfo(tmp_path: Path) -> None:
         "40 22 0:40 / /mnt/nfs rw,relatime shared:2 - nfs4 server:/x rw\n"
         "41 22 0:41 / /mnt/nfs/local\\040dir rw - tmpfs tmpfs rw\n"
     )
-    assert files.filesystem_type("/mnt/nfs/a/b", str(mi)) == "nfs4"
-    assert files.filesystem_type("/mnt/nfsx", str(mi)) == "ext4"
-    assert files.filesystem_type("/mnt/nfs/local dir/z", str(mi)) == "tmpfs"
-    assert files.filesystem_type("/x", str(tmp_path / "nope")) is None
-    assert files.filesystem_type(str(tmp_path)) is not None  # the real table, on Linux
+    assert system.filesystem_type("/mnt/nfs/a/b", str(mi)) == "nfs4"
+    assert system.filesystem_type("/mnt/nfsx", str(mi)) == "ext4"
+    assert system.filesystem_type("/mnt/nfs/local dir/z", str(mi)) == "tmpfs"
+    assert system.filesystem_type("/x", str(tmp_path / "nope")) is None
+    assert system.filesystem_type(str(tmp_path)) is not None  # the real table, on Linux

@@ -27,8 +27,9 @@ def _src(pages: int = 4) -> np.ndarray:
     return np.random.default_rng(7).integers(0, 256, pages * PB, dtype=np.uint8)
 
 
-def _both(src: np.ndarray, pool: np.ndarray, table: np.ndarray, n: int,
-          dev_pool: Any = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _both(
+    src: np.ndarray, pool: np.ndarray, table: np.ndarray, n: int, dev_pool: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
     host = pool.copy()
     ladder_copy(src, PB, n, host, table, device="cpu")
     d_pool = cuda.to_device(pool) if dev_pool is None else dev_pool
@@ -54,8 +55,20 @@ def test_a_paged_pool_of_five_dimensions() -> None:
 
 
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
-@pytest.mark.parametrize("case", ["dtype", "strided", "outside", "negative", "twice", "short table",
-                                  "too many pages", "partial block", "page_bytes"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dtype",
+        "strided",
+        "outside",
+        "negative",
+        "twice",
+        "short table",
+        "too many pages",
+        "partial block",
+        "page_bytes",
+    ],
+)
 def test_bad_ladder_arguments_are_refused_before_anything_is_written(where: str, case: str) -> None:
     src, pool, table, n, pb = _src(), np.zeros((8, PB), np.uint8), np.array([1, 2, 3]), 3, PB
     if case == "dtype":
@@ -144,8 +157,9 @@ def test_scatter_rows_is_bit_exact_on_the_device_and_the_host(n: int) -> None:
 
 
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
-@pytest.mark.parametrize("case", ["slot-out", "slot-twice", "short-src", "layer", "same-kv",
-                                  "odd-rows", "dtype"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", ["slot-out", "slot-twice", "short-src", "layer", "same-kv", "odd-rows", "dtype"]
+)
 def test_bad_scatter_arguments_are_refused_before_anything_is_written(
     where: str, case: str
 ) -> None:

@@ -11,8 +11,30 @@ import pytest
 
 from numba_kernels import page_hashes, start_page_hashes, validated_copy
 
-SIZES = [0, 1, 1023, 1024, 1025, 2048, 2049, 3072, 3073, 4096, 4097, 5120, 5121, 6144, 6145,
-         7168, 7169, 8192, 8193, 16384, 31744, 102400]  # fmt: skip
+SIZES = [
+    0,
+    1,
+    1023,
+    1024,
+    1025,
+    2048,
+    2049,
+    3072,
+    3073,
+    4096,
+    4097,
+    5120,
+    5121,
+    6144,
+    6145,
+    7168,
+    7169,
+    8192,
+    8193,
+    16384,
+    31744,
+    102400,
+]
 
 
 def pattern(n: int) -> np.ndarray:
@@ -24,8 +46,10 @@ def test_page_hashes_match_the_reference(page_bytes: int) -> None:
     for size in SIZES:
         buf = pattern(size)
         got = page_hashes(buf, page_bytes)
-        want = [blake3.blake3(buf[i : i + page_bytes].tobytes()).digest()
-                for i in range(0, size, page_bytes)]  # fmt: skip
+        want = [
+            blake3.blake3(buf[i : i + page_bytes].tobytes()).digest()
+            for i in range(0, size, page_bytes)
+        ]
         assert got.shape == (len(want), 32)
         assert [bytes(r) for r in got] == want, (size, page_bytes)
 

@@ -17,8 +17,30 @@ from numba import cuda
 from numba_kernels import first_bad_page, ladder_copy, page_hashes
 from numba_kernels.cuda import page_hashes_device
 
-SIZES = [0, 1, 1023, 1024, 1025, 2048, 2049, 3072, 3073, 4096, 4097, 5120, 5121, 6144, 6145,
-         7168, 7169, 8192, 8193, 16384, 31744, 102400]  # fmt: skip
+SIZES = [
+    0,
+    1,
+    1023,
+    1024,
+    1025,
+    2048,
+    2049,
+    3072,
+    3073,
+    4096,
+    4097,
+    5120,
+    5121,
+    6144,
+    6145,
+    7168,
+    7169,
+    8192,
+    8193,
+    16384,
+    31744,
+    102400,
+]
 
 
 def pattern(n: int) -> np.ndarray:
@@ -34,8 +56,9 @@ def test_whole_input_as_one_page_is_bit_exact(size: int) -> None:
     assert bytes(got[0]) == blake3.blake3(data.tobytes()).digest()
 
 
-@pytest.mark.parametrize(("size", "page_bytes"),
-                         [(5121, 1024), (8193, 2048), (16384, 4096), (31744, 7168)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("size", "page_bytes"), [(5121, 1024), (8193, 2048), (16384, 4096), (31744, 7168)]
+)
 def test_pages_of_several_sizes(size: int, page_bytes: int) -> None:
     data = pattern(size)
     got = page_hashes(cuda.to_device(data), page_bytes)  # device="auto" picks CUDA
@@ -96,8 +119,13 @@ def test_every_kernel_compiles_to_ptx_for_sm_90() -> None:
     home = nvcc_wheel_home()
     if home is not None:
         env["CUDA_HOME"] = home
-    done = subprocess.run([sys.executable, "-m", "numba_kernels.ptx", "9.0"], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "numba_kernels.ptx", "9.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if "NvvmSupportError" in done.stdout:
         pytest.skip(f"no NVVM to compile with (pip install nvidia-cuda-nvcc-cu12): {done.stdout}")
     assert done.returncode == 0, done.stdout + done.stderr

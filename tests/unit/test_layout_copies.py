@@ -13,13 +13,15 @@ import pytest
 from stratastore import ModelFingerprint
 from stratastore.restore import DestinationRefused, LayerKV, PagedKV, pack_pages
 
-FP = ModelFingerprint.create("t/layout", n_layers=3, n_kv_heads=2, head_dim=8, page_tokens=4,
-                             dtype="float16")  # fmt: skip
+FP = ModelFingerprint.create(
+    "t/layout", n_layers=3, n_kv_heads=2, head_dim=8, page_tokens=4, dtype="float16"
+)
 ROW = 2 * 8 * 2
 
 
-def reference_pack(k: list[npt.NDArray[np.uint16]], v: list[npt.NDArray[np.uint16]], n: int,
-                   cuts: list[int]) -> npt.NDArray[np.uint8]:  # fmt: skip
+def reference_pack(
+    k: list[npt.NDArray[np.uint16]], v: list[npt.NDArray[np.uint16]], n: int, cuts: list[int]
+) -> npt.NDArray[np.uint8]:
     """F-SEG-4 page by page: each segment in pages of page_tokens from its own start; a page
     holds, per layer, K then V, each [p, heads, dim]."""
     out = []
@@ -32,8 +34,17 @@ def reference_pack(k: list[npt.NDArray[np.uint16]], v: list[npt.NDArray[np.uint1
     return np.frombuffer(b"".join(out), np.uint8)
 
 
-@pytest.mark.parametrize("n, cuts", [(1, [0]), (4, [0]), (23, [0, 5, 6, 17]), (64, [0, 30]),
-                                     (4099, [0, 1000, 4097]), (50001, [0, 7, 30001])])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, cuts",
+    [
+        (1, [0]),
+        (4, [0]),
+        (23, [0, 5, 6, 17]),
+        (64, [0, 30]),
+        (4099, [0, 1000, 4097]),
+        (50001, [0, 7, 30001]),
+    ],
+)
 def test_pack_and_write_back_match_the_page_by_page_layout(n: int, cuts: list[int]) -> None:
     rng = np.random.default_rng(n)
     k = [rng.integers(0, 1 << 16, (n + 3, 2, 8), dtype=np.uint16) for _ in range(3)]

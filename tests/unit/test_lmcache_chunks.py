@@ -39,8 +39,13 @@ def test_the_chunk_id_is_a_golden_value_in_every_process() -> None:
         "KeyFields('meta-llama/Llama-3.1-8B', 2, 1, -1234567890123, 'torch.bfloat16')).hex())"
     )
     for seed in ("1", "4242"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=dict(os.environ, PYTHONHASHSEED=seed), check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONHASHSEED=seed),
+            check=True,
+        )
         assert out.stdout.strip() == here
     assert here == "4ceb6e5a77a427133e11b0c97e047b1339ecdbcdcd9af112bfb26268fd7c0252"
 
@@ -60,11 +65,19 @@ def test_the_chunk_id_is_a_golden_value_in_every_process() -> None:
     assert blake3.blake3(spec).hexdigest() == here
 
 
-@pytest.mark.parametrize("change", [
-    {"model_name": "other"}, {"world_size": 4}, {"worker_id": 0}, {"chunk_hash": 5},
-    {"chunk_hash": b"\x00" * 8}, {"dtype": "torch.float16"}, {"layer_id": 0},
-    {"tags": (("user", "7"),)},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_name": "other"},
+        {"world_size": 4},
+        {"worker_id": 0},
+        {"chunk_hash": 5},
+        {"chunk_hash": b"\x00" * 8},
+        {"dtype": "torch.float16"},
+        {"layer_id": 0},
+        {"tags": (("user", "7"),)},
+    ],
+)
 def test_every_field_changes_the_chunk_id(change: dict[str, object]) -> None:
     fields = {f: getattr(KEY, f) for f in KEY.__dataclass_fields__}
     assert chunk_id(KeyFields(**{**fields, **change})) != chunk_id(KEY)  # type: ignore[arg-type]
@@ -85,8 +98,7 @@ def test_a_layout_round_trips_and_counts_tokens() -> None:
 
 
 def payload(seed: int, tokens: int = 16) -> memoryview:
-    return memoryview(np.random.default_rng(seed).integers(0, 256, tokens * TOKEN_BYTES,
-                                                           np.uint8))  # fmt: skip
+    return memoryview(np.random.default_rng(seed).integers(0, 256, tokens * TOKEN_BYTES, np.uint8))
 
 
 def cid(i: int) -> bytes:
@@ -96,8 +108,9 @@ def cid(i: int) -> bytes:
 def open_store(path: Path, chunks: int, fp: ModelFingerprint | None = None) -> ChunkStore:
     """Room for the layout record and ``chunks`` chunks of 16 tokens."""
     layout_bytes = stored_bytes(len(LAYOUT.encode()))
-    store = ChunkStore.open(str(path), fp or tiny_fp(), layout_bytes + chunks * stored_bytes(
-        16 * TOKEN_BYTES))  # fmt: skip
+    store = ChunkStore.open(
+        str(path), fp or tiny_fp(), layout_bytes + chunks * stored_bytes(16 * TOKEN_BYTES)
+    )
     assert store.accepts(LAYOUT)
     return store
 
@@ -152,9 +165,9 @@ def test_one_layout_per_directory_recorded_durably(tmp_path: Path) -> None:
     again.close()
 
 
-def test_a_damaged_chunk_is_a_counted_miss_and_is_removed(tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture
-                                                          ) -> None:  # fmt: skip
+def test_a_damaged_chunk_is_a_counted_miss_and_is_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = open_store(tmp_path / "d", 3)
     for i in range(2):
         store.put(cid(i), payload(i))

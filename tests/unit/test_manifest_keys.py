@@ -57,9 +57,13 @@ def test_manifest_key_check_is_pure_and_names_the_first_bad_segment() -> None:
         verify_manifest_keys(bad, root)
     with pytest.raises(KeyMismatch):  # another model's root derives other keys (F-KEY-1)
         verify_manifest_keys(m, tiny_fp("test/other").digest())
-    wrong_state = dataclasses.replace(m, checkpoints=tuple(
-        dataclasses.replace(ck, state_key=state_key(root)) if ck.length == 32 else ck
-        for ck in m.checkpoints))  # fmt: skip
+    wrong_state = dataclasses.replace(
+        m,
+        checkpoints=tuple(
+            dataclasses.replace(ck, state_key=state_key(root)) if ck.length == 32 else ck
+            for ck in m.checkpoints
+        ),
+    )
     err = manifest_key_mismatch(wrong_state)
     assert err is not None and "checkpoint at 32" in err.what
 
@@ -67,7 +71,15 @@ def test_manifest_key_check_is_pure_and_names_the_first_bad_segment() -> None:
 def _manifest(c: Conversation, root: bytes) -> ChainManifest:
     segs = c.segments(root)
     ends = {e: k for _, e, k in segs}
-    return ChainManifest(c.conv_id, root, c.tokens,
-                         tuple(ManifestCheckpoint(ck.length, state_key=state_key(ends[ck.length]))
-                               for ck in c.checkpoints),
-                         tuple(sorted(c.media.items())), tuple(segs), 1)  # fmt: skip
+    return ChainManifest(
+        c.conv_id,
+        root,
+        c.tokens,
+        tuple(
+            ManifestCheckpoint(ck.length, state_key=state_key(ends[ck.length]))
+            for ck in c.checkpoints
+        ),
+        tuple(sorted(c.media.items())),
+        tuple(segs),
+        1,
+    )

@@ -38,9 +38,13 @@ MEDIA = {20: PIC, 40: AUDIO}  # inside the segments [16, 32) and [32, 48)
 
 def conv(cid: str, media: dict[int, bytes] | None = None, base: int = 0) -> Conversation:
     lengths = [16, 32, 48, N]
-    return Conversation(cid, as_tokens(np.arange(base, base + N) + 1000),
-                        [Checkpoint(x) for x in lengths], dict(media or {}),
-                        cuts=[0, 16, 32, 48])  # fmt: skip
+    return Conversation(
+        cid,
+        as_tokens(np.arange(base, base + N) + 1000),
+        [Checkpoint(x) for x in lengths],
+        dict(media or {}),
+        cuts=[0, 16, 32, 48],
+    )
 
 
 def snap(cid: str, media: dict[int, bytes] | None = None, seed: int = 0) -> Snapshot:
@@ -49,22 +53,36 @@ def snap(cid: str, media: dict[int, bytes] | None = None, seed: int = 0) -> Snap
 
 
 def tiers(tmp_path: Path, **kw: object) -> Tiers:
-    values: dict[str, object] = {"ram_mib": 1, "slots": 4, "min_free_mib": 1,
-                                 "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    values: dict[str, object] = {
+        "ram_mib": 1,
+        "slots": 4,
+        "min_free_mib": 1,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+    }
     values.update(kw)
     return Tiers(StoreConfig.from_mapping(values), FP, probe=lambda: 1 << 40, warn=lambda m: None)
 
 
 def store_cfg(tmp_path: Path) -> dict[str, object]:
     """A Store that parks to a cold level only."""
-    return {"ram_mib": 1, "slots": 4, "min_free_mib": 1, "park": "disk",
-            "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    return {
+        "ram_mib": 1,
+        "slots": 4,
+        "min_free_mib": 1,
+        "park": "disk",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+    }
 
 
 def no_errors(dirs: list[str]) -> list[str]:
     """Errors, and broken chains (a warning for a conversation that is not a session)."""
-    return [f"{f.id}: {f.detail}" for f in fsck(dirs, deep=True)
-            if f.severity == "error" or f.id.startswith(("CHAIN_", "MANIFEST_"))]  # fmt: skip
+    return [
+        f"{f.id}: {f.detail}"
+        for f in fsck(dirs, deep=True)
+        if f.severity == "error" or f.id.startswith(("CHAIN_", "MANIFEST_"))
+    ]
 
 
 def assert_sidecars_carry_the_media(t: Tiers, c: Conversation) -> None:
@@ -200,9 +218,20 @@ def forge(tmp_path: Path) -> tuple[Snapshot, Snapshot]:
 def test_forged_manifest_is_refused_by_the_reader(tmp_path: Path) -> None:
     a, b = forge(tmp_path)
     warned: list[str] = []
-    t = Tiers(StoreConfig.from_mapping({"ram_mib": 1, "min_free_mib": 1, "park": "disk",
-                                        "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}),
-              FP, probe=lambda: 1 << 40, warn=warned.append)  # fmt: skip
+    t = Tiers(
+        StoreConfig.from_mapping(
+            {
+                "ram_mib": 1,
+                "min_free_mib": 1,
+                "park": "disk",
+                "cold_dir": str(tmp_path / "cold"),
+                "cold_mib": 64,
+            }
+        ),
+        FP,
+        probe=lambda: 1 << 40,
+        warn=warned.append,
+    )
     out = np.zeros(N * TB, np.uint8)
     r = t.restore(a.conv.tokens, out)
     assert (r.source, r.tokens) == ("none", 0) and not out.any()  # never b's K/V

@@ -16,8 +16,13 @@ FIX = "pip install 'stratastore[redis]'"
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", NO_REDIS + textwrap.dedent(code)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", NO_REDIS + textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_store_open_with_a_remote_level_names_the_extra(tmp_path: Path) -> None:
@@ -37,8 +42,10 @@ def test_store_open_with_a_remote_level_names_the_extra(tmp_path: Path) -> None:
 
 def test_strata_fsck_remote_names_the_extra(tmp_path: Path) -> None:
     cfg = tmp_path / "strata.toml"
-    cfg.write_text(f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 16\nremote_mib = 1\n'
-                   'remote_url = "redis://127.0.0.1:1/0"\n')  # fmt: skip
+    cfg.write_text(
+        f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 16\nremote_mib = 1\n'
+        'remote_url = "redis://127.0.0.1:1/0"\n'
+    )
     got = _run(f"""
         from stratastore.cli import main
         sys.exit(main(["--config", {str(cfg)!r}, "fsck", "--remote"]))

@@ -36,9 +36,14 @@ def level(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("fmt", ["--json", "--prometheus"])
 def test_machine_formats_print_once_and_exit(level: Path, fmt: str) -> None:
     try:
-        r = subprocess.run([sys.executable, "-m", "stratastore.cli", "monitor", str(level), fmt],
-                           cwd=ROOT, capture_output=True, text=True, timeout=15,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", "stratastore.cli", "monitor", str(level), fmt],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"strata monitor {fmt} did not exit (it refreshes forever)")
     assert r.returncode == 0, r.stderr

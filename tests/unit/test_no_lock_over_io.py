@@ -23,8 +23,9 @@ FP = tiny_fp()
 conversation = conversation_kv
 
 
-def _restore_meanwhile(store: Store, b: Conversation, kvb: np.ndarray,
-                       entered: threading.Event) -> bool:  # fmt: skip
+def _restore_meanwhile(
+    store: Store, b: Conversation, kvb: np.ndarray, entered: threading.Event
+) -> bool:
     """Whether a restore of ``b`` on another thread completes while the session call is held
     inside its disk I/O (``entered`` set)."""
     assert entered.wait(30)
@@ -89,8 +90,9 @@ def test_a_restore_does_not_wait_for_a_session_load_on_another_thread(
 
         monkeypatch.setattr(two_pass, "read_hashed", held)
         out = np.zeros(64 * FP.token_bytes, np.uint8)
-        s = threading.Thread(target=lambda: store.load_session("s", out), name="loader",
-                             daemon=True)  # fmt: skip
+        s = threading.Thread(
+            target=lambda: store.load_session("s", out), name="loader", daemon=True
+        )
         s.start()
         try:
             done = _restore_meanwhile(store, b, kvb, entered)

@@ -21,8 +21,9 @@ from stratastore.tiers.arena import DEFAULT_CHUNK, Arena
 
 MIB = 1 << 20
 #: 4 KiB a token: a conversation of 1,000 tokens spans one 4 MiB chunk, of 2,500 two
-FP = ModelFingerprint.create("test/open-fast", n_layers=4, n_kv_heads=4, head_dim=64,
-                             page_tokens=16)  # fmt: skip
+FP = ModelFingerprint.create(
+    "test/open-fast", n_layers=4, n_kv_heads=4, head_dim=64, page_tokens=16
+)
 BIG = 1 << 40
 
 
@@ -40,8 +41,12 @@ def mem_total() -> int:
 
 def conversation(cid: str, n: int, base: int) -> tuple[Conversation, np.ndarray]:
     lengths = [*range(256, n, 256), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)), [Checkpoint(x) for x in lengths],
-                        cuts=[0, *lengths[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(x) for x in lengths],
+        cuts=[0, *lengths[:-1]],
+    )
     kv = np.random.default_rng(base).integers(0, 256, n * FP.token_bytes, dtype=np.uint8)
     return conv, kv
 
@@ -109,8 +114,13 @@ def test_a_disk_park_target_reserves_no_arena(tmp_path: Path, park: str) -> None
 def test_auto_decides_before_the_arena_is_reserved(tmp_path: Path) -> None:
     """``auto`` probes free RAM before the arena exists (so the arena never counts against
     itself), and resolving to RAM still reserves it."""
-    cfg = {"ram_mib": 1024, "park": "auto", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
-           "min_free_mib": 1}  # fmt: skip
+    cfg = {
+        "ram_mib": 1024,
+        "park": "auto",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "min_free_mib": 1,
+    }
     rss_at_probe: list[int] = []
 
     def probe() -> int:
@@ -142,8 +152,14 @@ def test_ram_mib_over_physical_memory_is_a_config_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("prefault", ["lazy", "background", "open"])
 def test_captures_round_trip_bit_exact_across_a_reopen(tmp_path: Path, prefault: str) -> None:
-    cfg = {"ram_mib": 64, "slots": 4, "ram_prefault": prefault, "min_free_mib": 1,
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 256}  # fmt: skip
+    cfg = {
+        "ram_mib": 64,
+        "slots": 4,
+        "ram_prefault": prefault,
+        "min_free_mib": 1,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 256,
+    }
     for generation in range(2):
         with Store.open(FP, cfg, probe=lambda: BIG) as store:
             arena = arena_of(store)
@@ -245,8 +261,9 @@ def test_the_populate_thread_waits_while_there_is_no_room() -> None:
         asked.set()
         return room[0]
 
-    arena = Arena(64 * chunk, chunk_bytes=chunk, prefault="background", ahead_bytes=8 * chunk,
-                  room=has_room)  # fmt: skip
+    arena = Arena(
+        64 * chunk, chunk_bytes=chunk, prefault="background", ahead_bytes=8 * chunk, room=has_room
+    )
     assert not asked.wait(0.2)  # an arena never used populates nothing ahead, asks nothing
     assert arena.populated_bytes == 0
     assert arena.alloc(chunk) is not None  # the first use: the thread starts, finds no room

@@ -27,9 +27,11 @@ def _one_line_error(err: str) -> str:
 
 @pytest.mark.parametrize("interval", ["-1", "0", "-0.5", "nan", "inf"])
 def test_monitor_refuses_an_interval_that_is_not_a_positive_number(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     interval: str,
-) -> None:  # fmt: skip
+) -> None:
     SegmentStore.open(tmp_path / "cold", tiny_fp()).close()
     slept: list[float] = []
 
@@ -57,8 +59,13 @@ def test_store_open_refuses_a_level_directory_under_a_missing_parent(tmp_path: P
     assert "cold_dir" in msg and str(d) in msg and str(d.parent) in msg
     assert "create_dirs = true" in msg
     assert not d.parent.exists()  # nothing was made on the wrong filesystem
-    levels = {"ram_mib": 0, "levels": [{"name": "off", "dir": str(tmp_path / "off"), "mib": 0},
-                                       {"name": "fast", "dir": str(d), "mib": 4}]}  # fmt: skip
+    levels = {
+        "ram_mib": 0,
+        "levels": [
+            {"name": "off", "dir": str(tmp_path / "off"), "mib": 0},
+            {"name": "fast", "dir": str(d), "mib": 4},
+        ],
+    }
     with pytest.raises(ConfigError, match=r"levels\[1\] \(fast\) dir=.*create_dirs = true"):
         Store.open(tiny_fp(), levels)
     assert not d.parent.exists()
@@ -71,8 +78,9 @@ def test_create_dirs_makes_the_missing_parents(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("exists", [True, False])
-def test_a_level_directory_that_exists_or_whose_parent_does_opens(tmp_path: Path,
-                                                                 exists: bool) -> None:  # fmt: skip
+def test_a_level_directory_that_exists_or_whose_parent_does_opens(
+    tmp_path: Path, exists: bool
+) -> None:
     d = tmp_path / "cold"
     if exists:
         d.mkdir()
@@ -92,8 +100,13 @@ def test_a_budget_larger_than_the_levels_volume_is_warned(tmp_path: Path) -> Non
     st = os.statvfs(tmp_path)
     volume_mib = st.f_blocks * st.f_frsize >> 20
     said: list[str] = []
-    cfg = {"ram_mib": 0, "warm_dir": str(tmp_path / "warm"), "warm_mib": 4,
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": volume_mib + 1}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "warm_dir": str(tmp_path / "warm"),
+        "warm_mib": 4,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": volume_mib + 1,
+    }
     Store.open(tiny_fp(), cfg, warn=said.append).close()
     (line,) = [m for m in said if "volume" in m]  # the cold level only: warm fits
     assert "cold_mib" in line and f"{volume_mib + 1:,} MiB" in line and str(tmp_path) in line
@@ -135,8 +148,14 @@ def _warm_cold_root(tmp_path: Path) -> Path:
     its segments in warm, its chain manifest in cold (which holds no segment)."""
     root = tmp_path / "store"
     root.mkdir()
-    cfg = {"ram_mib": 0, "park": "disk", "warm_dir": str(root / "warm"), "warm_mib": 64,
-           "cold_dir": str(root / "cold"), "cold_mib": 64}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "warm_dir": str(root / "warm"),
+        "warm_mib": 64,
+        "cold_dir": str(root / "cold"),
+        "cold_mib": 64,
+    }
     with Store.open(tiny_fp(), cfg) as store:
         conv, kv = conversation_kv("c", 48, 0)
         store.park(conv, kv)
@@ -146,8 +165,9 @@ def _warm_cold_root(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("named", ["root", "config", "--config", "level"])
-def test_inspect_takes_the_paths_fsck_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                            named: str) -> None:  # fmt: skip
+def test_inspect_takes_the_paths_fsck_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], named: str
+) -> None:
     root = _warm_cold_root(tmp_path)
     warm, cold = str(root / "warm"), str(root / "cold")
     args = {
@@ -187,8 +207,9 @@ _GEOMETRY = {"n_layers": 2, "n_kv_heads": 2, "head_dim": 4, "page_tokens": 4}
         ({"dtype": None}, "dtype"),
     ],
 )
-def test_fingerprint_create_refuses_an_argument_of_the_wrong_type(args: dict[str, object],
-                                                                  named: str) -> None:  # fmt: skip
+def test_fingerprint_create_refuses_an_argument_of_the_wrong_type(
+    args: dict[str, object], named: str
+) -> None:
     call = {"model_id": "org/model", **_GEOMETRY, **args}
     with pytest.raises(FormatError) as e:
         ModelFingerprint.create(**call)  # type: ignore[arg-type]
@@ -200,7 +221,13 @@ def test_fingerprint_create_takes_what_its_types_say() -> None:
     import numpy as np
 
     base = ModelFingerprint.create("org/model", **_GEOMETRY, extra=b"rope=yarn")
-    same = ModelFingerprint.create("org/model", n_layers=np.int64(2), n_kv_heads=2, head_dim=4,
-                                   page_tokens=4, extra=bytearray(b"rope=yarn"))  # fmt: skip
+    same = ModelFingerprint.create(
+        "org/model",
+        n_layers=np.int64(2),
+        n_kv_heads=2,
+        head_dim=4,
+        page_tokens=4,
+        extra=bytearray(b"rope=yarn"),
+    )
     assert same == base and type(same.n_layers) is int
     assert ModelFingerprint.create("org/model", **_GEOMETRY, dtype="bfloat16").dtype.itemsize == 2

@@ -16,8 +16,11 @@ TB = 100  # bytes per token
 
 def conv(cid: str, n: int, every: int = 10, base: int = 0) -> Conversation:
     lengths = [*range(every, n, every), n]
-    return Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x, last_used=i) for i, x in enumerate(lengths)])  # fmt: skip
+    return Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(x, last_used=i) for i, x in enumerate(lengths)],
+    )
 
 
 def cache(

@@ -27,19 +27,28 @@ def layered(
     cid: str, n: int, base: int, step: int
 ) -> tuple[Conversation, np.ndarray, list[np.ndarray], list[np.ndarray]]:
     lengths = [*range(step, n, step), n]
-    conv = Conversation(cid, as_tokens(np.arange(base, base + n)),
-                        [Checkpoint(x) for x in lengths], cuts=[0, *lengths[:-1]])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(np.arange(base, base + n)),
+        [Checkpoint(x) for x in lengths],
+        cuts=[0, *lengths[:-1]],
+    )
     k = [np.random.default_rng(base + i).integers(0, 256, (n, ROW), np.uint8) for i in range(2)]
-    v = [np.random.default_rng(base + 9 + i).integers(0, 256, (n, ROW), np.uint8)
-         for i in range(2)]  # fmt: skip
+    v = [np.random.default_rng(base + 9 + i).integers(0, 256, (n, ROW), np.uint8) for i in range(2)]
     return conv, pack_pages(FP, k, v, n, [0, *lengths[:-1]]), k, v
 
 
 def shrinking_cfg(tmp_path: Path) -> dict[str, Any]:
     """A 1 MiB RAM level that truncates parks and mirrors every park to a cold level."""
-    return {"ram_mib": 1, "park_truncate": True, "spill_on": "park",
-            "cold_dir": str(tmp_path / "cold"), "cold_mib": 64, "min_free_mib": 0,
-            "park_min_free_mib": 0}  # fmt: skip
+    return {
+        "ram_mib": 1,
+        "park_truncate": True,
+        "spill_on": "park",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "min_free_mib": 0,
+        "park_min_free_mib": 0,
+    }
 
 
 def test_a_pending_capture_shrunk_in_ram_meanwhile_delivers_what_it_reports(

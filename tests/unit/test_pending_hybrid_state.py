@@ -23,8 +23,9 @@ FP = tiny_fp()
 
 def conversation() -> tuple[Conversation, np.ndarray]:
     lengths = [16, 32, 48, 64]
-    conv = Conversation("h", as_tokens(np.arange(64)), [Checkpoint(x) for x in lengths],
-                        cuts=[0, 16, 32, 48])  # fmt: skip
+    conv = Conversation(
+        "h", as_tokens(np.arange(64)), [Checkpoint(x) for x in lengths], cuts=[0, 16, 32, 48]
+    )
     kv = np.random.default_rng(5).integers(0, 256, 64 * FP.token_bytes, dtype=np.uint8)
     return conv, kv
 
@@ -33,8 +34,9 @@ def conversation() -> tuple[Conversation, np.ndarray]:
 def test_a_hybrid_restore_stops_where_a_state_was_saved(tmp_path: Path, source: str) -> None:
     cfg: dict[str, Any] = (
         {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"), "cold_mib": 64}
-        if source == "pending" else {"ram_mib": 4, "min_free_mib": 0, "park_min_free_mib": 0}
-    )  # fmt: skip
+        if source == "pending"
+        else {"ram_mib": 4, "min_free_mib": 0, "park_min_free_mib": 0}
+    )
     prompt = np.concatenate([np.arange(64), [1] * 6])
     out = np.zeros(70 * FP.token_bytes, np.uint8)
     with Store.open(FP, cfg) as store:

@@ -14,10 +14,16 @@ from stratastore.chain import Checkpoint, Conversation, PrefixIndex, as_tokens
 M1, M2 = b"\x01" * 32, b"\x02" * 32
 
 
-def conv(cid: str, tokens: np.ndarray | list[int], ckpts: list[int], cuts: list[int] | None = None,
-         media: dict[int, bytes] | None = None) -> Conversation:  # fmt: skip
-    return Conversation(cid, as_tokens(tokens), [Checkpoint(n) for n in ckpts],
-                        media=media or {}, cuts=cuts or [0])  # fmt: skip
+def conv(
+    cid: str,
+    tokens: np.ndarray | list[int],
+    ckpts: list[int],
+    cuts: list[int] | None = None,
+    media: dict[int, bytes] | None = None,
+) -> Conversation:
+    return Conversation(
+        cid, as_tokens(tokens), [Checkpoint(n) for n in ckpts], media=media or {}, cuts=cuts or [0]
+    )
 
 
 @pytest.fixture
@@ -133,15 +139,21 @@ def test_checkpoint_keys_are_shared_by_equal_prefixes(tmp_path: Path) -> None:
     b = conv("b", np.concatenate([system, np.arange(5, 25)]), [40, 60], cuts=[0, 40])
     ka, kb = a.checkpoint_keys(root), b.checkpoint_keys(root)
     assert ka[40] == kb[40] and ka[55] != kb[60]
-    pic = conv("p", np.concatenate([system, np.arange(30)]), [40, 70], cuts=[0, 40],
-               media={45: b"\x01" * 32})  # fmt: skip
+    pic = conv(
+        "p",
+        np.concatenate([system, np.arange(30)]),
+        [40, 70],
+        cuts=[0, 40],
+        media={45: b"\x01" * 32},
+    )
     assert pic.checkpoint_keys(root)[40] == ka[40] and pic.checkpoint_keys(root)[70] != ka[70]
     # the keys are the segment store's keys: storing the segments yields the same ones
     with SegmentStore.open(tmp_path, fp) as store:
         parent = store.root_key
         for start, end, key in a.segments(root):
-            r = store.put_kv(parent, a.tokens[start:end], kv_bytes(fp, end - start),
-                             token_start=start)  # fmt: skip
+            r = store.put_kv(
+                parent, a.tokens[start:end], kv_bytes(fp, end - start), token_start=start
+            )
             assert r.key == key
             parent = key
         assert ka[70] in store

@@ -23,8 +23,14 @@ def test_parents_made_by_the_store_are_private_under_umask_0(tmp_path: Path) -> 
     cold = tmp_path / "a" / "b" / "cold"
     old = os.umask(0)
     try:
-        cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "cold_dir": str(cold),
-               "cold_mib": 8, "create_dirs": True}  # fmt: skip
+        cfg = {
+            "ram_mib": 1,
+            "slots": 1,
+            "min_free_mib": 1,
+            "cold_dir": str(cold),
+            "cold_mib": 8,
+            "create_dirs": True,
+        }
         Store.open(FP, cfg, probe=lambda: 1 << 40).close()
     finally:
         os.umask(old)
@@ -34,9 +40,16 @@ def test_parents_made_by_the_store_are_private_under_umask_0(tmp_path: Path) -> 
 
 def test_a_linked_warm_data_file_does_not_wedge_later_parks(tmp_path: Path) -> None:
     n = 512  # 32 KiB a conversation: a 1 MiB warm level holds about 30
-    cfg = {"ram_mib": 1, "slots": 1, "min_free_mib": 1, "park": "disk",
-           "warm_dir": str(tmp_path / "warm"), "warm_mib": 1,
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "slots": 1,
+        "min_free_mib": 1,
+        "park": "disk",
+        "warm_dir": str(tmp_path / "warm"),
+        "warm_mib": 1,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+    }
 
     def park(store: Store, i: int) -> tuple[list[int], np.ndarray]:
         toks = list(range(i * 10_000, i * 10_000 + n))

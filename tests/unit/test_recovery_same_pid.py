@@ -31,7 +31,8 @@ def _conv(n: int = 16) -> tuple[Conversation, np.ndarray]:
 
 
 def test_a_ticket_of_an_earlier_incarnation_with_the_same_pid_is_finished_at_open(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tables, "WAIT_S", 1.0)  # only so the failure shows in 1 s, not 60
     # "incarnation 1": a park of "c" registered, then the process is SIGKILLed (simulated: the
     # store is closed without the park's commit or abort; the next process has the same pid)

@@ -47,9 +47,13 @@ def test_the_remote_benchmark_runs_tiny_and_prints_every_row() -> None:
     _need_redis()
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "remote_bench.py"), "8", "--runs", "1"],
-        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
         check=False,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "8 MiB conversation" in out and "command: " in out and "page cache: warm" in out

@@ -38,8 +38,12 @@ def test_edit_table_through_the_store(replay: tuple[Replay, Path]) -> None:
         assert (run.kept, run.reread) == EDIT_TABLE[policy]
         assert run.resumed_turns == 199  # every turn after the first resumed at the previous end
         assert run.checked == 200 + 2 + 2 and run.mismatches == 0  # bit for bit
-        assert run.sources == {"6000": "ram", "42000": "ram",
-                               "6000 restart": "disk", "42000 restart": "disk"}  # fmt: skip
+        assert run.sources == {
+            "6000": "ram",
+            "42000": "ram",
+            "6000 restart": "disk",
+            "42000 restart": "disk",
+        }
         assert (work / f"edit-table-{policy}").is_dir()  # the disk level the restart read
 
 
@@ -65,8 +69,12 @@ def test_every_row_matches_the_table_and_the_simulator(replay: tuple[Replay, Pat
 
 
 def test_strata_replay_prints_the_tables_and_exits_0(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "stratastore.cli", "replay", "--dir",
-                        str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", "replay", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "the 200-turn edit table through the Store" in out

@@ -61,14 +61,18 @@ def test_whole_image(image: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint
 @pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize(("seg", "page"), [(0, 0), (1, 2), (2, 5)])  # first, middle, last page
 def test_flipped_byte_restores_the_deepest_valid_prefix(
-    image: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]], seg: int, page: int,
+    image: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]],
+    seg: int,
+    page: int,
     direct: bool,
-) -> None:  # fmt: skip
+) -> None:
     store, pieces, kv = image
     flip(store, pieces[seg].key, page * PT * TB + 5)
     bad = CUTS[seg] + page * PT
-    for resume, expect in [(page_floor, bad), (lambda t: max(c for c in CUTS if c <= t),
-                                               CUTS[seg])]:  # fmt: skip
+    for resume, expect in [
+        (page_floor, bad),
+        (lambda t: max(c for c in CUTS if c <= t), CUTS[seg]),
+    ]:
         out = np.full_like(kv, 0xEE)
         flat = FlatKV(FP, out, read_direct=direct)
         o = two_pass_restore(pieces, 64, flat, FP, resume_at=resume, chunk_bytes=2 * PT * TB)
@@ -103,13 +107,15 @@ def test_ladder_off_fails_typed_and_delivers_nothing(
     flip(store, pieces[2].key, 3)
     out = np.full_like(kv, 0xEE)
     with pytest.raises(RestoreFailed, match="token 42"):
-        two_pass_restore(pieces, 64, FlatKV(FP, out, read_direct=direct), FP,
-                         resume_at=page_floor, ladder=False)  # fmt: skip
+        two_pass_restore(
+            pieces, 64, FlatKV(FP, out, read_direct=direct), FP, resume_at=page_floor, ladder=False
+        )
     assert np.isin(out, [0, 0xEE]).all(), "what was written before the damage was zeroed"
 
 
-def test_apply_pass_is_chunked(image: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]],
-                               ) -> None:  # fmt: skip
+def test_apply_pass_is_chunked(
+    image: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]],
+) -> None:
     _, pieces, kv = image
     out = np.zeros_like(kv)
     flat = FlatKV(FP, out, read_direct=False)  # through staging: the apply pass copies

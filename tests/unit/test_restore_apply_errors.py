@@ -80,8 +80,10 @@ def test_a_zero_that_fails_fails_the_whole_batch(tmp_path: Path) -> None:
             raise OSError("the device buffer cannot be cleared")
 
         dests[1].zero = broken_zero  # type: ignore[method-assign]
-        jobs = [Job(p, 160, d, FP, lambda t: 0, chunk_bytes=CHUNK)
-                for (p, _), d in zip(imgs, dests, strict=True)]  # fmt: skip
+        jobs = [
+            Job(p, 160, d, FP, lambda t: 0, chunk_bytes=CHUNK)
+            for (p, _), d in zip(imgs, dests, strict=True)
+        ]
         try:
             got = restore_batch(jobs)
         except OSError as e:

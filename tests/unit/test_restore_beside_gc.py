@@ -51,8 +51,7 @@ def test_a_restore_racing_the_writers_gc_reports_no_damage(
         monkeypatch.setattr(two_pass, "read_hashed", held)
         out = np.zeros(kvx.size, np.uint8)
         got: list[Any] = []
-        t = threading.Thread(target=lambda: got.append(store.restore(x.tokens, out)),
-                             daemon=True)  # fmt: skip
+        t = threading.Thread(target=lambda: got.append(store.restore(x.tokens, out)), daemon=True)
         t.start()
         assert entered.wait(30)
         # meanwhile a park fills the level: the writer's make_room removes x (the oldest)

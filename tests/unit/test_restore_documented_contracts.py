@@ -46,8 +46,9 @@ def test_a_read_error_on_the_last_page_drops_the_whole_segment(
 
     real = tp.read_hashed
 
-    def failing(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, pb: int
-                ) -> npt.NDArray[np.uint8]:  # fmt: skip
+    def failing(
+        seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, pb: int
+    ) -> npt.NDArray[np.uint8]:
         last = 9 * PT * TB  # page 9 of segment [40, 80): token 76
         if seg.sidecar.token_start == 40 and offset <= last < offset + buf.size:
             raise StrataIOError("pread", "seg", 5, "injected")
@@ -57,8 +58,14 @@ def test_a_read_error_on_the_last_page_drops_the_whole_segment(
     with SegmentStore.open(tmp_path / "s", FP) as store:
         pieces, _ = image(store, 5, CUTS)
         out = np.zeros(160 * TB, np.uint8)
-        o = two_pass_restore(pieces, 160, FlatKV(FP, out), FP,  # the default: read_direct
-                             resume_at=lambda t: t // PT * PT, chunk_bytes=CHUNK)  # fmt: skip
+        o = two_pass_restore(
+            pieces,
+            160,
+            FlatKV(FP, out),
+            FP,  # the default: read_direct
+            resume_at=lambda t: t // PT * PT,
+            chunk_bytes=CHUNK,
+        )
         assert o.first_bad == 72, f"first_bad {o.first_bad}: the chunk of the failed read"
         assert o.tokens == 72
 
@@ -85,8 +92,14 @@ def test_a_zstd_segment_is_one_chunk_whatever_chunk_bytes(
         kv = np.random.default_rng(2).integers(0, 256, 160 * TB, dtype=np.uint8)
         r = store.put_kv(store.root_key, np.arange(160), kv, token_start=0, codec=Codec.ZSTD)
         out = np.zeros(160 * TB, np.uint8)
-        o = two_pass_restore([Piece(0, 160, r.key, store)], 160, FlatKV(FP, out), FP,
-                             resume_at=lambda t: 0, chunk_bytes=CHUNK)  # fmt: skip
+        o = two_pass_restore(
+            [Piece(0, 160, r.key, store)],
+            160,
+            FlatKV(FP, out),
+            FP,
+            resume_at=lambda t: 0,
+            chunk_bytes=CHUNK,
+        )
         assert o.tokens == 160 and np.array_equal(out, kv)
     assert max(sizes) <= CHUNK, f"a chunk of {max(sizes) // CHUNK} x chunk_bytes in memory"
 
@@ -95,8 +108,9 @@ def test_a_hybrid_fallback_leaves_kv_past_r_tokens(tmp_path: Path) -> None:
     from stratastore.format import data_name
     from tests.unit.test_tiers import snap, tiers
 
-    t = tiers(tmp_path, [50 * (1 << 20)], cold_dir=str(tmp_path / "c"), cold_mib=64,
-              spill_on="evict")  # fmt: skip
+    t = tiers(
+        tmp_path, [50 * (1 << 20)], cold_dir=str(tmp_path / "c"), cold_mib=64, spill_on="evict"
+    )
     s = snap("h2", 96, base=300)
     s.states = {n: bytes([n % 7]) * (500 + n) for n in (48, 96)}
     t.park(s)

@@ -62,8 +62,7 @@ def test_a_damaged_direct_chunk_left_in_the_queue_stays_in_the_destination(
     _ctrl_c_on_first_take(monkeypatch)
     out = np.zeros(160 * TB, np.uint8)
     with pytest.raises(KeyboardInterrupt):
-        two_pass_restore(pieces, 160, FlatKV(FP, out), FP, resume_at=lambda t: 0,
-                         chunk_bytes=CHUNK)  # fmt: skip
+        two_pass_restore(pieces, 160, FlatKV(FP, out), FP, resume_at=lambda t: 0, chunk_bytes=CHUNK)
     assert not [t.name for t in threading.enumerate() if t.name == "strata-agenda-read"]
     bad = out[140 * TB : 144 * TB]
     assert not bad.any(), "a page that failed BLAKE3 is in the caller's buffer after the call"
@@ -78,6 +77,12 @@ def test_a_staged_chunk_left_in_the_queue_is_never_given_back(
     _ctrl_c_on_first_take(monkeypatch)
     out = np.zeros(160 * TB, np.uint8)
     with pytest.raises(KeyboardInterrupt):
-        two_pass_restore(pieces, 160, FlatKV(FP, out, read_direct=False), FP,
-                         resume_at=lambda t: 0, chunk_bytes=CHUNK)  # fmt: skip
+        two_pass_restore(
+            pieces,
+            160,
+            FlatKV(FP, out, read_direct=False),
+            FP,
+            resume_at=lambda t: 0,
+            chunk_bytes=CHUNK,
+        )
     assert not outstanding, f"{len(outstanding)} staging buffers never given back"

@@ -97,8 +97,9 @@ def test_inline_ctrl_c_after_a_direct_apply_leaves_the_bytes(
 @pytest.mark.parametrize("direct", [True, False])
 def test_ctrl_c_during_the_hashing_wait_leaves_pool_threads_writing(
     img: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]],
-    monkeypatch: pytest.MonkeyPatch, direct: bool,
-) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
+) -> None:
     _, pieces, _ = img
     monkeypatch.setattr(reads, "_GROUP_BYTES", PT * TB)  # one page a task: several tasks
     real_read = SegmentReader._read_at
@@ -127,8 +128,7 @@ def test_ctrl_c_during_the_hashing_wait_leaves_pool_threads_writing(
     monkeypatch.setattr(STAGING, "give", giving)
     out = np.zeros(40 * TB, np.uint8)
     with pytest.raises(KeyboardInterrupt):
-        two_pass_restore(pieces, 40, FlatKV(FP, out, read_direct=direct), FP,
-                         resume_at=lambda t: 0)  # fmt: skip
+        two_pass_restore(pieces, 40, FlatKV(FP, out, read_direct=direct), FP, resume_at=lambda t: 0)
     time.sleep(0.5)  # the reads in flight land
     if direct:
         assert not out.any(), "unvalidated bytes landed in the caller's buffer after return"

@@ -41,9 +41,12 @@ def test_a_non_monotone_resume_at_fails_its_job_only_and_typed(tmp_path: Path) -
         other, _ = image(store, 2, CUTS)
         flip(store, pieces[3].key, 5 * PT * TB + 1)  # token 140
         dest, ob = _NoZero(160), np.zeros(160 * TB, np.uint8)
-        jobs = [Job(other, 160, FlatKV(FP, ob), FP, lambda t: 0, chunk_bytes=2 * PT * TB),
-                Job(pieces, 160, dest, FP, lambda t: 80 if 80 <= t < 120 else 0,
-                    chunk_bytes=2 * PT * TB)]  # fmt: skip
+        jobs = [
+            Job(other, 160, FlatKV(FP, ob), FP, lambda t: 0, chunk_bytes=2 * PT * TB),
+            Job(
+                pieces, 160, dest, FP, lambda t: 80 if 80 <= t < 120 else 0, chunk_bytes=2 * PT * TB
+            ),
+        ]
         try:
             got = restore_batch(jobs)
         except AssertionError as e:

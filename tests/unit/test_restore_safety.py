@@ -52,13 +52,15 @@ def kv_of(n: int) -> npt.NDArray[np.uint8]:
     return (np.arange(n * TB) * 7 % 251).astype(np.uint8)
 
 
-def make_image(store: SegmentStore, codec: Codec = Codec.RAW, ids: int = 0
-               ) -> tuple[list[Piece], np.ndarray]:  # fmt: skip
+def make_image(
+    store: SegmentStore, codec: Codec = Codec.RAW, ids: int = 0
+) -> tuple[list[Piece], np.ndarray]:
     kv = kv_of(CUTS[-1])
     parent, pieces = store.root_key, []
     for a, b in itertools.pairwise(CUTS):
-        r = store.put_kv(parent, np.arange(a, b) + ids, kv[a * TB : b * TB], token_start=a,
-                         codec=codec)  # fmt: skip
+        r = store.put_kv(
+            parent, np.arange(a, b) + ids, kv[a * TB : b * TB], token_start=a, codec=codec
+        )
         pieces.append(Piece(a, b, r.key, store))
         parent = r.key
     return pieces, kv
@@ -205,8 +207,13 @@ def test_a_file_truncated_after_the_read_is_no_signal(tmp_path: Path, scenario: 
     the process with SIGBUS (run in a child process: a signal would end pytest itself)."""
     script = tmp_path / "scenario.py"
     script.write_text(textwrap.dedent(_TRUNCATE_BETWEEN_PASSES))
-    run = subprocess.run([sys.executable, str(script), str(tmp_path / "s"), str(ROOT), scenario],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s"), str(ROOT), scenario],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
     assert "no signal" in run.stdout
 
@@ -283,16 +290,27 @@ def test_a_direct_read_leaves_no_unvalidated_byte_in_the_destination(image: Imag
     path.write_bytes(bytes(raw))
     for resume, expect in [(page_floor, 28), (lambda t: max(c for c in CUTS if c <= t), 20)]:
         out = np.full_like(kv, 0xEE)
-        o = two_pass_restore(pieces, 64, FlatKV(FP, out, read_direct=True), FP,  # type: ignore[call-arg,unused-ignore]
-                             resume_at=resume)  # fmt: skip
+        o = two_pass_restore(
+            pieces,
+            64,
+            FlatKV(FP, out, read_direct=True),
+            FP,  # type: ignore[call-arg,unused-ignore]
+            resume_at=resume,
+        )
         assert (o.tokens, o.first_bad) == (expect, 28)
         assert np.array_equal(out[: expect * TB], kv[: expect * TB])
         assert np.isin(out[expect * TB :], [0, 0xEE]).all()
         assert not out[28 * TB : 32 * TB].any(), "the damaged page was zeroed"
     out = np.full_like(kv, 0xEE)
     with pytest.raises(RestoreFailed):
-        two_pass_restore(pieces, 64, FlatKV(FP, out, read_direct=True), FP,  # type: ignore[call-arg,unused-ignore]
-                         resume_at=page_floor, ladder=False)  # fmt: skip
+        two_pass_restore(
+            pieces,
+            64,
+            FlatKV(FP, out, read_direct=True),
+            FP,  # type: ignore[call-arg,unused-ignore]
+            resume_at=page_floor,
+            ladder=False,
+        )
     assert np.isin(out, [0, 0xEE]).all(), "a failed restore delivers nothing"
 
 
@@ -347,10 +365,14 @@ def test_the_batched_agenda_delivers_what_it_validated(tmp_path: Path, direct: b
     with SegmentStore.open(tmp_path / "s", FP) as store:
         imgs = [make_image(store, ids=1000 * i) for i in range(3)]
         outs = [np.zeros(64 * TB, np.uint8) for _ in imgs]
-        flats = [FlatKV(FP, o, read_direct=True) if direct else FlatKV(FP, o)  # type: ignore[call-arg,unused-ignore]
-                 for o in outs]  # fmt: skip
-        jobs = [_OverwrittenBeforeApply(p, 64, f, FP, page_floor)
-                for (p, _), f in zip(imgs, flats, strict=True)]  # fmt: skip
+        flats = [
+            FlatKV(FP, o, read_direct=True) if direct else FlatKV(FP, o)  # type: ignore[call-arg,unused-ignore]
+            for o in outs
+        ]
+        jobs = [
+            _OverwrittenBeforeApply(p, 64, f, FP, page_floor)
+            for (p, _), f in zip(imgs, flats, strict=True)
+        ]
         res = restore_batch(jobs)
         assert all(isinstance(r, Outcome) and r.tokens == 64 for r in res), res
         assert all(np.array_equal(o, kv) for o, (_, kv) in zip(outs, imgs, strict=True))
@@ -371,8 +393,9 @@ def _bad_outs(n: int) -> dict[str, np.ndarray]:
 
 
 def _ram_store(tmp_path: Path) -> Store:
-    return Store.open(FP, {"ram_mib": 1, "cold_dir": str(tmp_path / "c"), "cold_mib": 64},
-                      probe=lambda: 1 << 40)  # fmt: skip
+    return Store.open(
+        FP, {"ram_mib": 1, "cold_dir": str(tmp_path / "c"), "cold_mib": 64}, probe=lambda: 1 << 40
+    )
 
 
 @pytest.mark.parametrize("bad", ["strided", "fortran", "read-only", "read-only strided"])

@@ -71,8 +71,9 @@ def test_page_resume_off_the_segment_grid_holds_more_than_depth_plus_two(
     with SegmentStore.open(tmp_path / "s", FP) as store:
         pieces, kv = image(store, 9, [0, 2, 162])  # the second segment's pages start at 2
         dest = _NoZero(162)
-        o = two_pass_restore(pieces, 162, dest, FP, resume_at=lambda t: t // PT * PT,
-                             chunk_bytes=CHUNK)  # fmt: skip
+        o = two_pass_restore(
+            pieces, 162, dest, FP, resume_at=lambda t: t // PT * PT, chunk_bytes=CHUNK
+        )
         assert o.tokens == 162 and np.array_equal(dest.buf, kv)
     assert now[0] == 0
     assert peak[0] <= (DEPTH + 2) * CHUNK, f"{peak[0] / CHUNK} chunks of staging at once"

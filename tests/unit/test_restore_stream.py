@@ -46,8 +46,11 @@ def stored_rows(kv: npt.NDArray[np.uint8]) -> list[npt.NDArray[np.uint8]]:
     """K and V of each layer as ``[tokens, row]`` bytes, from the stored page layout (every
     segment starts on a page here)."""
     pages = kv.reshape(-1, FP.n_layers, 2, PT, TB // (2 * FP.n_layers))
-    return [pages[:, layer, kind].reshape(-1, TB // (2 * FP.n_layers))
-            for layer in range(FP.n_layers) for kind in (0, 1)]  # fmt: skip
+    return [
+        pages[:, layer, kind].reshape(-1, TB // (2 * FP.n_layers))
+        for layer in range(FP.n_layers)
+        for kind in (0, 1)
+    ]
 
 
 class _Outstanding:
@@ -80,17 +83,24 @@ class _Outstanding:
 @pytest.mark.parametrize("resume", ["page", "checkpoints only", "ladder off"])
 def test_staging_is_bounded_whatever_the_resume_points(
     img: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]],
-    monkeypatch: pytest.MonkeyPatch, resume: str,
-) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+    resume: str,
+) -> None:
     """Through staging (``read_direct=False``), a 160-token image of 20 chunks holds at most
     ``DEPTH + 2`` chunks at once, also when the only resume point is token 0 (the chunks are
     applied as they validate, and taken back if damage follows) and with the ladder off."""
     _, pieces, kv = img
     held = _Outstanding(monkeypatch)
     out = np.zeros(160 * TB, np.uint8)
-    o = two_pass_restore(pieces, 160, FlatKV(FP, out, read_direct=False), FP,
-                         resume_at=(lambda t: t // PT * PT) if resume == "page" else lambda t: 0,
-                         ladder=resume != "ladder off", chunk_bytes=CHUNK)  # fmt: skip
+    o = two_pass_restore(
+        pieces,
+        160,
+        FlatKV(FP, out, read_direct=False),
+        FP,
+        resume_at=(lambda t: t // PT * PT) if resume == "page" else lambda t: 0,
+        ladder=resume != "ladder off",
+        chunk_bytes=CHUNK,
+    )
     assert o.tokens == 160 and np.array_equal(out, kv)
     assert held.now == 0, "every staging buffer was given back"
     assert 0 < held.peak <= (DEPTH + 2) * CHUNK, f"{held.peak / CHUNK} chunks at once, of 20"
@@ -116,8 +126,9 @@ def test_damage_after_applied_chunks_takes_them_back(
             assert not b[expect:].any(), "everything past the prefix was taken back"
     dest, arrays = layer_dest(160, read_direct=direct)
     with pytest.raises(Exception, match="token 140"):
-        two_pass_restore(pieces, 160, dest, FP, resume_at=lambda t: 0, ladder=False,
-                         chunk_bytes=CHUNK)  # fmt: skip
+        two_pass_restore(
+            pieces, 160, dest, FP, resume_at=lambda t: 0, ladder=False, chunk_bytes=CHUNK
+        )
     assert not any(a.any() for a in arrays)
 
 
@@ -134,8 +145,9 @@ def test_reading_overlaps_the_copy(
 
     real_read = tp.read_hashed
 
-    def reading(seg: object, buf: npt.NDArray[np.uint8], offset: int, pb: int
-                ) -> npt.NDArray[np.uint8]:  # fmt: skip
+    def reading(
+        seg: object, buf: npt.NDArray[np.uint8], offset: int, pb: int
+    ) -> npt.NDArray[np.uint8]:
         events.append(("read", offset))
         return real_read(seg, buf, offset, pb)  # type: ignore[arg-type]
 
@@ -179,8 +191,9 @@ def test_a_destination_that_cannot_zero_is_written_only_below_the_prefix(
     store, pieces, kv = img
     flip(store, pieces[2].key, 3 * PT * TB)  # token 92
     dest = _NoZero(160)
-    o = two_pass_restore(pieces, 160, dest, FP, resume_at=lambda t: 80 if t >= 80 else 0,
-                         chunk_bytes=CHUNK)  # fmt: skip
+    o = two_pass_restore(
+        pieces, 160, dest, FP, resume_at=lambda t: 80 if t >= 80 else 0, chunk_bytes=CHUNK
+    )
     assert o.tokens == 80 and max(t0 + n for t0, n in dest.writes) == 80
     assert np.array_equal(dest.buf[: 80 * TB], kv[: 80 * TB])
     assert (dest.buf[80 * TB :] == 0xEE).all()
@@ -201,8 +214,10 @@ def test_a_copy_that_fails_fails_its_job_only_and_takes_back_what_it_wrote(
             real(t0, n, data, pt)
 
         dests[1].write_pages = failing  # type: ignore[method-assign]
-        jobs = [Job(p, 160, d, FP, lambda t: 0, chunk_bytes=CHUNK)
-                for (p, _), d in zip(imgs, dests, strict=True)]  # fmt: skip
+        jobs = [
+            Job(p, 160, d, FP, lambda t: 0, chunk_bytes=CHUNK)
+            for (p, _), d in zip(imgs, dests, strict=True)
+        ]
         got = restore_batch(jobs)
         assert isinstance(got[1], OSError) and not outs[1].any()
         for i in (0, 2):
@@ -221,8 +236,9 @@ def test_a_read_error_inside_a_segment_stops_at_its_chunk(
 
     real = tp.read_hashed
 
-    def failing(seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, pb: int
-                ) -> npt.NDArray[np.uint8]:  # fmt: skip
+    def failing(
+        seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, pb: int
+    ) -> npt.NDArray[np.uint8]:
         if seg.sidecar.token_start == 40 and offset <= 2 * CHUNK < offset + buf.size:
             raise StrataIOError("pread", "seg", 5, "injected")
         return real(seg, buf, offset, pb)
@@ -230,8 +246,14 @@ def test_a_read_error_inside_a_segment_stops_at_its_chunk(
     monkeypatch.setattr(tp, "read_hashed", failing)
     for direct in (False, True):
         out = np.full(160 * TB, 0xEE, np.uint8)
-        o = two_pass_restore(pieces, 160, FlatKV(FP, out, read_direct=direct), FP,
-                             resume_at=lambda t: t // PT * PT, chunk_bytes=CHUNK)  # fmt: skip
+        o = two_pass_restore(
+            pieces,
+            160,
+            FlatKV(FP, out, read_direct=direct),
+            FP,
+            resume_at=lambda t: t // PT * PT,
+            chunk_bytes=CHUNK,
+        )
         stop = 56  # the chunk the error hit: [56, 64) of the segment [40, 80)
         assert (o.tokens, o.first_bad) == (stop, stop) and "injected" in (o.reason or "")
         assert np.array_equal(out[: stop * TB], kv[: stop * TB])
@@ -245,8 +267,14 @@ def test_every_chunk_boundary_and_page_cut(
     _, pieces, kv = img
     for wanted, pages in itertools.product([1, 39, 40, 41, 83, 159, 160], [1, 3, 16]):
         out = np.zeros(160 * TB, np.uint8)
-        o = two_pass_restore(pieces, wanted, FlatKV(FP, out, read_direct=False), FP,
-                             resume_at=lambda t: 0, chunk_bytes=pages * PT * TB)  # fmt: skip
+        o = two_pass_restore(
+            pieces,
+            wanted,
+            FlatKV(FP, out, read_direct=False),
+            FP,
+            resume_at=lambda t: 0,
+            chunk_bytes=pages * PT * TB,
+        )
         seg_start = max(c for c in CUTS if c <= wanted)
         expect = wanted if wanted in CUTS else seg_start + (wanted - seg_start) // PT * PT
         assert o.tokens == expect, (wanted, pages)

@@ -8,19 +8,27 @@ from stratastore import ConfigError
 from stratastore.chain import Checkpoint, enforce_count, lru_victim, spread_victim, victim
 
 
-def chain(*lengths: int, pinned: tuple[int, ...] = (), tail: int | None = None,
-          used: dict[int, int] | None = None) -> list[Checkpoint]:  # fmt: skip
+def chain(
+    *lengths: int,
+    pinned: tuple[int, ...] = (),
+    tail: int | None = None,
+    used: dict[int, int] | None = None,
+) -> list[Checkpoint]:
     used = used or {}
-    return [Checkpoint(n, pinned=(i == 0 or n in pinned), tail=(n == tail),
-                       last_used=used.get(n, i)) for i, n in enumerate(lengths)]  # fmt: skip
+    return [
+        Checkpoint(n, pinned=(i == 0 or n in pinned), tail=(n == tail), last_used=used.get(n, i))
+        for i, n in enumerate(lengths)
+    ]
 
 
 def test_spread_formula_picks_the_smallest_relative_gap() -> None:
     for lengths in [(0, 100, 110, 900, 1000), (0, 100, 900, 950, 1000), (0, 10, 20, 30, 40, 50)]:
         c = chain(*lengths)
         n = lengths[-1]
-        scores = {i: (lengths[i + 1] - lengths[i - 1]) / (n - lengths[i - 1])
-                  for i in range(1, len(lengths) - 1)}  # fmt: skip
+        scores = {
+            i: (lengths[i + 1] - lengths[i - 1]) / (n - lengths[i - 1])
+            for i in range(1, len(lengths) - 1)
+        }
         assert spread_victim(c) == min(scores, key=lambda i: (scores[i], i))
     assert spread_victim(chain(0, 100, 110, 900, 1000)) == 1  # the dense pair far back
 

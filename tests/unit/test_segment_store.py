@@ -32,8 +32,14 @@ from stratastore.levels.local import STATE_PAGE_BYTES, SegmentStore
 from tests.conftest import kv_bytes, tiny_fp
 
 
-def put(store: SegmentStore, n: int = 10, seed: int = 0, parent: bytes | None = None,
-        start: int = 0, codec: Codec = Codec.RAW) -> tuple[bytes, np.ndarray]:  # fmt: skip
+def put(
+    store: SegmentStore,
+    n: int = 10,
+    seed: int = 0,
+    parent: bytes | None = None,
+    start: int = 0,
+    codec: Codec = Codec.RAW,
+) -> tuple[bytes, np.ndarray]:
     data = kv_bytes(store.fingerprint, n, seed)
     toks = np.arange(start, start + n) + 1000 * seed
     r = store.put_kv(parent or store.root_key, toks, data, token_start=start, codec=codec)
@@ -70,12 +76,14 @@ def test_key_is_the_token_prefix_hash(store: SegmentStore) -> None:
 
 def test_put_of_a_committed_key_writes_nothing(store: SegmentStore, tmp_path: Path) -> None:
     key, data = put(store, 10)
-    before = {n: os.stat(tmp_path / "store" / n).st_mtime_ns for n in segment_files(
-        tmp_path / "store")}  # fmt: skip
+    before = {
+        n: os.stat(tmp_path / "store" / n).st_mtime_ns for n in segment_files(tmp_path / "store")
+    }
     r = store.put_kv(store.root_key, np.arange(10), data, token_start=0)
     assert not r.created and r.key == key
-    after = {n: os.stat(tmp_path / "store" / n).st_mtime_ns for n in segment_files(
-        tmp_path / "store")}  # fmt: skip
+    after = {
+        n: os.stat(tmp_path / "store" / n).st_mtime_ns for n in segment_files(tmp_path / "store")
+    }
     assert before == after
 
 
@@ -122,8 +130,9 @@ def test_bad_get_arguments_are_typed(store: SegmentStore) -> None:
 
 
 @pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD])
-def test_damaged_page_is_refused_and_never_copied(store: SegmentStore, tmp_path: Path,
-                                                  codec: Codec) -> None:  # fmt: skip
+def test_damaged_page_is_refused_and_never_copied(
+    store: SegmentStore, tmp_path: Path, codec: Codec
+) -> None:
     key, data = put(store, 12, codec=codec)  # 3 pages of 256 bytes
     path = tmp_path / "store" / data_name(key)
     raw = bytearray(path.read_bytes())
@@ -168,8 +177,12 @@ def test_delete_order_and_result(store: SegmentStore, tmp_path: Path) -> None:
     with faults.inject(record=True) as inj:
         assert store.delete(key)
     ops = [(op, os.path.basename(p)) for op, p in inj.log if op in ("unlink", "fsync_dir")]
-    assert ops == [("unlink", sidecar_name(key)), ("fsync_dir", "store"),
-                   ("unlink", data_name(key)), ("fsync_dir", "store")]  # fmt: skip
+    assert ops == [
+        ("unlink", sidecar_name(key)),
+        ("fsync_dir", "store"),
+        ("unlink", data_name(key)),
+        ("fsync_dir", "store"),
+    ]
     assert key not in store and segment_files(tmp_path / "store") == [INDEX_DIR]
     assert not store.delete(key)
 
@@ -178,8 +191,12 @@ def test_put_order_of_operations(store: SegmentStore) -> None:
     with faults.inject(record=True) as inj:
         key, _ = put(store, 10)
     named = [(op, os.path.basename(p)) for op, p in inj.log if op in ("rename", "fsync_dir")]
-    assert named == [("rename", data_name(key)), ("fsync_dir", "store"),
-                     ("rename", sidecar_name(key)), ("fsync_dir", "store")]  # fmt: skip
+    assert named == [
+        ("rename", data_name(key)),
+        ("fsync_dir", "store"),
+        ("rename", sidecar_name(key)),
+        ("fsync_dir", "store"),
+    ]
 
 
 @pytest.mark.parametrize("op", ["open", "write", "fsync", "rename", "fsync_dir"])
@@ -188,8 +205,7 @@ def test_failed_put_is_invisible_and_leaves_no_temp(tmp_path: Path, op: str, nth
     fp = tiny_fp()
     d = tmp_path / "s"
     with SegmentStore.open(d, fp) as store:
-        with faults.inject(Fault(op=op, nth=nth, errno=errno.EIO)), \
-                pytest.raises(StrataIOError):  # fmt: skip
+        with faults.inject(Fault(op=op, nth=nth, errno=errno.EIO)), pytest.raises(StrataIOError):
             put(store, 10)
         leftovers = [n for n in os.listdir(d) if n.startswith("strata-tmp-")]
         assert leftovers == []
@@ -239,8 +255,10 @@ def test_open_adopts_valid_and_skips_damaged_sidecars(tmp_path: Path) -> None:
     with SegmentStore.open(d, fp) as store:
         assert store.keys() == [good]
         reasons = {s.name: s.error for s in store.skipped}
-        assert reasons == {sidecar_name(bad): "ChecksumMismatch",
-                           sidecar_name(trunc): "FormatError"}  # fmt: skip
+        assert reasons == {
+            sidecar_name(bad): "ChecksumMismatch",
+            sidecar_name(trunc): "FormatError",
+        }
     assert (d / "notes.txt").exists() and (d / "strata-tmp-0123-whatever").exists()
 
 
@@ -375,9 +393,13 @@ def _index_tables(d: Path) -> dict[bytes, dict[bytes, bytes]]:
     env = lmdb.open(str(d / INDEX_DIR), subdir=True, readonly=True, lock=False, max_dbs=16)
     try:
         with env.begin() as txn:
-            return {name: {bytes(k): bytes(v) for k, v in
-                           txn.cursor(db=env.open_db(name, txn=txn, create=False))}
-                    for name in (b"segments", b"meta", b"ages", b"totals")}  # fmt: skip
+            return {
+                name: {
+                    bytes(k): bytes(v)
+                    for k, v in txn.cursor(db=env.open_db(name, txn=txn, create=False))
+                }
+                for name in (b"segments", b"meta", b"ages", b"totals")
+            }
     finally:
         env.close()
 
@@ -421,8 +443,10 @@ def test_an_index_without_the_derived_tables_is_rebuilt_on_open(tmp_path: Path) 
     # a record written by a writer that keeps no ages (0.1) is noticed and rebuilt too
     env = lmdb.open(str(d / INDEX_DIR), subdir=True, max_dbs=16)
     with env.begin(write=True) as txn:
-        txn.delete(min(k for k in txn.cursor(db=env.open_db(b"ages", txn=txn)).iternext(
-            values=False)), db=env.open_db(b"ages", txn=txn))  # fmt: skip
+        txn.delete(
+            min(k for k in txn.cursor(db=env.open_db(b"ages", txn=txn)).iternext(values=False)),
+            db=env.open_db(b"ages", txn=txn),
+        )
     env.close()
     with SegmentStore.open(d, fp) as store:
         assert list(store.oldest()) == oldest and store.used() == used
@@ -467,9 +491,11 @@ def test_relocate_races_are_typed(tmp_path: Path) -> None:
     from stratastore.format import Level
 
     fp = tiny_fp()
-    with SegmentStore.open(tmp_path / "w", fp, level=Level.WARM) as warm, \
-            SegmentStore.open(tmp_path / "w", fp, level=Level.WARM) as other, \
-            SegmentStore.open(tmp_path / "c", fp, level=Level.COLD) as cold:  # fmt: skip
+    with (
+        SegmentStore.open(tmp_path / "w", fp, level=Level.WARM) as warm,
+        SegmentStore.open(tmp_path / "w", fp, level=Level.WARM) as other,
+        SegmentStore.open(tmp_path / "c", fp, level=Level.COLD) as cold,
+    ):
         key, data = put(warm, 9)
         assert cold.relocate_from(other, key) == "link"  # another process moved it down
         with pytest.raises(SegmentNotFound):

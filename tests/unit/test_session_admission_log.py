@@ -22,8 +22,14 @@ MIB = 1 << 20
 def test_a_session_under_the_transient_floor_says_so(tmp_path: Path, call: str) -> None:
     lines: list[str] = []
     free = [1 << 40]
-    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"), "cold_mib": 16,
-           "min_free_mib": 2560, "park_min_free_mib": 512}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 16,
+        "min_free_mib": 2560,
+        "park_min_free_mib": 512,
+    }
     kv = np.random.default_rng(0).integers(0, 256, 100 * FP.token_bytes, dtype=np.uint8)
     with Store.open(FP, cfg, probe=lambda: free[0], warn=lines.append) as store:
         if call == "load_session":

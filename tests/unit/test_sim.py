@@ -8,8 +8,19 @@ import pytest
 
 from stratastore.cli import main
 
-AGENT = ["sim", "agent-edit", "--system-tokens", "9525", "--turns", "200", "--turn-tokens",
-         "1000", "--checkpoints", "6", "--json"]  # fmt: skip
+AGENT = [
+    "sim",
+    "agent-edit",
+    "--system-tokens",
+    "9525",
+    "--turns",
+    "200",
+    "--turn-tokens",
+    "1000",
+    "--checkpoints",
+    "6",
+    "--json",
+]
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> object:
@@ -26,8 +37,9 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> object:
         ("spread", 42000, [0, 1000, 3000, 8000, 43000, 200000], 43000),
     ],
 )
-def test_edit_table(capsys: pytest.CaptureFixture[str], policy: str, edit_back: int,
-                        kept: list[int], reread: int) -> None:  # fmt: skip
+def test_edit_table(
+    capsys: pytest.CaptureFixture[str], policy: str, edit_back: int, kept: list[int], reread: int
+) -> None:
     doc = run_json(capsys, *AGENT, "--edit-back", str(edit_back), "--policy", policy)
     assert isinstance(doc, dict)
     assert doc["kept"] == kept and doc["reread_tokens"] == reread
@@ -35,8 +47,9 @@ def test_edit_table(capsys: pytest.CaptureFixture[str], policy: str, edit_back: 
 
 
 def test_attention_layout_resumes_on_pages(capsys: pytest.CaptureFixture[str]) -> None:
-    doc = run_json(capsys, *AGENT, "--edit-back", "6000", "--policy", "lru", "--layout",
-                   "attention")  # fmt: skip
+    doc = run_json(
+        capsys, *AGENT, "--edit-back", "6000", "--policy", "lru", "--layout", "attention"
+    )
     assert isinstance(doc, dict)
     assert doc["resumed_via"] == "page" and doc["reread_tokens"] == 6000
 

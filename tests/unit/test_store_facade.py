@@ -24,8 +24,13 @@ conversation = conversation_kv
 
 def test_park_restore_from_ram_and_disk(tmp_path: Path) -> None:
     free = [1 << 40]
-    cfg = {"ram_mib": 1, "min_free_mib": 100, "park_min_free_mib": 10,
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "min_free_mib": 100,
+        "park_min_free_mib": 10,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+    }
     with Store.open(FP, cfg, probe=lambda: free[0]) as store:
         a, kva = conversation("a", 100, 0)
         b, kvb = conversation("b", 100, 1000)
@@ -61,8 +66,13 @@ def test_sessions(tmp_path: Path) -> None:
 
 
 def test_threads_park_and_restore_concurrently(tmp_path: Path) -> None:
-    cfg = {"ram_mib": 2, "slots": 8, "min_free_mib": 1, "cold_dir": str(tmp_path / "c"),
-           "cold_mib": 256}  # fmt: skip
+    cfg = {
+        "ram_mib": 2,
+        "slots": 8,
+        "min_free_mib": 1,
+        "cold_dir": str(tmp_path / "c"),
+        "cold_mib": 256,
+    }
     errors: list[BaseException] = []
     with Store.open(FP, cfg, spill_queue=2) as store:
 
@@ -137,12 +147,22 @@ def test_two_processes_one_parking_one_restoring(tmp_path: Path) -> None:
     with Store.open(FP, {"ram_mib": 1, "cold_dir": str(cold), "cold_mib": 512}):
         pass  # create the level before the two start
     env = {"PYTHONPATH": str(ROOT)}
-    parker = subprocess.Popen([sys.executable, "-c", _PARKER, str(cold), str(n)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**__import__("os").environ, **env})  # fmt: skip
-    restorer = subprocess.Popen([sys.executable, "-c", _RESTORER, str(cold), str(n)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**__import__("os").environ, **env})  # fmt: skip
+    parker = subprocess.Popen(
+        [sys.executable, "-c", _PARKER, str(cold), str(n)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, **env},
+    )
+    restorer = subprocess.Popen(
+        [sys.executable, "-c", _RESTORER, str(cold), str(n)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, **env},
+    )
     p_out, p_err = parker.communicate(timeout=120)
     r_out, r_err = restorer.communicate(timeout=120)
     assert parker.returncode == 0, p_err
@@ -174,8 +194,13 @@ def test_restore_into_layer_and_paged_layouts_from_ram_and_disk(tmp_path: Path) 
     from stratastore.restore import LayerKV, PagedKV
 
     free = [1 << 40]
-    cfg = {"ram_mib": 1, "min_free_mib": 100, "park_min_free_mib": 10,
-           "cold_dir": str(tmp_path / "cold"), "cold_mib": 64}  # fmt: skip
+    cfg = {
+        "ram_mib": 1,
+        "min_free_mib": 100,
+        "park_min_free_mib": 10,
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+    }
     with Store.open(FP, cfg, probe=lambda: free[0]) as store:
         a, kva = conversation("a", 64, 0)
         b, kvb = conversation("b", 64, 1000)

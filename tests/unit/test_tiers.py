@@ -23,8 +23,12 @@ BIG = 1 << 40
 def snap(cid: str, n: int, base: int = 0, system: int = 0) -> Snapshot:
     toks = np.concatenate([np.arange(system), np.arange(base, base + n - system) + 10_000])
     lengths = sorted({*range(max(system, 16), n, 16), n} - {0})
-    conv = Conversation(cid, as_tokens(toks), [Checkpoint(x) for x in lengths],
-                        cuts=[0, *(x for x in lengths if x < n)])  # fmt: skip
+    conv = Conversation(
+        cid,
+        as_tokens(toks),
+        [Checkpoint(x) for x in lengths],
+        cuts=[0, *(x for x in lengths if x < n)],
+    )
     # equal tokens have equal K/V (a deterministic model): the shared system prompt's K/V is one
     shared = np.random.default_rng(99).integers(0, 256, system * FP.token_bytes, dtype=np.uint8)
     own = np.random.default_rng(base).integers(0, 256, (n - system) * FP.token_bytes, np.uint8)
@@ -32,8 +36,12 @@ def snap(cid: str, n: int, base: int = 0, system: int = 0) -> Snapshot:
 
 
 def tiers(tmp_path: Path, free: list[int] | None = None, **kw: object) -> Tiers:
-    values: dict[str, object] = {"ram_mib": 1, "slots": 4, "min_free_mib": 100,
-                                 "park_min_free_mib": 10}  # fmt: skip
+    values: dict[str, object] = {
+        "ram_mib": 1,
+        "slots": 4,
+        "min_free_mib": 100,
+        "park_min_free_mib": 10,
+    }
     values.update(kw)
     probe = (lambda: free[0]) if free is not None else (lambda: BIG)
     return Tiers(StoreConfig.from_mapping(values), FP, probe=probe, warn=lambda m: None)
@@ -86,8 +94,14 @@ def test_park_targets(tmp_path: Path) -> None:
     assert restore(t, s)[:2] == ("disk", 100)
     t.close()
     warned.clear()
-    cfg = StoreConfig(ram_mib=64, slots=4, park="auto", cold_dir=str(tmp_path / "c2"),
-                      cold_mib=64, min_free_mib=100)  # fmt: skip
+    cfg = StoreConfig(
+        ram_mib=64,
+        slots=4,
+        park="auto",
+        cold_dir=str(tmp_path / "c2"),
+        cold_mib=64,
+        min_free_mib=100,
+    )
     low = Tiers(cfg, FP, probe=lambda: 150 * MIB, warn=warned.append)  # < 4 x 16 + 100 MiB
     high = Tiers(cfg, FP, probe=lambda: BIG, warn=warned.append)
     assert (low.target, high.target) == ("disk", "ram")
@@ -120,8 +134,14 @@ def test_spill_on_evict_writes_what_ram_evicts(tmp_path: Path) -> None:
 
 def test_cascade_through_tiers_degrades_and_shares_the_system_prompt(tmp_path: Path) -> None:
     seg = 4096 + 40 * 64 + 4096
-    t = tiers(tmp_path, [50 * MIB], warm_dir=str(tmp_path / "w"), warm_mib=1,
-              cold_dir=str(tmp_path / "c"), cold_mib=64)  # fmt: skip
+    t = tiers(
+        tmp_path,
+        [50 * MIB],
+        warm_dir=str(tmp_path / "w"),
+        warm_mib=1,
+        cold_dir=str(tmp_path / "c"),
+        cold_mib=64,
+    )
     t.warm.budget = 6 * seg  # type: ignore[union-attr]
     snaps = [snap(f"c{i}", 120, base=1000 * i, system=40) for i in range(4)]
     for s in snaps:

@@ -45,8 +45,17 @@ def hostile_urls(draw: st.DrawFn) -> str:
     userinfo = draw(st.sampled_from([f"{user}:{password}", f":{password}", user, password]))
     url = f"{draw(scheme)}://{userinfo}@{draw(host)}{draw(db)}{draw(junk)}"
     # sometimes no scheme at all, or the credential somewhere after the host
-    return draw(st.sampled_from([url, url.split("://", 1)[1], f"redis://{draw(host)}/0?{password}",
-                                 f"redis://{draw(host)}#{userinfo}@x", f"{password}"]))  # fmt: skip
+    return draw(
+        st.sampled_from(
+            [
+                url,
+                url.split("://", 1)[1],
+                f"redis://{draw(host)}/0?{password}",
+                f"redis://{draw(host)}#{userinfo}@x",
+                f"{password}",
+            ]
+        )
+    )
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
@@ -66,8 +75,9 @@ def test_no_url_shows_its_userinfo_in_an_error_or_a_repr(url: str) -> None:
 @given(hostile_urls(), secret, secret)
 def test_no_config_shows_a_credential(url: str, user: str, password: str) -> None:
     try:
-        cfg = StoreConfig(remote_url=url, remote_username=user, remote_password=password,
-                          remote_mib=1)  # fmt: skip
+        cfg = StoreConfig(
+            remote_url=url, remote_username=user, remote_password=password, remote_mib=1
+        )
     except ConfigError as e:
         assert not _leaks(str(e)), str(e)
         return
@@ -89,8 +99,14 @@ def test_a_store_whose_level_is_down_shows_no_credential(tmp_path: Path, delim: 
     pytest.importorskip("redis")
     port = _closed_port()
     url = f"redis://ZQalice:Se{delim}XJ1@127.0.0.1:{port}/0"
-    cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "cold"), "cold_mib": 64,
-           "remote_url": url, "remote_timeout_ms": 500}  # fmt: skip
+    cfg = {
+        "ram_mib": 0,
+        "park": "disk",
+        "cold_dir": str(tmp_path / "cold"),
+        "cold_mib": 64,
+        "remote_url": url,
+        "remote_timeout_ms": 500,
+    }
     seen: list[str] = []
     try:
         store = Store.open(tiny_fp(), cfg, warn=seen.append)
@@ -116,10 +132,15 @@ def test_strata_fsck_remote_shows_no_credential(tmp_path: Path, delim: str) -> N
     stderr, no traceback, nothing of the userinfo."""
     cfg = tmp_path / "strata.toml"
     url = f"redis://ZQalice:Secret{delim}XJ1@127.0.0.1:{_closed_port()}/0"
-    cfg.write_text(f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 16\nremote_mib = 1\n'
-                   f'remote_url = "{url}"\n')  # fmt: skip
-    got = subprocess.run([sys.executable, "-m", "stratastore.cli", "--config", str(cfg), "fsck",
-                          "--remote"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    cfg.write_text(
+        f'cold_dir = "{tmp_path / "cold"}"\ncold_mib = 16\nremote_mib = 1\nremote_url = "{url}"\n'
+    )
+    got = subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", "--config", str(cfg), "fsck", "--remote"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert got.returncode != 0
     assert "Traceback" not in got.stderr, got.stderr
     assert not _leaks(got.stdout + got.stderr), got.stdout + got.stderr

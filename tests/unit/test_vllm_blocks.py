@@ -30,8 +30,17 @@ BS, H, D, L, NB = 16, 2, 8, 3, 12
 
 
 def _fp() -> ModelFingerprint:
-    return fingerprint("tiny", None, {"a": 1}, n_layers=L, n_kv_heads=H, head_dim=D,
-                       block_size=BS, dtype="torch.bfloat16", backend="cpu/vec")  # fmt: skip
+    return fingerprint(
+        "tiny",
+        None,
+        {"a": 1},
+        n_layers=L,
+        n_kv_heads=H,
+        head_dim=D,
+        block_size=BS,
+        dtype="torch.bfloat16",
+        backend="cpu/vec",
+    )
 
 
 def _cpu_pool(seed: int) -> list[np.ndarray]:
@@ -81,8 +90,16 @@ def test_a_store_round_trip_lands_the_same_blocks(tmp_path: Path) -> None:
     fp = _fp()
     src, dst = _cpu_pool(6), _cpu_pool(7)
     tokens = as_tokens(np.arange(100, 100 + 4 * BS))
-    with Store.open(fp, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"),
-                         "cold_mib": 16, "page_resume": True}) as store:  # fmt: skip
+    with Store.open(
+        fp,
+        {
+            "ram_mib": 0,
+            "park": "disk",
+            "cold_dir": str(tmp_path / "c"),
+            "cold_mib": 16,
+            "page_resume": True,
+        },
+    ) as store:
         kv = CpuBlocks(fp, src, [3, 1, 4, 8]).gather(4)
         store.park(Conversation("vllm-a", tokens, [Checkpoint(4 * BS)], cuts=[0, 2 * BS]), kv)
         store.flush()
@@ -96,8 +113,16 @@ def test_a_store_round_trip_lands_the_same_blocks(tmp_path: Path) -> None:
         raw = bytearray(seg[-1].read_bytes())
         raw[-(2 * BS * fp.token_bytes) + 5] ^= 0xFF
         seg[-1].write_bytes(bytes(raw))
-    with Store.open(fp, {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path / "c"),
-                         "cold_mib": 16, "page_resume": True}) as store:  # fmt: skip
+    with Store.open(
+        fp,
+        {
+            "ram_mib": 0,
+            "park": "disk",
+            "cold_dir": str(tmp_path / "c"),
+            "cold_mib": 16,
+            "page_resume": True,
+        },
+    ) as store:
         fresh = _cpu_pool(8)
         before = [a.copy() for a in fresh]
         got = store.restore(tokens, CpuBlocks(fp, fresh, [0, 2, 5, 6]), max_tokens=4 * BS)
@@ -140,8 +165,11 @@ def test_parks_are_whole_blocks_cut_where_they_resumed() -> None:
 
 
 def test_layer_order_is_by_layer_number() -> None:
-    names = ["model.layers.10.self_attn.attn", "model.layers.2.self_attn.attn",
-             "model.layers.0.self_attn.attn"]  # fmt: skip
+    names = [
+        "model.layers.10.self_attn.attn",
+        "model.layers.2.self_attn.attn",
+        "model.layers.0.self_attn.attn",
+    ]
     assert layer_order(names) == [names[2], names[1], names[0]]
     with pytest.raises(ConfigError, match="layer number"):
         layer_order(["model.attn"])
@@ -158,18 +186,39 @@ def test_store_settings_from_vllms_extra_config(tmp_path: Path) -> None:
     cfg, said = store_config({"strata_config": str(toml)})
     assert cfg.cold_mib == 4 and str(toml) in said
     assert default_store_dir({"XDG_CACHE_HOME": "/x"}) == "/x/stratastore/vllm"
-    for bad, match in (({"strata": {}, "strata_config": "f"}, "not both"),
-                       ({"strata": [1]}, "mapping"), ({"strata_config": 3}, "TOML"),
-                       ({"strata": {"cold_mib": "lots"}}, "cold_mib")):  # fmt: skip
+    for bad, match in (
+        ({"strata": {}, "strata_config": "f"}, "not both"),
+        ({"strata": [1]}, "mapping"),
+        ({"strata_config": 3}, "TOML"),
+        ({"strata": {"cold_mib": "lots"}}, "cold_mib"),
+    ):
         with pytest.raises(ConfigError, match=match):
             store_config(bad)
 
 
 def test_the_fingerprint_names_the_model_and_its_backend() -> None:
-    a = fingerprint("m", "r1", {"x": 1}, n_layers=2, n_kv_heads=2, head_dim=8, block_size=16,
-                    dtype="bfloat16", backend="cpu/vec")  # fmt: skip
-    same = fingerprint("m", "r1", {"x": 1}, n_layers=2, n_kv_heads=2, head_dim=8,
-                       block_size=16, dtype="torch.bfloat16", backend="cpu/vec")  # fmt: skip
+    a = fingerprint(
+        "m",
+        "r1",
+        {"x": 1},
+        n_layers=2,
+        n_kv_heads=2,
+        head_dim=8,
+        block_size=16,
+        dtype="bfloat16",
+        backend="cpu/vec",
+    )
+    same = fingerprint(
+        "m",
+        "r1",
+        {"x": 1},
+        n_layers=2,
+        n_kv_heads=2,
+        head_dim=8,
+        block_size=16,
+        dtype="torch.bfloat16",
+        backend="cpu/vec",
+    )
     assert a == same
     for other in ({"backend": "cpu/amx"}, {"hf": {"x": 2}}, {"rev": "r2"}):
         b = fingerprint(
@@ -185,5 +234,13 @@ def test_the_fingerprint_names_the_model_and_its_backend() -> None:
         )
         assert b != a
     with pytest.raises(ConfigError, match="dtype"):
-        fingerprint("m", None, {}, n_layers=2, n_kv_heads=2, head_dim=8, block_size=16,
-                    dtype="torch.complex64")  # fmt: skip
+        fingerprint(
+            "m",
+            None,
+            {},
+            n_layers=2,
+            n_kv_heads=2,
+            head_dim=8,
+            block_size=16,
+            dtype="torch.complex64",
+        )

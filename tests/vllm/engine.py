@@ -27,13 +27,21 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
     kt = None
     if job.get("store") is not None:
-        kt = KVTransferConfig(kv_connector="StrataConnector",
-                              kv_connector_module_path="stratastore.adapters.vllm",
-                              kv_role="kv_both",
-                              kv_connector_extra_config={"strata": job["store"]})  # fmt: skip
-    llm = LLM(model=job["model"], dtype="bfloat16", max_model_len=job.get("max_len", 4096),
-              enforce_eager=True, seed=0, kv_transfer_config=kt,
-              **job.get("engine", {}))  # fmt: skip
+        kt = KVTransferConfig(
+            kv_connector="StrataConnector",
+            kv_connector_module_path="stratastore.adapters.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config={"strata": job["store"]},
+        )
+    llm = LLM(
+        model=job["model"],
+        dtype="bfloat16",
+        max_model_len=job.get("max_len", 4096),
+        enforce_eager=True,
+        seed=0,
+        kv_transfer_config=kt,
+        **job.get("engine", {}),
+    )
     sp = SamplingParams(temperature=0, max_tokens=job.get("max_tokens", 24))
     convs: list[list[list[int]]] = job["conversations"]
     replies: list[list[list[int]]] = [list(h) for h in job.get("history", [[]] * len(convs))]
@@ -46,17 +54,22 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 p += turns[t] + replies[c][t]
             prompts.append(p + turns[turn])
         started = time.monotonic()
-        got = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
-                           use_tqdm=False)  # fmt: skip
+        got = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
         took = time.monotonic() - started
         if job.get("kill_after") and turn == job["run_turns"][-1]:
             os.killpg(os.getpgid(0), signal.SIGKILL)
         tokens = [list(g.outputs[0].token_ids) for g in got]
         for c, t in enumerate(tokens):
             replies[c] = [*replies[c][:turn], t]
-        out["turns"].append({"turn": turn, "tokens": tokens, "seconds": took,
-                             "cached": [g.num_cached_tokens for g in got],
-                             "prompt_lens": [len(p) for p in prompts]})  # fmt: skip
+        out["turns"].append(
+            {
+                "turn": turn,
+                "tokens": tokens,
+                "seconds": took,
+                "cached": [g.num_cached_tokens for g in got],
+                "prompt_lens": [len(p) for p in prompts],
+            }
+        )
     out["replies"] = replies
     return out
 

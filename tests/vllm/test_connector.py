@@ -41,38 +41,65 @@ def conversations() -> list[list[list[int]]]:
     """Four conversations of two user turns, opening with one shared system prompt."""
     rng = np.random.default_rng(7)
     system = rng.integers(3, 1000, SYSTEM).tolist()
-    return [[system + rng.integers(3, 1000, 90 + 20 * c).tolist(),
-             rng.integers(3, 1000, 40 + 5 * c).tolist()] for c in range(N_CONVS)]  # fmt: skip
+    return [
+        [
+            system + rng.integers(3, 1000, 90 + 20 * c).tolist(),
+            rng.integers(3, 1000, 40 + 5 * c).tolist(),
+        ]
+        for c in range(N_CONVS)
+    ]
 
 
 Ran = tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]
 
 
-def engine(tmp: Path, name: str, model: Path, store: dict[str, Any] | None,
-           run_turns: list[int], history: list[list[list[int]]] | None = None,
-           **job: Any) -> Ran:  # fmt: skip
+def engine(
+    tmp: Path,
+    name: str,
+    model: Path,
+    store: dict[str, Any] | None,
+    run_turns: list[int],
+    history: list[list[list[int]]] | None = None,
+    **job: Any,
+) -> Ran:
     """One vLLM process running ``run_turns`` (see tests/vllm/engine.py)."""
-    spec = {"model": str(model), "store": store, "conversations": conversations(),
-            "run_turns": run_turns, "engine": {"block_size": BLOCK}, **job}  # fmt: skip
+    spec = {
+        "model": str(model),
+        "store": store,
+        "conversations": conversations(),
+        "run_turns": run_turns,
+        "engine": {"block_size": BLOCK},
+        **job,
+    }
     if history is not None:
         spec["history"] = history
     jf, of = tmp / f"{name}.job.json", tmp / f"{name}.out.json"
     jf.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    got = subprocess.run([sys.executable, "-m", "tests.vllm.engine", str(jf), str(of)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-                         start_new_session=True)  # fmt: skip
+    got = subprocess.run(
+        [sys.executable, "-m", "tests.vllm.engine", str(jf), str(of)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        start_new_session=True,
+    )
     out = json.loads(of.read_text()) if of.exists() else None
     return got, out
 
 
 def worker_summary(stderr: str) -> dict[str, int]:
     """The connector worker's counts, from the line it logs at shutdown."""
-    m = re.search(r"StrataConnector worker: (\d+) loads, (\d+) tokens loaded, (\d+) short "
-                  r"\((\d+) blocks recomputed\) in [0-9.]+ s; (\d+) parks", stderr)  # fmt: skip
+    m = re.search(
+        r"StrataConnector worker: (\d+) loads, (\d+) tokens loaded, (\d+) short "
+        r"\((\d+) blocks recomputed\) in [0-9.]+ s; (\d+) parks",
+        stderr,
+    )
     assert m is not None, stderr[-3000:]
-    return dict(zip(("loads", "loaded", "short", "recomputed", "parks"),
-                    map(int, m.groups()), strict=True))  # fmt: skip
+    return dict(
+        zip(("loads", "loaded", "short", "recomputed", "parks"), map(int, m.groups()), strict=True)
+    )
 
 
 def ok(got: subprocess.CompletedProcess[str], out: dict[str, Any] | None) -> dict[str, Any]:
@@ -96,8 +123,9 @@ def reference(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 @pytest.fixture(scope="module")
-def parked(model: Path, reference: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-           ) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+def parked(
+    model: Path, reference: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
     """Turn 1 with the connector, in a process that then exits: the store it left."""
     tmp = tmp_path_factory.mktemp("parked")
     out = ok(*engine(tmp, "turn1", model, _store(tmp / "store"), [0]))
@@ -107,8 +135,9 @@ def parked(model: Path, reference: dict[str, Any], tmp_path_factory: pytest.Temp
 Parked = tuple[Path, dict[str, Any]]
 
 
-def test_turn_one_with_the_connector_is_vllms_own(reference: dict[str, Any],
-                                                  parked: Parked) -> None:  # fmt: skip
+def test_turn_one_with_the_connector_is_vllms_own(
+    reference: dict[str, Any], parked: Parked
+) -> None:
     _, out = parked
     assert out["turns"][0]["tokens"] == reference["turns"][0]["tokens"]
     # the four replies differ: "identical" says something
@@ -116,9 +145,11 @@ def test_turn_one_with_the_connector_is_vllms_own(reference: dict[str, Any],
 
 
 def test_turn_two_in_a_fresh_process_loads_from_the_store(
-    model: Path, reference: dict[str, Any], parked: tuple[Path, dict[str, Any]],
+    model: Path,
+    reference: dict[str, Any],
+    parked: tuple[Path, dict[str, Any]],
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     store, turn1 = parked
     got, out = engine(tmp_path, "turn2", model, _store(store), [1], turn1["replies"])
     turn = ok(got, out)["turns"][0]
@@ -129,15 +160,19 @@ def test_turn_two_in_a_fresh_process_loads_from_the_store(
     assert counts["loads"] == N_CONVS and counts["short"] == 0, counts
     # the shared system prompt is stored once: less than every conversation's bytes apiece
     stored = sum(f.stat().st_size for f in store.glob("strata-conv-*.seg"))
-    parked_tokens = sum(n - n % BLOCK for n in
-                        (len(c[0]) + len(r[0]) - 1 for c, r in
-                         zip(conversations(), turn1["replies"], strict=True)))  # fmt: skip
+    parked_tokens = sum(
+        n - n % BLOCK
+        for n in (
+            len(c[0]) + len(r[0]) - 1
+            for c, r in zip(conversations(), turn1["replies"], strict=True)
+        )
+    )
     assert stored < (parked_tokens - (N_CONVS - 1) * SYSTEM) * KV_BYTES * 1.05 + (1 << 20)
 
 
-def test_a_flipped_byte_changes_no_token(model: Path, reference: dict[str, Any],
-                                         parked: tuple[Path, dict[str, Any]],
-                                         tmp_path: Path) -> None:  # fmt: skip
+def test_a_flipped_byte_changes_no_token(
+    model: Path, reference: dict[str, Any], parked: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     store, turn1 = parked
     damaged = tmp_path / "store"
     subprocess.run(["cp", "-a", str(store), str(damaged)], check=True)
@@ -156,9 +191,9 @@ def test_a_flipped_byte_changes_no_token(model: Path, reference: dict[str, Any],
     assert "failed BLAKE3 validation" in got.stderr, got.stderr[-3000:]  # the damage, said
 
 
-def test_a_store_of_another_model_is_refused_at_start(parked: tuple[Path, dict[str, Any]],
-                                                      tmp_path_factory: pytest.TempPathFactory,
-                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_a_store_of_another_model_is_refused_at_start(
+    parked: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
     store, _ = parked
     other = make_llama(tmp_path_factory.mktemp("other") / "llama", layers=3, seed=1)
     got, out = engine(tmp_path, "other", other, _store(store), [0])
@@ -166,14 +201,20 @@ def test_a_store_of_another_model_is_refused_at_start(parked: tuple[Path, dict[s
     assert "was written for model" in got.stderr and "3 layers" in got.stderr, got.stderr[-3000:]
 
 
-def test_a_kill_while_parking_leaves_nothing_wrong(model: Path, reference: dict[str, Any],
-                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_a_kill_while_parking_leaves_nothing_wrong(
+    model: Path, reference: dict[str, Any], tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     got, out = engine(tmp_path, "killed", model, _store(store), [0], kill_after=True)
     assert got.returncode != 0 and out is None  # killed before it wrote its output
-    fsck = subprocess.run([sys.executable, "-m", "stratastore.cli", "fsck", "--deep",
-                           str(store)], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)  # fmt: skip
+    fsck = subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     replies = [[t] for t in reference["turns"][0]["tokens"]]
     got, out = engine(tmp_path, "after", model, _store(store), [1], replies)

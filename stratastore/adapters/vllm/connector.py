@@ -132,12 +132,18 @@ def engine_fingerprint(vllm_config: VllmConfig) -> ModelFingerprint:
     """The fingerprint of the K/V this vLLM engine keeps (:func:`.plan.fingerprint`)."""
     mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
     dtype = mc.dtype if cc.cache_dtype in ("auto", None) else cc.cache_dtype
-    return fingerprint(str(mc.model), mc.revision, mc.hf_config.to_dict(),
-                       n_layers=mc.get_num_layers(pc), n_kv_heads=mc.get_num_kv_heads(pc),
-                       head_dim=mc.get_head_size(), block_size=cc.block_size, dtype=dtype,
-                       tp_size=pc.tensor_parallel_size,
-                       backend=_backend(mc.dtype, cc.block_size, mc.get_head_size(),
-                                        cc.cache_dtype))  # fmt: skip
+    return fingerprint(
+        str(mc.model),
+        mc.revision,
+        mc.hf_config.to_dict(),
+        n_layers=mc.get_num_layers(pc),
+        n_kv_heads=mc.get_num_kv_heads(pc),
+        head_dim=mc.get_head_size(),
+        block_size=cc.block_size,
+        dtype=dtype,
+        tp_size=pc.tensor_parallel_size,
+        backend=_backend(mc.dtype, cc.block_size, mc.get_head_size(), cc.cache_dtype),
+    )
 
 
 def _backend(dtype: Any, block_size: int, head_size: int, cache_dtype: Any) -> str:
@@ -187,8 +193,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     """See the module. Loaded by vLLM from ``kv_connector="StrataConnector"`` and
     ``kv_connector_module_path="stratastore.adapters.vllm"``."""
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
-                 kv_cache_config: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None
+    ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.fp = engine_fingerprint(vllm_config)
         self.block_size = vllm_config.cache_config.block_size
@@ -210,8 +217,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saver: threading.Thread | None = None
 
     # -- scheduler side -------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
-                                   ) -> tuple[int, bool]:  # fmt: skip
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
         """The tokens past vLLM's own ``num_computed_tokens`` this request loads from the
         store (:func:`.plan.loadable`), loaded before its first forward (not async)."""
         prompt = np.asarray(request.prompt_token_ids or (), dtype=np.uint32)
@@ -231,8 +239,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._promised[request.request_id] = upto
         return upto - num_computed_tokens, False
 
-    def update_state_after_alloc(self, request: Any, blocks: Any,
-                                 num_external_tokens: int) -> None:  # fmt: skip
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
         upto = self._promised.get(request.request_id, 0)
@@ -251,8 +258,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._loads, self._saves = {}, []
         return meta
 
-    def request_finished(self, request: Any, block_ids: list[int]
-                         ) -> tuple[bool, dict[str, Any] | None]:  # fmt: skip
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """Park the finished request: every token whose K/V vLLM computed. Its blocks stay
         vLLM's to free once the worker has copied them (True: vLLM waits for
         :meth:`get_finished`)."""
@@ -262,9 +270,14 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         n = saved_tokens(computed, len(block_ids), self.block_size)
         if n == 0:
             return False, None
-        self._saves.append(SaveJob(request.request_id, tokens[:n],
-                                   tuple(block_ids[: n // self.block_size]),
-                                   save_cuts(n, loaded, self.block_size)))  # fmt: skip
+        self._saves.append(
+            SaveJob(
+                request.request_id,
+                tokens[:n],
+                tuple(block_ids[: n // self.block_size]),
+                save_cuts(n, loaded, self.block_size),
+            )
+        )
         return True, None
 
     # -- worker side ----------------------------------------------------------------------
@@ -290,8 +303,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         try:
             got = self.store.restore(job.tokens, dest, max_tokens=want).tokens
         except StrataError as e:
-            log.warning("stratastore: restore of request %s: %s; vLLM recomputes it",
-                        job.req_id, e)  # fmt: skip
+            log.warning("stratastore: restore of request %s: %s; vLLM recomputes it", job.req_id, e)
             got = 0
         self.counters.loads += 1
         self.counters.tokens_loaded += max(0, got - job.skip)
@@ -304,8 +316,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # every load finished in start_load_kv
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
-                      **kwargs: Any) -> None:  # fmt: skip
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         return  # a request is parked whole when it finishes (wait_for_save)
 
     def wait_for_save(self) -> None:
@@ -318,8 +331,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return
         self._need_pool()
         if self._saver is None:
-            self._saver = threading.Thread(target=self._save_loop, name="strata-vllm-saver",
-                                           daemon=True)  # fmt: skip
+            self._saver = threading.Thread(
+                target=self._save_loop, name="strata-vllm-saver", daemon=True
+            )
             self._saver.start()
         for job in meta.saves:
             self._save_queue.put(job)
@@ -342,14 +356,17 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         n = len(job.tokens)
         kv = pool.gather(job.block_ids, n // self.block_size)
         marks = sorted({c for c in job.cuts if c} | {n})
-        conv = Conversation(_conversation_id(job.tokens), job.tokens,
-                            [Checkpoint(m) for m in marks], cuts=list(job.cuts))  # fmt: skip
+        conv = Conversation(
+            _conversation_id(job.tokens),
+            job.tokens,
+            [Checkpoint(m) for m in marks],
+            cuts=list(job.cuts),
+        )
         self.store.park(conv, kv)
         self.counters.saves += 1
         self.counters.tokens_saved += n
 
-    def get_finished(self, finished_req_ids: set[str]
-                     ) -> tuple[set[str] | None, set[str] | None]:  # fmt: skip
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """The requests whose K/V the saver has copied out of their blocks (parked, or given
         up on: the blocks are vLLM's again either way)."""
         with self._saves_lock:
@@ -371,17 +388,28 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._saver.join()
         c = self.counters
         if self.role == KVConnectorRole.WORKER:
-            log.warning("stratastore: StrataConnector worker: %d loads, %d tokens loaded, %d "
-                        "short (%d blocks recomputed) in %.3f s; %d parks, %d tokens, %d not "
-                        "parked, %.3f s on the saver thread", c.loads, c.tokens_loaded,
-                        c.load_shortfalls, c.blocks_recomputed, c.load_seconds, c.saves,
-                        c.tokens_saved, c.save_errors, c.save_seconds)  # fmt: skip
+            log.warning(
+                "stratastore: StrataConnector worker: %d loads, %d tokens loaded, %d "
+                "short (%d blocks recomputed) in %.3f s; %d parks, %d tokens, %d not "
+                "parked, %.3f s on the saver thread",
+                c.loads,
+                c.tokens_loaded,
+                c.load_shortfalls,
+                c.blocks_recomputed,
+                c.load_seconds,
+                c.saves,
+                c.tokens_saved,
+                c.save_errors,
+                c.save_seconds,
+            )
         _release_store(key)
 
     def _need_pool(self) -> Pool:
         if self.pool is None:
-            raise ConfigError("StrataConnector: vLLM ran a step before registering its KV "
-                              "caches (register_kv_caches)")  # fmt: skip
+            raise ConfigError(
+                "StrataConnector: vLLM ran a step before registering its KV "
+                "caches (register_kv_caches)"
+            )
         return self.pool
 
     def stats(self) -> dict[str, Any]:

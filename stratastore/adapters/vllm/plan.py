@@ -31,13 +31,27 @@ from stratastore.format import DType, ModelFingerprint
 from stratastore.io import pathnames
 from stratastore.io.system import env_var
 
-__all__ = ["LoadJob", "SaveJob", "default_store_dir", "fingerprint", "loadable", "save_cuts",
-           "saved_tokens", "store_config"]  # fmt: skip
+__all__ = [
+    "LoadJob",
+    "SaveJob",
+    "default_store_dir",
+    "fingerprint",
+    "loadable",
+    "save_cuts",
+    "saved_tokens",
+    "store_config",
+]
 
 #: vLLM's K/V dtype names (torch's, without the prefix) -> the fingerprint's
-_DTYPES = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "half": DType.FLOAT16,
-           "float32": DType.FLOAT32, "float": DType.FLOAT32,
-           "float8_e4m3fn": DType.FLOAT8_E4M3, "float8_e5m2": DType.FLOAT8_E5M2}  # fmt: skip
+_DTYPES = {
+    "bfloat16": DType.BFLOAT16,
+    "float16": DType.FLOAT16,
+    "half": DType.FLOAT16,
+    "float32": DType.FLOAT32,
+    "float": DType.FLOAT32,
+    "float8_e4m3fn": DType.FLOAT8_E4M3,
+    "float8_e5m2": DType.FLOAT8_E5M2,
+}
 DEFAULT_COLD_MIB = 16384  #: the default level's budget
 
 
@@ -68,26 +82,44 @@ class SaveJob:
 def _dtype(name: object) -> DType:
     text = str(name).removeprefix("torch.")
     if text not in _DTYPES:
-        raise ConfigError(f"StrataConnector: vLLM's K/V dtype {text!r} is not one the store "
-                          f"keeps ({', '.join(sorted(_DTYPES))})")  # fmt: skip
+        raise ConfigError(
+            f"StrataConnector: vLLM's K/V dtype {text!r} is not one the store "
+            f"keeps ({', '.join(sorted(_DTYPES))})"
+        )
     return _DTYPES[text]
 
 
-def fingerprint(model: str, revision: str | None, hf_config: Mapping[str, Any], *,
-                n_layers: int, n_kv_heads: int, head_dim: int, block_size: int,
-                dtype: object, tp_size: int = 1, backend: str = ""
-                ) -> ModelFingerprint:  # fmt: skip
+def fingerprint(
+    model: str,
+    revision: str | None,
+    hf_config: Mapping[str, Any],
+    *,
+    n_layers: int,
+    n_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: object,
+    tp_size: int = 1,
+    backend: str = "",
+) -> ModelFingerprint:
     """The model fingerprint of a vLLM engine's K/V (see the module): its id the model's
     name or path at ``revision``, its ``extra`` a digest of the config (canonical JSON), the
     tensor-parallel size (each rank keeps its own heads) and the attention ``backend`` (on the
     CPU its ISA: how a block's rows are kept)."""
     canon = json.dumps(dict(hf_config), sort_keys=True, default=str).encode()
-    extra = (f"vllm;tp={tp_size};backend={backend};config=".encode()
-             + hashlib.blake2b(canon, digest_size=16).digest())  # fmt: skip
-    return ModelFingerprint.create(f"{model}@{revision or ''}", n_layers=n_layers,
-                                   n_kv_heads=n_kv_heads, head_dim=head_dim,
-                                   page_tokens=block_size, dtype=_dtype(dtype),
-                                   extra=extra)  # fmt: skip
+    extra = (
+        f"vllm;tp={tp_size};backend={backend};config=".encode()
+        + hashlib.blake2b(canon, digest_size=16).digest()
+    )
+    return ModelFingerprint.create(
+        f"{model}@{revision or ''}",
+        n_layers=n_layers,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        page_tokens=block_size,
+        dtype=_dtype(dtype),
+        extra=extra,
+    )
 
 
 def default_store_dir(env: Mapping[str, str] | None = None) -> str:
@@ -104,22 +136,26 @@ def store_config(extra: Mapping[str, Any] | None) -> tuple[StoreConfig, str]:
     extra = dict(extra or {})
     inline, path = extra.get("strata"), extra.get("strata_config")
     if inline is not None and path is not None:
-        raise ConfigError("kv_connector_extra_config: give \"strata\" (the store's settings) "
-                          "or \"strata_config\" (a TOML file of them), not both")  # fmt: skip
+        raise ConfigError(
+            'kv_connector_extra_config: give "strata" (the store\'s settings) '
+            'or "strata_config" (a TOML file of them), not both'
+        )
     if path is not None:
         if not isinstance(path, str) or not path:
-            raise ConfigError(f"kv_connector_extra_config: \"strata_config\" must name a TOML "
-                              f"file, not {path!r}")  # fmt: skip
+            raise ConfigError(
+                f'kv_connector_extra_config: "strata_config" must name a TOML file, not {path!r}'
+            )
         cfg = StoreConfig.from_toml(path)
         return cfg, f"the store of {path}"
     if inline is not None and not isinstance(inline, Mapping):
-        raise ConfigError(f"kv_connector_extra_config: \"strata\" must be a mapping of the "
-                          f"store's settings, not {type(inline).__name__}")  # fmt: skip
+        raise ConfigError(
+            f'kv_connector_extra_config: "strata" must be a mapping of the '
+            f"store's settings, not {type(inline).__name__}"
+        )
     settings: dict[str, Any] = {"ram_mib": 0, "park": "disk", "page_resume": True}
     said = "the store"
     if not inline or not any(k in inline for k in ("cold_dir", "warm_dir", "levels")):
-        settings.update(cold_dir=default_store_dir(), cold_mib=DEFAULT_COLD_MIB,
-                        create_dirs=True)  # fmt: skip
+        settings.update(cold_dir=default_store_dir(), cold_mib=DEFAULT_COLD_MIB, create_dirs=True)
         said = (
             f"the default store: one cold level in {settings['cold_dir']} "
             f"({DEFAULT_COLD_MIB} MiB); set kv_connector_extra_config.strata to choose"

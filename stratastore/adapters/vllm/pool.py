@@ -39,8 +39,10 @@ def layer_order(names: Sequence[str]) -> list[str]:
     def number(name: str) -> int:
         found = [int(p) for p in name.split(".") if p.isdigit()]
         if len(found) != 1:
-            raise ConfigError(f"StrataConnector: cannot tell the layer number of vLLM's KV cache "
-                              f"{name!r} (one integer part expected)")  # fmt: skip
+            raise ConfigError(
+                f"StrataConnector: cannot tell the layer number of vLLM's KV cache "
+                f"{name!r} (one integer part expected)"
+            )
         return found[0]
 
     return sorted(names, key=number)
@@ -54,8 +56,13 @@ class CpuBlocks:
 
     read_direct = False
 
-    def __init__(self, fp: ModelFingerprint, blocks: Sequence[npt.NDArray[Any]],
-                 block_ids: Sequence[int], skip: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fp: ModelFingerprint,
+        blocks: Sequence[npt.NDArray[Any]],
+        block_ids: Sequence[int],
+        skip: int = 0,
+    ) -> None:
         self.fp, self.blocks, self.skip = fp, blocks, skip
         self.ids = np.asarray(block_ids, dtype=np.int64)
         self.bs = fp.page_tokens
@@ -63,13 +70,16 @@ class CpuBlocks:
     def capacity(self) -> int:
         return int(self.ids.size) * self.bs
 
-    def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                    page_tokens: int) -> None:  # fmt: skip
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
         bs, fp = self.bs, self.fp
         if token_start % bs or n_tokens % bs or page_tokens != bs:
             end = token_start + n_tokens
-            raise DestinationRefused(f"StrataConnector: a restore of tokens [{token_start}, "
-                                     f"{end}) is not whole blocks of {bs}")  # fmt: skip
+            raise DestinationRefused(
+                f"StrataConnector: a restore of tokens [{token_start}, "
+                f"{end}) is not whole blocks of {bs}"
+            )
         drop = min(max(0, self.skip - token_start), n_tokens)
         first, n = (token_start + drop) // bs, (n_tokens - drop) // bs
         if n <= 0:
@@ -84,8 +94,10 @@ class CpuBlocks:
     def gather(self, n_blocks: int) -> npt.NDArray[np.uint8]:
         """The first ``n_blocks`` blocks as stored pages (a copy)."""
         fp, ids = self.fp, self.ids[:n_blocks]
-        out = np.empty((n_blocks, fp.n_layers, 2, self.bs, fp.n_kv_heads, fp.head_dim),
-                       dtype=self.blocks[0].dtype)  # fmt: skip
+        out = np.empty(
+            (n_blocks, fp.n_layers, 2, self.bs, fp.n_kv_heads, fp.head_dim),
+            dtype=self.blocks[0].dtype,
+        )
         for i, b in enumerate(ids.tolist()):  # one strided copy a block and layer, no temporary
             for layer, blk in enumerate(self.blocks):
                 np.copyto(out[i, layer], blk[b].transpose(1, 2, 0, 3))
@@ -102,10 +114,12 @@ class Pool:
         self.fp = fp
         names = layer_order(list(caches))
         if len(names) != fp.n_layers:
-            raise ConfigError(f"StrataConnector: vLLM registered {len(names)} KV caches; the "
-                              f"model has {fp.n_layers} attention layers ({fp.describe()}): "
-                              "models with layers of other kinds (sliding windows, mamba, MLA) "
-                              "are not supported")  # fmt: skip
+            raise ConfigError(
+                f"StrataConnector: vLLM registered {len(names)} KV caches; the "
+                f"model has {fp.n_layers} attention layers ({fp.describe()}): "
+                "models with layers of other kinds (sliding windows, mamba, MLA) "
+                "are not supported"
+            )
         tensors = [caches[n] for n in names]
         bs, h, d = fp.page_tokens, fp.n_kv_heads, fp.head_dim
         shape = tuple(tensors[0].shape)
@@ -119,19 +133,24 @@ class Pool:
                     f"backend) or [2, blocks, {bs}, {h}, {d}], every layer alike"
                 )
             if t.element_size() != fp.dtype.itemsize or not t.is_contiguous():
-                raise ConfigError(f"StrataConnector: vLLM's KV cache {name!r} is {t.dtype} "
-                                  f"(contiguous: {t.is_contiguous()}); {fp.describe()} needs "
-                                  f"{fp.dtype.itemsize}-byte items, in place")  # fmt: skip
+                raise ConfigError(
+                    f"StrataConnector: vLLM's KV cache {name!r} is {t.dtype} "
+                    f"(contiguous: {t.is_contiguous()}); {fp.describe()} needs "
+                    f"{fp.dtype.itemsize}-byte items, in place"
+                )
             if t.device.type != "cpu":
-                raise ConfigError(f"StrataConnector: vLLM's KV cache {name!r} is on {t.device}; "
-                                  "this connector reads and writes host memory")  # fmt: skip
+                raise ConfigError(
+                    f"StrataConnector: vLLM's KV cache {name!r} is on {t.device}; "
+                    "this connector reads and writes host memory"
+                )
         item = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[fp.dtype.itemsize]
         #: the same memory as numpy (bfloat16 seen as 2-byte integers: bytes move as they are)
         arrays = [t.view(item).numpy() for t in tensors]
         self.num_blocks = int(shape[0] if self.cpu else shape[1])
         #: per layer: [blocks, heads, 2, bs, dim] (CPU) or [2, blocks, bs, heads, dim] (paged)
-        self.arrays = [a.reshape(self.num_blocks, h, 2, bs, d) for a in arrays] if self.cpu \
-            else arrays  # fmt: skip
+        self.arrays = (
+            [a.reshape(self.num_blocks, h, 2, bs, d) for a in arrays] if self.cpu else arrays
+        )
 
     def destination(self, block_ids: Sequence[int], skip: int = 0) -> Any:
         """Where a restore into a request's blocks ``block_ids`` lands, never below ``skip``."""
@@ -147,8 +166,10 @@ class Pool:
         if self.cpu:
             return CpuBlocks(self.fp, self.arrays, block_ids).gather(n_blocks)
         fp, ids = self.fp, np.asarray(block_ids[:n_blocks], dtype=np.int64)
-        out = np.empty((n_blocks, fp.n_layers, 2, fp.page_tokens, fp.n_kv_heads, fp.head_dim),
-                       dtype=self.arrays[0].dtype)  # fmt: skip
+        out = np.empty(
+            (n_blocks, fp.n_layers, 2, fp.page_tokens, fp.n_kv_heads, fp.head_dim),
+            dtype=self.arrays[0].dtype,
+        )
         for layer, a in enumerate(self.arrays):
             out[:, layer] = a[:, ids].transpose(1, 0, 2, 3, 4)
         return out.reshape(-1).view(np.uint8)
@@ -165,11 +186,13 @@ class _SkipBelow:
     def capacity(self) -> int:
         return self.inner.capacity()
 
-    def write_pages(self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8],
-                    page_tokens: int) -> None:  # fmt: skip
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
         drop = min(max(0, self.skip - token_start), n_tokens)
         drop -= drop % page_tokens
         if drop < n_tokens:
             tb = self.fp.token_bytes
-            self.inner.write_pages(token_start + drop, n_tokens - drop, data[drop * tb :],
-                                   page_tokens)  # fmt: skip
+            self.inner.write_pages(
+                token_start + drop, n_tokens - drop, data[drop * tb :], page_tokens
+            )

@@ -171,9 +171,18 @@ def _open_env(path: str, file_mode: int) -> tuple[Any, _Gate]:
             problem = lmdb_file_problem(path)
             if problem is not None:
                 raise lmdb.CorruptedError(problem)
-            env = lmdb.open(path, subdir=True, max_dbs=16, map_size=_INITIAL_MAP, create=False,
-                            sync=True, metasync=True, readahead=False, max_readers=256,
-                            mode=file_mode)  # fmt: skip
+            env = lmdb.open(
+                path,
+                subdir=True,
+                max_dbs=16,
+                map_size=_INITIAL_MAP,
+                create=False,
+                sync=True,
+                metasync=True,
+                readahead=False,
+                max_readers=256,
+                mode=file_mode,
+            )
         _registry[path] = (env, refs + 1, gate)
         return env, gate
 

@@ -66,6 +66,7 @@ from stratastore.format.index_record import INDEX_SCHEMA
 from stratastore.io import DurableFile, durable_write, files, guard
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
+from stratastore.io.system import filesystem_type
 from stratastore.levels import relocation
 from stratastore.levels.backend import PutResult, StoreStats
 from stratastore.levels.errors import SegmentNotFound, StoreError
@@ -120,8 +121,13 @@ class SegmentStore(SegmentReads):
     chain_index = False  #: chains are in the manifests and the catalog, not walked here
     hosts_catalog = True  #: the catalog's tables go in this directory's LMDB environment
 
-    def __init__(self, path: str, fingerprint: ModelFingerprint, level: Level,
-                 file_mode: int = DEFAULT_FILE_MODE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        fingerprint: ModelFingerprint,
+        level: Level,
+        file_mode: int = DEFAULT_FILE_MODE,
+    ) -> None:
         self.path = path
         self.fingerprint = fingerprint
         self.level = level
@@ -131,8 +137,9 @@ class SegmentStore(SegmentReads):
         self._lock = threading.Lock()
         self._index = SegmentIndex(path, file_mode=file_mode)
         try:
-            self._flock = files.FileLock(os.path.join(self._index.path, "write.lock"),
-                                         mode=file_mode)  # fmt: skip
+            self._flock = files.FileLock(
+                os.path.join(self._index.path, "write.lock"), mode=file_mode
+            )
         except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
             self._index.close()
             raise
@@ -179,7 +186,7 @@ class SegmentStore(SegmentReads):
             files.makedirs(path, mode=file_mode)
         elif not os.path.isdir(path):
             raise StoreError(f"store directory {path} does not exist; create it or pass create")
-        fstype = files.filesystem_type(path, mountinfo)
+        fstype = filesystem_type(path, mountinfo)
         if fstype in files.NETWORK_FILESYSTEMS:
             raise StoreError(
                 f"store directory {path} is on a {fstype} filesystem; its LMDB index cannot live "
@@ -290,8 +297,15 @@ class SegmentStore(SegmentReads):
         they are of these bytes; a wrong shape is a :class:`StoreError`
         (:func:`~stratastore.levels.sealing.kv_segment`).
         """
-        u = kv_segment(self.fingerprint, parent_key, tokens, payload, token_start=token_start,
-                       media=media, page_hashes=page_hashes)  # fmt: skip
+        u = kv_segment(
+            self.fingerprint,
+            parent_key,
+            tokens,
+            payload,
+            token_start=token_start,
+            media=media,
+            page_hashes=page_hashes,
+        )
         return self._put(u, codec)
 
     def put_state(
@@ -315,8 +329,9 @@ class SegmentStore(SegmentReads):
             return PutResult(key, False, 0)  # content-addressed: nothing to hash or write
         data = check_sealed(sidecar, stored, self.fingerprint)
         mine = relocation.resealed(sidecar, self.level)
-        header = SegmentHeader(mine.kind, mine.codec, key, mine.page_count, mine.page_bytes,
-                               mine.stored_bytes)  # fmt: skip
+        header = SegmentHeader(
+            mine.kind, mine.codec, key, mine.page_count, mine.page_bytes, mine.stored_bytes
+        )
         with DurableFile(self._data_path(key), mode=self.file_mode) as f:
             f.write(encode_segment_header(header))
             f.write(data.data)
@@ -417,8 +432,7 @@ class SegmentStore(SegmentReads):
             self.skipped.append(Skipped(os.path.basename(path), str(e), type(e).__name__))
             return False
 
-    def relocate_from(self, src: SegmentBackend, key: bytes
-                      ) -> relocation.Relocated:  # fmt: skip
+    def relocate_from(self, src: SegmentBackend, key: bytes) -> relocation.Relocated:
         """Move the committed segment ``key`` from ``src`` (another level) into this store, all
         or nothing (spec F-DUR-8); see :func:`~stratastore.levels.local.relocation.relocate`. From
         another directory store: hard link on one volume, durable copy across two; from any

@@ -43,8 +43,9 @@ class NamespaceReport:
     after: RemoteReport | None = None  #: with ``repair``: the namespace checked again after it
 
 
-def fsck_remote(settings: RemoteSettings, *, repair: bool = False,
-                deep: bool = False) -> list[NamespaceReport]:  # fmt: skip
+def fsck_remote(
+    settings: RemoteSettings, *, repair: bool = False, deep: bool = False
+) -> list[NamespaceReport]:
     """Check every namespace of ``settings.name`` on the server (see the module; ``deep``:
     every page of every segment hashed,
     :meth:`~stratastore.levels.redis.backend.RedisBackend.fsck`); raises
@@ -53,11 +54,20 @@ def fsck_remote(settings: RemoteSettings, *, repair: bool = False,
     scout = RedisBackend(settings, _SCOUT)
     scout.path = settings.shown  # (its own namespace is no store's: never named)
     try:
-        names = scout._call("fsck", "", lambda: [k.decode(errors="replace") for k in
-                                                 scout._r.scan_iter(match=f"{base}*",
-                                                                    count=1000)])  # fmt: skip
-        prefixes = sorted({base + n[len(base):].split("/", 1)[0] + "/" for n in names
-                           if n.startswith(base) and "/" in n[len(base):]})  # fmt: skip
+        names = scout._call(
+            "fsck",
+            "",
+            lambda: [
+                k.decode(errors="replace") for k in scout._r.scan_iter(match=f"{base}*", count=1000)
+            ],
+        )
+        prefixes = sorted(
+            {
+                base + n[len(base) :].split("/", 1)[0] + "/"
+                for n in names
+                if n.startswith(base) and "/" in n[len(base) :]
+            }
+        )
         out = []
         for prefix in prefixes:
             out.append(_one(scout, settings, prefix, repair, deep))
@@ -67,16 +77,20 @@ def fsck_remote(settings: RemoteSettings, *, repair: bool = False,
 
 
 #: the model of a backend that only lists names (no namespace of its own is read or written)
-_SCOUT = ModelFingerprint.create("fsck/scout", n_layers=1, n_kv_heads=1, head_dim=1,
-                                 page_tokens=1)  # fmt: skip
+_SCOUT = ModelFingerprint.create("fsck/scout", n_layers=1, n_kv_heads=1, head_dim=1, page_tokens=1)
 
 
-def _one(scout: RedisBackend, settings: RemoteSettings, prefix: str, repair: bool,
-         deep: bool) -> NamespaceReport:  # fmt: skip
+def _one(
+    scout: RedisBackend, settings: RemoteSettings, prefix: str, repair: bool, deep: bool
+) -> NamespaceReport:
     digits = prefix.rstrip("/").rsplit("/", 1)[-1]
     if not re.fullmatch(f"[0-9a-f]{{{NS_FP_DIGITS}}}", digits):
-        return NamespaceReport(prefix, None, None, "not a namespace name (spec F-REM-1: a "
-                               "fingerprint digest in hex): left as it is")  # fmt: skip
+        return NamespaceReport(
+            prefix,
+            None,
+            None,
+            "not a namespace name (spec F-REM-1: a fingerprint digest in hex): left as it is",
+        )
     fp = _model(scout, prefix, digits)
     b = RedisBackend(
         settings,
@@ -86,8 +100,9 @@ def _one(scout: RedisBackend, settings: RemoteSettings, prefix: str, repair: boo
     try:
         found = b.fsck(repair=repair, deep=deep)
         after = b.fsck(deep=deep) if found.repaired else None  # what the repair left, again
-        return NamespaceReport(prefix, fp.describe() if fp is not None else None, found,
-                               after=after)  # fmt: skip
+        return NamespaceReport(
+            prefix, fp.describe() if fp is not None else None, found, after=after
+        )
     finally:
         b.close()
 
@@ -96,8 +111,9 @@ def _model(scout: RedisBackend, prefix: str, digits: str) -> ModelFingerprint | 
     """The fingerprint of the first commit record under ``prefix`` that decodes and names
     this namespace's model (its digest begins with ``digits``); each value read bounded; one
     of another type, too long, damaged or of another model is passed over (fsck judges it)."""
-    for name in scout._call("fsck", prefix, lambda: list(scout._r.scan_iter(
-            match=f"{prefix}s/*", count=1000))):  # fmt: skip
+    for name in scout._call(
+        "fsck", prefix, lambda: list(scout._r.scan_iter(match=f"{prefix}s/*", count=1000))
+    ):
         try:
             n, raw = scout.bounded_get("fsck", name.decode("utf-8", "replace"))
             if n and n <= len(raw):

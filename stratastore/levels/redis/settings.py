@@ -47,8 +47,12 @@ class RemoteConfig(Protocol):
 
 __all__ = ["RemoteSettings", "check_name", "namespace"]
 
-_SCHEMES = {"redis": (False, False), "rediss": (True, False),
-            "redis+cluster": (False, True), "rediss+cluster": (True, True)}  # fmt: skip
+_SCHEMES = {
+    "redis": (False, False),
+    "rediss": (True, False),
+    "redis+cluster": (False, True),
+    "rediss+cluster": (True, True),
+}
 Eviction = Literal["store", "redis"]
 
 
@@ -124,16 +128,21 @@ class RemoteSettings:
                 host, port = None, 0
             if not host:
                 what = repr(seed) if _SHOWN_HOSTS.fullmatch(seed) else "a server"
-                raise ConfigError(f"setting remote_url={_redact(self.url)!r}: {what} is not "
-                                  "host:port")  # fmt: skip
+                raise ConfigError(
+                    f"setting remote_url={_redact(self.url)!r}: {what} is not host:port"
+                )
             nodes.append((host, port))
         if not cluster and len(nodes) != 1:
-            raise ConfigError(f"setting remote_url={_redact(self.url)!r} names {len(nodes)} "
-                              "servers; a cluster's seeds go in redis+cluster://...")  # fmt: skip
+            raise ConfigError(
+                f"setting remote_url={_redact(self.url)!r} names {len(nodes)} "
+                "servers; a cluster's seeds go in redis+cluster://..."
+            )
         db = dbpart or "0"
         if not db.isdigit() or (cluster and db != "0"):
-            raise ConfigError(f"setting remote_url={_redact(self.url)!r}: the database must be a "
-                              "number (and 0 for a cluster)")  # fmt: skip
+            raise ConfigError(
+                f"setting remote_url={_redact(self.url)!r}: the database must be a "
+                "number (and 0 for a cluster)"
+            )
         user, _, pw = userinfo.partition(":")
         object.__setattr__(self, "username", self.username or unquote(user))
         object.__setattr__(self, "password", self.password or unquote(pw))
@@ -142,21 +151,31 @@ class RemoteSettings:
         object.__setattr__(self, "nodes", tuple(nodes))
         object.__setattr__(self, "db", int(db))
         if self.eviction not in ("store", "redis"):
-            raise ConfigError(f"setting remote_eviction={self.eviction!r} is not one of store, "
-                              "redis")  # fmt: skip
+            raise ConfigError(
+                f"setting remote_eviction={self.eviction!r} is not one of store, redis"
+            )
         if not 0 < self.timeout_s <= 3600:
             raise ConfigError(f"setting remote_timeout_ms gives {self.timeout_s} s; use 1..3600000")
         if not 4096 <= self.part_bytes <= 512 << 20:
-            raise ConfigError(f"setting remote_part_mib gives {self.part_bytes:,} bytes a part; "
-                              "use 1..512 (Redis holds values of at most 512 MiB)")  # fmt: skip
-        for what, path in (("remote_tls_ca", self.tls_ca), ("remote_tls_cert", self.tls_cert),
-                           ("remote_tls_key", self.tls_key)):  # fmt: skip
+            raise ConfigError(
+                f"setting remote_part_mib gives {self.part_bytes:,} bytes a part; "
+                "use 1..512 (Redis holds values of at most 512 MiB)"
+            )
+        for what, path in (
+            ("remote_tls_ca", self.tls_ca),
+            ("remote_tls_cert", self.tls_cert),
+            ("remote_tls_key", self.tls_key),
+        ):
             if path and not tls:
-                raise ConfigError(f"setting {what} is set but remote_url is not rediss://; use "
-                                  "rediss:// for TLS, or remove it")  # fmt: skip
+                raise ConfigError(
+                    f"setting {what} is set but remote_url is not rediss://; use "
+                    "rediss:// for TLS, or remove it"
+                )
         if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("settings remote_tls_cert and remote_tls_key go together (a client "
-                              "certificate and its key); set both or neither")  # fmt: skip
+            raise ConfigError(
+                "settings remote_tls_cert and remote_tls_key go together (a client "
+                "certificate and its key); set both or neither"
+            )
 
     @classmethod
     def from_config(cls, cfg: RemoteConfig, env: Mapping[str, str] | None = None) -> RemoteSettings:
@@ -200,15 +219,18 @@ class RemoteSettings:
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError:
-            raise ConfigError("the remote level needs the redis extra: pip install "
-                              "'stratastore[redis]'") from None  # fmt: skip
+            raise ConfigError(
+                "the remote level needs the redis extra: pip install 'stratastore[redis]'"
+            ) from None
         kw: dict[str, Any] = {
-            "socket_timeout": self.timeout_s, "socket_connect_timeout": self.timeout_s,
-            "username": self.username or None, "password": self.password or None,
+            "socket_timeout": self.timeout_s,
+            "socket_connect_timeout": self.timeout_s,
+            "username": self.username or None,
+            "password": self.password or None,
             # one quick retry (a pooled connection the server closed), never a backoff ladder:
             # a server that is down costs one timeout, and the level's breaker does the rest
             "retry": Retry(NoBackoff(), 1),
-        }  # fmt: skip
+        }
         if self.tls:
             kw.update(
                 ssl=True,
@@ -219,8 +241,7 @@ class RemoteSettings:
             )
         if self.cluster:
             nodes = [redis.cluster.ClusterNode(h, p) for h, p in self.nodes]  # type: ignore[no-untyped-call]
-            return redis.cluster.RedisCluster(startup_nodes=nodes, require_full_coverage=True,
-                                              **kw)  # fmt: skip
+            return redis.cluster.RedisCluster(startup_nodes=nodes, require_full_coverage=True, **kw)
         host, port = self.nodes[0]
         return redis.Redis(host=host, port=port, db=self.db, **kw)
 
