@@ -13,32 +13,26 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
-
-import numpy as np
-import numpy.typing as npt
+from collections.abc import Iterator
 
 from stratastore.format import (
     Codec,
     IndexRecord,
     Level,
-    MediaRef,
     ModelFingerprint,
     Sidecar,
     encode_sidecar,
 )
 from stratastore.levels.backend import PutResult, SegmentBackend
-from stratastore.levels.errors import SegmentNotFound, StoreError
-from stratastore.levels.reader import OutOfRange, PayloadReader
+from stratastore.levels.common import SealedLevel
+from stratastore.levels.errors import SegmentNotFound
+from stratastore.levels.reader import PayloadReader
 from stratastore.levels.relocation import Relocated, relocate_by_copy, resealed
 from stratastore.levels.sealing import (
     Buffer,
     Unsealed,
-    byte_view,
     check_sealed,
-    kv_segment,
     seal,
-    state_segment,
 )
 
 __all__ = ["MemoryBackend", "MemorySegment"]
@@ -55,7 +49,7 @@ class MemorySegment(PayloadReader):
         view[:] = memoryview(self._stored)[offset : offset + view.nbytes]
 
 
-class MemoryBackend:
+class MemoryBackend(SealedLevel):
     """A level held in a dict: key -> (sidecar, record, stored bytes). ``oldest`` walks a
     sorted list of ``(sealed_at_ns, key)`` (bisect: O(log n) a row). Thread-safe."""
 
@@ -74,33 +68,6 @@ class MemoryBackend:
         self._lock = threading.Lock()
 
     # -- writing --------------------------------------------------------------------------------
-    def put_kv(
-        self,
-        parent_key: bytes,
-        tokens: Sequence[int] | npt.NDArray[np.integer],
-        payload: Buffer,
-        *,
-        token_start: int,
-        media: Sequence[MediaRef] = (),
-        codec: Codec = Codec.RAW,
-        page_hashes: npt.NDArray[np.uint8] | None = None,
-    ) -> PutResult:
-        u = kv_segment(
-            self.fingerprint,
-            parent_key,
-            tokens,
-            payload,
-            token_start=token_start,
-            media=media,
-            page_hashes=page_hashes,
-        )
-        return self._put(u, codec)
-
-    def put_state(
-        self, checkpoint_key: bytes, payload: Buffer, *, token_pos: int, codec: Codec = Codec.RAW
-    ) -> PutResult:
-        return self._put(state_segment(checkpoint_key, payload, token_pos=token_pos), codec)
-
     def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
         if sidecar.key in self.raw:
             return PutResult(sidecar.key, False, 0)
@@ -150,37 +117,6 @@ class MemoryBackend:
 
     def prefetch(self, key: bytes) -> bool:
         return False
-
-    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only")
-        with self.open_reader(key) as seg:
-            end = seg.sidecar.stored_bytes
-            if offset < 0 or offset > end:
-                raise OutOfRange(f"offset {offset} is outside {end} stored bytes")
-            n = min(len(dst), end - offset)
-            seg.read_into(dst[:n], offset)
-        return n
-
-    def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only")
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if len(dst) < sc.payload_bytes:
-                raise StoreError(f"output buffer is {len(dst)} bytes; {sc.payload_bytes} needed")
-            seg.copy_validated(dst[: sc.payload_bytes], verify)
-        return sc
-
-    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
-        with self.open_reader(key) as seg:
-            if seg.sidecar.payload_bytes > max_bytes:
-                raise StoreError(f"segment {key.hex()} is over {max_bytes} bytes")
-            out = bytearray(seg.sidecar.payload_bytes)
-            seg.copy_validated(memoryview(out), True)
-        return bytes(out)
 
     # -- managing -------------------------------------------------------------------------------
     def delete(self, key: bytes) -> bool:

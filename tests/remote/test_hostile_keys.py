@@ -35,7 +35,7 @@ from tests.remote.helpers import (
 
 redis = import_or_skip("redis")
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _raw(server: RedisServer) -> Any:

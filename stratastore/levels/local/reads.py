@@ -30,16 +30,16 @@ from stratastore.format import (
 from stratastore.io import files
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.backend import StoreStats
+from stratastore.levels.common import SealedLevel
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.inspect import inspect_segment
 from stratastore.levels.local.index import SegmentIndex
-from stratastore.levels.reader import OutOfRange, SegmentReader, require_valid
-from stratastore.levels.sealing import Buffer, byte_view
+from stratastore.levels.reader import SegmentReader, require_valid
 
 __all__ = ["SegmentReads"]
 
 
-class SegmentReads:
+class SegmentReads(SealedLevel):
     """The reads of one directory store; see the module. Thread-safe: readers take no lock."""
 
     path: str
@@ -144,65 +144,10 @@ class SegmentReads:
             self._raise_if_deleted(key, e)
             raise
 
-    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
-        """Copy the *stored* bytes of ``key`` from ``offset`` into ``out`` (RAW: the pages;
-        ZSTD: the frames; not validated: the caller hashes what it reads, spec F-SC-3): as
-        many as fit, up to the end. Returns the count (0 at the end); :class:`OutOfRange` for
-        an offset before 0 or past the end."""
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only")
-        with self.open_reader(key) as seg:
-            end = seg.sidecar.stored_bytes
-            if offset < 0 or offset > end:
-                raise OutOfRange(
-                    f"segment {key.hex()}: offset {offset} is outside its {end} stored bytes"
-                )
-            n = min(len(dst), end - offset)
-            seg.read_into(dst[:n], offset)
-        return n
-
     def prefetch(self, key: bytes) -> bool:
         """Start reading the segment's data file into the page cache (a hint for a restore that
         comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
         return files.advise_willneed(self._data_path(key))
-
-    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
-        """The segment's validated payload as bytes (for small objects such as running states);
-        refuses one larger than ``max_bytes`` before allocating it."""
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if sc.payload_bytes > max_bytes:
-                raise StoreError(
-                    f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
-                    f"{max_bytes:,} this read allows"
-                )
-            out = bytearray(sc.payload_bytes)
-            seg.copy_validated(memoryview(out), True)
-        return bytes(out)
-
-    def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
-        """Copy the segment's pages into ``out`` (at least ``payload_bytes`` long).
-
-        With ``verify`` every page is read into staging memory, hashed there and copied from
-        there only if it matches its sidecar digest (the bytes hashed are the bytes delivered);
-        a mismatch raises :class:`ChecksumMismatch` naming the first bad page, and ``out`` then
-        holds validated pages only (spec F-SC-3). A read error or a file truncated meanwhile
-        raises :class:`StrataIOError` / :class:`~stratastore.io.errors.ShortRead`. Returns the
-        sidecar.
-        """
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only")
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if len(dst) < sc.payload_bytes:
-                raise StoreError(
-                    f"output buffer is {len(dst)} bytes; segment {key.hex()} needs "
-                    f"{sc.payload_bytes}"
-                )
-            seg.copy_validated(dst[: sc.payload_bytes], verify)
-        return sc
 
     def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
         """A read-only uint8 array of the segment's pages (RAW codec only), read into new memory

@@ -35,14 +35,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
-
-import numpy as np
-import numpy.typing as npt
 
 from stratastore.errors import StrataError
 from stratastore.format import (
@@ -52,7 +49,6 @@ from stratastore.format import (
     IncompatibleFingerprint,
     IndexRecord,
     Level,
-    MediaRef,
     ModelFingerprint,
     SegmentHeader,
     Sidecar,
@@ -80,9 +76,7 @@ from stratastore.levels.sealing import (
     Unsealed,
     check_sealed,
     encode,
-    kv_segment,
     sidecar_for,
-    state_segment,
 )
 
 if TYPE_CHECKING:
@@ -271,54 +265,6 @@ class SegmentStore(SegmentReads):
         self.close()
 
     # -- writing ------------------------------------------------------------------------------
-    def put_kv(
-        self,
-        parent_key: bytes,
-        tokens: Sequence[int] | npt.NDArray[np.integer],
-        payload: Buffer,
-        *,
-        token_start: int,
-        media: Sequence[MediaRef] = (),
-        codec: Codec = Codec.RAW,
-        page_hashes: npt.NDArray[np.uint8] | None = None,
-    ) -> PutResult:
-        """Store the K/V pages of ``tokens`` (which follow the prefix ``parent_key``).
-
-        ``payload`` holds ``len(tokens) * fingerprint.token_bytes`` bytes in the page layout of
-        spec F-SEG-4. ``media`` are the segment's own media items at offsets within it (spec
-        F-KEY-7: :func:`~stratastore.format.keys.key_chain` gives them): the key is derived with
-        them (spec F-KEY-2) and the sidecar carries them, so a segment holding a picture is
-        never filed under a media-free key. A put of an already committed key writes nothing
-        and returns ``created=False``.
-
-        ``page_hashes``: the ``(pages, 32)`` uint8 BLAKE3 digests of ``payload``'s pages, which
-        the sidecar carries instead of hashing them here (a park from device memory: the device
-        kernel hashed the same bytes before their one copy to the host). The caller vouches that
-        they are of these bytes; a wrong shape is a :class:`StoreError`
-        (:func:`~stratastore.levels.sealing.kv_segment`).
-        """
-        u = kv_segment(
-            self.fingerprint,
-            parent_key,
-            tokens,
-            payload,
-            token_start=token_start,
-            media=media,
-            page_hashes=page_hashes,
-        )
-        return self._put(u, codec)
-
-    def put_state(
-        self,
-        checkpoint_key: bytes,
-        payload: Buffer,
-        *,
-        token_pos: int,
-        codec: Codec = Codec.RAW,
-    ) -> PutResult:
-        """Store the running state saved at the checkpoint ``checkpoint_key`` (spec F-KEY-5)."""
-        return self._put(state_segment(checkpoint_key, payload, token_pos=token_pos), codec)
-
     def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
         """Store a segment another level sealed: ``stored`` is its stored payload as
         ``sidecar`` describes it. Checked first (model, size, every page: spec F-SC-3), then

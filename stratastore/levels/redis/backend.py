@@ -29,22 +29,18 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
 from stratastore.format import (
     Codec,
     FormatError,
     IndexRecord,
     Level,
-    MediaRef,
     ModelFingerprint,
     Sidecar,
 )
 from stratastore.format.remote_record import RemoteNames
 from stratastore.levels.backend import PutResult
-from stratastore.levels.errors import SegmentNotFound, StoreError
-from stratastore.levels.reader import OutOfRange
+from stratastore.levels.common import SealedLevel
+from stratastore.levels.errors import SegmentNotFound
 from stratastore.levels.redis.check import RemoteReport, check_namespace
 from stratastore.levels.redis.client import RemoteError
 from stratastore.levels.redis.records import RedisRecords, children, hex_key, index_record
@@ -54,12 +50,9 @@ from stratastore.levels.relocation import Relocated, relocate_by_copy, resealed
 from stratastore.levels.sealing import (
     Buffer,
     Unsealed,
-    byte_view,
     check_sealed,
     encode,
-    kv_segment,
     sidecar_for,
-    state_segment,
 )
 
 __all__ = ["RedisBackend", "RemoteError", "RemoteReport"]
@@ -67,7 +60,7 @@ __all__ = ["RedisBackend", "RemoteError", "RemoteReport"]
 _BATCH = 256  #: rows ``oldest`` reads at a time
 
 
-class RedisBackend(RedisRecords):
+class RedisBackend(SealedLevel, RedisRecords):
     """A level on Redis (:class:`~stratastore.levels.redis.settings.RemoteSettings` names it);
     see the module's docstring. Keeps the segment-backend protocol
     (:class:`~stratastore.levels.backend.SharedBackend`): every method from any thread, every
@@ -131,33 +124,6 @@ class RedisBackend(RedisRecords):
         return out
 
     # -- writing (spec F-DUR-2, F-DUR-7) --------------------------------------------------------
-    def put_kv(
-        self,
-        parent_key: bytes,
-        tokens: Sequence[int] | npt.NDArray[np.integer],
-        payload: Buffer,
-        *,
-        token_start: int,
-        media: Sequence[MediaRef] = (),
-        codec: Codec = Codec.RAW,
-        page_hashes: npt.NDArray[np.uint8] | None = None,
-    ) -> PutResult:
-        u = kv_segment(
-            self.fingerprint,
-            parent_key,
-            tokens,
-            payload,
-            token_start=token_start,
-            media=media,
-            page_hashes=page_hashes,
-        )
-        return self._put(u, codec)
-
-    def put_state(
-        self, checkpoint_key: bytes, payload: Buffer, *, token_pos: int, codec: Codec = Codec.RAW
-    ) -> PutResult:
-        return self._put(state_segment(checkpoint_key, payload, token_pos=token_pos), codec)
-
     def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
         if sidecar.key in self:
             return PutResult(sidecar.key, False, 0)
@@ -210,46 +176,6 @@ class RedisBackend(RedisRecords):
 
     def prefetch(self, key: bytes) -> bool:
         return False
-
-    def read_into(self, key: bytes, offset: int, out: Buffer) -> int:
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only; pass a writable one")
-        with self.open_reader(key) as seg:
-            end = seg.sidecar.stored_bytes
-            if offset < 0 or offset > end:
-                raise OutOfRange(
-                    f"offset {offset} is outside the {end} stored bytes of segment {key.hex()[:16]}"
-                )
-            n = min(len(dst), end - offset)
-            if n:
-                seg.read_into(dst[:n], offset)
-        return n
-
-    def get_into(self, key: bytes, out: Buffer, *, verify: bool = True) -> Sidecar:
-        dst = byte_view(out)
-        if dst.readonly:
-            raise StoreError("the output buffer is read-only; pass a writable one")
-        with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if len(dst) < sc.payload_bytes:
-                raise StoreError(
-                    f"output buffer is {len(dst):,} bytes; segment {key.hex()[:16]} "
-                    f"needs {sc.payload_bytes:,}"
-                )
-            seg.copy_validated(dst[: sc.payload_bytes], verify)
-        return sc
-
-    def get_bytes(self, key: bytes, *, max_bytes: int) -> bytes:
-        with self.open_reader(key) as seg:
-            if seg.sidecar.payload_bytes > max_bytes:
-                raise StoreError(
-                    f"segment {key.hex()[:16]} is {seg.sidecar.payload_bytes:,} "
-                    f"bytes, over the {max_bytes:,} asked for"
-                )
-            out = bytearray(seg.sidecar.payload_bytes)
-            seg.copy_validated(memoryview(out), True)
-        return bytes(out)
 
     # -- the chain index (spec F-REM-5) ---------------------------------------------------------
     def children(self, parent: bytes) -> list[tuple[bytes, int, int]]:
