@@ -51,3 +51,15 @@ def test_every_linked_page_is_there() -> None:
 def test_docs_has_a_page_for_each_topic() -> None:
     for name in ("configuration", "operations", "engine", "performance", "remote", "design", "cli"):
         assert (ROOT / "docs" / f"{name}.md").is_file(), name
+
+
+def test_every_config_example_in_the_docs_loads() -> None:
+    import tomllib
+
+    from stratastore.config import StoreConfig
+
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    blocks = [(p.name, b) for p in pages for b in _blocks(p.read_text(), "toml")]
+    assert len(blocks) >= 3
+    for name, block in blocks:
+        StoreConfig.from_mapping(tomllib.loads(block))  # a ConfigError names the page's mistake
