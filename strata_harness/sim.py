@@ -205,7 +205,8 @@ def run_low_ram(cfg: LowRam, work_dir: str) -> dict[str, Any]:
 def _low_ram_once(cfg: LowRam, path: str, *, legacy: bool) -> dict[str, Any]:
     from stratastore.config import StoreConfig
     from stratastore.format import ModelFingerprint
-    from stratastore.tiers.tiered import Snapshot, Tiers
+    from stratastore.tiers.records import Snapshot
+    from stratastore.tiers.tiered import Tiers
 
     if min(cfg.slots, cfg.conversations, cfg.requests) < 1 or cfg.scale < 16:
         raise ConfigError("sim low-ram: slots, conversations, requests >= 1 and scale >= 16")

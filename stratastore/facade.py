@@ -50,8 +50,9 @@ from stratastore.restore.device_arrays import is_device_array
 from stratastore.tiers.checks import batch_requests, restore_cap, session_name
 from stratastore.tiers.describe import StoreDescription, info_line
 from stratastore.tiers.device import device_snapshot, kv_bytes
+from stratastore.tiers.records import InvalidConversation, ParkReport, Restored, Snapshot
 from stratastore.tiers.spill import SpillError
-from stratastore.tiers.tiered import InvalidConversation, ParkReport, Restored, Snapshot, Tiers
+from stratastore.tiers.tiered import Tiers
 
 __all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
 

@@ -74,7 +74,7 @@ from stratastore.errors import ConfigError
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
 from stratastore.restore import deliver_capture
-from stratastore.tiers.tiered import ParkReport
+from stratastore.tiers.records import ParkReport
 
 __all__ = ["TransformersCache", "cuts_from_chat_template", "fingerprint_for", "sliding_window_of"]
 

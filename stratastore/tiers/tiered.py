@@ -45,12 +45,9 @@ from stratastore.tiers.lookup import Hit, Lookup, Prompt, deepest
 from stratastore.tiers.park import Parking
 from stratastore.tiers.ram import RamLevel, fit_default_ram
 from stratastore.tiers.records import (
-    MAX_STATE_BYTES,
-    InvalidConversation,
     ParkReport,
     Restored,
     Snapshot,
-    SpillRefused,
 )
 from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.restore import Request, Restorer
@@ -60,15 +57,7 @@ from stratastore.tiers.spill import SpillWriter
 from stratastore.tiers.view import DiskConv, DiskView
 from stratastore.tiers.writer import DiskWriter
 
-__all__ = [
-    "MAX_STATE_BYTES",
-    "InvalidConversation",
-    "ParkReport",
-    "Restored",
-    "Snapshot",
-    "SpillRefused",
-    "Tiers",
-]
+__all__ = ["Tiers"]
 
 
 class Tiers:

@@ -24,7 +24,7 @@ from stratastore.chain import Conversation
 from stratastore.format import Codec
 from stratastore.levels.local import SegmentStore, StoreError
 from stratastore.restore.device_arrays import is_device_array
-from stratastore.tiers.tiered import InvalidConversation
+from stratastore.tiers.records import InvalidConversation
 from tests.conftest import CudaInterface, conversation_kv, tiny_fp
 
 FP = tiny_fp()  # 64 bytes a token, 256-byte pages of 4 tokens

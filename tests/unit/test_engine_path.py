@@ -363,7 +363,7 @@ def test_a_capped_restore_needs_room_only_for_its_cap(tmp_path: Path) -> None:
 
 
 def test_pin_must_be_a_bool(tmp_path: Path) -> None:
-    from stratastore.tiers.tiered import InvalidConversation
+    from stratastore.tiers.records import InvalidConversation
 
     a, kva = conversation("a", 32, 0)
     with Store.open(FP, {"ram_mib": 4, "min_free_mib": 0}) as store:

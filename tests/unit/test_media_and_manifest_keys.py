@@ -25,7 +25,8 @@ from stratastore.format.naming import chain_name
 from stratastore.ops.fsck import fsck
 from stratastore.ops.repair import repair
 from stratastore.testing import check_conformance
-from stratastore.tiers.tiered import Snapshot, Tiers
+from stratastore.tiers.records import Snapshot
+from stratastore.tiers.tiered import Tiers
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()  # 64 bytes a token, pages of 4 tokens

@@ -12,7 +12,8 @@ from strata_harness.sim import LowRam, run_low_ram
 from stratastore import StrataError
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
-from stratastore.tiers.tiered import Snapshot, Tiers
+from stratastore.tiers.records import Snapshot
+from stratastore.tiers.tiered import Tiers
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()  # 64 bytes a token
