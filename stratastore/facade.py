@@ -42,7 +42,8 @@ from stratastore.format import ModelFingerprint
 from stratastore.format.naming import INDEX_DIR
 from stratastore.io.durable import durable_write_in
 from stratastore.io.system import this_process
-from stratastore.metrics.counters import zero_counts
+from stratastore.metrics.counters import reported, zero_counts
+from stratastore.metrics.histogram import Histogram
 from stratastore.metrics.monitor import MONITOR_FILE
 from stratastore.metrics.prometheus import prometheus_text
 from stratastore.restore import Destination, flat_bytes
@@ -90,6 +91,8 @@ class Store:
         self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
         self._spill = tiers.start_spill_writer(queue_depth, lambda: self._publish(force=False))
         self.counters = zero_counts("store")  #: the Store's own (the counter table's rows)
+        #: how long the engine's park, restore and flush calls took (the table's histograms)
+        self.latency = {call: Histogram() for call in ("park", "restore", "flush")}
         self._published = float("-inf")  #: monotonic time of the last monitor snapshot
 
     @classmethod
@@ -128,9 +131,10 @@ class Store:
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         self._check_open("flush")
-        self._spill.queue.join()
-        self._publish(force=False)
-        self._spill.raise_errors()
+        with self.latency["flush"].time():
+            self._spill.queue.join()
+            self._publish(force=False)
+            self._spill.raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
     def park(
@@ -172,6 +176,18 @@ class Store:
         twice), whether it is written now or from the RAM level later. The device array may be
         reused when this returns."""
         self._check_open("park")
+        with self.latency["park"].time():
+            return self._park(conv, kv, states, pin=pin)
+
+    def _park(
+        self,
+        conv: Conversation,
+        kv: npt.NDArray[Any] | Any,
+        states: Mapping[int, bytes] | None,
+        *,
+        pin: bool,
+    ) -> ParkReport:
+        """:meth:`park`, timed by it."""
         if not isinstance(pin, bool):
             raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
         if states is not None and not isinstance(states, Mapping):
@@ -251,7 +267,7 @@ class Store:
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
-        with self._in_flight("restore"):
+        with self.latency["restore"].time(), self._in_flight("restore"):
             r = self._tiers.restore(tokens, flat, pictures, cap)
         with self._lock:
             self.counters["tokens_reread"] += len(tokens) - r.tokens
@@ -310,7 +326,7 @@ class Store:
                 f"restore_many: max_tokens must be an int, None, or a list of "
                 f"{len(reqs)} (one per request), not {max_tokens!r}"
             )
-        with self._in_flight("restore_many"):
+        with self.latency["restore"].time(), self._in_flight("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
@@ -367,7 +383,10 @@ class Store:
 
     # -- state --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """The counters and what each level holds; :class:`StoreClosed` after close."""
+        """The counters and what each level holds (the rows of ``docs/operations.md``'s counter
+        table): only those of what the store has configured, an absent counter being absent,
+        not 0 (a RAM-only store reports no disk or pending hit); the latency histograms of
+        ``park``, ``restore`` and ``flush``. :class:`StoreClosed` after close."""
         return self._stats("stats")
 
     def _stats(self, call: str | None) -> dict[str, Any]:
@@ -383,7 +402,8 @@ class Store:
             monitor_errors=self.counters["monitor_errors"],
         )
         doc["spill_queue"] = self._spill.queue.qsize()
-        return doc
+        doc.update((f"{call}_seconds", h.as_stats()) for call, h in self.latency.items())
+        return reported(doc, self._tiers.owners)
 
     def describe(self) -> StoreDescription:
         """A read-only snapshot of the store: each level (name, directory, budget, bytes used,
