@@ -107,7 +107,10 @@ class Store:
     ) -> Store:
         """``config``: a :class:`StoreConfig`, a mapping of settings, or a TOML file's path
         (what ``strata init`` writes); ``None`` for the defaults. ``probe`` returns the free
-        RAM in bytes (default: the system's MemAvailable)."""
+        RAM in bytes (default: the system's MemAvailable). Every line the store says is a
+        record of the ``stratastore`` logger (warnings at WARNING, the admission lines at INFO:
+        :mod:`stratastore.metrics.logs`), routed by the engine's handlers; ``warn``, when
+        given, is called with each line too."""
         if config is None:
             cfg = StoreConfig()
         elif isinstance(config, StoreConfig):
