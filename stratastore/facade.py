@@ -180,33 +180,23 @@ class Store:
         reused when this returns."""
         self._check_open("park")
         with self.latency["park"].time():
-            return self._park(conv, kv, states, pin=pin)
-
-    def _park(
-        self,
-        conv: Conversation,
-        kv: npt.NDArray[Any] | Any,
-        states: Mapping[int, bytes] | None,
-        *,
-        pin: bool,
-    ) -> ParkReport:
-        """:meth:`park`, timed by it."""
-        if not isinstance(pin, bool):
-            raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
-        if states is not None and not isinstance(states, Mapping):
-            raise InvalidConversation(
-                f"park: states must map checkpoint lengths to bytes, not {type(states).__name__}"
-            )
-        if is_device_array(kv):  # hashed on the device, copied once, outside the lock
-            snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
-        else:
-            snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
-        with self._lock:
-            self._check_open("park")
-            report = self._tiers.park(snap, pin=pin)
-            spills = self._spill.claim()
-        self._spill.hand_over(spills)
-        return report
+            if not isinstance(pin, bool):
+                raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
+            if states is not None and not isinstance(states, Mapping):
+                raise InvalidConversation(
+                    "park: states must map checkpoint lengths to bytes, not "
+                    f"{type(states).__name__}"
+                )
+            if is_device_array(kv):  # hashed on the device, copied once, outside the lock
+                snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
+            else:
+                snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
+            with self._lock:
+                self._check_open("park")
+                report = self._tiers.park(snap, pin=pin)
+                spills = self._spill.claim()
+            self._spill.hand_over(spills)
+            return report
 
     def lookup(
         self,
