@@ -133,9 +133,15 @@ class _Engine:
 
 
 def _bar(done: int, total: int, info: str) -> None:
+    """The progress bar: redrawn in place on a terminal; elsewhere (a log, a pipe) a line at
+    each tenth of the way and at the end, with no carriage return."""
     width = 30
     fill = width * done // total
-    sys.stdout.write(f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {info}")
+    line = f"  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {info}"
+    if sys.stdout.isatty():
+        sys.stdout.write(f"\r{line}" + ("\n" if done == total else ""))
+    elif done == total or 10 * done // total != 10 * (done - 1) // total:
+        sys.stdout.write(f"{line}\n")
     sys.stdout.flush()
 
 
@@ -183,7 +189,7 @@ def run_demo(
             _bar(i + 1, requests, f"re-read {engine.reread:,} of {engine.no_cache:,} tokens")
         engine.park_all()
         store.flush()
-        print(f"\n  done in {time.perf_counter() - t0:.1f} s")
+        print(f"  done in {time.perf_counter() - t0:.1f} s")
         damage = _damage_check(store, cfg, fp)
         stats = store.stats()
         info = store.info_line()

@@ -42,7 +42,8 @@ from stratastore.format import ModelFingerprint
 from stratastore.format.naming import INDEX_DIR
 from stratastore.io.durable import durable_write_in
 from stratastore.io.system import this_process
-from stratastore.metrics.counters import zero_counts
+from stratastore.metrics.counters import reported, zero_counts
+from stratastore.metrics.histogram import Histogram
 from stratastore.metrics.monitor import MONITOR_FILE
 from stratastore.metrics.prometheus import prometheus_text
 from stratastore.restore import Destination, flat_bytes
@@ -91,6 +92,8 @@ class Store:
         self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
         self._spill = tiers.start_spill_writer(queue_depth, lambda: self._publish(force=False))
         self.counters = zero_counts("store")  #: the Store's own (the counter table's rows)
+        #: how long the engine's park, restore and flush calls took (the table's histograms)
+        self.latency = {call: Histogram() for call in ("park", "restore", "flush")}
         self._published = float("-inf")  #: monotonic time of the last monitor snapshot
 
     @classmethod
@@ -105,7 +108,10 @@ class Store:
     ) -> Store:
         """``config``: a :class:`StoreConfig`, a mapping of settings, or a TOML file's path
         (what ``strata init`` writes); ``None`` for the defaults. ``probe`` returns the free
-        RAM in bytes (default: the system's MemAvailable)."""
+        RAM in bytes (default: the system's MemAvailable). Every line the store says is a
+        record of the ``stratastore`` logger (warnings at WARNING, the admission lines at INFO:
+        :mod:`stratastore.metrics.logs`), routed by the engine's handlers; ``warn``, when
+        given, is called with each line too."""
         if config is None:
             cfg = StoreConfig()
         elif isinstance(config, StoreConfig):
@@ -129,9 +135,10 @@ class Store:
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         self._check_open("flush")
-        self._spill.queue.join()
-        self._publish(force=False)
-        self._spill.raise_errors()
+        with self.latency["flush"].time():
+            self._spill.queue.join()
+            self._publish(force=False)
+            self._spill.raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
     def park(
@@ -173,22 +180,24 @@ class Store:
         twice), whether it is written now or from the RAM level later. The device array may be
         reused when this returns."""
         self._check_open("park")
-        if not isinstance(pin, bool):
-            raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
-        if states is not None and not isinstance(states, Mapping):
-            raise InvalidConversation(
-                f"park: states must map checkpoint lengths to bytes, not {type(states).__name__}"
-            )
-        if is_device_array(kv):  # hashed on the device, copied once, outside the lock
-            snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
-        else:
-            snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
-        with self._lock:
-            self._check_open("park")
-            report = self._tiers.park(snap, pin=pin)
-            spills = self._spill.claim()
-        self._spill.hand_over(spills)
-        return report
+        with self.latency["park"].time():
+            if not isinstance(pin, bool):
+                raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
+            if states is not None and not isinstance(states, Mapping):
+                raise InvalidConversation(
+                    "park: states must map checkpoint lengths to bytes, not "
+                    f"{type(states).__name__}"
+                )
+            if is_device_array(kv):  # hashed on the device, copied once, outside the lock
+                snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
+            else:
+                snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
+            with self._lock:
+                self._check_open("park")
+                report = self._tiers.park(snap, pin=pin)
+                spills = self._spill.claim()
+            self._spill.hand_over(spills)
+            return report
 
     def lookup(
         self,
@@ -252,7 +261,7 @@ class Store:
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
-        with self._in_flight("restore"):
+        with self.latency["restore"].time(), self._in_flight("restore"):
             r = self._tiers.restore(tokens, flat, pictures, cap)
         with self._lock:
             self.counters["tokens_reread"] += len(tokens) - r.tokens
@@ -311,7 +320,7 @@ class Store:
                 f"restore_many: max_tokens must be an int, None, or a list of "
                 f"{len(reqs)} (one per request), not {max_tokens!r}"
             )
-        with self._in_flight("restore_many"):
+        with self.latency["restore"].time(), self._in_flight("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
@@ -368,7 +377,10 @@ class Store:
 
     # -- state --------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """The counters and what each level holds; :class:`StoreClosed` after close."""
+        """The counters and what each level holds (the rows of ``docs/operations.md``'s counter
+        table): only those of what the store has configured, an absent counter being absent,
+        not 0 (a RAM-only store reports no disk or pending hit); the latency histograms of
+        ``park``, ``restore`` and ``flush``. :class:`StoreClosed` after close."""
         return self._stats("stats")
 
     def _stats(self, call: str | None) -> dict[str, Any]:
@@ -384,7 +396,8 @@ class Store:
             monitor_errors=self.counters["monitor_errors"],
         )
         doc["spill_queue"] = self._spill.queue.qsize()
-        return doc
+        doc.update((f"{call}_seconds", h.as_stats()) for call, h in self.latency.items())
+        return reported(doc, self._tiers.owners)
 
     def describe(self) -> StoreDescription:
         """A read-only snapshot of the store: each level (name, directory, budget, bytes used,

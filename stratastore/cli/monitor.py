@@ -46,7 +46,7 @@ def add_parser(command: AddCommand) -> None:
 def run(args: argparse.Namespace) -> int:
     """The table refreshes in place until Ctrl-C (unless ``--once``); ``--json`` and
     ``--prometheus`` are for machines: one document, printed once, no screen codes."""
-    from stratastore.metrics.monitor import read_monitor
+    from stratastore.metrics.monitor import published_stats, read_monitor
     from stratastore.metrics.prometheus import prometheus_text
 
     if not (math.isfinite(args.interval) and args.interval > 0):  # sleep(-1) raises, 0 spins
@@ -56,19 +56,12 @@ def run(args: argparse.Namespace) -> int:
         )
     once = args.once or args.json or args.prometheus
     while True:
-        doc = read_monitor(args.dir) if args.dir else read_monitor(levels=config_dirs(args))
-        if args.json:
-            out = json.dumps(doc, indent=2)
-        elif args.prometheus:
-            levels = {
-                n: {k: v for k, v in lv.items() if k != "dir"} for n, lv in doc["levels"].items()
-            }
-            # every series the Store publishes (text ones too: admission, park target); what
-            # the snapshot does not hold stays absent, never 0
-            counters = {k: v for k, v in doc["counters"].items() if v is not None}
-            out = prometheus_text({**counters, "levels": levels})
+        path, dirs = (args.dir, None) if args.dir else (None, config_dirs(args))
+        if args.prometheus:  # the stats the Store published: the series Store.prometheus() has
+            out = prometheus_text(published_stats(path, levels=dirs))
         else:
-            out = _table(doc)
+            doc = read_monitor(path, levels=dirs)
+            out = json.dumps(doc, indent=2) if args.json else _table(doc)
         if once:
             print(out)
             return 0

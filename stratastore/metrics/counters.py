@@ -1,20 +1,27 @@
 """The counter table: every figure ``Store.stats()`` reports, one row each, and what is derived
 from it.
 
-A row (:class:`Counter`) names a figure by its stats key and where the stats hold it (its
-``owner``: the top level of ``Store.stats()``, every level's table, or the RAM, disk or remote
-level's only), says what it is (``kind``: a counter only grows, a gauge is a value now, ``info``
-is text that names a state, ``list`` a list of names), in which unit, what it counts, who keeps
-it (``kept_by``: the object that starts it at zero and counts) and which Prometheus series it
+A row (:class:`Counter`) names a figure by its stats key, where the stats hold it (``place``:
+their top level, or a level's table), what it belongs to (its ``owner``: the store itself,
+every level, or the RAM, disk or remote level alone), what it is (``kind``: a counter only
+grows, a gauge is a value now, a histogram counts durations into fixed buckets, ``info`` is
+text that names a state, ``list`` a list of names), in which unit, what it counts, who keeps it
+(``kept_by``: the object that starts it at zero and counts) and which Prometheus series it
 feeds. :data:`COUNTERS` is in the order ``Store.stats()`` reports the figures, :data:`FAMILIES`
 in the order the Prometheus text writes its families. From the two come:
 
+* what a store reports (:func:`owners_on`, :func:`reported`): the rows of what it has
+  configured, and no other. An absent counter is absent, not 0: a RAM-only store reports no
+  disk hit, no park in flight to disk (the spill writer's outbox exists for a disk level
+  only) and no remote hit, in ``Store.stats()``, ``Store.info_line()``, ``Store.prometheus()``
+  and ``strata monitor`` alike;
 * the counters each keeper starts with (:func:`zero_counts`, :func:`counter_keys`): the flow's,
   the Store's, the spill writer's, the remote level's;
 * what ``strata monitor`` shows of a snapshot and the types it checks there
   (:func:`shown_by_monitor`, :mod:`stratastore.metrics.monitor`);
 * the Prometheus text (:func:`stratastore.metrics.prometheus.prometheus_text`): each family's
-  HELP, its TYPE (``counter`` when its rows are counters, else ``gauge``), its series and labels;
+  HELP, its TYPE (:func:`family_type`), its series and labels, named by Prometheus's
+  conventions (a counter ends in ``_total``, a unit is in the name: ``_bytes``, ``_seconds``);
 * the counter table of ``docs/operations.md``, which ``tests/unit/test_counter_table.py`` holds
   to this one row for row, beside the keys a store with every level on reports.
 
@@ -28,8 +35,9 @@ A new counter is one row here (and, when it is a new Prometheus family, one row 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "COUNTERS",
@@ -40,16 +48,24 @@ __all__ = [
     "counter_keys",
     "family_rows",
     "family_type",
+    "owners_on",
+    "reported",
     "series_text",
     "shown_by_monitor",
     "zero_counts",
 ]
 
-#: ``counter``: only grows; ``gauge``: a value now; ``info``: text naming a state; ``list``: names
-Kind = Literal["counter", "gauge", "info", "list"]
-#: where ``Store.stats()`` holds it: its top level (``store``), every table of ``levels``
-#: (``level``), or only the RAM level's (``levels["ram"]``), a disk level's, the remote level's
+#: ``counter``: only grows; ``gauge``: a value now; ``histogram``: durations counted into the
+#: fixed buckets of :mod:`stratastore.metrics.histogram`; ``info``: text naming a state;
+#: ``list``: names
+Kind = Literal["counter", "gauge", "histogram", "info", "list"]
+#: what a figure belongs to, and so whether a store reports it: the store itself (always),
+#: every level (in each level's table), the RAM level, a disk level (any: the catalog, the
+#: spill writer, the parks in flight and the monitor's snapshot come with it) or the remote
+#: level, each only while it is configured
 Owner = Literal["store", "level", "ram level", "disk level", "remote level"]
+#: where ``Store.stats()`` holds it: its top level, or the owner's table(s) of ``levels``
+Place = Literal["top", "levels"]
 #: who starts it at zero and counts, or reports it (``catalog``: the GC of the catalog, there
 #: while a disk level is; ``level``: each level; ``backend``: the remote level's client)
 Keeper = Literal[
@@ -63,9 +79,12 @@ Keeper = Literal[
     "remote level",
     "backend",
 ]
-#: ``always``: in ``Store.stats()`` while its owner is on; ``sometimes``: only in the state its
-#: help names; ``monitor``: only in ``strata monitor``'s document (scanned from the level's folder)
-Presence = Literal["always", "sometimes", "monitor"]
+#: ``always``: in ``Store.stats()`` while its owner is configured; ``sometimes``: only in the
+#: state its help names
+Presence = Literal["always", "sometimes"]
+
+#: the owner of the rows a disk level brings (the table reads shorter with a name)
+DISK: Owner = "disk level"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +92,10 @@ class Series:
     """A Prometheus series a row feeds: ``strata_<family>`` with one label. A top-level counter
     or gauge carries ``label="value"`` as given; a level's row carries ``level="<its name>"``
     (``label`` and ``value`` empty; the remote level's rows carry no label); an info row is a
-    label of its family's one series, its text the label's value (``value`` empty). Rows that
-    feed one family with the same labels add up (a disk level's evictions by budget and by age),
-    and the first of them decides whether the series is there."""
+    label of its family's one series, its text the label's value (``value`` empty); a histogram
+    writes its ``_bucket{le=...}``, ``_sum`` and ``_count``. Rows that feed one family with the
+    same labels add up (a disk level's evictions by budget and by age), and the first of them
+    decides whether the series is there."""
 
     family: str
     label: str = ""
@@ -98,28 +118,36 @@ class Counter:
     series: tuple[Series, ...] = ()
     shown: int | None = None
     present: Presence = "always"
+    place: Place = "top"
 
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """A Prometheus family (``strata_<name>``): its HELP line, and whether its samples are
-    written as floats (the per-level gauges and counters: ``3.0``) or as the stats hold them."""
+    """A Prometheus family (``strata_<name>``) and its HELP line."""
 
     name: str
     help: str
-    floats: bool = False
 
 
 def _remote(key: str, unit: str, help_: str) -> Counter:
     """A counter of the remote level as the flow keeps it: ``strata_<key>_total``."""
     return Counter(
-        key, "counter", unit, help_, "remote level", "remote level", (Series(f"{key}_total"),)
+        key,
+        "counter",
+        unit,
+        help_,
+        "remote level",
+        "remote level",
+        (Series(f"{key}_total"),),
+        place="levels",
     )
 
 
 def _backend(key: str, unit: str, help_: str) -> Counter:
     """A counter the remote level's client keeps (``backend_<name>``), not exported."""
-    return Counter(f"backend_{key}", "counter", unit, help_, "remote level", "backend")
+    return Counter(
+        f"backend_{key}", "counter", unit, help_, "remote level", "backend", place="levels"
+    )
 
 
 def _level(
@@ -134,7 +162,7 @@ def _level(
 ) -> Counter:
     """A figure of a level's table, kept by the level, labelled with its name."""
     return Counter(
-        key, kind, unit, help_, owner, owner, tuple(map(Series, families)), shown, present
+        key, kind, unit, help_, owner, owner, tuple(map(Series, families)), shown, present, "levels"
     )
 
 
@@ -147,73 +175,83 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("park_target_source", "info", "",
             "why parks go there: `configured`, or what `park = auto` saw",
             series=(Series("park_target_info", "source"),), shown=2),
-    Counter("parks_ram", "counter", "parks", "parks the RAM level took",
+    Counter("parks_ram", "counter", "parks", "parks the RAM level took", "ram level",
             series=(Series("parks_total", "destination", "ram"),), shown=3),
-    Counter("parks_disk", "counter", "parks", "parks written to a disk level instead",
+    Counter("parks_disk", "counter", "parks", "parks written to a disk level instead", DISK,
             series=(Series("parks_total", "destination", "disk"),), shown=4),
     Counter("discards", "counter", "captures", "captures neither RAM nor disk could take",
             series=(Series("discards_total"),), shown=5),
-    Counter("mirrors", "counter", "parks", "RAM parks also written to disk (`spill_on = park`)"),
+    Counter("mirrors", "counter", "parks", "RAM parks also written to disk (`spill_on = park`)",
+            DISK),
     Counter("hits_ram", "counter", "restores", "restores served from the RAM level",
-            series=(Series("hits_total", "source", "ram"),), shown=7),
+            "ram level", series=(Series("hits_total", "source", "ram"),), shown=7),
     Counter("hits_pending", "counter", "restores",
-            "restores served from a park whose disk write was in flight",
+            "restores served from a park whose disk write was in flight", DISK,
             series=(Series("hits_total", "source", "pending"),), shown=8),
-    Counter("hits_disk", "counter", "restores", "restores served from the disk levels",
+    Counter("hits_disk", "counter", "restores", "restores served from the disk levels", DISK,
             series=(Series("hits_total", "source", "disk"),), shown=9),
     Counter("restores_cut_by_gc", "counter", "restores",
             "restores that stopped where GC had removed the next segment meanwhile (a miss "
-            "past what was delivered, not damage)", shown=19),
+            "past what was delivered, not damage)", DISK, shown=19),
     Counter("disk_hits_refused", "counter", "restores",
             "disk hits refused: neither RAM floor admits the read, or the conversation is gone",
-            series=(Series("refusals_total", "kind", "disk_hit"),), shown=17),
+            DISK, series=(Series("refusals_total", "kind", "disk_hit"),), shown=17),
     Counter("tokens_restored", "counter", "tokens", "tokens restored instead of re-read",
             series=(Series("tokens_restored_total"),), shown=11),
     Counter("restore_misses", "counter", "lookups",
             "lookups and restores that matched nothing (a point of zero tokens included)",
             shown=13),
     Counter("ladder_restores", "counter", "restores", "restores that stopped below damage",
-            series=(Series("ladder_restores_total"),), shown=10),
+            DISK, series=(Series("ladder_restores_total"),), shown=10),
     Counter("spills_refused", "counter", "writes",
-            "disk writes of parks the disk levels refused (each said in a warning)",
+            "disk writes of parks the disk levels refused (each said in a warning)", DISK,
             series=(Series("refusals_total", "kind", "spill"),), shown=18),
     Counter("hits_remote", "counter", "restores", "restores served from the remote level",
-            series=(Series("hits_total", "source", "remote"),), shown=20),
-    Counter("evict_spills", "counter", "conversations", "RAM evictions written to disk",
+            "remote level", series=(Series("hits_total", "source", "remote"),), shown=20),
+    Counter("evict_spills", "counter", "conversations", "RAM evictions written to disk", DISK,
             kept_by="ram level", shown=6),
-    Counter("gc_removed", "counter", "conversations",
-            "conversations GC removed whole (while a disk level is on)", kept_by="catalog"),
-    Counter("gc_cut", "counter", "conversations",
-            "conversations GC cut to their pinned prefix (while a disk level is on)",
+    Counter("gc_removed", "counter", "conversations", "conversations GC removed whole", DISK,
             kept_by="catalog"),
+    Counter("gc_cut", "counter", "conversations",
+            "conversations GC cut to their pinned prefix", DISK, kept_by="catalog"),
     Counter("held_tokens", "gauge", "tokens",
             "tokens a restore could bring back now (each conversation once)",
             series=(Series("held_tokens"),), shown=16),
     Counter("admission", "info", "", "the last admission decision (`where/floor`)",
             series=(Series("admission_info", "state"),), shown=15),
     Counter("damaged_segments", "list", "segments",
-            "segments a restore found damaged (for fsck), by key"),
+            "segments a restore found damaged (for fsck), by key", DISK),
     Counter("unreadable_manifests", "list", "manifests",
-            "chain manifests skipped at open (unreadable), by name"),
+            "chain manifests skipped at open (unreadable), by name", DISK),
     Counter("free_ram", "gauge", "bytes",
             "free RAM, as the memory probe says when the stats are taken"),
     Counter("tokens_reread", "counter", "tokens", "tokens the engine had to prefill again",
             kept_by="store", series=(Series("tokens_reread_total"),), shown=12),
     Counter("spill_queue_waits", "counter", "parks",
-            "parks that waited for room in the spill writer's queue", kept_by="spill writer"),
+            "parks that waited for room in the spill writer's queue", DISK,
+            kept_by="spill writer"),
     Counter("spill_errors", "counter", "writes",
             "acknowledged parks whose disk write failed (each raised once by "
-            "`flush()`/`close()`)", kept_by="spill writer", shown=14),
+            "`flush()`/`close()`)", DISK, kept_by="spill writer", shown=14),
     Counter("monitor_errors", "counter", "writes",
-            "failed writes of the monitor snapshot (never raised)", kept_by="store"),
-    Counter("spill_queue", "gauge", "parks", "parks waiting for the spill writer now",
+            "failed writes of the monitor snapshot (never raised)", DISK, kept_by="store"),
+    Counter("spill_queue", "gauge", "parks", "parks waiting for the spill writer now", DISK,
             kept_by="spill writer"),
+    Counter("park_seconds", "histogram", "seconds",
+            "how long `park()` took, until the capture was handed over", kept_by="store",
+            series=(Series("park_seconds"),)),
+    Counter("restore_seconds", "histogram", "seconds",
+            "how long `restore()` took (a `restore_many()` call: once)", kept_by="store",
+            series=(Series("restore_seconds"),)),
+    Counter("flush_seconds", "histogram", "seconds",
+            "how long `flush()` took, the queued disk writes included", kept_by="store",
+            series=(Series("flush_seconds"),)),
     # -- every level's table: levels[name] ------------------------------------------------------
     _level("entries", "gauge", "entries", "entries the level holds", "level",
            "level_entries", shown=1),
     _level("bytes", "gauge", "bytes", "bytes the level holds", "level", "level_bytes", shown=2),
-    _level("budget", "gauge", "bytes", "the level's byte budget", "level", "level_budget",
-           shown=3),
+    _level("budget", "gauge", "bytes", "the level's byte budget", "level",
+           "level_budget_bytes", shown=3),
     # -- the RAM level: levels["ram"] -----------------------------------------------------------
     _level("parks", "counter", "parks", "the RAM level's own parks", "ram level"),
     _level("truncated_parks", "counter", "parks", "parks of a truncated prefix", "ram level"),
@@ -223,27 +261,25 @@ COUNTERS: tuple[Counter, ...] = (
     _level("truncations", "counter", "entries", "entries shrunk to make room for another",
            "ram level"),
     # -- a disk level: levels[name] -------------------------------------------------------------
-    _level("dir", "info", "", "the level's directory", "disk level"),
+    _level("dir", "info", "", "the level's directory", DISK),
     _level("oldest_age_s", "gauge", "seconds",
-           "age of the oldest entry (in the monitor's document only: scanned from the folder)",
-           "disk level", "level_oldest_age_s", present="monitor"),
+           "age of the oldest entry (`null` while the level is empty)", DISK,
+           "level_oldest_age_seconds"),
     _level("disk_evictions", "counter", "conversations",
            "conversations the last level shortened to keep within its budget (whole chains)",
-           "disk level", "level_disk_evictions", "evictions_total", shown=6),
+           DISK, "level_disk_evictions_total", "evictions_total", shown=6),
     _level("age_evictions", "counter", "conversations",
-           "conversations the last level shortened by age (whole chains)", "disk level",
-           "level_age_evictions", "evictions_total", shown=7),
+           "conversations the last level shortened by age (whole chains)", DISK,
+           "level_age_evictions_total", "evictions_total", shown=7),
     _level("degradations", "counter", "entries", "entries handed to the next level",
-           "disk level", "level_degradations", shown=5),
-    _level("adopted", "counter", "entries", "entries taken from the level above", "disk level"),
+           DISK, "level_degradations_total", shown=5),
+    _level("adopted", "counter", "entries", "entries taken from the level above", DISK),
     _level("refusals", "counter", "entries", "entries the next level refused (they stayed)",
-           "disk level"),
-    _level("discards", "counter", "segments", "unreadable images deleted on the way",
-           "disk level"),
+           DISK),
+    _level("discards", "counter", "segments", "unreadable images deleted on the way", DISK),
     _level("raced", "counter", "entries", "entries another process moved or deleted first",
-           "disk level"),
-    _level("hits", "counter", "restores", "restores served from this level", "disk level",
-           shown=4),
+           DISK),
+    _level("hits", "counter", "restores", "restores served from this level", DISK, shown=4),
     # -- the remote level: levels["remote"] -----------------------------------------------------
     _level("dir", "info", "", "the server, without credentials", "remote level"),
     _level("namespace", "info", "", "the prefix of every key this store writes there",
@@ -272,28 +308,38 @@ COUNTERS: tuple[Counter, ...] = (
 )
 
 FAMILIES: tuple[Family, ...] = (
-    Family("parks_total", "Parks by destination."),
-    Family("discards_total", "Captures neither RAM nor disk could take."),
-    Family("hits_total", "Restores by source."),
-    Family("refusals_total", "Admissions refused, by what asked."),
-    Family("evictions_total", "Entries evicted (RAM) or deleted (the last disk level, by budget "
-                              "and by age), per level."),
-    Family("ladder_restores_total", "Restores that stopped below damage."),
-    Family("tokens_restored_total", "Tokens restored instead of re-read."),
+    Family("parks_total", "Conversations parked, by destination: the RAM level or a disk level."),
+    Family("discards_total",
+           "Captures neither the RAM level nor a disk level could take (prefilled again)."),
+    Family("hits_total", "Restores served, by source: the RAM level, a park whose disk write "
+                         "was in flight, the disk levels, the remote level."),
+    Family("refusals_total", "Refused by kind: a disk hit neither RAM floor admits, or a park's "
+                             "disk write the disk levels refused."),
+    Family("evictions_total", "Entries the RAM level evicted to make room, or conversations the "
+                              "last disk level shortened by budget and by age, per level."),
+    Family("ladder_restores_total", "Restores that stopped at the deepest valid point below "
+                                    "damage (the ladder)."),
+    Family("tokens_restored_total", "Tokens restored instead of prefilled again."),
     Family("tokens_reread_total", "Tokens the engine had to prefill again."),
-    Family("held_tokens", "Tokens a restore could bring back now (each conversation once)."),
-    Family("admission_info", "The last admission decision (where/floor)."),
-    Family("park_target_info", "Where parks go, and why (configured or auto)."),
-    Family("level_entries", "Entries per level.", floats=True),
-    Family("level_bytes", "Bytes held per level.", floats=True),
-    Family("level_budget", "Byte budget per level.", floats=True),
-    Family("level_oldest_age_s", "Age of the oldest entry per disk level, in seconds.",
-           floats=True),
-    Family("level_disk_evictions", "Deleted by budget (last level only).", floats=True),
-    Family("level_age_evictions", "Deleted by age (last level only).", floats=True),
-    Family("level_degradations", "Handed to the next level.", floats=True),
-    *(Family(s.family, f"The remote level: {c.key.removeprefix('remote_')}.")
-      for c in COUNTERS if c.owner == "remote level" for s in c.series),
+    Family("held_tokens", "Tokens a restore could bring back now, each conversation once."),
+    Family("admission_info", "The last admission decision as where/floor (value 1)."),
+    Family("park_target_info", "Where parks go (ram or disk) and why: configured, or what "
+                               "park = auto saw (value 1)."),
+    Family("park_seconds", "Seconds a park() call took, until its capture was handed over."),
+    Family("restore_seconds", "Seconds a restore() or restore_many() call took."),
+    Family("flush_seconds", "Seconds a flush() call took, the queued disk writes included."),
+    Family("level_entries", "Entries a level holds."),
+    Family("level_bytes", "Bytes a level holds."),
+    Family("level_budget_bytes", "A level's byte budget."),
+    Family("level_oldest_age_seconds", "Age of the oldest entry of a disk level."),
+    Family("level_disk_evictions_total", "Conversations the last disk level shortened to keep "
+                                         "within its byte budget."),
+    Family("level_age_evictions_total", "Conversations the last disk level shortened because "
+                                        "they were older than its maximum age."),
+    Family("level_degradations_total", "Entries a disk level handed to the next level."),
+    *(Family(s.family, f"Remote level: {c.help}.")
+      for c in COUNTERS if c.owner == "remote level" and c.place == "levels"
+      for s in c.series),
 )
 # fmt: on
 
@@ -309,10 +355,37 @@ def zero_counts(kept_by: Keeper) -> dict[str, int]:
     return dict.fromkeys(counter_keys(kept_by), 0)
 
 
+def owners_on(*, disk: bool, remote: bool) -> frozenset[Owner]:
+    """The owners whose rows a store reports: the store's own, every level's and the RAM
+    level's always (its table is always in the stats), a disk level's while one is configured,
+    the remote level's while it is."""
+    on: set[Owner] = {"store", "level", "ram level"}
+    if disk:
+        on.add("disk level")
+    if remote:
+        on.add("remote level")
+    return frozenset(on)
+
+
+def reported(figures: Mapping[str, Any], owners: frozenset[Owner]) -> dict[str, Any]:
+    """The top-level figures a store reports, in the table's order: each row's whose owner is
+    configured (``owners``: :func:`owners_on`) and which ``figures`` holds; the rows of what is
+    not configured are left out, never written as 0. ``levels`` (each configured level's
+    table) comes last, as ``figures`` holds it."""
+    doc = {
+        c.key: figures[c.key]
+        for c in COUNTERS
+        if c.place == "top" and c.owner in owners and c.key in figures
+    }
+    if "levels" in figures:
+        doc["levels"] = figures["levels"]
+    return doc
+
+
 def shown_by_monitor(*, levels: bool) -> tuple[Counter, ...]:
     """What ``strata monitor`` takes from a snapshot, in its order: the top-level figures (its
     counters), or (``levels``) the figures it checks in every level's table."""
-    rows = [c for c in COUNTERS if c.shown is not None and (c.owner != "store") == levels]
+    rows = [c for c in COUNTERS if c.shown is not None and (c.place == "levels") == levels]
     return tuple(sorted(rows, key=lambda c: c.shown or 0))
 
 
@@ -321,10 +394,13 @@ def family_rows(name: str) -> tuple[tuple[Counter, Series], ...]:
     return tuple((c, s) for c in COUNTERS for s in c.series if s.family == name)
 
 
-def family_type(name: str) -> Literal["counter", "gauge"]:
-    """A family's Prometheus TYPE: ``counter`` when its rows are counters, else ``gauge`` (a
-    gauge, or an info row's series of value 1)."""
-    return "counter" if family_rows(name)[0][0].kind == "counter" else "gauge"
+def family_type(name: str) -> Literal["counter", "gauge", "histogram"]:
+    """A family's Prometheus TYPE: ``counter`` when its rows are counters, ``histogram`` when
+    they are histograms, else ``gauge`` (a gauge, or an info row's series of value 1)."""
+    kind = family_rows(name)[0][0].kind
+    if kind == "counter" or kind == "histogram":
+        return kind
+    return "gauge"
 
 
 def series_text(row: Counter, series: Series) -> str:
@@ -334,6 +410,8 @@ def series_text(row: Counter, series: Series) -> str:
         label = f'{series.label}="{series.value}"'
     elif series.label:
         label = f"{series.label}=..."
+    elif row.place == "top":
+        label = ""
     elif row.owner == "ram level":
         label = 'level="ram"'
     elif row.owner in ("level", "disk level"):

@@ -5,6 +5,9 @@ second and when it closes, into ``strata-index/monitor.json`` of its last disk l
 directory is derived state, spec F-DIR-4: nothing there is a segment, and fsck and repair may
 drop it). The monitor reads that snapshot and scans each level's folder itself for what it holds
 now (bytes, entries, oldest entry's age), so it also works on a store no process has open.
+What a scraper reads from outside the process (:func:`published_stats`, ``strata monitor
+--prometheus``) is that snapshot as the Store reported it, so it holds the same rows as
+``Store.prometheus()`` in the process: only those of what the store has configured.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.system import process_alive
 from stratastore.metrics.counters import counter_keys, shown_by_monitor
 
-__all__ = ["MONITOR_FILE", "find_levels", "read_monitor"]
+__all__ = ["MONITOR_FILE", "find_levels", "published_stats", "read_monitor"]
 
 MONITOR_FILE = "monitor.json"
 MAX_MONITOR_BYTES = 1 << 20
@@ -157,18 +160,49 @@ def _alive(pid: object) -> bool:
     return isinstance(pid, int) and process_alive(pid)
 
 
+def _level_dirs(path: str | None, levels: list[str] | None) -> list[str]:
+    """The level directories to read: ``levels``, else those ``path`` names; each must exist."""
+    if levels is None:
+        if path is None:
+            raise StrataError("the monitor needs a path or the level directories")
+        levels = find_levels(path)
+    for d in levels:
+        if not files.is_dir(d):
+            raise StrataError(f"level directory {d} does not exist")
+    return levels
+
+
+def published_stats(path: str | None = None, *, levels: list[str] | None = None) -> dict[str, Any]:
+    """The stats the Store of the store at ``path`` (or of the level directories ``levels``)
+    last published, as ``Store.stats()`` reported them, with each disk level's entries, bytes
+    and oldest entry's age as its folder holds them now; a level the snapshot does not name
+    (or every level, when no Store has published yet) with what its folder holds alone. What
+    ``strata monitor --prometheus`` writes: the rows ``Store.prometheus()`` writes."""
+    now = time.time()
+    levels = _level_dirs(path, levels)
+    snap, _ = _snapshot(levels)
+    doc = {k: v for k, v in (snap or {}).items() if k not in ("pid", "written_at")}
+    known: dict[str, dict[str, Any]] = dict(doc.get("levels", {}))
+    by_dir = {
+        files.realpath(str(lv.get("dir", ""))): name
+        for name, lv in known.items()
+        if isinstance(lv, dict)
+    }
+    for d in levels:
+        scan = _scan(d, now)
+        name = by_dir.get(files.realpath(d), pathnames.basename(d) or d)
+        held = {k: scan[k] for k in ("entries", "bytes", "oldest_age_s")}
+        known[name] = {**known.get(name, {"dir": d}), **held}
+    doc["levels"] = known
+    return doc
+
+
 def read_monitor(path: str | None = None, *, levels: list[str] | None = None) -> dict[str, Any]:
     """The monitor's document for the store at ``path`` (or of the level directories
     ``levels``): per level what the folder holds now (and its budget and counters from the last
     snapshot), the Store's counters, and where the snapshot came from."""
     now = time.time()
-    if levels is None:
-        if path is None:
-            raise StrataError("read_monitor needs a path or the level directories")
-        levels = find_levels(path)
-    for d in levels:
-        if not files.is_dir(d):
-            raise StrataError(f"level directory {d} does not exist")
+    levels = _level_dirs(path, levels)
     snap, problem = _snapshot(levels)
     by_dir = {}
     if snap is not None:

@@ -2,13 +2,18 @@
 
 Each family of :data:`~stratastore.metrics.counters.FAMILIES`, in that order, is written when
 the stats hold at least one of its series: ``# HELP strata_<name> ...``, ``# TYPE ...``
-(:func:`~stratastore.metrics.counters.family_type`), then one sample per series. What a row of
-:data:`~stratastore.metrics.counters.COUNTERS` feeds is read where its owner keeps it: a
+(:func:`~stratastore.metrics.counters.family_type`), then its samples. What a row of
+:data:`~stratastore.metrics.counters.COUNTERS` feeds is read where the stats hold it: a
 top-level figure from the stats, a level's from each table of ``levels`` (labelled
 ``level="<name>"``; a RAM level's row from ``levels["ram"]`` only), the remote level's from
 ``levels["remote"]`` (no label). A figure the stats do not hold is absent, never written as 0:
-an absent counter is not a zero. Info rows are the labels of one series of value 1 (the
-admission state, the park target and its source), there when the first of them is.
+a store reports only the rows of what it has configured
+(:func:`~stratastore.metrics.counters.reported`), so the text of ``Store.prometheus()`` and of
+``strata monitor --prometheus`` (the same stats, as the Store published them) write the same
+series. Info rows are the labels of one series of value 1 (the admission state, the park
+target and its source), there when the first of them is. A histogram
+(:mod:`stratastore.metrics.histogram`) writes its cumulative ``_bucket{le=...}``, ``_sum`` and
+``_count``. Counts are written as integers, durations and ages as decimals.
 """
 
 from __future__ import annotations
@@ -25,33 +30,36 @@ PREFIX = "strata_"
 
 
 def prometheus_text(s: Mapping[str, Any]) -> str:
-    """``Store.stats()`` (or the monitor's counters and levels) in the Prometheus text
-    exposition format (see the module)."""
+    """``Store.stats()`` (or the snapshot a Store published for the monitor) in the
+    Prometheus text exposition format (see the module)."""
     lines: list[str] = []
     for family in FAMILIES:
-        samples = _samples(family, s)
+        name = PREFIX + family.name
+        samples = [(k, v) for k, v in _samples(family, name, s) if _is_number(v)]
         if not samples:
             continue
-        name = PREFIX + family.name
         lines.append(f"# HELP {name} {family.help}")
         lines.append(f"# TYPE {name} {family_type(family.name)}")
-        lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+        lines.extend(f"{series} {_number(value)}" for series, value in samples)
     return "\n".join(lines) + "\n"
 
 
-def _samples(family: Family, s: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The family's samples (labels, value) the stats hold, in order. Series with the same
-    labels add up; the first of them decides whether the sample is there."""
+def _samples(family: Family, name: str, s: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The family's samples (series name with labels, value) the stats hold, in order. Series
+    with the same labels add up; the first of them decides whether the sample is there."""
     rows = family_rows(family.name)
-    if rows[0][0].kind == "info":
-        return _info(rows, s)
+    kind = rows[0][0].kind
+    if kind == "info":
+        return [(name + labels, v) for labels, v in _info(rows, s)]
+    if kind == "histogram":
+        return _histogram(name, s.get(rows[0][0].key))
     got: dict[str, Any] = {}
     for labels, value in _values(rows, s):
         if labels not in got:
             got[labels] = value
         elif got[labels] is not None and value is not None:
             got[labels] += value
-    return [(k, float(v) if family.floats else v) for k, v in got.items() if v is not None]
+    return [(name + k, v) for k, v in got.items() if v is not None]
 
 
 def _values(
@@ -59,18 +67,19 @@ def _values(
 ) -> Iterator[tuple[str, Any]]:
     """Each series' labels and the value the stats hold for it (``None``: not held)."""
     levels: Mapping[str, Mapping[str, Any]] = s.get("levels", {})
-    if rows[0][0].owner == "store":
+    first = rows[0][0]
+    if first.place == "top":
         for row, series in rows:
             label = f'{{{series.label}="{series.value}"}}' if series.label else ""
             yield label, s.get(row.key)
-    elif rows[0][0].owner == "remote level":
+    elif first.owner == "remote level":
         for row, _ in rows:
             yield "", levels.get("remote", {}).get(row.key)
     else:  # a level's figure, per level in their order (the RAM level's only from "ram")
-        for name, level in levels.items():
+        for level_name, level in levels.items():
             for row, _ in rows:
-                if row.owner != "ram level" or name == "ram":
-                    yield f'{{level="{name}"}}', level.get(row.key)
+                if row.owner != "ram level" or level_name == "ram":
+                    yield f'{{level="{level_name}"}}', level.get(row.key)
 
 
 def _info(rows: tuple[tuple[Counter, Series], ...], s: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -84,6 +93,27 @@ def _info(rows: tuple[tuple[Counter, Series], ...], s: Mapping[str, Any]) -> lis
         f'{series.label}="{_escape(t)}"' for (_, series), t in zip(rows, texts, strict=True)
     )
     return [(f"{{{labels}}}", 1)]
+
+
+def _histogram(name: str, h: object) -> list[tuple[str, Any]]:
+    """A histogram's samples from its stats table (``buckets``, ``sum``, ``count``); none
+    when the stats do not hold it."""
+    if not isinstance(h, Mapping) or not isinstance(h.get("buckets"), Mapping):
+        return []  # not held (or not a histogram: a snapshot's wrongly typed field)
+    out: list[tuple[str, Any]] = [
+        (f'{name}_bucket{{le="{le}"}}', n) for le, n in h["buckets"].items()
+    ]
+    return [*out, (f"{name}_sum", h.get("sum")), (f"{name}_count", h.get("count"))]
+
+
+def _is_number(v: object) -> bool:
+    """Whether a value is a sample's (a snapshot's wrongly typed field is left out)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(v: float) -> str:
+    """A sample's value: a count as an integer, a duration or an age as a decimal."""
+    return str(v) if isinstance(v, int) else repr(float(v))
 
 
 def _escape(v: object) -> str:

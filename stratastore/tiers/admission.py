@@ -18,6 +18,7 @@ from typing import Literal
 
 from stratastore.config import StoreConfig
 from stratastore.io.system import mem_available
+from stratastore.metrics.logs import Voice
 
 __all__ = ["MIB", "Admission", "Placement", "admit", "log_admission", "mib", "park_target"]
 
@@ -77,14 +78,14 @@ class Placement:
         return None
 
 
-def log_admission(warn: Callable[[str], None], p: Placement, what: str, outcome: str) -> None:
+def log_admission(say: Voice, p: Placement, what: str, outcome: str) -> None:
     """Say an admission that refused, or that admitted under the transient floor (the
-    admission log lines: ``skip parking (physical RAM admission ...)``, ``disk hit skipped``,
-    ``... under the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``), with its
-    ``outcome``."""
+    admission log lines, at INFO: ``skip parking (physical RAM admission ...)``, ``disk hit
+    skipped``, ``... under the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``),
+    with its ``outcome``."""
     line = p.log_line(what)
     if line is not None:
-        warn(f"{line}: {outcome}")
+        say.info(f"{line}: {outcome}")
 
 
 class Admission:
@@ -148,7 +149,7 @@ def park_target(
     admission: Admission,
     disk: bool,
     token_bytes: int,
-    warn: Callable[[str], None],
+    say: Voice,
 ) -> tuple[Literal["ram", "disk"], str]:
     """Where parks go (``park = ram | disk | auto``) and why. ``auto`` sizes a
     snapshot per slot (a full context when ``context_tokens`` is given, else a slot's share of
@@ -159,7 +160,7 @@ def park_target(
     if cfg.park == "ram":
         return "ram", "configured"
     if not disk:
-        warn(f"park={cfg.park} needs a disk level (cold_dir and cold_mib); parking stays in RAM")
+        say(f"park={cfg.park} needs a disk level (cold_dir and cold_mib); parking stays in RAM")
         return "ram", "no disk level"
     if cfg.park == "disk":
         return "disk", "configured"
@@ -168,5 +169,5 @@ def park_target(
     )
     need = cfg.slots * per_slot + admission.parking_floor
     target: Literal["ram", "disk"] = "disk" if admission.probe() < need else "ram"
-    warn(f"park target auto -> {target}")
+    say.info(f"park target auto -> {target}")
     return target, "auto"

@@ -67,7 +67,8 @@ def info_line(s: Mapping[str, Any]) -> str:
     """``Store.stats()`` as one line for a log (the engine's INFO fields): the park target and
     its source, each level (entries, bytes, budget; a disk level's folder), parks by
     destination, discards, hits by source, tokens restored, re-read and held, and the last
-    admission."""
+    admission. A figure the stats do not hold (of a level that is not configured: the disk
+    parks and hits, the parks in flight, the remote hits) is left out, not written as 0."""
     lv = s["levels"]
     parts = [f"park={s['park_target']}({s['park_target_source']})"]
     for name, d in lv.items():
@@ -80,12 +81,16 @@ def info_line(s: Mapping[str, Any]) -> str:
             f"/{d['budget'] / 2**20:.0f}MiB{where}"
         )
     parts += [
-        f"parks ram={s['parks_ram']} disk={s['parks_disk']}",
+        _by("parks", s, ("ram", "disk")),
         f"discards={s['discards']}",
-        f"hits ram={s['hits_ram']} pending={s['hits_pending']} disk={s['hits_disk']}"
-        + (f" remote={s['hits_remote']}" if "remote" in lv else ""),
+        _by("hits", s, ("ram", "pending", "disk", "remote")),
         f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
         f"held_tokens={s['held_tokens']}",
         f"admission={s['admission']}",
     ]
     return "strata: " + " ".join(parts)
+
+
+def _by(what: str, s: Mapping[str, Any], ways: tuple[str, ...]) -> str:
+    """``hits ram=1 disk=2``: the counters ``<what>_<way>`` the stats hold."""
+    return " ".join([what, *(f"{w}={s[f'{what}_{w}']}" for w in ways if f"{what}_{w}" in s)])

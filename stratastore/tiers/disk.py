@@ -115,6 +115,14 @@ class DiskLevel:
                 return int(went) or 1
         return 0
 
+    def oldest_age_s(self) -> float | None:
+        """Seconds since the oldest entry was sealed (O(log n), the index's age table; a
+        tenth of a second, as ``strata monitor`` scans it), ``None`` while the level is empty:
+        the level's ``oldest_age_s`` in ``Store.stats()``."""
+        for _, rec in self.store.oldest():
+            return round(max(0, self.clock() - rec.sealed_at_ns) / 1e9, 1)
+        return None
+
     def _oldest(self) -> bytes | None:
         """The oldest sealed entry's key (O(log n), the index's age table)."""
         for key, _ in self.store.oldest():

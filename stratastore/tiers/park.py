@@ -18,7 +18,7 @@ and restores as beside another process's, so no restore waits for a disk write.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -28,6 +28,7 @@ from stratastore.catalog import Catalog, NameTaken
 from stratastore.chain import Conversation, RetainedChains
 from stratastore.config import StoreConfig
 from stratastore.format import ModelFingerprint
+from stratastore.metrics.logs import Voice
 from stratastore.tiers.admission import Admission, log_admission
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.disk import DiskLevel
@@ -66,7 +67,7 @@ class Parking:
         view: DiskView,
         remote: RemoteLevel | None,
         counters: dict[str, int],
-        warn: Callable[[str], None],
+        warn: Voice,
     ) -> None:
         self.cfg, self.fp, self.lock, self.admission = cfg, fp, lock, admission
         self.target, self.ram, self.levels, self.writer = target, ram, levels, writer

@@ -20,6 +20,7 @@ from stratastore.catalog.tables import WAIT_S
 from stratastore.chain import Conversation
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
+from stratastore.metrics.logs import Voice
 from stratastore.restore import DestinationRefused, FlatKV, restore_batch
 from stratastore.tiers.admission import Admission, Placement, log_admission
 from stratastore.tiers.checks import check_snapshot
@@ -53,7 +54,7 @@ class Sessions:
         reader: DiskReader,
         view: DiskView,
         parked_here: Callable[[str], bool],
-        warn: Callable[[str], None] = lambda msg: None,
+        warn: Voice,
     ) -> None:
         self.lock = lock
         self.fp = fp

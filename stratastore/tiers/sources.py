@@ -25,6 +25,7 @@ import numpy as np
 
 from stratastore.chain import Match
 from stratastore.levels.backend import SegmentBackend
+from stratastore.metrics.logs import Voice
 from stratastore.restore import Destination, Outcome
 from stratastore.tiers.admission import Admission, log_admission
 from stratastore.tiers.disk_read import DiskReader
@@ -110,7 +111,7 @@ class DiskSource:
         page: int | None,
         counters: dict[str, int],
         holder: Callable[[bytes], SegmentBackend | None],
-        warn: Callable[[str], None],
+        warn: Voice,
     ) -> None:
         self.view, self.reader, self.admission = view, reader, admission
         self.tb, self.page, self.counters = token_bytes, page, counters

@@ -19,7 +19,6 @@ No call holds it over disk I/O, hashing or a network call.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -34,7 +33,8 @@ from stratastore.chain import Conversation, Match
 from stratastore.config import StoreConfig
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
-from stratastore.metrics.counters import zero_counts
+from stratastore.metrics.counters import Owner, owners_on, reported, zero_counts
+from stratastore.metrics.logs import Voice
 from stratastore.restore import Destination
 from stratastore.tiers.admission import Admission, park_target
 from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDescription
@@ -70,7 +70,8 @@ class Tiers:
         legacy_admission: bool = False,
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
+        #: the lines this store says: records of the ``stratastore`` logger, and ``warn``'s
+        self.warn = Voice(warn)
         cfg = fit_default_ram(cfg, self.warn)  # the defaults open on an 8 GiB machine
         self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
         self.lock = threading.RLock()
@@ -325,7 +326,15 @@ class Tiers:
             held[cid] = max(held.get(cid, 0), n)
         return sum(held.values())
 
+    @property
+    def owners(self) -> frozenset[Owner]:
+        """What this store has configured, as the counter table's owners: the rows it reports
+        (:func:`~stratastore.metrics.counters.owners_on`)."""
+        return owners_on(disk=bool(self.levels), remote=self.remote is not None)
+
     def stats(self) -> dict[str, Any]:
+        """The figures of the counter table this store reports (only those of what it has
+        configured: :func:`~stratastore.metrics.counters.reported`), and each level's table."""
         with self.lock:
             levels: dict[str, Any] = {"ram": self.ram.stats()}
             for lvl in self.levels:
@@ -334,25 +343,29 @@ class Tiers:
                     "entries": len(lvl.store),
                     "bytes": lvl.store.used(),
                     "budget": lvl.budget,
+                    "oldest_age_s": lvl.oldest_age_s(),
                     **lvl.counters.as_dict(),
                 }
             if self.remote is not None:
                 levels["remote"] = {**self.remote.stats(), **self.remote.counters}
             self.view.sync()
             gc = {"gc_removed": self.gc.removed, "gc_cut": self.gc.cut} if self.gc else {}
-            return {
-                "park_target": self.target,
-                "park_target_source": self.target_source,
-                **self.counters,
-                "evict_spills": self.ram.evict_spills,
-                **gc,
-                "held_tokens": self._held_tokens(),
-                "admission": self.parking.last_admission,
-                "damaged_segments": [k.hex() for k in self.damaged],
-                "unreadable_manifests": [n for n, _ in self.skipped_manifests],
-                "free_ram": self.admission.probe(),
-                "levels": levels,
-            }
+            return reported(
+                {
+                    "park_target": self.target,
+                    "park_target_source": self.target_source,
+                    **self.counters,
+                    "evict_spills": self.ram.evict_spills,
+                    **gc,
+                    "held_tokens": self._held_tokens(),
+                    "admission": self.parking.last_admission,
+                    "damaged_segments": [k.hex() for k in self.damaged],
+                    "unreadable_manifests": [n for n, _ in self.skipped_manifests],
+                    "free_ram": self.admission.probe(),
+                    "levels": levels,
+                },
+                self.owners,
+            )
 
     def describe(self) -> StoreDescription:
         """A read-only snapshot of the levels, the RAM level, the parks in flight, the park
@@ -384,7 +397,7 @@ class Tiers:
                 self.target,
                 self.target_source,
                 self.parking.last_admission,
-                MappingProxyType(dict(self.counters)),
+                MappingProxyType(reported(self.counters, self.owners)),
                 tuple(n for n, _ in self.skipped_manifests),
             )
 

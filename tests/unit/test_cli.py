@@ -73,7 +73,7 @@ def test_monitor_views(
     assert main(["monitor", str(cold), "--once", "--prometheus"]) == 0
     prom = capsys.readouterr().out
     assert 'strata_parks_total{destination="disk"} 1' in prom
-    assert 'strata_level_entries{level="cold"} 3.0' in prom
+    assert 'strata_level_entries{level="cold"} 3\n' in prom  # a count: an integer
     assert main(["monitor", str(cold), "--once"]) == 0
     table = capsys.readouterr().out
     assert "cold" in table and "parks ram=0 disk=1" in table

@@ -1,6 +1,7 @@
 """The counter table (:mod:`stratastore.metrics.counters`) is the one place a counter is declared:
-the docs' table says what it says row for row, a store with every level on reports exactly its
-rows, and the Prometheus text writes only its families, with their HELP and TYPE."""
+the docs' table says what it says row for row, a store reports exactly the rows of what it has
+configured (every row with every level on), and the Prometheus text writes only its families,
+with their HELP and TYPE."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from stratastore.metrics.counters import (
     counter_keys,
     family_rows,
     family_type,
+    owners_on,
     series_text,
     shown_by_monitor,
 )
@@ -31,8 +33,15 @@ from tests.remote.conftest import import_or_skip, redis_binaries_or_skip
 
 FP = tiny_fp()
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
-HEADER = "| name | kind | unit | what it counts | Prometheus series |"
-LEVEL_OWNERS = ("level", "ram level", "disk level", "remote level")
+HEADER = "| name | there with | kind | unit | what it counts | Prometheus series |"
+#: the docs' words for an owner: what must be configured for a store to report the row
+THERE_WITH = {
+    "store": "any store",
+    "level": "each level",
+    "ram level": "the RAM level",
+    "disk level": "a disk level",
+    "remote level": "the remote level",
+}
 
 
 def _name(c: Counter) -> str:
@@ -43,7 +52,7 @@ def _name(c: Counter) -> str:
         "disk level": "levels[disk]",
         "remote level": 'levels["remote"]',
     }
-    return f"`{c.key}`" if c.owner == "store" else f'`{where[c.owner]}["{c.key}"]`'
+    return f"`{c.key}`" if c.place == "top" else f'`{where[c.owner]}["{c.key}"]`'
 
 
 def docs_rows() -> list[list[str]]:
@@ -51,6 +60,7 @@ def docs_rows() -> list[list[str]]:
     return [
         [
             _name(c),
+            THERE_WITH[c.owner],
             c.kind,
             c.unit or "-",
             c.help,
@@ -62,7 +72,7 @@ def docs_rows() -> list[list[str]]:
 
 def _markdown() -> str:
     rows = ["| " + " | ".join(r) + " |" for r in docs_rows()]
-    return "\n".join([HEADER, "|---|---|---|---|---|", *rows])
+    return "\n".join([HEADER, "|---|---|---|---|---|---|", *rows])
 
 
 def test_the_docs_table_is_the_code_table_row_for_row() -> None:
@@ -85,16 +95,16 @@ def test_the_table_holds_together() -> None:
     for c in COUNTERS:
         for s in c.series:
             assert s.family in names, f"{c.key} feeds {s.family}, which FAMILIES lacks"
-            if c.kind == "info" or c.owner != "store":
+            if c.kind == "info" or c.place == "levels":
                 assert not s.value, f"{c.key}: the label's value is the text or the level"
     for f in names:
         rows = family_rows(f)
         assert rows, f"family {f} is fed by no row"
-        assert len({c.owner == "store" for c, _ in rows}) == 1, f"{f} mixes owners"
+        assert len({c.place for c, _ in rows}) == 1, f"{f} mixes the top level and levels"
         assert len({family_type(f) == "counter" for _ in rows}) == 1
         assert {c.kind == "counter" for c, _ in rows} == {family_type(f) == "counter"}
         labels = [(s.label, s.value) for _, s in rows]
-        if rows[0][0].owner == "store" and rows[0][0].kind != "info":
+        if rows[0][0].place == "top" and rows[0][0].kind != "info":
             assert len(labels) == len(set(labels)), f"{f}: two rows write one series"
     for levels in (False, True):
         shown = [c.shown for c in shown_by_monitor(levels=levels)]
@@ -108,22 +118,24 @@ def _owners(level: str) -> tuple[str, ...]:
     return ("level", "remote level") if level == "remote" else ("level", "disk level")
 
 
-def _check_stats(stats: dict[str, Any], *, disk: bool) -> None:
+def _check_stats(stats: dict[str, Any], *, disk: bool, remote: bool = False) -> None:
     """Every key of ``stats`` is a row of its owner, of the kind the row says; every row of a
-    level or feature that is on is there (the catalog's only with a disk level)."""
-    top = [c for c in COUNTERS if c.owner == "store"]
+    level or feature that is on is there, and no row of one that is off (an absent counter
+    is absent, not 0)."""
+    on = owners_on(disk=disk, remote=remote)
+    top = [c for c in COUNTERS if c.place == "top"]
     unknown = set(stats) - {c.key for c in top} - {"levels"}
     assert not unknown, f"Store.stats() reports {sorted(unknown)}, which the table lacks"
-    missing = [c.key for c in top if (c.kept_by != "catalog" or disk) and c.key not in stats]
+    missing = [c.key for c in top if c.owner in on and c.key not in stats]
     assert not missing, f"Store.stats() lacks {missing}"
-    if not disk:
-        assert not [c.key for c in top if c.kept_by == "catalog" and c.key in stats]
+    off = [c.key for c in top if c.owner not in on and c.key in stats]
+    assert not off, f"Store.stats() reports {off}, of what is not configured"
     # the top-level figures come in the table's order
     assert [k for k in stats if k != "levels"] == [c.key for c in top if c.key in stats]
     for c in top:
         _check_kind(c, stats.get(c.key))
     for name, level in stats["levels"].items():
-        rows = [c for c in COUNTERS if c.owner in _owners(name)]
+        rows = [c for c in COUNTERS if c.place == "levels" and c.owner in _owners(name)]
         unknown = set(level) - {c.key for c in rows}
         assert not unknown, f"levels[{name}] reports {sorted(unknown)}, which the table lacks"
         missing = [c.key for c in rows if c.present == "always" and c.key not in level]
@@ -133,8 +145,14 @@ def _check_stats(stats: dict[str, Any], *, disk: bool) -> None:
 
 
 def _check_kind(c: Counter, v: object) -> None:
-    want = {"counter": int, "gauge": int, "info": str, "list": list}[c.kind]
-    assert v is None or isinstance(v, want), f"{c.key} is {v!r}, not {want.__name__}"
+    want: type | tuple[type, ...] = {
+        "counter": int,
+        "gauge": float if c.unit == "seconds" else int,
+        "histogram": dict,
+        "info": str,
+        "list": list,
+    }[c.kind]
+    assert v is None or isinstance(v, want), f"{c.key} is {v!r}, not {want}"
 
 
 @pytest.fixture
@@ -172,13 +190,13 @@ def test_a_store_with_every_level_reports_the_tables_rows(
         _use(store)
         stats = store.stats()
         assert list(stats["levels"]) == ["ram", "warm", "cold", "remote"]
-        _check_stats(stats, disk=True)
+        _check_stats(stats, disk=True, remote=True)
         assert tuple(store.describe().counters) == counter_keys("flow")
         in_process = store.prometheus()
     assert main(["monitor", str(tmp_path), "--prometheus"]) == 0
     from_monitor = capsys.readouterr().out
-    written = _families(in_process) | _families(from_monitor)
-    assert written == {f.name for f in FAMILIES}, "every family is written where it is held"
+    assert _families(in_process) == {f.name for f in FAMILIES}, "every family is written"
+    assert _families(from_monitor) == _families(in_process), "the monitor writes the same"
 
 
 def test_a_ram_only_store_reports_the_rows_of_what_is_on() -> None:
@@ -207,14 +225,16 @@ def _families(text: str) -> set[str]:
             assert kind == family_type(known[name].name), line
         elif line:
             name = re.split(r"[{ ]", line, maxsplit=1)[0]
-            assert name in seen, f"{line!r}: a sample outside the table's families"
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            histogram = family in seen and family_type(known[family].name) == "histogram"
+            assert name in seen or histogram, f"{line!r}: a sample outside the table's families"
     return {n.removeprefix("strata_") for n in seen}
 
 
 def test_prometheus_writes_only_what_the_stats_hold() -> None:
     assert prometheus_text({"levels": {}}) == "\n"
     bare = prometheus_text({"hits_disk": 2, "levels": {"cold": {"disk_evictions": 1}}})
-    assert _families(bare) == {"hits_total", "evictions_total", "level_disk_evictions"}
+    assert _families(bare) == {"hits_total", "evictions_total", "level_disk_evictions_total"}
     assert 'strata_hits_total{source="disk"} 2' in bare
     assert 'strata_evictions_total{level="cold"} 1' in bare  # age_evictions absent: adds 0
-    assert 'strata_level_disk_evictions{level="cold"} 1.0' in bare
+    assert 'strata_level_disk_evictions_total{level="cold"} 1\n' in bare  # a count: an integer

@@ -61,7 +61,8 @@ def test_an_unrelated_prompt_is_a_miss_in_every_path_and_counter(
         assert (many.source, many.tokens) == ("none", 0)
         s = store.stats()
         assert s["restore_misses"] == 2
-        assert s["hits_disk"] == 0 and s["hits_ram"] == 0 and s["hits_pending"] == 0
+        hits = {k: v for k, v in s.items() if k.startswith("hits_")}  # of what is configured
+        assert "hits_ram" in hits and set(hits.values()) == {0}, hits
         assert s["tokens_restored"] == 0
         assert s["tokens_reread"] == 128
         # the conversation itself still restores whole
