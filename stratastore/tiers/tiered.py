@@ -32,6 +32,7 @@ from stratastore.catalog import Catalog
 from stratastore.catalog.gc import Collector
 from stratastore.chain import Conversation, Match
 from stratastore.config import StoreConfig
+from stratastore.config.environment import at_open
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 from stratastore.metrics.counters import zero_counts
@@ -82,6 +83,7 @@ class Tiers:
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.warn = warn or (lambda msg: print(f"stratastore: {msg}", file=sys.stderr))
+        cfg = at_open(cfg, self.warn)  # the environment's switches; a default directory named
         cfg = fit_default_ram(cfg, self.warn)  # the defaults open on an 8 GiB machine
         self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
         self.lock = threading.RLock()
