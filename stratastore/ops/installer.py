@@ -215,7 +215,11 @@ def _context(
     say(
         f"  the RAM budget ({values['ram_mib']:,} MiB) holds {held:,} full contexts of "
         f"{tokens or model_context:,} tokens for {values['slots']} slots"
-        + ("" if held >= values["slots"] else ": longer ones spill to disk or park truncated")
+        + (
+            ""
+            if held >= values["slots"]
+            else ": fewer than the slots (a park RAM cannot take goes to disk, when there is one)"
+        )
     )
     return tokens
 
