@@ -52,6 +52,7 @@ from stratastore.tiers.checks import batch_requests, restore_cap, session_name
 from stratastore.tiers.describe import StoreDescription, info_line
 from stratastore.tiers.device import device_snapshot, kv_bytes
 from stratastore.tiers.records import InvalidConversation, ParkReport, Restored, Snapshot
+from stratastore.tiers.restore import destinations
 from stratastore.tiers.spill import SpillError
 from stratastore.tiers.tiered import Tiers
 
@@ -301,7 +302,9 @@ class Store:
     ) -> list[Restored]:
         """:meth:`restore` for several prompts submitted together (one destination each): their
         disk reads share one batched read agenda, read-ahead, validation and copy overlapping
-        across requests (:mod:`stratastore.restore.agenda`). Each request keeps the contract of
+        across requests (:mod:`stratastore.restore.agenda`); with ``batch_agenda`` off
+        (``STRATA_BATCH_AGENDA=0``) each request is read on its own, in order, after every
+        destination is checked. Each request keeps the contract of
         :meth:`restore`. When some requests fail (the ladder turned off and an image damaged,
         an I/O error), the others still complete and :class:`BatchRestoreError` is raised,
         carrying every request's result. ``media[i]``, when given, is request ``i``'s pictures
@@ -321,7 +324,14 @@ class Store:
                 f"{len(reqs)} (one per request), not {max_tokens!r}"
             )
         with self.latency["restore"].time(), self._in_flight("restore_many"):
-            got = self._tiers.restore_many(reqs, pictures, caps)
+            if self._tiers.cfg.batch_agenda:
+                got = self._tiers.restore_many(reqs, pictures, caps)
+            else:  # each on its own, in order; every destination is still checked first
+                destinations(self._tiers.fp, reqs, caps)
+                got = [
+                    self._tiers.restore_many([req], [pics], [cap])[0]
+                    for req, pics, cap in zip(reqs, pictures, caps, strict=True)
+                ]
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (

@@ -1,6 +1,7 @@
-"""``strata init``: measure this machine, ask a few questions (no answer: the default), write a
-TOML config that ``Store.open(fp, path)`` and every command's ``--config`` read
-(:mod:`stratastore.ops.installer`). ``--yes`` asks nothing and writes exactly the defaults."""
+"""``strata init``: measure this machine, ask a few questions (the slots, the disk, then the
+context size; no answer: the default), write a TOML config that ``Store.open(fp, path)`` and
+every command's ``--config`` read (:mod:`stratastore.ops.installer`). ``--yes`` asks nothing
+and writes exactly the defaults."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def add_parser(command: AddCommand) -> None:
     ini.add_argument(
         "--model-size",
         choices=sorted(MODEL_SIZES),
-        help="the model, for the estimates it prints (asked otherwise)",
+        help="the model: its K/V a token and its context, for the estimates it prints and the "
+        "context size's default (asked otherwise)",
     )
     ini.add_argument("--force", action="store_true", help="replace an existing file")
     ini.set_defaults(func=run)

@@ -38,15 +38,24 @@ they are never held twice, and read back as properties (``cfg.cold_dir``). Two n
 setting with different values, an unknown key, or a value of the wrong type or range is a
 :class:`~stratastore.errors.ConfigError` naming the key as written and the fix.
 
-A disk level is on only with a directory *and* a budget ("empty / 0 = the level is off"). A
-mapping or TOML file that gives one of the flat pair and omits the other is a ConfigError (a
-half-configured level, not a level switched off); an explicit empty directory or ``0`` budget
-beside the other is allowed, and the Store warns at start-up that the level is off. Checks that
-need the filesystem (two levels on one directory; a level directory whose parent does not
-exist, unless ``create_dirs``) run when the Store opens its levels.
+A disk level is on only with a directory *and* a budget ("empty / 0 = the level is off"). The
+cold level given a budget alone (``cold_mib = 16``, or a ``[[levels]]`` table named ``cold``
+with ``mib`` and no ``dir``) is kept in the user's cache directory
+(``$XDG_CACHE_HOME/stratastore``, else ``~/.cache/stratastore``), named once at open. A mapping
+or TOML file that gives any other half of the flat pair (``cold_dir`` without ``cold_mib``,
+``warm_mib`` without ``warm_dir``) is a ConfigError (a half-configured level, not a level
+switched off); an explicit empty directory or ``0`` budget beside the other is allowed, and the
+Store warns at start-up that the level is off. Checks that need the filesystem (two levels on
+one directory; a level directory whose parent does not exist, unless ``create_dirs``) run when
+the Store opens its levels.
+
+The environment overrides three settings when a Store opens, never in the config itself
+(:mod:`stratastore.config.environment`): ``STRATA_PARK_TRUNCATE`` (``park_truncate``),
+``STRATA_RESTORE_LADDER`` (``ladder``) and ``STRATA_BATCH_AGENDA`` (``batch_agenda``).
 """
 
 from stratastore.config.aliases import ALIASES
+from stratastore.config.environment import ENV_SWITCHES
 from stratastore.config.levels import (
     MAX_LEVELS,
     MAX_SETTING,
@@ -64,6 +73,7 @@ from stratastore.config.store_config import (
 
 __all__ = [
     "ALIASES",
+    "ENV_SWITCHES",
     "MAX_CONFIG_BYTES",
     "MAX_LEVELS",
     "MAX_SETTING",

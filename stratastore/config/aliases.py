@@ -10,9 +10,11 @@ and ``remote_url``, ``remote_mib`` and ``remote_<key>`` for each of the Redis le
 it was written, and reads each flat name back from the level it names (:func:`flat_value`).
 
 * Without disk levels in the ``levels`` list, the warm and cold settings *are* those levels
-  (named ``warm`` and ``cold``, warm first: spec F-DIR-2's order). With disk levels in the
-  list, they are aliases of its entries named ``warm`` and ``cold``: one that names an absent
-  level reads as a level that is off (``""`` and ``0``).
+  (named ``warm`` and ``cold``, warm first: spec F-DIR-2's order). ``cold_mib`` without
+  ``cold_dir`` places the cold level in the user's cache directory
+  (:func:`~stratastore.config.environment.default_cold_dir`); ``cold_dir = ""`` keeps it off.
+  With disk levels in the list, they are aliases of its entries named ``warm`` and ``cold``:
+  one that names an absent level reads as a level that is off (``""`` and ``0``).
 * Without a shared level in the list, the ``remote_*`` settings are the remote level (named
   ``remote``); with one, they are aliases of it.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.config.levels import (
     REDIS_SETTINGS,
     SHARED_SCHEMES,
@@ -164,11 +167,17 @@ def _flat_level(level: str, flat: Mapping[str, Any]) -> LevelSpec | None:
     if not given:
         return None
     fields = {k: given.pop(k) for k in list(given) if k in _LEVEL_FIELDS}
+    # a budget alone places the cold level in the default directory; cold_dir = "" keeps it off
+    default_dir = (
+        level == DEFAULT_DIR_LEVEL and bool(fields.get("mib")) and f"{level}_dir" not in flat
+    )
+    if default_dir:
+        fields["dir"] = default_cold_dir(f"{level}_mib")
     if level == REMOTE and fields.get("url") and scheme_of(fields["url"]) not in SHARED_SCHEMES:
         from stratastore.levels.redis.settings import RemoteSettings
 
         RemoteSettings(fields["url"])  # remote_url names Redis: its own message says so
-    return LevelSpec(level, **fields, settings=given, flat=True)
+    return LevelSpec(level, **fields, settings=given, flat=True, default_dir=default_dir)
 
 
 def fold(

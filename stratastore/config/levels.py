@@ -5,9 +5,10 @@ location, either ``dir`` (a directory: the local store, spec F-DIR) or ``url`` (
 by URL: ``memory://NAME``, or a Redis level ``redis://``, ``rediss://``, ``redis+cluster://``,
 ``rediss+cluster://``, spec F-REM), a budget ``mib`` (``0``: the level is off), an age limit
 ``max_age_s`` (``0``: none) and a table of its own ``settings`` (TOML: ``[levels.settings]``
-right after its ``[[levels]]`` table). Only a Redis level has settings, :data:`REDIS_SETTINGS`:
-its store name, credentials, TLS files, timeout, part size, who evicts and whether a restore
-from it is kept locally.
+right after its ``[[levels]]`` table). A level named ``cold`` given a budget and no location is
+kept in the user's cache directory (:mod:`stratastore.config.environment`). Only a Redis level
+has settings, :data:`REDIS_SETTINGS`: its store name, credentials, TLS files, timeout, part
+size, who evicts and whether a restore from it is kept locally.
 
 A level on a shared backend (Redis) is *the* remote level: at most one, never a step of the disk
 cascade (spec F-DIR-2, "Levels and their order": the list's other levels, in order, are the
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.errors import ConfigError
 from stratastore.format.sidecar import Level
 from stratastore.levels.registry import SHARED_SCHEMES, URL_SCHEMES, scheme_of
@@ -197,8 +199,11 @@ class LevelSpec:
 
     ``flat`` says the level was spelled by the flat settings (``warm_dir``, ``remote_url``,
     ...): messages then name those, and it may lack a location (``warm_mib = 5`` alone: a
-    level that is off, which a ``[[levels]]`` table cannot spell). It is not part of the
-    value: two specs that configure the same level compare equal however they were written."""
+    level that is off, which a ``[[levels]]`` table cannot spell). ``default_dir`` says its
+    directory is the cold level's default (a budget was given without one:
+    :func:`~stratastore.config.environment.default_cold_dir`): it is made with its parents,
+    and named at open. Neither is part of the value: two specs that configure the same level
+    compare equal however they were written."""
 
     name: str
     dir: str = ""
@@ -207,6 +212,7 @@ class LevelSpec:
     url: str = field(default="", kw_only=True, repr=False)  #: may carry user:password@
     settings: Mapping[str, Any] = field(default_factory=LevelSettings, kw_only=True)
     flat: bool = field(default=False, kw_only=True, compare=False, repr=False)
+    default_dir: bool = field(default=False, kw_only=True, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         dir_needed = not self.flat and not self.url
@@ -258,6 +264,14 @@ class LevelSpec:
         if "name" not in values:
             raise ConfigError(f'{where} has no name; give each level one (name = "warm")')
         label = f"{where} ({values['name']!r})"
+        default_dir = (
+            values["name"] == DEFAULT_DIR_LEVEL
+            and "mib" in values
+            and "dir" not in values
+            and "url" not in values
+        )
+        if default_dir:  # a budget alone: the cold level's default directory
+            values = {**values, "dir": default_cold_dir(f"{where} ({DEFAULT_DIR_LEVEL}) mib")}
         if "dir" in values and "url" in values:
             raise ConfigError(
                 f"{label} has dir and url: a level is a directory or a URL; keep one of them"
@@ -290,7 +304,7 @@ class LevelSpec:
             )
         if problem is not None:
             raise ConfigError(f"{label}: {problem}")
-        return cls(**args)
+        return cls(**args, default_dir=default_dir)
 
     def to_mapping(self) -> dict[str, Any]:
         """The ``[[levels]]`` table of this level: the keys it needs, ``settings`` when it has

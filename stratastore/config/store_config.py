@@ -23,6 +23,7 @@ from stratastore.config.aliases import (
     index_in_list,
     spelled_as,
 )
+from stratastore.config.environment import DEFAULT_DIR_LEVEL
 from stratastore.config.levels import LevelSpec, Setting, as_levels, check_value
 from stratastore.errors import ConfigError
 from stratastore.io import files
@@ -92,9 +93,15 @@ class StoreConfig:
     retention: Retention = "lru"  #: which checkpoint leaves: lru, or spread
     park_truncate: bool = False  #: park the prefix that fits
     min_tokens: int = 0  #: a whole conversation shorter than this is not parked
-    context_tokens: int = 0  #: the engine's context size: sizes park=auto's snapshot estimate
+    #: the engine's context size in tokens (0: the model's, which the store is not told):
+    #: park=auto sizes a slot's snapshot as a full context when given (else a slot's share of
+    #: ram_mib); ``strata init`` asks it
+    context_tokens: int = 0
     page_resume: bool = False  #: attention-only layouts: resume on any whole page too
     ladder: bool = True  #: restore the valid prefix of a damaged image (off: a typed error)
+    #: restore_many's requests share one batched read agenda (off: each is read on its own,
+    #: in order)
+    batch_agenda: bool = True
     restore_chunk_mib: int = 16  #: the apply pass copies at most this much at a time
     #: permission bits of every file the store creates (spec F-DIR-9): private by default;
     #: 0o640 for a store a group shares. Directories get an x bit per r bit (0o700, 0o750).
@@ -126,6 +133,7 @@ class StoreConfig:
         context_tokens: int = 0,
         page_resume: bool = False,
         ladder: bool = True,
+        batch_agenda: bool = True,
         restore_chunk_mib: int = 16,
         file_mode: int = 0o600,
         create_dirs: bool = False,
@@ -154,6 +162,7 @@ class StoreConfig:
             "context_tokens": context_tokens,
             "page_resume": page_resume,
             "ladder": ladder,
+            "batch_agenda": batch_agenda,
             "restore_chunk_mib": restore_chunk_mib,
             "file_mode": file_mode,
             "create_dirs": create_dirs,
@@ -412,7 +421,9 @@ def _refuse_half_levels(
     resolved: Mapping[str, Any], given_as: Mapping[str, str], source: str
 ) -> None:
     """A flat disk level named by half its settings is a mistake, not a level switched off
-    (``cold_dir`` without ``cold_mib``); an explicit ``""`` or ``0`` beside the other is one."""
+    (``cold_dir`` without ``cold_mib``); an explicit ``""`` or ``0`` beside the other is one.
+    ``cold_mib`` alone is whole: the cold level has a default directory
+    (:func:`~stratastore.config.environment.default_cold_dir`); the warm level has none."""
     for level in ("warm", "cold"):
         d, mib = f"{level}_dir", f"{level}_mib"
         if resolved.get(d) and mib not in resolved:
@@ -420,8 +431,9 @@ def _refuse_half_levels(
                 f"{source}: {given_as[d]} is set but {level}_mib is not: the {level} level "
                 f"needs a budget; set {level}_mib (MiB), or {level}_mib = 0 to keep it off"
             )
-        if resolved.get(mib) and d not in resolved:
+        if resolved.get(mib) and d not in resolved and level != DEFAULT_DIR_LEVEL:
             raise ConfigError(
                 f"{source}: {given_as[mib]} is set but {level}_dir is not: the {level} level "
-                f"needs a directory; set {level}_dir, or remove {given_as[mib]}"
+                f"needs a directory (only the {DEFAULT_DIR_LEVEL} level has a default one); "
+                f"set {level}_dir, or remove {given_as[mib]}"
             )

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 __all__ = [
     "after_fork_in_child",
+    "cache_home",
     "cpu_count",
     "env_default",
     "env_var",
@@ -126,6 +127,17 @@ def random_bytes(n: int) -> bytes:
 def env_var(name: str) -> str | None:
     """The value of the environment variable ``name`` in this process, or None when unset."""
     return os.environ.get(name)
+
+
+def cache_home() -> str:
+    """The user's cache directory (the XDG Base Directory spec): ``$XDG_CACHE_HOME`` when it
+    is an absolute path (unset, empty or relative, it is ignored, as the spec says), else
+    ``~/.cache``; ``""`` when this process has no home directory to put it in."""
+    xdg = env_var("XDG_CACHE_HOME") or ""
+    if os.path.isabs(xdg):
+        return xdg
+    home = os.path.expanduser("~")
+    return os.path.join(home, ".cache") if os.path.isabs(home) else ""
 
 
 def env_default(name: str, value: str) -> str:

@@ -1,13 +1,15 @@
 """``strata init``: the installer's questions, and the config file it writes.
 
 It measures the machine (free RAM, cores; the write+fsync and read speed of a directory chosen
-for a disk level), then asks what the defaults cannot know: **one request or several** (the
-slots) and **whether conversations are kept on disk** (the levels and their budgets), and the
-RAM budget; and writes a TOML config (its levels as ``[[levels]]`` tables) that
-``Store.open(fp, path)`` and every CLI command (``--config``) read. The measurements and the
-model size only inform the suggestions it prints: **no answer means the default**, so Enter at
-every prompt, like ``--yes`` (which asks nothing), writes exactly
-:class:`~stratastore.StoreConfig`'s defaults, on any machine, for any model.
+for a disk level), then asks what the defaults cannot know: the model's size, **one request or
+several** (the slots) and **whether conversations are kept on disk** (the levels and their
+budgets), the RAM budget, and after those two questions **the context size** in tokens (Enter:
+the model's, ``context_tokens = 0``); and writes a TOML config (its levels as ``[[levels]]``
+tables) that ``Store.open(fp, path)`` and every CLI command (``--config``) read. The
+measurements and the model (its K/V a token, its context) only inform the suggestions it
+prints: **no answer means the default**, so Enter at every prompt, like ``--yes`` (which asks
+nothing), writes exactly :class:`~stratastore.StoreConfig`'s defaults, on any machine, for any
+model.
 """
 
 from __future__ import annotations
@@ -17,24 +19,47 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from stratastore.config import LevelSpec, StoreConfig
 from stratastore.config.aliases import flat_mapping
 from stratastore.errors import ConfigError
 from stratastore.io import durable_write, files, pathnames
-from stratastore.io.system import cpu_count, mem_available, random_bytes, this_process
+from stratastore.io.system import (
+    cache_home,
+    cpu_count,
+    mem_available,
+    random_bytes,
+    this_process,
+)
 
-__all__ = ["MODEL_SIZES", "Machine", "measure_dir", "measure_machine", "run_init", "to_toml"]
+__all__ = [
+    "MODEL_SIZES",
+    "Machine",
+    "ModelSize",
+    "measure_dir",
+    "measure_machine",
+    "run_init",
+    "to_toml",
+]
 
 MIB = 1 << 20
-#: K/V bytes per token of common sizes (fp16/bf16, grouped-query attention, Llama-3 shapes)
+
+
+class ModelSize(NamedTuple):
+    """What the installer's estimates know of a model size."""
+
+    kv_bytes: int  #: K/V bytes a token (fp16/bf16, grouped-query attention)
+    context: int  #: the context it was trained for, in tokens
+
+
+#: common sizes, Llama-3 shapes (layers x K/V heads x head_dim x K and V x 2 bytes)
 MODEL_SIZES = {
-    "1b": 16 * 8 * 64 * 2 * 2,  # Llama-3.2-1B: 32 KiB
-    "3b": 28 * 8 * 128 * 2 * 2,  # Llama-3.2-3B: 112 KiB
-    "8b": 32 * 8 * 128 * 2 * 2,  # Llama-3.1-8B: 128 KiB
-    "70b": 80 * 8 * 128 * 2 * 2,  # Llama-3.1-70B: 320 KiB
-    "405b": 126 * 8 * 128 * 2 * 2,  # Llama-3.1-405B: 504 KiB
+    "1b": ModelSize(16 * 8 * 64 * 2 * 2, 131_072),  # Llama-3.2-1B: 32 KiB
+    "3b": ModelSize(28 * 8 * 128 * 2 * 2, 131_072),  # Llama-3.2-3B: 112 KiB
+    "8b": ModelSize(32 * 8 * 128 * 2 * 2, 131_072),  # Llama-3.1-8B: 128 KiB
+    "70b": ModelSize(80 * 8 * 128 * 2 * 2, 131_072),  # Llama-3.1-70B: 320 KiB
+    "405b": ModelSize(126 * 8 * 128 * 2 * 2, 131_072),  # Llama-3.1-405B: 504 KiB
 }
 
 
@@ -78,10 +103,17 @@ def _choice(
 
 
 def _number(
-    ask: Callable[[str], str], say: Callable[[str], None], question: str, default: int, low: int = 0
+    ask: Callable[[str], str],
+    say: Callable[[str], None],
+    question: str,
+    default: int,
+    low: int = 0,
+    shown: str | None = None,
 ) -> int:
+    """A whole number of at least ``low``, asked again until it is one; Enter is ``default``
+    (``shown`` says what that means, when not the number itself)."""
     while True:
-        got = ask(f"{question} [Enter: {default}] ").strip()
+        got = ask(f"{question} [Enter: {default if shown is None else shown}] ").strip()
         if not got:
             return default
         try:
@@ -111,7 +143,7 @@ def run_init(
     say(f"this machine: {machine.free_ram / 2**30:.1f} GiB of RAM free, {machine.cores} cores")
     if model_size is None:
         model_size = _choice(ask, "model size?", tuple(MODEL_SIZES), "8b")
-    per_token = MODEL_SIZES[model_size]
+    per_token, model_context = MODEL_SIZES[model_size]
     say(f"  a {model_size} model's K/V: {per_token // 1024} KiB a token")
     values: dict[str, Any] = {}
     several = _choice(
@@ -137,8 +169,9 @@ def run_init(
     )
     levels: list[LevelSpec] = []
     if disk == "yes":
-        home = pathnames.expanduser("~/.cache/stratastore")
-        d = ask(f"  directory for the disk level [Enter: {home}] ").strip() or home
+        # the directory a cold level given a budget alone is kept in (the user's cache)
+        here = pathnames.join(cache_home() or pathnames.abspath("."), "stratastore")
+        d = ask(f"  directory for the disk level [Enter: {here}] ").strip() or here
         write, read = measure(d)
         say(f"  {d}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
         cold = pathnames.abspath(d)
@@ -155,7 +188,40 @@ def run_init(
                 say(f"  {w}: write+fsync {write:,.0f} MB/s, read {read:,.0f} MB/s")
                 mib = _number(ask, say, "  its budget in MiB?", 16384, 1)
                 levels.insert(0, LevelSpec("warm", pathnames.abspath(w), mib))  # parks go first
+    values["context_tokens"] = _context(ask, say, model_size, values, model_context, per_token)
     return StoreConfig(**values, levels=levels)
+
+
+def _context(
+    ask: Callable[[str], str],
+    say: Callable[[str], None],
+    model_size: str,
+    values: dict[str, Any],
+    model_context: int,
+    per_token: int,
+) -> int:
+    """The context size question, after the slots and the disk: Enter keeps the default,
+    ``0`` (the model's context). Says how many full contexts the RAM budget holds for the
+    slots asked (``values``)."""
+    say(
+        f"  a {model_size} model's context is {model_context:,} tokens: "
+        f"{model_context * per_token / 2**30:.1f} GiB of K/V for a full one"
+    )
+    tokens = _number(
+        ask, say, "context size in tokens?", 0, shown=f"the model's, {model_context:,}"
+    )
+    full = (tokens or model_context) * per_token
+    held = values["ram_mib"] * MIB // full
+    say(
+        f"  the RAM budget ({values['ram_mib']:,} MiB) holds {held:,} full contexts of "
+        f"{tokens or model_context:,} tokens for {values['slots']} slots"
+        + (
+            ""
+            if held >= values["slots"]
+            else ": fewer than the slots (a park RAM cannot take goes to disk, when there is one)"
+        )
+    )
+    return tokens
 
 
 def _toml_value(v: object) -> str:

@@ -56,7 +56,7 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
         seen[real] = (spec.name, spec.dir)
     if not cfg.create_dirs:
         for spec in cfg.disk_levels():
-            if spec.dir:
+            if spec.dir and not spec.default_dir:  # the user's cache directory is made whole
                 _require_parent(cfg, spec)
 
 

@@ -31,6 +31,7 @@ from stratastore.catalog import Catalog
 from stratastore.catalog.gc import Collector
 from stratastore.chain import Conversation, Match
 from stratastore.config import StoreConfig
+from stratastore.config.environment import at_open
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 from stratastore.metrics.counters import Owner, owners_on, reported, zero_counts
@@ -72,6 +73,7 @@ class Tiers:
     ) -> None:
         #: the lines this store says: records of the ``stratastore`` logger, and ``warn``'s
         self.warn = Voice(warn)
+        cfg = at_open(cfg, self.warn)  # the environment's switches; a default directory named
         cfg = fit_default_ram(cfg, self.warn)  # the defaults open on an 8 GiB machine
         self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
         self.lock = threading.RLock()

@@ -252,7 +252,7 @@ def test_ram_mib_over_the_address_space_limit_is_a_config_error() -> None:
         ({"cold_dir": "/srv/strata"}, "cold_mib"),
         ({"spill_dir": "/srv/strata"}, "cold_mib"),
         ({"warm_dir": "/fast", "cold_dir": "/srv", "cold_mib": 8}, "warm_mib"),
-        ({"cold_mib": 100}, "cold_dir"),
+        ({"warm_mib": 100, "cold_dir": "/srv", "cold_mib": 8}, "warm_dir"),  # cold_mib has one
     ],
 )
 def test_a_half_configured_level_is_a_config_error(values: dict[str, Any], named: str) -> None:

@@ -129,7 +129,7 @@ def test_strata_init_writes_sections_that_read_back() -> None:
 @pytest.mark.parametrize(
     "cfg",
     [
-        StoreConfig(cold_mib=5),  # a flat level that is off: no directory
+        StoreConfig(cold_mib=5, cold_dir=""),  # a flat level that is off: an empty directory
         StoreConfig(warm_max_age_s=7, cold_dir="/c", cold_mib=1),
         StoreConfig(remote_name="ns-a"),  # remote settings without a URL
         StoreConfig(levels=[LevelSpec("a", "/a", 1)], remote_timeout_ms=9, remote_name="x"),

@@ -1,5 +1,6 @@
 """``strata init`` (the installer): 5 simulated machines x 5 model sizes x (``--yes``, or Enter at
-every prompt) = 50 cases, each writing exactly the defaults (and ``--yes`` asking nothing); answers
+every prompt) = 50 cases, each writing exactly the defaults (and ``--yes`` asking nothing; Enter
+at the context size question, asked after the slots and the disk, keeps the model's); answers
 change exactly what they answer; the file reads back."""
 
 from __future__ import annotations
@@ -55,8 +56,12 @@ def test_yes_or_enter_writes_exactly_the_defaults(
     if mode == "yes":
         assert asked == [] and said == []
     else:
-        assert len(asked) >= 4  # model, one-or-several, slots, RAM, disk
+        assert len(asked) == 6  # model, one-or-several, slots, RAM, disk, context size
         assert any(f"{machine.free_ram / GIB:.1f} GiB" in s for s in said)
+        _, several, _, _, disk, context = asked
+        assert "several" in several and "on disk" in disk  # the two questions, then the context
+        model = MODEL_SIZES["8b"]  # Enter at the model question
+        assert "context size" in context and f"the model's, {model.context:,}" in context
     out = tmp_path / "strata.toml"
     write_config(cfg, str(out))
     assert StoreConfig.from_toml(str(out)) == StoreConfig()
@@ -75,6 +80,7 @@ def test_answers_change_what_they_answer(tmp_path: Path) -> None:
             "yes",
             str(tmp_path / "warm"),
             "512",
+            "32768",
         ]
     )
     measured: list[str] = []
@@ -97,6 +103,7 @@ def test_answers_change_what_they_answer(tmp_path: Path) -> None:
         cold_mib=2048,
         warm_dir=str(tmp_path / "warm"),
         warm_mib=512,
+        context_tokens=32768,
     )
     assert cfg == want
     assert measured == [str(tmp_path / "cold"), str(tmp_path / "warm")]
@@ -108,7 +115,7 @@ def test_answers_change_what_they_answer(tmp_path: Path) -> None:
 
 
 def test_bad_answers_are_asked_again_and_nothing_is_overwritten(tmp_path: Path) -> None:
-    answers = iter(["", "several", "lots", "-3", "3", "", "maybe", "no"])
+    answers = iter(["", "several", "lots", "-3", "3", "", "maybe", "no", "128k", ""])
     said: list[str] = []
     cfg = run_init(
         yes=False,
@@ -119,6 +126,7 @@ def test_bad_answers_are_asked_again_and_nothing_is_overwritten(tmp_path: Path) 
     )
     assert cfg == StoreConfig(slots=3)
     assert any("not a whole number" in s for s in said) and any("at least 1" in s for s in said)
+    assert any("'128k' is not a whole number" in s for s in said)  # the context, asked again
     path = tmp_path / "strata.toml"
     path.write_text("ram_mib = 1\n")
     with pytest.raises(ConfigError, match="--force"):
@@ -145,3 +153,46 @@ def test_cli_init_yes_and_enter_at_every_prompt(tmp_path: Path) -> None:
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert "the defaults" in a.stdout and "this machine" not in a.stdout
     assert (tmp_path / "a.toml").read_bytes() == (tmp_path / "b.toml").read_bytes()
+
+
+@pytest.mark.parametrize("size", sorted(MODEL_SIZES))
+def test_the_context_size_defaults_to_the_models_and_is_written(size: str, tmp_path: Path) -> None:
+    asked: list[str] = []
+    said: list[str] = []
+    answers = iter(["", "", "", "", "16384"])  # Enter at the others: the defaults
+
+    def ask(question: str) -> str:
+        asked.append(question)
+        return next(answers)
+
+    cfg = run_init(
+        yes=False,
+        ask=ask,
+        say=said.append,
+        machine=MACHINES[3],
+        model_size=size,
+        measure=no_disk_bench,
+    )
+    assert cfg == StoreConfig(context_tokens=16384)
+    assert f"the model's, {MODEL_SIZES[size].context:,}" in asked[-1]
+    assert any(f"context is {MODEL_SIZES[size].context:,} tokens" in s for s in said)
+    path = tmp_path / "strata.toml"
+    write_config(cfg, str(path))
+    assert "context_tokens = 16384" in path.read_text()
+    assert StoreConfig.from_toml(str(path)).context_tokens == 16384
+
+
+def test_cli_init_asks_the_context_size_after_the_two_questions(tmp_path: Path) -> None:
+    out = tmp_path / "strata.toml"
+    r = subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", "init", "--model-size", "70b"],
+        input="\n\n\nno\n65536\n",  # several, slots, RAM, no disk, then the context size
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.index("on disk") < r.stdout.index("context size in tokens")
+    assert "context_tokens=65536" in r.stdout
+    assert StoreConfig.from_toml(str(out)) == StoreConfig(context_tokens=65536)
