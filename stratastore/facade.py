@@ -52,7 +52,6 @@ from stratastore.tiers.checks import batch_requests, restore_cap, session_name
 from stratastore.tiers.describe import StoreDescription, info_line
 from stratastore.tiers.device import device_snapshot, kv_bytes
 from stratastore.tiers.records import InvalidConversation, ParkReport, Restored, Snapshot
-from stratastore.tiers.restore import destinations
 from stratastore.tiers.spill import SpillError
 from stratastore.tiers.tiered import Tiers
 
@@ -324,14 +323,7 @@ class Store:
                 f"{len(reqs)} (one per request), not {max_tokens!r}"
             )
         with self.latency["restore"].time(), self._in_flight("restore_many"):
-            if self._tiers.cfg.batch_agenda:
-                got = self._tiers.restore_many(reqs, pictures, caps)
-            else:  # each on its own, in order; every destination is still checked first
-                destinations(self._tiers.fp, reqs, caps)
-                got = [
-                    self._tiers.restore_many([req], [pics], [cap])[0]
-                    for req, pics, cap in zip(reqs, pictures, caps, strict=True)
-                ]
+            got = self._tiers.restore_many(reqs, pictures, caps)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (

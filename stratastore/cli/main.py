@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -58,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     it (:func:`~stratastore.cli.exit_codes.exit_code`); argparse exits 2 on a usage error."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _say_store_lines()
     if args.command is None:
         parser.print_help()
         return ExitCode.OK
@@ -72,3 +74,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `strata ... | head`: the reader left; not an error of ours
         silence_stdout()  # no second error when Python flushes at exit
         return ExitCode.BROKEN_PIPE
+
+
+def _say_store_lines() -> None:
+    """A store's warnings, as the commands print them: ``stratastore: <line>`` on stderr (the
+    ``stratastore`` logger's records at WARNING and above), unless the logger already has a
+    handler (a caller of :func:`main` that routes them itself)."""
+    logger = logging.getLogger("stratastore")
+    if logger.handlers:
+        return
+    handler = _Stderr(logging.WARNING)
+    handler.setFormatter(logging.Formatter("stratastore: %(message)s"))
+    logger.addHandler(handler)
+
+
+class _Stderr(logging.Handler):
+    """Writes each record to ``sys.stderr`` as it is when the record is emitted (a handler made
+    once must not keep a stream that was replaced since, as a test's capture is)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)

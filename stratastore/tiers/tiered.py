@@ -51,7 +51,7 @@ from stratastore.tiers.records import (
     Snapshot,
 )
 from stratastore.tiers.remote import RemoteLevel
-from stratastore.tiers.restore import Request, Restorer
+from stratastore.tiers.restore import Request, Restorer, destinations
 from stratastore.tiers.sessions import Sessions
 from stratastore.tiers.sources import DiskSource, PendingSource, RamSource, RemoteSource
 from stratastore.tiers.spill import SpillWriter
@@ -273,8 +273,18 @@ class Tiers:
         max_tokens: Sequence[int | None] = (),
     ) -> list[Restored | Exception]:
         """:meth:`restore` for several prompts at once (:meth:`.restore.Restorer.restore_many`):
-        per request, its :class:`Restored` or the error that request alone raised."""
-        return self.restorer.restore_many(requests, media, max_tokens)
+        per request, its :class:`Restored` or the error that request alone raised. With
+        ``batch_agenda`` off each is restored on its own, in order (every destination still
+        checked before anything runs)."""
+        if self.cfg.batch_agenda:
+            return self.restorer.restore_many(requests, media, max_tokens)
+        destinations(self.fp, requests, max_tokens)
+        return [
+            self.restorer.restore_many(
+                [req], [media[i] if media else None], [max_tokens[i] if max_tokens else None]
+            )[0]
+            for i, req in enumerate(requests)
+        ]
 
     # -- sessions (explicit save/load: never removed by GC) -----------------------------------
     def save_session(self, snap: Snapshot) -> None:

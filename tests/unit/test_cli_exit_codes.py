@@ -131,7 +131,10 @@ def test_a_damaged_sidecar_exits_2_in_inspect_and_3_elsewhere(
     assert "not a valid v1 sidecar" in err
     from stratastore.levels.local import SegmentStore
 
-    monkeypatch.setattr("stratastore.metrics.monitor.read_monitor", SegmentStore.fingerprint_in)
+    def read_monitor(*_: object, **__: object) -> object:  # the same sidecar, read by monitor
+        return SegmentStore.fingerprint_in(str(tmp_path))
+
+    monkeypatch.setattr("stratastore.metrics.monitor.read_monitor", read_monitor)
     assert main(["monitor", str(tmp_path), "--once"]) == ExitCode.FORMAT
     assert _one_line(capsys.readouterr().err) == err
 
