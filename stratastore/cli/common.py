@@ -101,7 +101,7 @@ def levels_doc(levels: StoreLevels) -> dict[str, Any]:
 def config_dirs(args: argparse.Namespace) -> list[str]:
     """The level directories of ``--config`` (first level first), for commands given no DIR."""
     cfg: StoreConfig | None = args.store_config
-    dirs = [] if cfg is None else [lv.dir for lv in cfg.disk_levels()]
+    dirs = [] if cfg is None else [lv.dir for lv in cfg.disk_levels() if lv.dir]
     if not dirs:
         raise ConfigError(
             "name the store's level directories, or pass --config FILE whose "

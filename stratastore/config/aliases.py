@@ -117,22 +117,17 @@ def alias_conflict(setting: str, value: object, specs: tuple[LevelSpec, ...], fl
     spec = _named(specs, level)
     if spec is not None:
         where = f"levels[{index_in_list(specs, spec)}] ({spec.name})"
-        have = (
-            f"{key}={_read(spec, key)!r}"
-            if key in _LEVEL_FIELDS
-            else (
-                f"settings.{key}=<hidden>"
-                if REDIS_SETTINGS[key].secret
-                else f"settings.{key}={_read(spec, key)!r}"
-            )
-        )
+        field = key if key in _LEVEL_FIELDS else f"settings.{key}"
+        secret = (_LEVEL_FIELDS[key] if key in _LEVEL_FIELDS else REDIS_SETTINGS[key]).secret
+        have = f"{field}=<hidden>" if secret else f"{field}={_read(spec, key)!r}"
         shown = "<hidden>" if FLAT[flat][2].secret else repr(value)
         return (
             f"{setting}={shown} and {where} {have} name the same setting with different "
             f"values; keep one of them (the levels entry)"
         )
+    shown = "<hidden>" if FLAT[flat][2].secret else repr(value)
     return (
-        f"{setting}={value!r} names the {level} level, but levels has no level named "
+        f"{setting}={shown} names the {level} level, but levels has no level named "
         f"{level!r}; add it to levels, or remove {setting}"
     )
 

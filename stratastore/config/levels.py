@@ -222,7 +222,8 @@ class LevelSpec:
             if problem is None and self.dir:
                 problem = "dir and url are both set; a level is a directory (dir) or a URL (url)"
         if problem is None and not isinstance(self.settings, Mapping):
-            problem = f"settings={self.settings!r} must be a table of the level's settings"
+            kind = type(self.settings).__name__
+            problem = f"settings (a {kind}) must be a table of the level's settings"
         if problem is None:
             problem = settings_problem(self.shared, self.settings, lambda k: k)
         if problem is not None:
@@ -296,7 +297,7 @@ class LevelSpec:
             problem = _url_problem(args["url"])
         settings = args.get("settings", {})
         if problem is None and not isinstance(settings, Mapping):
-            problem = f"settings={settings!r} must be a table ([levels.settings])"
+            problem = f"settings (a {type(settings).__name__}) must be a table ([levels.settings])"
         if problem is None:
             shared = scheme_of(args.get("url", "")) in SHARED_SCHEMES
             problem = settings_problem(
@@ -331,7 +332,7 @@ def as_levels(value: object) -> tuple[LevelSpec, ...]:
     unique."""
     if not isinstance(value, (list, tuple)):
         raise ConfigError(
-            f"setting levels={value!r} must be a list of levels (TOML: [[levels]] "
+            f"setting levels (a {type(value).__name__}) must be a list of levels (TOML: [[levels]] "
             "tables of name, dir or url, mib, max_age_s)"
         )
     if len(value) > MAX_LEVELS + 1:  # refused before any is parsed: a hostile list is long
@@ -347,7 +348,8 @@ def as_levels(value: object) -> tuple[LevelSpec, ...]:
             out.append(LevelSpec.from_mapping(v, f"levels[{i}]"))
         else:
             raise ConfigError(
-                f"levels[{i}]={v!r} must be a level (a table of name, dir or url, mib, max_age_s)"
+                f"levels[{i}] (a {type(v).__name__}) must be a level (a table of name, dir or "
+                "url, mib, max_age_s)"
             )
     disk = [lv for lv in out if not lv.shared]
     if len(disk) > MAX_LEVELS:

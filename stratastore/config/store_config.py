@@ -188,18 +188,37 @@ class StoreConfig:
             )
         if levels and specs:
             raise TypeError("StoreConfig takes levels or specs, not both")
+        canon: dict[str, Any] = {}  # by canonical name; given_as: as the caller spelled it
         given_as: dict[str, str] = {}
-        for key in list(flat):
+        for key, value in flat.items():
             name = ALIASES.get(key, key)
             if name not in FLAT:
-                raise TypeError(f"StoreConfig got an unexpected keyword argument {key!r}")
-            if name in given_as and flat[name] != flat[key]:
                 raise ConfigError(
-                    f"{given_as[name]}={flat[name]!r} and {key}={flat[key]!r} name "
-                    "the same setting with different values; keep one of them"
+                    f"unknown setting {key!r}; known settings: "
+                    f"{', '.join(sorted(_KNOWN | set(FLAT) | set(ALIASES)))}"
                 )
-            flat[name], given_as[name] = flat.pop(key), key
-        object.__setattr__(self, "specs", fold(as_levels(levels or specs), flat, given_as))
+            if name in canon and canon[name] != value:
+                shown = "<hidden>" if FLAT[name][2].secret else None
+                raise ConfigError(
+                    f"{given_as[name]}={shown or repr(canon[name])} and {key}="
+                    f"{shown or repr(value)} name the same setting with different values; "
+                    "keep one of them"
+                )
+            canon[name], given_as[name] = value, key
+        listed = as_levels(levels or specs)
+        # a flat setting of a level the list holds is its alias: given explicitly, it must
+        # agree with the level's value (at its default too), as from_mapping checks
+        kinds = {"remote": any(s.shared for s in listed), "disk": any(not s.shared for s in listed)}
+        aliased = {
+            k: canon.pop(k)
+            for k in list(canon)
+            if kinds["remote" if FLAT[k][0] == "remote" else "disk"]
+        }
+        object.__setattr__(self, "specs", fold(listed, canon, given_as))
+        for name, value in aliased.items():
+            have = getattr(self, name)
+            if value != have or type(value) is not type(have):
+                raise ConfigError(alias_conflict(given_as[name], value, self.specs, name))
         self._check_remote()
 
     # -- the levels -----------------------------------------------------------------------------
@@ -437,3 +456,9 @@ def _refuse_half_levels(
                 f"needs a directory (only the {DEFAULT_DIR_LEVEL} level has a default one); "
                 f"set {level}_dir, or remove {given_as[mib]}"
             )
+
+
+#: the settings :class:`StoreConfig` takes by name (``levels`` for the list it holds as ``specs``)
+_KNOWN = frozenset(f.name for f in dataclasses.fields(StoreConfig) if f.name != "specs") | {
+    "levels"
+}

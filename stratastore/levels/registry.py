@@ -25,6 +25,7 @@ __all__ = ["SCHEMES", "SHARED_SCHEMES", "URL_SCHEMES", "Opener", "open_level", "
 
 Opener = Callable[[str, ModelFingerprint, Level, Mapping[str, Any]], SegmentBackend]
 
+_MEMORY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")  # RFC 3986 section 3.1
 
 
@@ -97,8 +98,13 @@ def _open_memory(
     from stratastore.levels.memory import MemoryBackend
 
     if settings:
-        raise ConfigError(f"level {spec}: a memory level takes no settings ({sorted(settings)})")
-    return MemoryBackend(spec.partition("://")[2] or "default", fingerprint, level)
+        raise ConfigError(f"a memory:// level takes no settings ({sorted(settings)})")
+    name = spec.partition("://")[2] or "default"
+    if not _MEMORY_NAME.fullmatch(name):
+        raise ConfigError(
+            "a memory:// level's name is letters, digits, '_', '.' and '-' (memory://scratch)"
+        )
+    return MemoryBackend(name, fingerprint, level)
 
 
 def _open_redis(

@@ -171,7 +171,9 @@ def _root_levels(root: str, *, strict: bool) -> tuple[list[str], bool, str, list
 
 def _config_levels(cfg: StoreConfig, source: str) -> list[str]:
     """The directories of ``cfg``'s disk levels that are on, in the config's order."""
-    dirs = [pathnames.abspath(lv.dir) for lv in cfg.disk_levels()]
+    dirs = [
+        pathnames.abspath(lv.dir) for lv in cfg.disk_levels() if lv.dir
+    ]  # a URL level has no folder
     if not dirs:
         raise NoStoreLevels(
             f"config {source} turns on no disk level: set warm_dir and warm_mib, "

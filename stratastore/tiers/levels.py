@@ -19,7 +19,7 @@ from stratastore.format import Level, ModelFingerprint
 from stratastore.io import files
 from stratastore.io.system import volume_bytes
 from stratastore.levels.backend import CatalogHost, SharedBackend
-from stratastore.levels.registry import open_level
+from stratastore.levels.registry import open_level, scheme_of
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.remote import RemoteLevel
@@ -33,7 +33,7 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
     budget ("empty / 0 = off"); one without the other is said loudly here, never
     silently absent. Two levels on one directory are refused: the first move down would lock
     itself. A level directory whose parent does not exist is refused unless ``create_dirs``."""
-    given = [(lv.name, lv.dir, lv.mib) for lv in cfg.levels] or [
+    given = [(lv.name, lv.dir or _shown(lv.url), lv.mib) for lv in cfg.levels] or [
         ("warm", cfg.warm_dir, cfg.warm_mib),
         ("cold", cfg.cold_dir, cfg.cold_mib),
     ]
@@ -58,6 +58,11 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
         for spec in cfg.disk_levels():
             if spec.dir and not spec.default_dir:  # the user's cache directory is made whole
                 _require_parent(cfg, spec)
+
+
+def _shown(url: str) -> str:
+    """A level's URL as a message shows it: its scheme alone (a URL may carry a credential)."""
+    return f"{scheme_of(url)}://..." if url else ""
 
 
 def _require_parent(cfg: StoreConfig, spec: LevelSpec) -> None:
@@ -142,7 +147,7 @@ def attach_catalog(
     last = levels[-1].store
     if not (last.hosts_catalog and isinstance(last, CatalogHost)):
         raise ConfigError(
-            f"the last disk level {levels[-1].name} ({last.path}) cannot hold the shared "
+            f"the last disk level {levels[-1].name} ({_shown(last.path)}) cannot hold the shared "
             "catalog; make the last level a directory"
         )
     catalog = Catalog(last.catalog_tables())

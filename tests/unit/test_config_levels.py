@@ -168,11 +168,13 @@ def test_a_bad_level_names_the_key(level: dict[str, Any], match: str) -> None:
 
 
 def test_bad_lists() -> None:
-    with pytest.raises(ConfigError, match=r"setting levels='/a' must be a list.*\[\[levels\]\]"):
+    with pytest.raises(
+        ConfigError, match=r"setting levels \(a str\) must be a list.*\[\[levels\]\]"
+    ):
         StoreConfig.from_mapping({"levels": "/a"})
     with pytest.raises(ConfigError, match="must be a list"):  # TOML [levels]: one table
         StoreConfig.from_toml_bytes(b'[levels]\nname = "a"\ndir = "/a"\nmib = 1\n')
-    with pytest.raises(ConfigError, match=r"levels\[1\]=5 must be a level"):
+    with pytest.raises(ConfigError, match=r"levels\[1\] \(a int\) must be a level"):
         StoreConfig.from_mapping({"levels": [WARM, 5]})
     many = [{"name": f"l{i}", "dir": f"/{i}", "mib": 1} for i in range(MAX_LEVELS + 1)]
     assert len(StoreConfig.from_mapping({"levels": many[:MAX_LEVELS]}).disk_levels()) == 8

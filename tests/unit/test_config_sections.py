@@ -204,7 +204,7 @@ def test_keyword_aliases_conflict_too() -> None:
     with pytest.raises(ConfigError, match=r"remote_mib=3 and levels\[0\] \(r\) mib=1"):
         StoreConfig(levels=[redis], remote_mib=3)
     assert StoreConfig(levels=[redis], remote_mib=1).remote == redis  # agreeing: fine
-    with pytest.raises(TypeError, match="cold_dirr"):
+    with pytest.raises(ConfigError, match=r"unknown setting .cold_dirr."):
         StoreConfig(cold_dirr="/c")
 
 
