@@ -153,12 +153,14 @@ class Store:
         ``states`` maps checkpoint lengths to the running state saved there (hybrid and
         recurrent models). The store keeps ``conv`` and ``kv`` (the capture) until they are
         copied or written, and may trim ``conv``'s checkpoints (retention) or tokens (the
-        prefix that fits): do not reuse either.
+        prefix that fits), and cut ``kv``'s pages in place at a checkpoint it keeps that the
+        capture was not cut at (``conv.cuts`` says where): do not reuse either.
 
         Retention runs across the parks of one conversation id: the checkpoints kept
         are those the previous park kept that are still prefixes of these tokens, plus the new
         ones, added one at a time under ``checkpoints``/``retention``; pass the newest
-        checkpoint or the whole list, alike (``conv.checkpoints`` says what was kept). With
+        checkpoint or the whole list, with cuts or none, alike (``conv.checkpoints`` says what
+        was kept; every one kept is a point a restore can end at). With
         ``park_truncate`` a snapshot that fails the RAM budget, or the parking floor
         with no disk level to take it, parks its deepest checkpoint prefix that fits (the
         report's ``tokens``). ``pin=True`` pins the RAM entry: another park never truncates or

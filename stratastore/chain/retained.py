@@ -102,15 +102,12 @@ class RetainedChains:
         mem = self._memory.get(conv_id)
         return [c.length for c in mem.kept] if mem else []
 
-    def apply(
-        self, conv: Conversation, stored: Stored = None, layout: set[int] | None = None
-    ) -> list[Checkpoint]:
+    def apply(self, conv: Conversation, stored: Stored = None) -> list[Checkpoint]:
         """Set ``conv.checkpoints`` to the chain it keeps at this park and remember it; returns
         the passed checkpoints that were not kept (their running states can go). ``stored``
         gives the chain the store holds for the id, asked only when nothing is remembered.
-        ``layout``: the segment boundaries this park's K/V was packed with; a remembered
-        checkpoint that is not one of them is not kept (it cannot be a resume point without
-        repacking the bytes: a checkpoint ends a segment, spec F-SEG-4)."""
+        A kept checkpoint the park's K/V was not cut at is the caller's to make a segment
+        bound (a checkpoint ends a segment, spec F-SEG-7: the park re-lays the capture)."""
         passed = list(conv.checkpoints)
         mem = self._memory.pop(conv.conv_id, None)
         if mem is None and stored is not None and (held := stored()) is not None:
@@ -118,7 +115,7 @@ class RetainedChains:
         mem = mem or _Memory([], {})
         digests = prefix_digests(conv, [*mem.seen, *(c.length for c in passed)])
         on_branch = {n for n, d in mem.seen.items() if digests.get(n) == d}
-        chain = self._chain(mem, on_branch if layout is None else on_branch & layout, passed)
+        chain = self._chain(mem, on_branch, passed)
         conv.checkpoints = chain
         seen = on_branch | {c.length for c in passed}
         self._memory[conv.conv_id] = _Memory(

@@ -11,7 +11,7 @@ from stratastore.restore.destinations import (
     flat_bytes,
 )
 from stratastore.restore.device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
-from stratastore.restore.pages import deliver_capture, pack_pages
+from stratastore.restore.pages import deliver_capture, pack_pages, recut_pages
 from stratastore.restore.two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
@@ -32,5 +32,6 @@ __all__ = [
     "flat_bytes",
     "restore_batch",
     "pack_pages",
+    "recut_pages",
     "two_pass_restore",
 ]

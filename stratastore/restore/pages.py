@@ -1,7 +1,7 @@
 """A conversation's K/V in the stored page layout (spec F-SEG-4), from the engine's layout and
 back out of a capture: :func:`pack_pages` (per-layer K and V arrays into pages, one strided copy
-per layer, K/V and segment) and :func:`deliver_capture` (a capture this process holds into a
-restore destination)."""
+per layer, K/V and segment), :func:`deliver_capture` (a capture this process holds into a
+restore destination) and :func:`recut_pages` (a capture cut at more points, in place)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from stratastore.restore.destinations import (
     page_runs,
 )
 
-__all__ = ["deliver_capture", "pack_pages"]
+__all__ = ["deliver_capture", "pack_pages", "recut_pages"]
 
 
 def deliver_capture(
@@ -106,3 +106,55 @@ def pack_pages(
 
     parallel_run([task(i, kind) for i in range(n_layers) for kind in (0, 1)], n_tokens * tb)
     return out
+
+
+def recut_pages(
+    fp: ModelFingerprint,
+    kv: npt.NDArray[np.uint8],
+    bounds: Sequence[int],
+    cuts: Sequence[int],
+) -> list[tuple[int, int]]:
+    """Lay ``kv`` (a capture in the stored layout, spec F-SEG-4 and F-SEG-7, its segments
+    between consecutive ``bounds``: 0, the cuts, the end) out again, in place, as segments cut
+    at every point of ``cuts`` as well, so that each of them starts a segment and its pages.
+
+    A segment ``[s, e)`` with new cuts inside changes from the page holding its first new cut
+    to its end; the pages before that page are already where the new layout wants them. Each
+    changed region passes through one buffer of its own size (the K and V rows of its tokens),
+    so a recut costs two copies of the bytes from the first new cut to the end of its segment,
+    and no more memory than that. Returns the ``(start, end)`` of the segments that changed
+    (digests of their pages no longer hold)."""
+    p, tb = fp.page_tokens, fp.token_bytes
+    row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize
+    changed = []
+    for s, e in itertools.pairwise(bounds):
+        inner = sorted({c for c in cuts if s < c < e})
+        if not inner:
+            continue
+        lo = s + (inner[0] - s) // p * p  # the first page whose layout changes
+        n = e - lo
+        rows = np.empty((fp.n_layers, 2, n, row), np.uint8)  # token-major K and V rows
+        for t0, view in page_runs(fp, lo, n, kv[lo * tb : e * tb], p):
+            for paged, token_major in _plane_runs(view, rows, t0 - lo):
+                token_major[...] = paged
+        for a, b in itertools.pairwise([lo, *inner, e]):
+            for t0, view in page_runs(fp, a, b - a, kv[a * tb : b * tb], p):
+                for paged, token_major in _plane_runs(view, rows, t0 - lo):
+                    paged[...] = token_major
+        changed.append((s, e))
+    return changed
+
+
+def _plane_runs(
+    view: npt.NDArray[np.uint8], rows: npt.NDArray[np.uint8], t0: int
+) -> list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]]:
+    """A run of pages ``view`` (``[pages, layers, 2, q, row]``) whose first token is token
+    ``t0`` of ``rows`` (``[layers, 2, tokens, row]``), as pairs of views, one per layer and K/V:
+    the run's ``[pages, q, row]`` and the same tokens' rows of ``rows`` in that shape (a view:
+    the rows are contiguous)."""
+    pages, layers, _, q, row = view.shape
+    return [
+        (view[:, layer, kind], rows[layer, kind, t0 : t0 + pages * q].reshape(pages, q, row))
+        for layer in range(layers)
+        for kind in (0, 1)
+    ]

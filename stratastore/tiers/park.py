@@ -29,6 +29,7 @@ from stratastore.chain import Conversation, RetainedChains
 from stratastore.config import StoreConfig
 from stratastore.format import ModelFingerprint
 from stratastore.metrics.logs import Voice
+from stratastore.restore import recut_pages
 from stratastore.tiers.admission import Admission, log_admission
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.disk import DiskLevel
@@ -135,19 +136,29 @@ class Parking:
         """Retention across parks: the checkpoints kept are those the previous park of the
         conversation kept, still prefixes of these tokens, with the new ones added one at a
         time under ``checkpoints``/``retention`` (:mod:`stratastore.chain.retained`);
-        ``snap.conv.checkpoints`` is set to them and the states of the others are dropped. The
-        store keeps no running state across parks: for a snapshot with ``states`` (a hybrid
-        model), a remembered checkpoint this park passes no state for still counts as kept but
-        is not parked as a resume point (a RAM hit there would have no state to give)."""
+        ``snap.conv.checkpoints`` is set to them and the states of the others are dropped.
+
+        Every checkpoint kept is a segment bound, whatever cuts came with the park (spec
+        F-SEG-7: a restore ends on a segment bound): the capture is laid out again, in place,
+        at a kept checkpoint it was not cut at (:func:`~stratastore.restore.recut_pages`), so an
+        engine that passes its root and newest checkpoint and no cuts keeps the points that
+        retention spreads. Nothing the capture was cut at moves: a passed checkpoint retention
+        drops stays a cut. The store keeps no running state across parks: for a snapshot with
+        ``states`` (a hybrid model), a remembered checkpoint this park passes no state for
+        still counts as kept but is not parked as a resume point (a RAM hit there would have
+        no state to give)."""
         conv = snap.conv
         passed = {c.length for c in conv.checkpoints}
-        # the boundaries the capture was packed with (its pages start at each, F-SEG-4): what
-        # retention keeps must be among them, and what it drops stays one (a cut), or the bytes
-        # would be read in another layout than they were written in
-        layout = {b for seg in conv.boundaries() for b in seg}
-        for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id), layout):
+        layout = {b for seg in conv.boundaries() for b in seg}  # what the capture is cut at
+        for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id)):
             snap.states.pop(gone.length, None)
-        conv.cuts = sorted(layout - {len(conv.tokens)}) or [0]
+        bounds = layout | {c.length for c in conv.checkpoints}
+        if bounds != layout:
+            if not snap.kv.flags.writeable:  # the engine's read-only bytes: the store's copy
+                snap.kv = snap.kv.copy()
+            for seg in recut_pages(self.fp, snap.kv, sorted(layout), sorted(bounds)):
+                snap.page_hashes.pop(seg, None)  # digests of the old pages
+        conv.cuts = sorted(bounds - {len(conv.tokens)}) or [0]
         if snap.states:
             resumable = [
                 c for c in conv.checkpoints if c.length in passed or c.length in snap.states

@@ -21,6 +21,7 @@ import pytest
 from strata_harness.sim import AgentEdit, run_agent_edit
 from stratastore import ModelFingerprint, Store
 from stratastore.chain import Checkpoint, Conversation, as_tokens
+from stratastore.restore import LayerKV, pack_pages
 from tests.conftest import tiny_fp
 
 SYSTEM, TURNS, TURN = 9525, 200, 1000  # the 200-turn edit table's simulation
@@ -38,28 +39,44 @@ HELD = RNG.integers(0, 150_000, END, dtype=np.uint32)
 KV = RNG.integers(0, 256, END * FP4.token_bytes, dtype=np.uint8)
 
 
-def turn_conv(t: int, whole_list: bool) -> Conversation:
-    """Turn ``t``'s conversation as the engine parks it: the first park carries the pinned
-    root; later ones only the new turn's end, or (``whole_list``) every checkpoint it made."""
+# the engine's K/V per token (one layer, one head, one 2-byte element): what a restore gives back
+K = RNG.integers(0, 1 << 16, (END, 1, 1), dtype=np.uint16)
+V = RNG.integers(0, 1 << 16, (END, 1, 1), dtype=np.uint16)
+#: how an engine passes its checkpoints: the new turn's end only (with the pinned root at the
+#: first park) and a cut at every turn start; every checkpoint it made, cut alike; or its pinned
+#: root and its newest checkpoint, and no cuts at all
+PATTERNS = ("newest-only", "whole-list", "root-and-newest-no-cuts")
+
+
+def turn_conv(t: int, pattern: str) -> Conversation:
+    """Turn ``t``'s conversation as the engine parks it, by calling ``pattern``."""
     end = SYSTEM + t * TURN
-    root = Checkpoint(SYSTEM, pinned=True)
-    if whole_list:
+    root, newest = Checkpoint(SYSTEM, pinned=True), Checkpoint(end, last_used=t)
+    cuts = [0, *range(SYSTEM, end, TURN)]
+    if pattern == "whole-list":
         cks = [root, *(Checkpoint(SYSTEM + i * TURN, last_used=i) for i in range(1, t + 1))]
+    elif pattern == "newest-only":
+        cks = [root, newest] if t == 1 else [newest]
     else:
-        cks = [root, Checkpoint(end, last_used=t)] if t == 1 else [Checkpoint(end, last_used=t)]
-    return Conversation("agent", HELD[:end].copy(), cks, cuts=[0, *range(SYSTEM, end, TURN)])
+        cks, cuts = [root, newest], [0]
+    return Conversation("agent", HELD[:end].copy(), cks, cuts=cuts)
 
 
-def engine_run(store: Store, turns: range, whole_list: bool, restore: bool = True) -> Conversation:
+def capture(conv: Conversation) -> npt.NDArray[np.uint8]:
+    """The engine's K/V of ``conv`` packed as it parks it: in pages from each of its bounds."""
+    n = len(conv.tokens)
+    return pack_pages(FP4, [K[:n]], [V[:n]], n, [s for s, _ in conv.boundaries()])
+
+
+def engine_run(store: Store, turns: range, pattern: str, restore: bool = True) -> Conversation:
     """Each turn: restore the prompt (the previous park comes back whole), then park it."""
     conv = None
     for t in turns:
         end = SYSTEM + t * TURN
         if restore and t > 1:
-            out = np.zeros(end * FP4.token_bytes, np.uint8)
-            assert store.restore(HELD[:end], out).tokens == end - TURN
-        conv = turn_conv(t, whole_list)
-        store.park(conv, KV[: end * FP4.token_bytes].copy())
+            assert restored_tokens(store, HELD[:end]) == end - TURN
+        conv = turn_conv(t, pattern)
+        store.park(conv, capture(conv))
     assert conv is not None
     return conv
 
@@ -68,16 +85,20 @@ def before_end(conv: Conversation) -> list[int]:
     return sorted(len(conv.tokens) - c.length for c in conv.checkpoints)
 
 
+def restored_tokens(store: Store, prompt: npt.NDArray[np.uint32]) -> int:
+    """Restore ``prompt`` into the engine's per-layer K and V; the restored tokens are the
+    parked K/V, element for element, whatever cuts the parks came with."""
+    k, v = np.zeros((len(prompt), 1, 1), np.uint16), np.zeros((len(prompt), 1, 1), np.uint16)
+    n = store.restore(prompt, LayerKV(FP4, [k], [v])).tokens
+    assert np.array_equal(k[:n], K[:n]) and np.array_equal(v[:n], V[:n])
+    return n
+
+
 def reread_after_edit(store: Store, back: int) -> int:
-    """Re-read tokens of the held conversation rewritten ``back`` tokens before its end; the
-    restored prefix is the parked K/V, bit for bit."""
+    """Re-read tokens of the held conversation rewritten ``back`` tokens before its end."""
     prompt = HELD.copy()
     prompt[END - back] ^= 1  # the first rewritten token differs
-    out = np.zeros(END * FP4.token_bytes, np.uint8)
-    r = store.restore(prompt, out)
-    n = r.tokens * FP4.token_bytes
-    assert np.array_equal(out[:n], KV[:n])
-    return END - r.tokens
+    return END - restored_tokens(store, prompt)
 
 
 def ram_store(policy: str, **kw: Any) -> Store:
@@ -85,24 +106,26 @@ def ram_store(policy: str, **kw: Any) -> Store:
     return Store.open(FP4, {**cfg, **kw}, probe=lambda: BIG)
 
 
+@pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("policy", ["spread", "lru"])
-def test_edit_table_through_store_park_turn_by_turn(policy: str) -> None:
+def test_edit_table_through_store_park_turn_by_turn(policy: str, pattern: str) -> None:
     """Once, spread kept 0/1K/6K/24K/72K of a whole list (re-reading 6K and 72K) and
-    only the newest of a newest-only engine (re-reading everything)."""
+    only the newest of a newest-only engine (re-reading everything); an engine passing its root
+    and newest checkpoint with no cuts kept only those two (re-reading 200K either way)."""
     kept, reread = EDIT_TABLE[policy]
-    for whole_list in (False, True):  # the engine passes its newest checkpoint, or them all
-        with ram_store(policy) as store:
-            conv = engine_run(store, range(1, TURNS + 1), whole_list)
-            assert before_end(conv) == kept  # what the last park kept (the store set it)
-            assert {back: reread_after_edit(store, back) for back in reread} == reread
+    with ram_store(policy) as store:
+        conv = engine_run(store, range(1, TURNS + 1), pattern)
+        assert before_end(conv) == kept  # what the last park kept (the store set it)
+        assert {b for seg in conv.boundaries() for b in seg} >= {c.length for c in conv.checkpoints}
+        assert {back: reread_after_edit(store, back) for back in reread} == reread
     for back, n in reread.items():  # the simulator says the same
         sim = run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, 6, back, policy))  # type: ignore[arg-type]
         assert (sim["kept"], sim["reread_tokens"]) == (kept, n)
 
 
-@pytest.mark.parametrize("whole_list", [False, True], ids=["newest-only", "whole-list"])
+@pytest.mark.parametrize("pattern", PATTERNS)
 def test_edit_table_continues_from_the_disk_chain_after_a_restart(
-    tmp_path: Path, whole_list: bool
+    tmp_path: Path, pattern: str
 ) -> None:
     cfg = {
         "ram_mib": 0,
@@ -113,9 +136,9 @@ def test_edit_table_continues_from_the_disk_chain_after_a_restart(
         "retention": "spread",
     }
     with Store.open(FP4, cfg, probe=lambda: BIG) as store:
-        engine_run(store, range(1, 151), whole_list=False, restore=False)
+        engine_run(store, range(1, 151), pattern, restore=False)
     with Store.open(FP4, cfg, probe=lambda: BIG) as store:  # a new process: no memory but disk
-        conv = engine_run(store, range(151, TURNS + 1), whole_list, restore=False)
+        conv = engine_run(store, range(151, TURNS + 1), pattern, restore=False)
         store.flush()
         assert before_end(conv) == EDIT_TABLE["spread"][0]
         assert {b: reread_after_edit(store, b) for b in (6000, 42000)} == EDIT_TABLE["spread"][1]
@@ -123,19 +146,14 @@ def test_edit_table_continues_from_the_disk_chain_after_a_restart(
 
 def test_an_edit_keeps_what_is_still_a_prefix_and_adds_the_new() -> None:
     with ram_store("spread") as store:
-        engine_run(store, range(1, TURNS + 1), whole_list=False)
+        engine_run(store, range(1, TURNS + 1), "newest-only")
         edit_at = END - 6000  # the client rewrites the last 6K and adds 2K
         tokens = np.concatenate([HELD[:edit_at], RNG.integers(0, 150_000, 8000, np.uint32)])
         tokens[edit_at] = HELD[edit_at] ^ 1
         n = len(tokens)
-        # cut at every message opener, as turn_conv's engine does: a remembered checkpoint is
-        # kept only where the capture has a segment boundary (its bytes are packed that way)
-        conv = Conversation(
-            "agent",
-            as_tokens(tokens),
-            [Checkpoint(n - 2000), Checkpoint(n)],
-            cuts=[0, *range(SYSTEM, edit_at, TURN), edit_at],
-        )
+        # no cuts: the remembered checkpoints below the edit are kept all the same (the store
+        # cuts the capture at them)
+        conv = Conversation("agent", as_tokens(tokens), [Checkpoint(n - 2000), Checkpoint(n)])
         store.park(conv, np.zeros(n * FP4.token_bytes, np.uint8))
     old_kept = sorted(END - x for x in EDIT_TABLE["spread"][0])
     assert [c.length for c in conv.checkpoints] == [
@@ -155,7 +173,7 @@ def test_a_hybrid_model_resumes_only_where_a_park_carried_a_state() -> None:
             if t > 1:
                 out = np.zeros(end * FP4.token_bytes, np.uint8)
                 assert store.restore(HELD[:end], out).state == b"%d" % (end - TURN)
-            conv = turn_conv(t, whole_list=False)
+            conv = turn_conv(t, "newest-only")
             store.park(conv, KV[: end * FP4.token_bytes].copy(), {end: b"%d" % end})
             assert [c.length for c in conv.checkpoints] == [SYSTEM, end][t > 1 :]  # as passed
         prompt = HELD[:end].copy()
