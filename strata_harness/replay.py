@@ -9,7 +9,9 @@ rest, and parks the conversation with its checkpoints when it leaves its slot
 (:mod:`.replay_engine`: the tiny model and the engine's side). The workloads:
 
 - **agent edit** (:mod:`.replay_agent`): a system prompt then 200 turns, checkpoint retention
-  ``spread`` against ``lru``, then the history rewritten 6K and 42K tokens before its end;
+  ``spread`` against ``lru``, then the history rewritten 6K and 42K tokens before its end; with
+  the engine passing its newest checkpoint and a cut at each turn, and again passing its root
+  and newest checkpoint and no cuts;
 - **park truncate** (:mod:`.replay_park`): two interleaved requests push a RAM level's byte
   budget over while a long chain is parked, with ``park_truncate`` on and off.
 
@@ -29,12 +31,14 @@ from strata_harness.replay_agent import (
     CHECKPOINTS,
     EDIT_TABLE,
     EDITS,
+    PATTERNS,
     SYSTEM,
     TURN,
     TURNS,
     AgentRun,
     level_dir,
     run_agent,
+    run_key,
 )
 from strata_harness.replay_engine import replay_fingerprint
 from strata_harness.replay_park import (
@@ -98,7 +102,8 @@ class Replay:
     """What :func:`run_replay` measured; ``ok``: every Store figure the reference tables give
     matches and every restore was bit-exact."""
 
-    agent: dict[str, AgentRun]  #: "spread" / "lru"
+    #: "spread" / "lru" (the newest-only pattern), "spread/root-and-newest" / "lru/root-and-newest"
+    agent: dict[str, AgentRun]
     park: dict[str, ParkRun]  #: "on" / "off" (park_truncate)
     tables: list[tuple[str, list[Row]]] = field(default_factory=list)
 
@@ -129,13 +134,14 @@ class Replay:
 
 def _agent_rows(run: AgentRun) -> list[Row]:
     p = run.policy
+    who = p if run.pattern == "newest-only" else f"{p}, {PATTERNS[run.pattern]}"
     ref_kept, ref_reread = EDIT_TABLE[p]
     sims = {
         back: run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, CHECKPOINTS, back, p)) for back in EDITS
     }
     rows = [
         Row(
-            f"{p}: kept (tokens before the end)",
+            f"{who}: kept (tokens before the end)",
             run.kept,
             sims[EDITS[0]]["kept"],
             ref_kept,
@@ -147,7 +153,7 @@ def _agent_rows(run: AgentRun) -> list[Row]:
         text = f"reads {_k(ref)}"
         rows.append(
             Row(
-                f"{p}: edit {_k(back)} back, re-read ({run.sources[str(back)]})",
+                f"{who}: edit {_k(back)} back, re-read ({run.sources[str(back)]})",
                 run.reread[back],
                 sim,
                 ref,
@@ -156,7 +162,7 @@ def _agent_rows(run: AgentRun) -> list[Row]:
         )
         rows.append(
             Row(
-                f"{p}: same after a restart ({run.sources[f'{back} restart']})",
+                f"{who}: same after a restart ({run.sources[f'{back} restart']})",
                 run.reread_restart[back],
                 sim,
                 ref,
@@ -229,15 +235,16 @@ def run_replay(work_dir: str | None = None) -> Replay:
             return run_replay(d)
     files.makedirs(work_dir)  # the --dir named: its levels are made in it
     policies: tuple[Policy, ...] = ("spread", "lru")
-    for p in policies:
-        d = level_dir(work_dir, p)
+    runs = [(p, q) for q in PATTERNS for p in policies]
+    for p, q in runs:
+        d = level_dir(work_dir, p, q)
         if files.is_dir(d) and files.listdir(d):
             raise ConfigError(
                 f"replay: {d} already holds a store (an earlier replay?); the replay starts "
                 "from empty levels: pass a new or empty --dir"
             )
     fp = replay_fingerprint()
-    agent: dict[str, AgentRun] = {p: run_agent(p, work_dir, fp) for p in policies}
+    agent: dict[str, AgentRun] = {run_key(p, q): run_agent(p, work_dir, fp, q) for p, q in runs}
     park = {m: run_park(m == "on", fp) for m in ("on", "off")}
     rep = Replay(agent, park)
     rep.tables = [
@@ -257,15 +264,22 @@ def _agent_title(agent: dict[str, AgentRun]) -> str:
         [
             f"the 200-turn edit table through the Store: a {SYSTEM:,}-token system prompt, "
             f"{TURNS} turns of {TURN:,} tokens, checkpoints={CHECKPOINTS}",
-            "one Store per policy (RAM, and a disk level for the restart); each turn restores, "
-            "checks, prefills, parks",
+            "one Store per policy and calling pattern (RAM, and a disk level for the restart); "
+            "each turn restores, checks, prefills, parks",
+            "the engine passes its "
+            + "; or its ".join(PATTERNS.values())
+            + " (the store cuts the capture where it keeps a checkpoint)",
             "turns resumed at the previous turn's end: "
-            + ", ".join(f"{r.policy} {r.resumed_turns}/{TURNS - 1}" for r in runs),
+            + ", ".join(f"{_who(r)} {r.resumed_turns}/{TURNS - 1}" for r in runs),
             "tokens prefilled / prompt tokens: "
-            + ", ".join(f"{r.policy} {r.prefilled:,} / {r.prompt_tokens:,}" for r in runs),
+            + ", ".join(f"{_who(r)} {r.prefilled:,} / {r.prompt_tokens:,}" for r in runs),
             f"restores bit-exact: {checked - bad}/{checked}",
         ]
     )
+
+
+def _who(run: AgentRun) -> str:
+    return run_key(run.policy, run.pattern)
 
 
 def _park_title(park: dict[str, ParkRun], tb: int) -> str:

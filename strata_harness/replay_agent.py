@@ -3,9 +3,12 @@
 
 One conversation, a 9,525-token system prompt (its end the pinned root checkpoint) then 200
 turns of 1,000 tokens; each turn restores the previous turn's conversation, prefills the new
-1,000 tokens and parks the conversation with one new checkpoint at its end (the engine passes
-only its newest checkpoint; the Store applies retention across the parks of the conversation,
-``checkpoints = 6``). One Store per policy, ``retention = "spread"`` and ``"lru"``. Measured:
+1,000 tokens and parks the conversation with one new checkpoint at its end; the Store applies
+retention across the parks of the conversation (``checkpoints = 6``). Two calling patterns
+(:data:`PATTERNS`): the engine passes only its newest checkpoint (the pinned root with the
+first) and cuts at every turn start; or it passes its pinned root and its newest checkpoint
+and no cuts at all, leaving the store to cut the capture where it keeps a checkpoint. One Store
+per policy and pattern, ``retention = "spread"`` and ``"lru"``. Measured:
 the checkpoints the last park kept, as tokens before the end of the conversation; then the
 client rewrites the history 6K and 42K tokens before the end (the sim's edit: the first
 rewritten token differs, the prompt keeps its length) and the tokens re-read for each edited
@@ -31,6 +34,7 @@ import numpy.typing as npt
 
 from strata_harness.replay_engine import Engine, plenty, replay_fingerprint
 from stratastore.chain import Checkpoint, Conversation, Policy, as_tokens
+from stratastore.errors import ConfigError
 from stratastore.facade import Store
 from stratastore.format import ModelFingerprint
 
@@ -39,12 +43,14 @@ __all__ = [
     "EDIT_TABLE",
     "EDITS",
     "END",
+    "PATTERNS",
     "SYSTEM",
     "TURN",
     "TURNS",
     "AgentRun",
     "level_dir",
     "run_agent",
+    "run_key",
 ]
 
 SYSTEM, TURNS, TURN, CHECKPOINTS = 9525, 200, 1000, 6
@@ -56,13 +62,19 @@ EDIT_TABLE: dict[str, tuple[list[int], dict[int, int]]] = {
     "spread": ([0, 1000, 3000, 8000, 43000, 200000], {6000: 8000, 42000: 43000}),
     "lru": ([0, 1000, 2000, 3000, 4000, 200000], {6000: 200000, 42000: 200000}),
 }
+#: how the engine passes its checkpoints and cuts -> how the tables name it
+PATTERNS = {
+    "newest-only": "newest checkpoint, cut at each turn",
+    "root-and-newest": "root and newest checkpoint, no cuts",
+}
 
 
 @dataclass
 class AgentRun:
-    """The agent-edit workload through the Store, one retention policy."""
+    """The agent-edit workload through the Store, one retention policy and calling pattern."""
 
     policy: Policy
+    pattern: str  #: one of :data:`PATTERNS`
     kept: list[int]  #: the checkpoints the last park kept, tokens before the end
     reread: dict[int, int]  #: edit back -> tokens re-read (restored from RAM)
     reread_restart: dict[int, int]  #: the same after a restart (restored from disk)
@@ -74,9 +86,21 @@ class AgentRun:
     prompt_tokens: int  #: tokens of every request's prompt
 
 
-def level_dir(work_dir: str, policy: Policy) -> str:
-    """The disk level of ``policy``'s Store in ``work_dir`` (the replay starts it empty)."""
-    return str(PurePath(work_dir, f"edit-table-{policy}"))
+def level_dir(work_dir: str, policy: Policy, pattern: str = "newest-only") -> str:
+    """The disk level of the Store of ``policy`` and ``pattern`` in ``work_dir`` (the replay
+    starts it empty)."""
+    suffix = "" if pattern == "newest-only" else f"-{pattern}"
+    return str(PurePath(work_dir, f"edit-table-{policy}{suffix}"))
+
+
+def _parked(prompt: npt.NDArray[np.uint32], t: int, pattern: str) -> Conversation:
+    """Turn ``t``'s conversation as the engine parks it, by ``pattern``."""
+    end = len(prompt)
+    root, newest = Checkpoint(SYSTEM, pinned=True), Checkpoint(end, last_used=t)
+    if pattern == "root-and-newest":
+        return Conversation("agent", prompt.copy(), [root, newest])
+    cks = [root, newest] if t == 1 else [newest]
+    return Conversation("agent", prompt.copy(), cks, cuts=[0, *range(SYSTEM, end, TURN)])
 
 
 def _edited(
@@ -89,9 +113,16 @@ def _edited(
     return prompt
 
 
-def run_agent(policy: Policy, work_dir: str, fp: ModelFingerprint | None = None) -> AgentRun:
+def run_agent(
+    policy: Policy,
+    work_dir: str,
+    fp: ModelFingerprint | None = None,
+    pattern: str = "newest-only",
+) -> AgentRun:
     """The workload through a Store (see the module's docstring); ``work_dir`` holds its disk
     level (:func:`level_dir`)."""
+    if pattern not in PATTERNS:
+        raise ConfigError(f"calling pattern {pattern!r} is not one of {', '.join(PATTERNS)}")
     fp = fp or replay_fingerprint()
     rng = np.random.default_rng(4)
     held = rng.integers(0, 150_000, END, dtype=np.uint32)
@@ -100,7 +131,7 @@ def run_agent(policy: Policy, work_dir: str, fp: ModelFingerprint | None = None)
         "slots": 2,
         "checkpoints": CHECKPOINTS,
         "retention": policy,
-        "cold_dir": level_dir(work_dir, policy),
+        "cold_dir": level_dir(work_dir, policy, pattern),
         "cold_mib": AGENT_COLD_MIB,
     }
     edits = {back: _edited(held, back, rng) for back in EDITS}
@@ -115,10 +146,9 @@ def run_agent(policy: Policy, work_dir: str, fp: ModelFingerprint | None = None)
             r, kv = engine.serve(prompt)
             if t > 1 and r.tokens == end - TURN:
                 resumed += 1
-            newest = Checkpoint(end, last_used=t)
-            cks = [Checkpoint(SYSTEM, pinned=True), newest] if t == 1 else [newest]
-            conv = Conversation("agent", prompt.copy(), cks, cuts=[0, *range(SYSTEM, end, TURN)])
-            store.park(conv, kv)  # the Store applies retention: conv.checkpoints is what it kept
+            conv = _parked(prompt, t, pattern)
+            # the Store applies retention: conv.checkpoints is what it kept
+            store.park(conv, engine.capture(kv, conv))
         assert conv is not None
         kept = sorted(END - c.length for c in conv.checkpoints)
         # the disk writes land first: a restore while they are in flight may resume from an
@@ -137,6 +167,7 @@ def run_agent(policy: Policy, work_dir: str, fp: ModelFingerprint | None = None)
             reread_restart[back], sources[f"{back} restart"] = END - r.tokens, r.source
     return AgentRun(
         policy,
+        pattern,
         kept,
         reread,
         reread_restart,
@@ -147,3 +178,9 @@ def run_agent(policy: Policy, work_dir: str, fp: ModelFingerprint | None = None)
         engine.prefilled + again.prefilled,
         engine.prompt_tokens + again.prompt_tokens,
     )
+
+
+def run_key(policy: Policy, pattern: str) -> str:
+    """How :class:`~strata_harness.replay.Replay` files a run: the policy for the newest-only
+    pattern, else the policy and the pattern (``spread/root-and-newest``)."""
+    return policy if pattern == "newest-only" else f"{policy}/{pattern}"

@@ -132,7 +132,8 @@ def run_park(truncate: bool, fp: ModelFingerprint | None = None) -> ParkRun:
         for i, name in enumerate(["A", "B", "C", "A"]):
             r, kv = engine.serve(prompts[name])  # the arriving prompt first
             if live is not None:  # then the conversation leaving the slot is parked
-                store.park(_chain(live[0], prompts[live[0]]), live[1])
+                conv = _chain(live[0], prompts[live[0]])
+                store.park(conv, engine.capture(live[1], conv))
             live = (name, kv)
             if i == 2:  # after the 3rd request
                 ram = store.stats()["levels"]["ram"]

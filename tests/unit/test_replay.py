@@ -4,9 +4,10 @@ printed beside them.
 
 The 200-turn edit table: spread keeps 0, 1K, 3K, 8K, 43K and 200K before the end and re-reads 8K
 (edit 6K back) and 43K (42K back); least recent use keeps 0..4K and the root and re-reads 200K for
-both. The park-truncate episode: with ``park_truncate`` the first chain survives truncated to its
-32,768 landing and its return restores 32,768 tokens; without, it is evicted whole and the return
-restores nothing.
+both; alike whether the engine passes its newest checkpoint with a cut at each turn or its root
+and newest checkpoint and no cuts. The park-truncate episode: with ``park_truncate`` the first
+chain survives truncated to its 32,768 landing and its return restores 32,768 tokens; without, it
+is evicted whole and the return restores nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def test_edit_table_through_the_store(replay: tuple[Replay, Path]) -> None:
     assert spread.reread == spread.reread_restart == {6000: 8000, 42000: 43000}
     assert lru.kept == [0, 1000, 2000, 3000, 4000, 200000]
     assert lru.reread == lru.reread_restart == {6000: 200000, 42000: 200000}
-    for policy, run in rep.agent.items():
-        assert (run.kept, run.reread) == EDIT_TABLE[policy]
+    assert set(rep.agent) == {"spread", "lru", "spread/root-and-newest", "lru/root-and-newest"}
+    for run in rep.agent.values():  # either calling pattern: the same table
+        assert (run.kept, run.reread) == EDIT_TABLE[run.policy]
+        assert run.reread_restart == run.reread
         assert run.resumed_turns == 199  # every turn after the first resumed at the previous end
         assert run.checked == 200 + 2 + 2 and run.mismatches == 0  # bit for bit
         assert run.sources == {
@@ -44,7 +47,8 @@ def test_edit_table_through_the_store(replay: tuple[Replay, Path]) -> None:
             "6000 restart": "disk",
             "42000 restart": "disk",
         }
-        assert (work / f"edit-table-{policy}").is_dir()  # the disk level the restart read
+        suffix = "" if run.pattern == "newest-only" else f"-{run.pattern}"
+        assert (work / f"edit-table-{run.policy}{suffix}").is_dir()  # what the restart read
 
 
 def test_truncate_table_through_the_store(replay: tuple[Replay, Path]) -> None:
@@ -62,10 +66,10 @@ def test_every_row_matches_the_table_and_the_simulator(replay: tuple[Replay, Pat
     rep, _ = replay
     assert rep.ok
     rows = [r for _, rs in rep.tables for r in rs]
-    assert len(rows) == 20
+    assert len(rows) == 30
     assert all(r.verdict in ("same", "-") for r in rows)
     assert all(r.sim == r.store for r in rows)  # the simulator says the same, figure by figure
-    assert sum(r.verdict == "same" for r in rows) == 17  # bytes and "off" entries: reference silent
+    assert sum(r.verdict == "same" for r in rows) == 27  # bytes and "off" entries: reference silent
 
 
 def test_strata_replay_prints_the_tables_and_exits_0(tmp_path: Path) -> None:
