@@ -199,6 +199,7 @@ class Store:
                 report = self._tiers.park(snap, pin=pin)
                 spills = self._spill.claim()
             self._spill.hand_over(spills)
+            self._tiers.fill_prompt_cache(snap)  # its pinned prefix, once per distinct prefix
             return report
 
     def lookup(
@@ -425,7 +426,8 @@ class Store:
 
     def publish(self, *, force: bool = True) -> bool:
         """Write the counters where ``strata monitor`` reads them (``strata-index/monitor.json``
-        of the last disk level); without ``force`` at most once a second. Called by the disk
+        of the last disk level, or of the system-prompt cache's folder in a store with no disk
+        level); without ``force`` at most once a second. Called by the disk
         writer after each write, on flush and on close. Best effort: a failed write is counted
         (``monitor_errors``), never raised, as the engine's call must not fail for it. False
         when nothing was written (no disk level, too soon, or the write failed).
@@ -434,7 +436,7 @@ class Store:
         return self._publish(force=force)
 
     def _publish(self, *, force: bool) -> bool:
-        d = self._tiers.manifest_dir
+        d = self._tiers.monitor_dir
         now = time.monotonic()
         if d is None or (not force and now - self._published < 1.0):
             return False

@@ -96,12 +96,12 @@ def _table(doc: dict[str, Any]) -> str:
     if doc.get("snapshot_problem"):
         lines.append(f"  warning: {doc['snapshot_problem']}")
     lines.append(
-        f"  {'level':<6}{'entries':>9}{'MiB':>9}{'budget MiB':>12}{'oldest s':>10}"
+        f"  {'level':<12}{'entries':>9}{'MiB':>9}{'budget MiB':>12}{'oldest s':>10}"
         f"{'hits':>7}{'moved down':>12}{'evicted':>9}  folder"
     )
     for name, lv in doc["levels"].items():
         lines.append(
-            f"  {name:<6}{_val(lv['entries']):>9}{_mib(lv['bytes']):>9}"
+            f"  {name:<12}{_val(lv['entries']):>9}{_mib(lv['bytes']):>9}"
             f"{_mib(lv['budget']):>12}{_val(lv.get('oldest_age_s')):>10}"
             f"{_val(lv.get('hits')):>7}{_val(lv.get('degradations')):>12}"
             f"{_val(lv.get('evictions')):>9}  {lv['dir'] or '(in process)'}"
@@ -111,7 +111,13 @@ def _table(doc: dict[str, Any]) -> str:
         lines.append(
             f"  parks ram={_val(c['parks_ram'])} disk={_val(c['parks_disk'])}  "
             f"discards={_val(c['discards'])}  evictions spilled={_val(c['evict_spills'])}  "
-            f"hits ram={_val(c['hits_ram'])} disk={_val(c['hits_disk'])}  "
+            f"hits ram={_val(c['hits_ram'])} disk={_val(c['hits_disk'])}"
+            + (
+                f" prompt_cache={_val(c['hits_prompt_cache'])}"
+                if c.get("hits_prompt_cache") is not None
+                else ""
+            )
+            + "  "
             f"ladder restores={_val(c['ladder_restores'])}"
         )
         lines.append(

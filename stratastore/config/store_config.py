@@ -110,6 +110,10 @@ class StoreConfig:
     #: level directory itself is: a config naming ``/nvme/strata`` with no disk mounted at
     #: ``/nvme`` is a ConfigError at open, not a directory on the root filesystem
     create_dirs: bool = False
+    #: the system-prompt cache's folder and budget (off when either is empty or 0): the pinned
+    #: prefixes conversations share, kept apart from the conversation levels
+    prompt_cache_dir: str = ""
+    prompt_cache_mib: int = 0
     #: every level, in order (spec F-DIR-2): the disk levels (the first is where parks are
     #: written, each degrades into the next, only the last deletes) and the remote level
     specs: tuple[LevelSpec, ...] = field(default=())
@@ -137,6 +141,8 @@ class StoreConfig:
         restore_chunk_mib: int = 16,
         file_mode: int = 0o600,
         create_dirs: bool = False,
+        prompt_cache_dir: str = "",
+        prompt_cache_mib: int = 0,
         levels: Sequence[LevelSpec | Mapping[str, Any]] = (),
         specs: Sequence[LevelSpec] = (),
         **flat: Any,
@@ -166,6 +172,8 @@ class StoreConfig:
             "restore_chunk_mib": restore_chunk_mib,
             "file_mode": file_mode,
             "create_dirs": create_dirs,
+            "prompt_cache_dir": prompt_cache_dir,
+            "prompt_cache_mib": prompt_cache_mib,
         }
         for f in dataclasses.fields(self):
             if f.name in values:

@@ -61,9 +61,9 @@ __all__ = [
 Kind = Literal["counter", "gauge", "histogram", "info", "list"]
 #: what a figure belongs to, and so whether a store reports it: the store itself (always),
 #: every level (in each level's table), the RAM level, a disk level (any: the catalog, the
-#: spill writer, the parks in flight and the monitor's snapshot come with it) or the remote
-#: level, each only while it is configured
-Owner = Literal["store", "level", "ram level", "disk level", "remote level"]
+#: spill writer, the parks in flight and the monitor's snapshot come with it), the remote
+#: level or the system-prompt cache, each only while it is configured
+Owner = Literal["store", "level", "ram level", "disk level", "remote level", "prompt cache"]
 #: where ``Store.stats()`` holds it: its top level, or the owner's table(s) of ``levels``
 Place = Literal["top", "levels"]
 #: who starts it at zero and counts, or reports it (``catalog``: the GC of the catalog, there
@@ -77,6 +77,7 @@ Keeper = Literal[
     "ram level",
     "disk level",
     "remote level",
+    "prompt cache",
     "backend",
 ]
 #: ``always``: in ``Store.stats()`` while its owner is configured; ``sometimes``: only in the
@@ -85,6 +86,8 @@ Presence = Literal["always", "sometimes"]
 
 #: the owner of the rows a disk level brings (the table reads shorter with a name)
 DISK: Owner = "disk level"
+#: the owner (and keeper) of the system-prompt cache's rows
+CACHE: Owner = "prompt cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,21 @@ COUNTERS: tuple[Counter, ...] = (
             series=(Series("refusals_total", "kind", "spill"),), shown=18),
     Counter("hits_remote", "counter", "restores", "restores served from the remote level",
             "remote level", series=(Series("hits_total", "source", "remote"),), shown=20),
+    Counter("prompt_cache_dir", "info", "", "the system-prompt cache's directory", CACHE,
+            CACHE, (Series("prompt_cache_info", "dir"),)),
+    Counter("hits_prompt_cache", "counter", "restores",
+            "restores served from the system-prompt cache", CACHE, CACHE,
+            (Series("hits_total", "source", "prompt_cache"),), shown=21),
+    Counter("prompt_cache_hits_refused", "counter", "restores",
+            "system-prompt-cache hits refused: neither RAM floor admits the read, or the entry "
+            "is gone", CACHE, CACHE, (Series("refusals_total", "kind", "prompt_cache_hit"),),
+            shown=22),
+    Counter("prompt_cache_fills", "counter", "prefixes",
+            "pinned prefixes written to the system-prompt cache", CACHE, CACHE,
+            (Series("prompt_cache_fills_total"),)),
+    Counter("prompt_cache_fill_errors", "counter", "prefixes",
+            "pinned prefixes the system-prompt cache did not take (each said in a warning)",
+            CACHE, CACHE, (Series("refusals_total", "kind", "prompt_cache_fill"),)),
     Counter("evict_spills", "counter", "conversations", "RAM evictions written to disk", DISK,
             kept_by="ram level", shown=6),
     Counter("gc_removed", "counter", "conversations", "conversations GC removed whole", DISK,
@@ -305,6 +323,10 @@ COUNTERS: tuple[Counter, ...] = (
     _remote("remote_kept_local_errors", "restores", "restores from it not kept locally"),
     _remote("remote_evictions", "segments", "segments deleted to keep it within `remote_mib`"),
     _remote("remote_damaged", "segments", "damaged segments found and removed"),
+    # -- the system-prompt cache: levels["prompt_cache"] ----------------------------------------
+    _level("dir", "info", "", "the system-prompt cache's directory", CACHE),
+    _level("evictions", "counter", "entries",
+           "entries its own budget removed (the oldest first, whole)", CACHE, "evictions_total"),
 )
 
 FAMILIES: tuple[Family, ...] = (
@@ -312,11 +334,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("discards_total",
            "Captures neither the RAM level nor a disk level could take (prefilled again)."),
     Family("hits_total", "Restores served, by source: the RAM level, a park whose disk write "
-                         "was in flight, the disk levels, the remote level."),
-    Family("refusals_total", "Refused by kind: a disk hit neither RAM floor admits, or a park's "
-                             "disk write the disk levels refused."),
-    Family("evictions_total", "Entries the RAM level evicted to make room, or conversations the "
-                              "last disk level shortened by budget and by age, per level."),
+                         "was in flight, the disk levels, the system-prompt cache, the remote "
+                         "level."),
+    Family("refusals_total", "Refused by kind: a disk hit or a system-prompt-cache hit neither "
+                             "RAM floor admits, a park's disk write the disk levels refused, a "
+                             "pinned prefix the system-prompt cache did not take."),
+    Family("evictions_total", "Entries the RAM level evicted to make room, conversations the "
+                              "last disk level shortened by budget and by age, or entries the "
+                              "system-prompt cache's budget removed, per level."),
     Family("ladder_restores_total", "Restores that stopped at the deepest valid point below "
                                     "damage (the ladder)."),
     Family("tokens_restored_total", "Tokens restored instead of prefilled again."),
@@ -325,6 +350,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("admission_info", "The last admission decision as where/floor (value 1)."),
     Family("park_target_info", "Where parks go (ram or disk) and why: configured, or what "
                                "park = auto saw (value 1)."),
+    Family("prompt_cache_info", "The system-prompt cache's directory (value 1); its budget is "
+                                "strata_level_budget_bytes{level=\"prompt_cache\"}."),
+    Family("prompt_cache_fills_total", "Pinned prefixes written to the system-prompt cache."),
     Family("park_seconds", "Seconds a park() call took, until its capture was handed over."),
     Family("restore_seconds", "Seconds a restore() or restore_many() call took."),
     Family("flush_seconds", "Seconds a flush() call took, the queued disk writes included."),
@@ -355,15 +383,17 @@ def zero_counts(kept_by: Keeper) -> dict[str, int]:
     return dict.fromkeys(counter_keys(kept_by), 0)
 
 
-def owners_on(*, disk: bool, remote: bool) -> frozenset[Owner]:
+def owners_on(*, disk: bool, remote: bool, prompt_cache: bool = False) -> frozenset[Owner]:
     """The owners whose rows a store reports: the store's own, every level's and the RAM
     level's always (its table is always in the stats), a disk level's while one is configured,
-    the remote level's while it is."""
+    the remote level's and the system-prompt cache's while each is."""
     on: set[Owner] = {"store", "level", "ram level"}
     if disk:
         on.add("disk level")
     if remote:
         on.add("remote level")
+    if prompt_cache:
+        on.add(CACHE)
     return frozenset(on)
 
 
@@ -414,6 +444,8 @@ def series_text(row: Counter, series: Series) -> str:
         label = ""
     elif row.owner == "ram level":
         label = 'level="ram"'
+    elif row.owner == CACHE:
+        label = 'level="prompt_cache"'
     elif row.owner in ("level", "disk level"):
         label = "level=..."
     else:

@@ -35,6 +35,8 @@ _COUNTERS = {c.key: c.kind for c in shown_by_monitor(levels=False)}
 _LEVEL_NUMBERS = tuple(c.key for c in shown_by_monitor(levels=True))
 #: the remote level's counters, shown by the monitor beside its figures
 _REMOTE = counter_keys("remote level")
+#: the system-prompt cache's name among the levels of a snapshot
+PROMPT_CACHE = "prompt_cache"
 
 
 def find_levels(path: str) -> list[str]:
@@ -242,6 +244,19 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
             "oldest_age_s": None,
             "hits": snap.get("hits_remote"),
             **{k: remote.get(k) for k in _REMOTE},
+        }
+    cache = snap.get("levels", {}).get(PROMPT_CACHE) if snap is not None else None
+    if snap is not None and isinstance(cache, dict):  # the system-prompt cache's own folder
+        where = cache.get("dir")
+        held = _scan(where, now) if isinstance(where, str) and files.is_dir(where) else {}
+        out_levels[PROMPT_CACHE] = {
+            "dir": where,
+            "entries": held.get("entries", cache.get("entries")),
+            "bytes": held.get("bytes", cache.get("bytes")),
+            "budget": cache.get("budget"),
+            "oldest_age_s": held.get("oldest_age_s"),
+            "hits": snap.get("hits_prompt_cache"),
+            "evictions": cache.get("evictions"),
         }
     rank = {"ram": 0, "warm": 1, "cold": 2}
     out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))

@@ -68,7 +68,9 @@ def info_line(s: Mapping[str, Any]) -> str:
     its source, each level (entries, bytes, budget; a disk level's folder), parks by
     destination, discards, hits by source, tokens restored, re-read and held, and the last
     admission. A figure the stats do not hold (of a level that is not configured: the disk
-    parks and hits, the parks in flight, the remote hits) is left out, not written as 0."""
+    parks and hits, the parks in flight, the system-prompt cache's hits, the remote hits) is
+    left out, not written as 0. The system-prompt cache is one of the levels there
+    (``prompt_cache=<entries>e/<MiB>/<budget>@<folder>``)."""
     lv = s["levels"]
     parts = [f"park={s['park_target']}({s['park_target_source']})"]
     for name, d in lv.items():
@@ -83,7 +85,7 @@ def info_line(s: Mapping[str, Any]) -> str:
     parts += [
         _by("parks", s, ("ram", "disk")),
         f"discards={s['discards']}",
-        _by("hits", s, ("ram", "pending", "disk", "remote")),
+        _by("hits", s, ("ram", "pending", "disk", "prompt_cache", "remote")),
         f"restored={s['tokens_restored']} reread={s['tokens_reread']}",
         f"held_tokens={s['held_tokens']}",
         f"admission={s['admission']}",

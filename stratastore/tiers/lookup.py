@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: the sources a restore can come from, as :class:`~.records.Restored` names them
-SourceName = Literal["ram", "pending", "disk", "remote"]
+SourceName = Literal["ram", "pending", "disk", "prompt_cache", "remote"]
 
 #: a prompt: its token ids
 Prompt = npt.NDArray[np.integer] | list[int]

@@ -86,9 +86,9 @@ class ParkReport:
 @dataclass(frozen=True, slots=True)
 class Restored:
     #: where the prefix came from: the RAM level, a park whose disk write is still in flight
-    #: (its capture, in memory), the disk levels (validated), the shared remote level
-    #: (validated), or nowhere
-    source: Literal["ram", "pending", "disk", "remote", "none"]
+    #: (its capture, in memory), the disk levels (validated), the system-prompt cache
+    #: (validated), the shared remote level (validated), or nowhere
+    source: Literal["ram", "pending", "disk", "prompt_cache", "remote", "none"]
     tokens: int
     conv_id: str | None = None
     state: bytes | None = None  #: the running state at ``tokens``, when one was saved there

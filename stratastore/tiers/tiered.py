@@ -42,8 +42,10 @@ from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDe
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.levels import attach_catalog, open_levels, open_remote
-from stratastore.tiers.lookup import Hit, Lookup, Prompt, deepest
+from stratastore.tiers.lookup import Hit, Lookup, Prompt, Source, deepest
 from stratastore.tiers.park import Parking
+from stratastore.tiers.prompt_cache import NAME as PROMPT_CACHE
+from stratastore.tiers.prompt_cache import PromptCache, open_prompt_cache
 from stratastore.tiers.ram import RamLevel, fit_default_ram
 from stratastore.tiers.records import (
     ParkReport,
@@ -103,6 +105,7 @@ class Tiers:
         self.manifest_dir = self.levels[-1].store.path if self.levels else None
         self.skipped_manifests: list[tuple[str, str]] = []
         self.remote: RemoteLevel | None = None
+        self.prompt_cache: PromptCache | None = None
         try:
             if self.levels:
                 assert self.manifest_dir is not None
@@ -110,6 +113,7 @@ class Tiers:
                     self.levels, self.root, self.tb, self.manifest_dir, cfg.file_mode, self.warn
                 )
             self.remote = open_remote(cfg, fp, self.levels, self.warn)
+            self.prompt_cache = open_prompt_cache(cfg, fp, self.warn)
         except BaseException:  # a failed open leaves nothing open (LMDB: once per process)
             self.close()
             raise
@@ -153,8 +157,9 @@ class Tiers:
         self.spill_writer: SpillWriter | None = None
 
     def _sources(self) -> tuple[Lookup, RemoteSource | None]:
-        """The restore sources in their order: RAM, parks in flight, the disk levels, then the
-        shared remote level (asked last, and only for what the others do not hold)."""
+        """The restore sources in their order: RAM, parks in flight, the disk levels, the
+        system-prompt cache, then the shared remote level (asked last, and only for what the
+        others do not hold)."""
         page = self.fp.page_tokens if self.cfg.page_resume else None
         disk = DiskSource(
             self.view,
@@ -167,19 +172,32 @@ class Tiers:
             self.warn,
         )
         remote = None if self.remote is None else RemoteSource(self.remote, disk)
-        local = (
+        local: tuple[Source, ...] = (
             RamSource(self.ram, self.root, page, self.counters),
             PendingSource(self.parking.outbox, page, self.counters),
             disk,
         )
+        if self.prompt_cache is not None:
+            cache = self.prompt_cache.source(self.cfg, self.admission, self.counters, self.warn)
+            local = (*local, cache)
         return Lookup(local, remote), remote
 
     def close(self) -> None:
         for lvl in self.levels:
             lvl.store.close()
+        if self.prompt_cache is not None:
+            self.prompt_cache.close()
         if self.remote is not None:
             self.remote.close()
         self.ram.close()
+
+    @property
+    def monitor_dir(self) -> str | None:
+        """Where the Store publishes its counters for ``strata monitor``: the last disk level,
+        else the system-prompt cache's folder; ``None`` with neither."""
+        if self.manifest_dir is not None:
+            return self.manifest_dir
+        return None if self.prompt_cache is None else self.prompt_cache.path
 
     def holder(self, key: bytes) -> SegmentBackend | None:
         """The level that holds segment ``key`` now: a local level first, else the remote
@@ -195,6 +213,17 @@ class Tiers:
     def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
         """Place a snapshot (:meth:`.park.Parking.park`)."""
         return self.parking.park(snap, pin=pin)
+
+    def fill_prompt_cache(self, snap: Snapshot) -> bool:
+        """Copy ``snap``'s deepest pinned prefix into the system-prompt cache when it does not
+        hold it yet (:mod:`.prompt_cache`): decided under the lock, written without it. False
+        when there was nothing to write (no cache, no pinned prefix, held already) or the
+        write failed (said and counted)."""
+        if self.prompt_cache is None:
+            return False
+        with self.lock:
+            entry = self.prompt_cache.entry(snap)
+        return entry is not None and self.prompt_cache.fill(entry)
 
     def start_spill_writer(self, depth: int, after_write: Callable[[], object]) -> SpillWriter:
         """From now on the disk writes of parks wait in the outbox and are written by one
@@ -244,8 +273,9 @@ class Tiers:
     ) -> tuple[str, Match] | None:
         """The deepest resume point for ``prompt`` (with ``media``: position -> digest of each
         picture in it; a stored prefix matches only where its pictures match too, spec
-        F-KEY-4): ``("ram" | "pending" | "disk" | "remote", match)``. ``remote``: the remote
-        level's hit (:meth:`find_remote`), taken only where it holds more of the prompt."""
+        F-KEY-4): ``("ram" | "pending" | "disk" | "prompt_cache" | "remote", match)``.
+        ``remote``: the remote level's hit (:meth:`find_remote`), taken only where it holds
+        more of the prompt."""
         with self.lock:
             hit = deepest((self.lookups.here(prompt, media), remote))
         return None if hit is None else (hit.source.name, hit.match)
@@ -342,7 +372,11 @@ class Tiers:
     def owners(self) -> frozenset[Owner]:
         """What this store has configured, as the counter table's owners: the rows it reports
         (:func:`~stratastore.metrics.counters.owners_on`)."""
-        return owners_on(disk=bool(self.levels), remote=self.remote is not None)
+        return owners_on(
+            disk=bool(self.levels),
+            remote=self.remote is not None,
+            prompt_cache=self.prompt_cache is not None,
+        )
 
     def stats(self) -> dict[str, Any]:
         """The figures of the counter table this store reports (only those of what it has
@@ -360,6 +394,10 @@ class Tiers:
                 }
             if self.remote is not None:
                 levels["remote"] = {**self.remote.stats(), **self.remote.counters}
+            cache: dict[str, Any] = {}
+            if self.prompt_cache is not None:
+                levels[PROMPT_CACHE] = self.prompt_cache.stats()
+                cache = {"prompt_cache_dir": self.prompt_cache.path, **self.prompt_cache.counters}
             self.view.sync()
             gc = {"gc_removed": self.gc.removed, "gc_cut": self.gc.cut} if self.gc else {}
             return reported(
@@ -369,6 +407,7 @@ class Tiers:
                     **self.counters,
                     "evict_spills": self.ram.evict_spills,
                     **gc,
+                    **cache,
                     "held_tokens": self._held_tokens(),
                     "admission": self.parking.last_admission,
                     "damaged_segments": [k.hex() for k in self.damaged],
@@ -389,6 +428,13 @@ class Tiers:
                 )
                 for lvl in self.levels
             ]
+            if self.prompt_cache is not None:
+                pc = self.prompt_cache.level
+                levels.append(
+                    LevelDescription(
+                        PROMPT_CACHE, pc.store.path, pc.budget, pc.store.used(), len(pc.store)
+                    )
+                )
             if self.remote is not None:
                 r = self.remote.stats()
                 levels.append(

@@ -41,6 +41,7 @@ THERE_WITH = {
     "ram level": "the RAM level",
     "disk level": "a disk level",
     "remote level": "the remote level",
+    "prompt cache": "the system-prompt cache",
 }
 
 
@@ -51,6 +52,7 @@ def _name(c: Counter) -> str:
         "ram level": 'levels["ram"]',
         "disk level": "levels[disk]",
         "remote level": 'levels["remote"]',
+        "prompt cache": 'levels["prompt_cache"]',
     }
     return f"`{c.key}`" if c.place == "top" else f'`{where[c.owner]}["{c.key}"]`'
 
@@ -115,14 +117,18 @@ def _owners(level: str) -> tuple[str, ...]:
     """The owners whose rows a level's table of ``Store.stats()`` holds."""
     if level == "ram":
         return ("level", "ram level")
+    if level == "prompt_cache":
+        return ("level", "prompt cache")
     return ("level", "remote level") if level == "remote" else ("level", "disk level")
 
 
-def _check_stats(stats: dict[str, Any], *, disk: bool, remote: bool = False) -> None:
+def _check_stats(
+    stats: dict[str, Any], *, disk: bool, remote: bool = False, prompt_cache: bool = False
+) -> None:
     """Every key of ``stats`` is a row of its owner, of the kind the row says; every row of a
     level or feature that is on is there, and no row of one that is off (an absent counter
     is absent, not 0)."""
-    on = owners_on(disk=disk, remote=remote)
+    on = owners_on(disk=disk, remote=remote, prompt_cache=prompt_cache)
     top = [c for c in COUNTERS if c.place == "top"]
     unknown = set(stats) - {c.key for c in top} - {"levels"}
     assert not unknown, f"Store.stats() reports {sorted(unknown)}, which the table lacks"
@@ -185,12 +191,14 @@ def test_a_store_with_every_level_reports_the_tables_rows(
         "park_min_free_mib": 0,
         "remote_url": redis_url,
         "remote_mib": 64,
+        "prompt_cache_dir": str(tmp_path / "system-prompts"),
+        "prompt_cache_mib": 4,
     }
     with Store.open(FP, cfg) as store:
         _use(store)
         stats = store.stats()
-        assert list(stats["levels"]) == ["ram", "warm", "cold", "remote"]
-        _check_stats(stats, disk=True, remote=True)
+        assert list(stats["levels"]) == ["ram", "warm", "cold", "remote", "prompt_cache"]
+        _check_stats(stats, disk=True, remote=True, prompt_cache=True)
         assert tuple(store.describe().counters) == counter_keys("flow")
         in_process = store.prometheus()
     assert main(["monitor", str(tmp_path), "--prometheus"]) == 0

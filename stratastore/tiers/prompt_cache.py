@@ -1,0 +1,259 @@
+"""The system-prompt cache: the pinned prefixes that many conversations share, kept on disk in a
+folder and a budget of their own.
+
+A conversation's pinned checkpoints (its root, the end of the system prompt, and whatever else
+the engine pins) mark prefixes that other conversations start with too. Each park copies the
+deepest pinned prefix of its capture here, once per distinct prefix (``prompt_cache_dir`` and
+``prompt_cache_mib``; off when either is empty or 0, like every level), so a new conversation
+with the same system prompt restores it even when nothing else holds it: its parks were
+discarded under a low-RAM window, or the conversation levels' GC removed them. The folder is a
+store of its own (its segments, sidecars, chain manifests and catalog, spec F-DIR): the
+conversation levels' cascade and GC never touch it, and its own budget removes its oldest
+entry first, whole. ``strata fsck DIR`` checks it as the store it is.
+
+Its hits are a restore source (:class:`PromptCacheSource`) after the disk levels, read and
+validated as a disk hit is (spec F-SC-3, the ladder on damage), admitted as a disk-bound read
+under the transient floor when the parking floor does not hold (``system-prompt-cache hit under
+the transient RAM floor ...``), and counted as its own (``hits_prompt_cache``,
+``prompt_cache_hits_refused``; its folder, budget, entries and bytes in ``Store.stats()``'s
+``levels["prompt_cache"]``, the INFO line, the monitor and Prometheus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from stratastore.catalog import Catalog
+from stratastore.catalog.gc import Collector
+from stratastore.chain import Checkpoint, Conversation
+from stratastore.config import StoreConfig
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import Level, ModelFingerprint
+from stratastore.io import files
+from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.registry import open_level
+from stratastore.metrics.counters import zero_counts
+from stratastore.metrics.logs import Voice
+from stratastore.restore import Destination, Outcome
+from stratastore.tiers.admission import MIB, Admission, log_admission
+from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.disk_read import DiskReader
+from stratastore.tiers.levels import attach_catalog
+from stratastore.tiers.lookup import Hit, Prompt, Read, SourceName
+from stratastore.tiers.records import Restored, Snapshot
+from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.writer import DiskWriter
+
+__all__ = ["NAME", "PromptCache", "PromptCacheSource", "open_prompt_cache"]
+
+#: the cache's name in ``Store.stats()["levels"]``, the INFO line, the monitor and Prometheus
+NAME = "prompt_cache"
+#: the conversation id an entry is filed under: this prefix and the prefix's segment key
+ENTRY_PREFIX = "system-prompt-"
+
+
+def open_prompt_cache(
+    cfg: StoreConfig, fp: ModelFingerprint, warn: Callable[[str], None]
+) -> PromptCache | None:
+    """The system-prompt cache of ``cfg``, or ``None`` when it is off (``prompt_cache_dir``
+    empty or ``prompt_cache_mib`` 0; one without the other is said, as for a level). Its
+    directory must not be a disk level's (each is a store of its own), and its parent must
+    exist unless ``create_dirs``."""
+    d, mib = cfg.prompt_cache_dir, cfg.prompt_cache_mib
+    if bool(d) != (mib > 0):
+        warn(
+            f"the system-prompt cache is OFF: prompt_cache_dir={d!r} with prompt_cache_mib="
+            f"{mib}; it needs both (set its budget in MiB, or clear its directory)"
+        )
+        return None
+    if not d:
+        return None
+    real = files.realpath(d)
+    for spec in cfg.disk_levels():
+        if spec.dir and files.realpath(spec.dir) == real:
+            raise ConfigError(
+                f"prompt_cache_dir={d!r} is the {spec.name} level's directory; give the "
+                "system-prompt cache a directory of its own (it is a store of its own)"
+            )
+    if not cfg.create_dirs and (parent := files.missing_parent(d)) is not None:
+        raise ConfigError(
+            f"prompt_cache_dir={d!r}: its parent directory {parent} does not exist (a disk "
+            f"not mounted, or a typo); mount or create {parent}, correct the setting, or set "
+            "create_dirs = true to make the missing directories"
+        )
+    store = open_level(d, fp, Level.COLD, {"file_mode": cfg.file_mode})
+    try:
+        level = DiskLevel(NAME, store, mib * MIB, when_full="evict")
+        catalog, gc, writer, _ = attach_catalog(
+            [level], fp.digest(), fp.token_bytes, store.path, cfg.file_mode, warn
+        )
+    except BaseException:
+        store.close()
+        raise
+    return PromptCache(cfg, fp, level, catalog, gc, writer, warn)
+
+
+class PromptCache:
+    """The system-prompt cache (see the module): :meth:`fill` from a park, :meth:`source` for
+    the restore flow, :meth:`stats` for ``Store.stats()``. The flow's lock guards its
+    bookkeeping; :meth:`fill` writes without it."""
+
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        fp: ModelFingerprint,
+        level: DiskLevel,
+        catalog: Catalog,
+        gc: Collector,
+        writer: DiskWriter,
+        warn: Callable[[str], None],
+    ) -> None:
+        self.cfg, self.fp, self.level, self.catalog, self.gc = cfg, fp, level, catalog, gc
+        self.writer, self.warn = writer, warn
+        self.root = fp.digest()
+        self.view = DiskView(catalog, self.root)
+        #: its own counters (the counter table's rows it keeps); the ladder's are the flow's
+        self.counters = zero_counts("prompt cache")
+
+    @property
+    def path(self) -> str:
+        return self.level.store.path
+
+    def holder(self, key: bytes) -> SegmentBackend | None:
+        return self.level.store if key in self.level.store else None
+
+    def close(self) -> None:
+        self.level.store.close()
+
+    def entry(self, snap: Snapshot) -> Snapshot | None:
+        """The entry ``snap`` fills, or ``None``: its deepest pinned prefix (a pinned
+        checkpoint past 0), when the cache does not hold it already. Under the flow's lock."""
+        conv = snap.conv
+        n = max((c.length for c in conv.checkpoints if c.pinned and c.length > 0), default=0)
+        if n == 0:
+            return None
+        self.view.sync()
+        media = {p: d for p, d in conv.media.items() if p < n}
+        held = self.view.lookup(conv.tokens[:n], media, None)
+        if held is not None and held.length >= n:
+            return None
+        key = dict(conv.checkpoint_keys(self.root))[n]
+        prefix = Conversation(
+            ENTRY_PREFIX + key.hex()[:32],
+            conv.tokens[:n].copy(),
+            [Checkpoint(n)],  # not pinned: the cache's own budget may remove it whole
+            media,
+            [c for c in conv.cuts if c < n] or [0],
+        )
+        states = {n: snap.states[n]} if n in snap.states else {}
+        hashes = {seg: h for seg, h in snap.page_hashes.items() if seg[1] <= n}
+        kv = snap.kv[: n * self.fp.token_bytes]
+        return Snapshot(prefix, kv, states, page_hashes=hashes)
+
+    def fill(self, entry: Snapshot) -> bool:
+        """Write ``entry`` (of :meth:`entry`) down and hold the budget (I/O: without the flow's
+        lock). A write that fails is said and counted, never raised: the park it came from
+        stands."""
+        try:
+            done = self.writer.write(entry)
+            self.level.enforce_budget()
+        except StrataError as e:
+            self.counters["prompt_cache_fill_errors"] += 1
+            self.warn(f"system-prompt cache: {entry.conv.conv_id} not written: {e}")
+            return False
+        if done:
+            self.counters["prompt_cache_fills"] += 1
+        else:
+            self.counters["prompt_cache_fill_errors"] += 1
+        return done
+
+    def stats(self) -> dict[str, object]:
+        """Its table of ``Store.stats()["levels"]``."""
+        return {
+            "dir": self.path,
+            "entries": len(self.level.store),
+            "bytes": self.level.store.used(),
+            "budget": self.level.budget,
+            "evictions": self.level.counters.disk_evictions,
+        }
+
+    def held_tokens(self) -> Mapping[str, int]:
+        """Each entry's tokens (for ``held_tokens``)."""
+        self.view.sync()
+        return {cid: len(dc.conv.tokens) for cid, dc in self.view.convs.items()}
+
+    def source(
+        self,
+        cfg: StoreConfig,
+        admission: Admission,
+        flow: dict[str, int],
+        warn: Voice,
+    ) -> PromptCacheSource:
+        """Its restore source; ``flow``: the flow's counters (tokens restored, the ladder's)."""
+        reader = DiskReader(cfg, self.fp, [self.level], self.holder, flow, warn)
+        return PromptCacheSource(self, reader, admission, flow, warn)
+
+
+class PromptCacheSource:
+    """The system-prompt cache as a restore source: read as a disk hit is, its own counters."""
+
+    name: SourceName = "prompt_cache"
+
+    def __init__(
+        self,
+        cache: PromptCache,
+        reader: DiskReader,
+        admission: Admission,
+        flow: dict[str, int],
+        warn: Voice,
+    ) -> None:
+        self.cache, self.reader, self.admission = cache, reader, admission
+        self.flow, self.warn = flow, warn
+
+    def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
+        self.cache.view.sync()
+        m = self.cache.view.lookup(prompt, media, None)
+        return None if m is None else Hit(self, m)
+
+    def restore(self, hit: Hit, dest: Destination) -> Read | None:
+        """A disk-bound read, admitted under either RAM floor; refused (counted, said) when
+        neither holds, or when the entry is gone."""
+        m, counters = hit.match, self.cache.counters
+        p = self.admission.admit(
+            m.length * self.cache.fp.token_bytes, stays_in_ram=False, disk=True
+        )
+        dc = self.cache.view.get(m.conv_id)
+        what = f"{m.length:,} tokens of a system prompt"
+        if p.where == "discard" or dc is None:
+            counters["prompt_cache_hits_refused"] += 1
+            if p.where == "discard":
+                log_admission(self.warn, p, "system-prompt-cache hit", f"{what} re-read")
+            return None
+        log_admission(self.warn, p, "system-prompt-cache hit", what)
+        return Read(self, hit, dc, self.reader.job(dc, m.length, dest))
+
+    def resume(self, read: Read, outcome: Outcome) -> Restored:
+        return self.reader.resume_state(read.dc, read.job, outcome)
+
+    def settle(
+        self, read: Read, outcome: Outcome, found: Restored, asked: str
+    ) -> tuple[Restored, list[bytes]]:
+        """Level hits and the ladder (as a disk read), then its own hit."""
+        self.reader.account(read.dc, read.job, outcome, self._removed(read.dc))
+        self.cache.counters["hits_prompt_cache"] += 1
+        self.flow["tokens_restored"] += found.tokens
+        return replace(found, source="prompt_cache"), []
+
+    def _removed(self, dc: DiskConv) -> Callable[[bytes], bool]:
+        """Whether segment ``key`` of ``dc`` left the cache since the read was planned (its own
+        budget removed the entry): a miss past what was delivered, not damage."""
+
+        def removed(key: bytes) -> bool:
+            if self.cache.holder(key) is not None:
+                return False
+            self.cache.view.sync()
+            now = self.cache.view.get(dc.conv.conv_id)
+            return now is None or all(k != key for _, _, k in now.segments)
+
+        return removed
