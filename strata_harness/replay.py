@@ -13,7 +13,10 @@ rest, and parks the conversation with its checkpoints when it leaves its slot
   the engine passing its newest checkpoint and a cut at each turn, and again passing its root
   and newest checkpoint and no cuts;
 - **park truncate** (:mod:`.replay_park`): two interleaved requests push a RAM level's byte
-  budget over while a long chain is parked, with ``park_truncate`` on and off.
+  budget over while a long chain is parked, with ``park_truncate`` on and off;
+- **the low-RAM window** (:mod:`.replay_prompt`): conversations sharing a system prompt while
+  free RAM stays under the parking floor, with no disk level (every park discarded), without and
+  with the system-prompt cache.
 
 Each figure (a :class:`Row`) sets the Store's value beside the simulator's and the reference
 table's; :attr:`Replay.ok` says every figure the reference gives matches and every restore was
@@ -55,6 +58,15 @@ from strata_harness.replay_park import (
     ParkRun,
     run_park,
 )
+from strata_harness.replay_prompt import (
+    CONVERSATIONS,
+    ROUNDS,
+    WINDOW_MIB,
+    PromptRun,
+    cache_dir,
+    run_prompt,
+)
+from strata_harness.replay_prompt import SYSTEM as PROMPT_SYSTEM
 from strata_harness.sim import AgentEdit, ParkTruncate, run_agent_edit, run_park_truncate
 from stratastore.chain import Policy
 from stratastore.errors import ConfigError
@@ -65,6 +77,7 @@ __all__ = [
     "PARK_TRUNCATE",
     "AgentRun",
     "ParkRun",
+    "PromptRun",
     "Replay",
     "Row",
     "format_replay",
@@ -105,11 +118,16 @@ class Replay:
     #: "spread" / "lru" (the newest-only pattern), "spread/root-and-newest" / "lru/root-and-newest"
     agent: dict[str, AgentRun]
     park: dict[str, ParkRun]  #: "on" / "off" (park_truncate)
+    prompt: dict[str, PromptRun] = field(default_factory=dict)  #: "off" / "on" (the cache)
     tables: list[tuple[str, list[Row]]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        runs: list[AgentRun | ParkRun] = [*self.agent.values(), *self.park.values()]
+        runs: list[AgentRun | ParkRun | PromptRun] = [
+            *self.agent.values(),
+            *self.park.values(),
+            *self.prompt.values(),
+        ]
         return all(r.verdict != "differs" for _, rows in self.tables for r in rows) and not any(
             r.mismatches for r in runs
         )
@@ -128,6 +146,7 @@ class Replay:
             "ok": self.ok,
             "edit_table": {k: vars(v) for k, v in self.agent.items()},
             "park_truncate": {k: vars(v) for k, v in self.park.items()},
+            "system_prompt_cache": {k: vars(v) for k, v in self.prompt.items()},
             "tables": {title: [row(r) for r in rows] for title, rows in self.tables},
         }
 
@@ -226,6 +245,31 @@ def _park_rows(run: ParkRun, tb: int) -> list[Row]:
     return rows
 
 
+def _prompt_rows(run: PromptRun) -> list[Row]:
+    """The low-RAM window's figures. The reference (the low-RAM episode's rule) says how a hit
+    is admitted, not how many there are: its figure is the Store's hits, each admitted under
+    the transient floor."""
+    mode = "with the system-prompt cache" if run.cache else "RAM level alone"
+    rows = [
+        Row(f"{mode}: parks discarded (no disk level)", run.discards, None, None),
+        Row(f"{mode}: tokens restored", run.restored, None, None),
+        Row(f"{mode}: tokens read again (prefilled)", run.prefilled, None, None),
+    ]
+    if run.cache:
+        rows[1:1] = [
+            Row(f"{mode}: system prompts written to it", run.fills, None, None),
+            Row(f"{mode}: restores served from it", run.hits, None, None),
+            Row(
+                f"{mode}: of them, admitted under the transient floor",
+                run.transient_hits,
+                None,
+                run.hits,
+                "each one (the parking floor fails)",
+            ),
+        ]
+    return rows
+
+
 def run_replay(work_dir: str | None = None) -> Replay:
     """Run both workloads through the Store; ``work_dir`` holds the agent-edit workload's disk
     levels (default: a temporary directory, removed afterwards); levels left there by an earlier
@@ -236,8 +280,7 @@ def run_replay(work_dir: str | None = None) -> Replay:
     files.makedirs(work_dir)  # the --dir named: its levels are made in it
     policies: tuple[Policy, ...] = ("spread", "lru")
     runs = [(p, q) for q in PATTERNS for p in policies]
-    for p, q in runs:
-        d = level_dir(work_dir, p, q)
+    for d in [*(level_dir(work_dir, p, q) for p, q in runs), cache_dir(work_dir)]:
         if files.is_dir(d) and files.listdir(d):
             raise ConfigError(
                 f"replay: {d} already holds a store (an earlier replay?); the replay starts "
@@ -246,13 +289,15 @@ def run_replay(work_dir: str | None = None) -> Replay:
     fp = replay_fingerprint()
     agent: dict[str, AgentRun] = {run_key(p, q): run_agent(p, work_dir, fp, q) for p, q in runs}
     park = {m: run_park(m == "on", fp) for m in ("on", "off")}
-    rep = Replay(agent, park)
+    prompt = {m: run_prompt(m == "on", work_dir, fp) for m in ("off", "on")}
+    rep = Replay(agent, park, prompt)
     rep.tables = [
         (_agent_title(agent), [row for run in agent.values() for row in _agent_rows(run)]),
         (
             _park_title(park, fp.token_bytes),
             [row for run in park.values() for row in _park_rows(run, fp.token_bytes)],
         ),
+        (_prompt_title(prompt), [row for run in prompt.values() for row in _prompt_rows(run)]),
     ]
     return rep
 
@@ -295,6 +340,24 @@ def _park_title(park: dict[str, ParkRun], tb: int) -> str:
             f"{SLOTS} slots, min_tokens {MIN_TOKENS:,}, a checkpoint every {EVERY:,} tokens; "
             f"restores bit-exact: {checked - bad}/{checked}",
             "bytes: the reference does not give its K/V size a token, so they are not compared",
+        ]
+    )
+
+
+def _prompt_title(prompt: dict[str, PromptRun]) -> str:
+    runs = list(prompt.values())
+    checked, bad = sum(r.checked for r in runs), sum(r.mismatches for r in runs)
+    first = runs[0]
+    return "\n  ".join(
+        [
+            f"the low-RAM window through the Store: {CONVERSATIONS} conversations sharing a "
+            f"{PROMPT_SYSTEM:,}-token system prompt, {ROUNDS} rounds, "
+            f"{first.requests} requests",
+            f"free RAM {WINDOW_MIB} MiB throughout: under snapshot + the parking floor, over "
+            "snapshot + the transient floor; no disk level, so every park is discarded",
+            "prompt tokens: "
+            + ", ".join(f"{r.prompt_tokens:,}" for r in runs[:1])
+            + f"; restores bit-exact: {checked - bad}/{checked}",
         ]
     )
 
