@@ -1,5 +1,5 @@
-"""``strata replay``: the agent-edit and park-truncate workloads run through the public
-:class:`~stratastore.Store` API turn by turn, as an engine drives it, beside the simulator's
+"""``strata replay``: the agent-edit, park-truncate and low-RAM-window workloads run through the
+public :class:`~stratastore.Store` API turn by turn, as an engine drives it, beside the simulator's
 figures and the reference tables (:mod:`strata_harness.replay`, loaded only when the
 command runs); exit 1 when a figure of the Store differs from its reference."""
 
@@ -16,11 +16,12 @@ __all__ = ["add_parser", "run"]
 def add_parser(command: AddCommand) -> None:
     rp = command(
         "replay",
-        help="the agent-edit and park-truncate workloads through the Store, turn by turn, "
-        "beside the simulator and the reference tables",
+        help="the agent-edit, park-truncate and low-RAM-window workloads through the Store, "
+        "turn by turn, beside the simulator and the reference tables",
     )
     rp.add_argument(
-        "--dir", help="where the agent-edit replay's disk levels go (default: a temporary one)"
+        "--dir",
+        help="where the replay's disk levels and system-prompt cache go (default: a temporary one)",
     )
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=run)
