@@ -62,6 +62,8 @@ class _Engine:
         #: tokens restored, by where they came from (pending: a park whose write was in flight)
         self.served = {"ram": 0, "pending": 0, "disk": 0}
         self._restore_buf = np.zeros(0, np.uint8)
+        self.free_slots = list(range(SLOTS))  #: the engine's slots no conversation holds
+        self.slot_of: dict[int, int] = {}  #: a live conversation -> its slot
 
     def request(self, c: int) -> None:
         self.tick += 1
@@ -79,8 +81,9 @@ class _Engine:
             if len(self.live) >= SLOTS:
                 self._park(self.live.pop(0))
             kv = self._buffer(len(prompt) * self.fp.token_bytes)
+            self.slot_of[c] = self.free_slots.pop(0)
             t = time.perf_counter()
-            r = self.store.restore(prompt, kv)
+            r = self.store.restore(prompt, kv, slot=self.slot_of[c])
             self.restore_s += time.perf_counter() - t
             self.restore_bytes += r.tokens * self.fp.token_bytes
             have = r.tokens
@@ -89,7 +92,7 @@ class _Engine:
                 raise AssertionError(f"conversation {c}: restored bytes differ from the model's")
             self.restored += have
             if r.source != "none":
-                self.served[r.source] += have
+                self.served[r.source] = self.served.get(r.source, 0) + have
             self.reread += len(prev) - min(have, len(prev))
         # the engine prefills what it does not have, then keeps a checkpoint at the turn start
         tb = self.fp.token_bytes
@@ -125,7 +128,9 @@ class _Engine:
         tokens = self.history[c]
         ckpts = [Checkpoint(x.length, pinned=x.pinned) for x in self.ckpts[c]]
         conv = Conversation(f"agent-{c}", as_tokens(tokens), ckpts, cuts=self.openers[c])
-        self.store.park(conv, self.kv.pop(c))
+        slot = self.slot_of.pop(c)
+        self.store.park(conv, self.kv.pop(c), slot=slot)
+        self.free_slots.append(slot)
 
     def park_all(self) -> None:
         while self.live:

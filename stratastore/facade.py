@@ -46,6 +46,7 @@ from stratastore.metrics.counters import reported, zero_counts
 from stratastore.metrics.histogram import Histogram
 from stratastore.metrics.monitor import MONITOR_FILE
 from stratastore.metrics.prometheus import prometheus_text
+from stratastore.metrics.speeds import NO_SLOT, Speeds, slot_name
 from stratastore.restore import Destination, flat_bytes
 from stratastore.restore.device_arrays import is_device_array
 from stratastore.tiers.checks import batch_requests, restore_cap, session_name
@@ -90,10 +91,15 @@ class Store:
         self._lock = tiers.lock  #: the flow's: plans and accounts are made under it
         self._closed = False
         self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
-        self._spill = tiers.start_spill_writer(queue_depth, lambda: self._publish(force=False))
         self.counters = zero_counts("store")  #: the Store's own (the counter table's rows)
         #: how long the engine's park, restore and flush calls took (the table's histograms)
         self.latency = {call: Histogram() for call in ("park", "restore", "flush")}
+        #: what each engine slot's parks and restores moved, by level, over a recent window:
+        #: a park to RAM as its call took, a park's disk write as the spill writer wrote it
+        self.speeds = Speeds()
+        self._spill = tiers.start_spill_writer(
+            queue_depth, lambda: self._publish(force=False), self._written
+        )
         self._published = float("-inf")  #: monotonic time of the last monitor snapshot
 
     @classmethod
@@ -148,6 +154,7 @@ class Store:
         states: Mapping[int, bytes] | None = None,
         *,
         pin: bool = False,
+        slot: int | str | None = None,
     ) -> ParkReport:
         """Keep a conversation leaving its slot: RAM, else disk, else discard (counted).
         ``states`` maps checkpoint lengths to the running state saved there (hybrid and
@@ -180,8 +187,14 @@ class Store:
         each segment's pages are hashed on the device, the K/V is copied to the host once, and
         the sidecars get the device's digests: the capture is never hashed on the host (nor
         twice), whether it is written now or from the RAM level later. The device array may be
-        reused when this returns."""
+        reused when this returns.
+
+        ``slot``: the engine slot the conversation leaves (an integer, or a name of up to 64
+        letters, digits and ``_.:-``), for the per-slot speeds of ``stats()["speeds"]`` and
+        ``strata monitor`` (:mod:`stratastore.metrics.speeds`); optional."""
         self._check_open("park")
+        where = slot_name(slot, "park")
+        start = time.perf_counter()
         with self.latency["park"].time():
             if not isinstance(pin, bool):
                 raise InvalidConversation(f"park: pin must be True or False, not {pin!r}")
@@ -194,13 +207,24 @@ class Store:
                 snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
             else:
                 snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
+            snap.slot = where
             with self._lock:
                 self._check_open("park")
                 report = self._tiers.park(snap, pin=pin)
                 spills = self._spill.claim()
             self._spill.hand_over(spills)
             self._tiers.fill_prompt_cache(snap)  # its pinned prefix, once per distinct prefix
-            return report
+        if report.where != "disk":  # a disk park counts when its write lands (_written)
+            took, tb = time.perf_counter() - start, self._tiers.tb
+            self.speeds.record("park", where, report.where, report.tokens, report.tokens * tb, took)
+        return report
+
+    def _written(self, snap: Snapshot, seconds: float) -> None:
+        """A park's disk write landed (the spill writer's thread): its slot's disk speed. A
+        copy the store made of its own accord (``remote_keep_local``) is no park."""
+        if not snap.kept:
+            n = len(snap.conv.tokens)
+            self.speeds.record("park", snap.slot, "disk", n, n * self._tiers.tb, seconds)
 
     def lookup(
         self,
@@ -209,8 +233,8 @@ class Store:
     ) -> tuple[str, int] | None:
         """``(source, tokens)`` of the deepest stored prefix of ``prompt``, or ``None``;
         ``source`` is ``"ram"``, ``"pending"`` (a park whose disk write is in flight),
-        ``"disk"`` or ``"remote"`` (the shared remote level, asked only when the local levels
-        do not hold the whole prompt).
+        ``"disk"``, ``"prompt_cache"`` (the system-prompt cache) or ``"remote"`` (the shared
+        remote level, asked only when the local levels do not hold the whole prompt).
         ``media`` maps the token position of each picture in ``prompt`` to its 32-byte digest
         (as in :class:`~stratastore.chain.Conversation`; spec F-KEY-7): a prefix matches only
         with the same pictures at the same positions."""
@@ -236,6 +260,7 @@ class Store:
         media: Mapping[int, bytes] | None = None,
         *,
         max_tokens: int | None = None,
+        slot: int | str | None = None,
     ) -> Restored:
         """Copy the deepest stored prefix of ``prompt`` into ``out``: the engine's K/V buffer
         for this conversation in the page layout of spec F-SEG-4 (at least
@@ -256,16 +281,22 @@ class Store:
         deepest stored prefix, which may be the whole prompt). An engine that needs the last
         prompt token's logits passes ``len(prompt) - 1`` so that it always has a token to
         compute (docs/engine.md). A park whose disk write is still in flight is served from its
-        capture (``source == "pending"``); nothing waits for another conversation's write."""
+        capture (``source == "pending"``); nothing waits for another conversation's write.
+        ``slot``: the engine slot it restores into, for the per-slot speeds (as in
+        :meth:`park`)."""
         self._check_open("restore")
+        where = slot_name(slot, "restore")
         tokens = as_tokens(prompt, "restore: prompt")
         pictures = as_media(media, len(tokens), "restore: media")
         cap = restore_cap(max_tokens, "restore")
         flat: npt.NDArray[np.uint8] | Destination = (  # a view, never a copy: in place or refused
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
+        start = time.perf_counter()
         with self.latency["restore"].time(), self._in_flight("restore"):
             r = self._tiers.restore(tokens, flat, pictures, cap)
+        took = time.perf_counter() - start
+        self.speeds.record("restore", where, r.source, r.tokens, r.tokens * self._tiers.tb, took)
         with self._lock:
             self.counters["tokens_reread"] += len(tokens) - r.tokens
         self._enqueue_kept()
@@ -301,6 +332,7 @@ class Store:
         media: Sequence[Mapping[int, bytes] | None] = (),
         *,
         max_tokens: int | Sequence[int | None] | None = None,
+        slots: Sequence[int | str | None] | None = None,
     ) -> list[Restored]:
         """:meth:`restore` for several prompts submitted together (one destination each): their
         disk reads share one batched read agenda, read-ahead, validation and copy overlapping
@@ -311,9 +343,17 @@ class Store:
         an I/O error), the others still complete and :class:`BatchRestoreError` is raised,
         carrying every request's result. ``media[i]``, when given, is request ``i``'s pictures
         (as in :meth:`lookup`). ``max_tokens``: as in :meth:`restore`, one cap for every
-        request or a list with one (or ``None``) per request."""
+        request or a list with one (or ``None``) per request. ``slots``: each request's engine
+        slot, for the per-slot speeds (as in :meth:`park`); each request counts its share of
+        the call's time, by its bytes."""
         self._check_open("restore_many")
         reqs, pictures = batch_requests(requests, media)
+        if slots is not None and (isinstance(slots, str) or len(slots) != len(reqs)):
+            raise InvalidRequest(
+                f"restore_many: slots must list one slot (or None) per request ({len(reqs)}), "
+                f"not {slots!r}"
+            )
+        names = [slot_name(x, f"restore_many (request #{i})") for i, x in enumerate(slots or [])]
         if max_tokens is None or isinstance(max_tokens, (int, np.integer)):
             caps = [restore_cap(max_tokens, "restore_many")] * len(reqs)
         elif isinstance(max_tokens, Sequence) and len(max_tokens) == len(reqs):
@@ -325,8 +365,10 @@ class Store:
                 f"restore_many: max_tokens must be an int, None, or a list of "
                 f"{len(reqs)} (one per request), not {max_tokens!r}"
             )
+        start = time.perf_counter()
         with self.latency["restore"].time(), self._in_flight("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps)
+        self._record_batch(got, names, time.perf_counter() - start)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (
@@ -336,6 +378,19 @@ class Store:
         if any(isinstance(r, Exception) for r in got):
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
+
+    def _record_batch(
+        self, got: Sequence[Restored | Exception], slots: Sequence[str], took: float
+    ) -> None:
+        """Each request of a ``restore_many`` call in the per-slot speeds, with its share of
+        the call's time by its bytes (an error: nothing moved, none of it)."""
+        tb = self._tiers.tb
+        done = [(i, r) for i, r in enumerate(got) if isinstance(r, Restored)]
+        total = sum(r.tokens for _, r in done)
+        for i, r in done:
+            share = took * r.tokens / total if total else took / len(done)
+            slot = slots[i] if slots else NO_SLOT
+            self.speeds.record("restore", slot, r.source, r.tokens, r.tokens * tb, share)
 
     def save_session(
         self,
@@ -402,6 +457,7 @@ class Store:
         )
         doc["spill_queue"] = self._spill.queue.qsize()
         doc.update((f"{call}_seconds", h.as_stats()) for call, h in self.latency.items())
+        doc["speeds"] = self.speeds.table()
         return reported(doc, self._tiers.owners)
 
     def describe(self) -> StoreDescription:

@@ -124,4 +124,29 @@ def _table(doc: dict[str, Any]) -> str:
             f"  park target {c['park_target']} ({c['park_target_source']}); "
             f"admission: {c['admission']}"
         )
+    lines.extend(_speeds(doc.get("speeds")))
     return "\n".join(lines)
+
+
+def _speeds(speeds: object) -> list[str]:
+    """The per-slot speeds as rows: slot, park or restore, level, GB/s and tokens/s of the
+    calls, calls a second and MB a second of the window (none before a Store published)."""
+    if not isinstance(speeds, dict) or not isinstance(speeds.get("slots"), dict):
+        return []
+    rows = [
+        f"  speeds over the last {_val(speeds.get('window_s'))} s, per slot:",
+        f"  {'slot':<8}{'call':<9}{'level':<14}{'GB/s':>8}{'tokens/s':>12}{'calls/s':>9}"
+        f"{'MB/s':>9}{'calls':>7}",
+    ]
+    for slot, kinds in speeds["slots"].items():  # a snapshot's odd entries are left out
+        for kind, levels in (kinds if isinstance(kinds, dict) else {}).items():
+            for level, f in (levels if isinstance(levels, dict) else {}).items():
+                if not isinstance(f, dict) or not isinstance(f.get("bytes_per_s", 0), (int, float)):
+                    continue
+                rows.append(
+                    f"  {slot:<8}{kind:<9}{level:<14}{_val(f.get('gb_s')):>8}"
+                    f"{_val(f.get('tokens_s')):>12}{_val(f.get('per_s')):>9}"
+                    f"{_val(round(f.get('bytes_per_s', 0) / 1e6, 3)):>9}"
+                    f"{_val(f.get('count')):>7}"
+                )
+    return rows

@@ -57,8 +57,8 @@ __all__ = [
 
 #: ``counter``: only grows; ``gauge``: a value now; ``histogram``: durations counted into the
 #: fixed buckets of :mod:`stratastore.metrics.histogram`; ``info``: text naming a state;
-#: ``list``: names
-Kind = Literal["counter", "gauge", "histogram", "info", "list"]
+#: ``list``: names; ``table``: figures nested by name (the per-slot speeds)
+Kind = Literal["counter", "gauge", "histogram", "info", "list", "table"]
 #: what a figure belongs to, and so whether a store reports it: the store itself (always),
 #: every level (in each level's table), the RAM level, a disk level (any: the catalog, the
 #: spill writer, the parks in flight and the monitor's snapshot come with it), the remote
@@ -264,6 +264,11 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("flush_seconds", "histogram", "seconds",
             "how long `flush()` took, the queued disk writes included", kept_by="store",
             series=(Series("flush_seconds"),)),
+    Counter("speeds", "table", "",
+            "per engine slot (`slot=` of park and restore), per park or restore and per level, "
+            "over the last 60 s: GB/s and tokens/s of the calls, calls and bytes a second, and "
+            "the window's totals (`{window_s, slots: {slot: {kind: {level: figures}}}}`)",
+            kept_by="store", shown=23),
     # -- every level's table: levels[name] ------------------------------------------------------
     _level("entries", "gauge", "entries", "entries the level holds", "level",
            "level_entries", shown=1),

@@ -90,6 +90,10 @@ def snapshot_problem(doc: dict[str, Any]) -> str | None:
         return f"pid is {type(doc['pid']).__name__}, not an integer"
     for k, kind in _COUNTERS.items():
         v = doc.get(k)
+        if kind == "table":
+            if v is not None and not isinstance(v, dict):
+                return f"{k} is {type(v).__name__}, not a table"
+            continue
         text = kind == "info"
         if v is not None and not (isinstance(v, str) if text else _is_count(v)):
             return f"counter {k} is {type(v).__name__}, not {'text' if text else 'an integer'}"
@@ -202,7 +206,8 @@ def published_stats(path: str | None = None, *, levels: list[str] | None = None)
 def read_monitor(path: str | None = None, *, levels: list[str] | None = None) -> dict[str, Any]:
     """The monitor's document for the store at ``path`` (or of the level directories
     ``levels``): per level what the folder holds now (and its budget and counters from the last
-    snapshot), the Store's counters, and where the snapshot came from."""
+    snapshot), the Store's counters, its per-slot speeds (GB/s, tokens/s and rates by slot,
+    park or restore, and level, over its recent window), and where the snapshot came from."""
     now = time.time()
     levels = _level_dirs(path, levels)
     snap, problem = _snapshot(levels)
@@ -262,7 +267,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
     out_levels = dict(sorted(out_levels.items(), key=lambda kv: rank.get(kv[0], 3)))
     counters = {}
     if snap is not None:
-        counters = {k: snap.get(k) for k in _COUNTERS}
+        counters = {k: snap.get(k) for k, kind in _COUNTERS.items() if kind != "table"}
     return {
         "path": pathnames.abspath(path) if path else pathnames.PATH_LIST_SEP.join(levels),
         "time": now,
@@ -277,4 +282,7 @@ def read_monitor(path: str | None = None, *, levels: list[str] | None = None) ->
         "snapshot_problem": problem,
         "levels": out_levels,
         "counters": counters,
+        #: per slot, per park/restore, per level over the Store's recent window
+        #: (:mod:`stratastore.metrics.speeds`); None before a Store published
+        "speeds": snap.get("speeds") if snap is not None else None,
     }

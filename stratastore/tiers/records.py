@@ -60,6 +60,8 @@ class Snapshot:
     #: a copy the store made of its own accord (``remote_keep_local``), not a park anyone was
     #: told of: a write of it that fails is said and counted, never reported as a lost park
     kept: bool = False
+    #: the engine slot it left (``park(slot=)``), for the per-slot speeds of its disk write
+    slot: str = "-"
 
     def detached(self) -> Snapshot:
         """The same capture with a conversation of its own (its checkpoints, cuts and media
@@ -72,7 +74,12 @@ class Snapshot:
             c.conv_id, c.tokens, [replace(x) for x in c.checkpoints], dict(c.media), list(c.cuts)
         )
         return Snapshot(
-            conv, self.kv, dict(self.states), page_hashes=dict(self.page_hashes), kept=self.kept
+            conv,
+            self.kv,
+            dict(self.states),
+            page_hashes=dict(self.page_hashes),
+            kept=self.kept,
+            slot=self.slot,
         )
 
 

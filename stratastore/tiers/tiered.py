@@ -20,6 +20,7 @@ No call holds it over disk I/O, hashing or a network call.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -225,16 +226,29 @@ class Tiers:
             entry = self.prompt_cache.entry(snap)
         return entry is not None and self.prompt_cache.fill(entry)
 
-    def start_spill_writer(self, depth: int, after_write: Callable[[], object]) -> SpillWriter:
+    def start_spill_writer(
+        self,
+        depth: int,
+        after_write: Callable[[], object],
+        written: Callable[[Snapshot, float], object] | None = None,
+    ) -> SpillWriter:
         """From now on the disk writes of parks wait in the outbox and are written by one
         background thread (:mod:`.spill`, a queue of ``depth``), so a park returns once its
-        capture is handed over."""
+        capture is handed over. ``written(snap, seconds)``: told of each write that landed
+        and how long it took (the per-slot speeds)."""
         self.parking.defer_spills = True
+
+        def write(snap: Snapshot) -> None:
+            start = time.perf_counter()
+            self.write_disk_now(snap)
+            if written is not None:
+                written(snap, time.perf_counter() - start)
+
         self.spill_writer = SpillWriter(
             self.lock,
             self.parking.outbox,
             depth,
-            lambda snap: self.write_disk_now(snap),
+            write,
             after_write,
             self.remote,
             self.warn,

@@ -157,6 +157,7 @@ def _check_kind(c: Counter, v: object) -> None:
         "histogram": dict,
         "info": str,
         "list": list,
+        "table": dict,
     }[c.kind]
     assert v is None or isinstance(v, want), f"{c.key} is {v!r}, not {want}"
 
