@@ -3,7 +3,9 @@
 On one directory: a 1 GiB K/V image (Llama-3.1-8B geometry, 128 KiB a token, 8,192 tokens in 8
 segments) stored by the segment store, the same bytes as one raw file, and the same K/V as a
 numpy ``.npy`` file; and the same bytes again as 4 conversations of 2 segments, restored one by
-one and as one batch through the read agenda (:mod:`stratastore.restore.agenda`). Each round
+one, as one batch through the read agenda (:mod:`stratastore.restore.agenda`), from 1, 2 and 4
+threads through the continuous agenda (one reader for every thread's calls), and from 4 threads
+each on its own pipeline. Each round
 reads them all, hot (page cache warm) and cold (caches dropped: ``/proc/sys/vm/drop_caches`` as
 root, else ``posix_fadvise(DONTNEED)`` per file), interleaved; the figures are medians. The
 restore is the real two-pass path (every page BLAKE3-validated, then applied) into a buffer the
@@ -16,6 +18,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +28,21 @@ import numpy as np
 from stratastore.format import ModelFingerprint
 from stratastore.io import files
 from stratastore.levels.local import SegmentStore
-from stratastore.restore import FlatKV, Job, Outcome, Piece, restore_batch, two_pass_restore
+from stratastore.restore import (
+    FlatKV,
+    Job,
+    Outcome,
+    Piece,
+    SharedAgenda,
+    restore_batch,
+    two_pass_restore,
+)
 
 __all__ = ["drop_caches", "run_bench"]
 
 SEGMENTS = 8
 BATCH = 4  #: restores submitted together in the batched-agenda rows
+THREADS = (1, 2, 4)  #: threads restoring those through the continuous agenda
 
 
 def drop_caches(paths: list[str]) -> str:
@@ -135,6 +147,31 @@ def run_bench(
                 got = restore_batch(jobs())
                 assert all(isinstance(o, Outcome) and o.tokens == quarter for o in got), got
 
+            agenda = SharedAgenda()
+
+            def threads(n: int, shared: bool) -> Callable[[], None]:
+                """The BATCH restores from ``n`` threads, each restoring its share one call at a
+                time: through the continuous agenda (``shared``), or each call on its own
+                pipeline."""
+
+                def run() -> None:
+                    todo = jobs()
+                    got: list[Outcome | Exception] = []
+
+                    def worker(k: int) -> None:
+                        for j in todo[k::n]:
+                            got.extend(agenda.run([j]) if shared else restore_batch([j]))
+
+                    pool = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+                    for t in pool:
+                        t.start()
+                    for t in pool:
+                        t.join()
+                    assert len(got) == BATCH
+                    assert all(isinstance(o, Outcome) and o.tokens == quarter for o in got), got
+
+                return run
+
             def raw_read() -> None:
                 with open(raw, "rb", buffering=0) as f:
                     view = out.data
@@ -150,6 +187,14 @@ def run_bench(
                 ("np.load", np_load),
                 (f"{BATCH} restores one by one", one_by_one),
                 (f"{BATCH} restores batched", batched),
+                *(
+                    (
+                        f"{BATCH} restores, {n} thread{'s' * (n > 1)}, continuous agenda",
+                        threads(n, True),
+                    )
+                    for n in THREADS
+                ),
+                (f"{BATCH} restores, {BATCH} threads, own pipelines", threads(BATCH, False)),
             ]
             paths = [raw, npy] + [
                 os.path.join(store.path, n)
@@ -186,6 +231,13 @@ def run_bench(
             ratios[f"batched/one by one {mode}"] = (
                 batch / gbs[f"{BATCH} restores one by one {mode}"]
             )
+            for n in THREADS:
+                name = f"{BATCH} restores, {n} thread{'s' * (n > 1)}, continuous agenda {mode}"
+                ratios[f"continuous {n}/batched {mode}"] = gbs[name] / batch
+            ratios[f"continuous {BATCH}/own pipelines {mode}"] = (
+                gbs[f"{BATCH} restores, {BATCH} threads, continuous agenda {mode}"]
+                / gbs[f"{BATCH} restores, {BATCH} threads, own pipelines {mode}"]
+            )
         # where a hot restore's time goes: the read pass (pread straight into the caller's buffer
         # and BLAKE3 of every page there, on every core) and the apply pass (nothing left to copy
         # for a direct read: only the zeroing of what a ladder stop does not deliver)
@@ -194,6 +246,7 @@ def run_bench(
             for k, v in passes.items()
             if not k.endswith("warmup") and statistics.median(v[1:]) > 0
         }
+        agenda.close()
         return {
             "bytes": nbytes,
             "tokens": tokens,

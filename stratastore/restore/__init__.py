@@ -1,6 +1,6 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
-from stratastore.restore.agenda import restore_batch
+from stratastore.restore.agenda import SharedAgenda, restore_batch
 from stratastore.restore.destinations import (
     Destination,
     DestinationRefused,
@@ -27,6 +27,7 @@ __all__ = [
     "PagedKV",
     "Piece",
     "RestoreFailed",
+    "SharedAgenda",
     "as_destination",
     "deliver_capture",
     "flat_bytes",

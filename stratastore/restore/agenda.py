@@ -20,20 +20,31 @@ hand-off queue holds ``DEPTH`` validated chunks, which bounds the staging in fli
 (every built-in one; one that cannot holds its chunks until no later damage can take them back).
 A restore of one chunk runs inline, with no thread. An interrupted restore (Ctrl-C) waits for
 its reads in flight, gives its staging back and delivers nothing.
+
+**The continuous agenda** (:class:`SharedAgenda`, a store's ``batch_agenda``): the restores of
+every thread join one read agenda. One reader thread takes the calls' jobs in the order they
+were submitted, reading and validating each call's chunks into that call's own hand-off while the
+call applies the chunks before them on its own thread; the read-ahead runs across calls (the
+files of the next calls' first jobs are handed to the kernel while this one's are read), so the
+disk stays busy from one call to the next. Each call keeps every guarantee above; a call
+interrupted while it waits for its turn delivers nothing and the reader skips it.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from contextlib import closing
+from dataclasses import dataclass, field
 
 from stratastore.restore.delivery import Delivery, release
 from stratastore.restore.records import Chunk, Damage, Outcome
 from stratastore.restore.two_pass import Job
 
-__all__ = ["Job", "restore_batch"]
+__all__ = ["Job", "SharedAgenda", "restore_batch"]
 
 DEFAULT_READAHEAD = 2  #: jobs whose files are prefetched ahead of the one being validated
 DEPTH = 2  #: validated chunks waiting for the apply pass
@@ -55,7 +66,7 @@ def restore_batch(
         agenda.inline(agenda.order[0])
     elif agenda.live:
         agenda.pipeline(readahead)
-    return [r if r is not None else RuntimeError("restore job did not run") for r in agenda.results]
+    return agenda.outcomes()
 
 
 class _Agenda:
@@ -73,6 +84,12 @@ class _Agenda:
             except Exception as e:
                 self.results[i] = e
         self.order = list(self.live)
+
+    def outcomes(self) -> list[Outcome | Exception]:
+        """Each job's result (a job that never ran: an error saying so)."""
+        return [
+            r if r is not None else RuntimeError("restore job did not run") for r in self.results
+        ]
 
     def inline(self, i: int) -> None:
         """Job ``i``'s passes one chunk after the other, on this thread."""
@@ -126,44 +143,169 @@ class _Agenda:
 
         def reader() -> None:
             try:
-                ahead = 0  # jobs of `order` whose files were handed to the kernel, each once
-                for n, i in enumerate(self.order):
-                    while ahead < min(len(self.order), n + 1 + readahead):
-                        self.jobs[self.order[ahead]].prefetch()
-                        ahead += 1
-                    try:
-                        with closing(self.jobs[i].chunks()) as chunks:
-                            for item in chunks:
-                                if stop.is_set():
-                                    if isinstance(item, Chunk):
-                                        release(self.jobs[i], item)
-                                    return
-                                handoff.put((i, item))
-                                if i not in self.live:  # the apply side failed it: no more
-                                    break
-                    except Exception as e:
-                        handoff.put((i, e))
-                        continue
-                    handoff.put((i, None))
+                self.read(handoff, stop, readahead)
             finally:
                 handoff.put(None)
 
         worker = threading.Thread(target=reader, name="strata-agenda-read", daemon=True)
         worker.start()
+        self.apply(handoff, stop, worker.is_alive)
+
+    def read(
+        self,
+        handoff: queue.Queue[_Item | None],
+        stop: threading.Event,
+        readahead: int,
+        after: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        """The read passes of the jobs, in order, into ``handoff`` (on the reading thread),
+        the files of the next ``readahead`` jobs handed to the kernel ahead of each;
+        ``after(n)``: the read-ahead past the last job (``n`` jobs more), for the continuous
+        agenda's next calls. Stops early when ``stop`` is set (what it read then is released)."""
+        ahead = 0  # jobs of `order` whose files were handed to the kernel, each once
+        for n, i in enumerate(self.order):
+            while ahead < min(len(self.order), n + 1 + readahead):
+                self.jobs[self.order[ahead]].prefetch()
+                ahead += 1
+            if n + 1 + readahead > len(self.order):
+                after(n + 1 + readahead - len(self.order))
+            try:
+                with closing(self.jobs[i].chunks()) as chunks:
+                    for item in chunks:
+                        if stop.is_set():
+                            if isinstance(item, Chunk):
+                                release(self.jobs[i], item)
+                            return
+                        handoff.put((i, item))
+                        if i not in self.live:  # the apply side failed it: no more
+                            break
+            except Exception as e:
+                handoff.put((i, e))
+                continue
+            handoff.put((i, None))
+
+    def prefetch_first(self, n: int) -> None:
+        """Hand the files of the first ``n`` jobs to the kernel (the continuous agenda's
+        read-ahead into the next call)."""
+        for i in self.order[:n]:
+            self.jobs[i].prefetch()
+
+    def apply(
+        self,
+        handoff: queue.Queue[_Item | None],
+        stop: threading.Event,
+        reading: Callable[[], bool],
+    ) -> None:
+        """The apply passes (on the calling thread) until the reader's end mark; interrupted,
+        ``stop`` the reader and empty the hand-off until ``reading()`` says it stopped, giving
+        back what it read (never applied: those jobs deliver nothing)."""
         try:
             while (got := handoff.get()) is not None:
                 self.take(*got)
         finally:
             stop.set()
             while True:  # unblock a reader waiting on a full hand-off, then empty it
-                alive = worker.is_alive()  # before the get: a dead reader put all it will
+                alive = reading()  # before the get: a reader that stopped put all it will
                 try:
                     left = handoff.get_nowait()
                 except queue.Empty:
                     if not alive:
                         break
-                    worker.join(0.01)
+                    time.sleep(0.002)
                     continue
                 if left is not None and isinstance(left[1], Chunk):
                     release(self.jobs[left[0]], left[1])  # never applied: deliver nothing
             self.abort_live()  # interrupted: those jobs deliver nothing
+
+
+@dataclass(eq=False)
+class _Call:
+    """One call's jobs waiting for, or in, the continuous agenda's reader."""
+
+    agenda: _Agenda
+    handoff: queue.Queue[_Item | None] = field(default_factory=lambda: queue.Queue(maxsize=DEPTH))
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  #: the reader is through
+
+
+class SharedAgenda:
+    """The continuous agenda (see the module): one reader thread for the restores of every
+    thread of a store, started on first use, stopped by :meth:`close`."""
+
+    def __init__(self, readahead: int = DEFAULT_READAHEAD) -> None:
+        self.readahead = readahead
+        self._calls: deque[_Call] = deque()
+        self._cond = threading.Condition()
+        self._reader: threading.Thread | None = None
+        self._closed = False
+
+    def run(self, jobs: Sequence[Job]) -> list[Outcome | Exception]:
+        """:func:`restore_batch` through the shared reader: the same results, the same
+        guarantees. After :meth:`close`, a call runs on its own pipeline."""
+        agenda = _Agenda(jobs)
+        if not agenda.live:
+            return agenda.outcomes()
+        first = jobs[agenda.order[0]]
+        if len(agenda.live) == 1 and first.nbytes() <= first.chunk_bytes:
+            agenda.inline(agenda.order[0])
+            return agenda.outcomes()
+        call = _Call(agenda)
+        with self._cond:
+            if self._closed:
+                agenda.pipeline(self.readahead)
+                return agenda.outcomes()
+            self._calls.append(call)
+            if self._reader is None:
+                self._reader = threading.Thread(
+                    target=self._read, name="strata-agenda-read", daemon=True
+                )
+                self._reader.start()
+            self._cond.notify()
+        agenda.apply(call.handoff, call.stop, lambda: self._reading(call))
+        return agenda.outcomes()
+
+    def _reading(self, call: _Call) -> bool:
+        """Whether the reader may still put into ``call``'s hand-off; a call interrupted
+        before its turn is taken off the agenda at once."""
+        with self._cond:
+            if call in self._calls:
+                self._calls.remove(call)
+                call.done.set()
+        return not call.done.is_set()
+
+    def close(self) -> None:
+        """Stop the reader once the calls queued are read (idempotent)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join()
+
+    def _read(self) -> None:
+        """The reader thread: each call in turn, its read-ahead running into the next."""
+        while True:
+            with self._cond:
+                while not self._calls and not self._closed:
+                    self._cond.wait()
+                if not self._calls:
+                    return
+                call = self._calls.popleft()
+            try:
+                if not call.stop.is_set():  # interrupted while it waited: skipped
+                    call.agenda.read(call.handoff, call.stop, self.readahead, self._ahead)
+            except BaseException as e:  # never leave a call waiting for its end mark
+                call.handoff.put((call.agenda.order[0], e))
+            finally:
+                call.done.set()
+                call.handoff.put(None)
+
+    def _ahead(self, n: int) -> None:
+        """Read-ahead into the calls waiting: the files of their first ``n`` jobs."""
+        with self._cond:
+            waiting = list(self._calls)
+        for call in waiting:
+            if n <= 0:
+                return
+            call.agenda.prefetch_first(n)
+            n -= len(call.agenda.order)

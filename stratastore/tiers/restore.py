@@ -36,6 +36,7 @@ from stratastore.restore import (
     DestinationRefused,
     FlatKV,
     Outcome,
+    SharedAgenda,
     as_destination,
     deliver_capture,
     restore_batch,
@@ -115,9 +116,13 @@ class Restorer:
         counters: dict[str, int],
         keep: Callable[[Snapshot], bool] | None,
         warn: Callable[[str], None],
+        agenda: bool = True,
     ) -> None:
         self.lock, self.fp, self.lookup, self.remote = lock, fp, lookup, remote
         self.counters, self.keep, self.warn = counters, keep, warn
+        #: the continuous agenda every thread's restores join (``batch_agenda``), else None:
+        #: each restore reads on its own pipeline
+        self.agenda = SharedAgenda() if agenda else None
 
     def restore_many(
         self, requests: Sequence[Request], media: Media = (), caps: Caps = ()
@@ -228,7 +233,8 @@ class Restorer:
             p.results[i] = Restored(
                 "pending", c.match.length, c.match.conv_id, c.capture.states.get(c.match.length)
             )
-        outcomes = restore_batch([read.job for _, read in p.reads])
+        jobs = [read.job for _, read in p.reads]
+        outcomes = self.agenda.run(jobs) if self.agenda is not None else restore_batch(jobs)
         found = [
             o if isinstance(o, Exception) else read.source.resume(read, o)
             for (_, read), o in zip(p.reads, outcomes, strict=True)

@@ -154,6 +154,7 @@ class Tiers:
             self.counters,
             self.parking.spill if self.writer is not None else None,
             self.warn,
+            agenda=cfg.batch_agenda,
         )
         self.spill_writer: SpillWriter | None = None
 
@@ -184,6 +185,9 @@ class Tiers:
         return Lookup(local, remote), remote
 
     def close(self) -> None:
+        restorer = getattr(self, "restorer", None)  # a failed open has none yet
+        if restorer is not None and restorer.agenda is not None:
+            restorer.agenda.close()
         for lvl in self.levels:
             lvl.store.close()
         if self.prompt_cache is not None:

@@ -27,8 +27,18 @@ def test_restore_vs_raw_and_np_load(benchmark: Any, tmp_path: Any) -> None:
         "np.load hot",
         "4 restores one by one hot",
         "4 restores batched hot",
+        "4 restores, 1 thread, continuous agenda hot",
+        "4 restores, 2 threads, continuous agenda hot",
+        "4 restores, 4 threads, continuous agenda hot",
+        "4 restores, 4 threads, own pipelines hot",
     }
-    assert set(doc["ratios"]) >= {"batched/one restore hot", "batched/one by one hot"}
+    assert set(doc["ratios"]) >= {
+        "batched/one restore hot",
+        "batched/one by one hot",
+        "continuous 1/batched hot",
+        "continuous 4/batched hot",
+        "continuous 4/own pipelines hot",
+    }
     assert all(v > 0 for v in doc["gb_per_s"].values())
     if benchmark.stats is not None:
         print("\n" + "  ".join(f"{k}: {v:.2f} GB/s" for k, v in doc["gb_per_s"].items()))
