@@ -22,11 +22,12 @@ A restore of one chunk runs inline, with no thread. An interrupted restore (Ctrl
 its reads in flight, gives its staging back and delivers nothing.
 
 **The continuous agenda** (:class:`SharedAgenda`, a store's ``batch_agenda``): the restores of
-every thread join one read agenda. One reader thread takes the calls' jobs in the order they
-were submitted, reading and validating each call's chunks into that call's own hand-off while the
-call applies the chunks before them on its own thread; the read-ahead runs across calls (the
-files of the next calls' first jobs are handed to the kernel while this one's are read), so the
-disk stays busy from one call to the next. Each call keeps every guarantee above; a call
+every thread join one read agenda. Its readers (at most :data:`READERS` threads, started as calls
+come and kept until the store closes) take the calls in the order they were submitted, each
+reading and validating one call's chunks into that call's own hand-off while the call applies
+the chunks before them on its own thread; the read-ahead runs across calls (the files of the
+next calls' first jobs are handed to the kernel while this one's are read), so the disk stays
+busy from one call to the next. Each call keeps every guarantee above; a call
 interrupted while it waits for its turn delivers nothing and the reader skips it.
 """
 
@@ -48,6 +49,9 @@ __all__ = ["Job", "SharedAgenda", "restore_batch"]
 
 DEFAULT_READAHEAD = 2  #: jobs whose files are prefetched ahead of the one being validated
 DEPTH = 2  #: validated chunks waiting for the apply pass
+#: reader threads of the continuous agenda (each reads one call at a time): as many as an
+#: engine has slots restoring at once, so the disk's queue is as deep as with a pipeline a call
+READERS = 4
 
 _Item = tuple[int, Chunk | Damage | BaseException | None]  #: None: the job's read pass ended
 
@@ -229,14 +233,15 @@ class _Call:
 
 
 class SharedAgenda:
-    """The continuous agenda (see the module): one reader thread for the restores of every
-    thread of a store, started on first use, stopped by :meth:`close`."""
+    """The continuous agenda (see the module): up to ``readers`` reader threads for the
+    restores of every thread of a store, started as calls come, stopped by :meth:`close`."""
 
-    def __init__(self, readahead: int = DEFAULT_READAHEAD) -> None:
-        self.readahead = readahead
+    def __init__(self, readahead: int = DEFAULT_READAHEAD, readers: int = READERS) -> None:
+        self.readahead, self.readers = readahead, readers
         self._calls: deque[_Call] = deque()
         self._cond = threading.Condition()
-        self._reader: threading.Thread | None = None
+        self._pool: list[threading.Thread] = []
+        self._busy = 0  #: calls a reader is reading now
         self._closed = False
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome | Exception]:
@@ -255,11 +260,10 @@ class SharedAgenda:
                 agenda.pipeline(self.readahead)
                 return agenda.outcomes()
             self._calls.append(call)
-            if self._reader is None:
-                self._reader = threading.Thread(
-                    target=self._read, name="strata-agenda-read", daemon=True
-                )
-                self._reader.start()
+            if len(self._pool) < min(self.readers, len(self._calls) + self._busy):
+                reader = threading.Thread(target=self._read, name="strata-agenda-read", daemon=True)
+                self._pool.append(reader)
+                reader.start()
             self._cond.notify()
         agenda.apply(call.handoff, call.stop, lambda: self._reading(call))
         return agenda.outcomes()
@@ -274,16 +278,18 @@ class SharedAgenda:
         return not call.done.is_set()
 
     def close(self) -> None:
-        """Stop the reader once the calls queued are read (idempotent)."""
+        """Stop the readers once the calls queued are read (idempotent)."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-            reader = self._reader
-        if reader is not None and reader is not threading.current_thread():
-            reader.join()
+            self._cond.notify_all()
+            pool = list(self._pool)
+        for reader in pool:
+            if reader is not threading.current_thread():
+                reader.join()
 
     def _read(self) -> None:
-        """The reader thread: each call in turn, its read-ahead running into the next."""
+        """A reader thread: the next call waiting, in turn, its read-ahead running into the
+        calls after it."""
         while True:
             with self._cond:
                 while not self._calls and not self._closed:
@@ -291,12 +297,15 @@ class SharedAgenda:
                 if not self._calls:
                     return
                 call = self._calls.popleft()
+                self._busy += 1
             try:
                 if not call.stop.is_set():  # interrupted while it waited: skipped
                     call.agenda.read(call.handoff, call.stop, self.readahead, self._ahead)
             except BaseException as e:  # never leave a call waiting for its end mark
                 call.handoff.put((call.agenda.order[0], e))
             finally:
+                with self._cond:
+                    self._busy -= 1
                 call.done.set()
                 call.handoff.put(None)
 

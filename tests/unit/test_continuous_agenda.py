@@ -1,7 +1,8 @@
-"""The continuous agenda: restores from several threads join one read agenda (one reader
-thread for the store, read-ahead running from one call into the next), and each call gets what
-it gets alone: the same bytes, the same outcome, damage laddering that call only; a call
-interrupted before its turn is taken off the agenda and delivers nothing."""
+"""The continuous agenda: restores from several threads join one read agenda (a bounded set of
+reader threads for the store, kept across calls, read-ahead running from one call into the
+next), and each call gets what it gets alone: the same bytes, the same outcome, damage
+laddering that call only; a call interrupted before its turn is taken off the agenda and
+delivers nothing."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_calls_from_threads_get_what_they_get_alone(tmp_path: Path) -> None:
             t.start()
         for t in threads:
             t.join(60)
-        assert len(_readers()) == 1  # one reader for every thread's calls
+        assert 1 <= len(_readers()) <= agenda.readers  # kept for every thread's calls
         agenda.close()
         assert not _readers()
     for n in range(8):
@@ -149,5 +150,5 @@ def test_restores_of_a_store_from_threads_share_the_reader(tmp_path: Path) -> No
             t.start()
         for t in threads:
             t.join(60)
-        assert ok == [True] * 6 and max(seen) == 1
+        assert ok == [True] * 6 and min(seen) >= 1  # the readers outlive each call
     assert not _readers()  # close stops it
