@@ -213,11 +213,24 @@ class Store:
                 report = self._tiers.park(snap, pin=pin)
                 spills = self._spill.claim()
             self._spill.hand_over(spills)
-            self._tiers.fill_prompt_cache(snap)  # its pinned prefix, once per distinct prefix
+            self._fill_prompt_cache()  # its pinned prefix, once per distinct prefix
         if report.where != "disk":  # a disk park counts when its write lands (_written)
             took, tb = time.perf_counter() - start, self._tiers.tb
             self.speeds.record("park", where, report.where, report.tokens, report.tokens * tb, took)
         return report
+
+    def _fill_prompt_cache(self) -> None:
+        """Write what the parks chose for the system-prompt cache, as a call in flight: close
+        waits for it, and after close nothing is written."""
+        with self._lock:
+            if self._closed:
+                return
+            self._reading += 1
+        try:
+            self._tiers.fill_prompt_cache()
+        finally:
+            with self._lock:
+                self._reading -= 1
 
     def _written(self, snap: Snapshot, seconds: float) -> None:
         """A park's disk write landed (the spill writer's thread): its slot's disk speed. A

@@ -133,6 +133,11 @@ class LevelSettings(Mapping[str, Any]):
         return f"LevelSettings({shown})"
 
 
+#: level names the store gives its own levels, refused for a [[levels]] entry ("remote" is the
+#: shared level's own)
+_RESERVED = {"ram": "RAM level", "remote": "remote level", "prompt_cache": "system-prompt cache"}
+
+
 def _level_problem(
     name: object, dir: object, mib: object, max_age_s: object, dir_needed: bool
 ) -> str | None:
@@ -362,6 +367,13 @@ def as_levels(value: object) -> tuple[LevelSpec, ...]:
             f"levels[{shared[0]}] and levels[{shared[1]}] are both shared levels "
             "(Redis); a store has at most one remote level"
         )
+    for i, lv in enumerate(out):  # the names stats() gives the store's other levels
+        taken = _RESERVED.get(lv.name)
+        if taken is not None and not (lv.shared and lv.name == "remote"):
+            raise ConfigError(
+                f"levels[{i}] is named {lv.name!r}, the name of the store's {taken} in "
+                "stats() and the monitor; give it another name (warm, cold, nvme-0, ...)"
+            )
     names: dict[str, int] = {}
     dirs: dict[str, int] = {}
     for i, lv in enumerate(out):

@@ -20,6 +20,7 @@ __all__ = [
     "StrPath",
     "abspath",
     "basename",
+    "commonpath",
     "dirname",
     "expanduser",
     "fspath",
@@ -46,6 +47,11 @@ def join(first: str, *rest: str) -> str:
 def basename(path: str) -> str:
     """The last part of ``path`` (``""`` when it ends with a separator)."""
     return os.path.basename(path)
+
+
+def commonpath(paths: list[str]) -> str:
+    """The longest common sub-path of ``paths`` (all absolute, or all relative)."""
+    return os.path.commonpath(paths)
 
 
 def dirname(path: str) -> str:

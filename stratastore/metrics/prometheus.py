@@ -5,8 +5,8 @@ the stats hold at least one of its series: ``# HELP strata_<name> ...``, ``# TYP
 (:func:`~stratastore.metrics.counters.family_type`), then its samples. What a row of
 :data:`~stratastore.metrics.counters.COUNTERS` feeds is read where the stats hold it: a
 top-level figure from the stats, a level's from each table of ``levels`` (labelled
-``level="<name>"``; a RAM level's row from ``levels["ram"]`` only, the system-prompt cache's
-from ``levels["prompt_cache"]`` only), the remote level's from
+``level="<name>"``; each table gives the rows of every level and those of its own kind: the
+RAM level's, the system-prompt cache's, a disk level's), the remote level's from
 ``levels["remote"]`` (no label). A figure the stats do not hold is absent, never written as 0:
 a store reports only the rows of what it has configured
 (:func:`~stratastore.metrics.counters.reported`), so the text of ``Store.prometheus()`` and of
@@ -28,8 +28,8 @@ __all__ = ["prometheus_text"]
 
 #: the prefix of every family this store exports
 PREFIX = "strata_"
-#: the owners whose level rows are read from one level's table alone, by its name
-_OWN_LEVEL = {"ram level": "ram", "prompt cache": "prompt_cache"}
+#: the owner of a level's own rows, by the level's name (every other level is a disk level)
+_KIND = {"ram": "ram level", "prompt_cache": "prompt cache", "remote": "remote level"}
 
 
 def prometheus_text(s: Mapping[str, Any]) -> str:
@@ -78,10 +78,11 @@ def _values(
     elif first.owner == "remote level":
         for row, _ in rows:
             yield "", levels.get("remote", {}).get(row.key)
-    else:  # a level's figure, per level in their order (the RAM level's only from "ram",
-        for level_name, level in levels.items():  # the system-prompt cache's from its own)
+    else:  # a level's figure, per level in their order, from the rows of its kind alone
+        for level_name, level in levels.items():
+            kind = _KIND.get(level_name, "disk level")
             for row, _ in rows:
-                if _OWN_LEVEL.get(row.owner, level_name) == level_name:
+                if row.owner in ("level", kind):
                     yield f'{{level="{level_name}"}}', level.get(row.key)
 
 

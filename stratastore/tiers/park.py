@@ -34,6 +34,7 @@ from stratastore.tiers.admission import Admission, log_admission
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.outbox import Outbox
+from stratastore.tiers.prompt_cache import PromptCache
 from stratastore.tiers.ram import RamLevel
 from stratastore.tiers.records import InvalidConversation, ParkReport, Snapshot, SpillRefused
 from stratastore.tiers.remote import RemoteLevel
@@ -81,6 +82,10 @@ class Parking:
         #: what each conversation's parks kept, so retention runs across parks
         self._chains = RetainedChains(cfg.checkpoints, cfg.retention)
         self.last_admission = "none yet"
+        #: the system-prompt cache, and the entries parks found for it, waiting to be written
+        #: without the lock (:meth:`~.tiered.Tiers.fill_prompt_cache`)
+        self.prompt_cache: PromptCache | None = None
+        self.fills: list[Snapshot] = []
 
     def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
         """Place a snapshot: RAM under the parking floor, else disk under the transient floor,
@@ -103,6 +108,8 @@ class Parking:
                     "another id, or delete_session() it"
                 )
             self._retain(snap)
+            if self.prompt_cache is not None and (e := self.prompt_cache.entry(snap)):
+                self.fills.append(e)  # its pinned prefix, as retention laid it out
             return self._place(snap, pin)
 
     def _place(self, snap: Snapshot, pin: bool) -> ParkReport:

@@ -22,7 +22,9 @@ the transient RAM floor ...``), and counted as its own (``hits_prompt_cache``,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
+from typing import Any
 
 from stratastore.catalog import Catalog
 from stratastore.catalog.gc import Collector
@@ -30,9 +32,9 @@ from stratastore.chain import Checkpoint, Conversation
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import Level, ModelFingerprint
-from stratastore.io import files
+from stratastore.io import files, pathnames
 from stratastore.levels.backend import SegmentBackend
-from stratastore.levels.registry import open_level
+from stratastore.levels.registry import open_level, scheme_of
 from stratastore.metrics.counters import zero_counts
 from stratastore.metrics.logs import Voice
 from stratastore.restore import Destination, Outcome
@@ -53,6 +55,11 @@ NAME = "prompt_cache"
 ENTRY_PREFIX = "system-prompt-"
 
 
+def _local(path: str) -> str:
+    """A local folder's path as given, or as a ``file://`` URL gives it."""
+    return path[len("file://") :] if path.lower().startswith("file://") else path
+
+
 def open_prompt_cache(
     cfg: StoreConfig, fp: ModelFingerprint, warn: Callable[[str], None]
 ) -> PromptCache | None:
@@ -69,12 +76,23 @@ def open_prompt_cache(
         return None
     if not d:
         return None
+    scheme = scheme_of(d)
+    if scheme not in ("", "file"):  # named by its scheme alone: a URL may carry a credential
+        raise ConfigError(
+            f"prompt_cache_dir names {scheme}://...: the system-prompt cache is a local folder; "
+            "give a directory path"
+        )
+    d = _local(d)
     real = files.realpath(d)
     for spec in cfg.disk_levels():
-        if spec.dir and files.realpath(spec.dir) == real:
+        if not spec.dir:
+            continue
+        other = files.realpath(_local(spec.dir))
+        if pathnames.commonpath([real, other]) in (real, other):
             raise ConfigError(
-                f"prompt_cache_dir={d!r} is the {spec.name} level's directory; give the "
-                "system-prompt cache a directory of its own (it is a store of its own)"
+                f"prompt_cache_dir={d!r} and the {spec.name} level's directory "
+                f"{spec.dir!r} are one inside the other (or the same); give the system-prompt "
+                "cache a directory of its own, apart from every level (it is a store of its own)"
             )
     if not cfg.create_dirs and (parent := files.missing_parent(d)) is not None:
         raise ConfigError(
@@ -86,7 +104,12 @@ def open_prompt_cache(
     try:
         level = DiskLevel(NAME, store, mib * MIB, when_full="evict")
         catalog, gc, writer, _ = attach_catalog(
-            [level], fp.digest(), fp.token_bytes, store.path, cfg.file_mode, warn
+            [level],
+            fp.digest(),
+            fp.token_bytes,
+            store.path,
+            cfg.file_mode,
+            lambda line: warn(f"system-prompt cache: {line}"),
         )
     except BaseException:
         store.close()
@@ -115,6 +138,10 @@ class PromptCache:
         self.view = DiskView(catalog, self.root)
         #: its own counters (the counter table's rows it keeps); the ladder's are the flow's
         self.counters = zero_counts("prompt cache")
+        self.filling: set[str] = set()  #: entries a park is writing now
+        self.refused: set[str] = set()  #: entries larger than the budget (said once)
+        #: segments a restore found damaged: dropped before the next fill rewrites them
+        self.damaged: set[bytes] = set()
 
     @property
     def path(self) -> str:
@@ -128,19 +155,39 @@ class PromptCache:
 
     def entry(self, snap: Snapshot) -> Snapshot | None:
         """The entry ``snap`` fills, or ``None``: its deepest pinned prefix (a pinned
-        checkpoint past 0), when the cache does not hold it already. Under the flow's lock."""
+        checkpoint past 0; for a capture with running states, a hybrid model, the deepest with
+        a state, as a hybrid model resumes only there), when the cache does not hold it whole
+        and undamaged already, no other park is writing it, and it fits the cache's budget.
+        Under the flow's lock; the capture's layout is final (retention has cut it)."""
         conv = snap.conv
-        n = max((c.length for c in conv.checkpoints if c.pinned and c.length > 0), default=0)
+        pinned = [c.length for c in conv.checkpoints if c.pinned and c.length > 0]
+        if snap.states:
+            pinned = [n for n in pinned if n in snap.states]
+        n = max(pinned, default=0)
         if n == 0:
             return None
         self.view.sync()
         media = {p: d for p, d in conv.media.items() if p < n}
         held = self.view.lookup(conv.tokens[:n], media, None)
-        if held is not None and held.length >= n:
+        if held is not None and held.length >= n and not self._damaged(held.conv_id):
             return None
-        key = dict(conv.checkpoint_keys(self.root))[n]
+        key = conv.checkpoint_keys(self.root)[n]
+        cid = ENTRY_PREFIX + key.hex()[:32]
+        if cid in self.filling or cid in self.refused:
+            return None
+        nbytes = n * self.fp.token_bytes + sum(len(b) for b in snap.states.values())
+        if nbytes > self.level.budget:
+            self.refused.add(cid)  # said once
+            self.counters["prompt_cache_fill_errors"] += 1
+            self.warn(
+                f"system-prompt cache: a pinned prefix of {n:,} tokens ({nbytes:,} bytes) is "
+                f"larger than its whole budget ({self.level.budget:,} bytes); raise "
+                "prompt_cache_mib to keep it"
+            )
+            return None
+        self.filling.add(cid)
         prefix = Conversation(
-            ENTRY_PREFIX + key.hex()[:32],
+            cid,
             conv.tokens[:n].copy(),
             [Checkpoint(n)],  # not pinned: the cache's own budget may remove it whole
             media,
@@ -151,21 +198,32 @@ class PromptCache:
         kv = snap.kv[: n * self.fp.token_bytes]
         return Snapshot(prefix, kv, states, page_hashes=hashes)
 
-    def fill(self, entry: Snapshot) -> bool:
+    def _damaged(self, cid: str) -> bool:
+        """Whether entry ``cid`` names a segment a restore found damaged."""
+        dc = self.view.get(cid)
+        return dc is not None and any(k in self.damaged for _, _, k in dc.segments)
+
+    def fill(self, entry: Snapshot, lock: AbstractContextManager[Any]) -> bool:
         """Write ``entry`` (of :meth:`entry`) down and hold the budget (I/O: without the flow's
-        lock). A write that fails is said and counted, never raised: the park it came from
-        stands."""
+        ``lock``, taken only for the bookkeeping); the damaged segments a restore found go
+        first (the chains naming them are cut, then they are deleted), so the entry is written
+        whole again. A write that fails is said and counted, never raised: the park it came
+        from stands."""
         try:
+            with lock:
+                damaged, self.damaged = self.damaged, set()
+            for key in damaged:
+                self.level.discard(key)
             done = self.writer.write(entry)
             self.level.enforce_budget()
         except StrataError as e:
-            self.counters["prompt_cache_fill_errors"] += 1
+            done = False
             self.warn(f"system-prompt cache: {entry.conv.conv_id} not written: {e}")
-            return False
-        if done:
-            self.counters["prompt_cache_fills"] += 1
-        else:
-            self.counters["prompt_cache_fill_errors"] += 1
+        finally:
+            with lock:
+                self.filling.discard(entry.conv.conv_id)
+        with lock:
+            self.counters["prompt_cache_fills" if done else "prompt_cache_fill_errors"] += 1
         return done
 
     def stats(self) -> dict[str, object]:
@@ -239,8 +297,14 @@ class PromptCacheSource:
     def settle(
         self, read: Read, outcome: Outcome, found: Restored, asked: str
     ) -> tuple[Restored, list[bytes]]:
-        """Level hits and the ladder (as a disk read), then its own hit."""
+        """Level hits and the ladder (as a disk read), then its own hit; a read that
+        delivered nothing (damage in its first page) is a miss. The damaged segments are
+        dropped before the next park of the prefix writes it again (:meth:`PromptCache.fill`)."""
         self.reader.account(read.dc, read.job, outcome, self._removed(read.dc))
+        self.cache.damaged.update(k for k in outcome.damaged if self.cache.holder(k))
+        if found.tokens == 0:
+            self.flow["restore_misses"] += 1
+            return Restored("none", 0), []
         self.cache.counters["hits_prompt_cache"] += 1
         self.flow["tokens_restored"] += found.tokens
         return replace(found, source="prompt_cache"), []

@@ -145,6 +145,7 @@ class Tiers:
             lambda n: n in self.ram or n in self.parking.outbox,
             self.warn,
         )
+        self.parking.prompt_cache = self.prompt_cache
         self.lookups, remote = self._sources()
         self.restorer = Restorer(
             self.lock,
@@ -219,16 +220,15 @@ class Tiers:
         """Place a snapshot (:meth:`.park.Parking.park`)."""
         return self.parking.park(snap, pin=pin)
 
-    def fill_prompt_cache(self, snap: Snapshot) -> bool:
-        """Copy ``snap``'s deepest pinned prefix into the system-prompt cache when it does not
-        hold it yet (:mod:`.prompt_cache`): decided under the lock, written without it. False
-        when there was nothing to write (no cache, no pinned prefix, held already) or the
-        write failed (said and counted)."""
+    def fill_prompt_cache(self) -> int:
+        """Write the pinned prefixes the parks found for the system-prompt cache
+        (:mod:`.prompt_cache`; chosen under the lock by each park, written here without it).
+        Returns how many landed (a failed write is said and counted)."""
         if self.prompt_cache is None:
-            return False
+            return 0
         with self.lock:
-            entry = self.prompt_cache.entry(snap)
-        return entry is not None and self.prompt_cache.fill(entry)
+            fills, self.parking.fills = self.parking.fills, []
+        return sum(self.prompt_cache.fill(entry, self.lock) for entry in fills)
 
     def start_spill_writer(
         self,

@@ -212,3 +212,137 @@ def test_info_line_prometheus_and_monitor_show_its_folder_and_budget(
     assert (level["dir"], level["budget"], level["entries"]) == (str(folder), 4 * MIB, 1)
     assert main(["monitor", str(folder), "--prometheus"]) == 0
     assert 'strata_level_budget_bytes{level="prompt_cache"} 4194304' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "spelled",
+    [
+        lambda p: f"file://{p / 'cold'}",  # the same folder as a file:// URL
+        lambda p: str(p / "cold" / "inner"),  # inside a level
+        lambda p: str(p),  # a level inside it
+    ],
+)
+def test_a_folder_of_its_own_however_spelled(tmp_path: Path, spelled: Any) -> None:
+    cfg = cache_cfg(tmp_path, cold_dir=str(tmp_path / "cold"), cold_mib=8)
+    cfg["prompt_cache_dir"] = spelled(tmp_path)
+    with pytest.raises(ConfigError, match="a directory of its own"):
+        Store.open(FP, cfg)
+
+
+@pytest.mark.parametrize("create_dirs", [False, True])
+def test_a_url_is_refused_by_its_scheme_alone(tmp_path: Path, create_dirs: bool) -> None:
+    cfg = cache_cfg(tmp_path, create_dirs=create_dirs)
+    cfg["prompt_cache_dir"] = "redis://alice:s3cret@cache.example:6379/0"
+    with pytest.raises(ConfigError) as e:
+        Store.open(FP, cfg)
+    assert "redis://..." in str(e.value)
+    assert "s3cret" not in str(e.value) and "alice" not in str(e.value)
+
+
+def test_the_names_of_the_stores_own_levels_are_refused_for_a_level(tmp_path: Path) -> None:
+    for name in ("ram", "prompt_cache", "remote"):
+        levels = [{"name": name, "dir": str(tmp_path / name), "mib": 8}]
+        with pytest.raises(ConfigError, match="give it another name"):
+            Store.open(FP, {"ram_mib": 1, "levels": levels})
+
+
+def test_a_hybrid_model_fills_only_where_a_state_was_saved(tmp_path: Path) -> None:
+    """A hybrid (recurrent) model resumes only where its running state was saved: a pinned
+    prefix parked without its state is not an entry; with it, the entry gives it back."""
+    with Store.open(FP, cache_cfg(tmp_path, ram_mib=0)) as store:
+        conv = chat("a", 40, 1)
+        store.park(conv, capture(conv, 1), {len(conv.tokens): b"newest state"})
+        assert store.stats()["prompt_cache_fills"] == 0
+        conv = chat("b", 40, 2)
+        store.park(conv, capture(conv, 2), {SYSTEM: b"system state", len(conv.tokens): b"x"})
+        new = chat("c", 30, 3)
+        r = store.restore(new.tokens, np.zeros(len(new.tokens) * FP.token_bytes, np.uint8))
+        assert (r.source, r.tokens, r.state) == ("prompt_cache", SYSTEM, b"system state")
+
+
+def test_a_truncated_park_still_fills_its_pinned_prefix(tmp_path: Path) -> None:
+    """park_truncate keeps a prefix below the system prompt in RAM: the capture held all of
+    the system prompt, so the cache takes it whole."""
+    big = np.arange(200_000, 200_000 + 18_000)  # 1.1 MiB of pinned prefix: over the RAM level
+    cfg = cache_cfg(tmp_path, park_truncate=True, prompt_cache_mib=8)
+    with Store.open(FP, cfg) as store:
+        own = np.arange(1, 6000)
+        tokens = as_tokens(np.concatenate([big, own]))
+        kv = np.random.default_rng(3).integers(0, 256, len(tokens) * FP.token_bytes, np.uint8)
+        cks = [Checkpoint(4000), Checkpoint(len(big), pinned=True), Checkpoint(len(tokens))]
+        rep = store.park(Conversation("a", tokens, cks), kv.copy())
+        assert rep.where == "ram" and rep.tokens < len(big)  # the prefix that fits
+        assert store.stats()["prompt_cache_fills"] == 1
+        new = np.concatenate([big, [7, 7, 7]])
+        out = np.zeros(len(new) * FP.token_bytes, np.uint8)
+        r = store.restore(new, out)
+        assert (r.source, r.tokens) == ("prompt_cache", len(big))
+        assert np.array_equal(out[: len(big) * FP.token_bytes], kv[: len(big) * FP.token_bytes])
+
+
+def test_a_damaged_entry_is_a_miss_and_the_next_park_writes_it_again(tmp_path: Path) -> None:
+    with Store.open(FP, cache_cfg(tmp_path, ram_mib=0)) as store:
+        conv = chat("a", 40, 1)
+        store.park(conv, capture(conv, 1))
+        for seg in (tmp_path / "system-prompts").glob("strata-conv-*.seg"):
+            raw = bytearray(seg.read_bytes())
+            raw[-10] ^= 0xFF  # a flipped byte in its only page
+            seg.write_bytes(bytes(raw))
+        new = chat("b", 30, 2)
+        out = np.full(len(new.tokens) * FP.token_bytes, 9, np.uint8)
+        r = store.restore(new.tokens, out)
+        assert (r.source, r.tokens) == ("none", 0)
+        s = store.stats()
+        assert s["hits_prompt_cache"] == 0 and s["restore_misses"] == 1
+        again = chat("c", 40, 3)
+        store.park(again, capture(again, 3))  # the same system prompt: written again, whole
+        assert store.stats()["prompt_cache_fills"] == 2
+        out = np.zeros(len(new.tokens) * FP.token_bytes, np.uint8)
+        r = store.restore(new.tokens, out)
+        assert (r.source, r.tokens) == ("prompt_cache", SYSTEM)
+        assert np.array_equal(out[: SYSTEM * FP.token_bytes], SYS_KV)
+
+
+def test_a_prefix_over_its_budget_is_said_once(tmp_path: Path) -> None:
+    said: list[str] = []
+    big = np.arange(300_000, 300_000 + 20_000)  # 1.2 MiB: over a 1 MiB budget
+    with Store.open(FP, cache_cfg(tmp_path, prompt_cache_mib=1), warn=said.append) as store:
+        for i in range(3):
+            conv = chat(f"c{i}", 10, i, system=big)
+            store.park(conv, capture(conv, i, np.zeros(len(big) * FP.token_bytes, np.uint8)))
+        s = store.stats()
+        assert (s["prompt_cache_fills"], s["prompt_cache_fill_errors"]) == (0, 1)
+    lines = [line for line in said if "larger than its whole budget" in line]
+    assert len(lines) == 1 and "prompt_cache_mib" in lines[0]
+
+
+def test_prometheus_writes_its_evictions(tmp_path: Path) -> None:
+    with Store.open(FP, cache_cfg(tmp_path, ram_mib=0, prompt_cache_mib=1)) as store:
+        for i in range(40):
+            sys_tokens = np.arange(100_000 + 1000 * i, 100_000 + 1000 * i + 512)
+            conv = chat(f"s{i}", 8, i, system=sys_tokens)
+            store.park(conv, capture(conv, i, np.full(512 * FP.token_bytes, i, np.uint8)))
+        evicted = store.stats()["levels"]["prompt_cache"]["evictions"]
+        families = {f.name: f for f in text_string_to_metric_families(store.prometheus())}
+    samples = {s.labels["level"]: s.value for s in families["strata_evictions"].samples}
+    assert evicted > 0 and samples["prompt_cache"] == evicted
+
+
+def test_parks_on_several_threads_write_a_prefix_once(tmp_path: Path) -> None:
+    import threading
+
+    with Store.open(FP, cache_cfg(tmp_path, ram_mib=0)) as store:
+        start = threading.Barrier(4)
+
+        def park(i: int) -> None:
+            conv = chat(f"t{i}", 40, i)
+            start.wait()
+            store.park(conv, capture(conv, i))
+
+        threads = [threading.Thread(target=park, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        s = store.stats()
+        assert (s["prompt_cache_fills"], s["levels"]["prompt_cache"]["entries"]) == (1, 1)
