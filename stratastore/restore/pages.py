@@ -119,42 +119,39 @@ def recut_pages(
     at every point of ``cuts`` as well, so that each of them starts a segment and its pages.
 
     A segment ``[s, e)`` with new cuts inside changes from the page holding its first new cut
-    to its end; the pages before that page are already where the new layout wants them. Each
-    changed region passes through one buffer of its own size (the K and V rows of its tokens),
-    so a recut costs two copies of the bytes from the first new cut to the end of its segment,
-    and no more memory than that. Returns the ``(start, end)`` of the segments that changed
-    (digests of their pages no longer hold)."""
+    to its end; the pages before that page are already where the new layout wants them. The
+    new pages are written in token order, each over the bytes of the old pages it takes its
+    tokens from; an old page is copied aside just before the first new page that overlaps it is
+    written (a new page of at most ``page_tokens`` tokens overlaps at most two old ones), so a
+    recut holds at most two pages aside, whatever the capture's size, and copies each byte of
+    the changed region twice. Returns the ``(start, end)`` of the segments that changed (digests
+    of their pages no longer hold)."""
     p, tb = fp.page_tokens, fp.token_bytes
-    row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize
     changed = []
     for s, e in itertools.pairwise(bounds):
         inner = sorted({c for c in cuts if s < c < e})
         if not inner:
             continue
         lo = s + (inner[0] - s) // p * p  # the first page whose layout changes
-        n = e - lo
-        rows = np.empty((fp.n_layers, 2, n, row), np.uint8)  # token-major K and V rows
-        for t0, view in page_runs(fp, lo, n, kv[lo * tb : e * tb], p):
-            for paged, token_major in _plane_runs(view, rows, t0 - lo):
-                token_major[...] = paged
+        aside: dict[int, npt.NDArray[np.uint8]] = {}  #: an old page's first token -> its copy
+        ahead = lo  # the first token of the next old page to copy aside
         for a, b in itertools.pairwise([lo, *inner, e]):
-            for t0, view in page_runs(fp, a, b - a, kv[a * tb : b * tb], p):
-                for paged, token_major in _plane_runs(view, rows, t0 - lo):
-                    paged[...] = token_major
+            for t0, run in page_runs(fp, a, b - a, kv[a * tb : b * tb], p):
+                q = run.shape[3]
+                for k in range(run.shape[0]):
+                    first, end = t0 + k * q, t0 + (k + 1) * q
+                    while ahead < min(end, e):  # the old pages it overlaps, before it is written
+                        n = min(p, e - ahead)
+                        page_bytes = kv[ahead * tb : (ahead + n) * tb]
+                        aside[ahead] = page_bytes.reshape(fp.n_layers, 2, n, -1).copy()
+                        ahead += n
+                    page = run[k]
+                    for o0, saved in list(aside.items()):
+                        o1 = o0 + saved.shape[2]
+                        x0, x1 = max(first, o0), min(end, o1)
+                        if x0 < x1:
+                            page[:, :, x0 - first : x1 - first] = saved[:, :, x0 - o0 : x1 - o0]
+                        if o1 <= end:
+                            del aside[o0]  # every token of it is written
         changed.append((s, e))
     return changed
-
-
-def _plane_runs(
-    view: npt.NDArray[np.uint8], rows: npt.NDArray[np.uint8], t0: int
-) -> list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]]:
-    """A run of pages ``view`` (``[pages, layers, 2, q, row]``) whose first token is token
-    ``t0`` of ``rows`` (``[layers, 2, tokens, row]``), as pairs of views, one per layer and K/V:
-    the run's ``[pages, q, row]`` and the same tokens' rows of ``rows`` in that shape (a view:
-    the rows are contiguous)."""
-    pages, layers, _, q, row = view.shape
-    return [
-        (view[:, layer, kind], rows[layer, kind, t0 : t0 + pages * q].reshape(pages, q, row))
-        for layer in range(layers)
-        for kind in (0, 1)
-    ]
