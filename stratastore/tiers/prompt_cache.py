@@ -236,20 +236,9 @@ class PromptCache:
             "evictions": self.level.counters.disk_evictions,
         }
 
-    def held_tokens(self) -> Mapping[str, int]:
-        """Each entry's tokens (for ``held_tokens``)."""
-        self.view.sync()
-        return {cid: len(dc.conv.tokens) for cid, dc in self.view.convs.items()}
-
-    def source(
-        self,
-        cfg: StoreConfig,
-        admission: Admission,
-        flow: dict[str, int],
-        warn: Voice,
-    ) -> PromptCacheSource:
+    def source(self, admission: Admission, flow: dict[str, int], warn: Voice) -> PromptCacheSource:
         """Its restore source; ``flow``: the flow's counters (tokens restored, the ladder's)."""
-        reader = DiskReader(cfg, self.fp, [self.level], self.holder, flow, warn)
+        reader = DiskReader(self.cfg, self.fp, [self.level], self.holder, flow, warn)
         return PromptCacheSource(self, reader, admission, flow, warn)
 
 

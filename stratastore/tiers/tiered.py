@@ -181,7 +181,7 @@ class Tiers:
             disk,
         )
         if self.prompt_cache is not None:
-            cache = self.prompt_cache.source(self.cfg, self.admission, self.counters, self.warn)
+            cache = self.prompt_cache.source(self.admission, self.counters, self.warn)
             local = (*local, cache)
         return Lookup(local, remote), remote
 
