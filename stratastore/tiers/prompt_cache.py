@@ -44,7 +44,8 @@ from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.levels import attach_catalog
 from stratastore.tiers.lookup import Hit, Prompt, Read, SourceName
 from stratastore.tiers.records import Restored, Snapshot
-from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.sources import removed_by_gc
+from stratastore.tiers.view import DiskView
 from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["NAME", "PromptCache", "PromptCacheSource", "open_prompt_cache"]
@@ -289,7 +290,8 @@ class PromptCacheSource:
         """Level hits and the ladder (as a disk read), then its own hit; a read that
         delivered nothing (damage in its first page) is a miss. The damaged segments are
         dropped before the next park of the prefix writes it again (:meth:`PromptCache.fill`)."""
-        self.reader.account(read.dc, read.job, outcome, self._removed(read.dc))
+        removed = removed_by_gc(self.cache.view, self.cache.holder, read.dc)
+        self.reader.account(read.dc, read.job, outcome, removed)
         self.cache.damaged.update(k for k in outcome.damaged if self.cache.holder(k))
         if found.tokens == 0:
             self.flow["restore_misses"] += 1
@@ -297,16 +299,3 @@ class PromptCacheSource:
         self.cache.counters["hits_prompt_cache"] += 1
         self.flow["tokens_restored"] += found.tokens
         return replace(found, source="prompt_cache"), []
-
-    def _removed(self, dc: DiskConv) -> Callable[[bytes], bool]:
-        """Whether segment ``key`` of ``dc`` left the cache since the read was planned (its own
-        budget removed the entry): a miss past what was delivered, not damage."""
-
-        def removed(key: bytes) -> bool:
-            if self.cache.holder(key) is not None:
-                return False
-            self.cache.view.sync()
-            now = self.cache.view.get(dc.conv.conv_id)
-            return now is None or all(k != key for _, _, k in now.segments)
-
-        return removed

@@ -36,7 +36,14 @@ from stratastore.tiers.records import Restored
 from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.view import DiskConv, DiskView
 
-__all__ = ["DiskSource", "PendingSource", "RamSource", "RemoteSource", "at_a_state"]
+__all__ = [
+    "DiskSource",
+    "PendingSource",
+    "RamSource",
+    "RemoteSource",
+    "at_a_state",
+    "removed_by_gc",
+]
 
 
 def at_a_state(m: Match, states: Mapping[int, bytes]) -> Match | None:
@@ -47,6 +54,23 @@ def at_a_state(m: Match, states: Mapping[int, bytes]) -> Match | None:
         return m
     below = max((n for n in states if n <= m.length), default=0)
     return dataclasses.replace(m, length=below, via="checkpoint") if below else None
+
+
+def removed_by_gc(
+    view: DiskView, holder: Callable[[bytes], SegmentBackend | None], dc: DiskConv
+) -> Callable[[bytes], bool]:
+    """Whether segment ``key`` of ``dc`` was removed by GC (in this process or another) since
+    its restore was planned: no level (``holder``) holds it, and the conversation's chain in
+    ``view`` no longer names it (removed, or cut before it). Under the flow's lock."""
+
+    def removed(key: bytes) -> bool:
+        if holder(key) is not None:
+            return False
+        view.sync()
+        now = view.get(dc.conv.conv_id)
+        return now is None or all(k != key for _, _, k in now.segments)
+
+    return removed
 
 
 class RamSource:
@@ -160,18 +184,7 @@ class DiskSource:
         return r, []
 
     def _removed_from(self, dc: DiskConv) -> Callable[[bytes], bool]:
-        """Whether segment ``key`` of ``dc`` was removed by GC (in this process or another)
-        since the restore was planned: no level holds it, and the conversation's chain no
-        longer names it (removed, or cut before it). Under the flow's lock."""
-
-        def removed(key: bytes) -> bool:
-            if self.holder(key) is not None:
-                return False
-            self.view.sync()
-            now = self.view.get(dc.conv.conv_id)
-            return now is None or all(k != key for _, _, k in now.segments)
-
-        return removed
+        return removed_by_gc(self.view, self.holder, dc)
 
 
 class RemoteSource(DiskSource):
