@@ -26,7 +26,6 @@ raises :class:`StoreClosed`.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -35,52 +34,38 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stratastore.chain import Checkpoint, Conversation, InvalidRequest, as_media, as_tokens
+from stratastore.chain import Checkpoint, Conversation, as_media, as_tokens
 from stratastore.config import StoreConfig
-from stratastore.errors import ConfigError, StrataError
+from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
-from stratastore.format.naming import INDEX_DIR
-from stratastore.io.durable import durable_write_in
-from stratastore.io.system import this_process
 from stratastore.metrics.counters import reported, zero_counts
 from stratastore.metrics.histogram import Histogram
-from stratastore.metrics.monitor import MONITOR_FILE
+from stratastore.metrics.monitor import Throttle, publish_snapshot
 from stratastore.metrics.prometheus import prometheus_text
-from stratastore.metrics.speeds import NO_SLOT, Speeds, slot_name
+from stratastore.metrics.speeds import Speeds, slot_name
 from stratastore.restore import Destination, flat_bytes
 from stratastore.restore.device_arrays import is_device_array
-from stratastore.tiers.checks import batch_requests, restore_cap, session_name
+from stratastore.tiers.checks import (
+    batch_caps,
+    batch_requests,
+    batch_slots,
+    restore_cap,
+    session_name,
+)
 from stratastore.tiers.describe import StoreDescription, info_line
 from stratastore.tiers.device import device_snapshot, kv_bytes
-from stratastore.tiers.records import InvalidConversation, ParkReport, Restored, Snapshot
+from stratastore.tiers.records import (
+    BatchRestoreError,
+    InvalidConversation,
+    ParkReport,
+    Restored,
+    Snapshot,
+    StoreClosed,
+)
 from stratastore.tiers.spill import SpillError
 from stratastore.tiers.tiered import Tiers
 
 __all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
-
-
-class BatchRestoreError(StrataError):
-    """Some requests of :meth:`Store.restore_many` failed; ``results`` holds, per request, its
-    :class:`Restored` (its destination was filled) or its error."""
-
-    def __init__(self, results: list[Restored | Exception]) -> None:
-        self.results = results
-        failed = [f"#{i}: {r}" for i, r in enumerate(results) if isinstance(r, Exception)]
-        super().__init__(
-            f"{len(failed)} of {len(results)} restores failed ("
-            + "; ".join(failed)
-            + "); the others completed (see .results)"
-        )
-
-
-class StoreClosed(StrataError):
-    """A call on a :class:`Store` after :meth:`Store.close`; open a new store to go on."""
-
-    def __init__(self, call: str) -> None:
-        super().__init__(
-            f"store is closed: {call}() was called after close(); open a new Store "
-            "(Store.open) to go on"
-        )
 
 
 class Store:
@@ -100,7 +85,8 @@ class Store:
         self._spill = tiers.start_spill_writer(
             queue_depth, lambda: self._publish(force=False), self._written
         )
-        self._published = float("-inf")  #: monotonic time of the last monitor snapshot
+        #: when the monitor's snapshot is written (at most once a second unless forced)
+        self._snapshots = Throttle(1.0, lambda: self._tiers.monitor_dir is not None)
 
     @classmethod
     def open(
@@ -118,14 +104,7 @@ class Store:
         record of the ``stratastore`` logger (warnings at WARNING, the admission lines at INFO:
         :mod:`stratastore.metrics.logs`), routed by the engine's handlers; ``warn``, when
         given, is called with each line too."""
-        if config is None:
-            cfg = StoreConfig()
-        elif isinstance(config, StoreConfig):
-            cfg = config
-        elif isinstance(config, str):
-            cfg = StoreConfig.from_toml(config)
-        else:
-            cfg = StoreConfig.from_mapping(config)
+        cfg = StoreConfig.of(config)
         if spill_queue < 1:
             raise ConfigError("spill_queue must be at least 1")
         return cls(Tiers(cfg, fingerprint, probe=probe, warn=warn), spill_queue)
@@ -222,20 +201,12 @@ class Store:
     def _fill_prompt_cache(self) -> None:
         """Write what the parks chose for the system-prompt cache, as a call in flight: close
         waits for it, and after close nothing is written."""
-        with self._lock:
-            if self._closed:
-                return
-            self._reading += 1
-        try:
+        with contextlib.suppress(StoreClosed), self._in_flight("park"):
             self._tiers.fill_prompt_cache()
-        finally:
-            with self._lock:
-                self._reading -= 1
 
     def _written(self, snap: Snapshot, seconds: float) -> None:
-        """A park's disk write landed (the spill writer's thread): its slot's disk speed. A
-        copy the store made of its own accord (``remote_keep_local``) is no park."""
-        if not snap.kept:
+        """A park's disk write landed (on the spill writer's thread): its slot's disk speed."""
+        if snap.slot is not None and not snap.kept:  # a park of its own, not a copy
             n = len(snap.conv.tokens)
             self.speeds.record("park", snap.slot, "disk", n, n * self._tiers.tb, seconds)
 
@@ -361,27 +332,13 @@ class Store:
         the call's time, by its bytes."""
         self._check_open("restore_many")
         reqs, pictures = batch_requests(requests, media)
-        if slots is not None and (isinstance(slots, str) or len(slots) != len(reqs)):
-            raise InvalidRequest(
-                f"restore_many: slots must list one slot (or None) per request ({len(reqs)}), "
-                f"not {slots!r}"
-            )
-        names = [slot_name(x, f"restore_many (request #{i})") for i, x in enumerate(slots or [])]
-        if max_tokens is None or isinstance(max_tokens, (int, np.integer)):
-            caps = [restore_cap(max_tokens, "restore_many")] * len(reqs)
-        elif isinstance(max_tokens, Sequence) and len(max_tokens) == len(reqs):
-            caps = [
-                restore_cap(c, f"restore_many (request #{i})") for i, c in enumerate(max_tokens)
-            ]
-        else:
-            raise InvalidRequest(
-                f"restore_many: max_tokens must be an int, None, or a list of "
-                f"{len(reqs)} (one per request), not {max_tokens!r}"
-            )
+        names = batch_slots(slots, len(reqs))
+        caps = batch_caps(max_tokens, len(reqs))
         start = time.perf_counter()
         with self.latency["restore"].time(), self._in_flight("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps)
-        self._record_batch(got, names, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        self.speeds.record_batch(got, names, took, self._tiers.tb)
         with self._lock:
             for (tokens, _), r in zip(reqs, got, strict=True):
                 self.counters["tokens_reread"] += len(tokens) - (
@@ -391,19 +348,6 @@ class Store:
         if any(isinstance(r, Exception) for r in got):
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
-
-    def _record_batch(
-        self, got: Sequence[Restored | Exception], slots: Sequence[str], took: float
-    ) -> None:
-        """Each request of a ``restore_many`` call in the per-slot speeds, with its share of
-        the call's time by its bytes (an error: nothing moved, none of it)."""
-        tb = self._tiers.tb
-        done = [(i, r) for i, r in enumerate(got) if isinstance(r, Restored)]
-        total = sum(r.tokens for _, r in done)
-        for i, r in done:
-            share = took * r.tokens / total if total else took / len(done)
-            slot = slots[i] if slots else NO_SLOT
-            self.speeds.record("restore", slot, r.source, r.tokens, r.tokens * tb, share)
 
     def save_session(
         self,
@@ -505,20 +449,10 @@ class Store:
         return self._publish(force=force)
 
     def _publish(self, *, force: bool) -> bool:
-        d = self._tiers.monitor_dir
-        now = time.monotonic()
-        if d is None or (not force and now - self._published < 1.0):
+        if not self._snapshots.due(force):
             return False
-        self._published = now
         try:  # best effort, on the spill writer's thread too: a failure never stops the writer
-            doc = self._stats(None)
-            doc.update(pid=this_process(), written_at=time.time())
-            durable_write_in(
-                d,
-                f"{INDEX_DIR}/{MONITOR_FILE}",
-                json.dumps(doc, default=str).encode(),
-                mode=self._tiers.cfg.file_mode,
-            )
+            publish_snapshot(self._tiers.monitor_dir, self._stats(None), self._tiers.cfg.file_mode)
         except Exception:
             with self._lock:
                 self.counters["monitor_errors"] += 1

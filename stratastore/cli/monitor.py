@@ -13,6 +13,7 @@ from typing import Any
 
 from stratastore.cli.common import AddCommand, config_dirs
 from stratastore.errors import ConfigError
+from stratastore.metrics.monitor import finite
 
 __all__ = ["add_parser", "run"]
 
@@ -76,11 +77,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mib(v: object) -> str:
-    return f"{v / 2**20:,.0f}" if isinstance(v, (int, float)) else "-"
+    return f"{float(v) / 2**20:,.0f}" if finite(v) else "-"  # type: ignore[arg-type]
 
 
 def _val(v: object) -> str:
-    return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not finite(v):
+        return "?"  # a snapshot's overflowing or infinite number
+    return "-" if v is None else f"{v:,}" if isinstance(v, int) else _printable(str(v))
+
+
+def _printable(text: str) -> str:
+    """``text`` without control characters (a snapshot's names never move the terminal)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _table(doc: dict[str, Any]) -> str:
@@ -141,12 +149,13 @@ def _speeds(speeds: object) -> list[str]:
     for slot, kinds in speeds["slots"].items():  # a snapshot's odd entries are left out
         for kind, levels in (kinds if isinstance(kinds, dict) else {}).items():
             for level, f in (levels if isinstance(levels, dict) else {}).items():
-                if not isinstance(f, dict) or not isinstance(f.get("bytes_per_s", 0), (int, float)):
+                if not isinstance(f, dict):
                     continue
+                load = f.get("bytes_per_s")
+                mb = round(float(load) / 1e6, 3) if finite(load) else None  # type: ignore[arg-type]
                 rows.append(
-                    f"  {slot:<8}{kind:<9}{level:<14}{_val(f.get('gb_s')):>8}"
-                    f"{_val(f.get('tokens_s')):>12}{_val(f.get('per_s')):>9}"
-                    f"{_val(round(f.get('bytes_per_s', 0) / 1e6, 3)):>9}"
+                    f"  {_val(slot):<8}{_val(kind):<9}{_val(level):<14}{_val(f.get('gb_s')):>8}"
+                    f"{_val(f.get('tokens_s')):>12}{_val(f.get('per_s')):>9}{_val(mb):>9}"
                     f"{_val(f.get('count')):>7}"
                 )
     return rows

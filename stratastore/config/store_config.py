@@ -353,6 +353,19 @@ class StoreConfig:
     # -- reading and writing ----------------------------------------------------------------------
 
     @classmethod
+    def of(cls, config: StoreConfig | Mapping[str, Any] | str | None) -> StoreConfig:
+        """A config as ``Store.open`` takes it: itself, a mapping of settings
+        (:meth:`from_mapping`), a TOML file's path (:meth:`from_toml`), or ``None`` for the
+        defaults."""
+        if config is None:
+            return cls()
+        if isinstance(config, StoreConfig):
+            return config
+        if isinstance(config, str):
+            return cls.from_toml(config)
+        return cls.from_mapping(config)
+
+    @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> StoreConfig:
         """Build from ``{name: value}``, resolving aliases; refuses conflicts and unknown keys.
         A flat setting of a level the list holds must agree with it even at its default."""

@@ -16,16 +16,26 @@ import errno
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stratastore.errors import StrataError
 from stratastore.format.naming import INDEX_DIR, parse_name
 from stratastore.io import files, pathnames, survey
+from stratastore.io.durable import durable_write_in
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
-from stratastore.io.system import process_alive
+from stratastore.io.system import process_alive, this_process
 from stratastore.metrics.counters import counter_keys, shown_by_monitor
 
-__all__ = ["MONITOR_FILE", "find_levels", "published_stats", "read_monitor"]
+__all__ = [
+    "MONITOR_FILE",
+    "Throttle",
+    "finite",
+    "find_levels",
+    "publish_snapshot",
+    "published_stats",
+    "read_monitor",
+]
 
 MONITOR_FILE = "monitor.json"
 MAX_MONITOR_BYTES = 1 << 20
@@ -37,6 +47,33 @@ _LEVEL_NUMBERS = tuple(c.key for c in shown_by_monitor(levels=True))
 _REMOTE = counter_keys("remote level")
 #: the system-prompt cache's name among the levels of a snapshot
 PROMPT_CACHE = "prompt_cache"
+
+
+class Throttle:
+    """Says whether a snapshot is due: when forced, or ``every`` seconds after the last one,
+    and only while ``where()`` says there is a place to write it."""
+
+    def __init__(self, every: float, where: Callable[[], bool]) -> None:
+        self.every, self.where = every, where
+        self._last = float("-inf")  #: monotonic time of the last one
+
+    def due(self, force: bool) -> bool:
+        now = time.monotonic()
+        if not self.where() or (not force and now - self._last < self.every):
+            return False
+        self._last = now
+        return True
+
+
+def publish_snapshot(level_dir: str | None, stats: dict[str, Any], file_mode: int) -> None:
+    """Write ``stats`` (``Store.stats()``) with this process's id and the time into
+    ``strata-index/monitor.json`` of ``level_dir``, durably and whole (what :func:`read_monitor`
+    and :func:`published_stats` read); nothing without a directory."""
+    if level_dir is None:
+        return
+    doc = {**stats, "pid": this_process(), "written_at": time.time()}
+    raw = json.dumps(doc, default=str).encode()
+    durable_write_in(level_dir, f"{INDEX_DIR}/{MONITOR_FILE}", raw, mode=file_mode)
 
 
 def find_levels(path: str) -> list[str]:
@@ -83,8 +120,7 @@ def snapshot_problem(doc: dict[str, Any]) -> str | None:
     field of the wrong type: counters that are not integers, levels that are not a table, a
     time that is not a finite number), or ``None`` when it is one. The monitor ignores such a
     snapshot and says so, instead of failing on it."""
-    at = doc.get("written_at")
-    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+    if not finite(doc.get("written_at")):
         return "written_at is not a finite number"
     if doc.get("pid") is not None and not _is_count(doc["pid"]):
         return f"pid is {type(doc['pid']).__name__}, not an integer"
@@ -163,7 +199,17 @@ def _snapshot(levels: list[str]) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _alive(pid: object) -> bool:
-    return isinstance(pid, int) and process_alive(pid)
+    return isinstance(pid, int) and 0 < pid < 2**31 and process_alive(pid)
+
+
+def finite(v: object) -> bool:
+    """Whether ``v`` is a number a float holds, finite (a snapshot's 10**400 is not)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _level_dirs(path: str | None, levels: list[str] | None) -> list[str]:

@@ -1,6 +1,6 @@
 """The restore path (DESIGN layer 6): two passes, the prefix ladder, destinations."""
 
-from stratastore.restore.agenda import SharedAgenda, restore_batch
+from stratastore.restore.agenda import SHARED_READER, SharedAgenda, restore_batch
 from stratastore.restore.destinations import (
     Destination,
     DestinationRefused,
@@ -15,6 +15,7 @@ from stratastore.restore.pages import deliver_capture, pack_pages, recut_pages
 from stratastore.restore.two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
 __all__ = [
+    "SHARED_READER",
     "Destination",
     "DestinationRefused",
     "DeviceFlatKV",

@@ -36,19 +36,25 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 
+from stratastore.io.system import after_fork_in_child
 from stratastore.restore.delivery import Delivery, release
 from stratastore.restore.records import Chunk, Damage, Outcome
 from stratastore.restore.two_pass import Job
 
-__all__ = ["Job", "SharedAgenda", "restore_batch"]
+__all__ = ["SHARED_READER", "Job", "SharedAgenda", "restore_batch"]
 
 DEFAULT_READAHEAD = 2  #: jobs whose files are prefetched ahead of the one being validated
 DEPTH = 2  #: validated chunks waiting for the apply pass
+WAIT_S = 0.02  #: how long a call waits for a reader of the continuous agenda, at most
+IDLE_S = 1.0  #: how long a reader of the continuous agenda waits for a call before it ends
+_POLL_S = 0.05  #: how often a reader waiting for room in a hand-off looks at the call's stop
+SHARED_READER = "strata-agenda-shared"  #: the name of the continuous agenda's reader threads
 #: reader threads of the continuous agenda (each reads one call at a time): as many as an
 #: engine has slots restoring at once, so the disk's queue is as deep as with a pipeline a call
 READERS = 4
@@ -57,11 +63,17 @@ _Item = tuple[int, Chunk | Damage | BaseException | None]  #: None: the job's re
 
 
 def restore_batch(
-    jobs: Sequence[Job], *, readahead: int = DEFAULT_READAHEAD
+    jobs: Sequence[Job],
+    *,
+    readahead: int = DEFAULT_READAHEAD,
+    shared: SharedAgenda | None = None,
 ) -> list[Outcome | Exception]:
-    """Run ``jobs`` through one agenda; returns, per job, its :class:`Outcome` or the exception
-    it raised (a :class:`~.two_pass.RestoreFailed` or an I/O error of that job only: the others
-    still complete). A destination too small for its job fails that job before any I/O."""
+    """Run ``jobs`` through one agenda (with ``shared``, through the continuous agenda of
+    every thread's calls); returns, per job, its :class:`Outcome` or the exception it raised
+    (a :class:`~.two_pass.RestoreFailed` or an I/O error of that job only: the others still
+    complete). A destination too small for its job fails that job before any I/O."""
+    if shared is not None:
+        return shared.run(jobs)
     agenda = _Agenda(jobs)
     if (
         len(agenda.live) == 1
@@ -149,11 +161,10 @@ class _Agenda:
             try:
                 self.read(handoff, stop, readahead)
             finally:
-                handoff.put(None)
+                self.hand(handoff, stop, None)
 
         worker = threading.Thread(target=reader, name="strata-agenda-read", daemon=True)
-        worker.start()
-        self.apply(handoff, stop, worker.is_alive)
+        self.apply(handoff, stop, worker.is_alive, worker.start)
 
     def read(
         self,
@@ -176,34 +187,55 @@ class _Agenda:
             try:
                 with closing(self.jobs[i].chunks()) as chunks:
                     for item in chunks:
-                        if stop.is_set():
-                            if isinstance(item, Chunk):
-                                release(self.jobs[i], item)
+                        if not self.hand(handoff, stop, (i, item)):
                             return
-                        handoff.put((i, item))
                         if i not in self.live:  # the apply side failed it: no more
                             break
             except Exception as e:
-                handoff.put((i, e))
+                if not self.hand(handoff, stop, (i, e)):
+                    return
                 continue
-            handoff.put((i, None))
+            if not self.hand(handoff, stop, (i, None)):
+                return
+
+    def hand(
+        self, handoff: queue.Queue[_Item | None], stop: threading.Event, item: _Item | None
+    ) -> bool:
+        """Put ``item`` on the hand-off, waiting for room only while the call is not stopped;
+        a stopped call's chunk is given back here (its staging, and what a direct read placed
+        zeroed), never applied. False once the call is stopped."""
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        if item is not None and isinstance(item[1], Chunk):
+            release(self.jobs[item[0]], item[1])
+        return False
 
     def prefetch_first(self, n: int) -> None:
         """Hand the files of the first ``n`` jobs to the kernel (the continuous agenda's
-        read-ahead into the next call)."""
+        read-ahead into the next call: advice only, so a failure there is no call's error)."""
         for i in self.order[:n]:
-            self.jobs[i].prefetch()
+            try:
+                self.jobs[i].prefetch()
+            except Exception:  # the job's own read pass meets the file's trouble, if any
+                continue
 
     def apply(
         self,
         handoff: queue.Queue[_Item | None],
         stop: threading.Event,
         reading: Callable[[], bool],
+        start: Callable[[], None] = lambda: None,
     ) -> None:
-        """The apply passes (on the calling thread) until the reader's end mark; interrupted,
-        ``stop`` the reader and empty the hand-off until ``reading()`` says it stopped, giving
-        back what it read (never applied: those jobs deliver nothing)."""
+        """``start()`` the reading, then the apply passes (on the calling thread) until the
+        reader's end mark; interrupted (at any point after this is called), ``stop`` the reader
+        and empty the hand-off until ``reading()`` says it stopped, giving back what it read
+        (never applied: those jobs deliver nothing)."""
         try:
+            start()
             while (got := handoff.get()) is not None:
                 self.take(*got)
         finally:
@@ -215,7 +247,7 @@ class _Agenda:
                 except queue.Empty:
                     if not alive:
                         break
-                    time.sleep(0.002)
+                    time.sleep(_POLL_S / 25)
                     continue
                 if left is not None and isinstance(left[1], Chunk):
                     release(self.jobs[left[0]], left[1])  # never applied: deliver nothing
@@ -224,28 +256,49 @@ class _Agenda:
 
 @dataclass(eq=False)
 class _Call:
-    """One call's jobs waiting for, or in, the continuous agenda's reader."""
+    """One call's jobs waiting for, or in, the continuous agenda's readers."""
 
     agenda: _Agenda
     handoff: queue.Queue[_Item | None] = field(default_factory=lambda: queue.Queue(maxsize=DEPTH))
     stop: threading.Event = field(default_factory=threading.Event)
+    taken: threading.Event = field(default_factory=threading.Event)  #: a reader has it
     done: threading.Event = field(default_factory=threading.Event)  #: the reader is through
 
 
 class SharedAgenda:
     """The continuous agenda (see the module): up to ``readers`` reader threads for the
-    restores of every thread of a store, started as calls come, stopped by :meth:`close`."""
+    restores of every thread of a store, started as calls come; a reader idle for
+    :data:`IDLE_S` ends, and :meth:`close` ends them all.
+
+    Nothing waits on another call for long: a call that no reader takes within
+    :data:`WAIT_S` (every reader busy with calls whose applies are slow, or that wait on this
+    one) leaves the agenda and runs on its own pipeline, its files already handed to the kernel
+    while it waited. A reader never blocks on a call that stopped (its hand-off is polled and
+    the stopped call's chunks given back), so an interrupted call, however it was interrupted,
+    never holds a reader. In a forked child the agenda starts afresh (the parent's readers are
+    not there)."""
 
     def __init__(self, readahead: int = DEFAULT_READAHEAD, readers: int = READERS) -> None:
         self.readahead, self.readers = readahead, readers
+        self._closed = False
+        self._fresh()
+        _AGENDAS.add(self)
+
+    def _fresh(self) -> None:
+        """No call and no reader (at open, and in a forked child)."""
         self._calls: deque[_Call] = deque()
         self._cond = threading.Condition()
-        self._pool: list[threading.Thread] = []
+        self._pool: set[threading.Thread] = set()
         self._busy = 0  #: calls a reader is reading now
-        self._closed = False
+
+    @property
+    def reading(self) -> int:
+        """The reader threads running now."""
+        with self._cond:
+            return len(self._pool)
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome | Exception]:
-        """:func:`restore_batch` through the shared reader: the same results, the same
+        """:func:`restore_batch` through the shared readers: the same results, the same
         guarantees. After :meth:`close`, a call runs on its own pipeline."""
         agenda = _Agenda(jobs)
         if not agenda.live:
@@ -255,30 +308,67 @@ class SharedAgenda:
             agenda.inline(agenda.order[0])
             return agenda.outcomes()
         call = _Call(agenda)
-        with self._cond:
-            if self._closed:
-                agenda.pipeline(self.readahead)
-                return agenda.outcomes()
-            self._calls.append(call)
-            if len(self._pool) < min(self.readers, len(self._calls) + self._busy):
-                reader = threading.Thread(target=self._read, name="strata-agenda-read", daemon=True)
-                self._pool.append(reader)
-                reader.start()
-            self._cond.notify()
-        agenda.apply(call.handoff, call.stop, lambda: self._reading(call))
+
+        def start() -> None:
+            queued = self._enqueue(call)
+            if queued and (call.taken.wait(WAIT_S) or not self._withdraw(call)):
+                return  # a reader has it
+            worker = threading.Thread(  # on its own pipeline: a reader thread of its own
+                target=self._alone, args=(call,), name="strata-agenda-read", daemon=True
+            )
+            call.taken.set()
+            try:
+                worker.start()
+            except BaseException:
+                call.taken.clear()
+                raise
+
+        agenda.apply(call.handoff, call.stop, lambda: self._reading(call), start)
         return agenda.outcomes()
 
-    def _reading(self, call: _Call) -> bool:
-        """Whether the reader may still put into ``call``'s hand-off; a call interrupted
-        before its turn is taken off the agenda at once."""
+    def _alone(self, call: _Call) -> None:
+        """A call's read passes on a thread of its own (it left the agenda, or it is closed)."""
+        try:
+            call.agenda.read(call.handoff, call.stop, self.readahead)
+        finally:
+            call.done.set()
+            call.agenda.hand(call.handoff, call.stop, None)
+
+    def _enqueue(self, call: _Call) -> bool:
+        """Queue ``call`` and start a reader when every running one is busy and there are
+        fewer than ``readers``; False when the agenda is closed (the call runs alone)."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._calls.append(call)
+            if len(self._pool) < min(self.readers, len(self._calls) + self._busy):
+                reader = threading.Thread(target=self._read, name=SHARED_READER, daemon=True)
+                try:
+                    reader.start()
+                except BaseException:
+                    self._calls.remove(call)
+                    raise
+                self._pool.add(reader)
+            self._cond.notify()
+        return True
+
+    def _withdraw(self, call: _Call) -> bool:
+        """Take ``call`` off the agenda if no reader has taken it yet."""
         with self._cond:
             if call in self._calls:
                 self._calls.remove(call)
-                call.done.set()
-        return not call.done.is_set()
+                return True
+        return False
+
+    def _reading(self, call: _Call) -> bool:
+        """Whether a reader may still put into ``call``'s hand-off; a call interrupted
+        before its turn is taken off the agenda at once."""
+        if self._withdraw(call):
+            call.done.set()
+        return call.taken.is_set() and not call.done.is_set()
 
     def close(self) -> None:
-        """Stop the readers once the calls queued are read (idempotent)."""
+        """End the readers once the calls queued are read (idempotent)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -289,25 +379,28 @@ class SharedAgenda:
 
     def _read(self) -> None:
         """A reader thread: the next call waiting, in turn, its read-ahead running into the
-        calls after it."""
+        calls after it; it ends when the agenda closes or after :data:`IDLE_S` idle."""
+        me = threading.current_thread()
         while True:
             with self._cond:
-                while not self._calls and not self._closed:
-                    self._cond.wait()
+                if not self._calls and not self._closed:
+                    self._cond.wait(IDLE_S)
                 if not self._calls:
+                    self._pool.discard(me)
                     return
                 call = self._calls.popleft()
+                call.taken.set()
                 self._busy += 1
             try:
                 if not call.stop.is_set():  # interrupted while it waited: skipped
                     call.agenda.read(call.handoff, call.stop, self.readahead, self._ahead)
             except BaseException as e:  # never leave a call waiting for its end mark
-                call.handoff.put((call.agenda.order[0], e))
+                call.agenda.hand(call.handoff, call.stop, (call.agenda.order[0], e))
             finally:
                 with self._cond:
                     self._busy -= 1
                 call.done.set()
-                call.handoff.put(None)
+                call.agenda.hand(call.handoff, call.stop, None)
 
     def _ahead(self, n: int) -> None:
         """Read-ahead into the calls waiting: the files of their first ``n`` jobs."""
@@ -318,3 +411,15 @@ class SharedAgenda:
                 return
             call.agenda.prefetch_first(n)
             n -= len(call.agenda.order)
+
+
+#: every open agenda, reset in a forked child (whose threads are only the forking one)
+_AGENDAS: weakref.WeakSet[SharedAgenda] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for agenda in list(_AGENDAS):
+        agenda._fresh()
+
+
+after_fork_in_child(_after_fork)

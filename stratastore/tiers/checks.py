@@ -16,10 +16,18 @@ from stratastore.chain import Conversation, InvalidRequest, as_media, as_tokens
 from stratastore.format import ModelFingerprint
 from stratastore.format.manifest import MAX_CONV_ID, MAX_ITEMS, MAX_TOKENS
 from stratastore.format.sidecar import MAX_PAGES
+from stratastore.metrics.speeds import slot_name
 from stratastore.restore import Destination, flat_bytes
 from stratastore.tiers.records import MAX_STATE_BYTES, InvalidConversation, Snapshot
 
-__all__ = ["batch_requests", "check_snapshot", "restore_cap", "session_name"]
+__all__ = [
+    "batch_caps",
+    "batch_requests",
+    "batch_slots",
+    "check_snapshot",
+    "restore_cap",
+    "session_name",
+]
 
 #: a restore batch, checked: each request's tokens and where they land, and its pictures
 Batch = tuple[
@@ -178,3 +186,34 @@ def batch_requests(requests: object, media: object) -> Batch:
             )
         )
     return reqs, pictures
+
+
+def batch_caps(max_tokens: object, n: int) -> list[int | None]:
+    """``restore_many``'s ``max_tokens`` as one cap per request (:func:`restore_cap` each):
+    one int or ``None`` for every request, or a list of ``n``; else :class:`InvalidRequest`."""
+    if max_tokens is None or isinstance(max_tokens, (int, np.integer)):
+        return [restore_cap(max_tokens, "restore_many")] * n
+    if (
+        isinstance(max_tokens, Sequence)
+        and not isinstance(max_tokens, str)
+        and len(max_tokens) == n
+    ):
+        return [restore_cap(c, f"restore_many (request #{i})") for i, c in enumerate(max_tokens)]
+    raise InvalidRequest(
+        f"restore_many: max_tokens must be an int, None, or a list of {n} (one per request), "
+        f"not {max_tokens!r}"
+    )
+
+
+def batch_slots(slots: object, n: int) -> list[str]:
+    """``restore_many``'s ``slots`` as one slot name per request
+    (:func:`~stratastore.metrics.speeds.slot_name` each), ``[]`` for none: a list or tuple of
+    ``n``; else :class:`InvalidRequest`."""
+    if slots is None:
+        return []
+    if not isinstance(slots, (list, tuple)) or len(slots) != n:
+        raise InvalidRequest(
+            f"restore_many: slots must be a list of {n} slots (one per request, or None), not "
+            f"{type(slots).__name__}"
+        )
+    return [slot_name(x, f"restore_many (request #{i})") for i, x in enumerate(slots)]

@@ -119,7 +119,9 @@ class Parking:
         p = self.admission.admit(snap.kv.nbytes, stays_in_ram=in_ram, disk=disk)
         self.last_admission = f"{p.where}/{p.floor}"
         if p.where == "ram" and self._park_ram(snap, pin):
-            if self.cfg.spill_on == "park" and disk and self.spill(snap):
+            mirror = snap.detached()
+            mirror.slot = None  # the park counted as a RAM park: its mirror is no park
+            if self.cfg.spill_on == "park" and disk and self.spill(mirror):
                 self.counters["mirrors"] += 1
             return ParkReport("ram", p.floor, len(snap.conv.tokens))
         if p.where != "discard" and disk and self.spill(snap):

@@ -14,11 +14,13 @@ from stratastore.errors import ConfigError, StrataError
 
 __all__ = [
     "MAX_STATE_BYTES",
+    "BatchRestoreError",
     "InvalidConversation",
     "ParkReport",
     "Restored",
     "Snapshot",
     "SpillRefused",
+    "StoreClosed",
 ]
 
 #: the largest running state a restore reads back (a bound on what a sidecar can make it allocate)
@@ -60,8 +62,10 @@ class Snapshot:
     #: a copy the store made of its own accord (``remote_keep_local``), not a park anyone was
     #: told of: a write of it that fails is said and counted, never reported as a lost park
     kept: bool = False
-    #: the engine slot it left (``park(slot=)``), for the per-slot speeds of its disk write
-    slot: str = "-"
+    #: the engine slot of a park bound for disk (``park(slot=)``): its write counts in the
+    #: per-slot speeds; ``None`` for a write that is no park of its own (a RAM park's mirror,
+    #: a RAM eviction, what close writes down)
+    slot: str | None = None
 
     def detached(self) -> Snapshot:
         """The same capture with a conversation of its own (its checkpoints, cuts and media
@@ -99,3 +103,27 @@ class Restored:
     tokens: int
     conv_id: str | None = None
     state: bytes | None = None  #: the running state at ``tokens``, when one was saved there
+
+
+class BatchRestoreError(StrataError):
+    """Some requests of :meth:`~stratastore.Store.restore_many` failed; ``results`` holds, per
+    request, its :class:`Restored` (its destination was filled) or its error."""
+
+    def __init__(self, results: list[Restored | Exception]) -> None:
+        self.results = results
+        failed = [f"#{i}: {r}" for i, r in enumerate(results) if isinstance(r, Exception)]
+        super().__init__(
+            f"{len(failed)} of {len(results)} restores failed ("
+            + "; ".join(failed)
+            + "); the others completed (see .results)"
+        )
+
+
+class StoreClosed(StrataError):
+    """A call on a :class:`~stratastore.Store` after its ``close()``; open a new store to go on."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__(
+            f"store is closed: {call}() was called after close(); open a new Store "
+            "(Store.open) to go on"
+        )

@@ -234,7 +234,7 @@ class Restorer:
                 "pending", c.match.length, c.match.conv_id, c.capture.states.get(c.match.length)
             )
         jobs = [read.job for _, read in p.reads]
-        outcomes = self.agenda.run(jobs) if self.agenda is not None else restore_batch(jobs)
+        outcomes = restore_batch(jobs, shared=self.agenda)
         found = [
             o if isinstance(o, Exception) else read.source.resume(read, o)
             for (_, read), o in zip(p.reads, outcomes, strict=True)

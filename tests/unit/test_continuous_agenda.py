@@ -6,8 +6,10 @@ delivers nothing."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +20,7 @@ import pytest
 import stratastore.restore.agenda as agenda_module
 from stratastore import Store
 from stratastore.levels.local import SegmentStore
-from stratastore.restore import FlatKV, Job, SharedAgenda, restore_batch
+from stratastore.restore import SHARED_READER, FlatKV, Job, SharedAgenda, restore_batch
 from tests.conftest import conversation_kv, tiny_fp
 from tests.unit.test_agenda import flip, image, page_floor, summary
 
@@ -26,8 +28,9 @@ FP = tiny_fp()
 TB = FP.token_bytes
 
 
-def _readers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "strata-agenda-read"]
+def _readers() -> set[threading.Thread]:
+    """The continuous agendas' reader threads alive now (of every agenda of the process)."""
+    return {t for t in threading.enumerate() if t.name == SHARED_READER}
 
 
 def test_calls_from_threads_get_what_they_get_alone(tmp_path: Path) -> None:
@@ -57,24 +60,25 @@ def test_calls_from_threads_get_what_they_get_alone(tmp_path: Path) -> None:
             t.start()
         for t in threads:
             t.join(60)
-        assert 1 <= len(_readers()) <= agenda.readers  # kept for every thread's calls
+        assert 1 <= agenda.reading <= agenda.readers  # kept across every thread's calls
         agenda.close()
-        assert not _readers()
+        assert agenda.reading == 0
     for n in range(8):
         assert got[n][0] == alone[n][0]
         assert np.array_equal(got[n][1], alone[n][1])
     assert alone[3][0][0] < 64 and all(alone[n][0][0] == 64 for n in range(8) if n != 3)
 
 
-def test_a_call_interrupted_before_its_turn_is_skipped(
+def test_a_call_no_reader_takes_runs_alone_and_an_interrupt_delivers_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The reader is held by a first call whose applies wait; a second call is interrupted
-    (Ctrl-C) while it waits for its turn: it raises at once, delivers nothing, and the reader
-    never reads it; the first call completes, and the agenda serves the next one."""
+    """The one reader is held by a first call whose applies wait; a second call, which no
+    reader takes, runs on its own pipeline and is interrupted (Ctrl-C) while it waits for its
+    first chunk: it raises at once and delivers nothing (what a direct read placed is zeroed);
+    the first call completes, and the agenda serves the next one."""
     with SegmentStore.open(tmp_path / "s", FP) as store:
         imgs = [image(store, seed, [0, 40, 64]) for seed in range(3)]
-        agenda = SharedAgenda()
+        agenda = SharedAgenda(readers=1)
         release = threading.Event()
 
         class Slow(FlatKV):
@@ -102,13 +106,16 @@ def test_a_call_interrupted_before_its_turn_is_skipped(
                 return super().get(block, timeout)
 
         monkeypatch.setattr(
-            agenda_module, "queue", SimpleNamespace(Queue=Interrupting, Empty=queue.Empty)
+            agenda_module,
+            "queue",
+            SimpleNamespace(Queue=Interrupting, Empty=queue.Empty, Full=queue.Full),
         )
         out = np.full(64 * TB, 7, np.uint8)
         interrupt.set()
         with pytest.raises(KeyboardInterrupt):
             agenda.run([job(1, FlatKV(FP, out))])
-        assert (out == 7).all()  # nothing delivered
+        parked = imgs[1][1]
+        assert not ((out == parked) & (parked != 7) & (parked != 0)).any()  # nothing delivered
         interrupt.clear()
         release.set()
         holder.join(30)
@@ -117,7 +124,7 @@ def test_a_call_interrupted_before_its_turn_is_skipped(
         assert summary(agenda.run([job(2, FlatKV(FP, again))])[0])[0] == 64
         assert np.array_equal(again, imgs[2][1])
         agenda.close()
-        assert not _readers()
+        assert agenda.reading == 0
 
 
 def test_restores_of_a_store_from_threads_share_the_reader(tmp_path: Path) -> None:
@@ -131,6 +138,7 @@ def test_restores_of_a_store_from_threads_share_the_reader(tmp_path: Path) -> No
         "restore_chunk_mib": 1,
     }
     convs = [conversation_kv(f"c{i}", 40_000, 100_000 * i, step=8000) for i in range(6)]
+    before = _readers()
     with Store.open(FP, cfg) as store:
         for conv, kv in convs:
             store.park(conv, kv.copy())
@@ -142,7 +150,7 @@ def test_restores_of_a_store_from_threads_share_the_reader(tmp_path: Path) -> No
             conv, kv = convs[i]
             out = np.zeros_like(kv)
             r = store.restore(conv.tokens, out)
-            seen.append(len(_readers()))
+            seen.append(len(_readers() - before))
             ok.append(r.tokens == 40_000 and np.array_equal(out, kv))
 
         threads = [threading.Thread(target=restore, args=(i,)) for i in range(6)]
@@ -151,4 +159,75 @@ def test_restores_of_a_store_from_threads_share_the_reader(tmp_path: Path) -> No
         for t in threads:
             t.join(60)
         assert ok == [True] * 6 and min(seen) >= 1  # the readers outlive each call
-    assert not _readers()  # close stops it
+    assert not _readers() - before  # close ends them
+
+
+def test_calls_that_wait_on_each_other_never_deadlock(tmp_path: Path) -> None:
+    """Five threads: B holds a lock while it restores; four A calls restore into destinations
+    whose writes take that lock (their applies wait on B). Each A pins a reader; B, which no
+    reader takes, runs on its own pipeline instead of waiting for one, so everything ends."""
+    with SegmentStore.open(tmp_path / "s", FP) as store:
+        imgs = [image(store, seed, [0, 12, 40, 64]) for seed in range(5)]
+        agenda = SharedAgenda()
+        lock = threading.Lock()
+
+        class NeedsLock(FlatKV):
+            def write_pages(self, *a: Any, **kw: Any) -> None:
+                with lock:
+                    super().write_pages(*a, **kw)
+
+        def job(n: int, dest: FlatKV) -> Job:
+            return Job(imgs[n][0], 64, dest, FP, page_floor, True, chunk_bytes=256)
+
+        done: list[str] = []
+
+        def a(n: int) -> None:
+            out = np.zeros(64 * TB, np.uint8)
+            agenda.run([job(n, NeedsLock(FP, out, read_direct=False))])
+            done.append(f"A{n}" if np.array_equal(out, imgs[n][1]) else f"A{n} wrong")
+
+        def b() -> None:
+            out = np.zeros(64 * TB, np.uint8)
+            agenda.run([job(4, FlatKV(FP, out))])
+            done.append("B" if np.array_equal(out, imgs[4][1]) else "B wrong")
+            lock.release()
+
+        lock.acquire()
+        threads = [threading.Thread(target=a, args=(n,), daemon=True) for n in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # every reader holds an A call whose apply waits on the lock
+        threads.append(threading.Thread(target=b, daemon=True))
+        threads[-1].start()
+        for t in threads:
+            t.join(20)
+        agenda.close()
+    assert sorted(done) == ["A0", "A1", "A2", "A3", "B"]
+
+
+def test_idle_readers_end_and_a_forked_child_starts_afresh(tmp_path: Path) -> None:
+    with SegmentStore.open(tmp_path / "s", FP) as store:
+        imgs = [image(store, seed, [0, 12, 40, 64]) for seed in range(2)]
+        agenda = SharedAgenda()
+
+        def restore(n: int) -> bool:
+            out = np.zeros(64 * TB, np.uint8)
+            job = Job(imgs[n][0], 64, FlatKV(FP, out), FP, page_floor, True, chunk_bytes=512)
+            agenda.run([job])
+            return np.array_equal(out, imgs[n][1])
+
+        assert restore(0) and agenda.reading >= 1
+        pid = os.fork()
+        if pid == 0:  # the child: no reader of the parent's is here
+            ok = threading.Thread(target=lambda: os._exit(0 if restore(1) else 1), daemon=True)
+            ok.start()
+            ok.join(10)
+            os._exit(2)  # hung
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        deadline = time.monotonic() + 10
+        while agenda.reading and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agenda.reading == 0  # idle readers end by themselves
+        assert restore(1)  # and come again with the next call
+        agenda.close()

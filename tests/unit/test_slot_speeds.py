@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from stratastore import Store
+from stratastore.chain import InvalidRequest
 from stratastore.cli import main
 from stratastore.metrics.speeds import InvalidSlot, Speeds
 from tests.conftest import conversation_kv, tiny_fp
@@ -88,3 +89,45 @@ def test_a_bad_slot_is_refused_before_anything_is_done(slot: object) -> None:
         with pytest.raises(InvalidSlot):
             store.restore(conv.tokens, np.zeros_like(kv), slot=slot)  # type: ignore[arg-type]
         assert store.stats()["speeds"]["slots"] == {}
+
+
+def test_slots_of_numpy_and_odd_kinds(tmp_path: Path) -> None:
+    with Store.open(FP, {"ram_mib": 1, "slots": 2}) as store:
+        conv, kv = conversation_kv("a", 40, 0)
+        store.park(conv, kv, slot=np.int64(3))
+        assert list(store.stats()["speeds"]["slots"]) == ["3"]
+        for bad in (10**100, 10**5000, "x" * 200):
+            with pytest.raises(InvalidSlot, match="is not a slot"):
+                store.park(conversation_kv("b", 8, 90)[0], np.zeros(8 * 64, np.uint8), slot=bad)
+        prompt = np.zeros(8 * 64, np.uint8)
+        for slots in (np.array([1]), b"\x00", {7: "a"}, iter([1]), 5):
+            with pytest.raises(InvalidRequest, match="slots must be a list"):
+                store.restore_many([(conv.tokens[:8], prompt)], slots=slots)  # type: ignore[arg-type]
+
+
+def test_the_busiest_slots_are_named_and_the_others_added_up() -> None:
+    speeds = Speeds()
+    for i in range(200):  # an engine naming its requests: 200 slots
+        speeds.record("restore", f"req-{i}", "disk", 10, 1000 * (i + 1), 0.001)
+    slots = speeds.table()["slots"]
+    assert len(slots) == 65 and "req-199" in slots and "req-0" not in slots
+    others = slots["(others)"]["restore"]["disk"]
+    assert (others["count"], others["tokens"]) == (136, 1360)
+
+
+def test_the_monitor_never_fails_on_an_odd_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = {"ram_mib": 1, "cold_dir": str(tmp_path / "cold"), "cold_mib": 16, "min_free_mib": 0}
+    with Store.open(FP, cfg) as store:
+        conv, kv = conversation_kv("a", 40, 0)
+        store.park(conv, kv, slot=0)
+    snap = tmp_path / "cold" / "strata-index" / "monitor.json"
+    doc = json.loads(snap.read_text())
+    doc["speeds"]["slots"]["\x1b[2J"] = {"park": {"ram": {"bytes_per_s": 10**400, "gb_s": 1e308}}}
+    doc["levels"]["cold"]["budget"] = 10**400
+    doc["pid"] = 10**40
+    snap.write_text(json.dumps(doc))
+    for flags in ([], ["--json"], ["--prometheus"]):
+        assert main(["monitor", str(tmp_path / "cold"), "--once", *flags]) == 0
+    assert "\x1b[2J" not in capsys.readouterr().out.replace("\\u001b[2J", "")
