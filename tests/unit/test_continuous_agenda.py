@@ -221,7 +221,7 @@ def test_idle_readers_end_and_a_forked_child_starts_afresh(tmp_path: Path) -> No
         if pid == 0:  # the child: no reader of the parent's is here
             ok = threading.Thread(target=lambda: os._exit(0 if restore(1) else 1), daemon=True)
             ok.start()
-            ok.join(10)
+            ok.join(30)
             os._exit(2)  # hung
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
