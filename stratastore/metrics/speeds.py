@@ -5,13 +5,14 @@ The engine names the slot on :meth:`~stratastore.Store.park` and
 :meth:`~stratastore.Store.restore` (``slot=``, an optional integer or short name; calls without
 one count under ``"-"``). Each call is one event: its slot, whether it parked or restored, the
 level it went to or came from (a park's ``ram``/``disk``/``discard``, a restore's source or
-``none``), its tokens and bytes, and how long the call took. Over the last :data:`WINDOW_S`
-seconds, per slot, per kind and per level: ``gb_s`` and ``tokens_s`` (what moved for the time
-the calls took: the speed of a call), ``per_s`` (calls a second) and ``bytes_per_s`` (bytes a
-second of the window: the load), beside the window's totals ``count``, ``tokens``, ``bytes``
-and ``seconds``. The :data:`MAX_SLOTS` busiest slots are shown by name, the others added up as
-:data:`OTHERS`. At most :data:`MAX_EVENTS` events are held (the oldest go first), so the
-memory is bounded whatever the call rate.
+``none``), its tokens and bytes, and how long it took (a park to disk: its durable write, on
+the spill writer; a write that is no park of its own, a mirror or an eviction, is not one).
+Over the last :data:`WINDOW_S` seconds, per slot, per kind and per level: ``gb_s`` and
+``tokens_s`` (what moved for the time the calls took: the speed of a call), ``per_s`` (calls a
+second) and ``bytes_per_s`` (bytes a second of the window: the load), beside the window's
+totals ``count``, ``tokens``, ``bytes`` and ``seconds``. The :data:`MAX_SLOTS` busiest slots
+are shown by name, the others added up as :data:`OTHERS`. At most :data:`MAX_EVENTS` events
+are held (the oldest go first), so the memory is bounded whatever the call rate.
 """
 
 from __future__ import annotations

@@ -23,12 +23,14 @@ its reads in flight, gives its staging back and delivers nothing.
 
 **The continuous agenda** (:class:`SharedAgenda`, a store's ``batch_agenda``): the restores of
 every thread join one read agenda. Its readers (at most :data:`READERS` threads, started as calls
-come and kept until the store closes) take the calls in the order they were submitted, each
+come, kept across calls, ending after :data:`IDLE_S` idle) take the calls in the order they were
+submitted, each
 reading and validating one call's chunks into that call's own hand-off while the call applies
 the chunks before them on its own thread; the read-ahead runs across calls (the files of the
 next calls' first jobs are handed to the kernel while this one's are read), so the disk stays
-busy from one call to the next. Each call keeps every guarantee above; a call
-interrupted while it waits for its turn delivers nothing and the reader skips it.
+busy from one call to the next. Each call keeps every guarantee above; a call no reader takes
+within :data:`WAIT_S` runs on its own pipeline, and a call interrupted at any point delivers
+nothing and holds no reader.
 """
 
 from __future__ import annotations
@@ -75,10 +77,7 @@ def restore_batch(
     if shared is not None:
         return shared.run(jobs)
     agenda = _Agenda(jobs)
-    if (
-        len(agenda.live) == 1
-        and jobs[agenda.order[0]].nbytes() <= jobs[agenda.order[0]].chunk_bytes
-    ):
+    if agenda.one_chunk():
         agenda.inline(agenda.order[0])
     elif agenda.live:
         agenda.pipeline(readahead)
@@ -100,6 +99,13 @@ class _Agenda:
             except Exception as e:
                 self.results[i] = e
         self.order = list(self.live)
+
+    def one_chunk(self) -> bool:
+        """Whether the agenda is one job of one chunk (run inline, with no thread)."""
+        if len(self.live) != 1:
+            return False
+        job = self.jobs[self.order[0]]
+        return job.nbytes() <= job.chunk_bytes
 
     def outcomes(self) -> list[Outcome | Exception]:
         """Each job's result (a job that never ran: an error saying so)."""
@@ -301,11 +307,10 @@ class SharedAgenda:
         """:func:`restore_batch` through the shared readers: the same results, the same
         guarantees. After :meth:`close`, a call runs on its own pipeline."""
         agenda = _Agenda(jobs)
-        if not agenda.live:
-            return agenda.outcomes()
-        first = jobs[agenda.order[0]]
-        if len(agenda.live) == 1 and first.nbytes() <= first.chunk_bytes:
+        if agenda.one_chunk():
             agenda.inline(agenda.order[0])
+            return agenda.outcomes()
+        if not agenda.live:
             return agenda.outcomes()
         call = _Call(agenda)
 

@@ -38,13 +38,13 @@ from stratastore.levels.registry import open_level, scheme_of
 from stratastore.metrics.counters import zero_counts
 from stratastore.metrics.logs import Voice
 from stratastore.restore import Destination, Outcome
-from stratastore.tiers.admission import MIB, Admission, log_admission
+from stratastore.tiers.admission import MIB, Admission
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.levels import attach_catalog
 from stratastore.tiers.lookup import Hit, Prompt, Read, SourceName
 from stratastore.tiers.records import Restored, Snapshot
-from stratastore.tiers.sources import removed_by_gc
+from stratastore.tiers.sources import read_admitted, removed_by_gc
 from stratastore.tiers.view import DiskView
 from stratastore.tiers.writer import DiskWriter
 
@@ -267,18 +267,16 @@ class PromptCacheSource:
     def restore(self, hit: Hit, dest: Destination) -> Read | None:
         """A disk-bound read, admitted under either RAM floor; refused (counted, said) when
         neither holds, or when the entry is gone."""
-        m, counters = hit.match, self.cache.counters
-        p = self.admission.admit(
-            m.length * self.cache.fp.token_bytes, stays_in_ram=False, disk=True
-        )
+        m = hit.match
         dc = self.cache.view.get(m.conv_id)
         what = f"{m.length:,} tokens of a system prompt"
-        if p.where == "discard" or dc is None:
-            counters["prompt_cache_hits_refused"] += 1
-            if p.where == "discard":
-                log_admission(self.warn, p, "system-prompt-cache hit", f"{what} re-read")
+        nbytes = m.length * self.cache.fp.token_bytes
+        if not read_admitted(
+            self.admission, self.warn, "system-prompt-cache hit", what, nbytes, dc
+        ):
+            self.cache.counters["prompt_cache_hits_refused"] += 1
             return None
-        log_admission(self.warn, p, "system-prompt-cache hit", what)
+        assert dc is not None
         return Read(self, hit, dc, self.reader.job(dc, m.length, dest))
 
     def resume(self, read: Read, outcome: Outcome) -> Restored:

@@ -42,6 +42,7 @@ __all__ = [
     "RamSource",
     "RemoteSource",
     "at_a_state",
+    "read_admitted",
     "removed_by_gc",
 ]
 
@@ -54,6 +55,23 @@ def at_a_state(m: Match, states: Mapping[int, bytes]) -> Match | None:
         return m
     below = max((n for n in states if n <= m.length), default=0)
     return dataclasses.replace(m, length=below, via="checkpoint") if below else None
+
+
+def read_admitted(
+    admission: Admission, warn: Voice, hit: str, subject: str, nbytes: int, held: object
+) -> bool:
+    """Whether a disk-bound read of ``nbytes`` goes ahead: admitted under either RAM floor
+    (the transient floor serves a read that only passes through RAM; said when it does), and
+    what it reads still ``held`` (not ``None``). A read no floor admits is said (``<hit> ...:
+    <subject> re-read``); the caller counts the refusal."""
+    p = admission.admit(nbytes, stays_in_ram=False, disk=True)
+    if p.where == "discard":
+        log_admission(warn, p, hit, f"{subject} re-read")
+        return False
+    if held is None:
+        return False
+    log_admission(warn, p, hit, subject)
+    return True
 
 
 def removed_by_gc(
@@ -155,19 +173,14 @@ class DiskSource:
         that only passes through RAM); refused (counted) when neither holds, or when the
         conversation is gone."""
         m = hit.match
-        p = self.admission.admit(m.length * self.tb, stays_in_ram=False, disk=True)
         dc = self.conversation(hit)
-        if p.where == "discard" or dc is None:
+        subject = f"conversation {m.conv_id}, {m.length:,} tokens"
+        if not read_admitted(
+            self.admission, self.warn, "disk hit", subject, m.length * self.tb, dc
+        ):
             self.counters["disk_hits_refused"] += 1
-            if p.where == "discard":
-                log_admission(
-                    self.warn,
-                    p,
-                    "disk hit",
-                    f"conversation {m.conv_id}, {m.length:,} tokens re-read",
-                )
             return None
-        log_admission(self.warn, p, "disk hit", f"conversation {m.conv_id}, {m.length:,} tokens")
+        assert dc is not None
         return Read(self, hit, dc, self.reader.job(dc, m.length, dest))
 
     def resume(self, read: Read, outcome: Outcome) -> Restored:
