@@ -346,3 +346,20 @@ def test_parks_on_several_threads_write_a_prefix_once(tmp_path: Path) -> None:
             t.join(30)
         s = store.stats()
         assert (s["prompt_cache_fills"], s["levels"]["prompt_cache"]["entries"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"prompt_cache_mib": "4"},
+        {"prompt_cache_mib": -1},
+        {"prompt_cache_mib": True},
+        {"prompt_cache_dir": 3},
+    ],
+)
+def test_settings_of_the_wrong_type_are_refused_by_name(
+    tmp_path: Path, bad: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        Store.open(FP, {**cache_cfg(tmp_path), **bad})
+    assert not (tmp_path / "system-prompts").exists()  # nothing made
