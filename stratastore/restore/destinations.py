@@ -146,6 +146,7 @@ class _PerToken:
     read_direct = True
 
     def __init__(self, fp: ModelFingerprint) -> None:
+        self._views: list[memoryview] | None = None  #: each layer's K then V rows, as bytes
         self.fp = fp
         self.layers = fp.n_layers
         self.row = fp.n_kv_heads * fp.head_dim * fp.dtype.itemsize  # bytes of one token's K
@@ -170,20 +171,35 @@ class _PerToken:
             )
         return flat.reshape(*lead, -1, self.row)
 
+    def _array(self, layer: int, kind: int) -> npt.NDArray[np.uint8]:
+        """The K (``kind`` 0) or V rows of a layer: ``[slots, row]`` bytes."""
+        raise NotImplementedError
+
+    def _runs(self, t0: int, p: int) -> list[tuple[int, int]]:
+        """Where tokens ``[t0, t0 + p)`` lie in every layer's K and V rows: ``(first slot,
+        tokens)`` of each contiguous run, in token order (the same for every layer and K/V)."""
+        return [(t0, p)]
+
     def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
         """The memory of the K (``kind`` 0) or V rows of tokens ``[t0, t0 + p)`` of a layer:
         contiguous runs, in token order."""
-        raise NotImplementedError
+        a = self._array(layer, kind)
+        return [a[s : s + n].reshape(-1) for s, n in self._runs(t0, p)]
 
     def page_views(self, t0: int, p: int) -> list[memoryview]:
         """Where the bytes of a stored page of tokens ``[t0, t0 + p)`` go, in their stored order
-        (spec F-SEG-4: per layer, K then V, each ``[p, row]``): a scatter read's targets."""
-        return [
-            r.reshape(-1).data
-            for layer in range(self.layers)
-            for kind in (0, 1)
-            for r in self._rows(layer, kind, t0, p)
-        ]
+        (spec F-SEG-4: per layer, K then V, each ``[p, row]``): a scatter read's targets. The
+        runs are found once a page and cut from each row array's memoryview (slicing a
+        memoryview costs a fraction of a numpy view: a page has ``2 x layers`` of them)."""
+        if self._views is None:
+            self._views = [
+                self._array(layer, kind).reshape(-1).data
+                for layer in range(self.layers)
+                for kind in (0, 1)
+            ]
+        row = self.row
+        spans = [(s * row, (s + n) * row) for s, n in self._runs(t0, p)]
+        return [v[a:b] for v in self._views for a, b in spans]
 
     def zero(self, token_start: int, n_tokens: int) -> None:
         """Zero the K and V rows of tokens ``[token_start, token_start + n_tokens)``."""
@@ -228,8 +244,8 @@ class LayerKV(_PerToken):
     def capacity(self) -> int:
         return self.max_tokens
 
-    def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
-        return [(self.v if kind else self.k)[layer][t0 : t0 + p].reshape(-1)]
+    def _array(self, layer: int, kind: int) -> npt.NDArray[np.uint8]:
+        return (self.v if kind else self.k)[layer]
 
     def write_pages(
         self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
@@ -285,20 +301,27 @@ class PagedKV(_PerToken):
             for i, p in enumerate(pools)
         ]
         self.table = _block_table(block_table, self.num_blocks, self.block_size)
+        self._blocks: list[int] = self.table.tolist()
         _refuse_overlaps([(f"PagedKV pool[{i}]", p) for i, p in enumerate(self.pools)])
 
     def capacity(self) -> int:
         return int(self.table.size) * int(self.block_size)
 
-    def _rows(self, layer: int, kind: int, t0: int, p: int) -> list[npt.NDArray[np.uint8]]:
-        t = np.arange(t0, t0 + p)
-        slots = self.table[t // self.block_size] * self.block_size + t % self.block_size
-        cuts = [0, *(np.flatnonzero(np.diff(slots) != 1) + 1).tolist(), p]
-        pool = self.pools[layer][kind]
-        return [
-            pool[int(slots[a]) : int(slots[a]) + b - a].reshape(-1)
-            for a, b in itertools.pairwise(cuts)
-        ]
+    def _array(self, layer: int, kind: int) -> npt.NDArray[np.uint8]:
+        return self.pools[layer][kind]
+
+    def _runs(self, t0: int, p: int) -> list[tuple[int, int]]:
+        bs, runs = self.block_size, []
+        t, end = t0, t0 + p
+        while t < end:
+            n = min(bs - t % bs, end - t)
+            slot = self._blocks[t // bs] * bs + t % bs
+            if runs and runs[-1][0] + runs[-1][1] == slot:  # the next block follows in memory
+                runs[-1] = (runs[-1][0], runs[-1][1] + n)
+            else:
+                runs.append((slot, n))
+            t += n
+        return runs
 
     def write_pages(
         self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
