@@ -1,26 +1,21 @@
 """The ``Store``: the library API an inference engine links (DESIGN layer 8).
 
-An engine calls :meth:`Store.park` when a slot is reused (the conversation leaves the GPU),
-:meth:`Store.restore` when a prompt arrives (the deepest stored prefix is copied into its K/V
-buffer, every disk page validated), and :meth:`Store.save_session` / :meth:`Store.load_session`
-for explicit saves that capacity GC never removes. Every method is thread-safe: the flow's one
-lock guards this process's state, and no call holds it over disk I/O or hashing (restores on
-several threads run in parallel, and the spill writer's writes and fsyncs hold it only for their
-bookkeeping). Disk writes of parks go through the flow's background spill writer with a bounded
-queue (:mod:`stratastore.tiers.spill`), so a park returns once the capture is handed over (it
-blocks only while the queue is full: back-pressure), and :meth:`close` flushes it. Several
-processes may open the same directories: each sees the segments and the conversations the
-others commit.
+An engine calls :meth:`Store.park` when a slot is reused, :meth:`Store.restore` when a prompt
+arrives (the deepest stored prefix into its K/V buffer, every disk page validated), and
+:meth:`Store.save_session` / :meth:`Store.load_session` for explicit saves that capacity GC
+never removes. Every method is thread-safe: the flow's one lock guards this process's state, and
+no call holds it over disk I/O or hashing. Disk writes of parks go through a background spill
+writer with a bounded queue (:mod:`stratastore.tiers.spill`), so a park returns once the capture
+is handed over (a park given in the engine's own layout is written within the call instead), and
+:meth:`close` flushes it. Several processes may open the same directories.
 
-Errors belong to the call that caused them (DESIGN invariants): a disk write of a park that
-fails in the background is recorded and counted (``spill_errors``) and raised as a
-:class:`SpillError` by the engine's next :meth:`Store.flush` or :meth:`Store.close`, never by an
-unrelated ``lookup``/``restore``. Those never wait for a pending disk write: a park
-whose write is still in flight is served from its capture in memory (``Restored.source ==
-"pending"``), so a restore of one conversation never waits on another's write or fsync. A
-park is validated before it is acknowledged
-(:class:`~stratastore.tiers.tiered.InvalidConversation`), and every call on a closed store
-raises :class:`StoreClosed`.
+Errors belong to the call that caused them (DESIGN invariants): a background disk write that
+fails is counted (``spill_errors``) and raised as a :class:`SpillError` by the next
+:meth:`Store.flush` or :meth:`Store.close`, never by an unrelated ``lookup``/``restore``, which
+never wait for a pending write (a park in flight is served from its capture in memory,
+``Restored.source == "pending"``). A park is validated before it is acknowledged
+(:class:`~stratastore.tiers.tiered.InvalidConversation`); every call on a closed store raises
+:class:`StoreClosed`.
 """
 
 from __future__ import annotations
@@ -44,7 +39,7 @@ from stratastore.metrics.monitor import Throttle, publish_snapshot
 from stratastore.metrics.prometheus import prometheus_text
 from stratastore.metrics.speeds import Speeds, slot_name
 from stratastore.restore import Destination, flat_bytes
-from stratastore.restore.device_arrays import is_device_array
+from stratastore.tiers.captures import park_snapshot
 from stratastore.tiers.checks import (
     batch_caps,
     batch_requests,
@@ -53,7 +48,7 @@ from stratastore.tiers.checks import (
     session_name,
 )
 from stratastore.tiers.describe import StoreDescription, info_line
-from stratastore.tiers.device import device_snapshot, kv_bytes
+from stratastore.tiers.device import kv_bytes
 from stratastore.tiers.records import (
     BatchRestoreError,
     InvalidConversation,
@@ -160,13 +155,19 @@ class Store:
         :class:`~stratastore.tiers.tiered.InvalidConversation` and nothing is stored. A disk
         write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`).
 
+        ``kv`` may be the engine's own layout, a :class:`~stratastore.restore.LayerKV` or
+        :class:`~stratastore.restore.PagedKV` (its pool and a block table): when parks go to
+        disk with no remote level or system-prompt cache, it is streamed from there (gathered,
+        hashed and written chunk by chunk, never copied whole), durable when this returns
+        (``disk``; ``discard`` if the level refused it; an I/O error raises here); else the
+        store gathers a copy. Either way, that memory is free when this returns.
+
         ``kv`` may be device memory: a numba device array, or any object with
         ``__cuda_array_interface__`` (a torch CUDA tensor, a CuPy array), C-contiguous (else
         ``InvalidConversation``: it is never copied to make it so). Once the checks above pass,
         each segment's pages are hashed on the device, the K/V is copied to the host once, and
-        the sidecars get the device's digests: the capture is never hashed on the host (nor
-        twice), whether it is written now or from the RAM level later. The device array may be
-        reused when this returns.
+        the sidecars get the device's digests: never hashed on the host (nor twice), whether
+        written now or from the RAM level later. The device array may be reused on return.
 
         ``slot``: the engine slot the conversation leaves (an integer, or a name of up to 64
         letters, digits and ``_.:-``), for the per-slot speeds of ``stats()["speeds"]`` and
@@ -182,18 +183,18 @@ class Store:
                     "park: states must map checkpoint lengths to bytes, not "
                     f"{type(states).__name__}"
                 )
-            if is_device_array(kv):  # hashed on the device, copied once, outside the lock
-                snap = device_snapshot(conv, kv, states or {}, self._tiers.fp, "park")
-            else:
-                snap = Snapshot(conv, kv_bytes(kv, "park"), dict(states or {}))
-            snap.slot = where
-            with self._lock:
-                self._check_open("park")
-                report = self._tiers.park(snap, pin=pin)
-                spills = self._spill.claim()
-            self._spill.hand_over(spills)
+            snap = park_snapshot(conv, kv, states, self._tiers.fp, self._tiers.parking.streams())
+            snap.slot, streamed = where, snap.capture is not None  # written now, if to disk
+            with self._in_flight("park") if streamed else contextlib.nullcontext():
+                with self._lock:
+                    self._check_open("park")
+                    report = self._tiers.park(snap, pin=pin)
+                    spills = self._spill.claim()
+                self._spill.hand_over(spills)
+                if streamed := snap.capture is not None and report.where == "disk":
+                    report = self._tiers.parking.write_streamed(snap, report)
             self._fill_prompt_cache()  # its pinned prefix, once per distinct prefix
-        if report.where != "disk":  # a disk park counts when its write lands (_written)
+        if report.where != "disk" or streamed:  # else it counts when its write lands (_written)
             took, tb = time.perf_counter() - start, self._tiers.tb
             self.speeds.record("park", where, report.where, report.tokens, report.tokens * tb, took)
         return report

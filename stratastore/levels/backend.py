@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from stratastore.format import Codec, IndexRecord, Level, MediaRef, ModelFingerprint, Sidecar
 from stratastore.levels.relocation import Relocated, relocate_by_copy
-from stratastore.levels.sealing import Buffer
+from stratastore.levels.sealing import Buffer, Payload
 
 __all__ = [
     "CatalogHost",
@@ -146,7 +146,7 @@ class SegmentBackend(Protocol):
         self,
         parent_key: bytes,
         tokens: Sequence[int] | npt.NDArray[np.integer],
-        payload: Buffer,
+        payload: Payload,
         *,
         token_start: int,
         media: Sequence[MediaRef] = (),
@@ -156,7 +156,10 @@ class SegmentBackend(Protocol):
         """Seal and store the K/V pages of ``tokens`` after the prefix ``parent_key`` (key: spec
         F-KEY-2, layout F-SEG-4; :func:`~stratastore.levels.sealing.kv_segment` checks and keys
         it). ``payload`` must be C-contiguous and exactly ``len(tokens) * token_bytes`` long,
-        else :class:`~stratastore.levels.local.StoreError`. A key already held: ``created=False``.
+        else :class:`~stratastore.levels.local.StoreError`; or a
+        :class:`~stratastore.levels.sealing.PageSource` of that many bytes (its pages gathered
+        as they are written, :mod:`~stratastore.levels.streamed`). A key already held:
+        ``created=False``.
 
         ``page_hashes`` (``None``: the backend hashes the pages): the ``(pages, 32)`` uint8
         BLAKE3 digests of ``payload``'s pages, which the sidecar carries as they are, not

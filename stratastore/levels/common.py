@@ -21,7 +21,14 @@ from stratastore.format import Codec, MediaRef, ModelFingerprint, Sidecar
 from stratastore.levels.backend import OpenSegment, PutResult
 from stratastore.levels.errors import StoreError
 from stratastore.levels.reader import OutOfRange
-from stratastore.levels.sealing import Buffer, Unsealed, byte_view, kv_segment, state_segment
+from stratastore.levels.sealing import (
+    Buffer,
+    Payload,
+    Unsealed,
+    byte_view,
+    kv_segment,
+    state_segment,
+)
 
 __all__ = ["SealedLevel"]
 
@@ -43,7 +50,7 @@ class SealedLevel:
         self,
         parent_key: bytes,
         tokens: Sequence[int] | npt.NDArray[np.integer],
-        payload: Buffer,
+        payload: Payload,
         *,
         token_start: int,
         media: Sequence[MediaRef] = (),

@@ -13,9 +13,10 @@ another level, checked before it is stored again.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +43,8 @@ __all__ = [
     "STATE_PAGE_BYTES",
     "Buffer",
     "Encoded",
+    "PageSource",
+    "Payload",
     "Unsealed",
     "byte_view",
     "check_sealed",
@@ -57,6 +60,32 @@ STATE_PAGE_BYTES = 1 << 20
 _ZSTD_LEVEL = 1
 
 Buffer = npt.NDArray[np.uint8] | bytes | bytearray | memoryview
+
+
+class PageSource(abc.ABC):
+    """A segment's payload that is not one buffer: its pages gathered on demand from where
+    they are kept (a park from the engine's own layout, :mod:`stratastore.restore.gather`).
+    A put streams it (:mod:`.streamed`): a bounded run of pages at a time is gathered into
+    staging, hashed there and written from there, so the payload is never copied whole. The
+    bytes must not change while the put runs (they are the engine's until it returns)."""
+
+    #: the payload's length in bytes
+    nbytes: int
+
+    @abc.abstractmethod
+    def gather_into(self, offset: int, out: npt.NDArray[np.uint8]) -> None:
+        """Copy bytes ``[offset, offset + out.size)`` of the payload into ``out``;
+        ``offset`` is a page boundary."""
+
+    def materialize(self) -> npt.NDArray[np.uint8]:
+        """The whole payload in one new buffer (a backend that keeps or ships it whole)."""
+        out = np.empty(self.nbytes, dtype=np.uint8)
+        self.gather_into(0, out)
+        return out
+
+
+#: what a put takes: the payload's bytes, or a source of its pages
+Payload = Buffer | PageSource
 
 
 def byte_view(buf: Buffer) -> memoryview:
@@ -80,20 +109,32 @@ class Unsealed:
     token_start: int
     token_end: int
     page_bytes: int
-    payload: memoryview
+    payload: memoryview | PageSource
     media: tuple[MediaRef, ...] = ()
     hashes: npt.NDArray[np.uint8] | None = None
 
     @property
+    def size(self) -> int:
+        """The payload's length in bytes."""
+        p = self.payload
+        return p.nbytes if isinstance(p, PageSource) else len(p)
+
+    @property
     def page_count(self) -> int:
-        return -(-len(self.payload) // self.page_bytes)
+        return -(-self.size // self.page_bytes)
+
+    def in_memory(self) -> Unsealed:
+        """This put with its payload in one buffer (a :class:`PageSource` gathered whole)."""
+        if not isinstance(self.payload, PageSource):
+            return self
+        return replace(self, payload=byte_view(self.payload.materialize()))
 
 
 def kv_segment(
     fp: ModelFingerprint,
     parent_key: bytes,
     tokens: Sequence[int] | npt.NDArray[np.integer],
-    payload: Buffer,
+    payload: Payload,
     *,
     token_start: int,
     media: Sequence[MediaRef] = (),
@@ -112,14 +153,13 @@ def kv_segment(
     damage all the same: every read validates against the sidecar, so the segment would read as
     damaged (the ladder), never as wrong bytes."""
     n = len(tokens)
-    view = byte_view(payload)
+    view = payload if isinstance(payload, PageSource) else byte_view(payload)
     if n < 1:
         raise StoreError("a K/V segment needs at least one token")
     want = n * fp.token_bytes
-    if len(view) != want:
-        raise StoreError(
-            f"payload is {len(view)} bytes; {n} tokens of {fp.describe()} are {want} bytes"
-        )
+    have = view.nbytes if isinstance(view, PageSource) else len(view)
+    if have != want:
+        raise StoreError(f"payload is {have} bytes; {n} tokens of {fp.describe()} are {want} bytes")
     if parent_key == fp.digest() and token_start != 0:
         raise StoreError("a segment whose parent is the model root must start at token 0")
     hashes = None if page_hashes is None else _page_hashes(page_hashes, -(-want // fp.page_bytes))
@@ -188,7 +228,16 @@ class Encoded:
 
 def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded:
     """Encode ``u``'s payload for storing; RAW pages are hashed on another thread meanwhile.
-    A put that brought its digests (``u.hashes``) is not hashed at all, either codec."""
+    A put that brought its digests (``u.hashes``) is not hashed at all, either codec. A
+    :class:`PageSource` is streamed as RAW (:func:`.streamed.streamed`: each chunk is valid
+    until the next is asked for), or gathered whole for ZSTD."""
+    if isinstance(u.payload, PageSource):
+        if codec is Codec.RAW:
+            from stratastore.levels.streamed import streamed
+
+            return streamed(u.payload, u.page_bytes, write_chunk, u.hashes)
+        u = u.in_memory()
+    assert isinstance(u.payload, memoryview)
     view = u.payload
     given = u.hashes
     if codec is Codec.RAW:
@@ -222,7 +271,7 @@ def sidecar_for(
         token_start=u.token_start,
         token_end=u.token_end,
         page_bytes=u.page_bytes,
-        last_page_bytes=len(u.payload) - (u.page_count - 1) * u.page_bytes,
+        last_page_bytes=u.size - (u.page_count - 1) * u.page_bytes,
         page_hashes=hashes.tobytes(),
         stored_bytes=enc.stored_bytes,
         sealed_at_ns=time.time_ns(),

@@ -11,6 +11,7 @@ from stratastore.restore.destinations import (
     flat_bytes,
 )
 from stratastore.restore.device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
+from stratastore.restore.gather import EngineCapture, as_engine_capture
 from stratastore.restore.pages import deliver_capture, pack_pages, recut_pages
 from stratastore.restore.two_pass import Job, Outcome, Piece, RestoreFailed, two_pass_restore
 
@@ -21,6 +22,7 @@ __all__ = [
     "DeviceFlatKV",
     "DeviceLayerKV",
     "DevicePagedKV",
+    "EngineCapture",
     "FlatKV",
     "Job",
     "LayerKV",
@@ -30,6 +32,7 @@ __all__ = [
     "RestoreFailed",
     "SharedAgenda",
     "as_destination",
+    "as_engine_capture",
     "deliver_capture",
     "flat_bytes",
     "restore_batch",

@@ -171,6 +171,10 @@ class _PerToken:
             )
         return flat.reshape(*lead, -1, self.row)
 
+    def capacity(self) -> int:
+        """Tokens it holds from position 0."""
+        raise NotImplementedError
+
     def _array(self, layer: int, kind: int) -> npt.NDArray[np.uint8]:
         """The K (``kind`` 0) or V rows of a layer: ``[slots, row]`` bytes."""
         raise NotImplementedError
@@ -308,10 +312,11 @@ class PagedKV(_PerToken):
         return int(self.table.size) * int(self.block_size)
 
     def _array(self, layer: int, kind: int) -> npt.NDArray[np.uint8]:
-        return self.pools[layer][kind]
+        rows: npt.NDArray[np.uint8] = self.pools[layer][kind]
+        return rows
 
     def _runs(self, t0: int, p: int) -> list[tuple[int, int]]:
-        bs, runs = self.block_size, []
+        bs, runs = self.block_size, list[tuple[int, int]]()
         t, end = t0, t0 + p
         while t < end:
             n = min(bs - t % bs, end - t)

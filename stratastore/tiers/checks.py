@@ -96,9 +96,9 @@ def check_snapshot(snap: Snapshot, fp: ModelFingerprint, call: str = "park") -> 
             f"{what}: a segment of {longest:,} tokens is over the {MAX_PAGES:,} pages of "
             f"{fp.page_tokens} tokens a sidecar holds (spec F-SC-6); add cuts"
         )
-    if snap.kv.nbytes != n * fp.token_bytes:
+    if snap.nbytes != n * fp.token_bytes:
         raise InvalidConversation(
-            f"{what}: K/V is {snap.kv.nbytes} bytes, its {n} tokens need {n * fp.token_bytes} "
+            f"{what}: K/V is {snap.nbytes} bytes, its {n} tokens need {n * fp.token_bytes} "
             f"({fp.token_bytes} a token for {fp.describe()})"
         )
     for length, blob in snap.states.items():

@@ -28,6 +28,7 @@ from stratastore.catalog import Catalog, NameTaken
 from stratastore.chain import Conversation, RetainedChains
 from stratastore.config import StoreConfig
 from stratastore.format import ModelFingerprint
+from stratastore.levels.streamed import CHUNK, DEPTH
 from stratastore.metrics.logs import Voice
 from stratastore.restore import recut_pages
 from stratastore.tiers.admission import Admission, log_admission
@@ -40,6 +41,9 @@ from stratastore.tiers.records import InvalidConversation, ParkReport, Snapshot,
 from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.view import DiskView
 from stratastore.tiers.writer import DiskWriter
+
+#: what a park streamed from the engine's layout holds in RAM on its way: its staging
+STREAM_STAGING = DEPTH * CHUNK
 
 __all__ = ["Parking"]
 
@@ -107,17 +111,51 @@ class Parking:
                     "and conversations share one namespace (spec F-CHAIN-4): park under "
                     "another id, or delete_session() it"
                 )
+            if snap.capture is not None and snap.conv.conv_id in self.outbox:
+                self._pack(snap)  # an earlier park of the id waits for the writer: after it
             self._retain(snap)
             if self.prompt_cache is not None and (e := self.prompt_cache.entry(snap)):
                 self.fills.append(e)  # its pinned prefix, as retention laid it out
             return self._place(snap, pin)
 
+    def streams(self) -> bool:
+        """Whether a park given in the engine's layout (:class:`~stratastore.restore.
+        EngineCapture`) is written to disk within the call, streamed from the engine's memory
+        (:meth:`write`): when parks go to disk and no copy of the capture is wanted besides
+        (no shared remote level, no system-prompt cache). Otherwise it is gathered into the
+        store's own memory first, and parks as any other."""
+        return (
+            self.writer is not None
+            and self.target == "disk"
+            and self.remote is None
+            and self.prompt_cache is None
+        )
+
+    def _pack(self, snap: Snapshot) -> None:
+        """Gather a capture still in the engine's layout into the store's own memory."""
+        if snap.capture is not None:
+            snap.kv = snap.capture.pack(snap.conv.boundaries())
+            snap.capture = None
+
     def _place(self, snap: Snapshot, pin: bool) -> ParkReport:
         cid = snap.conv.conv_id
         disk = self.writer is not None
         in_ram = self.target == "ram" and self.ram.on
-        p = self.admission.admit(snap.kv.nbytes, stays_in_ram=in_ram, disk=disk)
+        if snap.capture is not None and not (disk and not in_ram):
+            self._pack(snap)
+        need = snap.nbytes  # a park streamed from the engine's layout holds only its staging
+        p = self.admission.admit(
+            need if snap.capture is None else min(need, STREAM_STAGING),
+            stays_in_ram=in_ram,
+            disk=disk,
+        )
         self.last_admission = f"{p.where}/{p.floor}"
+        if snap.capture is not None and p.where != "discard":
+            if cid in self.ram:  # superseded by this park, once it lands
+                self.ram.drop(cid)
+            log_admission(self.warn, p, "park to disk", f"conversation {cid}")
+            floor = p.floor if p.where == "disk" else "parking"
+            return ParkReport("disk", floor, len(snap.conv.tokens))  # written by the caller
         if p.where == "ram" and self._park_ram(snap, pin):
             mirror = snap.detached()
             mirror.slot = None  # the park counted as a RAM park: its mirror is no park
@@ -162,7 +200,8 @@ class Parking:
         for gone in self._chains.apply(conv, lambda: self._stored_chain(conv.conv_id)):
             snap.states.pop(gone.length, None)
         bounds = layout | {c.length for c in conv.checkpoints}
-        if bounds != layout:
+        if bounds != layout and snap.capture is None:  # (one in the engine's layout is
+            # gathered along the cuts it ends up with)
             if not snap.kv.flags.writeable:  # the engine's read-only bytes: the store's copy
                 snap.kv = snap.kv.copy()
             for seg in recut_pages(self.fp, snap.kv, sorted(layout), sorted(bounds)):
@@ -231,6 +270,23 @@ class Parking:
         elif done and self.remote is not None:  # acknowledged locally: now the shared copy
             self.remote.push(snap)
         return done
+
+    def write_streamed(self, snap: Snapshot, report: ParkReport) -> ParkReport:
+        """Write a park :meth:`park` placed on disk while its capture is still in the engine's
+        layout, streamed from there (:meth:`write`), on the caller's thread and without the
+        lock: ``report`` once it landed. A level that refuses it makes it a discard (counted,
+        said); an I/O error is raised as it is: the park is not acknowledged either way."""
+        if self.write(snap):
+            with self.lock:
+                self.counters["parks_disk"] += 1
+            return report
+        cid = snap.conv.conv_id
+        with self.lock:
+            self.counters["discards"] += 1
+            self.counters["spills_refused"] += 1
+        why = self.writer.last_refusal if self.writer is not None else "no disk level"
+        self.warn(f"conversation {cid} discarded: {why or 'the disk level refused it'}")
+        return ParkReport("discard", "none", 0)
 
     def write_disk_now(self, snap: Snapshot) -> None:
         """Write a snapshot to disk at once (:meth:`write`; what the spill writer calls). A

@@ -11,6 +11,8 @@ import numpy.typing as npt
 
 from stratastore.chain import Conversation
 from stratastore.errors import ConfigError, StrataError
+from stratastore.levels.sealing import Payload
+from stratastore.restore.gather import EngineCapture
 
 __all__ = [
     "MAX_STATE_BYTES",
@@ -66,6 +68,21 @@ class Snapshot:
     #: per-slot speeds; ``None`` for a write that is no park of its own (a RAM park's mirror,
     #: a RAM eviction, what close writes down)
     slot: str | None = None
+    #: the K/V still in the engine's own layout (a park given a LayerKV or PagedKV, written to
+    #: disk within the call, streamed from there); ``kv`` is then empty
+    capture: EngineCapture | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The capture's bytes (``kv``'s, or those still in the engine's layout)."""
+        return self.capture.nbytes if self.capture is not None else self.kv.nbytes
+
+    def payload(self, start: int, end: int, token_bytes: int) -> Payload:
+        """What a disk write puts for the segment of tokens ``[start, end)``: a slice of
+        ``kv``, or the segment's pages in the engine's layout (gathered as they are written)."""
+        if self.capture is not None:
+            return self.capture.segment(start, end)
+        return self.kv[start * token_bytes : end * token_bytes]
 
     def detached(self) -> Snapshot:
         """The same capture with a conversation of its own (its checkpoints, cuts and media

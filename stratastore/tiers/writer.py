@@ -83,12 +83,11 @@ class DiskWriter:
             for i, seg in enumerate(specs):
                 if self.holder(seg.key) is None:
                     self.level.make_room((seg.end - seg.start) * self.tb + _SLACK)
-                    kv = snap.kv[seg.start * self.tb : seg.end * self.tb]
                     toks = conv.tokens[seg.start : seg.end]
                     put = self.level.store.put_kv(  # digests from the device: not hashed again
                         seg.parent,
                         toks,
-                        kv,
+                        snap.payload(seg.start, seg.end, self.tb),
                         token_start=seg.start,
                         media=seg.media,
                         page_hashes=snap.page_hashes.get((seg.start, seg.end)),
@@ -167,7 +166,7 @@ class DiskWriter:
             )
         states = sum(_SLACK + len(b) for b in snap.states.values() if b)
         if not reject:
-            return snap.kv.nbytes + states  # an upper bound; the last level makes room
+            return snap.nbytes + states  # an upper bound; the last level makes room
         need = states + sum(
             _SLACK + (e - s) * self.tb
             for s, e, k in snap.conv.segments(self.root)

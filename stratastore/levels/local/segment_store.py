@@ -78,6 +78,7 @@ from stratastore.levels.sealing import (
     encode,
     sidecar_for,
 )
+from stratastore.levels.streamed import CHUNK
 
 if TYPE_CHECKING:
     from stratastore.levels.backend import SegmentBackend
@@ -88,9 +89,10 @@ __all__ = [
     "SegmentStore",
     "Skipped",
     "StoreStats",
+    "WRITE_CHUNK",
 ]
 
-_WRITE_CHUNK = 16 << 20
+WRITE_CHUNK = CHUNK  #: bytes a put writes at a time (and a streamed put gathers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +289,7 @@ class SegmentStore(SegmentReads):
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
         if self._committed(u.key) and self._index.get(u.key) is not None:
             return PutResult(u.key, False, 0)
-        enc = encode(u, codec, write_chunk=_WRITE_CHUNK)
+        enc = encode(u, codec, write_chunk=WRITE_CHUNK)
         header = SegmentHeader(u.kind, codec, u.key, u.page_count, u.page_bytes, enc.stored_bytes)
         with DurableFile(self._data_path(u.key), mode=self.file_mode) as data:
             data.write(encode_segment_header(header))

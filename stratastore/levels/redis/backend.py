@@ -134,6 +134,8 @@ class RedisBackend(SealedLevel, RedisRecords):
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
         if u.key in self:
             return PutResult(u.key, False, 0)
+        u = u.in_memory()  # shipped whole: a page source is gathered first
+        assert isinstance(u.payload, memoryview)
         enc = encode(u, codec)
         # RAW is written as it is: the parts are slices of the caller's bytes
         view = u.payload if codec is Codec.RAW else memoryview(b"".join(enc.chunks))
