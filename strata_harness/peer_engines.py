@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from strata_harness.peer_pool import pool_ops
 from strata_harness.peer_protocol import (
     CHUNK,
     LAYERS,
@@ -44,7 +45,7 @@ from strata_harness.peer_protocol import (
     timed,
 )
 
-__all__ = ["OPS", "PRELOAD", "main"]
+__all__ = ["FILE_ENGINES", "OPS", "PRELOAD", "main", "open_store"]
 
 
 # -- raw limits -------------------------------------------------------------------------------
@@ -178,7 +179,7 @@ def _torch_load_prefix(path: str, t: int) -> npt.NDArray[Any]:
 
 
 # -- stratastore, through the engine-facing API -----------------------------------------------
-def _store(job: Job) -> Any:
+def open_store(job: Job) -> Any:
     from stratastore import Store
 
     fp = fingerprint()
@@ -198,7 +199,7 @@ def strata_park(job: Job) -> Record:
     from stratastore.chain import Checkpoint, Conversation
     from stratastore.restore import pack_pages
 
-    fp, store = _store(job)
+    fp, store = open_store(job)
     kv, n = source(job), job["tokens"]
     conv = Conversation("peers", np.arange(n, dtype=np.uint32), [Checkpoint(n)])
 
@@ -222,7 +223,7 @@ def strata_restore(job: Job) -> Record:
     flat buffer in the stored page layout."""
     from stratastore.restore import LayerKV
 
-    fp, store = _store(job)
+    fp, store = open_store(job)
     t, flat = job["t"], bool(job.get("flat"))
     prompt = np.arange(t, dtype=np.uint32)
 
@@ -247,6 +248,13 @@ def _lmcache(job: Job) -> Record:
     return session(job)
 
 
+#: each file format's save, load and 50% prefix load
+FILE_ENGINES: dict[str, tuple[Callable[..., None], Callable[..., Any], Callable[..., Any]]] = {
+    "numpy": (_np_save, _np_load, _np_load_prefix),
+    "safetensors": (_st_save, _st_load, _st_load_prefix),
+    "torch": (_torch_save, _torch_load, _torch_load_prefix),
+}
+
 OPS: dict[str, Callable[[Job], Record]] = {
     "raw.write": raw_write,
     "raw.read": raw_read,
@@ -265,6 +273,8 @@ OPS: dict[str, Callable[[Job], Record]] = {
     "lmcache.session": _lmcache,
 }
 
+
+OPS.update(pool_ops())  # the engine-pool protocol (:mod:`strata_harness.peer_pool`)
 
 #: what each engine's operations import, imported before the clock starts (imports are not timed)
 PRELOAD = {

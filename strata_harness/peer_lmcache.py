@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ from strata_harness.peer_protocol import (
     warm,
 )
 
-__all__ = ["session"]
+__all__ = ["pool_session", "session"]
 
 INSTANCE = "strata-peers"
 PLUGIN = "stratastore"
@@ -100,14 +101,12 @@ def _engine(job: Job) -> Any:
     return engine
 
 
-def _store(engine: Any, job: Job, tokens: Any) -> Record:
-    import torch
-
-    kv = torch.from_numpy(source(job))
+def _store(engine: Any, job: Job, tokens: Any, kv: Callable[[], Any]) -> Record:
+    """``engine.store`` of ``kv()`` (on the clock) until it is durable."""
     backends = engine.storage_manager.storage_backends
 
     def store() -> None:
-        engine.store(tokens, kvcaches=kv)
+        engine.store(tokens, kvcaches=kv())
         if job["backend"] == "strata":  # durable when every put's Future is done
             backends[PLUGIN].flush()
         elif job["backend"] == "disk":
@@ -132,7 +131,10 @@ def session(job: Job) -> Record:
         return {"unavailable": f"{type(e).__name__}: {e}"}
     n, half, disk = job["tokens"], job["half"], job["backend"] in ("disk", "strata")
     tokens = torch.arange(n)
-    records = {"durable write" if disk else "store (RAM, not durable)": _store(engine, job, tokens)}
+    kv = [torch.from_numpy(source(job))]
+    stored = _store(engine, job, tokens, lambda: kv[0])
+    kv.clear()
+    records = {"durable write" if disk else "store (RAM, not durable)": stored}
     gc.collect()  # the source K/V is gone: reads count what the engine holds
     resets = True
     files = data_files([job["path"]]) if disk else []
@@ -164,3 +166,49 @@ def session(job: Job) -> Record:
         read(n, "read cold")
         read(half, "prefix cold")
     return {"records": records, "hot_resident": hot, "cold_resident": cold, "peak_reset": resets}
+
+
+def pool_session(job: Job) -> Record:
+    """The engine-pool protocol (:mod:`.peer_pool`) for this backend, as :func:`session`: the
+    durable store gathers the conversation out of the pool into LMCache's engine layout on the
+    clock; each retrieve lands in a buffer an engine keeps (allocated and touched once, before
+    the clock) and is copied from there into the pool through the block table, on the clock."""
+    from strata_harness.peer_pool import Pool, filled, timed_read
+
+    try:
+        import torch
+
+        os.makedirs(job["path"], exist_ok=True)
+        engine = _engine(job)
+    except Exception as e:  # an LMCache that cannot run here is a note, not a failure
+        return {"unavailable": f"{type(e).__name__}: {e}"}
+    n, half, disk = job["tokens"], job["half"], job["backend"] in ("disk", "strata")
+    tokens = torch.arange(n)
+    pool = filled(job)
+    stored = _store(engine, job, tokens, lambda: torch.from_numpy(pool.gather(n)))
+    records = {"durable write" if disk else "store (RAM, not durable)": stored}
+    del pool
+    gc.collect()
+    pool = Pool(n, seed=1)
+    staging = torch.ones(shape(n), dtype=torch.float16)  # the engine's, allocated once
+    files = data_files([job["path"]]) if disk else []
+    hot = warm(files) if disk else 1.0
+    cold: list[float] = []
+
+    def read(t: int, op: str) -> None:
+        if op.endswith("cold"):
+            cold.append(evict(files))
+
+        def retrieve() -> int:
+            got = int(engine.retrieve(tokens[:t], kvcaches=staging[:, :, :t]).sum())
+            pool.scatter(staging.numpy(), t)
+            return got
+
+        records[op] = timed_read({**job, "t": t, "op": f"lmcache {op}"}, pool, retrieve)
+
+    read(n, "read hot")
+    read(half, "prefix hot")
+    if disk and job["cold"]:
+        read(n, "read cold")
+        read(half, "prefix cold")
+    return {"records": records, "hot_resident": hot, "cold_resident": cold, "peak_reset": True}

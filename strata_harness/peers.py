@@ -69,7 +69,7 @@ from strata_harness.peer_protocol import (
     shape,
     warm,
 )
-from strata_harness.peer_report import FLAT, LAYER, render, summarise
+from strata_harness.peer_report import FLAT, LAYER, PAGED, render, summarise
 
 __all__ = ["PeersBenchError", "Run", "lmcache_engine", "render_peers", "run_peers", "write_source"]
 
@@ -89,6 +89,8 @@ class Run:
         self.root, self.tokens, self.half, self.cold = root, tokens, tokens // 2, cold
         self.measuring = False  #: False in the warmup round
         self.samples: dict[tuple[str, str], list[Record]] = {}
+        #: the engine-pool protocol's samples (:mod:`strata_harness.peer_pool`)
+        self.pool_samples: dict[tuple[str, str], list[Record]] = {}
         self.cold_resident: dict[str, float] = {}  #: row: the most pages left by an eviction
         self.hot_resident: list[float] = []
         self.evictions = 0
@@ -145,12 +147,12 @@ class Run:
             )
         return out
 
-    def add(self, row: str, op: str, rec: Record) -> None:
+    def add(self, row: str, op: str, rec: Record, *, pool: bool = False) -> None:
         if rec.get("compared"):
             self.compared[0] += 1
             self.compared[1] += rec["compared"]
         if self.measuring:
-            self.samples.setdefault((row, op), []).append(rec)
+            (self.pool_samples if pool else self.samples).setdefault((row, op), []).append(rec)
 
     def evicted(self, frac: float, what: str) -> None:
         self.evictions += 1
@@ -184,20 +186,23 @@ def _raw(run: Run) -> None:
         run.add("raw", f"{op} cold", run.spawn("raw.read", path=path, touched=touched))
 
 
-def _file_peer(name: str) -> Callable[[Run], None]:
+def _file_peer(name: str, *, pool: bool = False) -> Callable[[Run], None]:
+    """A file format's write and reads; ``pool``: by the engine-pool protocol."""
     row, fname = FILE_PEERS[name]
+    ops = ("pool_write", "pool_read", "pool_prefix") if pool else ("write", "read", "prefix")
 
     def go(run: Run) -> None:
-        path = run.file(fname)
+        path = run.file(f"pool-{fname}" if pool else fname)
         if os.path.exists(path):
             os.unlink(path)
-        run.add(row, "durable write", run.spawn(f"{name}.write", path=path))
+        run.add(row, "durable write", run.spawn(f"{name}.{ops[0]}", path=path), pool=pool)
         run.warm([path])
         for heat in ("hot", "cold") if run.cold else ("hot",):
-            for op, t in (("read", run.tokens), ("prefix", run.half)):
+            for op, name_op, t in (("read", ops[1], run.tokens), ("prefix", ops[2], run.half)):
                 if heat == "cold":
                     run.evict([path], row)
-                run.add(row, f"{op} {heat}", run.spawn(f"{name}.{op}", path=path, t=t))
+                rec = run.spawn(f"{name}.{name_op}", path=path, t=t)
+                run.add(row, f"{op} {heat}", rec, pool=pool)
 
     return go
 
@@ -216,10 +221,25 @@ def _stratastore(run: Run) -> None:
                 run.add(row, f"{op} {heat}", rec)
 
 
-def lmcache_engine(backend: str, row: str) -> Callable[[Run], None]:
-    """One LMCache session a round (:func:`strata_harness.peer_lmcache.session`: ``disk``,
-    ``ram`` or ``strata``, the stratastore plugin), its records added to ``row``; a backend
-    that cannot run here is noted in ``run.skipped``."""
+def _stratastore_pool(run: Run) -> None:
+    """The engine-pool protocol: park from the pool, restore into it (``PagedKV``)."""
+    store = run.file("store-pool")
+    shutil.rmtree(store, ignore_errors=True)
+    run.add(PAGED, "durable write", run.spawn("stratastore.pool_park", path=store), pool=True)
+    run.warm([store])
+    for heat in ("hot", "cold") if run.cold else ("hot",):
+        for op, t in (("read", run.tokens), ("prefix", run.half)):
+            if heat == "cold":
+                run.evict([store], PAGED)
+            rec = run.spawn("stratastore.pool_restore", path=store, t=t)
+            run.add(PAGED, f"{op} {heat}", rec, pool=True)
+
+
+def lmcache_engine(backend: str, row: str, *, pool: bool = False) -> Callable[[Run], None]:
+    """One LMCache session a round (:func:`strata_harness.peer_lmcache.session`, or with
+    ``pool`` :func:`~strata_harness.peer_lmcache.pool_session`: ``disk``, ``ram`` or
+    ``strata``, the stratastore plugin), its records added to ``row``; a backend that cannot
+    run here is noted in ``run.skipped``."""
 
     def go(run: Run) -> None:
         path = run.file(f"lmcache-{backend}")
@@ -227,21 +247,27 @@ def lmcache_engine(backend: str, row: str) -> Callable[[Run], None]:
         chunk = 256  # LMCache's default; the prefix must be whole chunks
         while run.half % chunk:
             chunk //= 2
-        out = run.spawn(
-            "lmcache.session", path=path, backend=backend, half=run.half, chunk=chunk, cold=run.cold
-        )
+        op = "lmcache.pool_session" if pool else "lmcache.session"
+        out = run.spawn(op, path=path, backend=backend, half=run.half, chunk=chunk, cold=run.cold)
         shutil.rmtree(path, ignore_errors=True)
         if "unavailable" in out:
-            run.skipped[f"lmcache-{backend}"] = f"LMCache cannot run here: {out['unavailable']}"
+            run.skipped[_name("lmcache-" + backend, pool)] = (
+                f"LMCache cannot run here: {out['unavailable']}"
+            )
             return
         for frac in out["cold_resident"]:
             run.evicted(frac, row)
         run.hot_resident.append(out["hot_resident"])
         run.peak_reset = run.peak_reset and out["peak_reset"]
         for op, rec in out["records"].items():
-            run.add(row, op, rec)
+            run.add(row, op, rec, pool=pool)
 
     return go
+
+
+def _name(engine: str, pool: bool) -> str:
+    """An engine's name in the rounds (its engine-pool protocol's: ``-pool`` after it)."""
+    return f"{engine}-pool" if pool else engine
 
 
 def write_source(run: Run, *, packed: bool = True) -> None:
@@ -271,21 +297,22 @@ def _engines(notes: list[str]) -> list[tuple[str, Callable[[Run], None]]]:
         ("raw", _raw),
         ("numpy", _file_peer("numpy")),
         ("stratastore", _stratastore),
+        (_name("numpy", True), _file_peer("numpy", pool=True)),
+        (_name("stratastore", True), _stratastore_pool),
     ]
     for name in ("safetensors", "torch"):
         if have[name]:
             out.append((name, _file_peer(name)))
+            out.append((_name(name, True), _file_peer(name, pool=True)))
         else:
             notes.append(f"{name} is not installed: skipped")
     if have["lmcache"] and have["torch"]:
         version = importlib.metadata.version("lmcache")
-        out.append(
-            (
-                "lmcache-disk",
-                lmcache_engine("disk", f"LMCache {version}, local disk backend (+ fsync)"),
-            )
-        )
-        out.append(("lmcache-ram", lmcache_engine("ram", f"LMCache {version}, RAM backend")))
+        for pool in (False, True):
+            disk = f"LMCache {version}, local disk backend (+ fsync)"
+            ram = f"LMCache {version}, RAM backend"
+            out.append((_name("lmcache-disk", pool), lmcache_engine("disk", disk, pool=pool)))
+            out.append((_name("lmcache-ram", pool), lmcache_engine("ram", ram, pool=pool)))
     else:
         notes.append("lmcache (with torch) is not installed: LMCache skipped")
     return out
@@ -302,10 +329,10 @@ def run_peers(
     if work_dir is not None and not os.path.isdir(work_dir):
         raise PeersBenchError(f"--dir {work_dir} is not a directory; create it or name another")
     free = shutil.disk_usage(work_dir or tempfile.gettempdir()).free
-    if free < 9 * tokens * TOKEN_BYTES:
+    if free < 14 * tokens * TOKEN_BYTES:
         raise PeersBenchError(
             f"{work_dir or tempfile.gettempdir()} has {free / 2**30:.1f} GiB "
-            f"free; the run writes about {9 * tokens * TOKEN_BYTES / 2**30:.1f}"
+            f"free; the run writes about {14 * tokens * TOKEN_BYTES / 2**30:.1f}"
             " GiB: name a --dir with room, or a smaller --mib"
         )
     notes: list[str] = []
@@ -330,6 +357,7 @@ def run_peers(
         )
     return summarise(
         run.samples,
+        run.pool_samples,
         {
             "stratastore": run.package,
             "bytes": tokens * TOKEN_BYTES,
