@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from strata_harness.peer_protocol import PeersBenchError, compare, evict, resident, shape, warm
-from strata_harness.peer_report import TARGETS
+from strata_harness.peer_report import POOL_TARGETS, TARGETS
 from strata_harness.peers import render_peers, run_peers
 from stratastore.cli import main
 
 LAYER, FLAT = "stratastore (LayerKV)", "stratastore (flat page layout)"
+PAGED = "stratastore (PagedKV, validated)"
 NUMPY = "numpy np.save / np.load (+ fsync)"
 RATES = ("read_hot", "read_cold", "prefix_hot", "prefix_cold")
 
@@ -57,10 +58,24 @@ def test_peers_small(benchmark: Any, tmp_path: Path) -> None:
         assert r["rss_read"] > 0 and r["rss_write"] > 0, name
     assert rows[LAYER]["durable_write_without_pack_pages"] > rows[LAYER]["durable_write"]
     assert len(doc["limits"]) == 6 and all(v > 0 for v in doc["limits"].values())
+    # the engine-pool protocol: the same engines, reading into and parking from one pool
+    pool = {r["engine"]: r for r in doc["pool"]["rows"]}
+    assert set(pool) == {PAGED, *(n for n in rows if n not in (LAYER, FLAT))}
+    for name, r in pool.items():
+        ram = name.endswith("RAM backend")
+        assert all((r[k] or 0) > 0 for k in RATES if not (ram and k.endswith("cold"))), name
+        assert ram or r["durable_write"] > 0, name
+        assert r["rss_growth_read"] is not None and r["rss_growth_read"] >= 0, name
+    # a validated restore into the pool adds its bounded staging at most, never a copy
+    assert pool[PAGED]["rss_growth_read"] < pool[NUMPY]["rss_growth_read"]
+    pool_names = {r["name"] for r in doc["pool"]["ratios"]}
+    assert {t[0] for t in POOL_TARGETS if "LMCache" not in t[0]} <= pool_names
     # every read of both rounds (the warmup's too) was compared: raw 5 (fresh and touched, hot
-    # and cold, memcpy), numpy, safetensors and torch 4 each, stratastore 8, LMCache 4 + 2
+    # and cold, memcpy), numpy, safetensors and torch 4 each, stratastore 8, LMCache 4 + 2;
+    # in the pool, 4 each and LMCache 4 + 2
     lmcache = sum(n.startswith("LMCache") for n in rows)
-    per_round = 5 + 8 + 4 * (len(rows) - 2 - lmcache) + (6 if lmcache else 0)
+    files = len(rows) - 2 - lmcache
+    per_round = 5 + 8 + 4 * files + (6 if lmcache else 0) + 4 + 4 * files + (6 if lmcache else 0)
     bit = doc["bit_for_bit"]
     assert bit["all_equal"] and bit["results_compared"] == 2 * per_round
     assert bit["bytes_compared"] > 2 * per_round * doc["bytes"] // 2
@@ -73,7 +88,8 @@ def test_peers_small(benchmark: Any, tmp_path: Path) -> None:
     assert all(isinstance(r["met"], bool) and r["missed_by_pct"] >= 0 for r in doc["ratios"])
     assert min(doc["load_1m"].values()) >= 0
     text = render_peers(doc)
-    for part in ("| engine ", LAYER, FLAT, "Limits: raw write+fsync", "Targets", "1-minute load"):
+    parts = ("| engine ", LAYER, FLAT, PAGED, "The engine's pool", "A fresh result", "Limits: raw")
+    for part in (*parts, "Targets", "1-minute load"):
         assert part in text, part
 
 
