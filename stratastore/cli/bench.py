@@ -23,9 +23,10 @@ def add_parser(command: AddCommand) -> None:
     bench.add_argument(
         "--peers",
         action="store_true",
-        help="durable write and reads in the engine layout vs the disk's limits, numpy, "
-        "safetensors, torch and LMCache (those installed), on the same bytes, every result "
-        "compared bit for bit, cold reads verified uncached",
+        help="durable park and reads in the engine's paged pool (allocated once), and into "
+        "fresh arrays, vs the disk's limits, numpy, safetensors, torch and LMCache (those "
+        "installed), on the same bytes, every result compared bit for bit, cold reads "
+        "verified uncached",
     )
     bench.add_argument(
         "--lmcache",
