@@ -160,7 +160,7 @@ class Store:
         disk with no remote level or system-prompt cache, it is streamed from there (gathered,
         hashed and written chunk by chunk, never copied whole), durable when this returns
         (``disk``; ``discard`` if the level refused it; an I/O error raises here); else the
-        store gathers a copy. Either way, that memory is free when this returns.
+        store gathers a copy. That memory is free when this returns, either way.
 
         ``kv`` may be device memory: a numba device array, or any object with
         ``__cuda_array_interface__`` (a torch CUDA tensor, a CuPy array), C-contiguous (else
@@ -193,6 +193,7 @@ class Store:
                 self._spill.hand_over(spills)
                 if streamed := snap.capture is not None and report.where == "disk":
                     report = self._tiers.parking.write_streamed(snap, report)
+                    self._publish(force=False)  # as the spill writer does after a write
             self._fill_prompt_cache()  # its pinned prefix, once per distinct prefix
         if report.where != "disk" or streamed:  # else it counts when its write lands (_written)
             took, tb = time.perf_counter() - start, self._tiers.tb
@@ -207,8 +208,7 @@ class Store:
 
     def _written(self, snap: Snapshot, seconds: float) -> None:
         """A park's disk write landed (on the spill writer's thread): its slot's disk speed."""
-        if snap.slot is not None and not snap.kept:  # a park of its own, not a copy
-            n = len(snap.conv.tokens)
+        if snap.slot is not None and not snap.kept and (n := len(snap.conv.tokens)):  # a park
             self.speeds.record("park", snap.slot, "disk", n, n * self._tiers.tb, seconds)
 
     def lookup(

@@ -215,7 +215,8 @@ def state_segment(checkpoint_key: bytes, payload: Buffer, *, token_pos: int) -> 
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """A payload's stored form: ``chunks`` (the pages, or one zstd frame a page), the frames'
+    """A payload's stored form: ``chunks`` (the pages, or one zstd frame a page; a chunk is
+    valid until the next one is asked for: a streamed payload reuses its staging), the frames'
     ``lengths`` (empty for RAW), and ``hashes()``, the ``(pages, 32)`` digests of the payload
     (for RAW computed while the caller writes: call it once, after writing)."""
 
@@ -282,7 +283,8 @@ def sidecar_for(
 
 def seal(u: Unsealed, codec: Codec, fp: ModelFingerprint, level: Level) -> tuple[Sidecar, bytes]:
     """``u`` sealed in one call: its sidecar and its stored bytes (a backend that keeps
-    segments in memory or ships them whole)."""
+    segments in memory or ships them whole; a :class:`PageSource` is gathered whole first)."""
+    u = u.in_memory()
     enc = encode(u, codec)
     stored = b"".join(enc.chunks)
     return sidecar_for(u, enc, enc.hashes(), fp, level), stored

@@ -9,6 +9,7 @@ about what the write and fsync of its bytes cost (docs/performance.md)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,20 +28,22 @@ __all__ = ["CHUNK", "DEPTH", "streamed"]
 CHUNK = 16 << 20  #: bytes a level writes at a time (a streamed put gathers as many)
 DEPTH = 3  #: chunks in flight: the one being written, the next ones gathered and hashed
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _get_pool() -> ThreadPoolExecutor:
     global _pool
-    if _pool is None:
-        workers = max(1, min(cpu_count(), DEPTH))
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="strata-gather")
-    return _pool
+    with _pool_lock:
+        if _pool is None:
+            workers = max(1, min(cpu_count(), DEPTH))
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="strata-gather")
+        return _pool
 
 
 def _forget_pool() -> None:
     """A forked child has none of the parent's threads: it starts a pool of its own."""
-    global _pool
-    _pool = None
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 after_fork_in_child(_forget_pool)

@@ -101,10 +101,9 @@ def kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
         return device_to_host(kv, what)
     if not isinstance(kv, np.ndarray):
         raise InvalidConversation(
-            f"{what}: kv must be a numpy array or a device array "
-            "(a numba device array, or one with "
-            "__cuda_array_interface__: a torch CUDA tensor, CuPy), "
-            f"got {type(kv).__name__}"
+            f"{what}: kv must be a numpy array, a device array (a numba device array, or one "
+            "with __cuda_array_interface__: a torch CUDA tensor, CuPy), or for a park the "
+            f"engine's layout (LayerKV, PagedKV); got {type(kv).__name__}"
         )
     if kv.dtype.hasobject:
         raise InvalidConversation(

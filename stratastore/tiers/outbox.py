@@ -51,6 +51,23 @@ class Outbox:
         self._newest[snap.conv.conv_id] = snap
         return None
 
+    def reserve(self, snap: Snapshot, writer: DiskWriter, reject: bool) -> str | None:
+        """Reserve the bytes of a park written outside the outbox (streamed within its call,
+        :meth:`.park.Parking.write_streamed`) beside the writes waiting, as :meth:`offer`
+        does; why not, when the levels will refuse it. :meth:`landed` and :meth:`release`
+        give the bytes back."""
+        need = writer.refusal(snap, self._bytes, reject)
+        if isinstance(need, str):
+            return need
+        snap.pending = need
+        self._bytes += need
+        return None
+
+    def release(self, snap: Snapshot) -> None:
+        """What is left of ``snap``'s reservation (:meth:`reserve`): its write ended."""
+        self._bytes = max(0, self._bytes - snap.pending)
+        snap.pending = 0
+
     def lookup(
         self,
         prompt: npt.NDArray[np.integer] | list[int],

@@ -151,11 +151,18 @@ class Parking:
         )
         self.last_admission = f"{p.where}/{p.floor}"
         if snap.capture is not None and p.where != "discard":
-            if cid in self.ram:  # superseded by this park, once it lands
-                self.ram.drop(cid)
-            log_admission(self.warn, p, "park to disk", f"conversation {cid}")
-            floor = p.floor if p.where == "disk" else "parking"
-            return ParkReport("disk", floor, len(snap.conv.tokens))  # written by the caller
+            assert self.writer is not None
+            why = self.outbox.reserve(snap, self.writer, self.cfg.when_full == "reject")
+            if why is None:
+                if cid in self.ram:  # superseded by this park, once it lands
+                    self.ram.drop(cid)
+                log_admission(self.warn, p, "park to disk", f"conversation {cid}")
+                floor = p.floor if p.where == "disk" else "parking"
+                return ParkReport("disk", floor, len(snap.conv.tokens))  # written by the caller
+            self.counters["spills_refused"] += 1  # the disk is certain to refuse it
+            self.counters["discards"] += 1
+            self.warn(f"conversation {cid} discarded, not written to disk: {why}")
+            return ParkReport("discard", "none", 0)
         if p.where == "ram" and self._park_ram(snap, pin):
             mirror = snap.detached()
             mirror.slot = None  # the park counted as a RAM park: its mirror is no park
@@ -274,18 +281,34 @@ class Parking:
     def write_streamed(self, snap: Snapshot, report: ParkReport) -> ParkReport:
         """Write a park :meth:`park` placed on disk while its capture is still in the engine's
         layout, streamed from there (:meth:`write`), on the caller's thread and without the
-        lock: ``report`` once it landed. A level that refuses it makes it a discard (counted,
-        said); an I/O error is raised as it is: the park is not acknowledged either way."""
-        if self.write(snap):
+        lock; its reservation (:meth:`.outbox.Outbox.reserve`) is given back as it lands.
+        ``report`` once it landed. A level that refuses it makes it a discard (counted, said);
+        an I/O error is raised, naming the conversation, and counted as a discard: the park is
+        not acknowledged either way."""
+        assert self.writer is not None
+        cid = snap.conv.conv_id
+        try:
+            done = self.write(snap)
+        except BaseException as e:
+            with self.lock:
+                self.counters["discards"] += 1
+            e.add_note(f"the park of conversation {cid!r} was not stored (nothing acknowledged)")
+            raise
+        finally:
+            with self.lock:
+                self.outbox.release(snap)
+        if done:
             with self.lock:
                 self.counters["parks_disk"] += 1
             return report
-        cid = snap.conv.conv_id
+        if self.catalog is not None and self.catalog.is_session(cid):
+            why = f"its id {cid!r} is a saved session's name (one namespace, spec F-CHAIN-4)"
+        else:
+            why = self.writer.last_refusal or "the disk level refused it"
         with self.lock:
             self.counters["discards"] += 1
             self.counters["spills_refused"] += 1
-        why = self.writer.last_refusal if self.writer is not None else "no disk level"
-        self.warn(f"conversation {cid} discarded: {why or 'the disk level refused it'}")
+        self.warn(f"conversation {cid} discarded: {why}")
         return ParkReport("discard", "none", 0)
 
     def write_disk_now(self, snap: Snapshot) -> None:

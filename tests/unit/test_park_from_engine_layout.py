@@ -7,6 +7,7 @@ and a failed write raises from park with nothing acknowledged."""
 from __future__ import annotations
 
 import errno
+import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import stratastore.levels.local.segment_store as segment_store
+import stratastore.levels.streamed as streamed_put
 from stratastore import Store
 from stratastore.chain import Checkpoint, Conversation
 from stratastore.format import ModelFingerprint
@@ -166,3 +168,47 @@ def test_a_streamed_park_holds_its_staging_not_a_copy(
             tracemalloc.stop()
     assert n * fp.token_bytes == 64 << 20
     assert peak < 8 << 20, f"a streamed park of 64 MiB peaked at {peak / 2**20:.1f} MiB"
+
+
+def test_a_streamed_park_counts_the_parks_waiting_for_the_writer(tmp_path: Path) -> None:
+    """``when_full = reject``: a streamed park that does not fit beside a park still waiting for
+    the spill writer is refused at once, and the waiting one lands (never the other way)."""
+    blocks = 800
+    n = blocks * BS  # 600 KiB: one fits in the level's 1 MiB, two do not
+    cfg = {"park": "disk", "ram_mib": 0, "cold_dir": str(tmp_path / "c"), "cold_mib": 1}
+    with Store.open(FP, {**cfg, "when_full": "reject"}) as store:
+        gate = threading.Event()
+        write = store._spill.write
+        store._spill.write = lambda snap: (gate.wait(5), write(snap))[1]  # the writer lags
+        waiting = _conv(n, "waiting")
+        assert store.park(waiting, np.ones(n * FP.token_bytes, np.uint8)).where == "disk"
+        streamed = Conversation("s", np.arange(n, dtype=np.uint32) + 10**6, [Checkpoint(n)])
+        pools = _pool(blocks, 12)
+        assert store.park(streamed, PagedKV(FP, pools, np.arange(blocks))).where == "discard"
+        gate.set()
+        store.flush()  # the acknowledged park landed
+        assert store.lookup(np.arange(n, dtype=np.uint32)) == ("disk", n)
+        assert store.stats()["spills_refused"] == 1
+
+
+def test_a_streamed_park_into_a_level_kept_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A level that keeps or ships a segment whole (``memory://``) gathers the stream whole:
+    more chunks than the stream's staging buffers, every byte in its place."""
+    whole = streamed_put.streamed  # a chunk of one page: many more chunks than buffers
+    monkeypatch.setattr(
+        streamed_put, "streamed", lambda src, pb, chunk, given: whole(src, pb, pb, given)
+    )
+    levels = [
+        {"name": "mem", "url": "memory://scratch", "mib": 64},
+        {"name": "cold", "dir": str(tmp_path / "cold"), "mib": 64},
+    ]
+    pools, table = _pool(40, 13), np.random.default_rng(14).permutation(40)[:30]
+    n = 30 * BS
+    with Store.open(FP, {"park": "disk", "ram_mib": 0, "levels": levels}) as store:
+        assert store.park(_conv(n), PagedKV(FP, pools, table)).where == "disk"
+        back = _pool(40, 15)
+        got = store.restore(np.arange(n, dtype=np.uint32), PagedKV(FP, back, table))
+        assert got.tokens == n
+        assert np.array_equal(_tokens_of(back, table, n), _tokens_of(pools, table, n))

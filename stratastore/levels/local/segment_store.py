@@ -293,8 +293,13 @@ class SegmentStore(SegmentReads):
         header = SegmentHeader(u.kind, codec, u.key, u.page_count, u.page_bytes, enc.stored_bytes)
         with DurableFile(self._data_path(u.key), mode=self.file_mode) as data:
             data.write(encode_segment_header(header))
-            for chunk in enc.chunks:
-                data.write(chunk)
+            try:
+                for chunk in enc.chunks:
+                    data.write(chunk)
+            finally:  # a stream left early waits for its workers, gives its staging back
+                close = getattr(enc.chunks, "close", None)
+                if close is not None:
+                    close()
             data.prepare()
             sc = sidecar_for(u, enc, enc.hashes(), self.fingerprint, self.level)
             return self._commit(data, sc, header)
