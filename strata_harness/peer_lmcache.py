@@ -119,16 +119,26 @@ def _store(engine: Any, job: Job, tokens: Any, kv: Callable[[], Any]) -> Record:
     return record(secs, rss, job["tokens"] * TOKEN_BYTES)
 
 
+def _open(job: Job) -> Any:
+    """This backend's engine, or why LMCache cannot be imported or built here (a note, not a
+    failure)."""
+    try:
+        import torch  # noqa: F401
+
+        os.makedirs(job["path"], exist_ok=True)
+        return _engine(job)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def session(job: Job) -> Record:
     """Store, then every read of this backend; ``{"records": {op: record}, ...}``, or
     ``{"unavailable": why}`` where LMCache cannot be imported or built here."""
-    try:
-        import torch
+    engine = _open(job)
+    if isinstance(engine, str):
+        return {"unavailable": engine}
+    import torch
 
-        os.makedirs(job["path"], exist_ok=True)
-        engine = _engine(job)
-    except Exception as e:  # an LMCache that cannot run here is a note, not a failure
-        return {"unavailable": f"{type(e).__name__}: {e}"}
     n, half, disk = job["tokens"], job["half"], job["backend"] in ("disk", "strata")
     tokens = torch.arange(n)
     kv = [torch.from_numpy(source(job))]
@@ -175,13 +185,11 @@ def pool_session(job: Job) -> Record:
     the clock) and is copied from there into the pool through the block table, on the clock."""
     from strata_harness.peer_pool import Pool, filled, timed_read
 
-    try:
-        import torch
+    engine = _open(job)
+    if isinstance(engine, str):
+        return {"unavailable": engine}
+    import torch
 
-        os.makedirs(job["path"], exist_ok=True)
-        engine = _engine(job)
-    except Exception as e:  # an LMCache that cannot run here is a note, not a failure
-        return {"unavailable": f"{type(e).__name__}: {e}"}
     n, half, disk = job["tokens"], job["half"], job["backend"] in ("disk", "strata")
     tokens = torch.arange(n)
     pool = filled(job)
