@@ -60,7 +60,7 @@ def streamed(
     per = max(1, chunk // page_bytes) * page_bytes
     spans = [(a, min(a + per, src.nbytes)) for a in range(0, src.nbytes, per)]
     digests: list[npt.NDArray[np.uint8]] = [np.empty((0, DIGEST_BYTES), np.uint8)] * len(spans)
-    taken = [False]
+    taken = False  #: every chunk was handed out
 
     def stage(i: int, buf: npt.NDArray[np.uint8]) -> None:
         a, b = spans[i]
@@ -75,6 +75,7 @@ def streamed(
             digests[i] = d
 
     def chunks() -> Iterator[memoryview]:
+        nonlocal taken
         bufs = [STAGING.take(per) for _ in range(min(DEPTH, len(spans)))]
         running: dict[int, Future[None]] = {}
         try:
@@ -85,7 +86,7 @@ def streamed(
                 yield bufs[i % DEPTH][: b - a].data
                 if i + DEPTH < len(spans):  # chunk i is written: its buffer takes i + DEPTH
                     running[i + DEPTH] = _get_pool().submit(stage, i + DEPTH, bufs[i % DEPTH])
-            taken[0] = True
+            taken = True
         finally:
             for f in running.values():
                 f.cancel()
@@ -98,7 +99,7 @@ def streamed(
     def hashes() -> npt.NDArray[np.uint8]:
         if given is not None:
             return given
-        if not taken[0]:
+        if not taken:
             raise RuntimeError("a streamed payload's digests were asked for before its chunks")
         return np.concatenate(digests)
 

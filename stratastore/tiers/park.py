@@ -141,8 +141,8 @@ class Parking:
         cid = snap.conv.conv_id
         disk = self.writer is not None
         in_ram = self.target == "ram" and self.ram.on
-        if snap.capture is not None and not (disk and not in_ram):
-            self._pack(snap)
+        if snap.capture is not None and not self.streams():
+            self._pack(snap)  # (Store.park gathers it before the lock already)
         need = snap.nbytes  # a park streamed from the engine's layout holds only its staging
         p = self.admission.admit(
             need if snap.capture is None else min(need, STREAM_STAGING),

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from strata_harness.peer_protocol import fsync_dir
 from stratastore import ModelFingerprint, Store
 from stratastore.chain import Checkpoint, Conversation
 from stratastore.restore import PagedKV
@@ -30,14 +31,6 @@ FP = ModelFingerprint.create(
 MIB = int(os.environ.get("STRATA_BENCH_POOL_MIB", "128"))
 BLOCK = 16
 TOKENS = max(BLOCK, (MIB << 20) // FP.token_bytes // BLOCK * BLOCK)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def test_engine_pool_vs_plain_io(benchmark: Any, tmp_path: Path) -> None:
@@ -67,7 +60,7 @@ def test_engine_pool_vs_plain_io(benchmark: Any, tmp_path: Path) -> None:
         with open(path, "wb", buffering=0) as f:
             f.write(raw.data)
             os.fsync(f.fileno())
-        _fsync_dir(tmp_path)
+        fsync_dir(str(tmp_path))
 
     def raw_read_scatter() -> None:
         with open(tmp_path / "raw-0.bin", "rb", buffering=0) as f:
