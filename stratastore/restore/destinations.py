@@ -12,17 +12,20 @@ segment (``write_pages(token_start, n_tokens, page_bytes)``) and lays them out i
   addressed through a block table, the layout of vLLM and SGLang.
 
 Arrays may be of any dtype of the right item size (bfloat16 travels as uint16); they are
-written in place through uint8 views, never through a copy. A destination that cannot be
-written in place (not C-contiguous, Fortran-ordered, read-only, object dtype) or whose geometry
-does not match the model fingerprint is refused with :class:`DestinationRefused` when the
-destination is made, before a restore touches anything.
+written in place through uint8 views, never through a copy. A torch tensor in host memory is
+taken as the numpy view of its own memory (bfloat16 and the other dtypes numpy lacks through an
+integer view of their item size); one in device memory is refused, naming the device twin.
+A destination that cannot be written in place (not C-contiguous, Fortran-ordered, read-only,
+object dtype) or whose geometry does not match the model fingerprint is refused with
+:class:`DestinationRefused` when the destination is made, before a restore touches anything.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +43,7 @@ __all__ = [
     "PagedKV",
     "as_destination",
     "flat_bytes",
+    "host_array",
     "page_runs",
 ]
 
@@ -67,10 +71,42 @@ class DestinationRefused(ConfigError):
     the model: refused before anything is read, written, taken or released."""
 
 
+_UINT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def host_array(a: object, what: str) -> object:
+    """``a`` itself, or for a torch tensor in host memory the numpy array over its own memory
+    (``Tensor.numpy()``, which shares it; a dtype numpy lacks, bfloat16 or a float8, through
+    ``Tensor.view`` as the integer of its item size: a restore writes bytes, whatever they
+    mean). A tensor on a device is refused: its memory is the device twins' to write."""
+    if type(a).__module__ != "torch" or not hasattr(a, "numpy"):
+        return a
+    t = cast("Any", a)
+    if t.device.type != "cpu":
+        raise DestinationRefused(
+            f"{what} is a torch tensor on {t.device}; restore into device memory with "
+            "DeviceLayerKV/DevicePagedKV or a bare device array (stratastore.restore.device)"
+        )
+    t = t.detach()
+    try:
+        out: object = t.numpy()
+    except TypeError:  # a dtype numpy has no name for
+        torch = sys.modules["torch"]
+        kind = _UINT_OF_SIZE.get(t.element_size())
+        if kind is None:
+            raise DestinationRefused(
+                f"{what} is a torch tensor of {t.dtype}; pass one of 1, 2, 4 or 8-byte items"
+            ) from None
+        out = t.view(getattr(torch, kind)).numpy()
+    return out
+
+
 def flat_bytes(a: object, what: str) -> npt.NDArray[np.uint8]:
     """The bytes of ``a`` as a flat uint8 *view* (never a copy: a restore writes the caller's
     memory or refuses). Raises :class:`DestinationRefused` for anything but a writable,
-    C-contiguous numpy array of plain (non-object) items; ``what`` names it in the message."""
+    C-contiguous numpy array of plain (non-object) items, or a torch tensor in host memory
+    (:func:`host_array`); ``what`` names it in the message."""
+    a = host_array(a, what)
     if not isinstance(a, np.ndarray):
         raise DestinationRefused(
             f"{what} must be a numpy array or a restore Destination, not {type(a).__name__}"
@@ -156,6 +192,7 @@ class _PerToken:
         """``a`` as bytes ``[*lead, tokens, row]`` after checking it is writable in place and
         ``[*lead, tokens, n_kv_heads, head_dim]`` of the model's item size (or, for
         :class:`LayerKV`, ``[tokens, row bytes]`` of bytes)."""
+        a = host_array(a, what)
         flat = flat_bytes(a, what)
         assert isinstance(a, np.ndarray)
         fp, k = self.fp, len(lead)
@@ -411,7 +448,9 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
     as a ``read_direct`` :class:`FlatKV` (the stored layout, written in place), or device memory
     (a numba device array, anything with ``__cuda_array_interface__``) as a
     :class:`~.device.DeviceFlatKV`. Anything else, or an array that cannot be written in place,
-    raises :class:`DestinationRefused`."""
+    raises :class:`DestinationRefused`. A torch tensor in host memory is its numpy view
+    (:func:`host_array`)."""
+    out = host_array(out, what)
     if isinstance(out, np.ndarray):
         return FlatKV(fp, out, read_direct=True)
     if is_device_array(out):
