@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from strata_harness.peer_protocol import fsync_dir
 from stratastore import ModelFingerprint, Store
 from stratastore.chain import Checkpoint, Conversation
 from stratastore.restore import PagedKV
+from tests.bench.rounds import interleaved_rounds
 
 FP = ModelFingerprint.create(
     "bench/llama-3.1-8b-geometry", n_layers=32, n_kv_heads=8, head_dim=128, page_tokens=16
@@ -75,23 +75,15 @@ def test_engine_pool_vs_plain_io(benchmark: Any, tmp_path: Path) -> None:
 
     park()  # what the restores read, its bytes in the page cache
     raw_write()
-    ops: dict[str, Callable[[], None]] = {
+    ops: dict[str, Callable[[], object]] = {
         "raw write+fsync": raw_write,
         "durable park from the pool": park,
         "raw read + scatter into the pool": raw_read_scatter,
         "validated restore into the pool": restore,
     }
-    times: dict[str, list[float]] = {name: [] for name in ops}
-
-    def one_round() -> None:
-        for name, op in ops.items():
-            t = time.perf_counter()
-            op()
-            times[name].append(time.perf_counter() - t)
-
     benchmark.group = "engine pool"
     try:
-        benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
+        times = interleaved_rounds(benchmark, ops)
         restore()
         assert all(np.array_equal(p[:, table], w) for p, w in zip(pools, want, strict=True))
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from stratastore import ModelFingerprint
 from stratastore.restore import LayerKV, PagedKV, pack_pages
+from tests.bench.rounds import interleaved_rounds
 
 FP = ModelFingerprint.create(
     "bench/llama-3.1-8b-geometry",
@@ -65,16 +65,8 @@ def test_layout_copies_vs_memcpy(benchmark: Any) -> None:
         "LayerKV write": lambda: write(layer_kv),
         "PagedKV write": lambda: write(paged),
     }
-    times: dict[str, list[float]] = {name: [] for name in ops}
-
-    def one_round() -> None:
-        for name, op in ops.items():
-            t = time.perf_counter()
-            op()
-            times[name].append(time.perf_counter() - t)
-
     benchmark.group = "layout"
-    benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
+    times = interleaved_rounds(benchmark, ops)
     assert all(np.array_equal(a, b) for a, b in zip(k, k2, strict=True))
     assert np.array_equal(touched, flat)
     if benchmark.stats is not None:
