@@ -121,9 +121,6 @@ class DiskWriter:
                 session,
             )
             raw = encode_manifest(m)
-            stamp = durable_write_in(
-                self.manifest_dir, chain_name(conv.conv_id), raw, mode=self.file_mode
-            )  # F-DIR-9
         except LevelRefused as e:
             self._withdraw(ticket, conv.conv_id)
             self.last_refusal = str(e)
@@ -133,12 +130,32 @@ class DiskWriter:
             self._withdraw(ticket, conv.conv_id)
             raise
         try:
+            stamp = durable_write_in(
+                self.manifest_dir, chain_name(conv.conv_id), raw, mode=self.file_mode
+            )  # F-DIR-9
+        except BaseException:
+            self._settle(ticket, conv.conv_id)
+            raise
+        try:
             removal = self.catalog.commit(ticket, m, raw, stamp)
         except BaseException:  # the manifest is durable: whoever meets the ticket commits it
             self.catalog.orphan(ticket)
             raise
         self.gc.carry_out(removal)
         return True
+
+    def _settle(self, ticket: bytes, conv_id: str) -> None:
+        """After the manifest's write failed: its file may hold the old version, nothing, or
+        the new one (the rename done, the directory's fsync or the stamp failed), and a
+        withdrawal would then leave a manifest naming deleted segments. So the park is finished
+        from the file, as a dead process's is (F-CAT-7): committed when the file holds the new
+        manifest, else withdrawn. When that fails too, the ticket is left for whoever meets it
+        (the next park of the conversation, the next open), its segments kept until then."""
+        self.catalog.orphan(ticket)
+        try:
+            self.catalog.on_dead(ticket)
+        except StrataError as e:
+            self.warn(f"conversation {conv_id}: finishing its failed write failed too: {e}")
 
     def _withdraw(self, ticket: bytes, conv_id: str) -> None:
         """Take back a park's registration after a failure, so that nothing of this process
