@@ -190,9 +190,9 @@ class Store:
                     self._check_open("park")
                     report = self._tiers.park(snap, pin=pin)
                     spills = self._spill.claim()
-                self._spill.hand_over(spills)
-                if streamed := snap.capture is not None and report.where == "disk":
-                    report = self._tiers.parking.write_streamed(snap, report)
+                streamed = snap.capture is not None and report.where == "disk"
+                report = self._tiers.parking.land(snap, report, self._spill.hand_over, spills)
+                if streamed:
                     self._publish(force=False)  # as the spill writer does after a write
             self._fill_prompt_cache()  # its pinned prefix, once per distinct prefix
         if report.where != "disk" or streamed:  # else it counts when its write lands (_written)

@@ -44,6 +44,7 @@ __all__ = [
     "as_destination",
     "flat_bytes",
     "host_array",
+    "is_torch_tensor",
     "page_runs",
 ]
 
@@ -74,12 +75,20 @@ class DestinationRefused(ConfigError):
 _UINT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
+def is_torch_tensor(a: object) -> bool:
+    """Whether ``a`` is a torch tensor (a subclass too: ``nn.Parameter``), torch not imported
+    for the question."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
 def host_array(a: object, what: str) -> object:
     """``a`` itself, or for a torch tensor in host memory the numpy array over its own memory
     (``Tensor.numpy()``, which shares it; a dtype numpy lacks, bfloat16 or a float8, through
     ``Tensor.view`` as the integer of its item size: a restore writes bytes, whatever they
-    mean). A tensor on a device is refused: its memory is the device twins' to write."""
-    if type(a).__module__ != "torch" or not hasattr(a, "numpy"):
+    mean). A tensor on a device is refused: its memory is the device twins' to write; so is one
+    whose memory numpy cannot view as it is (sparse, nested, a lazy conjugate or negation)."""
+    if not is_torch_tensor(a):
         return a
     t = cast("Any", a)
     if t.device.type != "cpu":
@@ -89,15 +98,21 @@ def host_array(a: object, what: str) -> object:
         )
     t = t.detach()
     try:
-        out: object = t.numpy()
-    except TypeError:  # a dtype numpy has no name for
-        torch = sys.modules["torch"]
-        kind = _UINT_OF_SIZE.get(t.element_size())
-        if kind is None:
-            raise DestinationRefused(
-                f"{what} is a torch tensor of {t.dtype}; pass one of 1, 2, 4 or 8-byte items"
-            ) from None
-        out = t.view(getattr(torch, kind)).numpy()
+        try:
+            out: object = t.numpy()
+        except TypeError:  # a dtype numpy has no name for
+            kind = _UINT_OF_SIZE.get(t.element_size())
+            if kind is None:
+                raise DestinationRefused(
+                    f"{what} is a torch tensor of {t.dtype}; pass one of 1, 2, 4 or 8-byte items"
+                ) from None
+            out = t.view(getattr(sys.modules["torch"], kind)).numpy()
+    except (RuntimeError, NotImplementedError, TypeError) as e:
+        raise DestinationRefused(
+            f"{what} is a torch tensor ({t.dtype}, layout {t.layout}) whose memory cannot be "
+            f"viewed as it is ({str(e).splitlines()[0]}); pass a plain strided tensor "
+            "(t.resolve_conj().resolve_neg(), t.to_dense()) the engine keeps"
+        ) from None
     return out
 
 
@@ -268,6 +283,7 @@ class LayerKV(_PerToken):
     ) -> None:
         super().__init__(fp)
         self.read_direct = read_direct
+        k, v = _per_layer(k, "LayerKV K"), _per_layer(v, "LayerKV V")
         if len(k) != fp.n_layers or len(v) != fp.n_layers:
             raise DestinationRefused(
                 f"LayerKV needs {fp.n_layers} K and V arrays, got {len(k)}, {len(v)}"
@@ -324,6 +340,7 @@ class PagedKV(_PerToken):
     ) -> None:
         super().__init__(fp)
         self.read_direct = read_direct
+        pools = _per_layer(pools, "PagedKV pools")
         if len(pools) != fp.n_layers:
             raise DestinationRefused(
                 f"PagedKV needs {fp.n_layers} per-layer pools, got {len(pools)}"
@@ -390,6 +407,21 @@ class PagedKV(_PerToken):
         )
 
 
+def _per_layer(arrays: object, what: str) -> list[npt.NDArray[np.generic]]:
+    """``arrays`` (a list or tuple of per-layer arrays, or one array or tensor stacked over the
+    layers) as a list, one entry a layer; anything else refused by name."""
+    seq = cast("Sequence[npt.NDArray[np.generic]]", arrays)
+    try:
+        if isinstance(arrays, (str, bytes, dict)):
+            raise TypeError
+        return [seq[i] for i in range(len(seq))]
+    except (TypeError, KeyError, IndexError):
+        raise DestinationRefused(
+            f"{what} must be a list of per-layer arrays (or one array stacked over the "
+            f"layers), not {type(arrays).__name__}"
+        ) from None
+
+
 def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray[np.int64]:
     """``table`` as block ids, refusing what would put a token at a wrong offset or two tokens
     in one slot: not a one-dimensional sequence of integers, an id outside the pool, or an id
@@ -397,7 +429,7 @@ def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray
     success over wrong bytes)."""
     try:
         arr = np.asarray(table)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RuntimeError) as e:
         raise DestinationRefused(
             f"the PagedKV block table cannot be read as block ids ({e}); "
             "pass a list or 1-D integer array"

@@ -20,13 +20,14 @@ CPU-only path).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from stratastore.chain import Conversation
 from stratastore.format import ModelFingerprint
+from stratastore.restore.destinations import DestinationRefused, host_array, is_torch_tensor
 from stratastore.restore.device_arrays import as_device_array, device_bytes, is_device_array
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.records import InvalidConversation, Snapshot
@@ -99,6 +100,11 @@ def kv_bytes(kv: object, what: str) -> npt.NDArray[np.uint8]:
     :func:`~stratastore.tiers.device.device_snapshot`)."""
     if is_device_array(kv):
         return device_to_host(kv, what)
+    if is_torch_tensor(kv) and cast("Any", kv).device.type == "cpu":
+        try:  # the tensor's own memory, as a numpy array's
+            kv = host_array(kv, f"{what}: kv")
+        except DestinationRefused as e:
+            raise InvalidConversation(str(e)) from None
     if not isinstance(kv, np.ndarray):
         raise InvalidConversation(
             f"{what}: kv must be a numpy array, a device array (a numba device array, or one "

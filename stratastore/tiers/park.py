@@ -18,9 +18,8 @@ and restores as beside another process's, so no restore waits for a disk write.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -63,7 +62,7 @@ class Parking:
         self,
         cfg: StoreConfig,
         fp: ModelFingerprint,
-        lock: AbstractContextManager[Any],
+        lock: threading.RLock,
         admission: Admission,
         target: str,
         ram: RamLevel,
@@ -83,6 +82,10 @@ class Parking:
         #: writer instead of happening inside :meth:`park`
         self.defer_spills = False
         self.outbox = Outbox(fp.digest())
+        #: the conversations whose park is being streamed to disk by its caller (placed,
+        #: not landed yet), and the wake-up of the parks of the same id waiting for it
+        self._streaming: set[str] = set()
+        self._landed = threading.Condition(lock)
         #: what each conversation's parks kept, so retention runs across parks
         self._chains = RetainedChains(cfg.checkpoints, cfg.retention)
         self.last_admission = "none yet"
@@ -105,6 +108,8 @@ class Parking:
         with self.lock:
             check_snapshot(snap, self.fp)
             cid = snap.conv.conv_id
+            while cid in self._streaming:  # an earlier park of the id is being written: after
+                self._landed.wait()  # it lands (the lock released meanwhile), never before
             if self.catalog is not None and self.catalog.is_session(cid):
                 raise InvalidConversation(
                     f"park: conversation {cid!r}: the id is a saved session's name; sessions "
@@ -154,6 +159,7 @@ class Parking:
             assert self.writer is not None
             why = self.outbox.reserve(snap, self.writer, self.cfg.when_full == "reject")
             if why is None:
+                self._streaming.add(cid)  # until write_streamed ends
                 if cid in self.ram:  # superseded by this park, once it lands
                     self.ram.drop(cid)
                 log_admission(self.warn, p, "park to disk", f"conversation {cid}")
@@ -278,13 +284,42 @@ class Parking:
             self.remote.push(snap)
         return done
 
+    def land(
+        self,
+        snap: Snapshot,
+        report: ParkReport,
+        hand_over: Callable[[list[Snapshot]], None],
+        spills: list[Snapshot],
+    ) -> ParkReport:
+        """After :meth:`park` placed ``snap``, without the lock: ``hand_over(spills)`` (what
+        the call claimed for the spill writer), then, for a park placed on disk while its
+        capture is still in the engine's layout, its write (:meth:`write_streamed`). The
+        report of the park once it landed."""
+        streamed = snap.capture is not None and report.where == "disk"
+        try:
+            hand_over(spills)
+        except BaseException:
+            if streamed:
+                self._settled(snap)
+            raise
+        return self.write_streamed(snap, report) if streamed else report
+
+    def _settled(self, snap: Snapshot) -> None:
+        """A streamed park's write ended (landed, refused or failed): its reservation given
+        back, and the parks of its id waiting for it woken."""
+        with self.lock:
+            self.outbox.release(snap)
+            self._streaming.discard(snap.conv.conv_id)
+            self._landed.notify_all()
+
     def write_streamed(self, snap: Snapshot, report: ParkReport) -> ParkReport:
         """Write a park :meth:`park` placed on disk while its capture is still in the engine's
         layout, streamed from there (:meth:`write`), on the caller's thread and without the
-        lock; its reservation (:meth:`.outbox.Outbox.reserve`) is given back as it lands.
-        ``report`` once it landed. A level that refuses it makes it a discard (counted, said);
-        an I/O error is raised, naming the conversation, and counted as a discard: the park is
-        not acknowledged either way."""
+        lock; its reservation (:meth:`.outbox.Outbox.reserve`) is given back as it lands. A
+        later park of the same id waits in :meth:`park` until this one ended, so the two land
+        in the order they were placed. ``report`` once it landed. A level that refuses it
+        makes it a discard (counted, said); an I/O error is raised, naming the conversation,
+        and counted as a discard: the park is not acknowledged either way."""
         assert self.writer is not None
         cid = snap.conv.conv_id
         try:
@@ -295,8 +330,7 @@ class Parking:
             e.add_note(f"the park of conversation {cid!r} was not stored (nothing acknowledged)")
             raise
         finally:
-            with self.lock:
-                self.outbox.release(snap)
+            self._settled(snap)
         if done:
             with self.lock:
                 self.counters["parks_disk"] += 1

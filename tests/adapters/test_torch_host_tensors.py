@@ -93,3 +93,36 @@ def test_tensors_that_cannot_be_written_in_place_are_refused_by_name(tmp_path: P
     meta_out = r"out is a torch tensor on meta"
     with _store(tmp_path) as store, pytest.raises(DestinationRefused, match=meta_out):
         store.restore([1, 2, 3], torch.empty(64, dtype=torch.uint8, device="meta"))
+
+
+def test_a_parameter_a_stacked_pool_and_a_flat_tensor_park(tmp_path: Path) -> None:
+    """A tensor subclass is a tensor; one tensor stacked over the layers is the list of its
+    layers; a flat tensor in the stored layout parks as a numpy array would."""
+    store, want = _parked(tmp_path)
+    with store:
+        stacked = torch.zeros((FP.n_layers, 2, BLOCKS, BS, FP.n_kv_heads, FP.head_dim))
+        stacked = torch.nn.Parameter(stacked.to(torch.bfloat16), requires_grad=True)
+        table = torch.arange(30)
+        got = store.restore(np.arange(N, dtype=np.uint32), PagedKV(FP, stacked, table))
+        assert got.tokens == N
+        for b, w in zip(_tokens(list(stacked.detach()), table), want, strict=True):
+            assert torch.equal(b.view(torch.int16), w.view(torch.int16))
+
+        flat = torch.zeros(N * FP.token_bytes, dtype=torch.uint8)
+        store.restore(np.arange(N, dtype=np.uint32), flat)
+        conv = Conversation("flat", np.arange(N, dtype=np.uint32) + 10**6, [Checkpoint(N)])
+        assert store.park(conv, flat.clone()).where == "disk"
+        again = torch.zeros_like(flat)
+        assert store.restore(conv.tokens, again).tokens == N
+        assert torch.equal(again, flat)
+
+
+def test_tensors_numpy_cannot_view_are_refused_not_copied(tmp_path: Path) -> None:
+    conj = torch.zeros(64, dtype=torch.complex64).conj()  # a lazy conjugate: no plain memory
+    with _store(tmp_path) as store, pytest.raises(DestinationRefused, match="cannot be viewed"):
+        store.restore([1, 2, 3], conj)
+    grad_table = torch.arange(30, dtype=torch.float32).requires_grad_()
+    with pytest.raises(DestinationRefused, match="block table"):
+        PagedKV(FP, _pools(3), grad_table)
+    with pytest.raises(DestinationRefused, match="list of per-layer arrays"):
+        PagedKV(FP, None, list(range(30)))  # type: ignore[arg-type]

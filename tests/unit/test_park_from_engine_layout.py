@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,44 @@ def test_a_streamed_park_into_a_level_kept_in_memory(
         got = store.restore(np.arange(n, dtype=np.uint32), PagedKV(FP, back, table))
         assert got.tokens == n
         assert np.array_equal(_tokens_of(back, table, n), _tokens_of(pools, table, n))
+
+
+def test_a_later_park_of_the_id_lands_after_a_streamed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A park of a conversation whose streamed park is still being written waits for it, so the
+    two land in the order they were made: the newer one is what the store keeps."""
+    import stratastore.tiers.park as park_flow
+
+    entered, go = threading.Event(), threading.Event()
+    write = park_flow.Parking.write
+
+    def held(self: Any, snap: Any) -> bool:
+        if snap.capture is not None:  # the streamed park, placed, before its write
+            entered.set()
+            go.wait(10)
+        return write(self, snap)
+
+    monkeypatch.setattr(park_flow.Parking, "write", held)
+    pools, table = _pool(40, 16), np.arange(40)
+    newer = _conv(100)
+    engine = _tokens_of(pools, table, 100)  # [layers, 2, tokens, heads, dim]
+    kv = pack_pages(FP, list(engine[:, 0]), list(engine[:, 1]), 100, [0])
+    with _store(tmp_path) as store:
+        older = threading.Thread(target=store.park, args=(_conv(40), PagedKV(FP, pools, table)))
+        older.start()
+        assert entered.wait(10)
+        later = threading.Thread(target=store.park, args=(newer, kv))
+        later.start()
+        later.join(1.0)  # (without the wait, its spill write lands meanwhile)
+        deadline = time.monotonic() + 5
+        while not later.is_alive() and store.lookup(newer.tokens) != ("disk", 100):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        go.set()
+        older.join(10)
+        later.join(10)
+        store.flush()
+        assert store.lookup(newer.tokens) == ("disk", 100)
+    with _store(tmp_path) as store:
+        assert store.lookup(newer.tokens) == ("disk", 100)
