@@ -184,8 +184,8 @@ class Store:
                     f"{type(states).__name__}"
                 )
             snap = park_snapshot(conv, kv, states, self._tiers.fp, self._tiers.parking.streams())
-            snap.slot, streamed = where, snap.capture is not None  # written now, if to disk
-            with self._in_flight("park") if streamed else contextlib.nullcontext():
+            snap.slot = where
+            with self._in_flight("park"):  # close waits for it (even one waiting for another)
                 with self._lock:
                     self._check_open("park")
                     report = self._tiers.park(snap, pin=pin)
@@ -296,10 +296,10 @@ class Store:
 
     @contextlib.contextmanager
     def _in_flight(self, call: str) -> Iterator[None]:
-        """A call that does its disk I/O outside the lock (a restore, a session save or load:
-        the lock is taken only to plan and account it, so restores on several threads run in
-        parallel and none waits on a disk write); :meth:`close` waits for it before it closes
-        the levels."""
+        """A call that does its disk I/O outside the lock (a restore, a session save or load,
+        a park: the lock is taken only to plan and account it, so restores on several threads
+        run in parallel and none waits on a disk write); :meth:`close` waits for it before it
+        closes the levels."""
         with self._lock:
             self._check_open(call)
             self._reading += 1

@@ -215,11 +215,13 @@ def test_a_streamed_park_into_a_level_kept_in_memory(
         assert np.array_equal(_tokens_of(back, table, n), _tokens_of(pools, table, n))
 
 
+@pytest.mark.parametrize("then", ["flush", "close"])
 def test_a_later_park_of_the_id_lands_after_a_streamed_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
 ) -> None:
     """A park of a conversation whose streamed park is still being written waits for it, so the
-    two land in the order they were made: the newer one is what the store keeps."""
+    two land in the order they were made: the newer one is what the store keeps. A close
+    meanwhile waits for both."""
     import stratastore.tiers.park as park_flow
 
     entered, go = threading.Event(), threading.Event()
@@ -247,10 +249,18 @@ def test_a_later_park_of_the_id_lands_after_a_streamed_one(
         while not later.is_alive() and store.lookup(newer.tokens) != ("disk", 100):
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        closing = threading.Thread(target=store.close)
+        if then == "close":
+            closing.start()  # it waits for both parks in flight
+            closing.join(0.2)
         go.set()
         older.join(10)
         later.join(10)
-        store.flush()
-        assert store.lookup(newer.tokens) == ("disk", 100)
+        if then == "close":
+            closing.join(10)
+            assert not closing.is_alive()
+        else:
+            store.flush()
+            assert store.lookup(newer.tokens) == ("disk", 100)
     with _store(tmp_path) as store:
         assert store.lookup(newer.tokens) == ("disk", 100)
