@@ -27,8 +27,8 @@ import numpy.typing as npt
 
 from stratastore.chain import Conversation
 from stratastore.format import ModelFingerprint
-from stratastore.restore.destinations import DestinationRefused, host_array, is_torch_tensor
 from stratastore.restore.device_arrays import as_device_array, device_bytes, is_device_array
+from stratastore.restore.in_place import DestinationRefused, host_array, is_torch_tensor
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.records import InvalidConversation, Snapshot
 
