@@ -22,8 +22,9 @@ object dtype) or whose geometry does not match the model fingerprint is refused 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, cast
 
 import numpy as np
@@ -330,15 +331,13 @@ def _per_layer(arrays: object, what: str) -> list[npt.NDArray[np.generic]]:
     """``arrays`` (a list or tuple of per-layer arrays, or one array or tensor stacked over the
     layers) as a list, one entry a layer; anything else refused by name."""
     seq = cast("Sequence[npt.NDArray[np.generic]]", arrays)
-    try:
-        if isinstance(arrays, (str, bytes, dict)):
-            raise TypeError
-        return [seq[i] for i in range(len(seq))]
-    except (TypeError, KeyError, IndexError):
-        raise DestinationRefused(
-            f"{what} must be a list of per-layer arrays (or one array stacked over the "
-            f"layers), not {type(arrays).__name__}"
-        ) from None
+    if not isinstance(arrays, (str, bytes, Mapping)):
+        with contextlib.suppress(TypeError, KeyError, IndexError):  # no len, or no seq[i]
+            return [seq[i] for i in range(len(seq))]
+    raise DestinationRefused(
+        f"{what} must be a list of per-layer arrays (or one array stacked over the layers), "
+        f"not {type(arrays).__name__}"
+    )
 
 
 def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray[np.int64]:

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason=EXTRA)
 from stratastore import Store  # noqa: E402
 from stratastore.chain import Checkpoint, Conversation  # noqa: E402
 from stratastore.format import ModelFingerprint  # noqa: E402
-from stratastore.restore import DestinationRefused, LayerKV, PagedKV  # noqa: E402
+from stratastore.restore import DestinationRefused, LayerKV, PagedKV, pack_pages  # noqa: E402
 
 FP = ModelFingerprint.create("torch-pool", n_layers=3, n_kv_heads=2, head_dim=8, page_tokens=4)
 BS, BLOCKS, N = FP.page_tokens, 40, 117  # 30 blocks for 117 tokens, the last one short
@@ -81,7 +81,9 @@ def test_layer_tensors_and_a_flat_tensor_are_written_in_place(tmp_path: Path) ->
 
         flat = torch.zeros(N * FP.token_bytes, dtype=torch.uint8)
         assert store.restore(np.arange(N, dtype=np.uint32), flat).tokens == N
-        assert flat.any()
+        ks = [w[0].view(torch.int16).numpy() for w in want]
+        vs = [w[1].view(torch.int16).numpy() for w in want]
+        assert np.array_equal(flat.numpy(), pack_pages(FP, ks, vs, N, [0]))  # the stored layout
 
 
 def test_tensors_that_cannot_be_written_in_place_are_refused_by_name(tmp_path: Path) -> None:
