@@ -49,7 +49,7 @@ def main() -> None:
     store = Store.open(fp, {**cfg, "cold_mib": 2 * nbytes // 2**20 + 64})
     try:
         conv = Conversation("c", np.arange(tokens, dtype=np.uint32), [Checkpoint(tokens)])
-        store.park(conv, CpuBlocks(fp, pool, ids).gather(blocks))
+        store.park(conv, CpuBlocks(fp, pool, ids).gather(tokens))
         store.flush()
         prompt = np.arange(tokens, dtype=np.uint32)
         if args.pin:

@@ -8,6 +8,7 @@ from stratastore.restore.destinations import (
     LayerKV,
     PagedKV,
     as_destination,
+    checked_block_table,
     flat_bytes,
 )
 from stratastore.restore.device import DeviceFlatKV, DeviceLayerKV, DevicePagedKV
@@ -33,6 +34,7 @@ __all__ = [
     "SharedAgenda",
     "as_destination",
     "as_engine_capture",
+    "checked_block_table",
     "deliver_capture",
     "flat_bytes",
     "restore_batch",

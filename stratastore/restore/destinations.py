@@ -42,6 +42,7 @@ __all__ = [
     "LayerKV",
     "PagedKV",
     "as_destination",
+    "checked_block_table",
     "flat_bytes",
     "host_array",
     "is_torch_tensor",
@@ -278,7 +279,7 @@ class PagedKV(_PerToken):
             )
             for i, p in enumerate(pools)
         ]
-        self.table = _block_table(block_table, self.num_blocks, self.block_size)
+        self.table = checked_block_table(block_table, self.num_blocks, self.block_size)
         self._blocks: list[int] = self.table.tolist()
         _refuse_overlaps([(f"PagedKV pool[{i}]", p) for i, p in enumerate(self.pools)])
 
@@ -340,35 +341,39 @@ def _per_layer(arrays: object, what: str) -> list[npt.NDArray[np.generic]]:
     )
 
 
-def _block_table(table: object, num_blocks: int, block_size: int) -> npt.NDArray[np.int64]:
-    """``table`` as block ids, refusing what would put a token at a wrong offset or two tokens
-    in one slot: not a one-dimensional sequence of integers, an id outside the pool, or an id
+def checked_block_table(
+    table: object, num_blocks: int, block_size: int, what: str = "the PagedKV block table"
+) -> npt.NDArray[np.int64]:
+    """``table`` as block ids of a pool of ``num_blocks`` blocks of ``block_size`` tokens,
+    refusing (:class:`DestinationRefused`, the message naming ``what``) what would put a token
+    at a wrong offset or two tokens in one slot: not a one-dimensional sequence of integers, an
+    id outside the pool (a negative one included: numpy would count it from the end), or an id
     given twice (the later token's bytes would overwrite the earlier's: a restore reporting
-    success over wrong bytes)."""
+    success over wrong bytes). Every destination on a block pool checks its table here, when
+    it is made."""
     try:
         arr = np.asarray(table)
     except (TypeError, ValueError, RuntimeError) as e:
         raise DestinationRefused(
-            f"the PagedKV block table cannot be read as block ids ({e}); "
-            "pass a list or 1-D integer array"
+            f"{what} cannot be read as block ids ({e}); pass a list or 1-D integer array"
         ) from None
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise DestinationRefused(
-            f"the PagedKV block table must be a one-dimensional sequence of integer block ids; "
+            f"{what} must be a one-dimensional sequence of integer block ids; "
             f"got shape {arr.shape} of {arr.dtype}"
         )
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num_blocks):
         bad = next(int(b) for b in arr.tolist() if not 0 <= b < num_blocks)
         raise DestinationRefused(
-            f"the PagedKV block table holds block {bad}; the pools' block "
-            f"ids are 0..{num_blocks - 1}"
+            f"{what} holds block {bad}; the pool's block ids are 0..{num_blocks - 1}: "
+            "pass only blocks of this pool"
         )
     ids, counts = np.unique(arr, return_counts=True)
     if (counts > 1).any():
         j = int(np.flatnonzero(counts > 1)[0])
         at = np.flatnonzero(arr == ids[j])[:2].tolist()
         raise DestinationRefused(
-            f"the PagedKV block table gives block {int(ids[j])} twice (entries {at[0]} and "
+            f"{what} gives block {int(ids[j])} twice (entries {at[0]} and "
             f"{at[1]}): each token needs a slot of its own, or a later token's K/V overwrites "
             f"an earlier one's; pass only this request's distinct blocks, one per {block_size} "
             "tokens"

@@ -293,7 +293,7 @@ class DevicePagedKV(_DevicePerToken):
         pools: Sequence[object],
         block_table: Sequence[int] | npt.NDArray[np.integer],
     ) -> None:
-        from stratastore.restore.destinations import _block_table
+        from stratastore.restore.destinations import checked_block_table
 
         super().__init__(fp)
         if len(pools) != fp.n_layers:
@@ -317,7 +317,9 @@ class DevicePagedKV(_DevicePerToken):
         ]
         half = self.num_blocks * self.block_size * self.row
         self.pools = [(f[:half], f[half:]) for f in flat]  # K and V of each layer
-        self.table = _block_table(block_table, self.num_blocks, self.block_size)
+        self.table = checked_block_table(
+            block_table, self.num_blocks, self.block_size, "the DevicePagedKV block table"
+        )
         _refuse_overlaps([(f"DevicePagedKV pool[{i}]", f) for i, f in enumerate(flat)])
 
     def capacity(self) -> int:

@@ -2,61 +2,69 @@
 
 vLLM makes one connector on its scheduler and one on each worker (often in two processes);
 each opens the Store of the same settings (a store is shared by processes, spec F-CAT), once
-per process. The scheduler side decides, the worker side moves the bytes:
+per process. The scheduler side decides, the worker side moves the bytes. The store's page
+(16 tokens by default, :func:`.plan.page_tokens`) is the unit of both, whatever vLLM's block:
 
 * a new request: :meth:`get_num_new_matched_tokens` looks its prompt up in the store and
-  promises the stored prefix, in whole blocks, never the whole prompt (:func:`.plan.loadable`);
+  promises the stored prefix, in whole pages, never the whole prompt (:func:`.plan.loadable`);
   :meth:`update_state_after_alloc` and :meth:`build_connector_meta` tell the worker which
   blocks to fill; the worker's :meth:`start_load_kv` restores into vLLM's blocks before the
   forward that reads them (:class:`.pool.Pool`: vLLM's CPU layout, or the paged layout through
-  :class:`~stratastore.restore.PagedKV`), every page validated before it is delivered. A
-  restore that stops short (a damaged page, a segment gone) reports the blocks it did not fill
-  (:meth:`get_block_ids_with_load_errors`): vLLM recomputes them, so the tokens are a
-  recompute's. The connector asks vLLM for that (``kv_load_failure_policy = "recompute"``): a
-  store's damage is never a failed request.
+  :class:`~stratastore.restore.PagedKV`), every page validated before it is delivered, the last
+  block possibly in part. A restore that stops short (a damaged page, a segment gone) reports
+  the blocks it did not fill (:meth:`get_block_ids_with_load_errors`): vLLM recomputes them,
+  so the tokens are a recompute's. The connector asks vLLM for that
+  (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
+* a request whose prompt vLLM has just computed: the step's metadata names its whole pages
+  (:meth:`build_connector_meta`), and the worker's :meth:`wait_for_save` copies them out of
+  the blocks after the forward (the request still runs: its blocks are not held) and hands
+  them to the saver thread (:class:`.saver.Saver`), which parks them; the Store's spill writer
+  writes them. A stop loses at most what was in flight, never a computed prompt's K/V that had
+  time to land.
 * a finished request: :meth:`request_finished` keeps its blocks (vLLM frees them when the
-  worker says so) and the next step's metadata carries them to the worker, whose
-  :meth:`wait_for_save` hands them to a saver thread: it copies every computed whole block out
-  of them and parks it, then hands the blocks back (:meth:`get_finished`); the disk write and
-  its fsyncs run on the Store's spill writer. No step waits for a park. :meth:`shutdown`
-  waits for the parks handed over, and the Store's close for their writes.
+  worker says so) and parks every whole page vLLM computed, the reply's included, under the
+  same conversation (the prompt's segments are shared, not rewritten); the saver copies them
+  out of the held blocks and gives the blocks back once the park is durable
+  (:meth:`get_finished`). :meth:`shutdown` waits for the parks handed over, and the Store's
+  close for their writes.
 
-Nothing here is vLLM policy: what is kept, where, for how long and how it degrades is the
-Store's (its levels, budgets, floors and the remote level), configured through
-``kv_connector_extra_config`` (:func:`.plan.store_config`)."""
+What the connector did is in vLLM's own metrics (:mod:`.metrics`: ``/metrics`` of ``vllm
+serve``), and in one line at shutdown. Nothing here is vLLM policy: what is kept, where, for
+how long and how it degrades is the Store's (its levels, budgets, floors and the remote
+level), configured through ``kv_connector_extra_config`` (:func:`.plan.store_config`)."""
 
 from __future__ import annotations
 
-import atexit
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from stratastore.adapters.vllm.metrics import StrataPromMetrics, StrataStats
 from stratastore.adapters.vllm.plan import (
     LoadJob,
     SaveJob,
-    fingerprint,
+    conversation_id,
     loadable,
+    page_tokens,
     save_cuts,
     saved_tokens,
-    store_config,
 )
 from stratastore.adapters.vllm.pool import Pool
-from stratastore.chain import Checkpoint, Conversation
+from stratastore.adapters.vllm.saver import Saver
+from stratastore.adapters.vllm.stores import engine_fingerprint, open_store, release_store
+from stratastore.adapters.vllm.tally import COUNTS, Tally
 from stratastore.errors import ConfigError, StrataError
-from stratastore.facade import Store
-from stratastore.format import ModelFingerprint
-from stratastore.io.system import env_default
+from stratastore.io.system import env_default, env_var
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -69,6 +77,23 @@ log = logging.getLogger("stratastore.vllm")
 RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 
+class _OwnReservation(logging.Filter):
+    """Drops vLLM's warning that ``VLLM_CPU_NUM_OF_RESERVED_CPU`` is below the reservation it
+    makes with a connector, when the connector set it (:func:`_keep_vllms_threads`): that is
+    the point, not a mistake of the user's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = env_var(_SET_BY_US)
+        return not (
+            ours is not None
+            and ours == env_var(RESERVED_CPU_ENV)
+            and RESERVED_CPU_ENV in record.getMessage()
+        )
+
+
+_SET_BY_US = "STRATA_VLLM_RESERVED_CPU"  #: the value the connector set, for child processes
+
+
 def _keep_vllms_threads() -> None:
     """Keep vLLM's CPU threads what they are without a connector. vLLM on the CPU reserves one
     more core per worker when any KV connector is configured (for a transfer thread:
@@ -77,205 +102,201 @@ def _keep_vllms_threads() -> None:
     This connector needs no core of its own (a load runs on the worker's thread before the
     forward, a park's write on the Store's writer), so unless the user set
     ``VLLM_CPU_NUM_OF_RESERVED_CPU``, it is set to vLLM's own reservation without a connector
-    (one core). vLLM imports this module while it checks its config, before it starts the
-    engine and its workers, which inherit it."""
-    env_default(RESERVED_CPU_ENV, "1")
+    (one core), and vLLM's warning about it is left out of its log. vLLM imports this module
+    while it checks its config, before it starts the engine and its workers, which inherit
+    the setting."""
+    if env_var(RESERVED_CPU_ENV) is None:
+        env_default(RESERVED_CPU_ENV, "1")
+        env_default(_SET_BY_US, "1")
+    logging.getLogger("vllm.utils.ompmultiprocessing").addFilter(_OwnReservation())
 
 
 _keep_vllms_threads()
 
-_STORES: dict[tuple[str, bytes], tuple[Store, int]] = {}  #: this process's open stores
-_STORES_LOCK = threading.Lock()
-
-
-def _open_store(vllm_config: VllmConfig, fp: ModelFingerprint) -> tuple[Store, tuple[str, bytes]]:
-    """The Store of this engine's settings, opened once per process (both roles share it)."""
-    extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-    cfg, said = store_config(extra)
-    key = (repr(cfg), fp.digest())
-    with _STORES_LOCK:
-        if key in _STORES:
-            store, users = _STORES[key]
-            _STORES[key] = (store, users + 1)
-            return store, key
-        store = Store.open(fp, cfg, warn=lambda msg: log.warning("stratastore: %s", msg))
-        _STORES[key] = (store, 1)
-        atexit.register(_close_all)
-    log.warning("stratastore: StrataConnector on %s, for %s", said, fp.describe())
-    return store, key
-
-
-def _release_store(key: tuple[str, bytes]) -> None:
-    with _STORES_LOCK:
-        found = _STORES.pop(key, None)
-        if found is None:
-            return
-        store, users = found
-        if users > 1:
-            _STORES[key] = (store, users - 1)
-            return
-    store.close()  # waits for the parks in flight: each durable once it returns
-
-
-def _close_all() -> None:
-    with _STORES_LOCK:
-        stores = [s for s, _ in _STORES.values()]
-        _STORES.clear()
-    for store in stores:
-        try:
-            store.close()
-        except StrataError as e:
-            log.warning("stratastore: closing the store: %s", e)
-
-
-def engine_fingerprint(vllm_config: VllmConfig) -> ModelFingerprint:
-    """The fingerprint of the K/V this vLLM engine keeps (:func:`.plan.fingerprint`)."""
-    mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
-    dtype = mc.dtype if cc.cache_dtype in ("auto", None) else cc.cache_dtype
-    return fingerprint(
-        str(mc.model),
-        mc.revision,
-        mc.hf_config.to_dict(),
-        n_layers=mc.get_num_layers(pc),
-        n_kv_heads=mc.get_num_kv_heads(pc),
-        head_dim=mc.get_head_size(),
-        block_size=cc.block_size,
-        dtype=dtype,
-        tp_size=pc.tensor_parallel_size,
-        backend=_backend(mc.dtype, cc.block_size, mc.get_head_size(), cc.cache_dtype),
-    )
-
-
-def _backend(dtype: Any, block_size: int, head_size: int, cache_dtype: Any) -> str:
-    """The platform, and on the CPU the attention ISA vLLM picks (it decides how a block's
-    rows are kept: part of the K/V bytes' identity)."""
-    from vllm.platforms import current_platform
-
-    kind = str(current_platform.device_type)
-    if kind != "cpu":
-        return kind
-    try:
-        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-        return f"cpu/{_get_attn_isa(dtype, block_size, head_size, str(cache_dtype))}"
-    except (ImportError, NotImplementedError, AttributeError):
-        return "cpu"
-
 
 @dataclass
 class StrataMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """One step's work for the worker: the requests to load before the forward, the finished
-    requests to park."""
+    """One step's work for the worker: the requests to load before the forward, the pages to
+    park after it."""
 
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
 
 
 @dataclass
-class Counters:
-    """What this side of the connector did (:meth:`StrataConnector.stats`)."""
+class _Running:
+    """A request the scheduler follows until its prompt is parked: its prompt, its blocks so
+    far, where it resumed (vLLM's cache and the store's load) and how much is computed."""
 
-    lookups: int = 0
-    hits: int = 0
-    tokens_promised: int = 0
-    loads: int = 0
-    tokens_loaded: int = 0
-    load_shortfalls: int = 0
-    blocks_recomputed: int = 0
-    saves: int = 0
-    tokens_saved: int = 0
-    save_errors: int = 0
-    load_seconds: float = 0.0  #: in start_load_kv, the restores (the forward waits on them)
-    save_seconds: float = 0.0  #: on the saver thread: the copies out of the blocks, the parks
+    prompt: npt.NDArray[np.uint32]
+    conv_id: str
+    blocks: list[int]
+    resumed: int
+    computed: int = 0
+    parked: int = 0  #: tokens of it parked already (its prompt's whole pages)
+
+
+#: the store's sources (``Store.lookup``) as vLLM's cache tiers
+_TIERS = {
+    "ram": CacheHitSource.HOST,
+    "pending": CacheHitSource.HOST,
+    "disk": CacheHitSource.DISK,
+    "prompt_cache": CacheHitSource.DISK,
+    "remote": CacheHitSource.EXTERNAL_UNSPECIFIED,
+}
 
 
 class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     """See the module. Loaded by vLLM from ``kv_connector="StrataConnector"`` and
     ``kv_connector_module_path="stratastore.adapters.vllm"``."""
 
+    _cache_hit_source = CacheHitSource.DISK
+
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self.fp = engine_fingerprint(vllm_config)
-        self.block_size = vllm_config.cache_config.block_size
-        self.counters = Counters()
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.page = page_tokens(extra, self.block_size)
+        self.fp = engine_fingerprint(vllm_config, self.page)
+        self.tally = Tally()
         # a block the store cannot deliver valid is recomputed, never a failed request
         self._kv_transfer_config.kv_load_failure_policy = "recompute"
-        self.store, key = _open_store(vllm_config, self.fp)
+        side = "worker" if role == KVConnectorRole.WORKER else "scheduler"
+        self.store, key = open_store(vllm_config, self.fp, side)
         self._store_key: tuple[str, bytes] | None = key
         # scheduler side
-        self._promised: dict[str, int] = {}  #: request -> tokens it loads from the store
+        self._promised: dict[str, tuple[int, str]] = {}  #: request -> (tokens, source)
         self._loads: dict[str, LoadJob] = {}
         self._saves: list[SaveJob] = []
+        self._running: dict[str, _Running] = {}
         # worker side
         self.pool: Pool | None = None
         self._load_errors: set[int] = set()
-        self._saves_done: set[str] = set()  #: parks whose blocks vLLM may free now
-        self._saves_lock = threading.Lock()
-        self._save_queue: queue.SimpleQueue[SaveJob | None] = queue.SimpleQueue()
-        self._saver: threading.Thread | None = None
+        self._saver: Saver | None = None
 
     # -- scheduler side -------------------------------------------------------------------
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int, bool]:
         """The tokens past vLLM's own ``num_computed_tokens`` this request loads from the
-        store (:func:`.plan.loadable`), loaded before its first forward (not async)."""
+        store (:func:`.plan.loadable`: whole pages, perhaps part of a block), loaded before its
+        first forward (not async)."""
         prompt = np.asarray(request.prompt_token_ids or (), dtype=np.uint32)
         if len(prompt) < 2:
             return 0, False
-        self.counters.lookups += 1
+        self.tally.add(lookups=1)
         try:
             hit = self.store.lookup(prompt[: len(prompt) - 1])
         except StrataError as e:  # the store cannot answer: vLLM computes, as without it
             log.warning("stratastore: lookup of request %s: %s", request.request_id, e)
             return 0, False
-        upto = loadable(hit[1] if hit else 0, len(prompt), self.block_size)
-        if upto <= num_computed_tokens:
+        upto = loadable(hit[1] if hit else 0, len(prompt), self.page)
+        if hit is None or upto <= num_computed_tokens:
             self._promised.pop(request.request_id, None)
             return 0, False
-        self.counters.hits += 1
-        self._promised[request.request_id] = upto
+        self.tally.add(lookup_hits=1)
+        self._promised[request.request_id] = (upto, hit[0])
         return upto - num_computed_tokens, False
+
+    def get_external_cache_hit_sources(
+        self, request: Any, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        """The promised tokens by the store's level they come from (vLLM's cache tiers)."""
+        if num_external_tokens <= 0:
+            return {}
+        _, source = self._promised.get(request.request_id, (0, "disk"))
+        return {_TIERS.get(source, CacheHitSource.EXTERNAL_UNSPECIFIED): num_external_tokens}
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
-        upto = self._promised.get(request.request_id, 0)
+        upto, _ = self._promised.get(request.request_id, (0, ""))
         block_ids = blocks.get_block_ids()[0]
         prompt = np.asarray(request.prompt_token_ids, dtype=np.uint32)
-        self.counters.tokens_promised += num_external_tokens
         self._loads[request.request_id] = LoadJob(
             request.request_id,
             prompt[:upto],
-            tuple(block_ids[: upto // self.block_size]),
+            tuple(block_ids[: -(-upto // self.block_size)]),
             upto - num_external_tokens,
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> StrataMetadata:
+        """The loads promised since the last step, the finished requests' parks, and the
+        prompts this step computes to the end (:meth:`_follow`)."""
         meta = StrataMetadata(list(self._loads.values()), self._saves)
         self._loads, self._saves = {}, []
+        meta.saves.extend(self._follow(scheduler_output))
         return meta
+
+    def _follow(self, so: Any) -> list[SaveJob]:
+        """Follow each scheduled request's blocks and computed tokens; a prompt whose last
+        token this step computes parks its whole pages past where it resumed."""
+        scheduled: dict[str, int] = so.num_scheduled_tokens
+        for new in so.scheduled_new_reqs:
+            if not new.prompt_token_ids:
+                continue
+            prompt = np.asarray(new.prompt_token_ids, dtype=np.uint32)
+            resumed = max(self._promised.get(new.req_id, (0, ""))[0], new.num_computed_tokens)
+            self._running[new.req_id] = _Running(
+                prompt, conversation_id(prompt), list(new.block_ids[0]), resumed
+            )
+            self._running[new.req_id].computed = new.num_computed_tokens
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            run = self._running.get(req_id)
+            if run is None:
+                continue
+            added = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids and added is not None:
+                run.blocks = list(added[0])  # preempted and resumed: its blocks anew
+            elif added is not None:
+                run.blocks.extend(added[0])
+            run.computed = cached.num_computed_tokens[i]
+        saves = []
+        for req_id, run in self._running.items():
+            if run.parked or req_id not in scheduled:
+                continue
+            if run.computed + scheduled[req_id] < len(run.prompt):
+                continue  # its prefill goes on in a later step
+            n = saved_tokens(len(run.prompt), len(run.blocks) * self.block_size, self.page)
+            run.parked = n
+            if n > run.resumed:
+                saves.append(
+                    SaveJob(
+                        req_id,
+                        run.conv_id,
+                        run.prompt[:n],
+                        tuple(run.blocks[: -(-n // self.block_size)]),
+                        save_cuts(n, self.page, run.resumed),
+                        held=False,
+                    )
+                )
+        return saves
 
     def request_finished(
         self, request: Any, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Park the finished request: every token whose K/V vLLM computed. Its blocks stay
-        vLLM's to free once the worker has copied them (True: vLLM waits for
-        :meth:`get_finished`)."""
-        loaded = self._promised.pop(request.request_id, 0)
+        """Park the finished request: every whole page whose K/V vLLM computed, past what its
+        prompt's park holds. Its blocks stay vLLM's to free once the worker has copied them
+        (True: vLLM waits for :meth:`get_finished`)."""
+        loaded, _ = self._promised.pop(request.request_id, (0, ""))
+        run = self._running.pop(request.request_id, None)
         tokens = np.asarray(request.all_token_ids, dtype=np.uint32)
         computed = min(int(request.num_computed_tokens), len(tokens))
-        n = saved_tokens(computed, len(block_ids), self.block_size)
-        if n == 0:
-            return False, None
+        n = saved_tokens(computed, len(block_ids) * self.block_size, self.page)
+        prompt = np.asarray(request.prompt_token_ids or (), dtype=np.uint32)
+        resumed, parked = (run.resumed, run.parked) if run else (loaded, 0)
+        if n <= max(resumed, parked):
+            return False, None  # nothing new: the store holds it all already
         self._saves.append(
             SaveJob(
                 request.request_id,
+                run.conv_id if run else conversation_id(prompt),
                 tokens[:n],
-                tuple(block_ids[: n // self.block_size]),
-                save_cuts(n, loaded, self.block_size),
+                tuple(block_ids[: -(-n // self.block_size)]),
+                save_cuts(n, self.page, resumed, parked),
             )
         )
         return True, None
@@ -283,7 +304,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     # -- worker side ----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         """vLLM's pool, checked against the model (a typed error at start-up otherwise)."""
-        self.pool = Pool(self.fp, kv_caches)
+        self.pool = Pool(self.fp, kv_caches, self.block_size)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Restore each request of this step's metadata into its blocks, validated, before
@@ -292,10 +313,10 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not isinstance(meta, StrataMetadata) or not meta.loads:
             return
         pool = self._need_pool()
-        started = time.perf_counter()
         for job in meta.loads:
+            started = time.perf_counter()
             self._load(pool, job)
-        self.counters.load_seconds += time.perf_counter() - started
+            self.tally.time("load_seconds", time.perf_counter() - started)
 
     def _load(self, pool: Pool, job: LoadJob) -> None:
         want = len(job.tokens)
@@ -305,12 +326,11 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except StrataError as e:
             log.warning("stratastore: restore of request %s: %s; vLLM recomputes it", job.req_id, e)
             got = 0
-        self.counters.loads += 1
-        self.counters.tokens_loaded += max(0, got - job.skip)
+        loaded = max(0, got - job.skip)
+        self.tally.add(loads=1, tokens_loaded=loaded, bytes_load=loaded * self.fp.token_bytes)
         if got < want:
-            self.counters.load_shortfalls += 1
             failed = job.block_ids[max(got, job.skip) // self.block_size :]
-            self.counters.blocks_recomputed += len(failed)
+            self.tally.add(load_shortfalls=1, blocks_recomputed=len(failed))
             self._load_errors.update(failed)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -319,63 +339,59 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        return  # a request is parked whole when it finishes (wait_for_save)
+        return  # pages are copied out after the forward (wait_for_save)
 
     def wait_for_save(self) -> None:
-        """Hand each finished request of this step's metadata to the saver thread, which
-        copies its K/V out of the blocks and parks it (the disk write on the Store's spill
-        writer); nothing of it runs in the step. The blocks stay vLLM's until the copy is done
-        (:meth:`get_finished`)."""
+        """Hand this step's parks to the saver thread: a prompt's pages copied out of its
+        blocks now (the request runs on; vLLM may reuse blocks after the step), a finished
+        request's on the thread (vLLM holds its blocks until :meth:`get_finished`). The disk
+        write runs on the Store's spill writer; nothing of it in the step."""
         meta = self._connector_metadata
         if not isinstance(meta, StrataMetadata) or not meta.saves:
             return
-        self._need_pool()
-        if self._saver is None:
-            self._saver = threading.Thread(
-                target=self._save_loop, name="strata-vllm-saver", daemon=True
-            )
-            self._saver.start()
-        for job in meta.saves:
-            self._save_queue.put(job)
-
-    def _save_loop(self) -> None:
         pool = self._need_pool()
-        while (job := self._save_queue.get()) is not None:
-            started = time.perf_counter()
+        if self._saver is None:
+            self._saver = Saver(self.store, pool, self.tally)
+        for job in meta.saves:
+            if job.held:
+                self._saver.submit(job)
+                continue
             try:
-                self._park(pool, job)
-            except Exception as e:  # never a failed request: the conversation is recomputed
-                self.counters.save_errors += 1
-                what = str(e) if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
-                log.warning("stratastore: park of request %s: %s", job.req_id, what)
-            with self._saves_lock:
-                self.counters.save_seconds += time.perf_counter() - started
-                self._saves_done.add(job.req_id)
-
-    def _park(self, pool: Pool, job: SaveJob) -> None:
-        n = len(job.tokens)
-        kv = pool.gather(job.block_ids, n // self.block_size)
-        marks = sorted({c for c in job.cuts if c} | {n})
-        conv = Conversation(
-            _conversation_id(job.tokens),
-            job.tokens,
-            [Checkpoint(m) for m in marks],
-            cuts=list(job.cuts),
-        )
-        self.store.park(conv, kv)
-        self.counters.saves += 1
-        self.counters.tokens_saved += n
+                pages = pool.gather(job.block_ids, len(job.tokens))
+            except StrataError as e:  # never a failed step: the prompt is parked at its end
+                self.tally.drop("error")
+                log.warning("stratastore: copying request %s's prompt: %s", job.req_id, e)
+                continue
+            self._saver.submit(job, pages)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """The requests whose K/V the saver has copied out of their blocks (parked, or given
-        up on: the blocks are vLLM's again either way)."""
-        with self._saves_lock:
-            done, self._saves_done = self._saves_done, set()
+        """The finished requests whose park is durable or given up on: their blocks are
+        vLLM's again."""
+        done = self._saver.finished() if self._saver is not None else set()
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def get_kv_connector_stats(self) -> StrataStats | None:
+        """What this side did since the last call, for vLLM's metrics (:mod:`.metrics`)."""
+        data = self.tally.take()
+        return StrataStats(data=data) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> StrataStats:
+        return StrataStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> StrataPromMetrics:
+        return StrataPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         """Release this side's hold on the Store; the last one closes it, waiting for every
@@ -384,25 +400,24 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if key is None:
             return
         if self._saver is not None:  # the parks handed over so far, then the thread ends
-            self._save_queue.put(None)
-            self._saver.join()
-        c = self.counters
+            self._saver.close()
         if self.role == KVConnectorRole.WORKER:
+            t = self.tally.snapshot()
             log.warning(
                 "stratastore: StrataConnector worker: %d loads, %d tokens loaded, %d "
-                "short (%d blocks recomputed) in %.3f s; %d parks, %d tokens, %d not "
-                "parked, %.3f s on the saver thread",
-                c.loads,
-                c.tokens_loaded,
-                c.load_shortfalls,
-                c.blocks_recomputed,
-                c.load_seconds,
-                c.saves,
-                c.tokens_saved,
-                c.save_errors,
-                c.save_seconds,
+                "short (%d blocks recomputed) in %.3f s; %d parks durable, %d tokens, "
+                "%d not kept (%s)",
+                t["loads"],
+                t["tokens_loaded"],
+                t["load_shortfalls"],
+                t["blocks_recomputed"],
+                t["load_seconds_sum"],
+                t["parks"],
+                t["tokens_parked"],
+                sum(t["dropped"].values()),
+                ", ".join(f"{n} {r}" for r, n in t["dropped"].items()),
             )
-        _release_store(key)
+        release_store(key)
 
     def _need_pool(self) -> Pool:
         if self.pool is None:
@@ -413,13 +428,10 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return self.pool
 
     def stats(self) -> dict[str, Any]:
-        """This side's counters and the Store's (``Store.stats()``)."""
-        return {"connector": vars(self.counters).copy(), "store": self.store.stats()}
-
-
-def _conversation_id(tokens: np.ndarray[Any, Any]) -> str:
-    """A finished request's conversation id: its tokens' digest (vLLM requests carry no
-    conversation id; a request parked again with the same tokens is the same conversation)."""
-    import hashlib
-
-    return "vllm-" + hashlib.blake2b(tokens.tobytes(), digest_size=16).hexdigest()
+        """This side's totals (:data:`.tally.COUNTS`, bytes, parks not kept by reason, load
+        and park seconds) and the Store's (``Store.stats()``)."""
+        totals = self.tally.snapshot()
+        return {
+            "connector": {k: totals[k] for k in (*COUNTS, *sorted(set(totals) - set(COUNTS)))},
+            "store": self.store.stats(),
+        }

@@ -1,23 +1,27 @@
 """What the vLLM connector decides, apart from vLLM itself (no vLLM or torch import here).
 
-* **The model** (spec F-FP): vLLM's own description of it (the model's name or path and
-  revision, its config, layers, kv heads, head size, the K/V dtype) with vLLM's block size as
-  the page size, so a page of the store is a block of vLLM's pool and a restore lands whole
-  blocks. A store directory written for another model refuses the connector at start-up.
+* **The model** (spec F-FP): what determines the K/V, never where the files lie: the weights'
+  identity and a digest of the config (:mod:`.identity`), the revision, layers, kv heads, head
+  size, the K/V dtype, the tensor-parallel size and the attention backend, with the store's
+  page (:func:`page_tokens`, 16 tokens by default) as the page size. A store directory written
+  for another model refuses the connector at start-up.
+* **The page** (:func:`page_tokens`): the connector's choice, independent of vLLM's block (128
+  tokens on vLLM's CPU backend): a block holds whole pages, and a request loads and parks whole
+  pages, so a prompt resumes at its deepest stored page, not its deepest block.
 * **The store** (:func:`store_config`): ``kv_connector_extra_config["strata"]`` holds the
   Store's own settings, or ``"strata_config"`` names a TOML file of them; with neither, one
   cold disk level under the user's cache directory. Parks go to disk (a restart keeps them)
   and pages are resume points (``page_resume``), unless the settings say otherwise.
 * **How much a request loads** (:func:`loadable`): the deepest stored prefix of its prompt, in
-  whole vLLM blocks, never the whole prompt (vLLM computes at least its last token).
-* **What a finished request parks** (:func:`saved_tokens`, :func:`save_cuts`): every whole
-  block whose K/V vLLM computed, cut into chunks and where it resumed from the store, so that
-  a shared prefix and the next turn of the conversation share those segments (content keys)."""
+  whole pages, never the whole prompt (vLLM computes at least its last token).
+* **What a request parks** (:func:`saved_tokens`, :func:`save_cuts`): the whole pages of its
+  prompt once vLLM has computed them, then every whole page whose K/V vLLM computed when it
+  finishes, cut into chunks and where it resumed from the store, so that a shared prefix and
+  the next turn of the conversation share those segments (content keys)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stratastore.adapters.vllm.identity import config_digest
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
 from stratastore.format import DType, ModelFingerprint
@@ -32,11 +37,14 @@ from stratastore.io import pathnames
 from stratastore.io.system import env_var
 
 __all__ = [
+    "DEFAULT_PAGE_TOKENS",
     "LoadJob",
     "SaveJob",
+    "conversation_id",
     "default_store_dir",
     "fingerprint",
     "loadable",
+    "page_tokens",
     "save_cuts",
     "saved_tokens",
     "store_config",
@@ -53,13 +61,14 @@ _DTYPES = {
     "float8_e5m2": DType.FLOAT8_E5M2,
 }
 DEFAULT_COLD_MIB = 16384  #: the default level's budget
+DEFAULT_PAGE_TOKENS = 16  #: the store's page when vLLM's block holds a whole number of them
 
 
 @dataclass(frozen=True)
 class LoadJob:
-    """Load ``tokens`` (the prompt's first ``len(tokens)`` ids, whole blocks) into the
-    request's ``block_ids`` (one a block, from block 0), skipping the first ``skip`` tokens
-    (vLLM's own prefix cache computed them: its blocks may be shared, never written)."""
+    """Load ``tokens`` (the prompt's first ``len(tokens)`` ids, whole pages) into the request's
+    ``block_ids`` (from block 0, as many as the tokens need), skipping the first ``skip``
+    tokens (vLLM's own prefix cache computed them: its blocks may be shared, never written)."""
 
     req_id: str
     tokens: npt.NDArray[np.uint32]
@@ -69,14 +78,27 @@ class LoadJob:
 
 @dataclass(frozen=True)
 class SaveJob:
-    """Park ``tokens`` (every token of a finished request whose K/V vLLM computed) from the
-    request's ``block_ids``, cut at ``cuts``; the blocks are vLLM's until the worker reports
-    the job done (:meth:`get_finished`)."""
+    """Park ``tokens`` (whole pages whose K/V vLLM computed) of conversation ``conv_id`` from
+    the request's ``block_ids``, cut at ``cuts``. ``held``: the request finished and vLLM
+    keeps its blocks until the worker reports the job done (:meth:`get_finished`), so they
+    are copied on the worker's saver thread; otherwise (a prompt just computed, the request
+    still running) they are copied within the step, before vLLM may reuse them."""
 
     req_id: str
+    conv_id: str
     tokens: npt.NDArray[np.uint32]
     block_ids: tuple[int, ...]
     cuts: tuple[int, ...] = field(default=(0,))
+    held: bool = True
+
+
+def conversation_id(prompt: npt.NDArray[np.uint32]) -> str:
+    """A request's conversation id: its prompt's digest (vLLM requests carry no conversation
+    id). The park of its computed prompt and the park when it finishes share it, so the
+    second supersedes the first; the same prompt again is the same conversation."""
+    import hashlib
+
+    return "vllm-" + hashlib.blake2b(prompt.tobytes(), digest_size=16).hexdigest()
 
 
 def _dtype(name: object) -> DType:
@@ -90,36 +112,54 @@ def _dtype(name: object) -> DType:
 
 
 def fingerprint(
-    model: str,
+    weights: str,
     revision: str | None,
     hf_config: Mapping[str, Any],
     *,
     n_layers: int,
     n_kv_heads: int,
     head_dim: int,
-    block_size: int,
+    page_tokens: int,
     dtype: object,
     tp_size: int = 1,
     backend: str = "",
 ) -> ModelFingerprint:
-    """The model fingerprint of a vLLM engine's K/V (see the module): its id the model's
-    name or path at ``revision``, its ``extra`` a digest of the config (canonical JSON), the
-    tensor-parallel size (each rank keeps its own heads) and the attention ``backend`` (on the
-    CPU its ISA: how a block's rows are kept)."""
-    canon = json.dumps(dict(hf_config), sort_keys=True, default=str).encode()
-    extra = (
-        f"vllm;tp={tp_size};backend={backend};config=".encode()
-        + hashlib.blake2b(canon, digest_size=16).digest()
-    )
+    """The model fingerprint of a vLLM engine's K/V (see the module): its id the ``weights``'
+    identity (:func:`.identity.weights_identity`) at ``revision``, its ``extra`` the config's
+    digest (:func:`.identity.config_digest`: a :class:`ConfigError` for a config it cannot
+    digest), the tensor-parallel size (each rank keeps its own heads) and the attention
+    ``backend`` (on the CPU its ISA). Nothing in it depends on the model's path or served
+    name, nor on vLLM's block size (a page's bytes do not)."""
+    extra = f"vllm;tp={tp_size};backend={backend};config=".encode() + config_digest(hf_config)
     return ModelFingerprint.create(
-        f"{model}@{revision or ''}",
+        f"{weights}@{revision or ''}",
         n_layers=n_layers,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        page_tokens=block_size,
+        page_tokens=page_tokens,
         dtype=_dtype(dtype),
         extra=extra,
     )
+
+
+def page_tokens(extra: Mapping[str, Any] | None, block_size: int) -> int:
+    """The store's page size in tokens: ``kv_connector_extra_config["page_tokens"]`` when
+    given, else :data:`DEFAULT_PAGE_TOKENS` (the largest divisor of vLLM's block up to it). A
+    page must divide vLLM's block (a block holds whole pages): anything else is a
+    :class:`ConfigError` naming the fix."""
+    given = dict(extra or {}).get("page_tokens")
+    if given is None:
+        return math.gcd(DEFAULT_PAGE_TOKENS, block_size)
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise ConfigError(
+            f'kv_connector_extra_config: "page_tokens" must be a positive integer, not {given!r}'
+        )
+    if block_size % given:
+        raise ConfigError(
+            f'kv_connector_extra_config: "page_tokens" = {given} does not divide vLLM\'s '
+            f"block of {block_size} tokens; choose a divisor of it (16 by default)"
+        )
+    return given
 
 
 def default_store_dir(env: Mapping[str, str] | None = None) -> str:
@@ -164,28 +204,30 @@ def store_config(extra: Mapping[str, Any] | None) -> tuple[StoreConfig, str]:
     return StoreConfig.from_mapping(settings), said
 
 
-def loadable(matched: int, prompt_len: int, block_size: int) -> int:
+def loadable(matched: int, prompt_len: int, page: int) -> int:
     """Tokens a request loads from the store: the stored prefix ``matched``, at most all but
-    the prompt's last token, floored to whole blocks."""
+    the prompt's last token, floored to whole pages."""
     n = min(matched, prompt_len - 1)
-    return max(0, n - n % block_size)
+    return max(0, n - n % page)
 
 
-def saved_tokens(computed: int, n_blocks: int, block_size: int) -> int:
-    """Tokens a finished request parks: those vLLM computed, in whole blocks (a page of the
-    store is a block; the last, partial block is recomputed by the next turn)."""
-    n = min(computed, n_blocks * block_size)
-    return n - n % block_size
+def saved_tokens(computed: int, capacity: int, page: int) -> int:
+    """Tokens a request parks: those vLLM computed that its blocks hold (``capacity``), in
+    whole pages (the last, partial page is recomputed by the next turn)."""
+    n = min(computed, capacity)
+    return max(0, n - n % page)
 
 
-CHUNK_TOKENS = 256  #: a park is cut at least this often (rounded up to whole blocks)
+CHUNK_TOKENS = 256  #: a park is cut at least this often (rounded up to whole pages)
 
 
-def save_cuts(n_tokens: int, loaded: int, block_size: int) -> tuple[int, ...]:
+def save_cuts(n_tokens: int, page: int, *resumed: int) -> tuple[int, ...]:
     """Segment cuts of a park of ``n_tokens``: every chunk of :data:`CHUNK_TOKENS` (rounded up
-    to whole blocks), so that requests sharing a prefix of whole chunks (a system prompt)
-    store it once (content keys, spec F-KEY), and where the request resumed from the store
-    (``loaded``: its first segments are the stored ones). The next turn of the conversation,
-    which extends it, resumes at its end: a segment bound."""
-    chunk = block_size * max(1, -(-CHUNK_TOKENS // block_size))
-    return tuple(sorted({*range(0, n_tokens, chunk), *(c for c in (loaded,) if 0 < c < n_tokens)}))
+    to whole pages), so that requests sharing a prefix of whole chunks (a system prompt)
+    store it once (content keys, spec F-KEY), and each point in ``resumed`` inside the park
+    (where the request resumed from the store, where its prompt's park ended): those first
+    segments are the stored ones. The next turn of the conversation, which extends it,
+    resumes at its end: a segment bound."""
+    chunk = page * max(1, -(-CHUNK_TOKENS // page))
+    inside = (c for c in resumed if 0 < c < n_tokens)
+    return tuple(sorted({*range(0, n_tokens, chunk), *inside}))

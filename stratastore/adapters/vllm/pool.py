@@ -1,7 +1,15 @@
 """vLLM's K/V pool as the store sees it: each attention layer's cache tensor as a numpy view of
-the same memory (never a copy), in layer order, checked against the model's fingerprint when
-vLLM registers it. A restore lands in it in place (:meth:`Pool.destination`), a park gathers
-from it (:meth:`Pool.gather`), both in whole blocks: a page of the store is one block.
+the same memory (never a copy), in layer order, checked against the model's fingerprint and
+vLLM's block size when vLLM registers it. A restore lands in it in place
+(:meth:`Pool.destination`), a park gathers from it (:meth:`Pool.gather`), both in whole pages
+of the store.
+
+A page of the store (``fp.page_tokens`` tokens, 16 by default) is not a block of vLLM's pool
+(``block_size`` tokens, 128 on vLLM's CPU backend): a block holds ``block_size //
+page_tokens`` whole pages (the pool refuses a block size that is not a multiple of the page),
+and token ``t`` of a request lives in block ``block_ids[t // block_size]`` at slot ``t %
+block_size``. So a page is part of a block, a restore may end mid-block (the rest of that
+block is left as it was) and a park may take a block's first pages only.
 
 Two layouts, told apart by the tensors' shape:
 
@@ -11,11 +19,15 @@ Two layouts, told apart by the tensors' shape:
 * the paged layout of the GPU backends, ``[2, num_blocks, block_size, n_kv_heads, head_dim]``:
   :class:`~stratastore.restore.PagedKV`.
 
-A block's K/V is moved to and from the stored page layout (spec F-SEG-4: per layer K then V,
-each ``[block_size, n_kv_heads, head_dim]``) as a permutation of its elements, so a restore
+A page's K/V is moved to and from the stored page layout (spec F-SEG-4: per layer K then V,
+each ``[page_tokens, n_kv_heads, head_dim]``) as a permutation of its elements, so a restore
 gives back exactly the bytes a park took, whatever the backend keeps inside a row (the
-attention ISA is in the fingerprint: :func:`.plan.fingerprint`). Only torch is imported here
-(vLLM's tensors), lazily."""
+attention ISA is in the fingerprint: :func:`.plan.fingerprint`). Each move is one fancy-indexed
+assignment per layer over all the pages (a block's ``block_size`` axis seen as ``[pages of the
+block, page_tokens]``), never a copy per page. Block ids are checked when a destination is made
+or a park gathers (:func:`~stratastore.restore.checked_block_table`): an id outside the pool or
+given twice is refused before a byte moves. Only torch is imported here (vLLM's tensors),
+lazily."""
 
 from __future__ import annotations
 
@@ -27,7 +39,7 @@ import numpy.typing as npt
 
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
-from stratastore.restore import DestinationRefused, PagedKV
+from stratastore.restore import DestinationRefused, PagedKV, checked_block_table
 
 __all__ = ["CpuBlocks", "Pool", "layer_order"]
 
@@ -48,11 +60,46 @@ def layer_order(names: Sequence[str]) -> list[str]:
     return sorted(names, key=number)
 
 
+def _check_block_size(fp: ModelFingerprint, block_size: int) -> None:
+    if block_size <= 0 or block_size % fp.page_tokens:
+        raise ConfigError(
+            f"StrataConnector: vLLM's block size {block_size} is not a multiple of the "
+            f"store's page of {fp.page_tokens} tokens ({fp.describe()}): a page must lie "
+            f"within one block; choose a page size that divides {block_size}"
+        )
+
+
+def _page_slots(
+    ids: npt.NDArray[np.int64], first: int, n: int, per_block: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Where pages ``first .. first + n - 1`` of a request lie: each one's block id and its
+    page within that block (the fancy indices of a block array seen as ``[..., blocks, ...,
+    pages of a block, page_tokens, ...]``)."""
+    g = np.arange(first, first + n, dtype=np.int64)
+    return ids[g // per_block], g % per_block
+
+
+def _gathered_pages(fp: ModelFingerprint, n_tokens: int, capacity: int, n_ids: int) -> int:
+    """The pages of a park of ``n_tokens``, refusing what is not whole pages within the
+    request's blocks (a :class:`ConfigError`: the park would store wrong or missing K/V)."""
+    if n_tokens < 0 or n_tokens % fp.page_tokens or n_tokens > capacity:
+        raise ConfigError(
+            f"StrataConnector: a park of {n_tokens} tokens from {n_ids} blocks "
+            f"({capacity} tokens) is not whole pages of {fp.page_tokens} within the "
+            "request's blocks"
+        )
+    return n_tokens // fp.page_tokens
+
+
 class CpuBlocks:
-    """A restore destination on the CPU backend's blocks (see the module): the pages of tokens
-    ``[i x block_size, ...)`` land in block ``block_ids[i]`` of every layer, never a token
-    below ``skip`` (vLLM's own prefix cache holds those, in blocks other requests may share).
-    Whole pages only; staged (validated pages are copied in, one permutation per layer)."""
+    """A restore destination on the CPU backend's blocks (see the module): ``blocks`` per layer
+    ``[num_blocks, n_kv_heads, 2, block_size, head_dim]`` (K rows then V rows of each block and
+    head), token ``t`` landing in block ``block_ids[t // block_size]`` at slot ``t %
+    block_size`` of every layer, never a token below ``skip`` (vLLM's own prefix cache holds
+    those, in blocks other requests may share) floored to a whole page (a page is written
+    whole; vLLM's prefix hits are whole blocks, so in practice nothing is floored).
+    ``block_size`` is the arrays' own when not given. Whole pages of ``fp.page_tokens`` only;
+    staged (validated pages are copied in, one assignment per layer)."""
 
     read_direct = False
 
@@ -60,12 +107,33 @@ class CpuBlocks:
         self,
         fp: ModelFingerprint,
         blocks: Sequence[npt.NDArray[Any]],
-        block_ids: Sequence[int],
+        block_ids: Sequence[int] | npt.NDArray[np.integer],
         skip: int = 0,
+        block_size: int | None = None,
     ) -> None:
-        self.fp, self.blocks, self.skip = fp, blocks, skip
-        self.ids = np.asarray(block_ids, dtype=np.int64)
-        self.bs = fp.page_tokens
+        self.fp, self.blocks = fp, list(blocks)
+        h, d, p = fp.n_kv_heads, fp.head_dim, fp.page_tokens
+        shape = tuple(getattr(self.blocks[0], "shape", ())) if self.blocks else ()
+        bs = block_size if block_size is not None else (shape[3] if len(shape) == 5 else 0)
+        _check_block_size(fp, bs)
+        if (
+            len(self.blocks) != fp.n_layers
+            or len(shape) != 5
+            or shape[1:] != (h, 2, bs, d)
+            or any(a.shape != shape or a.itemsize != fp.dtype.itemsize for a in self.blocks)
+        ):
+            raise DestinationRefused(
+                f"StrataConnector: the CPU blocks are {len(self.blocks)} layers of {shape}; "
+                f"{fp.describe()} needs {fp.n_layers} of [blocks, {h}, 2, {bs}, {d}] of "
+                f"{fp.dtype.itemsize}-byte items"
+            )
+        self.bs, self.page, self.per_block = bs, p, bs // p
+        self.num_blocks = int(shape[0])
+        self.ids = checked_block_table(block_ids, self.num_blocks, bs, "vLLM's block table")
+        self.skip = max(0, skip - skip % p)
+        #: per layer [blocks, heads, 2, pages of a block, page_tokens, dim]: views (splitting
+        #: one axis never copies), so an assignment lands in vLLM's memory
+        self.paged = [a.reshape(self.num_blocks, h, 2, self.per_block, p, d) for a in self.blocks]
 
     def capacity(self) -> int:
         return int(self.ids.size) * self.bs
@@ -73,45 +141,53 @@ class CpuBlocks:
     def write_pages(
         self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
     ) -> None:
-        bs, fp = self.bs, self.fp
-        if token_start % bs or n_tokens % bs or page_tokens != bs:
-            end = token_start + n_tokens
+        fp, p = self.fp, self.page
+        end = token_start + n_tokens
+        if token_start % p or n_tokens % p or page_tokens != p or token_start < 0:
             raise DestinationRefused(
-                f"StrataConnector: a restore of tokens [{token_start}, "
-                f"{end}) is not whole blocks of {bs}"
+                f"StrataConnector: a restore of tokens [{token_start}, {end}) in pages of "
+                f"{page_tokens} is not whole pages of {p}"
             )
-        drop = min(max(0, self.skip - token_start), n_tokens)
-        first, n = (token_start + drop) // bs, (n_tokens - drop) // bs
+        if end > self.capacity():
+            raise DestinationRefused(
+                f"StrataConnector: a restore of tokens [{token_start}, {end}) runs past the "
+                f"request's {self.ids.size} blocks ({self.capacity()} tokens)"
+            )
+        drop = min(max(0, self.skip - token_start), n_tokens)  # whole pages: skip is floored
+        n = (n_tokens - drop) // p
         if n <= 0:
             return
-        item = self.blocks[0].dtype
-        pages = data[drop * fp.token_bytes : (drop + n * bs) * fp.token_bytes].view(item)
-        pages = pages.reshape(n, fp.n_layers, 2, bs, fp.n_kv_heads, fp.head_dim)
-        ids = self.ids[first : first + n]
-        for layer, blk in enumerate(self.blocks):  # [blocks, heads, 2, bs, dim]
-            blk[ids] = pages[:, layer].transpose(0, 3, 1, 2, 4)
+        tb = fp.token_bytes
+        pages = data[drop * tb : (drop + n * p) * tb].view(self.blocks[0].dtype)
+        pages = pages.reshape(n, fp.n_layers, 2, p, fp.n_kv_heads, fp.head_dim)
+        bids, subs = _page_slots(self.ids, (token_start + drop) // p, n, self.per_block)
+        for layer, a6 in enumerate(self.paged):
+            # advanced indices apart go first: the target is [pages, heads, 2, p, dim]
+            a6[bids, :, :, subs] = pages[:, layer].transpose(0, 3, 1, 2, 4)
 
-    def gather(self, n_blocks: int) -> npt.NDArray[np.uint8]:
-        """The first ``n_blocks`` blocks as stored pages (a copy)."""
-        fp, ids = self.fp, self.ids[:n_blocks]
+    def gather(self, n_tokens: int) -> npt.NDArray[np.uint8]:
+        """The first ``n_tokens`` tokens (whole pages) as stored pages, flat bytes (a copy)."""
+        fp = self.fp
+        n = _gathered_pages(fp, n_tokens, self.capacity(), int(self.ids.size))
         out = np.empty(
-            (n_blocks, fp.n_layers, 2, self.bs, fp.n_kv_heads, fp.head_dim),
-            dtype=self.blocks[0].dtype,
+            (n, fp.n_layers, 2, self.page, fp.n_kv_heads, fp.head_dim), dtype=self.blocks[0].dtype
         )
-        for i, b in enumerate(ids.tolist()):  # one strided copy a block and layer, no temporary
-            for layer, blk in enumerate(self.blocks):
-                np.copyto(out[i, layer], blk[b].transpose(1, 2, 0, 3))
+        bids, subs = _page_slots(self.ids, 0, n, self.per_block)
+        for layer, a6 in enumerate(self.paged):  # [pages, heads, 2, p, dim] -> [pages, 2, p, ...]
+            out[:, layer] = a6[bids, :, :, subs].transpose(0, 2, 3, 1, 4)
         return out.reshape(-1).view(np.uint8)
 
 
 class Pool:
-    """The engine's pool (see the module), refused with a typed error at start-up when its
-    tensors are not the model's (another shape, dtype or device)."""
+    """The engine's pool (see the module) of blocks of ``block_size`` tokens (vLLM's), refused
+    with a typed error at start-up when its tensors are not the model's (another shape, dtype
+    or device) or its blocks do not hold whole pages of the store."""
 
-    def __init__(self, fp: ModelFingerprint, caches: Mapping[str, Any]) -> None:
+    def __init__(self, fp: ModelFingerprint, caches: Mapping[str, Any], block_size: int) -> None:
+        _check_block_size(fp, block_size)
         import torch
 
-        self.fp = fp
+        self.fp, self.block_size = fp, block_size
         names = layer_order(list(caches))
         if len(names) != fp.n_layers:
             raise ConfigError(
@@ -121,7 +197,7 @@ class Pool:
                 "are not supported"
             )
         tensors = [caches[n] for n in names]
-        bs, h, d = fp.page_tokens, fp.n_kv_heads, fp.head_dim
+        bs, h, d = block_size, fp.n_kv_heads, fp.head_dim
         shape = tuple(tensors[0].shape)
         self.cpu = len(shape) == 4 and shape[1:] == (h, bs, 2 * d)
         paged = len(shape) == 5 and shape[0] == 2 and shape[2:] == (bs, h, d)
@@ -129,8 +205,9 @@ class Pool:
             if not (self.cpu or paged) or tuple(t.shape) != shape:
                 raise ConfigError(
                     f"StrataConnector: vLLM's KV cache {name!r} is {tuple(t.shape)} of "
-                    f"{t.dtype}; {fp.describe()} needs [blocks, {h}, {bs}, {2 * d}] (the CPU "
-                    f"backend) or [2, blocks, {bs}, {h}, {d}], every layer alike"
+                    f"{t.dtype}; {fp.describe()} in blocks of {bs} needs [blocks, {h}, {bs}, "
+                    f"{2 * d}] (the CPU backend) or [2, blocks, {bs}, {h}, {d}], every layer "
+                    "alike"
                 )
             if t.element_size() != fp.dtype.itemsize or not t.is_contiguous():
                 raise ConfigError(
@@ -152,36 +229,52 @@ class Pool:
             [a.reshape(self.num_blocks, h, 2, bs, d) for a in arrays] if self.cpu else arrays
         )
 
-    def destination(self, block_ids: Sequence[int], skip: int = 0) -> Any:
-        """Where a restore into a request's blocks ``block_ids`` lands, never below ``skip``."""
+    def destination(self, block_ids: Sequence[int] | npt.NDArray[np.integer], skip: int = 0) -> Any:
+        """Where a restore into a request's blocks ``block_ids`` lands (token ``t`` in block
+        ``block_ids[t // block_size]``), never below ``skip`` floored to a whole page; the ids
+        are checked here (:class:`DestinationRefused`: repeated, negative, past the pool, not
+        integers)."""
+        skip = max(0, skip - skip % self.fp.page_tokens)
         if self.cpu:
-            return CpuBlocks(self.fp, self.arrays, block_ids, skip)
+            return CpuBlocks(self.fp, self.arrays, block_ids, skip, block_size=self.block_size)
+        dest = PagedKV(self.fp, self.arrays, block_ids)
         if skip:  # its pages below skip go to blocks vLLM's prefix cache shares: staged
-            return _SkipBelow(PagedKV(self.fp, self.arrays, list(block_ids)), skip)
-        return PagedKV(self.fp, self.arrays, list(block_ids))
+            return _SkipBelow(dest, skip)
+        return dest
 
-    def gather(self, block_ids: Sequence[int], n_blocks: int) -> npt.NDArray[np.uint8]:
-        """The first ``n_blocks`` blocks of a request as stored pages (a copy: the blocks are
-        free to be reused once it returns)."""
+    def gather(
+        self, block_ids: Sequence[int] | npt.NDArray[np.integer], n_tokens: int
+    ) -> npt.NDArray[np.uint8]:
+        """The first ``n_tokens`` tokens (whole pages) of a request as stored pages, flat bytes
+        (spec F-SEG-4: per page, per layer, K then V, each ``[page_tokens, n_kv_heads,
+        head_dim]``): a copy, the blocks are free to be reused once it returns. The ids are
+        checked as a destination's are."""
         if self.cpu:
-            return CpuBlocks(self.fp, self.arrays, block_ids).gather(n_blocks)
-        fp, ids = self.fp, np.asarray(block_ids[:n_blocks], dtype=np.int64)
+            return CpuBlocks(self.fp, self.arrays, block_ids, block_size=self.block_size).gather(
+                n_tokens
+            )
+        fp, p, bs = self.fp, self.fp.page_tokens, self.block_size
+        ids = checked_block_table(block_ids, self.num_blocks, bs, "vLLM's block table")
+        n = _gathered_pages(fp, n_tokens, int(ids.size) * bs, int(ids.size))
         out = np.empty(
-            (n_blocks, fp.n_layers, 2, fp.page_tokens, fp.n_kv_heads, fp.head_dim),
-            dtype=self.arrays[0].dtype,
+            (n, fp.n_layers, 2, p, fp.n_kv_heads, fp.head_dim), dtype=self.arrays[0].dtype
         )
-        for layer, a in enumerate(self.arrays):
-            out[:, layer] = a[:, ids].transpose(1, 0, 2, 3, 4)
+        bids, subs = _page_slots(ids, 0, n, bs // p)
+        for layer, a in enumerate(self.arrays):  # [2, blocks, pages of a block, p, heads, dim]
+            a6 = a.reshape(2, self.num_blocks, bs // p, p, fp.n_kv_heads, fp.head_dim)
+            out[:, layer] = a6[:, bids, subs].transpose(1, 0, 2, 3, 4)
         return out.reshape(-1).view(np.uint8)
 
 
 class _SkipBelow:
-    """A restore into a :class:`PagedKV` that never writes tokens below ``skip`` (staged)."""
+    """A restore into a :class:`PagedKV` that never writes tokens below ``skip`` (a whole page:
+    see :meth:`Pool.destination`), staged."""
 
     read_direct = False
 
     def __init__(self, inner: PagedKV, skip: int) -> None:
-        self.inner, self.skip, self.fp = inner, skip, inner.fp
+        self.inner, self.fp = inner, inner.fp
+        self.skip = skip - skip % inner.fp.page_tokens
 
     def capacity(self) -> int:
         return self.inner.capacity()

@@ -1,0 +1,123 @@
+"""What the vLLM connector decides without vLLM (numpy only): the store's page apart from vLLM's
+block, how much a request loads (whole pages, never the whole prompt), what a park holds and
+where it is cut, the conversation a request parks under, the store's settings from vLLM's
+config, and a fingerprint that names what determines the K/V and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stratastore import ConfigError
+from stratastore.adapters.vllm.plan import (
+    conversation_id,
+    default_store_dir,
+    fingerprint,
+    loadable,
+    page_tokens,
+    save_cuts,
+    saved_tokens,
+    store_config,
+)
+
+
+def test_the_page_is_the_connectors_and_divides_vllms_block() -> None:
+    assert page_tokens(None, 128) == 16 and page_tokens({}, 16) == 16
+    assert page_tokens(None, 8) == 8 and page_tokens(None, 24) == 8  # a divisor of the block
+    assert page_tokens({"page_tokens": 32}, 128) == 32
+    assert page_tokens({"page_tokens": 128}, 128) == 128  # a page a block, as before
+    for bad, match in (
+        ({"page_tokens": 48}, "does not divide vLLM's block of 128"),
+        ({"page_tokens": 0}, "positive integer"),
+        ({"page_tokens": "16"}, "positive integer"),
+        ({"page_tokens": True}, "positive integer"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            page_tokens(bad, 128)
+
+
+def test_a_request_loads_whole_pages_and_leaves_a_token() -> None:
+    assert loadable(1000, 361, 16) == 352  # part of a 128-token block
+    assert loadable(1000, 361, 128) == 256
+    assert loadable(256, 257, 16) == 256
+    assert loadable(256, 256, 16) == 240  # never the whole prompt
+    assert loadable(0, 500, 16) == 0 and loadable(15, 500, 16) == 0
+
+
+def test_parks_are_whole_pages_cut_where_they_resumed() -> None:
+    assert saved_tokens(320, 3 * 128, 16) == 320
+    assert saved_tokens(330, 3 * 128, 16) == 320
+    assert saved_tokens(1000, 2 * 128, 16) == 256  # no more than the blocks hold
+    assert save_cuts(512, 16, 256) == (0, 256) and save_cuts(256, 16) == (0,)
+    assert save_cuts(256, 16, 256) == (0,)
+    assert save_cuts(1000, 128, 384) == (0, 256, 384, 512, 768)
+    assert save_cuts(96, 16, 48) == (0, 48) and save_cuts(600, 16) == (0, 256, 512)
+    assert save_cuts(616, 16, 0, 600) == (0, 256, 512, 600)  # where the prompt's park ended
+    assert save_cuts(1024, 384) == (0, 384, 768)  # a chunk is whole pages
+
+
+def test_a_requests_parks_share_one_conversation_of_its_prompt() -> None:
+    a = np.arange(100, dtype=np.uint32)
+    assert conversation_id(a) == conversation_id(a.copy())
+    assert conversation_id(a) != conversation_id(a[:99])
+    assert conversation_id(a).startswith("vllm-")
+
+
+def test_store_settings_from_vllms_extra_config(tmp_path: Path) -> None:
+    cfg, said = store_config(None)
+    assert cfg.cold_dir == default_store_dir() and cfg.page_resume and cfg.park == "disk"
+    assert "default store" in said
+    cfg, _ = store_config({"strata": {"cold_dir": str(tmp_path), "cold_mib": 8}})
+    assert cfg.cold_dir == str(tmp_path) and cfg.cold_mib == 8 and cfg.page_resume
+    toml = tmp_path / "strata.toml"
+    toml.write_text(f'cold_dir = "{tmp_path}"\ncold_mib = 4\n')
+    cfg, said = store_config({"strata_config": str(toml), "page_tokens": 16})
+    assert cfg.cold_mib == 4 and str(toml) in said
+    assert default_store_dir({"XDG_CACHE_HOME": "/x"}) == "/x/stratastore/vllm"
+    for bad, match in (
+        ({"strata": {}, "strata_config": "f"}, "not both"),
+        ({"strata": [1]}, "mapping"),
+        ({"strata_config": 3}, "TOML"),
+        ({"strata": {"cold_mib": "lots"}}, "cold_mib"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            store_config(bad)
+
+
+def _fp(**over: object) -> object:
+    args: dict[str, object] = dict(
+        weights="weights:abc",
+        revision="r1",
+        hf_config={"x": 1, "_name_or_path": "/models/a"},
+        n_layers=2,
+        n_kv_heads=2,
+        head_dim=8,
+        page_tokens=16,
+        dtype="bfloat16",
+        backend="cpu/vec",
+    )
+    args.update(over)
+    w, r, c = args.pop("weights"), args.pop("revision"), args.pop("hf_config")
+    return fingerprint(w, r, c, **args)  # type: ignore[arg-type]
+
+
+def test_the_fingerprint_names_what_determines_the_kv() -> None:
+    a = _fp()
+    assert a == _fp(dtype="torch.bfloat16")
+    # where the files lie is not the model: another path in the config is the same store
+    assert a == _fp(hf_config={"x": 1, "_name_or_path": "/mnt/elsewhere/a"})
+    for other in (
+        {"backend": "cpu/amx"},
+        {"hf_config": {"x": 2}},
+        {"revision": "r2"},
+        {"weights": "weights:abd"},
+        {"page_tokens": 32},
+        {"tp_size": 2},
+    ):
+        assert _fp(**other) != a, other
+    with pytest.raises(ConfigError, match="dtype"):
+        _fp(dtype="torch.complex64")
+    with pytest.raises(ConfigError):  # a config no canonical form can digest: typed, named
+        _fp(hf_config={"x": object()})
