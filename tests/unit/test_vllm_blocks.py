@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from stratastore import Checkpoint, ConfigError, Conversation, ModelFingerprint
+from stratastore.adapters.vllm.block_layout import BlockLayout, Mover
 from stratastore.adapters.vllm.pool import CpuBlocks, Pool, layer_order
 from stratastore.chain import as_tokens
 from stratastore.facade import Store
@@ -46,6 +47,8 @@ def _pool(arrays: list[np.ndarray], cpu: bool, bs: int) -> Pool:
     """A :class:`Pool` over numpy arrays as it holds them (no torch)."""
     pool = Pool.__new__(Pool)
     pool.fp, pool.cpu, pool.arrays, pool.num_blocks, pool.block_size = _fp(), cpu, arrays, NB, bs
+    rows = BlockLayout.rows(bs, D)
+    pool.movers = (Mover(rows.k, P), Mover(rows.v, P))
     return pool
 
 

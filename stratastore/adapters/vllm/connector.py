@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from stratastore.adapters.vllm.cpu_layout import measure
 from stratastore.adapters.vllm.metrics import StrataPromMetrics, StrataStats
 from stratastore.adapters.vllm.plan import (
     LoadJob,
@@ -59,9 +60,10 @@ from stratastore.adapters.vllm.plan import (
     save_cuts,
     saved_tokens,
 )
+from stratastore.adapters.vllm.plugin import OWN_RESERVATION_ENV, RESERVED_CPU_ENV, register
 from stratastore.adapters.vllm.pool import Pool
 from stratastore.adapters.vllm.saver import Saver
-from stratastore.adapters.vllm.stores import engine_fingerprint, open_store, release_store
+from stratastore.adapters.vllm.stores import cpu_isa, engine_fingerprint, open_store, release_store
 from stratastore.adapters.vllm.tally import COUNTS, Tally
 from stratastore.errors import ConfigError, StrataError
 from stratastore.io.system import env_default, env_var
@@ -73,26 +75,6 @@ __all__ = ["StrataConnector", "StrataMetadata"]
 
 log = logging.getLogger("stratastore.vllm")
 
-#: vLLM's CPU setting of the cores it keeps from its workers' OMP threads
-RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
-
-
-class _OwnReservation(logging.Filter):
-    """Drops vLLM's warning that ``VLLM_CPU_NUM_OF_RESERVED_CPU`` is below the reservation it
-    makes with a connector, when the connector set it (:func:`_keep_vllms_threads`): that is
-    the point, not a mistake of the user's."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        ours = env_var(_SET_BY_US)
-        return not (
-            ours is not None
-            and ours == env_var(RESERVED_CPU_ENV)
-            and RESERVED_CPU_ENV in record.getMessage()
-        )
-
-
-_SET_BY_US = "STRATA_VLLM_RESERVED_CPU"  #: the value the connector set, for child processes
-
 
 def _keep_vllms_threads() -> None:
     """Keep vLLM's CPU threads what they are without a connector. vLLM on the CPU reserves one
@@ -102,13 +84,14 @@ def _keep_vllms_threads() -> None:
     This connector needs no core of its own (a load runs on the worker's thread before the
     forward, a park's write on the Store's writer), so unless the user set
     ``VLLM_CPU_NUM_OF_RESERVED_CPU``, it is set to vLLM's own reservation without a connector
-    (one core), and vLLM's warning about it is left out of its log. vLLM imports this module
+    (one core), and vLLM's warning about it is left out of its log (:mod:`.plugin`, which
+    vLLM's processes load as a general plugin before they log it). vLLM imports this module
     while it checks its config, before it starts the engine and its workers, which inherit
     the setting."""
     if env_var(RESERVED_CPU_ENV) is None:
         env_default(RESERVED_CPU_ENV, "1")
-        env_default(_SET_BY_US, "1")
-    logging.getLogger("vllm.utils.ompmultiprocessing").addFilter(_OwnReservation())
+        env_default(OWN_RESERVATION_ENV, "1")
+    register()
 
 
 _keep_vllms_threads()
@@ -303,8 +286,22 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # -- worker side ----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        """vLLM's pool, checked against the model (a typed error at start-up otherwise)."""
-        self.pool = Pool(self.fp, kv_caches, self.block_size)
+        """vLLM's pool, checked against the model (a typed error at start-up otherwise); on
+        the CPU backend the order inside its blocks measured from vLLM's kernel
+        (:func:`.cpu_layout.measure`)."""
+        first = next(iter(kv_caches.values()), None)
+        layout = None
+        if first is not None and first.dim() == 4:  # vLLM's CPU layout: its order measured
+            isa = cpu_isa(self._vllm_config)
+            if isa is None:
+                raise ConfigError(
+                    "StrataConnector: vLLM did not say which CPU attention kernel it runs, "
+                    "so the order inside its blocks cannot be measured"
+                )
+            layout = measure(
+                isa, self.fp.n_kv_heads, self.fp.head_dim, self.block_size, first.dtype
+            )
+        self.pool = Pool(self.fp, kv_caches, self.block_size, layout)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Restore each request of this step's metadata into its blocks, validated, before

@@ -14,17 +14,18 @@ block is left as it was) and a park may take a block's first pages only.
 Two layouts, told apart by the tensors' shape:
 
 * vLLM's CPU attention backend: per layer ``[num_blocks, n_kv_heads, block_size, 2 x head_dim]``,
-  each block per head its ``block_size`` K rows then its V rows (``[..., 2 x block_size,
-  head_dim]`` in memory): :class:`CpuBlocks`;
+  each block per head a region of its ``block_size`` tokens' K, then one of their V
+  (``[..., 2, block_size x head_dim]`` in memory), each region in the attention ISA's own
+  order (:mod:`.block_layout`: token-major rows, dim-major columns, AMX's tiles), measured from
+  vLLM's kernel when the pool is registered: :class:`CpuBlocks`;
 * the paged layout of the GPU backends, ``[2, num_blocks, block_size, n_kv_heads, head_dim]``:
   :class:`~stratastore.restore.PagedKV`.
 
 A page's K/V is moved to and from the stored page layout (spec F-SEG-4: per layer K then V,
-each ``[page_tokens, n_kv_heads, head_dim]``) as a permutation of its elements, so a restore
-gives back exactly the bytes a park took, whatever the backend keeps inside a row (the
-attention ISA is in the fingerprint: :func:`.plan.fingerprint`). Each move is one fancy-indexed
-assignment per layer over all the pages (a block's ``block_size`` axis seen as ``[pages of the
-block, page_tokens]``), never a copy per page. Block ids are checked when a destination is made
+each ``[page_tokens, n_kv_heads, head_dim]``, token-major), so a restore gives back exactly the
+items vLLM's kernel wrote for those tokens, whichever part of a block they are. Each move is
+one assignment per layer and kind over all the pages (a strided view of the block's order, or
+its measured offsets), never a copy per page. Block ids are checked when a destination is made
 or a park gathers (:func:`~stratastore.restore.checked_block_table`): an id outside the pool or
 given twice is refused before a byte moves. Only torch is imported here (vLLM's tensors),
 lazily."""
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stratastore.adapters.vllm.block_layout import BlockLayout, Mover
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 from stratastore.restore import DestinationRefused, PagedKV, checked_block_table
@@ -110,6 +112,7 @@ class CpuBlocks:
         block_ids: Sequence[int] | npt.NDArray[np.integer],
         skip: int = 0,
         block_size: int | None = None,
+        movers: tuple[Mover, Mover] | None = None,
     ) -> None:
         self.fp, self.blocks = fp, list(blocks)
         h, d, p = fp.n_kv_heads, fp.head_dim, fp.page_tokens
@@ -131,9 +134,15 @@ class CpuBlocks:
         self.num_blocks = int(shape[0])
         self.ids = checked_block_table(block_ids, self.num_blocks, bs, "vLLM's block table")
         self.skip = max(0, skip - skip % p)
-        #: per layer [blocks, heads, 2, pages of a block, page_tokens, dim]: views (splitting
-        #: one axis never copies), so an assignment lands in vLLM's memory
-        self.paged = [a.reshape(self.num_blocks, h, 2, self.per_block, p, d) for a in self.blocks]
+        if movers is None:  # the order inside a block: token-major rows unless measured
+            rows = BlockLayout.rows(bs, d)
+            movers = (Mover(rows.k, p), Mover(rows.v, p))
+        self.movers = movers
+        #: per layer and kind, [blocks, heads, block_size x dim]: views of vLLM's memory
+        self.regions = [
+            [a[:, :, kind].reshape(self.num_blocks, h, bs * d) for kind in (0, 1)]
+            for a in self.blocks
+        ]
 
     def capacity(self) -> int:
         return int(self.ids.size) * self.bs
@@ -161,9 +170,9 @@ class CpuBlocks:
         pages = data[drop * tb : (drop + n * p) * tb].view(self.blocks[0].dtype)
         pages = pages.reshape(n, fp.n_layers, 2, p, fp.n_kv_heads, fp.head_dim)
         bids, subs = _page_slots(self.ids, (token_start + drop) // p, n, self.per_block)
-        for layer, a6 in enumerate(self.paged):
-            # advanced indices apart go first: the target is [pages, heads, 2, p, dim]
-            a6[bids, :, :, subs] = pages[:, layer].transpose(0, 3, 1, 2, 4)
+        for layer, regions in enumerate(self.regions):
+            for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
+                mover.put(region, bids, subs, pages[:, layer, kind])
 
     def gather(self, n_tokens: int) -> npt.NDArray[np.uint8]:
         """The first ``n_tokens`` tokens (whole pages) as stored pages, flat bytes (a copy)."""
@@ -173,8 +182,9 @@ class CpuBlocks:
             (n, fp.n_layers, 2, self.page, fp.n_kv_heads, fp.head_dim), dtype=self.blocks[0].dtype
         )
         bids, subs = _page_slots(self.ids, 0, n, self.per_block)
-        for layer, a6 in enumerate(self.paged):  # [pages, heads, 2, p, dim] -> [pages, 2, p, ...]
-            out[:, layer] = a6[bids, :, :, subs].transpose(0, 2, 3, 1, 4)
+        for layer, regions in enumerate(self.regions):
+            for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
+                mover.take(region, bids, subs, out[:, layer, kind])
         return out.reshape(-1).view(np.uint8)
 
 
@@ -183,7 +193,13 @@ class Pool:
     with a typed error at start-up when its tensors are not the model's (another shape, dtype
     or device) or its blocks do not hold whole pages of the store."""
 
-    def __init__(self, fp: ModelFingerprint, caches: Mapping[str, Any], block_size: int) -> None:
+    def __init__(
+        self,
+        fp: ModelFingerprint,
+        caches: Mapping[str, Any],
+        block_size: int,
+        layout: BlockLayout | None = None,
+    ) -> None:
         _check_block_size(fp, block_size)
         import torch
 
@@ -228,6 +244,11 @@ class Pool:
         self.arrays = (
             [a.reshape(self.num_blocks, h, 2, bs, d) for a in arrays] if self.cpu else arrays
         )
+        #: the CPU layout's order inside a block (:mod:`.block_layout`), token-major rows
+        #: unless ``layout`` (measured from vLLM's kernel) says otherwise
+        order = layout if layout is not None else BlockLayout.rows(bs, d)
+        p = fp.page_tokens
+        self.movers = (Mover(order.k, p), Mover(order.v, p))
 
     def destination(self, block_ids: Sequence[int] | npt.NDArray[np.integer], skip: int = 0) -> Any:
         """Where a restore into a request's blocks ``block_ids`` lands (token ``t`` in block
@@ -236,7 +257,7 @@ class Pool:
         integers)."""
         skip = max(0, skip - skip % self.fp.page_tokens)
         if self.cpu:
-            return CpuBlocks(self.fp, self.arrays, block_ids, skip, block_size=self.block_size)
+            return CpuBlocks(self.fp, self.arrays, block_ids, skip, self.block_size, self.movers)
         dest = PagedKV(self.fp, self.arrays, block_ids)
         if skip:  # its pages below skip go to blocks vLLM's prefix cache shares: staged
             return _SkipBelow(dest, skip)
@@ -250,9 +271,8 @@ class Pool:
         head_dim]``): a copy, the blocks are free to be reused once it returns. The ids are
         checked as a destination's are."""
         if self.cpu:
-            return CpuBlocks(self.fp, self.arrays, block_ids, block_size=self.block_size).gather(
-                n_tokens
-            )
+            blocks = CpuBlocks(self.fp, self.arrays, block_ids, 0, self.block_size, self.movers)
+            return blocks.gather(n_tokens)
         fp, p, bs = self.fp, self.fp.page_tokens, self.block_size
         ids = checked_block_table(block_ids, self.num_blocks, bs, "vLLM's block table")
         n = _gathered_pages(fp, n_tokens, int(ids.size) * bs, int(ids.size))

@@ -18,7 +18,7 @@ from stratastore.io.system import this_process
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-__all__ = ["engine_fingerprint", "open_store", "release_store"]
+__all__ = ["cpu_isa", "engine_fingerprint", "open_store", "release_store"]
 
 log = logging.getLogger("stratastore.vllm")
 
@@ -100,16 +100,28 @@ def engine_fingerprint(vllm_config: VllmConfig, page: int) -> ModelFingerprint:
 
 
 def _backend(dtype: Any, block_size: int, head_size: int, cache_dtype: Any) -> str:
-    """The platform, and on the CPU the attention ISA vLLM picks (it decides how a block's
-    rows are kept: part of the K/V bytes' identity)."""
+    """The platform, and on the CPU the attention ISA vLLM picks (its kernels compute the
+    K/V a store keeps: a store is kept to one ISA's)."""
     from vllm.platforms import current_platform
 
     kind = str(current_platform.device_type)
     if kind != "cpu":
         return kind
+    isa = _cpu_isa(dtype, block_size, head_size, cache_dtype)
+    return f"cpu/{isa}" if isa else "cpu"
+
+
+def cpu_isa(vllm_config: VllmConfig) -> str | None:
+    """The attention ISA of vLLM's CPU backend for this engine (``amx``, ``vec``, ...), or
+    None where vLLM does not say."""
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    return _cpu_isa(mc.dtype, cc.block_size, mc.get_head_size(), cc.cache_dtype)
+
+
+def _cpu_isa(dtype: Any, block_size: int, head_size: int, cache_dtype: Any) -> str | None:
     try:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-        return f"cpu/{_get_attn_isa(dtype, block_size, head_size, str(cache_dtype))}"
+        return str(_get_attn_isa(dtype, block_size, head_size, str(cache_dtype)))
     except (ImportError, NotImplementedError, AttributeError):
-        return "cpu"
+        return None
