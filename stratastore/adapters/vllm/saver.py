@@ -3,11 +3,13 @@
 :meth:`Saver.submit` takes a :class:`~.plan.SaveJob` with its K/V already copied out of vLLM's
 blocks (a prompt just computed: the request still runs, and its blocks may be reused once the
 step ends), or without (a finished request whose blocks vLLM keeps for it: copied here). The
-thread parks each into the Store (whose spill writer writes it), then flushes: a park counts
-as durable (``parks``) only once its write has landed (spec F-DUR), and as dropped, by
-reason, when the store refused it or its write failed. A finished request's blocks are given
-back (:meth:`Saver.finished`) once its park is durable or given up on, so vLLM keeps
-stepping until then and its figures reach vLLM's metrics in that step. No vLLM import."""
+thread parks each into the Store (whose spill writer writes it; a prompt's park is left out
+when its request's park at finish waits beside it, holding the same pages and more), then
+flushes: a park counts as durable (``parks``) only once its write has landed (spec F-DUR),
+and as dropped, by reason, when the store refused it or its write failed. A finished
+request's blocks are given back (:meth:`Saver.finished`) once its park is durable or given up
+on, so vLLM keeps stepping until then and its figures reach vLLM's metrics in that step. No
+vLLM import."""
 
 from __future__ import annotations
 
@@ -43,15 +45,20 @@ def _conversation(job: SaveJob) -> Conversation:
 
 
 class Saver:
-    """See the module. One per worker, started on its first job; :meth:`close` waits for
-    every job handed over."""
+    """See the module. One per worker, made on its first job; :meth:`close` waits for every
+    job handed over. With ``start=False`` the thread waits for :meth:`start` (the jobs
+    submitted before it go down as one batch)."""
 
-    def __init__(self, store: Store, pool: Pool, tally: Tally) -> None:
+    def __init__(self, store: Store, pool: Pool, tally: Tally, *, start: bool = True) -> None:
         self.store, self.pool, self.tally = store, pool, tally
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._finished: set[str] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="strata-vllm-saver", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
         self._thread.start()
 
     def submit(self, job: SaveJob, kv: npt.NDArray[np.uint8] | None = None) -> None:
@@ -87,7 +94,11 @@ class Saver:
 
     def _save(self, items: list[_Item]) -> None:
         parked: list[tuple[SaveJob, float, int]] = []
+        finished = {job.conv_id for job, _, _ in items if job.held}
         for job, kv, handed in items:
+            if not job.held and job.conv_id in finished:
+                continue  # its request finished since: that park holds these pages too
+
             try:
                 pages = kv if kv is not None else self.pool.gather(job.block_ids, len(job.tokens))
                 report = self.store.park(_conversation(job), pages)
