@@ -1,8 +1,7 @@
 """The vLLM connector's saver thread, without vLLM: a park counts as durable only once the
 Store's write landed (what a new store then restores), a finished request's blocks are given
-back only after its park, a prompt's park waiting beside its request's park at finish is left
-out, and a park the store refuses or cannot take is counted by reason, never raised into vLLM's
-step."""
+back only after its park, jobs handed over together go down in order, and a park the store
+refuses or cannot take is counted by reason, never raised into vLLM's step."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ def test_a_park_is_durable_before_it_counts_and_its_blocks_go_back(tmp_path: Pat
     again.close()
 
 
-def test_a_prompts_park_beside_its_finish_is_left_out(tmp_path: Path) -> None:
+def test_jobs_handed_together_go_down_in_order_as_one_batch(tmp_path: Path) -> None:
     fp, tally = _fp(), Tally()
     store, pool = _open(fp, tmp_path), _Pool(fp)
     prompt = np.arange(3, 3 + 70, dtype=np.uint32)
@@ -86,9 +85,10 @@ def test_a_prompts_park_beside_its_finish_is_left_out(tmp_path: Path) -> None:
     saver.start()
     saver.close()
     totals = tally.snapshot()
-    assert (totals["parks"], totals["tokens_parked"]) == (2, 80 + 32)  # a's prompt left out
-    assert saver.finished() == {"a"}
+    assert (totals["parks"], totals["tokens_parked"]) == (3, 64 + 32 + 80)
+    assert saver.finished() == {"a"}  # only the held request's blocks are given back
     assert store.lookup(np.concatenate([whole[:80], [7]])) == ("disk", 80)
+    assert store.lookup(np.concatenate([other[:32], [7]])) == ("disk", 32)
     store.close()
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.vllm.fsck import fsck_deep
 from tests.vllm.models import make_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,14 +227,7 @@ def test_a_kill_while_parking_leaves_nothing_wrong(
     store = tmp_path / "store"
     got, out = engine(tmp_path, "killed", model, _store(store), [0], kill_after=True)
     assert got.returncode != 0 and out is None  # killed before it wrote its output
-    fsck = subprocess.run(
-        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=300,
-    )
+    fsck = fsck_deep(store)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     replies = [[t] for t in reference["turns"][0]["tokens"]]
     got, out = engine(tmp_path, "after", model, _store(store), [1], replies)

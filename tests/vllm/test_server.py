@@ -7,11 +7,12 @@ Eight conversations share a 256-token system prompt; turn 1 is 600 tokens, each 
 2 the turn-1 prompt, its reply and 48 new tokens; each turn's eight requests are in flight at
 once. The reference is one server without the connector serving both turns. Against it:
 
-* server A with the connector serves turn 1, the same tokens; one second after the last reply
-  reached its client it gets SIGTERM (vLLM's default stop, which kills its worker at once), and
-  exits; the store it left checks without an error (``strata fsck --deep``);
+* server A with the connector serves turn 1, the same tokens; once the last reply is a second
+  old and ``/metrics`` counts every park durable (how many were at one second is printed) it
+  gets SIGTERM (vLLM's default stop, which kills its worker at once), and exits; the store it
+  left checks clean (``strata fsck --deep``: no error, no temp file);
 * server B, a fresh process on the same store, serves turn 2: the same tokens, every
-  conversation's whole turn-1 prompt back without computing it (in 16-token store pages), and
+  conversation's whole turn 1 back without computing it (in 16-token store pages), and
   vLLM's own ``/metrics`` and the connector's series say where the tokens came from; started
   with the docs' ``--shutdown-timeout 30`` and stopped as soon as its replies are in, it exits
   after every park is durable and leaves a store that checks as A's did;
@@ -24,11 +25,9 @@ clock in these tests, no assertion is.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,8 +36,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.vllm.fsck import fsck_deep
 from tests.vllm.models import make_llama
-from tests.vllm.server import REPO, Reply, Server, complete_all
+from tests.vllm.server import Reply, Server, complete_all
 
 SYSTEM = 256  #: tokens of the system prompt every conversation opens with
 OWN = 344  #: a conversation's own turn-1 tokens (turn 1: 600 tokens)
@@ -47,6 +47,7 @@ REPLY = 16
 N_CONVS = 8
 PAGE = 16  #: tokens of a store page
 SETTLED_S = 1.0  #: a reply at least this old when SIGTERM comes is one the store must keep
+PARKS_S = 120.0  #: the longest a server is given to report its parks durable
 STRATA_COUNTERS = (
     "loads",
     "tokens_loaded",
@@ -74,19 +75,6 @@ def turn_two(replies: list[Reply]) -> list[list[int]]:
     return [
         one + reply.tokens + two for (one, two), reply in zip(conversations(), replies, strict=True)
     ]
-
-
-def fsck(store: Path) -> subprocess.CompletedProcess[str]:
-    got = subprocess.run(
-        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=300,
-    )
-    print(f"fsck --deep {store.name}: exit {got.returncode}\n{got.stdout}{got.stderr}")
-    return got
 
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -190,17 +178,32 @@ def sigterm(server: Server, name: str) -> None:
     )
 
 
-def settle_then_sigterm(served: Served, name: str) -> tuple[str, float]:
-    """SIGTERM once the last reply reached its client ``SETTLED_S`` ago (the docs' contract:
-    such a conversation is in the store); returns ``/metrics`` just before and the seconds
-    waited since that reply."""
+def parks_durable(text: str) -> int:
+    """``vllm:strata_parks_total`` of a ``/metrics`` text, over its engines."""
+    return int(sample(parse_metrics(text), "vllm:strata_parks_total"))
+
+
+def settle_then_sigterm(served: Served, name: str, parks: int) -> tuple[str, float, int]:
+    """SIGTERM once the last reply reached its client ``SETTLED_S`` ago and ``/metrics`` counts
+    ``parks`` durable (it waits for that signal, ``PARKS_S`` at most): nothing is in flight
+    when vLLM's default stop kills its worker. Returns ``/metrics`` just before, the seconds
+    from that reply to SIGTERM, and the parks durable ``SETTLED_S`` after it (printed: the
+    docs' figure)."""
     last = max(r.finished for r in served.replies)
     while time.monotonic() - last < SETTLED_S:
         time.sleep(SETTLED_S - (time.monotonic() - last))
+    at_settled = parks_durable(served.server.metrics())
     text = served.server.metrics()
+    while parks_durable(text) < parks and time.monotonic() - last < PARKS_S:
+        time.sleep(0.1)  # the next poll of the signal, not a wait for it
+        text = served.server.metrics()
     waited = time.monotonic() - last
+    print(
+        f"{name}: {at_settled} of {parks} parks durable {SETTLED_S:.0f} s after the last reply, "
+        f"{parks_durable(text)} at SIGTERM ({waited:.2f} s after it)"
+    )
     sigterm(served.server, name)
-    return text, waited
+    return text, waited, at_settled
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +231,7 @@ class Stopped:
     replies: list[Reply]
     server: Server
     waited: float  #: seconds from the last reply's arrival to SIGTERM
+    at_settled: int  #: parks durable SETTLED_S after the last reply
     fsck: subprocess.CompletedProcess[str]  #: ``strata fsck --deep`` right after the stop
 
     @property
@@ -238,15 +242,16 @@ class Stopped:
 
 @pytest.fixture(scope="module")
 def server_a(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stopped]:
-    """Turn 1 on server A with the connector on a fresh store; SIGTERM a second after the last
-    reply reached its client."""
+    """Turn 1 on server A with the connector on a fresh store; SIGTERM (vLLM's default stop)
+    once the last reply is a second old and every request's two parks (its computed prompt,
+    then its reply) are durable."""
     tmp = tmp_path_factory.mktemp("a")
     store = tmp / "store"
     a = serve(model, tmp, "A turn 1", store, [one for one, _ in conversations()])
     try:
-        text, waited = settle_then_sigterm(a, "A")
+        text, waited, at_settled = settle_then_sigterm(a, "A", 2 * N_CONVS)
         print("A's strata series at SIGTERM:\n" + strata_excerpt(text))
-        yield Stopped(store, a.replies, a.server, waited, fsck(store))
+        yield Stopped(store, a.replies, a.server, waited, at_settled, fsck_deep(store))
     finally:
         a.server.kill()
 
@@ -303,13 +308,10 @@ def orphans(fsck_out: str) -> set[str]:
     }
 
 
-def test_the_store_a_sigterm_left_checks_without_an_error(server_a: Stopped) -> None:
+def test_the_store_a_sigterm_left_checks_clean(server_a: Stopped) -> None:
     got = server_a.fsck
     assert got.returncode == 0, got.stdout + got.stderr
-    # vLLM's default stop kills its worker at once: a park still being written then (a
-    # reply's pages, landing about a second after the last reply on this loaded 2-core
-    # machine) is invisible, and may leave the temp file of its write (a warning, printed)
-    print(f"temp files of writes the stop interrupted: {sorted(server_a.orphans)}")
+    assert server_a.orphans == set(), got.stdout  # nothing was in flight: no temp file
 
 
 def test_turn_two_on_a_fresh_server_is_vllms_own(
@@ -319,13 +321,15 @@ def test_turn_two_on_a_fresh_server_is_vllms_own(
     assert off == [], f"(conversation, cached tokens, first token off): {off}"
 
 
-def test_turn_two_gets_every_whole_turn_one_prompt_back(server_b: Restarted) -> None:
+def test_turn_two_gets_every_whole_turn_one_back(server_b: Restarted) -> None:
+    # the turn-1 prompt and the reply's K/V (all but its last token's), in whole store pages
+    whole = [(len(one) + REPLY - 1) // PAGE * PAGE for one, _ in conversations()]
     short = [
-        (c, r.cached_tokens, len(one) // PAGE * PAGE)
-        for c, ((one, _), r) in enumerate(zip(conversations(), server_b.replies, strict=True))
-        if (r.cached_tokens or 0) < len(one) // PAGE * PAGE
+        (c, r.cached_tokens, n)
+        for c, (n, r) in enumerate(zip(whole, server_b.replies, strict=True))
+        if (r.cached_tokens or 0) < n
     ]
-    assert short == [], f"(conversation, cached tokens, turn-1 prompt in pages): {short}"
+    assert short == [], f"(conversation, cached tokens, turn 1 in pages): {short}"
 
 
 def test_vllms_metrics_say_the_store_served_turn_two(server_b: Restarted) -> None:
@@ -372,7 +376,7 @@ def test_a_stop_with_a_shutdown_timeout_waits_for_every_park(
     server_a: Stopped, server_b: Restarted
 ) -> None:
     assert server_b.server.exited_by_itself, server_b.server.log()[-4000:]
-    got = fsck(server_a.store)
+    got = fsck_deep(server_a.store)
     assert got.returncode == 0, got.stdout + got.stderr
     assert orphans(got.stdout + got.stderr) <= server_a.orphans  # none of B's writes cut
     # each request parked its computed prompt, then its reply: all durable before the exit
@@ -391,7 +395,7 @@ def test_a_killed_server_leaves_a_store_the_next_one_serves(
     killed = serve(model, tmp_path, "killed turn 1", store, [one for one, _ in conversations()])
     killed.server.kill()  # the whole group, its parks in flight
     print(f"killed: exit {killed.server.proc.returncode if killed.server.proc else None}")
-    got = fsck(store)
+    got = fsck_deep(store)
     assert got.returncode == 0, got.stdout + got.stderr  # warnings allowed: a temp file
     off = diverged(killed.replies, reference["turn1"])
     assert off == [], f"(conversation, cached tokens, first token off): {off}"

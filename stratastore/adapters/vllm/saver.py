@@ -3,13 +3,12 @@
 :meth:`Saver.submit` takes a :class:`~.plan.SaveJob` with its K/V already copied out of vLLM's
 blocks (a prompt just computed: the request still runs, and its blocks may be reused once the
 step ends), or without (a finished request whose blocks vLLM keeps for it: copied here). The
-thread parks each into the Store (whose spill writer writes it; a prompt's park is left out
-when its request's park at finish waits beside it, holding the same pages and more), then
-flushes: a park counts as durable (``parks``) only once its write has landed (spec F-DUR),
-and as dropped, by reason, when the store refused it or its write failed. A finished
-request's blocks are given back (:meth:`Saver.finished`) once its park is durable or given up
-on, so vLLM keeps stepping until then and its figures reach vLLM's metrics in that step. No
-vLLM import."""
+thread parks each into the Store, in the order handed over (a prompt's pages before its
+reply's), the Store's spill writer writing them, then flushes: a park counts as durable
+(``parks``) only once its write has landed (spec F-DUR), and as dropped, by reason, when the
+store refused it or its write failed. A finished request's blocks are given back
+(:meth:`Saver.finished`) once its park is durable or given up on, so vLLM keeps stepping
+until then and its figures reach vLLM's metrics in that step. No vLLM import."""
 
 from __future__ import annotations
 
@@ -94,11 +93,7 @@ class Saver:
 
     def _save(self, items: list[_Item]) -> None:
         parked: list[tuple[SaveJob, float, int]] = []
-        finished = {job.conv_id for job, _, _ in items if job.held}
         for job, kv, handed in items:
-            if not job.held and job.conv_id in finished:
-                continue  # its request finished since: that park holds these pages too
-
             try:
                 pages = kv if kv is not None else self.pool.gather(job.block_ids, len(job.tokens))
                 report = self.store.park(_conversation(job), pages)
