@@ -69,7 +69,11 @@ def one_round(model: Path, dir: Path) -> str:
         for s in ("local_compute", "external_kv_transfer")
     }
     share = by["external_kv_transfer"] / max(1.0, sum(by.values()))
-    findings = [ln.split(":")[1].strip() for ln in found.stdout.splitlines() if ": /" in ln]
+    findings = [
+        ln.split(":")[1].strip()
+        for ln in found.stdout.splitlines()
+        if ln.startswith(("error:", "warning:", "info:"))
+    ]
     return (
         f"whole turn-1 prompt {sum(c >= p for c, p in zip(cached, prompts, strict=True))}/8, "
         f"whole turn 1 {sum(c >= w for c, w in zip(cached, wholes, strict=True))}/8, "

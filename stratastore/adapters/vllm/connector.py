@@ -223,9 +223,12 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             prompt = np.asarray(new.prompt_token_ids, dtype=np.uint32)
             resumed = max(self._promised.get(new.req_id, (0, ""))[0], new.num_computed_tokens)
             self._running[new.req_id] = _Running(
-                prompt, conversation_id(prompt), list(new.block_ids[0]), resumed
+                prompt,
+                conversation_id(prompt),
+                list(new.block_ids[0]),
+                resumed,
+                computed=new.num_computed_tokens,
             )
-            self._running[new.req_id].computed = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             run = self._running.get(req_id)
@@ -317,8 +320,8 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _load(self, pool: Pool, job: LoadJob) -> None:
         want = len(job.tokens)
-        dest = pool.destination(job.block_ids, job.skip)
-        try:
+        try:  # blocks vLLM handed over wrongly are refused by name, as damage is: recomputed
+            dest = pool.destination(job.block_ids, job.skip)
             got = self.store.restore(job.tokens, dest, max_tokens=want).tokens
         except StrataError as e:
             log.warning("stratastore: restore of request %s: %s; vLLM recomputes it", job.req_id, e)
