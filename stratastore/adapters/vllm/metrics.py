@@ -1,4 +1,4 @@
-"""The connector's figures in vLLM's own metrics: ``/metrics`` of ``vllm serve`` and vLLM's
+"""The connector's figures in vLLM's own metrics: ``/metrics`` of vLLM's OpenAI server and vLLM's
 periodic ``KV Transfer metrics`` log line.
 
 vLLM asks each side of the connector for what it did since the last step
