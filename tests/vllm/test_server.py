@@ -19,8 +19,9 @@ once. The reference is one server without the connector serving both turns. Agai
 * a server killed (SIGKILL, its whole group) after turn 1: the store checks without an error and
   the next server serves turn 2 with the same tokens.
 
-Counts and seconds are printed (``-s``) for docs/engine.md; only the spec'd one-second wait is a
-clock in these tests, no assertion is.
+Counts and seconds are printed (``-s``) for docs/engine.md. The clock only makes the spec'd
+one-second wait and bounds the waits for signals (``/health``, ``/metrics``' park count); no
+assertion is on a time.
 """
 
 from __future__ import annotations
