@@ -13,6 +13,7 @@ import pytest
 from stratastore import ModelFingerprint
 from stratastore.adapters.vllm.block_layout import KNOWN, BlockLayout, Mover
 from stratastore.adapters.vllm.pool import CpuBlocks
+from stratastore.restore import DestinationRefused
 
 L, H, D, NB, P = 2, 2, 32, 5, 16
 
@@ -88,3 +89,11 @@ def test_a_view_is_chosen_only_when_it_gives_the_offsets() -> None:
     assert Mover(rows.k, P).name == "rows"
     assert Mover(nearly, P).name == "offsets"
     assert Mover(_orders(128)["amx"].k, 8).name == "offsets"  # a page inside AMX's tile
+
+
+def test_blocks_that_are_not_contiguous_are_refused() -> None:
+    fp, bs = _fp(), 32
+    wide = np.zeros((NB, H, 2, bs, 2 * D), np.int16)
+    views = [wide[..., :D] for _ in range(L)]  # the right shape, every row strided
+    with pytest.raises(DestinationRefused, match="C-contiguous"):
+        CpuBlocks(fp, views, [0], 0, bs)

@@ -209,6 +209,7 @@ def test_other_weights_are_another_model(tmp_path: Path) -> None:
         (struct.pack("<Q", 101 * 2**20) + b"{}", "over the 104857600-byte limit"),
         (struct.pack("<Q", 64) + b'{"a": 1}', "ends inside its 64-byte header"),
         (struct.pack("<Q", 4) + b"\xff\xfe{}", "not JSON"),
+        (struct.pack("<Q", 200_000) + b"[" * 200_000, "not JSON"),  # nested past recursion
         (struct.pack("<Q", len(SHORT)) + SHORT + b"\x00" * 4, r"tensor 't' at \[0, 8\]"),
     ],
 )
@@ -241,6 +242,21 @@ def test_a_bin_checkpoint_is_known_by_its_bytes(tmp_path: Path) -> None:
     weights.write_bytes(bytes(raw))
     os.utime(weights, ns=(1, 10**18))
     assert weights_identity(str(d), None) != first
+
+
+def test_one_weight_file_given_as_the_model_is_known_by_its_bytes(tmp_path: Path) -> None:
+    model = tmp_path / "a" / "tiny.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF" + bytes(range(256)) * 40)
+    first = weights_identity(str(model), None)
+    assert first.startswith("weights:")
+    moved = tmp_path / "elsewhere" / "tiny.gguf"
+    moved.parent.mkdir()
+    shutil.copy(model, moved)
+    assert weights_identity(str(moved), None) == first  # its bytes, not where it lies
+    model.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 40)
+    os.utime(model, ns=(1, 10**18))
+    assert weights_identity(str(model), None) != first
 
 
 def test_a_name_without_local_files_is_known_by_name(tmp_path: Path) -> None:

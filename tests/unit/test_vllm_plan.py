@@ -6,6 +6,7 @@ config, and a fingerprint that names what determines the K/V and nothing else.""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from stratastore.adapters.vllm.plan import (
     conversation_id,
     default_store_dir,
     fingerprint,
+    keyable,
     loadable,
     page_tokens,
     save_cuts,
@@ -58,11 +60,25 @@ def test_parks_are_whole_pages_cut_where_they_resumed() -> None:
     assert save_cuts(1024, 384) == (0, 384, 768)  # a chunk is whole pages
 
 
-def test_a_requests_parks_share_one_conversation_of_its_prompt() -> None:
+def test_a_requests_parks_share_one_conversation_of_its_own() -> None:
     a = np.arange(100, dtype=np.uint32)
-    assert conversation_id(a) == conversation_id(a.copy())
-    assert conversation_id(a) != conversation_id(a[:99])
-    assert conversation_id(a).startswith("vllm-")
+    assert conversation_id(a, "r1") == conversation_id(a.copy(), "r1")
+    assert conversation_id(a, "r1") != conversation_id(a[:99], "r1")
+    assert conversation_id(a, "r1") != conversation_id(a, "r2")  # a retry parks its own
+    assert conversation_id(a, "r1").startswith("vllm-")
+
+
+def test_only_requests_keyed_by_their_token_ids_alone_are_stored() -> None:
+    plain = SimpleNamespace(prompt_token_ids=[1, 2, 3], lora_request=None, mm_features=[])
+    assert keyable(plain)
+    for other in (
+        {"prompt_token_ids": None},  # prompt embeddings
+        {"lora_request": object()},
+        {"mm_features": [object()]},
+        {"prompt_embeds": object()},
+        {"cache_salt": "tenant-a"},
+    ):
+        assert not keyable(SimpleNamespace(**{**vars(plain), **other})), other
 
 
 def test_store_settings_from_vllms_extra_config(tmp_path: Path) -> None:
@@ -75,6 +91,12 @@ def test_store_settings_from_vllms_extra_config(tmp_path: Path) -> None:
     toml.write_text(f'cold_dir = "{tmp_path}"\ncold_mib = 4\n')
     cfg, said = store_config({"strata_config": str(toml), "page_tokens": 16})
     assert cfg.cold_mib == 4 and str(toml) in said
+    # the connector's defaults hold for a file as for inline settings, unless it says otherwise
+    inline, _ = store_config({"strata": {"cold_dir": str(tmp_path), "cold_mib": 4}})
+    assert (cfg.park, cfg.page_resume, cfg.ram_mib) == ("disk", True, 0)
+    assert (cfg.park, cfg.page_resume, cfg.ram_mib) == (inline.park, inline.page_resume, 0)
+    toml.write_text(f'cold_dir = "{tmp_path}"\ncold_mib = 4\npage_resume = false\n')
+    assert not store_config({"strata_config": str(toml)})[0].page_resume
     assert default_store_dir({"XDG_CACHE_HOME": "/x"}) == "/x/stratastore/vllm"
     for bad, match in (
         ({"strata": {}, "strata_config": "f"}, "not both"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from stratastore import ModelFingerprint, Store
 from stratastore.adapters.vllm.plan import SaveJob, conversation_id, save_cuts
@@ -41,7 +42,9 @@ def _pages(fp: ModelFingerprint, n: int) -> np.ndarray:
 
 
 def _job(prompt: np.ndarray, n: int, held: bool, req: str = "r") -> SaveJob:
-    return SaveJob(req, conversation_id(prompt), prompt[:n], (0, 1, 2), save_cuts(n, P), held=held)
+    return SaveJob(
+        req, conversation_id(prompt, req), prompt[:n], (0, 1, 2), save_cuts(n, P), held=held
+    )
 
 
 def _open(fp: ModelFingerprint, dir: Path, **kw: Any) -> Store:
@@ -58,7 +61,7 @@ def test_a_park_is_durable_before_it_counts_and_its_blocks_go_back(tmp_path: Pat
     saver.close()
     saver = Saver(store, pool, tally)  # type: ignore[arg-type]
     whole = np.arange(3, 3 + 140, dtype=np.uint32)
-    saver.submit(SaveJob("r", conversation_id(prompt), whole[:128], (0, 1, 2), (0, 96)))
+    saver.submit(SaveJob("r", conversation_id(prompt, "r"), whole[:128], (0, 1, 2), (0, 96)))
     saver.close()
     assert pool.gathered == [(0, 1, 2)]  # the held blocks copied on the thread, once
     assert saver.finished() == {"r"}  # given back after the park
@@ -81,7 +84,7 @@ def test_jobs_handed_together_go_down_in_order_as_one_batch(tmp_path: Path) -> N
     saver.submit(_job(prompt, 64, held=False, req="a"), _pages(fp, 64))
     saver.submit(_job(other, 32, held=False, req="b"), _pages(fp, 32))
     whole = np.concatenate([prompt, np.arange(900, 920, dtype=np.uint32)])
-    saver.submit(SaveJob("a", conversation_id(prompt), whole[:80], (0, 1), (0, 64)))
+    saver.submit(SaveJob("a", conversation_id(prompt, "a"), whole[:80], (0, 1), (0, 64)))
     saver.start()
     saver.close()
     totals = tally.snapshot()
@@ -98,7 +101,7 @@ def test_what_the_store_does_not_keep_is_counted_by_reason(tmp_path: Path) -> No
     big = np.arange(3, 3 + 16384, dtype=np.uint32)  # 2 MiB of K/V: over the level's budget
     bad = SaveJob("c", "", big[:16], (0,), (0,), held=True)  # an empty conversation id
     saver = Saver(store, pool, tally, start=False)  # type: ignore[arg-type]
-    saver.submit(SaveJob("b", conversation_id(big), big, (0,), save_cuts(16384, P)))
+    saver.submit(SaveJob("b", conversation_id(big, "b"), big, (0,), save_cuts(16384, P)))
     saver.submit(bad)
     saver.start()
     saver.close()
@@ -107,4 +110,27 @@ def test_what_the_store_does_not_keep_is_counted_by_reason(tmp_path: Path) -> No
     assert totals["dropped"]["error"] == 1, totals
     assert totals["dropped"]["refused"] == 1, totals  # over the budget, when_full = reject
     assert saver.finished() == {"b", "c"}  # their blocks go back all the same
+    store.close()
+
+
+def test_an_unexpected_error_gives_the_blocks_back_and_the_thread_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp, tally = _fp(), Tally()
+    store, pool = _open(fp, tmp_path), _Pool(fp)
+    prompt = np.arange(3, 3 + 40, dtype=np.uint32)
+
+    def broken() -> None:
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(store, "flush", broken)
+    saver = Saver(store, pool, tally, start=False)  # type: ignore[arg-type]
+    saver.submit(SaveJob("r1", conversation_id(prompt, "r1"), prompt[:32], (0,), (0,)))
+    saver.start()
+    later = np.arange(600, 640, dtype=np.uint32)
+    saver.submit(SaveJob("r2", conversation_id(later, "r2"), later[:32], (0,), (0,)))
+    saver.close()
+    assert saver.finished() == {"r1", "r2"}  # vLLM gets every block back
+    assert tally.snapshot()["dropped"]["error"] == 2 and tally.snapshot()["parks"] == 0
+    monkeypatch.undo()
     store.close()

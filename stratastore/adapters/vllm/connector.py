@@ -55,6 +55,7 @@ from stratastore.adapters.vllm.plan import (
     LoadJob,
     SaveJob,
     conversation_id,
+    keyable,
     loadable,
     page_tokens,
     save_cuts,
@@ -140,6 +141,14 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        pc = vllm_config.parallel_config
+        if pc.tensor_parallel_size * pc.pipeline_parallel_size > 1:
+            raise ConfigError(
+                f"StrataConnector: tensor-parallel size {pc.tensor_parallel_size} x "
+                f"pipeline-parallel size {pc.pipeline_parallel_size}: each rank keeps its "
+                "own heads or layers, and the store's keys do not name the rank yet; run "
+                "the connector with one worker (tensor and pipeline parallel size 1)"
+            )
         self.block_size = int(vllm_config.cache_config.block_size)
         self.page = page_tokens(extra, self.block_size)
         self.fp = engine_fingerprint(vllm_config, self.page)
@@ -150,7 +159,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.store, key = open_store(vllm_config, self.fp, side)
         self._store_key: tuple[str, bytes] | None = key
         # scheduler side
-        self._promised: dict[str, tuple[int, str]] = {}  #: request -> (tokens, source)
+        #: request -> (tokens it loads up to, the store's source, vLLM's own computed tokens)
+        self._promised: dict[str, tuple[int, str, int]] = {}
+        self._looked_up: set[str] = set()  #: requests counted in ``lookups`` already
         self._loads: dict[str, LoadJob] = {}
         self._saves: list[SaveJob] = []
         self._running: dict[str, _Running] = {}
@@ -166,10 +177,14 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """The tokens past vLLM's own ``num_computed_tokens`` this request loads from the
         store (:func:`.plan.loadable`: whole pages, perhaps part of a block), loaded before its
         first forward (not async)."""
-        prompt = np.asarray(request.prompt_token_ids or (), dtype=np.uint32)
+        if not keyable(request):  # its K/V is not a function of its token ids alone
+            return 0, False
+        prompt = np.asarray(request.prompt_token_ids, dtype=np.uint32)
         if len(prompt) < 2:
             return 0, False
-        self.tally.add(lookups=1)
+        if request.request_id not in self._looked_up:  # vLLM asks again while it waits
+            self._looked_up.add(request.request_id)
+            self.tally.add(lookups=1)
         try:
             hit = self.store.lookup(prompt[: len(prompt) - 1])
         except StrataError as e:  # the store cannot answer: vLLM computes, as without it
@@ -179,8 +194,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if hit is None or upto <= num_computed_tokens:
             self._promised.pop(request.request_id, None)
             return 0, False
-        self.tally.add(lookup_hits=1)
-        self._promised[request.request_id] = (upto, hit[0])
+        if request.request_id not in self._promised:
+            self.tally.add(lookup_hits=1)
+        self._promised[request.request_id] = (upto, hit[0], num_computed_tokens)
         return upto - num_computed_tokens, False
 
     def get_external_cache_hit_sources(
@@ -189,20 +205,21 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """The promised tokens by the store's level they come from (vLLM's cache tiers)."""
         if num_external_tokens <= 0:
             return {}
-        _, source = self._promised.get(request.request_id, (0, "disk"))
+        _, source, _ = self._promised.get(request.request_id, (0, "disk", 0))
         return {_TIERS.get(source, CacheHitSource.EXTERNAL_UNSPECIFIED): num_external_tokens}
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
-        upto, _ = self._promised.get(request.request_id, (0, ""))
+        _, _, local = self._promised.get(request.request_id, (0, "", 0))
+        upto = local + num_external_tokens  # what vLLM accepted of the promise
         block_ids = blocks.get_block_ids()[0]
         prompt = np.asarray(request.prompt_token_ids, dtype=np.uint32)
         self._loads[request.request_id] = LoadJob(
             request.request_id,
             prompt[:upto],
             tuple(block_ids[: -(-upto // self.block_size)]),
-            upto - num_external_tokens,
+            local,
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> StrataMetadata:
@@ -218,13 +235,14 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         token this step computes parks its whole pages past where it resumed."""
         scheduled: dict[str, int] = so.num_scheduled_tokens
         for new in so.scheduled_new_reqs:
-            if not new.prompt_token_ids:
+            if not keyable(new):
                 continue
             prompt = np.asarray(new.prompt_token_ids, dtype=np.uint32)
-            resumed = max(self._promised.get(new.req_id, (0, ""))[0], new.num_computed_tokens)
+            promised = self._promised.get(new.req_id, (0, "", 0))[0]
+            resumed = max(promised, new.num_computed_tokens)
             self._running[new.req_id] = _Running(
                 prompt,
-                conversation_id(prompt),
+                conversation_id(prompt, new.req_id),
                 list(new.block_ids[0]),
                 resumed,
                 computed=new.num_computed_tokens,
@@ -267,8 +285,11 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Park the finished request: every whole page whose K/V vLLM computed, past what its
         prompt's park holds. Its blocks stay vLLM's to free once the worker has copied them
         (True: vLLM waits for :meth:`get_finished`)."""
-        loaded, _ = self._promised.pop(request.request_id, (0, ""))
+        loaded, _, _ = self._promised.pop(request.request_id, (0, "", 0))
+        self._looked_up.discard(request.request_id)
         run = self._running.pop(request.request_id, None)
+        if not keyable(request):
+            return False, None
         tokens = np.asarray(request.all_token_ids, dtype=np.uint32)
         computed = min(int(request.num_computed_tokens), len(tokens))
         n = saved_tokens(computed, len(block_ids) * self.block_size, self.page)
@@ -279,7 +300,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saves.append(
             SaveJob(
                 request.request_id,
-                run.conv_id if run else conversation_id(prompt),
+                run.conv_id if run else conversation_id(prompt, request.request_id),
                 tokens[:n],
                 tuple(block_ids[: -(-n // self.block_size)]),
                 save_cuts(n, self.page, resumed, parked),

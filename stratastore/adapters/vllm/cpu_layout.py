@@ -16,9 +16,9 @@ from stratastore.errors import ConfigError
 __all__ = ["measure"]
 
 _BITS = 13  #: bits of an item's coordinate written per pass (two passes: up to 2**26 items)
-#: the codes' offset: with it every code is a normal 16-bit float (never a subnormal a kernel
-#: might flush to zero)
-_BASE = 0x0100
+#: the codes' offset: with it every code is a normal float16 and bfloat16 (never a subnormal a
+#: kernel might flush to zero)
+_BASE = 0x0400
 
 
 def measure(isa: str, n_kv_heads: int, head_dim: int, block_size: int, dtype: Any) -> BlockLayout:

@@ -148,11 +148,15 @@ def weights_identity(model: str, revision: str | None) -> str:
     The same files copied to another directory give the same identity; another file, another
     tensor's shape or offsets, or other bytes in a tensor's sample give another. A hub id is
     looked up in the local hub cache (``huggingface_hub``, files already downloaded only,
-    nothing fetched); a hub id without local files is identified by its name:
+    nothing fetched); a single weight file given as the model, by its name and content as in
+    a directory; a hub id without local files is identified by its name:
     ``f"{model}@{revision or ''}"``. A damaged safetensors file (shorter than its header or
     its tensors, a header length over :data:`SAFETENSORS_HEADER_MAX`, a header that is not
     the format's JSON) raises :class:`ConfigError` naming the file."""
-    digest = _directory_digest(Path(model)) if Path(model).is_dir() else None
+    where = Path(model)
+    digest = _directory_digest(where) if where.is_dir() else None
+    if where.is_file():  # one file given as the model (a GGUF): its bytes, never its path
+        digest = _files_digest([where])
     if digest is None:
         snapshot = _local_snapshot(model, revision)
         digest = _directory_digest(Path(snapshot)) if snapshot else None
@@ -195,8 +199,11 @@ def _directory_digest(directory: Path) -> bytes | None:
     """The digest of ``directory``'s weight files (see :func:`weights_identity`), or None
     when it holds none."""
     files = _weight_files(directory)
-    if not files:
-        return None
+    return _files_digest(files) if files else None
+
+
+def _files_digest(files: list[Path]) -> bytes:
+    """The digest of weight ``files`` by name and content (see :func:`weights_identity`)."""
     h = hashlib.blake2b(b"stratastore weights v1\n", digest_size=16)
     for path in files:
         name = path.name.encode()
@@ -240,8 +247,8 @@ def _tensor_spans(path: Path, header: bytes, data_start: int, size: int) -> list
     ``data_offsets`` (relative to the end of the header), each checked to lie in the file."""
     try:
         table = json.loads(header)
-    except ValueError as e:  # UnicodeDecodeError is one
-        raise _damaged(path, f"has a header that is not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise _damaged(path, f"has a header that is not JSON ({type(e).__name__})") from None
     if not isinstance(table, dict):
         raise _damaged(path, "has a header that is not a JSON object")
     spans = []

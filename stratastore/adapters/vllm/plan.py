@@ -21,7 +21,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,19 +32,21 @@ import numpy as np
 import numpy.typing as npt
 
 from stratastore.adapters.vllm.identity import config_digest
-from stratastore.config import StoreConfig
+from stratastore.config import MAX_CONFIG_BYTES, StoreConfig
 from stratastore.errors import ConfigError
 from stratastore.format import DType, ModelFingerprint
-from stratastore.io import pathnames
+from stratastore.io import files, pathnames
 from stratastore.io.system import env_var
 
 __all__ = [
+    "CONNECTOR_DEFAULTS",
     "DEFAULT_PAGE_TOKENS",
     "LoadJob",
     "SaveJob",
     "conversation_id",
     "default_store_dir",
     "fingerprint",
+    "keyable",
     "loadable",
     "page_tokens",
     "save_cuts",
@@ -62,6 +66,9 @@ _DTYPES = {
 }
 DEFAULT_COLD_MIB = 16384  #: the default level's budget
 DEFAULT_PAGE_TOKENS = 16  #: the store's page when vLLM's block holds a whole number of them
+#: the connector's settings where the store's (inline or in a TOML file) say nothing: parks go
+#: to disk (a restart keeps them), no RAM level, every page a resume point
+CONNECTOR_DEFAULTS: dict[str, Any] = {"ram_mib": 0, "park": "disk", "page_resume": True}
 
 
 @dataclass(frozen=True)
@@ -92,13 +99,30 @@ class SaveJob:
     held: bool = True
 
 
-def conversation_id(prompt: npt.NDArray[np.uint32]) -> str:
-    """A request's conversation id: its prompt's digest (vLLM requests carry no conversation
-    id). The park of its computed prompt and the park when it finishes share it, so the
-    second supersedes the first; the same prompt again is the same conversation."""
-    import hashlib
+def conversation_id(prompt: npt.NDArray[np.uint32], req_id: str) -> str:
+    """A request's conversation id: a digest of its prompt and vLLM's request id (vLLM
+    requests carry no conversation id). The park of its computed prompt and the park when it
+    finishes share it, so the second extends the first; another request with the same prompt
+    (a retry, ``n > 1``) parks a conversation of its own, never cutting this one's reply off
+    (their equal pages are stored once all the same: content keys)."""
+    digest = hashlib.blake2b(prompt.tobytes(), digest_size=16)
+    digest.update(req_id.encode())
+    return "vllm-" + digest.hexdigest()
 
-    return "vllm-" + hashlib.blake2b(prompt.tobytes(), digest_size=16).hexdigest()
+
+def keyable(request: object) -> bool:
+    """Whether a request's K/V is a function of its token ids alone, which is what the store
+    keys it by: not with a LoRA adapter, pictures or other media, prompt embeddings in place of
+    tokens, or a ``cache_salt`` (vLLM keeps salted prefixes from other tenants; so does the
+    connector, by not storing or loading them). Works on vLLM's ``Request`` and
+    ``NewRequestData`` alike."""
+    return bool(
+        getattr(request, "prompt_token_ids", None) is not None
+        and getattr(request, "lora_request", None) is None
+        and not getattr(request, "mm_features", None)
+        and getattr(request, "prompt_embeds", None) is None
+        and not getattr(request, "cache_salt", None)
+    )
 
 
 def _dtype(name: object) -> DType:
@@ -185,14 +209,16 @@ def store_config(extra: Mapping[str, Any] | None) -> tuple[StoreConfig, str]:
             raise ConfigError(
                 f'kv_connector_extra_config: "strata_config" must name a TOML file, not {path!r}'
             )
-        cfg = StoreConfig.from_toml(path)
+        StoreConfig.from_toml(path)  # the file's own mistakes, named as the CLI names them
+        doc = tomllib.loads(files.read_file(files.realpath(path), MAX_CONFIG_BYTES).decode())
+        cfg = StoreConfig.from_mapping({**CONNECTOR_DEFAULTS, **doc}, path)
         return cfg, f"the store of {path}"
     if inline is not None and not isinstance(inline, Mapping):
         raise ConfigError(
             f'kv_connector_extra_config: "strata" must be a mapping of the '
             f"store's settings, not {type(inline).__name__}"
         )
-    settings: dict[str, Any] = {"ram_mib": 0, "park": "disk", "page_resume": True}
+    settings: dict[str, Any] = dict(CONNECTOR_DEFAULTS)
     said = "the store"
     if not inline or not any(k in inline for k in ("cold_dir", "warm_dir", "levels")):
         settings.update(cold_dir=default_store_dir(), cold_mib=DEFAULT_COLD_MIB, create_dirs=True)

@@ -130,6 +130,12 @@ class CpuBlocks:
                 f"{fp.describe()} needs {fp.n_layers} of [blocks, {h}, 2, {bs}, {d}] of "
                 f"{fp.dtype.itemsize}-byte items"
             )
+        if not all(blk.flags.c_contiguous for blk in self.blocks):
+            raise DestinationRefused(
+                "StrataConnector: the CPU blocks must be C-contiguous arrays (vLLM's own "
+                "tensors as numpy views): a view of another layout would take the pages "
+                "in a copy, not in the pool"
+            )
         self.bs, self.page, self.per_block = bs, p, bs // p
         self.num_blocks = int(shape[0])
         self.ids = checked_block_table(block_ids, self.num_blocks, bs, "vLLM's block table")

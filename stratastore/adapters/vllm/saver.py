@@ -86,8 +86,16 @@ class Saver:
                 except queue.Empty:
                     break
             items = [b for b in batch if b is not None]
-            if items:
-                self._save(items)
+            try:
+                if items:
+                    self._save(items)
+            except BaseException as e:  # the thread must go on: vLLM waits for the blocks
+                log.warning("stratastore: parking %d requests: %s", len(items), _said(e))
+                for _ in items:
+                    self.tally.drop("error")
+            finally:  # a finished request's blocks go back whatever became of its park
+                with self._lock:
+                    self._finished.update(job.req_id for job, _, _ in items if job.held)
             if len(items) < len(batch):
                 return
 
@@ -113,8 +121,6 @@ class Saver:
                 continue
             self.tally.add(parks=1, tokens_parked=tokens, bytes_park=tokens * tb)
             self.tally.time("park_seconds", now - handed)
-        with self._lock:
-            self._finished.update(job.req_id for job, _, _ in items if job.held)
 
     def _flush(self) -> set[str]:
         """Wait for the parks' writes; the conversations whose write did not land (``"*"``:

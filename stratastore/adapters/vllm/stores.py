@@ -123,5 +123,5 @@ def _cpu_isa(dtype: Any, block_size: int, head_size: int, cache_dtype: Any) -> s
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
         return str(_get_attn_isa(dtype, block_size, head_size, str(cache_dtype)))
-    except (ImportError, NotImplementedError, AttributeError):
-        return None
+    except (ImportError, NotImplementedError, AttributeError, TypeError):
+        return None  # (a private function of vLLM's: another version may take other arguments)
