@@ -5,7 +5,6 @@ refuses or cannot take is counted by reason, never raised into vLLM's step."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -134,25 +133,4 @@ def test_an_unexpected_error_gives_the_blocks_back_and_the_thread_goes_on(
     assert saver.finished() == {"r1", "r2"}  # vLLM gets every block back
     assert tally.snapshot()["dropped"]["error"] == 2 and tally.snapshot()["parks"] == 0
     monkeypatch.undo()
-    store.close()
-
-
-def test_a_running_requests_copy_is_awaited_and_a_release_waits_for_it(tmp_path: Path) -> None:
-    fp, tally = _fp(), Tally()
-    store, pool = _open(fp, tmp_path), _Pool(fp)
-    prompt = np.arange(3, 3 + 40, dtype=np.uint32)
-    saver = Saver(store, pool, tally, start=False)  # type: ignore[arg-type]
-    saver.submit(_job(prompt, 32, held=False, req="r"))  # copied on the thread
-    release = SaveJob("r", conversation_id(prompt, "r"), prompt[:0], (), ())
-    saver.submit(release)  # finished with nothing new: its blocks wait for the copy
-    waiter = threading.Thread(target=saver.wait_copies)
-    waiter.start()
-    waiter.join(0.05)
-    assert waiter.is_alive()  # the copy has not run: a preemption would wait for it
-    saver.start()
-    waiter.join()  # ...and returns once it has (the signal, not a clock)
-    saver.close()
-    assert pool.gathered == [(0, 1, 2)]
-    assert saver.finished() == {"r"}
-    assert tally.snapshot()["parks"] == 1  # the prompt; the release parks nothing
     store.close()

@@ -16,11 +16,11 @@ per process. The scheduler side decides, the worker side moves the bytes. The st
   so the tokens are a recompute's. The connector asks vLLM for that
   (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
 * a request whose prompt vLLM has just computed: the step's metadata names its whole pages
-  (:meth:`build_connector_meta`), and the worker's :meth:`wait_for_save` hands them to the
-  saver thread (:class:`.saver.Saver`), which copies them out of the blocks (the request runs
-  on and never writes those pages again; a preemption that frees its blocks waits for the
-  copy in :meth:`handle_preemptions`) and parks them; the Store's spill writer writes them. A
-  stop loses at most what was in flight, never a computed prompt's K/V that had time to land.
+  (:meth:`build_connector_meta`), and the worker's :meth:`wait_for_save` copies them out of
+  the blocks after the forward (the request still runs: its blocks are not held) and hands
+  them to the saver thread (:class:`.saver.Saver`), which parks them; the Store's spill writer
+  writes them. A stop loses at most what was in flight, never a computed prompt's K/V that had
+  time to land.
 * a finished request: :meth:`request_finished` keeps its blocks (vLLM frees them when the
   worker says so) and parks every whole page vLLM computed, the reply's included, under the
   same conversation (the prompt's segments are shared, not rewritten); the saver copies them
@@ -105,7 +105,6 @@ class StrataMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
-    preempted: bool = False  #: vLLM preempted requests this step: their blocks may be reused
 
 
 @dataclass
@@ -226,8 +225,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def build_connector_meta(self, scheduler_output: Any) -> StrataMetadata:
         """The loads promised since the last step, the finished requests' parks, and the
         prompts this step computes to the end (:meth:`_follow`)."""
-        preempted = bool(getattr(scheduler_output, "preempted_req_ids", None))
-        meta = StrataMetadata(list(self._loads.values()), self._saves, preempted)
+        meta = StrataMetadata(list(self._loads.values()), self._saves)
         self._loads, self._saves = {}, []
         meta.saves.extend(self._follow(scheduler_output))
         return meta
@@ -286,8 +284,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Park the finished request: every whole page whose K/V vLLM computed, past what its
         prompt's park holds. Its blocks stay vLLM's to free once the worker has copied them
-        (True: vLLM waits for :meth:`get_finished`), and so they do, with nothing new to
-        park, while its prompt's copy may be in flight."""
+        (True: vLLM waits for :meth:`get_finished`)."""
         loaded, _, _ = self._promised.pop(request.request_id, (0, "", 0))
         self._looked_up.discard(request.request_id)
         run = self._running.pop(request.request_id, None)
@@ -299,9 +296,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         prompt = np.asarray(request.prompt_token_ids or (), dtype=np.uint32)
         resumed, parked = (run.resumed, run.parked) if run else (loaded, 0)
         if n <= max(resumed, parked):
-            if parked <= resumed:
-                return False, None  # nothing new, and no copy of its blocks in flight
-            n = 0  # nothing new: its blocks go back once its prompt's copy is done
+            return False, None  # nothing new: the store holds it all already
         self._saves.append(
             SaveJob(
                 request.request_id,
@@ -368,24 +363,27 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return  # pages are copied out after the forward (wait_for_save)
 
     def wait_for_save(self) -> None:
-        """Hand this step's parks to the saver thread, which copies their pages out of the
-        blocks (a finished request's, held by vLLM until :meth:`get_finished`; a running
-        request's computed prompt, guarded by :meth:`handle_preemptions`) and parks them; the
-        disk write runs on the Store's spill writer. Nothing of it in the step."""
+        """Hand this step's parks to the saver thread: a prompt's pages copied out of its
+        blocks now (the request runs on; vLLM may reuse blocks after the step), a finished
+        request's on the thread (vLLM holds its blocks until :meth:`get_finished`). The disk
+        write runs on the Store's spill writer; nothing of it in the step."""
         meta = self._connector_metadata
         if not isinstance(meta, StrataMetadata) or not meta.saves:
             return
+        pool = self._need_pool()
         if self._saver is None:
-            self._saver = Saver(self.store, self._need_pool(), self.tally)
+            self._saver = Saver(self.store, pool, self.tally)
         for job in meta.saves:
-            self._saver.submit(job)
-
-    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        """Before vLLM reuses blocks a preemption freed: wait until the saver has copied every
-        running request's pages handed over (a preempted request's among them)."""
-        meta = kv_connector_metadata
-        if isinstance(meta, StrataMetadata) and meta.preempted and self._saver is not None:
-            self._saver.wait_copies()
+            if job.held:
+                self._saver.submit(job)
+                continue
+            try:
+                pages = pool.gather(job.block_ids, len(job.tokens))
+            except StrataError as e:  # never a failed step: the prompt is parked at its end
+                self.tally.drop("error")
+                log.warning("stratastore: copying request %s's prompt: %s", job.req_id, e)
+                continue
+            self._saver.submit(job, pages)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """The finished requests whose park is durable or given up on: their blocks are

@@ -1,13 +1,10 @@
 """The worker's parks, on one thread of their own: vLLM's step never waits for a disk.
 
-:meth:`Saver.submit` takes a :class:`~.plan.SaveJob`; the thread copies its pages out of vLLM's
-blocks: a finished request's, which vLLM keeps for it until :meth:`Saver.finished` says so, or
-a running request's just computed prompt, whose blocks stay its own while it runs (no step
-writes those pages again) unless a preemption frees them: vLLM then calls the connector's
-``handle_preemptions`` before it reuses them, which waits for every such copy
-(:meth:`Saver.wait_copies`). So the step never copies a prompt. The thread parks each into the
-Store, in the order handed over (a prompt's pages before its reply's), the Store's spill
-writer writing them, then flushes: a park counts as durable
+:meth:`Saver.submit` takes a :class:`~.plan.SaveJob` with its K/V already copied out of vLLM's
+blocks (a prompt just computed: the request still runs, and its blocks may be reused once the
+step ends), or without (a finished request whose blocks vLLM keeps for it: copied here). The
+thread parks each into the Store, in the order handed over (a prompt's pages before its
+reply's), the Store's spill writer writing them, then flushes: a park counts as durable
 (``parks``) only once its write has landed (spec F-DUR), and as dropped, by reason, when the
 store refused it or its write failed. A finished request's blocks are given back
 (:meth:`Saver.finished`) once its park is durable or given up on, so vLLM keeps stepping
@@ -56,8 +53,6 @@ class Saver:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._finished: set[str] = set()
         self._lock = threading.Lock()
-        self._copied = threading.Condition(self._lock)
-        self._copying = 0  #: running requests' jobs whose pages are not copied out yet
         self._thread = threading.Thread(target=self._run, name="strata-vllm-saver", daemon=True)
         if start:
             self.start()
@@ -67,25 +62,8 @@ class Saver:
 
     def submit(self, job: SaveJob, kv: npt.NDArray[np.uint8] | None = None) -> None:
         """Park ``job`` on the thread; ``kv``: its pages, copied out already (else the
-        thread copies them from the blocks: held by vLLM for it, ``job.held``, or a running
-        request's, which :meth:`wait_copies` guards). A held job of no tokens parks nothing:
-        its blocks go back once the jobs before it are done."""
-        with self._lock:
-            if kv is None and not job.held:
-                self._copying += 1
+        thread copies them from the blocks vLLM holds for it: ``job.held``)."""
         self._queue.put((job, kv, time.perf_counter()))
-
-    def wait_copies(self) -> None:
-        """Return once every running request's pages handed over so far are copied out of
-        its blocks (vLLM is about to reuse blocks a preemption freed)."""
-        with self._copied:
-            self._copied.wait_for(lambda: self._copying == 0)
-
-    def _copy_done(self, job: SaveJob, kv: npt.NDArray[np.uint8] | None) -> None:
-        if kv is None and not job.held:
-            with self._copied:
-                self._copying -= 1
-                self._copied.notify_all()
 
     def finished(self) -> set[str]:
         """The finished requests whose park is durable or given up on since the last call:
@@ -108,35 +86,24 @@ class Saver:
                 except queue.Empty:
                     break
             items = [b for b in batch if b is not None]
-            copied: list[_Item] = []  #: the items whose pages were copied (in order)
             try:
                 if items:
-                    self._save(items, copied)
+                    self._save(items)
             except BaseException as e:  # the thread must go on: vLLM waits for the blocks
                 log.warning("stratastore: parking %d requests: %s", len(items), _said(e))
                 for _ in items:
                     self.tally.drop("error")
             finally:  # a finished request's blocks go back whatever became of its park
-                for job, kv, _ in items[len(copied) :]:  # never left owing a copy: no hang
-                    self._copy_done(job, kv)
                 with self._lock:
                     self._finished.update(job.req_id for job, _, _ in items if job.held)
             if len(items) < len(batch):
                 return
 
-    def _save(self, items: list[_Item], copied: list[_Item]) -> None:
+    def _save(self, items: list[_Item]) -> None:
         parked: list[tuple[SaveJob, float, int]] = []
         for job, kv, handed in items:
             try:
-                try:
-                    pages = kv
-                    if kv is None and len(job.tokens):
-                        pages = self.pool.gather(job.block_ids, len(job.tokens))
-                finally:
-                    self._copy_done(job, kv)
-                    copied.append((job, kv, handed))
-                if pages is None:
-                    continue  # a release: its blocks go back after the jobs before it
+                pages = kv if kv is not None else self.pool.gather(job.block_ids, len(job.tokens))
                 report = self.store.park(_conversation(job), pages)
             except Exception as e:  # never a failed request: the conversation is recomputed
                 self.tally.drop("error")
