@@ -15,12 +15,12 @@ per process. The scheduler side decides, the worker side moves the bytes. The st
   the blocks it did not fill (:meth:`get_block_ids_with_load_errors`): vLLM recomputes them,
   so the tokens are a recompute's. The connector asks vLLM for that
   (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
-* a request whose prompt vLLM has just computed: the step's metadata names its whole pages
-  (:meth:`build_connector_meta`), and the worker's :meth:`wait_for_save` copies them out of
-  the blocks after the forward (the request still runs: its blocks are not held) and hands
-  them to the saver thread (:class:`.saver.Saver`), which parks them; the Store's spill writer
-  writes them. A stop loses at most what was in flight, never a computed prompt's K/V that had
-  time to land.
+* a request whose prompt vLLM has just computed, at least half of it here (not restored):
+  the step's metadata names its whole pages (:meth:`build_connector_meta`), and the worker's
+  :meth:`wait_for_save` copies them out of the blocks after the forward (the request still
+  runs: its blocks are not held) and hands them to the saver thread (:class:`.saver.Saver`),
+  which parks them; the Store's spill writer writes them. A stop loses at most what was in
+  flight, never a computed prompt's K/V that had time to land.
 * a finished request: :meth:`request_finished` keeps its blocks (vLLM frees them when the
   worker says so) and parks every whole page vLLM computed, the reply's included, under the
   same conversation (the prompt's segments are shared, not rewritten); the saver copies them
@@ -117,6 +117,7 @@ class _Running:
     blocks: list[int]
     resumed: int
     computed: int = 0
+    prefilled: bool = False  #: its prompt is computed (and parked, when worth it)
     parked: int = 0  #: tokens of it parked already (its prompt's whole pages)
 
 
@@ -260,13 +261,16 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             run.computed = cached.num_computed_tokens[i]
         saves = []
         for req_id, run in self._running.items():
-            if run.parked or req_id not in scheduled:
+            if run.prefilled or req_id not in scheduled:
                 continue
             if run.computed + scheduled[req_id] < len(run.prompt):
                 continue  # its prefill goes on in a later step
+            run.prefilled = True
             n = saved_tokens(len(run.prompt), len(run.blocks) * self.block_size, self.page)
-            run.parked = n
-            if n > run.resumed:
+            # copied in the step: worth it for a prompt mostly computed here (its recompute is
+            # what a stop would cost), not for one mostly restored (its finish parks the rest)
+            if 2 * (n - run.resumed) >= n > run.resumed:
+                run.parked = n
                 saves.append(
                     SaveJob(
                         req_id,
