@@ -16,6 +16,7 @@ Nothing is downloaded (the model is a random Llama made under DIR)."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -42,6 +43,7 @@ SETTLED_S = 1.0
 
 def one_round(model: Path, dir: Path) -> str:
     store = dir / "store"
+    shutil.rmtree(store, ignore_errors=True)  # each round on a fresh store
     first = Server(model, dir / "turn1.log", store)
     first.start()
     try:
@@ -105,6 +107,7 @@ def main() -> int:
             + one_round(model, base / f"round{i}"),
             flush=True,
         )
+    shutil.rmtree(base / "stop-store", ignore_errors=True)
     with_ = stop_seconds(model, base, base / "stop-store")
     without = stop_seconds(model, base, None)
     print(
