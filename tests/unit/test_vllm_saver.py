@@ -1,6 +1,6 @@
 """The vLLM connector's saver thread, without vLLM: a park counts as durable only once the
 Store's write landed (what a new store then restores), a finished request's blocks are given
-back only after its park, jobs handed over together go down in order, and a park the store
+back only after its park, jobs handed over together all land, and a park the store
 refuses or cannot take is counted by reason, never raised into vLLM's step."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_a_park_is_durable_before_it_counts_and_its_blocks_go_back(tmp_path: Pat
     again.close()
 
 
-def test_jobs_handed_together_go_down_in_order_as_one_batch(tmp_path: Path) -> None:
+def test_jobs_handed_together_all_land_and_only_held_blocks_go_back(tmp_path: Path) -> None:
     fp, tally = _fp(), Tally()
     store, pool = _open(fp, tmp_path), _Pool(fp)
     prompt = np.arange(3, 3 + 70, dtype=np.uint32)

@@ -86,12 +86,13 @@ class Saver:
                 except queue.Empty:
                     break
             items = [b for b in batch if b is not None]
+            counted: set[int] = set()  #: the items whose outcome the tally holds
             try:
                 if items:
-                    self._save(items)
+                    self._save(items, counted)
             except BaseException as e:  # the thread must go on: vLLM waits for the blocks
                 log.warning("stratastore: parking %d requests: %s", len(items), _said(e))
-                for _ in items:
+                for _ in range(len(items) - len(counted)):
                     self.tally.drop("error")
             finally:  # a finished request's blocks go back whatever became of its park
                 with self._lock:
@@ -99,23 +100,27 @@ class Saver:
             if len(items) < len(batch):
                 return
 
-    def _save(self, items: list[_Item]) -> None:
-        parked: list[tuple[SaveJob, float, int]] = []
-        for job, kv, handed in items:
+    def _save(self, items: list[_Item], counted: set[int]) -> None:
+        """Park ``items``, flush, count each outcome (its index into ``counted``)."""
+        parked: list[tuple[int, SaveJob, float, int]] = []
+        for i, (job, kv, handed) in enumerate(items):
             try:
                 pages = kv if kv is not None else self.pool.gather(job.block_ids, len(job.tokens))
                 report = self.store.park(_conversation(job), pages)
             except Exception as e:  # never a failed request: the conversation is recomputed
                 self.tally.drop("error")
+                counted.add(i)
                 log.warning("stratastore: park of request %s: %s", job.req_id, _said(e))
                 continue
             if report.where == "discard":
                 self.tally.drop("refused")
+                counted.add(i)
             else:
-                parked.append((job, handed, report.tokens))
+                parked.append((i, job, handed, report.tokens))
         failed = self._flush() if parked else set()
         now, tb = time.perf_counter(), self.pool.fp.token_bytes
-        for job, handed, tokens in parked:
+        for i, job, handed, tokens in parked:
+            counted.add(i)
             if job.conv_id in failed or "*" in failed:
                 self.tally.drop("write_failed")
                 continue
