@@ -137,4 +137,6 @@ def address(a: Any) -> int:
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         return int(cai["data"][0])
-    return int(a._ary.ctypes.data)  # a simulated device array wraps numpy memory
+    # numba's simulated device array wraps numpy memory and answers every ndarray attribute
+    # it lacks from that array, ``ctypes`` included
+    return int(a.ctypes.data)
