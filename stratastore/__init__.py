@@ -13,7 +13,7 @@ tools are in ``ops`` and ``metrics``, the CLI in ``cli``.
 from stratastore.catalog import CatalogBusy
 from stratastore.chain import Checkpoint, Conversation, InvalidRequest
 from stratastore.config import LevelSpec, StoreConfig
-from stratastore.errors import ConfigError, StrataError
+from stratastore.errors import ConfigError, LevelUnavailable, StrataError
 from stratastore.facade import BatchRestoreError, SpillError, Store, StoreClosed
 from stratastore.format import (
     ChecksumMismatch,
@@ -68,6 +68,7 @@ __all__ = [
     "Level",
     "LevelDescription",
     "LevelSpec",
+    "LevelUnavailable",
     "ModelFingerprint",
     "PagedKV",
     "ParkReport",

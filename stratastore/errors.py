@@ -9,7 +9,7 @@ and exits with its class's code (one table: ``stratastore.cli.exit_codes``).
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "StrataError"]
+__all__ = ["ConfigError", "LevelUnavailable", "StrataError"]
 
 
 class StrataError(Exception):
@@ -18,3 +18,11 @@ class StrataError(Exception):
 
 class ConfigError(StrataError):
     """A setting or an argument is invalid; the message names it and the values allowed."""
+
+
+class LevelUnavailable(StrataError):
+    """A level could not be reached: its server refused, dropped or timed out a call, a
+    cluster is down, its credentials were refused. Every backend's "cannot reach the level"
+    error derives from it (the Redis level's ``RemoteError``), so callers and the CLI (its own
+    exit code) tell an unreachable level from damage or a bad setting without naming a
+    backend. The message names the level as it may be shown (no credential) and the fix."""

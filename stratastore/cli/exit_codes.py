@@ -3,8 +3,10 @@ theirs.
 
 An error reaches the command line as one line on stderr (``strata: error: ...``, its message
 naming the object and the fix), never a traceback, and as the code of the first class along its
-MRO that :data:`TABLE` lists: a :class:`RemoteError` is an I/O error (:class:`StrataIOError`)
-but exits with the remote level's code, because it comes first in its MRO. Every
+MRO that :data:`TABLE` lists: a backend's "cannot reach the level" error (the Redis level's
+``RemoteError``) is a :class:`LevelUnavailable` and an I/O error (:class:`StrataIOError`), and
+exits with the unreachable level's code, because :class:`LevelUnavailable` comes first in its
+MRO. No backend is named here. Every
 :class:`StrataError` has a row (the root's, 2, catches what no family claims).
 
 The store checks (``fsck``, ``conformance``, ``inspect``) keep the contract FSCK.md documents
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from stratastore.catalog import CatalogBusy
-from stratastore.errors import ConfigError, StrataError
+from stratastore.errors import ConfigError, LevelUnavailable, StrataError
 from stratastore.facade import SpillError
 from stratastore.format.errors import (
     ChecksumMismatch,
@@ -31,7 +33,6 @@ from stratastore.format.errors import (
 )
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.errors import StoreError
-from stratastore.levels.redis.backend import RemoteError
 from stratastore.ops.level_dirs import NoStoreLevels
 from stratastore.restore.two_pass import RestoreFailed
 from stratastore.tiers.disk import LevelRefused
@@ -100,9 +101,9 @@ TABLE: tuple[Row, ...] = (
     ),
     Row(
         ExitCode.REMOTE,
-        "the remote level did not answer as it should: refused, dropped or timed out, a "
-        "cluster down, authentication refused",
-        (RemoteError,),
+        "a level could not be reached: the remote level refused, dropped or timed out a "
+        "call, a cluster down, authentication refused",
+        (LevelUnavailable,),
     ),
     Row(
         ExitCode.BUSY,

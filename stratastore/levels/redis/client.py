@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from stratastore.errors import ConfigError
+from stratastore.errors import ConfigError, LevelUnavailable
 from stratastore.format import FormatError
 from stratastore.format.remote_record import MAX_COMMIT_RECORD_BYTES
 from stratastore.io.errors import StrataIOError
@@ -41,9 +41,12 @@ COUNTERS = ("errors", "timeouts", "missing_parts", "raced_puts", "stale_index")
 _RAISE = object()  #: :meth:`RedisCalls._pipeline`: a reply of another type raises
 
 
-class RemoteError(StrataIOError):
+class RemoteError(LevelUnavailable, StrataIOError):
     """The remote level did not answer as it should: a connection refused, dropped or timed
-    out, a cluster down or reconfiguring, authentication refused. Never carries credentials."""
+    out, a cluster down or reconfiguring, authentication refused. Never carries credentials.
+    A :class:`~stratastore.errors.LevelUnavailable` (the level cannot be reached) and a
+    :class:`~stratastore.io.errors.StrataIOError` (the restore's read pass stops its ladder
+    there)."""
 
     def __init__(self, op: str, where: str, why: str, err: int = errno.EIO) -> None:
         super().__init__(
