@@ -5,7 +5,7 @@ the :class:`~stratastore.levels.backend.SegmentBackend` protocol): read the stor
 validate it (``put_sealed`` checks every page), put it, then delete it from the source; if that
 delete fails and the source still holds the segment, the copy here is deleted again. Two
 directory stores move a segment by link or copy of its file instead
-(:mod:`stratastore.levels.local.relocation`).
+(:meth:`stratastore.levels.local.SegmentStore.relocate_from`).
 
 Races: a source that no longer holds the key (another process moved it down or deleted it)
 raises :class:`~stratastore.levels.errors.SegmentNotFound`, never another error; a key this

@@ -21,11 +21,18 @@ Order of operations (spec F-DUR):
   is skipped and reported in :attr:`SegmentStore.skipped` (spec F-DIR-8).
 * **files**: created with the store's ``file_mode`` (default ``0o600``; directories
   ``0o700``), spec F-DIR-9; every removal goes through the io layer's store-name guard.
-* **get**: :mod:`stratastore.levels.local.reads` (:class:`SegmentReads`, the base of
-  :class:`SegmentStore`): pages read with ``pread`` into memory this process owns and hashed
-  there, never mapped (spec F-SC-3).
-* **relocate**: :mod:`stratastore.levels.relocation` (spec F-DUR-8). **seal** (keys, page
-  hashes, compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
+* **get**: pages read with ``pread`` into memory this process owns and hashed there, delivered
+  from that same memory only if they match; never mapped, so a file truncated or failing under a
+  reader is a typed error, never a SIGBUS (spec F-SC-3). Readers take no lock. A segment deleted
+  meanwhile (by this or another process) is :class:`SegmentNotFound`; a committed sidecar whose
+  data file is gone is damage.
+* **relocate** (spec F-DUR-8): under both write locks (the source's, then this one's: callers
+  keep that order), the data file made here by hard link on one volume or durable copy across
+  two, this level's own sidecar written (its level, a new ``sealed_at``) and indexed, and only
+  then the segment deleted from the source. Any failure undoes what was done here and leaves the
+  segment whole in the source. A source of another kind goes through
+  :func:`~stratastore.levels.relocation.relocate_by_copy`. **seal** (keys, page hashes,
+  compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
 * **used / oldest**: counters and an age table kept in the index's own transactions
   (:mod:`stratastore.levels.local.index`), so neither grows with the store.
 """
@@ -33,6 +40,7 @@ Order of operations (spec F-DUR):
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -41,8 +49,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 from stratastore.errors import StrataError
 from stratastore.format import (
+    DATA_OFFSET,
     ChecksumMismatch,
     Codec,
     FormatError,
@@ -62,14 +74,15 @@ from stratastore.format.index_record import INDEX_SCHEMA
 from stratastore.io import DurableFile, durable_write, files, guard
 from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
 from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
+from stratastore.io.relocate import link_or_copy
 from stratastore.io.system import filesystem_type
-from stratastore.levels import relocation
 from stratastore.levels.backend import PutResult, StoreStats
+from stratastore.levels.common import SealedLevel
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.inspect import inspect_segment
 from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
-from stratastore.levels.local.reads import SegmentReads
-from stratastore.levels.local.relocation import relocate
+from stratastore.levels.reader import SegmentReader, require_valid
+from stratastore.levels.relocation import Relocated, relocate_by_copy, resealed
 from stratastore.levels.sealing import (
     STATE_PAGE_BYTES,
     Buffer,
@@ -104,9 +117,10 @@ class Skipped:
     error: str  #: the error's class name (FormatError, ChecksumMismatch, ...)
 
 
-class SegmentStore(SegmentReads):
+class SegmentStore(SealedLevel):
     """Segments of one model in one directory; thread-safe, one writer at a time per directory
-    across processes (readers never block: :class:`SegmentReads`). Use :meth:`open`.
+    across processes, readers never block. Use :meth:`open`. The module docstring is the order
+    of its operations.
 
     The first implementation of the level protocol
     :class:`~stratastore.levels.backend.SegmentBackend` (checked there, statically).
@@ -266,6 +280,135 @@ class SegmentStore(SegmentReads):
     ) -> None:
         self.close()
 
+    # -- files --------------------------------------------------------------------------------
+    def _data_path(self, key: bytes) -> str:
+        return os.path.join(self.path, data_name(key))
+
+    def _sidecar_path(self, key: bytes) -> str:
+        return os.path.join(self.path, sidecar_name(key))
+
+    def _committed(self, key: bytes) -> bool:
+        return files.exists(self._sidecar_path(key))
+
+    def _read_sidecar(self, key: bytes) -> tuple[Sidecar, int]:
+        """The sidecar of ``key`` and its size, checked (spec F-SC, F-KEY-6) for this store's
+        model: its typed error when damaged, :class:`SegmentNotFound` when it is gone."""
+        got = inspect_segment(
+            key,
+            self._sidecar_path(key),
+            self._data_path(key),
+            depth="sidecar",
+            fingerprint=self.fingerprint,
+        )
+        if got.damage is not None:
+            e = got.damage.error
+            if isinstance(e, StrataIOError) and e.errno == errno.ENOENT:
+                raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
+            raise e
+        assert got.sidecar is not None
+        return got.sidecar, got.sidecar_bytes
+
+    def _inspect(self, key: bytes) -> tuple[Sidecar, IndexRecord]:
+        """Read and check a committed segment's sidecar and data header (no page hashing: what
+        open adopts, spec F-IDX-3); the damage's typed error when it is damaged.
+        :class:`SegmentNotFound` when it was deleted meanwhile (its sidecar is gone)."""
+        sidecar = self._read_sidecar(key)
+        got = inspect_segment(key, self._sidecar_path(key), self._data_path(key), sidecar=sidecar)
+        if got.damage is not None and isinstance(got.damage.error, StrataIOError):
+            self._raise_if_deleted(key, got.damage.error)
+        return sidecar[0], got.record()
+
+    def _raise_if_deleted(self, key: bytes, e: StrataIOError) -> None:
+        """A data file that vanished under a read: :class:`SegmentNotFound` when the segment was
+        deleted (its sidecar is gone too; another process moved or dropped it), else return
+        (a committed sidecar without its data file is damage: the caller re-raises ``e``)."""
+        if e.errno == errno.ENOENT and not self._committed(key):
+            raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
+
+    # -- reading ------------------------------------------------------------------------------
+    def contains(self, key: bytes) -> bool:
+        return self._index.get(key) is not None
+
+    __contains__ = contains
+
+    def record(self, key: bytes) -> IndexRecord:
+        rec = self._index.get(key)
+        if rec is None:
+            raise SegmentNotFound(f"segment {key.hex()} is not in {self.path}")
+        return rec
+
+    def sidecar(self, key: bytes) -> Sidecar:
+        self.record(key)
+        return self._read_sidecar(key)[0]
+
+    def keys(self) -> list[bytes]:
+        return self._index.keys()
+
+    def records(self) -> list[tuple[bytes, IndexRecord]]:
+        """Every ``(key, record)`` of the index."""
+        return list(self._index.items())
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(len(self._index), self._index.used_bytes())
+
+    def used(self) -> int:
+        """Data-file plus sidecar bytes of every indexed segment: one index read, O(1)."""
+        return self._index.used_bytes()
+
+    def oldest(self) -> Iterator[tuple[bytes, IndexRecord]]:
+        """``(key, record)`` of every segment, oldest ``sealed_at`` first, lazily (the index's
+        ``ages`` table: O(log n) a row, no transaction held between rows)."""
+        return self._index.oldest()
+
+    def open_reader(self, key: bytes) -> SegmentReader:
+        """The committed segment ``key`` held open for reads into memory the caller owns (the
+        restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager).
+        :class:`SegmentNotFound` when it is not here, or was deleted meanwhile."""
+        self.record(key)
+        sc = self._read_sidecar(key)[0]
+        try:
+            return SegmentReader(sc, self._data_path(key))
+        except StrataIOError as e:
+            self._raise_if_deleted(key, e)
+            raise
+
+    def prefetch(self, key: bytes) -> bool:
+        """Start reading the segment's data file into the page cache (a hint for a restore that
+        comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
+        return files.advise_willneed(self._data_path(key))
+
+    def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
+        """A read-only uint8 array of the segment's pages (RAW codec only), read into new memory
+        this process owns: never a mapping, so a file truncated or deleted later cannot fault
+        the caller (it keeps what it got).
+
+        With ``verify`` every page of that memory is hashed and a mismatch raises
+        :class:`ChecksumMismatch`.
+        """
+        with self.open_reader(key) as seg:
+            sc = seg.sidecar
+            if sc.codec is not Codec.RAW:
+                raise StoreError(
+                    f"segment {key.hex()} is {sc.codec.name.lower()}-compressed and cannot be "
+                    "viewed raw; use get_into"
+                )
+            payload = seg.pages()
+        if verify:
+            require_valid(sc, payload)
+        payload.flags.writeable = False
+        return payload
+
+    def verify(self, key: bytes) -> int:
+        """Hash every page of a segment: the first bad page, or -1 when all match."""
+        with self.open_reader(key) as seg:
+            return seg.first_bad_page()
+
     # -- writing ------------------------------------------------------------------------------
     def put_sealed(self, sidecar: Sidecar, stored: Buffer) -> PutResult:
         """Store a segment another level sealed: ``stored`` is its stored payload as
@@ -276,7 +419,7 @@ class SegmentStore(SegmentReads):
         if self._committed(key) and self._index.get(key) is not None:
             return PutResult(key, False, 0)  # content-addressed: nothing to hash or write
         data = check_sealed(sidecar, stored, self.fingerprint)
-        mine = relocation.resealed(sidecar, self.level)
+        mine = resealed(sidecar, self.level)
         header = SegmentHeader(
             mine.kind, mine.codec, key, mine.page_count, mine.page_bytes, mine.stored_bytes
         )
@@ -385,14 +528,44 @@ class SegmentStore(SegmentReads):
             self.skipped.append(Skipped(os.path.basename(path), str(e), type(e).__name__))
             return False
 
-    def relocate_from(self, src: SegmentBackend, key: bytes) -> relocation.Relocated:
+    # -- relocating ---------------------------------------------------------------------------
+    def relocate_from(self, src: SegmentBackend, key: bytes) -> Relocated:
         """Move the committed segment ``key`` from ``src`` (another level) into this store, all
-        or nothing (spec F-DUR-8); see :func:`~stratastore.levels.local.relocation.relocate`. From
-        another directory store: hard link on one volume, durable copy across two; from any
-        other backend: read, validate, put, then drop it there. :class:`SegmentNotFound` when
-        ``src`` does not hold ``key`` (another process moved or deleted it meanwhile);
-        ``"present"`` when this store already holds it (``src``'s copy is dropped)."""
-        return relocate(self, src, key)
+        or nothing (spec F-DUR-8; the module docstring gives the order). From another directory
+        store: hard link on one volume, durable copy across two; from any other backend:
+        :func:`~stratastore.levels.relocation.relocate_by_copy` (read, validate, put, then drop
+        it there). :class:`SegmentNotFound` when ``src`` does not hold ``key`` (another process
+        moved or deleted it meanwhile); ``"present"`` when this store already holds it
+        (``src``'s copy is dropped)."""
+        self.fingerprint.require_same(src.fingerprint, f"segment {key.hex()} of {src.path}")
+        if not isinstance(src, SegmentStore):
+            return relocate_by_copy(self, src, key)
+        with src._write_lock(), self._write_lock():
+            sc, _ = src._inspect(key)  # SegmentNotFound when src lost it meanwhile
+            if self._committed(key):
+                src._delete_locked(key)
+                return "present"
+            mine = resealed(sc, self.level)
+            side = encode_sidecar(mine)
+            guard.remove_store_file(self._data_path(key), missing_ok=True)  # a crashed move's
+            try:
+                how = link_or_copy(src._data_path(key), self._data_path(key))
+                durable_write(self._sidecar_path(key), side, mode=self.file_mode)
+                size = DATA_OFFSET + sc.stored_bytes
+                self._index.put(key, IndexRecord.from_sidecar(mine, len(side), size))
+            except BaseException:
+                self._roll_back(key)
+                raise
+            try:
+                src._delete_locked(key)
+            except StrataError:
+                if src._committed(key):  # still whole there: undo the copy here instead
+                    self._roll_back(key)
+                    src._reindex(key)
+                    raise
+                # its sidecar is gone, so the segment lives here alone; a leftover data file in
+                # src is an orphan (invisible; fsck reports it)
+        return how
 
     adopt = relocate_from  #: the name of 0.1 (tiers/disk.py)
 
