@@ -59,7 +59,6 @@ from stratastore.config.environment import ENV_SWITCHES
 from stratastore.config.levels import (
     MAX_LEVELS,
     MAX_SETTING,
-    REDIS_SETTINGS,
     LevelSettings,
     LevelSpec,
     level_byte,
@@ -77,7 +76,6 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_LEVELS",
     "MAX_SETTING",
-    "REDIS_SETTINGS",
     "LevelSettings",
     "LevelSpec",
     "ParkTarget",

@@ -3,8 +3,9 @@
 Before levels were a list, a store's levels were flat settings: ``warm_dir``, ``warm_mib``,
 ``warm_max_age_s`` (the warm level), ``cold_dir``, ``cold_mib``, ``cold_max_age_s`` (the cold
 level, the last; ``spill_dir`` and ``disk_mib`` are older names of its directory and budget),
-and ``remote_url``, ``remote_mib`` and ``remote_<key>`` for each of the Redis level's settings
-(:data:`~stratastore.config.levels.REDIS_SETTINGS`). They stay accepted, by
+and ``remote_url``, ``remote_mib`` and ``remote_<key>`` for each setting of the backend the flat
+remote settings name (the schema of its registry row,
+:func:`~stratastore.levels.registry.flat_shared`). They stay accepted, by
 :class:`~stratastore.config.StoreConfig` and in a file, and are folded here into
 :class:`~stratastore.config.levels.LevelSpec` values: a config holds every level once, however
 it was written, and reads each flat name back from the level it names (:func:`flat_value`).
@@ -29,14 +30,16 @@ from typing import Any
 
 from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.config.levels import (
-    REDIS_SETTINGS,
-    SHARED_SCHEMES,
+    REMOTE,
     LevelSpec,
     Setting,
     check_value,
+    dir_problem,
+    shown_value,
 )
 from stratastore.errors import ConfigError
-from stratastore.levels.registry import scheme_of
+from stratastore.levels.registry import backend_for, flat_shared, scheme_of
+from stratastore.levels.settings import LevelContext
 
 __all__ = [
     "ALIASES",
@@ -50,7 +53,6 @@ __all__ = [
     "spelled_as",
 ]
 
-REMOTE = "remote"  #: the name the flat settings give the remote level
 #: older name -> the flat name it stands for (the cold level is the existing disk tier)
 ALIASES = {"spill_dir": "cold_dir", "disk_mib": "cold_mib"}
 _LEVEL_FIELDS: Mapping[str, Setting] = {
@@ -68,7 +70,7 @@ FLAT: Mapping[str, tuple[str, str, Setting]] = {
     },
     "remote_url": (REMOTE, "url", _LEVEL_FIELDS["url"]),
     "remote_mib": (REMOTE, "mib", _LEVEL_FIELDS["mib"]),
-    **{f"remote_{k}": (REMOTE, k, s) for k, s in REDIS_SETTINGS.items()},
+    **{f"remote_{k}": (REMOTE, k, s) for k, s in flat_shared().settings.items()},
 }
 _DISK = tuple(n for n, (level, _, _) in FLAT.items() if level != REMOTE)
 _REMOTE = tuple(n for n, (level, _, _) in FLAT.items() if level == REMOTE)
@@ -77,7 +79,9 @@ _REMOTE = tuple(n for n, (level, _, _) in FLAT.items() if level == REMOTE)
 def _read(spec: LevelSpec | None, key: str) -> Any:
     """A level's field or setting ``key``; a level that is absent reads as one that is off."""
     if spec is None:
-        return _LEVEL_FIELDS[key].default if key in _LEVEL_FIELDS else REDIS_SETTINGS[key].default
+        return (
+            _LEVEL_FIELDS[key].default if key in _LEVEL_FIELDS else FLAT[f"remote_{key}"][2].default
+        )
     return getattr(spec, key) if key in _LEVEL_FIELDS else spec.setting(key)
 
 
@@ -118,25 +122,30 @@ def alias_conflict(setting: str, value: object, specs: tuple[LevelSpec, ...], fl
     if spec is not None:
         where = f"levels[{index_in_list(specs, spec)}] ({spec.name})"
         field = key if key in _LEVEL_FIELDS else f"settings.{key}"
-        secret = (_LEVEL_FIELDS[key] if key in _LEVEL_FIELDS else REDIS_SETTINGS[key]).secret
-        have = f"{field}=<hidden>" if secret else f"{field}={_read(spec, key)!r}"
-        shown = "<hidden>" if FLAT[flat][2].secret else repr(value)
+        secret = (_LEVEL_FIELDS[key] if key in _LEVEL_FIELDS else FLAT[flat][2]).secret
+        have = f"{field}={shown_value(_read(spec, key), secret)}"
+        shown = shown_value(value, FLAT[flat][2].secret)
         return (
             f"{setting}={shown} and {where} {have} name the same setting with different "
             f"values; keep one of them (the levels entry)"
         )
-    shown = "<hidden>" if FLAT[flat][2].secret else repr(value)
+    shown = shown_value(value, FLAT[flat][2].secret)
     return (
         f"{setting}={shown} names the {level} level, but levels has no level named "
         f"{level!r}; add it to levels, or remove {setting}"
     )
 
 
-def check_flat(flat: Mapping[str, Any]) -> None:
+def check_flat(flat: Mapping[str, Any], given_as: Mapping[str, str] | None = None) -> None:
     """The type and range of each flat setting given, by its own name (what the setting
-    was before it was an alias)."""
+    was before it was an alias; ``given_as`` names it as written); a directory that holds a
+    URL is refused, named by its scheme alone."""
     for name, value in flat.items():
         check_value(name, value, FLAT[name][2])
+        if FLAT[name][1] == "dir":
+            problem = dir_problem((given_as or {}).get(name, name), value)
+            if problem is not None:
+                raise ConfigError(f"setting {problem}")
 
 
 def _agree(
@@ -168,10 +177,12 @@ def _flat_level(level: str, flat: Mapping[str, Any]) -> LevelSpec | None:
     )
     if default_dir:
         fields["dir"] = default_cold_dir(f"{level}_mib")
-    if level == REMOTE and fields.get("url") and scheme_of(fields["url"]) not in SHARED_SCHEMES:
-        from stratastore.levels.redis.settings import RemoteSettings
-
-        RemoteSettings(fields["url"])  # remote_url names Redis: its own message says so
+    if level == REMOTE and fields.get("url"):
+        entry = backend_for(scheme_of(fields["url"]))
+        if entry is None or not entry.shared:  # the backend remote_url names says what is wrong
+            row = flat_shared()
+            table = {k: s.default for k, s in row.settings.items()}
+            row.check_level(fields["url"], table, LevelContext(), lambda k: f"remote_{k}")
     return LevelSpec(level, **fields, settings=given, flat=True, default_dir=default_dir)
 
 
@@ -183,7 +194,7 @@ def fold(
     list has none of their kind (the warm and cold levels first, the remote level last),
     else checked against the list's entries they alias."""
     given_as = given_as or {}
-    check_flat(flat)
+    check_flat(flat, given_as)
     if any(not s.shared for s in specs):
         _agree(specs, flat, _DISK, given_as)
         disk: list[LevelSpec] = []

@@ -6,16 +6,17 @@ by URL: ``memory://NAME``, or a Redis level ``redis://``, ``rediss://``, ``redis
 ``rediss+cluster://``, spec F-REM), a budget ``mib`` (``0``: the level is off), an age limit
 ``max_age_s`` (``0``: none) and a table of its own ``settings`` (TOML: ``[levels.settings]``
 right after its ``[[levels]]`` table). A level named ``cold`` given a budget and no location is
-kept in the user's cache directory (:mod:`stratastore.config.environment`). Only a Redis level
-has settings, :data:`REDIS_SETTINGS`: its store name, credentials, TLS files, timeout, part
-size, who evicts and whether a restore from it is kept locally.
+kept in the user's cache directory (:mod:`stratastore.config.environment`). A level's settings
+table is its backend's: the schema its registry row carries
+(:class:`~stratastore.levels.registry.BackendEntry`, found by the scheme of its location); this
+module checks a table against it and names no backend.
 
 A level on a shared backend (Redis) is *the* remote level: at most one, never a step of the disk
 cascade (spec F-DIR-2, "Levels and their order": the list's other levels, in order, are the
 store's disk levels). Settings a level cannot take, and values of the wrong type or range, are a
 :class:`~stratastore.errors.ConfigError` naming the key as it was written. Credentials are never
-shown: a level's ``repr`` leaves out its URL (which may carry ``user:password@``) and hides its
-user name and password.
+shown: a level's ``repr`` leaves out its URL (which may carry ``user:password@``) and hides the
+settings its schema marks secret; a ``dir`` that holds a URL is refused, named by its scheme.
 """
 
 from __future__ import annotations
@@ -28,90 +29,76 @@ from typing import Any
 from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.errors import ConfigError
 from stratastore.format.sidecar import Level
-from stratastore.levels.registry import SHARED_SCHEMES, URL_SCHEMES, scheme_of
+from stratastore.levels.registry import SCHEMES, BackendEntry, backend_for, flat_shared, scheme_of
+from stratastore.levels.settings import MAX_SETTING, Setting, check_value
 
 __all__ = [
     "LEVEL_KEYS",
     "MAX_LEVELS",
     "MAX_SETTING",
-    "REDIS_SETTINGS",
-    "SHARED_SCHEMES",
     "LevelSettings",
     "LevelSpec",
     "Setting",
     "as_levels",
     "check_value",
+    "dir_problem",
     "level_byte",
+    "shown_value",
 ]
 
-MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
 MAX_LEVELS = 8  #: disk levels a ``levels`` list holds at most (beside one shared level)
 #: the keys of a ``[[levels]]`` table (the first four are what a disk level needs)
 LEVEL_KEYS = ("name", "dir", "mib", "max_age_s", "url", "settings")
 #: the characters of a level's name (it names counters, stats keys and messages)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+REMOTE = "remote"  #: the name the flat settings give the remote level
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting of a level's table: its default, what a value must be, and whether it is
-    a credential (never shown)."""
+def shown_value(value: object, secret: bool = False) -> str:
+    """``value`` as a message or a ``repr`` may show it: ``<hidden>`` for a credential, a URL
+    by its scheme alone (``'redis://...'``: it may carry ``user:password@``), a local
+    ``file:///PATH`` and everything else as its ``repr``."""
+    if secret:
+        return "<hidden>"
+    if isinstance(value, str) and "://" in value:
+        scheme = scheme_of(value)
+        if scheme == "file" and value[len("file://") :].startswith("/") and "@" not in value:
+            return repr(value)
+        return repr(f"{scheme}://...") if scheme else "<not shown>"
+    return repr(value)
 
-    key: str
-    default: object
-    what: str = ""  #: a string setting's type error says what it is ("a path")
-    choices: tuple[str, ...] = ()  #: the values a choice allows
-    least: int = 0  #: an integer's smallest value
-    secret: bool = False
 
-
-#: the settings of a Redis level's table (the flat ``remote_<key>`` settings alias them)
-REDIS_SETTINGS: Mapping[str, Setting] = {
-    s.key: s
-    for s in (
-        Setting("name", "default", "a name"),  # every key's namespace (spec F-REM-1)
-        Setting("username", "", "a user name", secret=True),
-        Setting("password", "", "a password", secret=True),
-        Setting("tls_ca", "", "a path"),  # the CA of the server's certificate (rediss)
-        Setting("tls_cert", "", "a path"),  # a client certificate and its key
-        Setting("tls_key", "", "a path"),
-        Setting("timeout_ms", 5000, least=1),  # every call: connect, read, write
-        Setting("part_mib", 16, least=1),  # a segment is stored in values of at most this
-        Setting("eviction", "store", choices=("store", "redis")),
-        Setting("keep_local", True),  # a restore from the level is kept locally too
+def dir_problem(key: str, value: str) -> str | None:
+    """What is wrong with ``value`` given as the directory ``key`` (a level's ``dir``,
+    ``cold_dir``, ``prompt_cache_dir``, ...), or None: a URL is not a directory (named by its
+    scheme alone: it may carry a credential), and a ``file://`` URL must name a local path
+    (``file:///PATH``)."""
+    scheme = scheme_of(value)
+    if not scheme:
+        return None
+    if scheme == "file":
+        if value[len("file://") :].startswith("/") and "@" not in value:
+            return None
+        return f"{key}=file://... is not a local path; give the path, or file:///PATH"
+    return (
+        f"{key}={scheme}://... is a URL, not a directory; give a directory path (a level on a "
+        "server is a [[levels]] table with url = ...)"
     )
-}
-
-
-def check_value(label: str, value: object, s: Setting) -> None:
-    """``value`` of the setting ``label`` against its row: a choice, a bool, an integer in
-    ``least..MAX_SETTING`` or a string; a :class:`ConfigError` naming ``label`` otherwise (a
-    credential's value is never shown)."""
-    if s.choices:
-        if value not in s.choices:
-            raise ConfigError(f"setting {label}={value!r} is not one of {', '.join(s.choices)}")
-    elif isinstance(s.default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"setting {label}={value!r} must be true or false")
-    elif isinstance(s.default, int):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SETTING:
-            raise ConfigError(f"setting {label}={value!r} must be an integer in 0..{MAX_SETTING}")
-        if value < s.least:
-            raise ConfigError(f"setting {label} must be at least {s.least}")
-    elif not isinstance(value, str):
-        shown = "<hidden>" if s.secret else repr(value)
-        raise ConfigError(f"setting {label}={shown} must be a string ({s.what or 'a path'})")
 
 
 class LevelSettings(Mapping[str, Any]):
     """A level's settings table, read-only and hashable (a :class:`LevelSpec` is a value);
     only the settings that differ from their defaults are held, so two tables that configure
-    the same level compare equal. Its ``repr`` hides credentials."""
+    the same level compare equal. Its ``repr`` hides the settings ``secret`` names (and shows
+    a URL by its scheme alone)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_secret")
 
-    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, values: Mapping[str, Any] | None = None, secret: frozenset[str] = frozenset()
+    ) -> None:
         self._items = dict(sorted((values or {}).items()))
+        self._secret = secret
 
     def __getitem__(self, key: str) -> Any:
         return self._items[key]
@@ -127,8 +114,7 @@ class LevelSettings(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         shown = ", ".join(
-            f"{k}=<hidden>" if k in REDIS_SETTINGS and REDIS_SETTINGS[k].secret else f"{k}={v!r}"
-            for k, v in self._items.items()
+            f"{k}={shown_value(v, k in self._secret)}" for k, v in self._items.items()
         )
         return f"LevelSettings({shown})"
 
@@ -147,7 +133,10 @@ def _level_problem(
             f"name={name!r} must be a non-empty name of a-z, 0-9, _ and - (warm, cold, nvme-0, ...)"
         )
     if not isinstance(dir, str) or (dir_needed and not dir):
-        return f"dir={dir!r} must be a non-empty string (a directory)"
+        return f"dir={shown_value(dir)} must be a non-empty string (a directory)"
+    problem = dir_problem("dir", dir)
+    if problem is not None:
+        return problem
     for key, value in (("mib", mib), ("max_age_s", max_age_s)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SETTING:
             return f"{key}={value!r} must be an integer in 0..{MAX_SETTING}"
@@ -160,32 +149,35 @@ def _url_problem(url: object) -> str | None:
     if not isinstance(url, str):
         return "url=<not shown> must be a string (a level's URL)"
     scheme = scheme_of(url)
-    if scheme not in URL_SCHEMES:
-        known = ", ".join(f"{s}://" for s in sorted(URL_SCHEMES))
+    if scheme in ("", "file") or backend_for(scheme) is None:
+        known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s not in ("", "file"))
         what = f"{scheme}://..." if scheme else "<not shown>"
         return f"url={what} names no level backend; use a directory (dir) or one of {known}"
     return None
 
 
 def settings_problem(
-    shared: bool, settings: Mapping[str, Any], label: Callable[[str], str]
+    entry: BackendEntry, settings: Mapping[str, Any], label: Callable[[str], str]
 ) -> str | None:
-    """What is wrong with a level's settings table (its keys, then each value's type and range
-    by :func:`check_value`, ``label(key)`` naming it), or None."""
-    if not shared:
+    """What is wrong with a level's settings table against its backend's schema (its keys,
+    then each value's type and range by :func:`check_value`, ``label(key)`` naming it), or
+    None."""
+    schema = entry.settings
+    if not schema:
         if settings:
+            takes = sorted({e.kind for e in SCHEMES.values() if e.settings})
             return (
-                f"settings {', '.join(sorted(settings))}: only a Redis level takes settings "
-                "(a directory or memory level has none)"
+                f"settings {', '.join(sorted(settings))}: only a {' or '.join(takes)} level "
+                f"takes settings (a {entry.kind} level has none)"
             )
         return None
     for key, value in settings.items():
-        if key not in REDIS_SETTINGS:
+        if key not in schema:
             return (
-                f"unknown setting {key!r}; a Redis level's settings are {', '.join(REDIS_SETTINGS)}"
+                f"unknown setting {key!r}; a {entry.kind} level's settings are {', '.join(schema)}"
             )
         try:
-            check_value(label(key), value, REDIS_SETTINGS[key])
+            check_value(label(key), value, schema[key])
         except ConfigError as e:
             return str(e)
     return None
@@ -200,7 +192,8 @@ class LevelSpec:
     budget in MiB (``0``: the level is off), its age limit in seconds (``0``: none; segments
     sealed longer ago are degraded into the next level; on the last level, conversations
     sealed longer ago are shortened to their pinned prefix, never sessions) and its own
-    ``settings`` (a Redis level's, :data:`REDIS_SETTINGS`; held as a :class:`LevelSettings`).
+    ``settings`` (its backend's table: the schema of its registry row, :attr:`backend`; held
+    as a :class:`LevelSettings`).
 
     ``flat`` says the level was spelled by the flat settings (``warm_dir``, ``remote_url``,
     ...): messages then name those, and it may lack a location (``warm_mib = 5`` alone: a
@@ -230,24 +223,37 @@ class LevelSpec:
             kind = type(self.settings).__name__
             problem = f"settings (a {kind}) must be a table of the level's settings"
         if problem is None:
-            problem = settings_problem(self.shared, self.settings, lambda k: k)
+            problem = settings_problem(self.backend, self.settings, lambda k: k)
         if problem is not None:
             raise ConfigError(f"level {self.name!r}: {problem}")
-        defaults = {k: s.default for k, s in REDIS_SETTINGS.items()}
+        schema = self.backend.settings
         held = {
             k: v
             for k, v in self.settings.items()
-            if not (v == defaults[k] and type(v) is type(defaults[k]))
+            if not (v == schema[k].default and type(v) is type(schema[k].default))
         }
-        object.__setattr__(self, "settings", LevelSettings(held))
+        secret = frozenset(k for k, s in schema.items() if s.secret)
+        object.__setattr__(self, "settings", LevelSettings(held, secret))
+
+    @property
+    def backend(self) -> BackendEntry:
+        """The registry row of the backend the level is on, by the scheme of its location: a
+        directory's for ``dir`` (or none), the URL's backend for ``url``, and for a flat
+        ``remote_*`` level without ``remote_url`` (one that is off) the backend those settings
+        name (:func:`~stratastore.levels.registry.flat_shared`)."""
+        if self.url:
+            entry = backend_for(scheme_of(self.url))
+            if entry is not None:
+                return entry
+        if self.flat and self.name == REMOTE and not self.dir:
+            return flat_shared()
+        return SCHEMES[""]
 
     @property
     def shared(self) -> bool:
         """The level is on a shared backend (Redis): the remote level, not a disk level. A
         flat ``remote_*`` level without ``remote_url`` is one too (one that is off)."""
-        if self.url:
-            return scheme_of(self.url) in SHARED_SCHEMES
-        return self.flat and self.name == "remote" and not self.dir
+        return self.backend.shared
 
     @property
     def on(self) -> bool:
@@ -255,9 +261,15 @@ class LevelSpec:
         return bool(self.dir or self.url) and self.mib > 0
 
     def setting(self, key: str) -> Any:
-        """The value of one of a Redis level's :data:`REDIS_SETTINGS` (its default when the
-        table does not set it)."""
-        return self.settings.get(key, REDIS_SETTINGS[key].default)
+        """The value of one of the level's settings (its default when the table does not set
+        it); a key its backend's schema does not hold is a KeyError."""
+        return self.settings.get(key, self.backend.settings[key].default)
+
+    def table(self) -> dict[str, Any]:
+        """The level's settings table whole: every key of its backend's schema, defaults
+        filled in (what the row's ``arguments`` and ``check`` hooks take). Holds credentials:
+        never shown."""
+        return {k: self.settings.get(k, s.default) for k, s in self.backend.settings.items()}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "level") -> LevelSpec:
@@ -304,9 +316,10 @@ class LevelSpec:
         if problem is None and not isinstance(settings, Mapping):
             problem = f"settings (a {type(settings).__name__}) must be a table ([levels.settings])"
         if problem is None:
-            shared = scheme_of(args.get("url", "")) in SHARED_SCHEMES
+            entry = backend_for(scheme_of(args.get("url", "")))
+            assert entry is not None  # the URL was checked above
             problem = settings_problem(
-                shared, settings, lambda k: f"{where} ({args['name']}) settings.{k}"
+                entry, settings, lambda k: f"{where} ({args['name']}) settings.{k}"
             )
         if problem is not None:
             raise ConfigError(f"{label}: {problem}")
@@ -323,7 +336,7 @@ class LevelSpec:
         return out
 
     def __repr__(self) -> str:
-        where = f"url={scheme_of(self.url)}://..." if self.url else f"dir={self.dir!r}"
+        where = f"url={scheme_of(self.url)}://..." if self.url else f"dir={shown_value(self.dir)}"
         extra = f", settings={self.settings!r}" if self.settings else ""
         return (
             f"LevelSpec(name={self.name!r}, {where}, mib={self.mib}, "

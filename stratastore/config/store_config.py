@@ -24,11 +24,19 @@ from stratastore.config.aliases import (
     spelled_as,
 )
 from stratastore.config.environment import DEFAULT_DIR_LEVEL
-from stratastore.config.levels import LevelSpec, Setting, as_levels, check_value
+from stratastore.config.levels import (
+    LevelSpec,
+    Setting,
+    as_levels,
+    check_value,
+    dir_problem,
+    shown_value,
+)
 from stratastore.errors import ConfigError
 from stratastore.io import files
 from stratastore.io.errors import NotARegularFile, StrataIOError
 from stratastore.io.modes import file_mode_problem
+from stratastore.levels.settings import LevelContext
 
 __all__ = ["MAX_CONFIG_BYTES", "ParkTarget", "RamPrefault", "StoreConfig"]
 
@@ -188,6 +196,9 @@ class StoreConfig:
                     ),
                 )
                 object.__setattr__(self, f.name, values[f.name])
+        problem = dir_problem("prompt_cache_dir", prompt_cache_dir)
+        if problem is not None:
+            raise ConfigError(f"setting {problem}; the system-prompt cache is a local folder")
         problem = file_mode_problem(file_mode)
         if problem is not None:
             raise ConfigError(
@@ -206,11 +217,11 @@ class StoreConfig:
                     f"{', '.join(sorted(_KNOWN | set(FLAT) | set(ALIASES)))}"
                 )
             if name in canon and canon[name] != value:
-                shown = "<hidden>" if FLAT[name][2].secret else None
+                secret = FLAT[name][2].secret
                 raise ConfigError(
-                    f"{given_as[name]}={shown or repr(canon[name])} and {key}="
-                    f"{shown or repr(value)} name the same setting with different values; "
-                    "keep one of them"
+                    f"{given_as[name]}={shown_value(canon[name], secret)} and {key}="
+                    f"{shown_value(value, secret)} name the same setting with different "
+                    "values; keep one of them"
                 )
             canon[name], given_as[name] = value, key
         listed = as_levels(levels or specs)
@@ -227,7 +238,7 @@ class StoreConfig:
             have = getattr(self, name)
             if value != have or type(value) is not type(have):
                 raise ConfigError(alias_conflict(given_as[name], value, self.specs, name))
-        self._check_remote()
+        self._check_levels()
 
     # -- the levels -----------------------------------------------------------------------------
 
@@ -257,68 +268,48 @@ class StoreConfig:
 
     def level_settings(self, spec: LevelSpec) -> dict[str, Any]:
         """The keyword settings ``spec``'s backend opens with
-        (:func:`stratastore.levels.registry.open_level`): a directory's ``file_mode``; a Redis
-        level's :class:`~stratastore.levels.redis.settings.RemoteSettings` arguments,
-        credentials included (of the config and the URL; the environment's are read by
-        :meth:`RemoteSettings.from_config
-        <stratastore.levels.redis.settings.RemoteSettings.from_config>`); nothing for a memory
-        level. Never shown: the dict holds credentials."""
+        (:func:`stratastore.levels.registry.open_level`), made by its registry row's
+        ``arguments`` hook from the level's settings table and the store's
+        :class:`~stratastore.levels.settings.LevelContext` (its budget, ``file_mode``): a
+        directory's ``file_mode``; a Redis level's connection settings, credentials included
+        (of the config and the URL; the environment's are read when it opens); nothing for a
+        memory level. Never shown: the dict may hold credentials."""
         if spec not in self.specs:
             raise ValueError(f"level {spec.name!r} is not a level of this configuration")
-        if spec.dir:
-            return {"file_mode": self.file_mode}
-        if not spec.shared:
-            return {}
-        s = spec.setting
-        return {
-            "name": s("name"),
-            "username": s("username"),
-            "password": s("password"),
-            "tls_ca": s("tls_ca"),
-            "tls_cert": s("tls_cert"),
-            "tls_key": s("tls_key"),
-            "timeout_s": s("timeout_ms") / 1000,
-            "part_bytes": s("part_mib") << 20,
-            "eviction": s("eviction"),
-            "budget_bytes": spec.mib << 20,
-            "keep_local": s("keep_local"),
-        }
+        return spec.backend.arguments_for(spec.table(), self._context(spec))
 
-    def _check_remote(self) -> None:
-        """The remote level's settings, checked without connecting (spec F-REM-1): its URL
-        parses, its name is one a key can carry, its budget goes with ``eviction = "store"``.
-        Messages name the settings as written: ``remote_mib``, or ``levels[2] (remote) mib``."""
-        from stratastore.levels.redis.settings import RemoteSettings, check_name
+    def _context(self, spec: LevelSpec) -> LevelContext:
+        return LevelContext(mib=spec.mib, file_mode=self.file_mode)
 
-        spec = self.remote
-        if spec is None:
-            return
-        where = "" if spec.flat else f"levels[{index_in_list(self.specs, spec)}] ({spec.name}): "
-        try:
-            check_name(spec.setting("name"))
-            if not spec.url:
-                return
-            RemoteSettings(spec.url, **self.level_settings(spec))
-        except ConfigError as e:
-            raise ConfigError(f"{where}{e}") from None
-        url, mib, ev = (
-            ("remote_url", "remote_mib", "remote_eviction")
-            if spec.flat
-            else ("url", "mib", "settings.eviction")
+    def _check_levels(self) -> None:
+        """Each level's settings checked by its backend's row without connecting (the remote
+        level: its URL parses, its name is one a key can carry, its budget goes with its
+        eviction, spec F-REM-1). Messages name the settings as written: ``remote_mib``, or
+        ``levels[2] (remote) mib``."""
+        for spec in self.specs:
+            where = (
+                "" if spec.flat else f"levels[{index_in_list(self.specs, spec)}] ({spec.name}): "
+            )
+
+            def label(key: str, spec: LevelSpec = spec) -> str:
+                if spec.flat:
+                    return f"{spec.name}_{key}"
+                return key if key in ("dir", "url", "mib", "max_age_s") else f"settings.{key}"
+
+            try:
+                spec.backend.check_level(spec.url, spec.table(), self._context(spec), label)
+            except ConfigError as e:
+                raise ConfigError(f"{where}{e}") from None
+
+    def __repr__(self) -> str:
+        """Every field as the dataclass shows it, each string by :func:`shown_value` (a URL by
+        its scheme alone) and the levels by their own ``repr`` (no credential)."""
+        shown = ", ".join(
+            f"{f.name}={shown_value(v) if isinstance(v, str) else repr(v)}"
+            for f in dataclasses.fields(self)
+            if (v := getattr(self, f.name)) is not None
         )
-        if spec.setting("eviction") == "store" and spec.mib == 0:
-            raise ConfigError(
-                f"{where}setting {url} is set with {ev}=store but {mib}=0: give "
-                "the remote level a budget (MiB), or let Redis evict ("
-                f'{ev.rpartition(".")[2]} = "redis", with maxmemory and an LRU '
-                "policy on the server)"
-            )
-        if spec.setting("eviction") == "redis" and spec.mib:
-            raise ConfigError(
-                f"{where}setting {mib}={spec.mib} is not used with {ev}=redis "
-                f"(the server's maxmemory is the budget); set {mib} = 0, or "
-                f'{ev.rpartition(".")[2]} = "store"'
-            )
+        return f"StoreConfig({shown})"
 
     # -- the flat names, read from the levels -----------------------------------------------------
 
@@ -380,9 +371,11 @@ class StoreConfig:
                     f"{', '.join(sorted(known | set(FLAT) | set(ALIASES)))}"
                 )
             if name in resolved and resolved[name] != value:
+                secret = name in FLAT and FLAT[name][2].secret
                 raise ConfigError(
-                    f"{source}: {given_as[name]}={resolved[name]!r} and {key}={value!r} name the "
-                    f"same setting with different values; keep one of them"
+                    f"{source}: {given_as[name]}={shown_value(resolved[name], secret)} and "
+                    f"{key}={shown_value(value, secret)} name the same setting with different "
+                    "values; keep one of them"
                 )
             resolved[name], given_as[name] = value, key
         listed = as_levels(resolved.get("levels", ()))

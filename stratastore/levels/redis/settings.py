@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import unquote, urlsplit
@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 from stratastore.format.remote_record import RemoteNames, check_remote_name
+from stratastore.levels.settings import LevelContext, Setting
 
 
 class _LevelSpec(Protocol):
@@ -45,7 +46,32 @@ class RemoteConfig(Protocol):
     def level_settings(self, spec: Any) -> dict[str, Any]: ...
 
 
-__all__ = ["RemoteSettings", "check_name", "namespace"]
+__all__ = [
+    "LEVEL_SETTINGS",
+    "RemoteSettings",
+    "check_level",
+    "check_name",
+    "level_arguments",
+    "namespace",
+]
+
+#: the schema of a Redis level's settings table, its registry row's (the flat ``remote_<key>``
+#: settings alias them)
+LEVEL_SETTINGS: Mapping[str, Setting] = {
+    s.key: s
+    for s in (
+        Setting("name", "default", "a name"),  # every key's namespace (spec F-REM-1)
+        Setting("username", "", "a user name", secret=True),
+        Setting("password", "", "a password", secret=True),
+        Setting("tls_ca", "", "a path"),  # the CA of the server's certificate (rediss)
+        Setting("tls_cert", "", "a path"),  # a client certificate and its key
+        Setting("tls_key", "", "a path"),
+        Setting("timeout_ms", 5000, least=1),  # every call: connect, read, write
+        Setting("part_mib", 16, least=1),  # a segment is stored in values of at most this
+        Setting("eviction", "store", choices=("store", "redis")),
+        Setting("keep_local", True),  # a restore from the level is kept locally too
+    )
+}
 
 _SCHEMES = {
     "redis": (False, False),
@@ -244,6 +270,52 @@ class RemoteSettings:
             return redis.cluster.RedisCluster(startup_nodes=nodes, require_full_coverage=True, **kw)
         host, port = self.nodes[0]
         return redis.Redis(host=host, port=port, db=self.db, **kw)
+
+
+def level_arguments(table: Mapping[str, Any], context: LevelContext) -> dict[str, Any]:
+    """The :class:`RemoteSettings` arguments of a Redis level whose settings table is
+    ``table`` (every key of :data:`LEVEL_SETTINGS`) and whose budget is ``context.mib``: the
+    registry row's ``arguments`` hook. Holds credentials: never shown."""
+    return {
+        "name": table["name"],
+        "username": table["username"],
+        "password": table["password"],
+        "tls_ca": table["tls_ca"],
+        "tls_cert": table["tls_cert"],
+        "tls_key": table["tls_key"],
+        "timeout_s": table["timeout_ms"] / 1000,
+        "part_bytes": table["part_mib"] << 20,
+        "eviction": table["eviction"],
+        "budget_bytes": context.mib << 20,
+        "keep_local": table["keep_local"],
+    }
+
+
+def check_level(
+    url: str, table: Mapping[str, Any], context: LevelContext, label: Callable[[str], str]
+) -> None:
+    """A Redis level checked without connecting (spec F-REM-1), the registry row's ``check``
+    hook: its store name is one a key can carry, its URL parses (with the table's TLS files
+    and sizes), its budget goes with ``eviction = "store"``. ``label`` names a field or a
+    setting as the configuration wrote it (``remote_mib``, or ``mib``); a level without a URL
+    (the flat ``remote_*`` settings, off) has its name checked alone."""
+    check_name(table["name"])
+    if not url:
+        return
+    RemoteSettings(url, **level_arguments(table, context))
+    url_s, mib, ev = label("url"), label("mib"), label("eviction")
+    word = ev.rpartition(".")[2]  # the setting's own key, as a table or flat name spells it
+    if table["eviction"] == "store" and context.mib == 0:
+        raise ConfigError(
+            f"setting {url_s} is set with {ev}=store but {mib}=0: give "
+            "the remote level a budget (MiB), or let Redis evict ("
+            f'{word} = "redis", with maxmemory and an LRU policy on the server)'
+        )
+    if table["eviction"] == "redis" and context.mib:
+        raise ConfigError(
+            f"setting {mib}={context.mib} is not used with {ev}=redis "
+            f'(the server\'s maxmemory is the budget); set {mib} = 0, or {word} = "store"'
+        )
 
 
 def _split_authority(rest: str) -> tuple[str, str]:
