@@ -11,6 +11,12 @@ segment (``write_pages(token_start, n_tokens, page_bytes)``) and lays them out i
 * :class:`PagedKV`: per-layer pools ``[2, num_blocks, block_size, n_kv_heads, head_dim]``
   addressed through a block table, the layout of vLLM and SGLang.
 
+Each is a :class:`~.capabilities.Destination` with the capabilities of
+:mod:`.capabilities` by its members, not by a base class the fast paths know: ``zero``, page
+views (``page_views``: the read pass scatters a page into them, a park streams from them) and,
+for :class:`FlatKV`, a stored ``region``. A destination written elsewhere with the same members
+gets the same paths.
+
 Arrays may be of any dtype of the right item size (bfloat16 travels as uint16); they are
 written in place through uint8 views, never through a copy. A torch tensor in host memory is
 taken as the numpy view of its own memory (bfloat16 and the other dtypes numpy lacks through an
@@ -25,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, cast
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
 from numba_kernels.cpu import parallel_copy, parallel_run
 from stratastore.format import ModelFingerprint
+from stratastore.restore.capabilities import Destination, check_device_pages, lives_on_device
 from stratastore.restore.device_arrays import is_device_array
 from stratastore.restore.in_place import DestinationRefused, flat_bytes, host_array, is_torch_tensor
 
@@ -50,29 +57,12 @@ __all__ = [
 ]
 
 
-class Destination(Protocol):
-    """What a restore writes into. A destination may also offer ``zero(token_start, n_tokens)``
-    (every destination of this module does): the restore then applies each chunk as soon as it
-    is validated and zeroes what turns out to lie past the prefix it reports; without it, a
-    chunk is written only once no later damage can take it back, and held until then."""
-
-    def capacity(self) -> int:
-        """Tokens it can hold from position 0."""
-        ...
-
-    def write_pages(
-        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
-    ) -> None:
-        """Write ``n_tokens`` tokens starting at ``token_start``, given as consecutive stored
-        pages of ``page_tokens`` (the last may be short)."""
-        ...
-
-
 class FlatKV:
     """The stored layout, one buffer for the whole conversation.
 
     ``read_direct`` (the default): the restore's read pass ``pread``s straight into ``buf``
-    and hashes the bytes there, one copy; with ``read_direct=False`` it reads through bounded
+    (its :meth:`region`, a :class:`~.capabilities.StoredRegion`) and hashes the bytes there,
+    one copy; with ``read_direct=False`` it reads through bounded
     staging buffers and copies the validated pages in. Either way, past the prefix a restore
     reports ``buf`` holds its old bytes, or zeros where the restore wrote bytes it does not
     deliver (damage, a ladder stop, an error, the ladder off); never a byte that failed
@@ -100,6 +90,11 @@ class FlatKV:
         target)."""
         return self.buf[token_start * self.tb : (token_start + n_tokens) * self.tb]
 
+    def page_views(self, token_start: int, n_tokens: int) -> list[memoryview]:
+        """The stored page of tokens ``[token_start, token_start + n_tokens)``: one view of
+        :meth:`region` (the buffer is the stored layout already)."""
+        return [self.region(token_start, n_tokens).data]
+
     def zero(self, token_start: int, n_tokens: int) -> None:
         """Zero tokens ``[token_start, token_start + n_tokens)`` (what a direct read placed and
         the restore does not deliver)."""
@@ -110,7 +105,8 @@ class _PerToken:
     """Shared page walking: each page is [layers, 2, p, heads, dim*itemsize] bytes.
 
     ``read_direct`` (the default, as for :class:`FlatKV`): the read pass scatters each stored
-    page straight into the arrays (:meth:`page_views`, one ``preadv``) and hashes it there;
+    page straight into the arrays (:meth:`page_views`, one ``preadv``: the
+    :class:`~.capabilities.ScatterReads` capability) and hashes it there;
     ``read_direct=False`` reads through staging and copies (one strided copy per layer and
     K/V). Past the prefix a restore reports they hold their old bytes or zeros, never a byte
     that failed validation."""
@@ -399,12 +395,14 @@ def _refuse_overlaps(arrays: list[tuple[str, npt.NDArray[np.uint8]]]) -> None:
 
 
 def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Destination:
-    """Where a restore of ``fp``'s K/V writes: a :class:`Destination` as given, a numpy array
-    as a ``read_direct`` :class:`FlatKV` (the stored layout, written in place), or device memory
-    (a numba device array, anything with ``__cuda_array_interface__``) as a
-    :class:`~.device.DeviceFlatKV`. Anything else, or an array that cannot be written in place,
-    raises :class:`DestinationRefused`. A torch tensor in host memory is its numpy view
-    (:func:`host_array`)."""
+    """Where a restore of ``fp``'s K/V writes: a :class:`Destination` as given (anything with
+    ``capacity`` and ``write_pages``, whatever its class; one that says it is made for another
+    fingerprint (``fp``), or lives on a device whose page-hash kernel cannot take ``fp``'s
+    pages, is refused), a numpy array as a ``read_direct`` :class:`FlatKV` (the stored layout,
+    written in place), or device memory (a numba device array, anything with
+    ``__cuda_array_interface__``) as a :class:`~.device.DeviceFlatKV`. Anything else, or an
+    array that cannot be written in place, raises :class:`DestinationRefused`. A torch tensor
+    in host memory is its numpy view (:func:`host_array`)."""
     out = host_array(out, what)
     if isinstance(out, np.ndarray):
         return FlatKV(fp, out, read_direct=True)
@@ -422,11 +420,14 @@ def as_destination(fp: ModelFingerprint, out: object, what: str = "out") -> Dest
                 f"{fp.describe()}: every token would land at a wrong offset; make the "
                 "destination with the store's fingerprint"
             )
+        if lives_on_device(out):
+            check_device_pages(out, fp)
         return cast(Destination, out)
     raise DestinationRefused(
         f"{what} must be a numpy array, device memory or a restore "
         "Destination (FlatKV, LayerKV, PagedKV, DeviceLayerKV, "
-        f"DevicePagedKV), not {type(out).__name__}"
+        "DevicePagedKV, or any object with capacity() and write_pages(): "
+        f"stratastore.Destination), not {type(out).__name__}"
     )
 
 

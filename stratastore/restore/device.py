@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from stratastore.format import ModelFingerprint
 from stratastore.levels.staging import StagingPool
+from stratastore.restore.capabilities import check_device_pages
 from stratastore.restore.destinations import DestinationRefused
 from stratastore.restore.device_arrays import address, as_device_array, device_bytes
 
@@ -99,21 +100,16 @@ def stage_and_validate(
 
 
 class DeviceDestination:
-    """What the device destinations share: the model's geometry, the restore's device path
-    (:func:`stage_and_validate` in the read pass; ``write_pages`` and ``zero`` on the device)."""
+    """What the device destinations of this module share (an implementation, not a type the
+    restore asks for): the model's geometry, ``write_pages`` and ``zero`` on the device. The
+    read pass takes its device path (:func:`stage_and_validate`) for ``on_device = True``, the
+    :class:`~.capabilities.OnDevice` capability, whatever the class."""
 
     on_device = True
     read_direct = False
 
     def __init__(self, fp: ModelFingerprint) -> None:
-        from numba_kernels.cuda import MAX_PAGE_BYTES
-
-        if fp.page_bytes > MAX_PAGE_BYTES:
-            raise DestinationRefused(
-                f"{fp.describe()} has pages of {fp.page_bytes:,} bytes; the device's page-hash "
-                f"kernel takes at most {MAX_PAGE_BYTES:,}: restore into host memory, or use a "
-                "model fingerprint with fewer page_tokens"
-            )
+        check_device_pages(self, fp)
         self.fp = fp
         self._stream: Any = None
         self.layers = fp.n_layers

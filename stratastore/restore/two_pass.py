@@ -5,8 +5,10 @@ pages of one segment; a compressed segment is decoded whole, one chunk), and eac
 through the two passes:
 
 - **read pass**: ``pread`` the chunk into memory this process owns (a staging buffer from the
-  bounded pool, decompressed pages, or, for a ``read_direct`` destination, the destination's
-  own memory) and hash every page there against its sidecar (spec F-SC-3). It stops at the
+  bounded pool, decompressed pages, or, for a destination with direct reads
+  (:class:`~.capabilities.ScatterReads`: page views and ``zero``), the destination's own
+  memory; for one on a device (:class:`~.capabilities.OnDevice`), device staging) and hash
+  every page there against its sidecar (spec F-SC-3). It stops at the
   first page that fails, or at a segment that is missing, short, unreadable or truncated under
   the read (a typed error, never a SIGBUS: files are never mapped);
 - **apply pass**: copy the chunk's validated pages into the destination from that same memory
@@ -39,6 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -50,9 +53,16 @@ from stratastore.format import Codec, FormatError, ModelFingerprint
 from stratastore.levels.backend import OpenSegment, SegmentBackend
 from stratastore.levels.local import SegmentNotFound
 from stratastore.levels.staging import STAGING, StagingPool
+from stratastore.restore.capabilities import (
+    Destination,
+    ScatterReads,
+    check_page_views,
+    check_region,
+    lives_on_device,
+    scatter_reads,
+)
 from stratastore.restore.delivery import Delivery
-from stratastore.restore.destinations import Destination, FlatKV, _PerToken
-from stratastore.restore.device import DeviceDestination, device_staging, stage_and_validate
+from stratastore.restore.device import device_staging, stage_and_validate
 from stratastore.restore.reads import read_hashed, read_plain, read_scattered_hashed
 from stratastore.restore.records import (
     DAMAGE,
@@ -168,10 +178,21 @@ class Job:
                 raise
             yield from self._piece(replace(piece, store=store), need)
 
-    def direct(self) -> FlatKV | _PerToken | None:
-        """The destination, when the read pass may read straight into it (``read_direct``)."""
-        d = self.dest
-        return d if isinstance(d, FlatKV | _PerToken) and d.read_direct else None
+    def direct(self) -> ScatterReads | None:
+        """The destination, when the read pass may read straight into it (its capabilities:
+        :func:`~.capabilities.scatter_reads`; asked once a job)."""
+        return self._capabilities[0]
+
+    @cached_property
+    def _capabilities(
+        self,
+    ) -> tuple[ScatterReads | None, Callable[[int, int], object] | None, bool]:
+        """What the destination can do, asked once: direct reads, a stored ``region`` for
+        them (:class:`~.capabilities.StoredRegion`), and whether it lives on a device (the
+        device path wins)."""
+        direct = scatter_reads(self.dest)
+        region = getattr(direct, "region", None)
+        return direct, region if callable(region) else None, lives_on_device(self.dest)
 
     def _piece(self, piece: Piece, need: int) -> Iterator[Chunk]:
         """The validated chunks of ``piece`` covering ``need`` tokens; :class:`_Stop` at its
@@ -188,8 +209,8 @@ class Job:
                 )
             expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
             nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
-            direct = self.direct()
-            if isinstance(self.dest, DeviceDestination):
+            direct, _, on_device = self._capabilities
+            if on_device:
                 yield from self._device(seg, piece, pages, nbytes, expected)
             elif sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
                 t0 = time.perf_counter()
@@ -225,16 +246,10 @@ class Job:
                                 Damage(piece.start + p0 * pt, str(e), piece.key, corrupt(e))
                             ) from e
                         raise
-                    yield from self._checked(
-                        piece,
-                        p0,
-                        p1 - p0,
-                        _first_bad(actual, expected[p0:p1]),
-                        data,
-                        staging,
-                        n,
-                        t0,
-                    )
+                    bad = _first_bad(actual, expected[p0:p1])
+                    if direct is not None and 0 <= bad * pt < n:  # damage, or views unfit?
+                        self._fits(direct, piece, p0, p0 + bad, n)
+                    yield from self._checked(piece, p0, p1 - p0, bad, data, staging, n, t0)
 
     def _checked(
         self,
@@ -316,30 +331,42 @@ class Job:
         p1: int,
         placed: int,
         nbytes: int,
-        dest: FlatKV | _PerToken,
+        dest: ScatterReads,
     ) -> tuple[npt.NDArray[np.uint8], int]:
-        """Read pages ``[p0, p1)`` of ``piece`` straight into ``dest`` (one region of a
-        :class:`FlatKV`, or scattered into per-layer rows) and hash them there: those of its
-        first ``placed`` tokens (every wanted page, the segment's short last page included); a
-        page cut by what is wanted goes through a one-page staging buffer, hashed and never
-        delivered. Their digests, and the tokens placed from page ``p0``. A failed read zeroes
-        what it placed before it raises, once no read into ``dest`` is running."""
+        """Read pages ``[p0, p1)`` of ``piece`` straight into ``dest`` (its stored ``region``
+        in one read a group, or scattered into its ``page_views``, one ``preadv`` a page) and
+        hash them there: those of its first ``placed`` tokens (every wanted page, the
+        segment's short last page included); a page cut by what is wanted goes through a
+        one-page staging buffer, hashed and never delivered. Their digests, and the tokens
+        placed from page ``p0``. A failed read zeroes what it placed before it raises, once no
+        read into ``dest`` is running; views or a region that are not the pages raise
+        :class:`~.capabilities.DestinationRefused` (nothing is read into a region of the
+        wrong size; what views took is zeroed)."""
         pt, pb, tb = self.fp.page_tokens, seg.sidecar.page_bytes, self.fp.token_bytes
         a, b = p0 * pt, max(p0 * pt, min(p1 * pt, placed))  # tokens of the piece placed
-        start = piece.start
+        start, region = piece.start, self._capabilities[1]
         digests = []
+        if b > a and region is not None:
+            into = check_region(dest, region(start + a, b - a), start + a, b - a, self.fp)
+        views: list[list[memoryview]] = []
         try:
             if b > a:
-                if isinstance(dest, FlatKV):
-                    digests.append(read_hashed(seg, dest.region(start + a, b - a), a * tb, pb))
+                if region is not None:
+                    digests.append(read_hashed(seg, into, a * tb, pb))
                 else:
                     views = [
                         dest.page_views(t, min(pt, start + b - t))
                         for t in range(start + a, start + b, pt)
                     ]
                     digests.append(read_scattered_hashed(seg, views, pb, p0))
-        except BaseException:
+        except BaseException as e:
             dest.zero(start + a, b - a)
+            for i, page in enumerate(views):  # a read that failed on views not the page's
+                t = start + a + i * pt
+                try:
+                    check_page_views(dest, t, min(pt, start + b - t), self.fp, views=page)
+                except StrataError as unfit:
+                    raise unfit from e
             raise
         end = min(p1 * pb, nbytes)
         if b * tb < end:
@@ -352,6 +379,20 @@ class Job:
             finally:
                 STAGING.give(tail)
         return np.concatenate(digests), b - a
+
+    def _fits(self, dest: ScatterReads, piece: Piece, p0: int, page: int, placed: int) -> None:
+        """Before page ``page`` of ``piece`` (read straight into ``dest`` from page ``p0``) is
+        reported as failing its digest: :class:`~.capabilities.DestinationRefused` when the
+        views ``dest`` gives for it are not the page (their bytes were not the stored page's,
+        so the segment is not damaged), after zeroing the ``placed`` tokens from ``p0``."""
+        pt = self.fp.page_tokens
+        t = piece.start + page * pt
+        try:
+            if self._capabilities[1] is None:  # a region was checked before the read
+                check_page_views(dest, t, min(pt, piece.end - t), self.fp)
+        except StrataError:
+            dest.zero(piece.start + p0 * pt, placed)
+            raise
 
     # -- the two passes one after the other -----------------------------------------------------
     def read(self) -> Delivery:
