@@ -30,14 +30,20 @@ from stratastore.format import (
 from stratastore.io import StrataIOError
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.restore import (
+    Destination,
     DestinationRefused,
     DeviceFlatKV,
     DeviceLayerKV,
     DevicePagedKV,
     FlatKV,
     LayerKV,
+    OnDevice,
     PagedKV,
+    PageViews,
     RestoreFailed,
+    ScatterReads,
+    StoredRegion,
+    Zeroable,
 )
 from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDescription
 from stratastore.tiers.records import InvalidConversation, ParkReport, Restored
@@ -53,6 +59,7 @@ __all__ = [
     "ConfigError",
     "Conversation",
     "DType",
+    "Destination",
     "DestinationRefused",
     "DeviceFlatKV",
     "DeviceLayerKV",
@@ -70,11 +77,14 @@ __all__ = [
     "LevelSpec",
     "LevelUnavailable",
     "ModelFingerprint",
+    "OnDevice",
+    "PageViews",
     "PagedKV",
     "ParkReport",
     "RamDescription",
     "RestoreFailed",
     "Restored",
+    "ScatterReads",
     "SegmentNotFound",
     "SpillError",
     "Store",
@@ -82,8 +92,10 @@ __all__ = [
     "StoreConfig",
     "StoreDescription",
     "StoreError",
+    "StoredRegion",
     "StrataError",
     "StrataIOError",
     "UnsupportedVersion",
+    "Zeroable",
     "__version__",
 ]
