@@ -1,13 +1,15 @@
-"""The ``Store``: the library API an inference engine links (DESIGN layer 8).
+"""The ``Store``: the library API an inference engine links.
 
 An engine calls :meth:`Store.park` when a slot is reused, :meth:`Store.restore` when a prompt
 arrives (the deepest stored prefix into its K/V buffer, every disk page validated), and
 :meth:`Store.save_session` / :meth:`Store.load_session` for explicit saves that capacity GC
 never removes. Every method is thread-safe: the flow's one lock guards this process's state, and
-no call holds it over disk I/O or hashing. Disk writes of parks go through a background spill
-writer with a bounded queue (:mod:`stratastore.tiers.spill`), so a park returns once the capture
-is handed over (a park given in the engine's own layout is written within the call instead), and
-:meth:`close` flushes it. Several processes may open the same directories.
+no call holds it over disk I/O or hashing (a park takes it once, a restore twice). Disk writes
+of parks go through the write queue's background thread (:mod:`stratastore.tiers.write_queue`),
+so a park returns once the capture is handed over (a park given in the engine's own layout is
+written within the call instead), and :meth:`close` flushes it. Every call passes a gate that
+:meth:`close` shuts and waits on (:mod:`stratastore.tiers.calls`). Several processes may open
+the same directories.
 
 Errors belong to the call that caused them (DESIGN invariants): a background disk write that
 fails is counted (``spill_errors``) and raised as a :class:`SpillError` by the next
@@ -21,8 +23,9 @@ never wait for a pending write (a park in flight is served from its capture in m
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -33,12 +36,14 @@ from stratastore.chain import Checkpoint, Conversation, as_media, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
-from stratastore.metrics.counters import reported, zero_counts
+from stratastore.metrics.counters import reported
+from stratastore.metrics.counts import Counts
 from stratastore.metrics.histogram import Histogram
 from stratastore.metrics.monitor import Throttle, publish_snapshot
 from stratastore.metrics.prometheus import prometheus_text
 from stratastore.metrics.speeds import Speeds, slot_name
 from stratastore.restore import Destination, flat_bytes
+from stratastore.tiers.calls import Calls
 from stratastore.tiers.captures import park_snapshot
 from stratastore.tiers.checks import (
     batch_caps,
@@ -57,8 +62,8 @@ from stratastore.tiers.records import (
     Snapshot,
     StoreClosed,
 )
-from stratastore.tiers.spill import SpillError
 from stratastore.tiers.tiered import Tiers
+from stratastore.tiers.write_queue import SpillError
 
 __all__ = ["BatchRestoreError", "SpillError", "Store", "StoreClosed"]
 
@@ -69,15 +74,16 @@ class Store:
     def __init__(self, tiers: Tiers, queue_depth: int) -> None:
         self._tiers = tiers
         self._lock = tiers.lock  #: the flow's: plans and accounts are made under it
-        self._closed = False
-        self._reading = 0  #: calls doing I/O outside the lock (close waits for them)
-        self.counters = zero_counts("store")  #: the Store's own (the counter table's rows)
+        self._calls = Calls()  #: the calls in flight (close shuts the gate and waits)
+        #: the Store's own counts (the counter table's rows), under a lock of their own
+        self.counters = Counts("store")
+        self._counting = threading.Lock()
         #: how long the engine's park, restore and flush calls took (the table's histograms)
         self.latency = {call: Histogram() for call in ("park", "restore", "flush")}
         #: what each engine slot's parks and restores moved, by level, over a recent window:
         #: a park to RAM as its call took, a park's disk write as the spill writer wrote it
         self.speeds = Speeds()
-        self._spill = tiers.start_spill_writer(
+        self._writes = tiers.start_writes(
             queue_depth, lambda: self._publish(force=False), self._written
         )
         #: when the monitor's snapshot is written (at most once a second unless forced)
@@ -105,8 +111,7 @@ class Store:
         return cls(Tiers(cfg, fingerprint, probe=probe, warn=warn), spill_queue)
 
     def _check_open(self, call: str) -> None:
-        if self._closed:
-            raise StoreClosed(call)
+        self._calls.check(call)
 
     def flush(self) -> None:
         """Wait until every queued disk write is committed (spec F-DUR), then report the disk
@@ -114,11 +119,10 @@ class Store:
         whose acknowledged park did not land, and its cause. A failure is reported once: after
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
-        self._check_open("flush")
-        with self.latency["flush"].time():
-            self._spill.queue.join()
+        with self._calls.call("flush"), self.latency["flush"].time():
+            self._writes.join()
             self._publish(force=False)
-            self._spill.raise_errors()
+            self._writes.raise_errors()
 
     # -- the engine's calls -------------------------------------------------------------------
     def park(
@@ -183,15 +187,12 @@ class Store:
                     "park: states must map checkpoint lengths to bytes, not "
                     f"{type(states).__name__}"
                 )
-            snap = park_snapshot(conv, kv, states, self._tiers.fp, self._tiers.parking.streams())
+            snap = park_snapshot(conv, kv, states, self._tiers.fp, self._tiers.streams())
             snap.slot = where
-            with self._in_flight("park"):  # close waits for it (even one waiting for another)
-                with self._lock:
-                    self._check_open("park")
-                    report = self._tiers.park(snap, pin=pin)
-                    spills = self._spill.claim()
-                streamed = snap.capture is not None and report.where == "disk"
-                report = self._tiers.parking.land(snap, report, self._spill.hand_over, spills)
+            with self._calls.call("park"):  # close waits for it (even one waiting for another)
+                placement = self._tiers.place(snap, pin=pin)  # the flow's lock, once
+                report = self._writes.submit(placement)  # without it
+                streamed = placement.stream is not None
                 if streamed:
                     self._publish(force=False)  # as the spill writer does after a write
             self._fill_prompt_cache()  # its pinned prefix, once per distinct prefix
@@ -203,7 +204,7 @@ class Store:
     def _fill_prompt_cache(self) -> None:
         """Write what the parks chose for the system-prompt cache, as a call in flight: close
         waits for it, and after close nothing is written."""
-        with contextlib.suppress(StoreClosed), self._in_flight("park"):
+        with contextlib.suppress(StoreClosed), self._calls.call("park"):
             self._tiers.fill_prompt_cache()
 
     def _written(self, snap: Snapshot, seconds: float) -> None:
@@ -226,15 +227,11 @@ class Store:
         self._check_open("lookup")
         tokens = as_tokens(prompt, "lookup: prompt")
         pictures = as_media(media, len(tokens), "lookup: media")
-        with self._lock:
-            self._check_open("lookup")
+        with self._calls.call("lookup"):
             here, ask = self._tiers.lookup_here(tokens, pictures)
             if not ask:  # held whole here, or no remote level: never waits on one
                 return (here.source.name, here.length) if here else None
-        with self._in_flight("lookup"):  # the remote level's walk (network), without the lock
-            found = self._tiers.find_remote(tokens, pictures)
-        with self._lock:
-            self._check_open("lookup")  # again: close() may have run meanwhile
+            found = self._tiers.find_remote(tokens, pictures)  # network: without the lock
             hit = self._tiers.lookup(tokens, pictures, found)
         return (hit[0], hit[1].length) if hit else None
 
@@ -278,36 +275,17 @@ class Store:
             flat_bytes(out, "Store.restore out") if isinstance(out, np.ndarray) else out
         )
         start = time.perf_counter()
-        with self.latency["restore"].time(), self._in_flight("restore"):
+        with self.latency["restore"].time(), self._calls.call("restore"):
             r = self._tiers.restore(tokens, flat, pictures, cap)
         took = time.perf_counter() - start
         self.speeds.record("restore", where, r.source, r.tokens, r.tokens * self._tiers.tb, took)
-        with self._lock:
-            self.counters["tokens_reread"] += len(tokens) - r.tokens
-        self._enqueue_kept()
+        self._count("tokens_reread", len(tokens) - r.tokens)
         return r
 
-    def _enqueue_kept(self) -> None:
-        """Hand the spill writer what a restore from the remote level keeps locally
-        (``remote_keep_local``): the flow queued it as a park would."""
-        with self._lock:
-            kept = self._spill.claim()
-        self._spill.hand_over(kept)
-
-    @contextlib.contextmanager
-    def _in_flight(self, call: str) -> Iterator[None]:
-        """A call that does its disk I/O outside the lock (a restore, a session save or load,
-        a park: the lock is taken only to plan and account it, so restores on several threads
-        run in parallel and none waits on a disk write); :meth:`close` waits for it before it
-        closes the levels."""
-        with self._lock:
-            self._check_open(call)
-            self._reading += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._reading -= 1
+    def _count(self, key: str, n: int = 1) -> None:
+        """Count on the Store's own counts (their lock, not the flow's)."""
+        with self._counting:
+            self.counters[key] += n
 
     def restore_many(
         self,
@@ -336,16 +314,17 @@ class Store:
         names = batch_slots(slots, len(reqs))
         caps = batch_caps(max_tokens, len(reqs))
         start = time.perf_counter()
-        with self.latency["restore"].time(), self._in_flight("restore_many"):
+        with self.latency["restore"].time(), self._calls.call("restore_many"):
             got = self._tiers.restore_many(reqs, pictures, caps)
         took = time.perf_counter() - start
         self.speeds.record_batch(got, names, took, self._tiers.tb)
-        with self._lock:
-            for (tokens, _), r in zip(reqs, got, strict=True):
-                self.counters["tokens_reread"] += len(tokens) - (
-                    0 if isinstance(r, Exception) else r.tokens
-                )
-        self._enqueue_kept()
+        self._count(
+            "tokens_reread",
+            sum(
+                len(tokens) - (0 if isinstance(r, Exception) else r.tokens)
+                for (tokens, _), r in zip(reqs, got, strict=True)
+            ),
+        )
         if any(isinstance(r, Exception) for r in got):
             raise BatchRestoreError(got)
         return [r for r in got if not isinstance(r, Exception)]
@@ -377,20 +356,19 @@ class Store:
             )
         lengths = sorted({*map(int, checkpoints), len(toks)} - {0})
         conv = Conversation(name, toks, [Checkpoint(n) for n in lengths], cuts=[0, *lengths[:-1]])
-        with self._in_flight("save_session"):  # the lock for the checks, not the write
+        with self._calls.call("save_session"):  # the lock for the checks, not the write
             self._tiers.save_session(Snapshot(conv, data))
 
     def load_session(self, name: str, out: npt.NDArray[Any]) -> Conversation:
         self._check_open("load_session")
         name = session_name(name, "load_session")
-        with self._in_flight("load_session"):  # the lock to find and account, not to read
+        with self._calls.call("load_session"):  # the lock to find and account, not to read
             return self._tiers.load_session(name, flat_bytes(out, "Store.load_session out"))
 
     def delete_session(self, name: str) -> bool:
         self._check_open("delete_session")
         name = session_name(name, "delete_session")
-        with self._lock:
-            self._check_open("delete_session")
+        with self._calls.call("delete_session"), self._lock:
             return self._tiers.delete_session(name)
 
     # -- state --------------------------------------------------------------------------------
@@ -404,16 +382,15 @@ class Store:
     def _stats(self, call: str | None) -> dict[str, Any]:
         """:meth:`stats`; ``call`` names the public call to refuse on a closed store (``None``:
         close's own last snapshot, taken before the levels close)."""
-        with self._lock:
-            if call is not None:
-                self._check_open(call)
+        gate = self._calls.call(call) if call is not None else contextlib.nullcontext()
+        with gate, self._lock:
             doc = self._tiers.stats()
         doc.update(
             tokens_reread=self.counters["tokens_reread"],
-            **self._spill.counters,
+            **self._writes.counts,
             monitor_errors=self.counters["monitor_errors"],
         )
-        doc["spill_queue"] = self._spill.queue.qsize()
+        doc["spill_queue"] = self._writes.waiting
         doc.update((f"{call}_seconds", h.as_stats()) for call, h in self.latency.items())
         doc["speeds"] = self.speeds.table()
         return reported(doc, self._tiers.owners)
@@ -424,8 +401,7 @@ class Store:
         waiting for their disk write, the park target and why, the last admission, and the
         counters (:class:`~stratastore.tiers.describe.StoreDescription`). Nothing in it
         changes with the store. :class:`StoreClosed` after close."""
-        with self._lock:
-            self._check_open("describe")
+        with self._calls.call("describe"), self._lock:
             return self._tiers.describe()
 
     def info_line(self) -> str:
@@ -455,8 +431,7 @@ class Store:
         try:  # best effort, on the spill writer's thread too: a failure never stops the writer
             publish_snapshot(self._tiers.monitor_dir, self._stats(None), self._tiers.cfg.file_mode)
         except Exception:
-            with self._lock:
-                self.counters["monitor_errors"] += 1
+            self._count("monitor_errors")
             return False
         return True
 
@@ -466,29 +441,21 @@ class Store:
         then close every level; raise :class:`SpillError` for the disk writes that failed and
         were not reported yet. A second close does nothing; every
         other call after close raises :class:`StoreClosed`."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._calls.close():  # new calls refused; those in flight done
+            return
         try:
-            while True:  # a park acknowledged before close() has its writes queued first,
-                with self._lock:  # and a restore in flight ends before the levels close
-                    if not self._spill.handing and not self._reading:
-                        break
-                time.sleep(0.001)
-            with self._lock:  # what only RAM holds goes down too (spill_on_close)
-                try:
-                    self._tiers.spill_ram_on_close()
-                except Exception as e:  # reported below, after the writes already acknowledged
-                    self._spill.record("(close: writing down the RAM level)", e)
-                spills = self._tiers.parking.outbox.take()
-            self._spill.put(spills)
-            self._spill.stop()
+            try:  # what only RAM holds goes down too (spill_on_close)
+                last = self._tiers.spill_ram_on_close()
+            except Exception as e:  # reported below, after the writes already acknowledged
+                self._writes.record("(close: writing down the RAM level)", e)
+                last = self._tiers.pending()
+            self._writes.submit(last)
+            self._writes.stop()
             self._publish(force=True)
         finally:
             with self._lock:
                 self._tiers.close()
-        self._spill.raise_errors()
+        self._writes.raise_errors()
 
     def __enter__(self) -> Store:
         self._check_open("__enter__")

@@ -11,6 +11,7 @@ from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
+from stratastore.metrics.counts import Counts
 from stratastore.restore import Destination, Job, Outcome, Piece, restore_batch
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel
@@ -18,6 +19,14 @@ from stratastore.tiers.records import MAX_STATE_BYTES, Restored
 from stratastore.tiers.view import DiskConv
 
 __all__ = ["DiskReader"]
+
+_COUNTS = (
+    "hits_disk",
+    "tokens_restored",
+    "restore_misses",
+    "ladder_restores",
+    "restores_cut_by_gc",
+)
 
 
 class DiskReader:
@@ -27,14 +36,15 @@ class DiskReader:
         fp: ModelFingerprint,
         levels: Sequence[DiskLevel],
         holder: Callable[[bytes], SegmentBackend | None],
-        counters: dict[str, int],
         warn: Callable[[str], None],
     ) -> None:
         self.cfg = cfg
         self.fp = fp
         self.levels = levels
         self.holder = holder
-        self.counters = counters
+        #: its own counts: the hits and the ladder of the reads it accounts, and the misses of
+        #: a source that reads through it (the system-prompt cache)
+        self.counts = Counts("flow", _COUNTS)
         self.warn = warn
         self.damaged: list[bytes] = []  #: segment keys a restore found damaged (for fsck)
 
@@ -89,8 +99,8 @@ class DiskReader:
         """Count a finished disk restore (the caller serialises this: no I/O here);
         ``removed`` as in :meth:`account`."""
         self.account(dc, job, out, removed)
-        self.counters["hits_disk"] += 1
-        self.counters["tokens_restored"] += r.tokens
+        self.counts["hits_disk"] += 1
+        self.counts["tokens_restored"] += r.tokens
         return r
 
     def account(
@@ -104,10 +114,10 @@ class DiskReader:
             if any(p.store is lvl.store and p.start < out.tokens for p in job.pieces):
                 lvl.counters.hits += 1
         if out.laddered and removed is not None and out.damaged and all(map(removed, out.damaged)):
-            self.counters["restores_cut_by_gc"] += 1
+            self.counts["restores_cut_by_gc"] += 1
             return
         if out.laddered:
-            self.counters["ladder_restores"] += 1
+            self.counts["ladder_restores"] += 1
             self.damaged.extend(k for k in out.damaged if k not in self.damaged)
             self.warn(
                 f"conversation {dc.conv.conv_id}: restored {out.tokens:,} of "

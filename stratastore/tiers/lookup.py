@@ -99,6 +99,11 @@ class Source(Protocol):
     @property
     def name(self) -> SourceName: ...
 
+    @property
+    def counts(self) -> Mapping[str, int]:
+        """The flow's counts this source keeps (the counter table's rows it counts)."""
+        ...
+
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
         """The deepest resume point for ``prompt`` this source holds, or ``None``."""
         ...

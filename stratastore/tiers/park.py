@@ -3,13 +3,13 @@
 A park goes to RAM under the parking floor, else to disk under the transient floor, else it is
 discarded and counted (the admission rule, :mod:`.admission`). Retention runs across the parks
 of a conversation (:class:`~stratastore.chain.RetainedChains`). A disk-bound park is written at
-once, or, with :attr:`Parking.defer_spills` (a Store's spill writer, :mod:`.spill`), handed to
-the outbox: checked there against what the levels can take, so a park the disk is certain to
-refuse is reported a discard at once, and written in the background by
-:meth:`Parking.write_disk_now`. The writes go through :class:`~.writer.DiskWriter` (spec
-F-CHAIN-3: segments, then the manifest as the commit record, then the catalog's commit), and
-each is followed by the cascade and the GC. A write acknowledged locally is then copied to the
-shared remote level.
+once, or, once the store's write queue started (:mod:`.write_queue`), offered to its outbox:
+checked there against what the levels can take, so a park the disk is certain to refuse is
+reported a discard at once, carried by the park's :class:`~.records.Placement` and written in
+the background by :meth:`Parking.write_disk_now`. The writes go through
+:class:`~.writer.DiskWriter` (spec F-CHAIN-3: segments, then the manifest as the commit record,
+then the catalog's commit), and each is followed by the cascade and the GC. A write
+acknowledged locally is then copied to the shared remote level.
 
 The flow's lock is taken here only for this process's bookkeeping (the outbox, the counters),
 never over a write, its fsyncs or the cascade: those are safe beside this process's lookups
@@ -18,33 +18,42 @@ and restores as beside another process's, so no restore waits for a disk write.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from stratastore.catalog import Catalog, NameTaken
 from stratastore.chain import Conversation, RetainedChains
-from stratastore.config import StoreConfig
-from stratastore.format import ModelFingerprint
 from stratastore.levels.streamed import CHUNK, DEPTH
-from stratastore.metrics.logs import Voice
+from stratastore.metrics.counts import Counts
 from stratastore.restore import recut_pages
-from stratastore.tiers.admission import Admission, log_admission
+from stratastore.tiers.admission import log_admission
 from stratastore.tiers.checks import check_snapshot
+from stratastore.tiers.context import FlowContext
 from stratastore.tiers.disk import DiskLevel
-from stratastore.tiers.outbox import Outbox
 from stratastore.tiers.prompt_cache import PromptCache
 from stratastore.tiers.ram import RamLevel
-from stratastore.tiers.records import InvalidConversation, ParkReport, Snapshot, SpillRefused
+from stratastore.tiers.records import (
+    InvalidConversation,
+    ParkReport,
+    Placement,
+    Snapshot,
+    SpillRefused,
+)
 from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.view import DiskView
+from stratastore.tiers.write_queue import WriteQueue
 from stratastore.tiers.writer import DiskWriter
 
 #: what a park streamed from the engine's layout holds in RAM on its way: its staging
 STREAM_STAGING = DEPTH * CHUNK
 
 __all__ = ["Parking"]
+
+#: the counter rows the park flow keeps (:class:`~stratastore.metrics.counts.Counts`)
+_COUNTS = ("parks_ram", "parks_disk", "discards", "mirrors", "spills_refused")
 
 
 def _extends(longer: Conversation, conv: Conversation) -> bool:
@@ -60,10 +69,7 @@ class Parking:
 
     def __init__(
         self,
-        cfg: StoreConfig,
-        fp: ModelFingerprint,
-        lock: threading.RLock,
-        admission: Admission,
+        ctx: FlowContext,
         target: str,
         ram: RamLevel,
         levels: Sequence[DiskLevel],
@@ -71,30 +77,31 @@ class Parking:
         catalog: Catalog | None,
         view: DiskView,
         remote: RemoteLevel | None,
-        counters: dict[str, int],
-        warn: Voice,
+        writes: WriteQueue,
+        prompt_cache: PromptCache | None,
     ) -> None:
-        self.cfg, self.fp, self.lock, self.admission = cfg, fp, lock, admission
+        self.cfg, self.fp, self.lock, self.admission = ctx.cfg, ctx.fp, ctx.lock, ctx.admission
         self.target, self.ram, self.levels, self.writer = target, ram, levels, writer
-        self.catalog, self.view, self.remote = catalog, view, remote
-        self.counters, self.warn = counters, warn
-        #: with ``defer_spills`` the disk writes of parks wait in ``outbox`` for the spill
-        #: writer instead of happening inside :meth:`park`
-        self.defer_spills = False
-        self.outbox = Outbox(fp.digest())
+        self.catalog, self.view, self.remote, self.warn = catalog, view, remote, ctx.warn
+        #: the park flow's counts (the restore flow keeps its own)
+        self.counts = Counts("flow", _COUNTS)
+        #: where acknowledged writes wait (its outbox) and are written (its thread, once it
+        #: started: before, a park's disk write happens within the park)
+        self.writes = writes
+        self.outbox = writes.outbox
         #: the conversations whose park is being streamed to disk by its caller (placed,
         #: not landed yet), and the wake-up of the parks of the same id waiting for it
         self._streaming: set[str] = set()
-        self._landed = threading.Condition(lock)
+        self._landed = threading.Condition(ctx.lock)
         #: what each conversation's parks kept, so retention runs across parks
-        self._chains = RetainedChains(cfg.checkpoints, cfg.retention)
+        self._chains = RetainedChains(self.cfg.checkpoints, self.cfg.retention)
         self.last_admission = "none yet"
         #: the system-prompt cache, and the entries parks found for it, waiting to be written
         #: without the lock (:meth:`~.tiered.Tiers.fill_prompt_cache`)
-        self.prompt_cache: PromptCache | None = None
+        self.prompt_cache = prompt_cache
         self.fills: list[Snapshot] = []
 
-    def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
+    def park(self, snap: Snapshot, *, pin: bool = False) -> Placement:
         """Place a snapshot: RAM under the parking floor, else disk under the transient floor,
         else discard (counted). The caller must not change ``snap`` afterwards.
 
@@ -104,7 +111,12 @@ class Parking:
         transient floor fails too), for the first prefix that passes the parking floor as
         well, even below ``min_tokens``; the report says ``ram`` and its tokens. ``pin``: the
         RAM entry is pinned (never truncated, nor evicted for another park, until it is
-        restored whole or parked again); it does nothing to a park that goes to disk."""
+        restored whole or parked again); it does nothing to a park that goes to disk.
+
+        The one time a park takes the flow's lock on the caller's thread, unless it is written
+        from the engine's memory (then each segment landing and the end of its write take it
+        too). The :class:`~.records.Placement` carries what it acknowledged for the writer,
+        for :meth:`.write_queue.WriteQueue.submit`."""
         with self.lock:
             check_snapshot(snap, self.fp)
             cid = snap.conv.conv_id
@@ -121,7 +133,16 @@ class Parking:
             self._retain(snap)
             if self.prompt_cache is not None and (e := self.prompt_cache.entry(snap)):
                 self.fills.append(e)  # its pinned prefix, as retention laid it out
-            return self._place(snap, pin)
+            report = self._place(snap, pin)
+            writes = self.outbox.take()  # what it acknowledged: its own, and RAM evictions
+        if snap.capture is not None and report.where == "disk":  # written by the caller
+            return Placement(
+                report,
+                writes,
+                stream=functools.partial(self.write_streamed, snap, report),
+                cancel=functools.partial(self._settled, snap),
+            )
+        return Placement(report, writes)
 
     def streams(self) -> bool:
         """Whether a park given in the engine's layout (:class:`~stratastore.restore.
@@ -165,18 +186,18 @@ class Parking:
                 log_admission(self.warn, p, "park to disk", f"conversation {cid}")
                 floor = p.floor if p.where == "disk" else "parking"
                 return ParkReport("disk", floor, len(snap.conv.tokens))  # written by the caller
-            self.counters["spills_refused"] += 1  # the disk is certain to refuse it
-            self.counters["discards"] += 1
+            self.counts["spills_refused"] += 1  # the disk is certain to refuse it
+            self.counts["discards"] += 1
             self.warn(f"conversation {cid} discarded, not written to disk: {why}")
             return ParkReport("discard", "none", 0)
         if p.where == "ram" and self._park_ram(snap, pin):
             mirror = snap.detached()
             mirror.slot = None  # the park counted as a RAM park: its mirror is no park
             if self.cfg.spill_on == "park" and disk and self.spill(mirror):
-                self.counters["mirrors"] += 1
+                self.counts["mirrors"] += 1
             return ParkReport("ram", p.floor, len(snap.conv.tokens))
         if p.where != "discard" and disk and self.spill(snap):
-            self.counters["parks_disk"] += 1
+            self.counts["parks_disk"] += 1
             if cid in self.ram:  # an older park of this id held in RAM is superseded now: it
                 self.ram.drop(cid)  # must not serve as the id's latest (close writes RAM down)
             log_admission(self.warn, p, "park to disk", f"conversation {cid}")
@@ -188,7 +209,7 @@ class Parking:
                 if self._park_ram(snap, pin):  # the prefix that passes the floor
                     self.last_admission = "ram/parking"
                     return ParkReport("ram", "parking", len(snap.conv.tokens))
-        self.counters["discards"] += 1
+        self.counts["discards"] += 1
         log_admission(self.warn, p, "park", f"conversation {cid} discarded")
         return ParkReport("discard", "none", 0)
 
@@ -230,7 +251,7 @@ class Parking:
         """Park in the RAM level (the cache may keep only a prefix); counted."""
         if not self.ram.park(snap):
             return False
-        self.counters["parks_ram"] += 1
+        self.counts["parks_ram"] += 1
         if pin:
             self.ram.cache.pin(snap.conv.conv_id)
         return True
@@ -248,9 +269,10 @@ class Parking:
     def spill(self, snap: Snapshot) -> bool:
         """Write ``snap`` to disk, or with ``defer_spills`` hand it to the spill writer (the
         outbox checks first what the levels can take: a park the disk is certain to refuse is
-        reported a discard now). Under the flow's lock."""
+        reported a discard now). Under the flow's lock; what it offered is taken by the call's
+        placement."""
         assert self.writer is not None
-        if not self.defer_spills:
+        if not self.writes.deferred:
             return self.write(snap)
         snap = snap.detached()  # the RAM level may shrink its own copy of conv before the write
         why = self.outbox.offer(snap, self.writer, self.cfg.when_full == "reject")
@@ -258,7 +280,7 @@ class Parking:
             self.remote.counters["remote_kept_local_errors"] += 1
             self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {why}")
         elif why is not None:
-            self.counters["spills_refused"] += 1
+            self.counts["spills_refused"] += 1
             self.warn(f"conversation {snap.conv.conv_id} not written to disk: {why}")
         return why is None
 
@@ -284,33 +306,16 @@ class Parking:
             self.remote.push(snap)
         return done
 
-    def land(
-        self,
-        snap: Snapshot,
-        report: ParkReport,
-        hand_over: Callable[[list[Snapshot]], None],
-        spills: list[Snapshot],
-    ) -> ParkReport:
-        """After :meth:`park` placed ``snap``, without the lock: ``hand_over(spills)`` (what
-        the call claimed for the spill writer), then, for a park placed on disk while its
-        capture is still in the engine's layout, its write (:meth:`write_streamed`). The
-        report of the park once it landed."""
-        streamed = snap.capture is not None and report.where == "disk"
-        try:
-            hand_over(spills)
-        except BaseException:
-            if streamed:
-                self._settled(snap)
-            raise
-        return self.write_streamed(snap, report) if streamed else report
-
-    def _settled(self, snap: Snapshot) -> None:
-        """A streamed park's write ended (landed, refused or failed): its reservation given
-        back, and the parks of its id waiting for it woken."""
+    def _settled(self, snap: Snapshot, *counted: str) -> None:
+        """A streamed park's write ended (landed, refused, failed or never started): its
+        reservation given back, the parks of its id waiting for it woken, and what it was
+        counted as (``counted``), in one hold of the lock."""
         with self.lock:
             self.outbox.release(snap)
             self._streaming.discard(snap.conv.conv_id)
             self._landed.notify_all()
+            for key in counted:
+                self.counts[key] += 1
 
     def write_streamed(self, snap: Snapshot, report: ParkReport) -> ParkReport:
         """Write a park :meth:`park` placed on disk while its capture is still in the engine's
@@ -325,23 +330,17 @@ class Parking:
         try:
             done = self.write(snap)
         except BaseException as e:
-            with self.lock:
-                self.counters["discards"] += 1
+            self._settled(snap, "discards")
             e.add_note(f"the park of conversation {cid!r} was not stored (nothing acknowledged)")
             raise
-        finally:
-            self._settled(snap)
         if done:
-            with self.lock:
-                self.counters["parks_disk"] += 1
+            self._settled(snap, "parks_disk")
             return report
+        self._settled(snap, "discards", "spills_refused")
         if self.catalog is not None and self.catalog.is_session(cid):
             why = f"its id {cid!r} is a saved session's name (one namespace, spec F-CHAIN-4)"
         else:
             why = self.writer.last_refusal or "the disk level refused it"
-        with self.lock:
-            self.counters["discards"] += 1
-            self.counters["spills_refused"] += 1
         self.warn(f"conversation {cid} discarded: {why}")
         return ParkReport("discard", "none", 0)
 
@@ -369,34 +368,50 @@ class Parking:
                 self.outbox.done(snap)
         if not snap.kept:  # a kept copy (remote_keep_local) was no park: not counted as one
             with self.lock:
-                self.counters["discards"] += 1
-                self.counters["spills_refused"] += 1
+                self.counts["discards"] += 1
+                self.counts["spills_refused"] += 1
         raise SpillRefused(f"conversation {cid!r} was not written to disk: {why}")
 
-    def spill_ram_on_close(self) -> int:
+    def write_failed(self, snap: Snapshot, e: Exception) -> bool:
+        """A queued write of ``snap`` raised ``e``: whether it is settled here. A copy the
+        store made of its own accord (``remote_keep_local``) was no park anyone was told of:
+        its failure is said and counted (``remote_kept_local_errors``), never reported as a
+        lost park; any other is the writer's to report (``False``)."""
+        if not (snap.kept and self.remote is not None):
+            return False
+        with self.lock:
+            self.remote.counters["remote_kept_local_errors"] += 1
+        self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {e}")
+        return True
+
+    def spill_ram_on_close(self) -> Placement:
         """Before close (``spill_on_close``): hand every conversation that only the RAM level
         holds (not on disk with these tokens or more, nor waiting to be written) to the disk
         writer, each admitted as a disk-bound capture under the transient floor; one that is
-        not admitted is left, with a warning. Returns how many were handed."""
-        if not (self.cfg.spill_on_close and self.writer is not None and self.ram.on):
-            return 0
+        not admitted is left, with a warning. The placement carries every write still waiting
+        (its report: how many conversations it handed, as ``tokens``)."""
+        handed = 0
         with self.lock:
-            self.view.sync()
-            handed = 0
-            for cid, entry in list(self.ram.entries.items()):
-                dc = self.view.get(cid)
-                held = [dc.conv] if dc is not None else []
-                if cid in self.outbox:  # the newest park of the id waiting for its write
-                    held.append(self.outbox.capture(cid).conv)
-                if any(_extends(c, entry.conv) for c in held):
-                    continue
-                nbytes = len(entry.conv.tokens) * self.fp.token_bytes
-                p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
-                if p.where == "discard":
-                    self.warn(
-                        f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}"
-                    )
-                    continue
-                if self.spill(self.ram.capture(cid)):
-                    handed += 1
-            return handed
+            if self.cfg.spill_on_close and self.writer is not None and self.ram.on:
+                handed = self._hand_ram_down()
+            return Placement(ParkReport("disk", "transient", handed), self.outbox.take())
+
+    def _hand_ram_down(self) -> int:
+        """:meth:`spill_ram_on_close`'s walk of the RAM level (under the lock)."""
+        self.view.sync()
+        handed = 0
+        for cid, entry in list(self.ram.entries.items()):
+            dc = self.view.get(cid)
+            held = [dc.conv] if dc is not None else []
+            if cid in self.outbox:  # the newest park of the id waiting for its write
+                held.append(self.outbox.capture(cid).conv)
+            if any(_extends(c, entry.conv) for c in held):
+                continue
+            nbytes = len(entry.conv.tokens) * self.fp.token_bytes
+            p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
+            if p.where == "discard":
+                self.warn(f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}")
+                continue
+            if self.spill(self.ram.capture(cid)):
+                handed += 1
+        return handed

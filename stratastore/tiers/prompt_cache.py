@@ -237,10 +237,11 @@ class PromptCache:
             "evictions": self.level.counters.disk_evictions,
         }
 
-    def source(self, admission: Admission, flow: dict[str, int], warn: Voice) -> PromptCacheSource:
-        """Its restore source; ``flow``: the flow's counters (tokens restored, the ladder's)."""
-        reader = DiskReader(self.cfg, self.fp, [self.level], self.holder, flow, warn)
-        return PromptCacheSource(self, reader, admission, flow, warn)
+    def source(self, admission: Admission, warn: Voice) -> PromptCacheSource:
+        """Its restore source, reading through a disk reader of its own (whose counts are the
+        flow's figures of these reads: tokens restored, misses, the ladder's)."""
+        reader = DiskReader(self.cfg, self.fp, [self.level], self.holder, warn)
+        return PromptCacheSource(self, reader, admission, warn)
 
 
 class PromptCacheSource:
@@ -253,11 +254,10 @@ class PromptCacheSource:
         cache: PromptCache,
         reader: DiskReader,
         admission: Admission,
-        flow: dict[str, int],
         warn: Voice,
     ) -> None:
-        self.cache, self.reader, self.admission = cache, reader, admission
-        self.flow, self.warn = flow, warn
+        self.cache, self.reader, self.admission, self.warn = cache, reader, admission, warn
+        self.counts = reader.counts  #: the flow's counts of its reads (its own: ``cache``'s)
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
         self.cache.view.sync()
@@ -292,8 +292,8 @@ class PromptCacheSource:
         self.reader.account(read.dc, read.job, outcome, removed)
         self.cache.damaged.update(k for k in outcome.damaged if self.cache.holder(k))
         if found.tokens == 0:
-            self.flow["restore_misses"] += 1
+            self.counts["restore_misses"] += 1
             return Restored("none", 0), []
         self.cache.counters["hits_prompt_cache"] += 1
-        self.flow["tokens_restored"] += found.tokens
+        self.counts["tokens_restored"] += found.tokens
         return replace(found, source="prompt_cache"), []

@@ -3,6 +3,7 @@ restore's result) and the errors of the park path."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -19,6 +20,7 @@ __all__ = [
     "BatchRestoreError",
     "InvalidConversation",
     "ParkReport",
+    "Placement",
     "Restored",
     "Snapshot",
     "SpillRefused",
@@ -109,6 +111,21 @@ class ParkReport:
     where: Literal["ram", "disk", "discard"]
     floor: str  #: which RAM floor admitted it ("parking", "transient", "none")
     tokens: int  #: tokens kept (0 for a discard)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What a call placed under the flow's lock, for the write queue (:mod:`.write_queue`):
+    its ``report``, the ``writes`` it acknowledged (offered to the outbox, reserved and readable
+    there; the writer thread writes them down), and for a park written from the engine's
+    memory within its call, ``stream`` (that write, run by the caller's thread without the
+    lock; the report once it landed) and ``cancel`` (its reservation given back when it never
+    runs)."""
+
+    report: ParkReport
+    writes: list[Snapshot] = field(default_factory=list)
+    stream: Callable[[], ParkReport] | None = None
+    cancel: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,9 @@ A restore is planned and accounted under the flow's lock, and does its copies, r
 hashing without it, so restores on several threads run in parallel and none waits on a disk
 write. One pass over a batch of requests:
 
-1. *ask*: under the lock, the local sources (:class:`~.lookup.Lookup`); the remote level is
-   walked, without the lock, only for the requests the local sources do not hold whole;
+1. *ask* (only with a remote level): under the lock, the local sources
+   (:class:`~.lookup.Lookup`); the remote level is walked, without the lock, only for the
+   requests the local sources do not hold whole;
 2. *plan*: under the lock, each destination is checked (refused before anything runs when it
    cannot be written in place or cannot hold the prompt), the deepest hit among the sources
    chosen, and its source plans the restore (:class:`~.lookup.Step`): a RAM hit is copied
@@ -13,6 +14,10 @@ write. One pass over a batch of requests:
 3. *copy and read*: without the lock, the captures are copied and the jobs share one batched
    read agenda (:mod:`stratastore.restore.agenda`), every page validated;
 4. *account*: under the lock, each source settles what it delivered.
+
+Without a remote level a restore takes the flow's lock twice (plan, account); with one, a
+third time to ask. What a restore from the remote level keeps locally (``remote_keep_local``)
+is submitted to the write queue as a park's writes are.
 
 The fallback is an order of sources: a restore from the remote level that delivers less than
 the local sources hold (a part evicted, the server gone mid-read) is done again from the local
@@ -25,12 +30,12 @@ is met as another process's move or removal would be.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
+from stratastore.metrics.counts import Counts
 from stratastore.restore import (
     Destination,
     DestinationRefused,
@@ -41,10 +46,12 @@ from stratastore.restore import (
     deliver_capture,
     restore_batch,
 )
-from stratastore.tiers.lookup import Copy, Delivered, Lookup, Prompt, Read, deepest
-from stratastore.tiers.records import Restored, Snapshot
+from stratastore.tiers.context import FlowContext
+from stratastore.tiers.lookup import Copy, Delivered, Hit, Lookup, Prompt, Read, deepest
+from stratastore.tiers.records import ParkReport, Placement, Restored, Snapshot
 from stratastore.tiers.remote import RemoteHit
 from stratastore.tiers.sources import RemoteSource
+from stratastore.tiers.write_queue import WriteQueue
 
 __all__ = ["Restorer", "destinations"]
 
@@ -109,20 +116,19 @@ class Restorer:
 
     def __init__(
         self,
-        lock: AbstractContextManager[Any],
-        fp: ModelFingerprint,
+        ctx: FlowContext,
         lookup: Lookup,
         remote: RemoteSource | None,
-        counters: dict[str, int],
         keep: Callable[[Snapshot], bool] | None,
-        warn: Callable[[str], None],
-        agenda: bool = True,
+        writes: WriteQueue,
     ) -> None:
-        self.lock, self.fp, self.lookup, self.remote = lock, fp, lookup, remote
-        self.counters, self.keep, self.warn = counters, keep, warn
+        self.lock, self.fp, self.lookup, self.remote = ctx.lock, ctx.fp, lookup, remote
+        self.keep, self.writes, self.warn = keep, writes, ctx.warn
+        #: its own counts: the restores it copies from parks in flight, and the misses
+        self.counts = Counts("flow", ("hits_pending", "tokens_restored", "restore_misses"))
         #: the continuous agenda every thread's restores join (``batch_agenda``), else None:
         #: each restore reads on its own pipeline
-        self.agenda = SharedAgenda() if agenda else None
+        self.agenda = SharedAgenda() if ctx.cfg.batch_agenda else None
 
     def restore_many(
         self, requests: Sequence[Request], media: Media = (), caps: Caps = ()
@@ -188,19 +194,19 @@ class Restorer:
             prompt if (c := _at(caps, i)) is None else prompt[:c]
             for i, (prompt, _) in enumerate(requests)
         ]
-        with self.lock:
-            ask = [
-                remote is not None
-                and self.lookup.worth_asking(
-                    prompt, self.lookup.here(capped[i], _at(media, i)), _at(caps, i)
-                )
-                for i, (prompt, _) in enumerate(requests)
+        walked: list[Hit | None] = [None] * len(requests)
+        if remote is not None:  # (no lock taken for a remote level there is not)
+            with self.lock:
+                ask = [
+                    self.lookup.worth_asking(
+                        prompt, self.lookup.here(capped[i], _at(media, i)), _at(caps, i)
+                    )
+                    for i, (prompt, _) in enumerate(requests)
+                ]
+            walked = [  # network calls: without the lock
+                remote.deepest(capped[i], _at(media, i)) if ask[i] else None
+                for i in range(len(requests))
             ]
-        assert remote is not None or not any(ask)
-        walked = [
-            remote.deepest(capped[i], _at(media, i)) if remote is not None and ask[i] else None
-            for i in range(len(requests))
-        ]
         with self.lock:
             dests = destinations(self.fp, requests, caps)
             p = _Pass([Restored("none", 0)] * len(requests))
@@ -210,7 +216,7 @@ class Restorer:
                 here = self.lookup.here(capped[i], _at(media, i))
                 hit = deepest((here, walked[i]))
                 if hit is None:
-                    self.counters["restore_misses"] += 1
+                    self.counts["restore_misses"] += 1
                     continue
                 step = hit.source.restore(hit, dest)
                 if isinstance(step, Delivered):
@@ -259,8 +265,8 @@ class Restorer:
         damage: list[_Damage] = []
         with self.lock:
             for _, c in copies:
-                self.counters["hits_pending"] += 1
-                self.counters["tokens_restored"] += c.match.length
+                self.counts["hits_pending"] += 1
+                self.counts["tokens_restored"] += c.match.length
             for n, ((i, read), o, r) in enumerate(zip(p.reads, outcomes, found, strict=True)):
                 if n in floors and floors[n] > _delivered(r):  # done again, from the local
                     p.again[n] = (o, r)
@@ -286,6 +292,7 @@ class Restorer:
         if self.remote is None or not self.remote.level.settings.keep_local or self.keep is None:
             return
         level, tb = self.remote.level, self.fp.token_bytes
+        writes: list[Snapshot] = []
         for n in p.remote:
             i, read = p.reads[n]
             got = p.results[i]
@@ -306,3 +313,6 @@ class Restorer:
                     self.warn(
                         f"{read.dc.conv.conv_id} (read from the remote level) not kept locally: {e}"
                     )
+                writes += self.writes.outbox.take()
+        if writes:  # submitted to the write queue as a park's writes are
+            self.writes.submit(Placement(ParkReport("disk", "transient", len(writes)), writes))

@@ -25,6 +25,7 @@ import numpy as np
 
 from stratastore.chain import Match
 from stratastore.levels.backend import SegmentBackend
+from stratastore.metrics.counts import Counts
 from stratastore.metrics.logs import Voice
 from stratastore.restore import Destination, Outcome
 from stratastore.tiers.admission import Admission, log_admission
@@ -96,10 +97,9 @@ class RamSource:
 
     name: SourceName = "ram"
 
-    def __init__(
-        self, ram: RamLevel, root: bytes, page: int | None, counters: dict[str, int]
-    ) -> None:
-        self.ram, self.root, self.page, self.counters = ram, root, page, counters
+    def __init__(self, ram: RamLevel, root: bytes, page: int | None) -> None:
+        self.ram, self.root, self.page = ram, root, page
+        self.counts = Counts("flow", ("hits_ram", "tokens_restored", "restore_misses"))
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
         m = self.ram.cache.index.lookup(self.root, prompt, media, page_tokens=self.page)
@@ -109,11 +109,11 @@ class RamSource:
         """Copied now, out of the arena (under the lock: the entry may be taken out)."""
         m = at_a_state(hit.match, self.ram.states(hit.match.conv_id))
         if m is None:
-            self.counters["restore_misses"] += 1
+            self.counts["restore_misses"] += 1
             return None
         state = self.ram.restore(m, dest)
-        self.counters["hits_ram"] += 1
-        self.counters["tokens_restored"] += m.length
+        self.counts["hits_ram"] += 1
+        self.counts["tokens_restored"] += m.length
         return Delivered(Restored("ram", m.length, m.conv_id, state))
 
 
@@ -122,8 +122,9 @@ class PendingSource:
 
     name: SourceName = "pending"
 
-    def __init__(self, outbox: Outbox, page: int | None, counters: dict[str, int]) -> None:
-        self.outbox, self.page, self.counters = outbox, page, counters
+    def __init__(self, outbox: Outbox, page: int | None) -> None:
+        self.outbox, self.page = outbox, page
+        self.counts = Counts("flow", ("restore_misses",))
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
         m = self.outbox.lookup(prompt, media, self.page)
@@ -134,7 +135,7 @@ class PendingSource:
         capture = self.outbox.capture(hit.match.conv_id)
         m = at_a_state(hit.match, capture.states)
         if m is None:
-            self.counters["restore_misses"] += 1
+            self.counts["restore_misses"] += 1
             return None
         return Copy(self, dest, capture, m)
 
@@ -151,13 +152,13 @@ class DiskSource:
         admission: Admission,
         token_bytes: int,
         page: int | None,
-        counters: dict[str, int],
         holder: Callable[[bytes], SegmentBackend | None],
         warn: Voice,
     ) -> None:
         self.view, self.reader, self.admission = view, reader, admission
-        self.tb, self.page, self.counters = token_bytes, page, counters
+        self.tb, self.page = token_bytes, page
         self.holder, self.warn = holder, warn
+        self.counts = Counts("flow", ("disk_hits_refused",))
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
         self.view.sync()
@@ -178,7 +179,7 @@ class DiskSource:
         if not read_admitted(
             self.admission, self.warn, "disk hit", subject, m.length * self.tb, dc
         ):
-            self.counters["disk_hits_refused"] += 1
+            self.counts["disk_hits_refused"] += 1
             return None
         assert dc is not None
         return Read(self, hit, dc, self.reader.job(dc, m.length, dest))
@@ -212,11 +213,11 @@ class RemoteSource(DiskSource):
             disk.admission,
             disk.tb,
             disk.page,
-            disk.counters,
             disk.holder,
             disk.warn,
         )
         self.level = level
+        self.counts = Counts("flow", ("disk_hits_refused", "hits_remote", "tokens_restored"))
 
     def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
         """The remote level's walk (network calls: without the lock); a failure is a miss."""
@@ -231,7 +232,7 @@ class RemoteSource(DiskSource):
     ) -> tuple[Restored, list[bytes]]:
         """Counted as a remote hit; a ladder stop there is not local damage (the segments whose
         bytes looked wrong are returned, settled after the lock)."""
-        self.counters["hits_remote"] += 1
-        self.counters["tokens_restored"] += found.tokens
+        self.counts["hits_remote"] += 1
+        self.counts["tokens_restored"] += found.tokens
         bad = self.level.restored(read.dc, outcome, asked)
         return Restored("remote", found.tokens, found.conv_id, found.state), bad

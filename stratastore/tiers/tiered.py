@@ -1,20 +1,22 @@
 """The flow of the tiers: one store's levels, and the park, lookup and restore flows over them.
 
 :class:`Tiers` is the policy core of :class:`~stratastore.Store`. It opens the levels
-(:mod:`.levels`: the one place a backend is named), owns the flow's lock and counters, and
+(:mod:`.levels`: the one place a backend is named), makes the context the flow's parts share
+(:mod:`.context`: settings, model, the flow's lock, admission, voice) and the write queue, and
 hands each call to the module of its concept: a park goes to RAM under the parking floor,
 else to disk under the transient floor, else it is discarded and counted (:mod:`.park`); a
 lookup is the deepest hit among the restore sources, in their order (:mod:`.lookup`,
 :mod:`.sources`); a restore copies that hit into the caller's buffer, every disk page
 validated, and falls back to the local sources when the remote level delivers less
-(:mod:`.restore`); sessions are explicit saves (:mod:`.sessions`); the spill writer writes
-acknowledged parks down in the background (:mod:`.spill`). The conversations on disk, their
+(:mod:`.restore`); sessions are explicit saves (:mod:`.sessions`); the write queue writes
+acknowledged parks down in the background (:mod:`.write_queue`). Each part keeps its own
+counts; the flow's figures are their sum (:meth:`Tiers.counts`). The conversations on disk, their
 chain membership and the GC live in the shared catalog (:mod:`stratastore.catalog`), which every
 process opening the store sees alike.
 
-The lock is taken where plans and accounts are made (each flow takes it itself); it is
-reentrant, so a caller (the Store) may hold it around a call to keep its own checks with it.
-No call holds it over disk I/O, hashing or a network call.
+The lock is taken where plans and accounts are made (each flow takes it itself, a park once, a
+restore twice, a third time to ask a remote level); it is reentrant. No call holds it over
+disk I/O, hashing or a network call.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from stratastore.config import StoreConfig
 from stratastore.config.environment import at_open
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
-from stratastore.metrics.counters import Owner, owners_on, reported, zero_counts
+from stratastore.metrics.counters import Owner, owners_on, reported
+from stratastore.metrics.counts import total
 from stratastore.metrics.logs import Voice
 from stratastore.restore import Destination
 from stratastore.tiers.admission import Admission, park_target
+from stratastore.tiers.context import FlowContext
 from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDescription
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.disk_read import DiskReader
@@ -50,6 +54,7 @@ from stratastore.tiers.prompt_cache import PromptCache, open_prompt_cache
 from stratastore.tiers.ram import RamLevel, fit_default_ram
 from stratastore.tiers.records import (
     ParkReport,
+    Placement,
     Restored,
     Snapshot,
 )
@@ -57,8 +62,8 @@ from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.restore import Request, Restorer, destinations
 from stratastore.tiers.sessions import Sessions
 from stratastore.tiers.sources import DiskSource, PendingSource, RamSource, RemoteSource
-from stratastore.tiers.spill import SpillWriter
 from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.write_queue import WriteQueue
 from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["Tiers"]
@@ -79,9 +84,12 @@ class Tiers:
         cfg = at_open(cfg, self.warn)  # the environment's switches; a default directory named
         cfg = fit_default_ram(cfg, self.warn)  # the defaults open on an 8 GiB machine
         self.cfg, self.fp, self.root, self.tb = cfg, fp, fp.digest(), fp.token_bytes
-        self.lock = threading.RLock()
         self.admission = Admission(cfg, probe, legacy=legacy_admission)
-        self.counters = zero_counts("flow")  #: the flow's (the counter table's rows it keeps)
+        #: what the flow's parts share, the flow's lock among it
+        self.ctx = FlowContext(cfg, fp, threading.RLock(), self.admission, self.warn)
+        self.lock = self.ctx.lock
+        #: the owner of the disk writes of parks: the outbox, the writer thread, their errors
+        self.writes = WriteQueue(self.root)
         # where parks go is decided first, from the config (a disk level is on when its
         # settings say so: open_levels opens exactly those), so the RAM level reserves its arena
         # only for a RAM target, and a bad ram_mib fails before any level is opened
@@ -119,12 +127,9 @@ class Tiers:
             self.close()
             raise
         self.view = DiskView(self.catalog, self.root)
-        self.reader = DiskReader(cfg, fp, self.levels, self.holder, self.counters, self.warn)
+        self.reader = DiskReader(cfg, fp, self.levels, self.holder, self.warn)
         self.parking = Parking(
-            cfg,
-            fp,
-            self.lock,
-            self.admission,
+            self.ctx,
             self.target,
             self.ram,
             self.levels,
@@ -132,8 +137,8 @@ class Tiers:
             self.catalog,
             self.view,
             self.remote,
-            self.counters,
-            self.warn,
+            self.writes,
+            self.prompt_cache,
         )
         self.sessions = Sessions(
             self.lock,
@@ -142,22 +147,17 @@ class Tiers:
             self.writer,
             self.reader,
             self.view,
-            lambda n: n in self.ram or n in self.parking.outbox,
+            lambda n: n in self.ram or n in self.writes.outbox,
             self.warn,
         )
-        self.parking.prompt_cache = self.prompt_cache
         self.lookups, remote = self._sources()
         self.restorer = Restorer(
-            self.lock,
-            fp,
+            self.ctx,
             self.lookups,
             remote,
-            self.counters,
             self.parking.spill if self.writer is not None else None,
-            self.warn,
-            agenda=cfg.batch_agenda,
+            self.writes,
         )
-        self.spill_writer: SpillWriter | None = None
 
     def _sources(self) -> tuple[Lookup, RemoteSource | None]:
         """The restore sources in their order: RAM, parks in flight, the disk levels, the
@@ -170,19 +170,17 @@ class Tiers:
             self.admission,
             self.tb,
             page,
-            self.counters,
             self.holder,
             self.warn,
         )
         remote = None if self.remote is None else RemoteSource(self.remote, disk)
         local: tuple[Source, ...] = (
-            RamSource(self.ram, self.root, page, self.counters),
-            PendingSource(self.parking.outbox, page, self.counters),
+            RamSource(self.ram, self.root, page),
+            PendingSource(self.writes.outbox, page),
             disk,
         )
         if self.prompt_cache is not None:
-            cache = self.prompt_cache.source(self.admission, self.counters, self.warn)
-            local = (*local, cache)
+            local = (*local, self.prompt_cache.source(self.admission, self.warn))
         return Lookup(local, remote), remote
 
     def close(self) -> None:
@@ -216,9 +214,25 @@ class Tiers:
         return None
 
     # -- parking ------------------------------------------------------------------------------
-    def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
-        """Place a snapshot (:meth:`.park.Parking.park`)."""
+    def place(self, snap: Snapshot, *, pin: bool = False) -> Placement:
+        """Place a snapshot (:meth:`.park.Parking.park`): under the flow's lock, once; what it
+        acknowledged for a disk write travels in the placement, for :attr:`writes`."""
         return self.parking.park(snap, pin=pin)
+
+    def streams(self) -> bool:
+        """Whether a park in the engine's layout is written from there within its call
+        (:meth:`.park.Parking.streams`)."""
+        return self.parking.streams()
+
+    def pending(self) -> Placement:
+        """The writes acknowledged and not handed to the write queue yet (under the lock)."""
+        with self.lock:
+            return Placement(ParkReport("disk", "transient", 0), self.writes.outbox.take())
+
+    def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
+        """Place a snapshot and submit its placement to the write queue (its streamed write,
+        if any, on this thread): the report once it landed."""
+        return self.writes.submit(self.place(snap, pin=pin))
 
     def fill_prompt_cache(self) -> int:
         """Write the pinned prefixes the parks found for the system-prompt cache
@@ -230,42 +244,39 @@ class Tiers:
             fills, self.parking.fills = self.parking.fills, []
         return sum(self.prompt_cache.fill(entry, self.lock) for entry in fills)
 
-    def start_spill_writer(
+    def start_writes(
         self,
         depth: int,
         after_write: Callable[[], object],
         written: Callable[[Snapshot, float], object] | None = None,
-    ) -> SpillWriter:
-        """From now on the disk writes of parks wait in the outbox and are written by one
-        background thread (:mod:`.spill`, a queue of ``depth``), so a park returns once its
-        capture is handed over. ``written(snap, seconds)``: told of each write that landed
-        and how long it took (the per-slot speeds)."""
-        self.parking.defer_spills = True
+    ) -> WriteQueue:
+        """From now on the disk writes of parks wait in the outbox and are written by the write
+        queue's thread (a queue of ``depth``), so a park returns once its capture is handed
+        over. ``written(snap, seconds)``: told of each write that landed and how long it took
+        (the per-slot speeds)."""
 
         def write(snap: Snapshot) -> None:
             start = time.perf_counter()
-            self.write_disk_now(snap)
+            try:
+                self.write_disk_now(snap)
+            except Exception as e:
+                if not self.parking.write_failed(snap, e):
+                    raise
+                return
             if written is not None:
                 written(snap, time.perf_counter() - start)
 
-        self.spill_writer = SpillWriter(
-            self.lock,
-            self.parking.outbox,
-            depth,
-            write,
-            after_write,
-            self.remote,
-            self.warn,
-        )
-        return self.spill_writer
+        self.writes.start(depth, write, after_write)
+        return self.writes
 
     def write_disk_now(self, snap: Snapshot) -> None:
         """Write a snapshot to disk at once (:meth:`.park.Parking.write_disk_now`)."""
         self.parking.write_disk_now(snap)
 
-    def spill_ram_on_close(self) -> int:
+    def spill_ram_on_close(self) -> Placement:
         """Hand what only RAM holds to the disk writer (before close:
-        :meth:`.park.Parking.spill_ram_on_close`)."""
+        :meth:`.park.Parking.spill_ram_on_close`); the placement carries every write still
+        waiting, for :attr:`writes`."""
         return self.parking.spill_ram_on_close()
 
     # -- lookup and restore -------------------------------------------------------------------
@@ -349,6 +360,18 @@ class Tiers:
         return self.sessions.delete(name, self.catalog, self.gc)
 
     # -- state --------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """The flow's counter figures: the sum of its parts' own counts (the park flow, the
+        restore flow, its sources and readers), in the counter table's order. Under the lock."""
+        parts: list[Mapping[str, int]] = [
+            self.parking.counts,
+            self.restorer.counts,
+            self.reader.counts,
+        ]
+        sources = [*self.lookups.local, self.lookups.remote]
+        parts += [s.counts for s in sources if s is not None]
+        return total("flow", parts)
+
     @property
     def damaged(self) -> list[bytes]:
         return self.reader.damaged
@@ -376,7 +399,7 @@ class Tiers:
         chain, whichever is deeper, the disk chain only up to the first segment a restore found
         damaged or missing (what the ladder would stop at)."""
         held = {cid: len(e.conv.tokens) for cid, e in self.ram.entries.items()}
-        for cid, snap in self.parking.outbox.newest():  # a park in flight restores too
+        for cid, snap in self.writes.outbox.newest():  # a park in flight restores too
             held[cid] = max(held.get(cid, 0), len(snap.conv.tokens))
         bad = set(self.damaged)
         for cid, dc in self.view.convs.items():
@@ -422,7 +445,7 @@ class Tiers:
                 {
                     "park_target": self.target,
                     "park_target_source": self.target_source,
-                    **self.counters,
+                    **self.counts(),
                     "evict_spills": self.ram.evict_spills,
                     **gc,
                     **cache,
@@ -469,11 +492,11 @@ class Tiers:
             return StoreDescription(
                 tuple(levels),
                 ram,
-                tuple(cid for cid, _ in self.parking.outbox.newest()),
+                tuple(cid for cid, _ in self.writes.outbox.newest()),
                 self.target,
                 self.target_source,
                 self.parking.last_admission,
-                MappingProxyType(reported(self.counters, self.owners)),
+                MappingProxyType(reported(self.counts(), self.owners)),
                 tuple(n for n, _ in self.skipped_manifests),
             )
 

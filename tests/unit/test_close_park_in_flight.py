@@ -56,13 +56,13 @@ def test_close_writes_a_newer_ram_park_while_an_older_disk_write_is_in_flight(
         real(snap, *lock)
 
     store._tiers.write_disk_now = held  # type: ignore[method-assign]
-    real_join = store._spill.queue.join
+    real_join = store._writes.join
 
     def join() -> None:  # close() flushes the writer: the held write goes on from here
         release.set()
         real_join()
 
-    store._spill.queue.join = join  # type: ignore[method-assign]
+    store._writes.join = join  # type: ignore[method-assign]
     try:
         assert store.park(v1, kv1).where == "disk"  # its write is in flight (held)
         assert entered.wait(30)

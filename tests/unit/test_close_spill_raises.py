@@ -62,13 +62,13 @@ def test_close_flushes_acknowledged_parks_even_when_the_ram_spill_step_fails(
         raise StoreError("index read failed (injected)")
 
     store._tiers.view.sync = failing_sync  # type: ignore[method-assign]
-    real_join = store._spill.queue.join
+    real_join = store._writes.join
 
     def join() -> None:  # close() flushes the writer: let the held write go on
         release.set()
         real_join()
 
-    store._spill.queue.join = join  # type: ignore[method-assign]
+    store._writes.join = join  # type: ignore[method-assign]
     errors: list[BaseException] = []
 
     def closing() -> None:

@@ -179,8 +179,8 @@ def test_a_streamed_park_counts_the_parks_waiting_for_the_writer(tmp_path: Path)
     cfg = {"park": "disk", "ram_mib": 0, "cold_dir": str(tmp_path / "c"), "cold_mib": 1}
     with Store.open(FP, {**cfg, "when_full": "reject"}) as store:
         gate = threading.Event()
-        write = store._spill.write
-        store._spill.write = lambda snap: (gate.wait(5), write(snap))[1]  # the writer lags
+        write = store._writes.write
+        store._writes.write = lambda snap: (gate.wait(5), write(snap))[1]  # the writer lags
         waiting = _conv(n, "waiting")
         assert store.park(waiting, np.ones(n * FP.token_bytes, np.uint8)).where == "disk"
         streamed = Conversation("s", np.arange(n, dtype=np.uint32) + 10**6, [Checkpoint(n)])

@@ -1,0 +1,61 @@
+"""The calls in flight on a store, and its close: one gate with its own condition.
+
+Every public call of :class:`~stratastore.Store` passes the gate while it runs (a park until
+its writes are handed over, a restore until its reads are accounted); :meth:`Calls.close`
+refuses new calls from then on and waits, on the gate's condition (no poll), until those in
+flight are done, so the levels are never closed under a call. The gate has a lock of its own:
+entering and leaving it never takes the flow's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from stratastore.tiers.records import StoreClosed
+
+__all__ = ["Calls"]
+
+
+class Calls:
+    """The gate of one store (see the module)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check(self, call: str) -> None:
+        """:class:`StoreClosed` naming ``call`` once the store is closed."""
+        if self._closed:
+            raise StoreClosed(call)
+
+    @contextmanager
+    def call(self, call: str) -> Iterator[None]:
+        """Run the block as a call in flight (:meth:`close` waits for it); a call on a closed
+        store raises :class:`StoreClosed` naming ``call`` before the block runs."""
+        with self._cv:
+            self.check(call)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._cv.notify_all()
+
+    def close(self) -> bool:
+        """Refuse every new call, then wait until none is in flight. ``False`` when the store
+        was closed already (a second close does nothing)."""
+        with self._cv:
+            if self._closed:
+                return False
+            self._closed = True
+            self._cv.wait_for(lambda: self._in_flight == 0)
+        return True
