@@ -415,9 +415,9 @@ def test_used_is_a_counter_kept_with_every_record_write(tmp_path: Path) -> None:
         # a put over an existing record replaces its bytes (read inside the same transaction)
         rec = store.record(keys[1])
         bigger = dataclasses.replace(rec, file_bytes=rec.file_bytes + 1000)
-        store._index.put(keys[1], bigger)
+        store.index.put(keys[1], bigger)
         assert store.used() == on_disk + 1000
-        store._index.apply({keys[1]: rec}, [keys[2]])
+        store.index.apply({keys[1]: rec}, [keys[2]])
         assert store.used() == sum(r.total_bytes for _, r in store.records())
     tables = _index_tables(d)
     assert set(tables[b"segments"]) == {k[8:] for k in tables[b"ages"]}
@@ -460,29 +460,46 @@ def test_oldest_walks_the_age_table_in_batches(store: SegmentStore) -> None:
     assert len(got) == 150
 
 
-def test_reads_of_a_segment_deleted_meanwhile_are_not_found(store: SegmentStore) -> None:
+class _DeletedBeforeDataOpen(faults.FaultInjector):
+    """Another process deletes segment ``key`` (sidecar, then data file) between a reader's
+    sidecar read and its open of the data file (the io seam's hook: every open goes through
+    it)."""
+
+    def __init__(self, store: SegmentStore, key: bytes) -> None:
+        super().__init__()
+        self.sidecar = os.path.join(store.path, sidecar_name(key))
+        self.data = os.path.join(store.path, data_name(key))
+        self.deleted = False
+
+    def check(self, op: str, path: str) -> Fault | None:
+        if op == "open" and path == self.data and not self.deleted:
+            os.unlink(self.sidecar)
+            os.unlink(self.data)
+            self.deleted = True
+        return super().check(op, path)
+
+
+def test_reads_of_a_segment_deleted_meanwhile_are_not_found(
+    store: SegmentStore, tmp_path: Path
+) -> None:
     key, _ = put(store, 5)
-    real = store._read_sidecar
-
-    def then_deleted(k: bytes) -> tuple[object, int]:
-        got = real(k)  # another process deletes it between the sidecar and the data file
-        os.unlink(store._sidecar_path(k))
-        os.unlink(store._data_path(k))
-        return got
-
-    store._read_sidecar = then_deleted  # type: ignore[method-assign,assignment]
-    with pytest.raises(SegmentNotFound):
-        store._inspect(key)
+    # a move's check of its source's segment (the sidecar, then the data file's header)
+    race = _DeletedBeforeDataOpen(store, key)
+    with SegmentStore.open(tmp_path / "other", store.fingerprint) as other:
+        with faults.use(race), pytest.raises(SegmentNotFound):
+            other.relocate_from(store, key)
+        assert race.deleted and key not in other
     assert put(store, 5)[0] == key  # put again, then race the reader's data-file open
-    with pytest.raises(SegmentNotFound):
+    race = _DeletedBeforeDataOpen(store, key)
+    with faults.use(race), pytest.raises(SegmentNotFound):
         store.open_reader(key)
-    del store._read_sidecar
+    assert race.deleted
     # the index still names it until the next open; every read says not found
     with pytest.raises(SegmentNotFound):
         store.open_reader(key)
     # a committed sidecar whose data file is gone is damage, not "not found"
     key2, _ = put(store, 6, seed=3)
-    os.unlink(store._data_path(key2))
+    os.unlink(os.path.join(store.path, data_name(key2)))
     with pytest.raises(StrataIOError):
         store.open_reader(key2)
 
@@ -501,7 +518,7 @@ def test_relocate_races_are_typed(tmp_path: Path) -> None:
         with pytest.raises(SegmentNotFound):
             cold.relocate_from(warm, key)
         key2, _ = put(warm, 4, seed=1)
-        os.unlink(warm._sidecar_path(key2))  # deleted behind this handle's index
+        os.unlink(os.path.join(warm.path, sidecar_name(key2)))  # behind this handle's index
         with pytest.raises(SegmentNotFound):
             cold.relocate_from(warm, key2)
         assert key2 not in cold and cold.keys() == [key]
