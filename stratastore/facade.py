@@ -383,8 +383,8 @@ class Store:
         """:meth:`stats`; ``call`` names the public call to refuse on a closed store (``None``:
         close's own last snapshot, taken before the levels close)."""
         gate = self._calls.call(call) if call is not None else contextlib.nullcontext()
-        with gate, self._lock:
-            doc = self._tiers.stats()
+        with gate:
+            doc = self._tiers.stats()  # (under the flow's lock)
         doc.update(
             tokens_reread=self.counters["tokens_reread"],
             **self._writes.counts,
