@@ -3,8 +3,9 @@ three times, and a restore takes none for a remote level that is not configured.
 
 The flow's lock is the one lock every call plans and accounts under (``Tiers.lock``); each time
 the engine's thread takes it, it may wait for the spill writer's bookkeeping or another slot's
-restore. The lock is swapped for a counting one as the store's flow context is made (every re-entry counts
-too), and only acquisitions on the calling thread are counted: the spill writer's are its own.
+restore. The lock is swapped for a counting one as the store's flow context is made (every
+re-entry counts too), and only acquisitions on the calling thread are counted: the spill
+writer's are its own.
 """
 
 from __future__ import annotations
