@@ -14,8 +14,11 @@ import blake3
 import numpy as np
 
 from stratastore import Checkpoint, Conversation, Store
+from stratastore.catalog import Catalog
+from stratastore.catalog.gc import Collector
 from stratastore.format.manifest import decode_manifest, encode_manifest
 from stratastore.format.naming import chain_name, data_name
+from stratastore.levels.local import SegmentStore
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()
@@ -49,9 +52,8 @@ def test_the_catalog_tables_are_laid_out_as_the_spec_says(tmp_path: Path) -> Non
         a, kv = conv("a", 100)
         store.park(a, kv)
         store.flush()
-        cat = store._tiers.catalog
-        assert cat is not None
-        env = cat.index.env
+    with SegmentStore.open(tmp_path / "cold", FP, create=False) as level:
+        env = level.index.env  # the last level's environment holds the tables
         c = blake3.blake3(b"a").digest()
         path = tmp_path / "cold" / chain_name("a")
         with env.begin() as txn:
@@ -87,8 +89,8 @@ def test_a_store_without_a_catalog_has_it_built_and_a_changed_file_is_read_again
         store.park(a, kva)
         store.park(b, kvb)
         store.flush()
-        assert store._tiers.catalog is not None
-        store._tiers.catalog.reset()  # as a store written before the catalog
+    with SegmentStore.open(tmp_path / "cold", FP, create=False) as level:
+        Catalog(level.index).reset()  # as a store written before the catalog
     with Store.open(FP, cfg(tmp_path), probe=lambda: 1 << 40) as store:
         assert restored(store, a) == 16 and restored(store, b) == 16
     cold = tmp_path / "cold"
@@ -125,15 +127,17 @@ def test_a_shared_segment_goes_with_the_last_conversation_that_names_it(tmp_path
         for c, kv in convs:
             store.park(c, kv)
         store.flush()
-        cat, gc = store._tiers.catalog, store._tiers.gc
-        assert cat is not None and gc is not None
-        shared = decode_manifest((tmp_path / "cold" / chain_name("c0")).read_bytes()).segments[0][2]
+    cold = tmp_path / "cold"
+    with SegmentStore.open(cold, FP, create=False) as level:
+        cat = Catalog(level.index)
+        gc = Collector(cat, lambda: [level], str(cold), 0o600)
+        shared = decode_manifest((cold / chain_name("c0")).read_bytes()).segments[0][2]
         assert cat.owners(shared) == 3
         for i, (c, _) in enumerate(convs):
             r = cat.shorten(c.conv_id, lambda m: 0)
             assert r is not None
             gc.carry_out(r)
-            alive = (tmp_path / "cold" / data_name(shared)).exists()
+            alive = (cold / data_name(shared)).exists()
             assert cat.owners(shared) == 2 - i and alive == (i < 2)
         assert cat.in_flight() == []
 
@@ -147,15 +151,18 @@ def test_a_killed_park_is_finished_by_the_next_open(tmp_path: Path) -> None:
         import numpy as np
         sys.path.insert(0, {str(ROOT)!r})
         from stratastore import Store
+        from stratastore.catalog import Catalog
+        from stratastore.levels.local import SegmentStore
         from tests.unit.test_catalog import FP, cfg, conv
         from pathlib import Path
-        store = Store.open(FP, cfg(Path({str(tmp_path)!r})), probe=lambda: 1 << 40)
-        t = store._tiers
+        tmp = Path({str(tmp_path)!r})
+        Store.open(FP, cfg(tmp), probe=lambda: 1 << 40).close()  # the catalog made
+        level = SegmentStore.open(tmp / "cold", FP, create=False)
         c, kv = conv("k", 100)
-        specs = c.segment_keys(t.root)
-        t.catalog.begin("k", {{s.key for s in specs}}, session=False)
+        specs = c.segment_keys(FP.digest())
+        Catalog(level.index).begin("k", {{s.key for s in specs}}, session=False)  # a park's steps
         s = specs[0]
-        t.levels[0].store.put_kv(s.parent, c.tokens[:8], kv[: 8 * {TB}], token_start=0)
+        level.put_kv(s.parent, c.tokens[:8], kv[: 8 * {TB}], token_start=0)
         print("registered", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -166,10 +173,11 @@ def test_a_killed_park_is_finished_by_the_next_open(tmp_path: Path) -> None:
     c, kv = conv("k", 100)
     first = c.segment_keys(FP.digest())[0].key
     assert (tmp_path / "cold" / data_name(first)).exists()
+    Store.open(FP, cfg(tmp_path), probe=lambda: 1 << 40).close()
+    with SegmentStore.open(tmp_path / "cold", FP, create=False) as level:
+        assert Catalog(level.index).in_flight() == []
+    assert not (tmp_path / "cold" / data_name(first)).exists()  # only the dead park named it
     with Store.open(FP, cfg(tmp_path), probe=lambda: 1 << 40) as store:
-        cat = store._tiers.catalog
-        assert cat is not None and cat.in_flight() == []
-        assert not (tmp_path / "cold" / data_name(first)).exists()  # only the dead park named it
         store.park(c, kv)
         store.flush()
         assert restored(store, c) == 16

@@ -45,7 +45,7 @@ def test_park_and_gc_do_not_walk_the_conversations_sharing_a_prefix(
     monkeypatch.setattr(Catalog, "_owners", counting)
     st = SegmentStore.open(str(tmp_path), FP)
     try:
-        cat = Catalog(st._index)
+        cat = Catalog(st.index)
         ms = [_manifest(f"c{i}", i) for i in range(20_000)]
         assert cat.replace_all([(m, encode_manifest(m), bytes(24)) for m in ms])
         m = _manifest("new", 20_001)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from stratastore import Checkpoint, Conversation, Store
-from stratastore.catalog import tables
+from stratastore.catalog import Catalog, tables
 from stratastore.facade import SpillError
+from stratastore.levels.local import SegmentStore
 from tests.conftest import tiny_fp
 
 FP = tiny_fp()
@@ -35,18 +36,20 @@ def test_a_ticket_of_an_earlier_incarnation_with_the_same_pid_is_finished_at_ope
 ) -> None:
     monkeypatch.setattr(tables, "WAIT_S", 1.0)  # only so the failure shows in 1 s, not 60
     # "incarnation 1": a park of "c" registered, then the process is SIGKILLed (simulated: the
-    # store is closed without the park's commit or abort; the next process has the same pid)
-    s = Store.open(FP, _cfg(tmp_path), probe=lambda: 1 << 40, warn=lambda _m: None)
-    cat = s._tiers.catalog
-    assert cat is not None
-    cat.start -= 1  # an earlier process with this pid: it started at another time
-    cat.begin("c", {b"\x11" * 32}, session=False)
-    s.close()
+    # park's first step on the store's catalog, without its commit or abort; the next process
+    # has the same pid)
+    Store.open(FP, _cfg(tmp_path), probe=lambda: 1 << 40, warn=lambda _m: None).close()
+    with SegmentStore.open(tmp_path / "cold", FP, create=False) as level:
+        cat = Catalog(level.index)
+        cat.start -= 1  # an earlier process with this pid: it started at another time
+        cat.begin("c", {b"\x11" * 32}, session=False)
     # "incarnation 2", same pid: the open must finish what the dead incarnation left
+    Store.open(FP, _cfg(tmp_path), probe=lambda: 1 << 40, warn=lambda _m: None).close()
+    with SegmentStore.open(tmp_path / "cold", FP, create=False) as level:
+        assert Catalog(level.index).in_flight() == [], (
+            "the dead incarnation's park is still in flight after open"
+        )
     with Store.open(FP, _cfg(tmp_path), probe=lambda: 1 << 40, warn=lambda _m: None) as s2:
-        cat2 = s2._tiers.catalog
-        assert cat2 is not None
-        assert cat2.in_flight() == [], "the dead incarnation's park is still in flight after open"
         conv, kv = _conv()
         s2.park(conv, kv)
         try:
