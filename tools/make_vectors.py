@@ -9,6 +9,7 @@ compare them with the manifest; they never call this script.
     python tools/make_vectors.py --v1.1-errata1 format-spec/vectors/v1.1-errata1
     python tools/make_vectors.py --v1.2 format-spec/vectors/v1.2
     python tools/make_vectors.py --v1.2-errata1 format-spec/vectors/v1.2-errata1
+    python tools/make_vectors.py --v1.2-errata2 format-spec/vectors/v1.2-errata2
 """
 
 from __future__ import annotations
@@ -1466,6 +1467,109 @@ def main_v1_2_errata1(out: str, vectors_root: str = "format-spec/vectors") -> in
     return 0
 
 
+ERRATA_2_2 = "v1.2-errata2"
+
+
+def main_v1_2_errata2(out: str, vectors_root: str = "format-spec/vectors") -> int:
+    """Format 1.1 and writers of 1.2, settled again: the points a reader written from the spec
+    alone still had to guess after ``v1.2-errata1``, each now a rule with its vectors. A
+    sidecar's ``head_bytes`` is bounded as a field (spec F-SC-7, F-READ-1 step 4); a
+    commit record's part count of ``0`` is a malformed head, refused before its sidecar
+    (F-REM-2); an empty conversation id is refused at F-READ-1 step 7, after the trailer
+    (F-CHAIN-1, F-CHAIN-4). Supersedes nothing. Deterministic: same inputs, same bytes
+    (tests/conformance/test_vectors.py runs it into a temporary folder and compares)."""
+    from stratastore.format import decode_sidecar
+    from stratastore.format.sidecar import MAX_HEAD_BYTES
+
+    if not fresh_folder(out):
+        return 1
+    v1 = os.path.join(vectors_root, "v1")
+    v1_2 = os.path.join(vectors_root, V1_2)
+    errata1 = os.path.join(vectors_root, ERRATA_1_2)
+    entries: list[dict[str, object]] = []
+
+    def put(
+        name: str, data: bytes, kind: str, expect: str, clauses: list[str], **extra: object
+    ) -> None:
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entry: dict[str, object] = {
+            "file": name,
+            "blake3": blake3.blake3(data).hexdigest(),
+            "kind": kind,
+            "expect": expect,
+            "clauses": clauses,
+        }
+        entry.update(extra)
+        entries.append(entry)
+
+    def read(folder: str, name: str) -> bytes:
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+
+    # -- a sidecar's head_bytes is bounded as a field (F-SC-7, F-READ-1 step 4) ---------------
+    sc = decode_sidecar(read(v1, "sidecar_kv_raw.side"))
+    grown = MAX_HEAD_BYTES - SIDECAR_HEAD.size  # the 4,096 bytes a later minor may add
+    longest = encode_sidecar(replace(sc, minor=1, extra_head=bytes(grown)))
+    assert struct.unpack_from("<H", longest, 12)[0] == MAX_HEAD_BYTES
+    put(
+        "sidecar_head_longest.side",
+        longest,
+        "sidecar",
+        "ok",
+        ["F-SC-1", "F-SC-7", "F-COMPAT-3"],
+        key=sc.key.hex(),
+        pages=sc.page_count,
+        payload_bytes=sc.payload_bytes,
+    )
+    # one head byte more, the file exactly as long as its counts say, its trailer good: only
+    # the bound on the field refuses it
+    over = bytearray(longest[:MAX_HEAD_BYTES] + b"\0" + longest[MAX_HEAD_BYTES:])
+    struct.pack_into("<H", over, 12, MAX_HEAD_BYTES + 1)
+    put(
+        "sidecar_head_over_longest.side",
+        resign(bytes(over)),
+        "sidecar",
+        "FormatError",
+        ["F-SC-7", "F-READ-1"],
+    )
+
+    # -- a part count of 0 is a malformed head, refused before the sidecar (F-REM-2) ----------
+    rec = read(v1_2, "remote_commit_ok.rec")
+    nonce = "00112233445566778899aabbccddeeff"
+    side = rec[len(f"SRC1:{nonce}:2:4096:") :]
+    side_major2 = patch_head(side, 8, "<H", 2)
+    put(
+        "remote_commit_parts_zero_major2.rec",
+        f"SRC1:{nonce}:0:4096:".encode() + side_major2,
+        "remote_commit",
+        "FormatError",
+        ["F-REM-2", "F-READ-1"],
+    )
+
+    # -- an empty conversation id is refused at step 7, after the trailer (F-CHAIN-1) ---------
+    empty = read(errata1, "manifest_empty_id.chain")
+    assert len(empty) == 108
+    put(
+        "manifest_empty_id_bad_trailer.chain",
+        empty[:-1] + bytes([empty[-1] ^ 0x01]),
+        "manifest",
+        "ChecksumMismatch",
+        ["F-CHAIN-1", "F-CHAIN-4", "F-READ-1"],
+    )
+
+    doc = {
+        "format_version": "1.1",
+        "writers": "1.2",
+        "generator": f"tools/make_vectors.py --{ERRATA_2_2}",
+        "vectors": entries,
+    }
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}")
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--v1.1":
         raise SystemExit(
@@ -1486,6 +1590,13 @@ if __name__ == "__main__":
         raise SystemExit(
             main_v1_2_errata1(
                 sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{ERRATA_1_2}",
+                sys.argv[3] if len(sys.argv) > 3 else "format-spec/vectors",
+            )
+        )
+    if len(sys.argv) > 1 and sys.argv[1] == f"--{ERRATA_2_2}":
+        raise SystemExit(
+            main_v1_2_errata2(
+                sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{ERRATA_2_2}",
                 sys.argv[3] if len(sys.argv) > 3 else "format-spec/vectors",
             )
         )

@@ -135,7 +135,14 @@ def encode_manifest(m: ChainManifest) -> bytes:
 
 
 def decode_manifest(data: bytes, obj: str = "manifest") -> ChainManifest:
-    """Parse and validate; typed errors only, nothing allocated before the size is checked."""
+    """Parse and validate; typed errors only, nothing allocated before the size is checked.
+
+    The checks run in the order of spec F-READ-1: the size bounds (108 bytes up to
+    :data:`MAX_MANIFEST_BYTES`), the magic, the major version, the fields that size the parse
+    (``head_bytes``, the id's length up to 4,096 and the counts), the exact length, the
+    trailer, then every other rule. An empty conversation id is one of those other rules
+    (step 7, F-CHAIN-4): a 108-byte manifest with an empty id and a bad trailer is a
+    :class:`ChecksumMismatch`, the same with a good trailer a :class:`FormatError`."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise FormatError(f"{obj}: {len(data)} bytes is over the manifest limit")
     if len(data) < MANIFEST_HEAD.size + TRAILER:

@@ -9,7 +9,9 @@ A commit record is an ASCII head followed by the segment's sidecar (F-SC), byte 
     SRC1:<nonce>:<parts>:<part bytes>:<sidecar>
 
 ``<nonce>`` is 32 lowercase hex digits naming the write; ``<parts>`` and ``<part bytes>`` are
-decimal integers without sign or leading zeros. The stored payload is ``<parts>`` values of
+decimal integers of 1 to 10 digits without sign or leading zeros, so neither is ever ``0``: a
+part count of ``0`` is a malformed head, refused before the sidecar is read, not a wrong count
+(F-REM-2). The stored payload is ``<parts>`` values of
 ``<part bytes>`` each, the last one shorter: ``parts == ceil(stored_bytes / part_bytes)``, and
 ``<part bytes>`` is within :data:`MIN_PART_BYTES`..:data:`MAX_PART_BYTES`. The record is
 checked in the order of F-READ-1: its size bound, the magic, the head's fields, then the
@@ -40,7 +42,7 @@ REMOTE_MAGIC = b"SRC1"
 MAX_PART_BYTES = 512 << 20  #: the largest part a writer may write (F-REM-2)
 #: the smallest part size (F-REM-2): bounds a record's parts by its stored bytes / 4 KiB
 MIN_PART_BYTES = 4096
-#: the head: magic, nonce, parts, part bytes (decimal, no sign, no leading zero)
+#: the head: magic, nonce, parts, part bytes (decimal, no sign, no leading zero: never "0")
 _HEAD = re.compile(rb"SRC1:([0-9a-f]{32}):([1-9][0-9]{0,9}):([1-9][0-9]{0,9}):")
 _MAX_HEAD = 4 + 1 + 32 + 1 + 10 + 1 + 10 + 1
 MAX_COMMIT_RECORD_BYTES = _MAX_HEAD + MAX_SIDECAR_BYTES  #: no valid commit record is longer

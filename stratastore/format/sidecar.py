@@ -27,6 +27,7 @@ from stratastore.format.fingerprint import FINGERPRINT, MAX_PAGE_BYTES, ModelFin
 from stratastore.format.keys import KEY_BYTES, MediaRef
 
 __all__ = [
+    "MAX_HEAD_BYTES",
     "MAX_MEDIA",
     "MAX_PAGES",
     "MAX_SIDECAR_BYTES",
@@ -57,7 +58,11 @@ TRAILER_BYTES = 32
 
 MAX_PAGES = 1 << 20
 MAX_MEDIA = 1 << 16
-MAX_SIDECAR_BYTES = SIDECAR_HEAD.size + 4096 + MAX_PAGES * 36 + MAX_MEDIA * 36 + TRAILER_BYTES
+#: head bytes a later minor version may add past the v1.0 head (spec F-SC-7)
+MAX_HEAD_GROWTH = 4096
+#: the largest ``head_bytes`` a reader accepts (F-SC-7, checked at F-READ-1 step 4)
+MAX_HEAD_BYTES = SIDECAR_HEAD.size + MAX_HEAD_GROWTH
+MAX_SIDECAR_BYTES = MAX_HEAD_BYTES + MAX_PAGES * 36 + MAX_MEDIA * 36 + TRAILER_BYTES
 MAX_STORED_PAGE_BYTES = MAX_PAGE_BYTES + (MAX_PAGE_BYTES >> 7) + 4096
 #: running-state pages are not tied to the fingerprint, so they get their own, smaller bound
 MAX_STATE_PAGE_BYTES = 1 << 26
@@ -186,6 +191,12 @@ def _validate(sc: Sidecar, obj: str) -> None:
             raise _bad(obj, "stored lengths do not add up to stored bytes")
     if len(sc.media) > MAX_MEDIA:
         raise _bad(obj, f"more than {MAX_MEDIA} media refs")
+    if len(sc.extra_head) > MAX_HEAD_GROWTH:
+        raise _bad(
+            obj,
+            f"a head of {SIDECAR_HEAD.size + len(sc.extra_head)} bytes is over "
+            f"{MAX_HEAD_BYTES} (spec F-SC-7)",
+        )
     last = -1
     for off, digest in sc.media:
         if off < last or off >= max(sc.n_tokens, 1) or len(digest) != 32:
@@ -276,7 +287,11 @@ def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
             f"{obj}: required feature bits {required:#x} are unknown to this version; "
             "upgrade stratastore to read it"
         )
-    if head_bytes < SIDECAR_HEAD.size or (minor == MINOR and head_bytes != SIDECAR_HEAD.size):
+    # F-SC-7: the head is bounded as a field, not only through the file's size, so a head
+    # over the bound is refused whatever the counts beside it (F-READ-1 step 4)
+    if not SIDECAR_HEAD.size <= head_bytes <= MAX_HEAD_BYTES or (
+        minor == MINOR and head_bytes != SIDECAR_HEAD.size
+    ):
         raise _bad(obj, f"head size {head_bytes} is invalid for version {major}.{minor}")
     if not 1 <= pc <= MAX_PAGES or media_count > MAX_MEDIA:
         raise _bad(obj, f"page count {pc} or media count {media_count} is out of range")
