@@ -1,7 +1,8 @@
 """``strata fsck [PATH...]``: check a store's level directories offline and read-only
 (:mod:`stratastore.ops.fsck`), ``--repair`` what can be fixed without losing valid data
 (:mod:`stratastore.ops.repair`), or ``--remote``: the remote level's namespaces of
-``--config``'s store name (:mod:`stratastore.levels.redis.fsck`, spec F-REM).
+``--config``'s store name, by its backend's check (the registry row's ``fsck`` hook,
+:func:`stratastore.levels.registry.fsck_shared`; spec F-REM).
 
 Exit status (FSCK.md): 0 when no finding is an error, 1 when one is (after ``--repair``: when
 the check that follows it finds one; ``--remote``: a namespace not clean), 2 when the check
@@ -14,15 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stratastore.cli.common import AddCommand, levels_doc, store_levels
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
 from stratastore.levels.findings import PAGE_HASH_MISMATCH
-
-if TYPE_CHECKING:
-    from stratastore.levels.redis.fsck import NamespaceReport
+from stratastore.levels.registry import fsck_shared
+from stratastore.levels.shared_check import NamespaceCheck
 
 __all__ = ["add_parser", "run"]
 
@@ -98,11 +98,9 @@ def _remote(args: argparse.Namespace) -> int:
     """``strata fsck --remote``: the remote level's namespaces of ``--config``'s store name
     (spec F-REM-1); exit 1 when one is not clean (after ``--repair``: when it is not clean when
     checked again). The counts are what the check found, before any repair."""
-    from stratastore.levels.redis.fsck import fsck_remote
-    from stratastore.levels.redis.settings import RemoteSettings
-
     cfg: StoreConfig | None = args.store_config
-    if cfg is None or not cfg.remote_url:
+    spec = cfg.remote if cfg is not None else None
+    if cfg is None or spec is None or not spec.url:
         raise ConfigError(
             "fsck --remote checks the remote level of a config: pass --config "
             "FILE with remote_url (and remote_name) set"
@@ -114,24 +112,22 @@ def _remote(args: argparse.Namespace) -> int:
             "fsck --remote --repair deletes orphan parts and segments missing a "
             "part in the remote namespace: add --yes to confirm"
         )
-    settings = RemoteSettings.from_config(cfg)
-    found = fsck_remote(settings, repair=args.repair, deep=args.deep)
-    rows = [_namespace_row(ns) for ns in found]
-    bad = sum(not r["clean"] for r in rows)
+    found = fsck_shared(spec.url, cfg.level_settings(spec), repair=args.repair, deep=args.deep)
+    rows = [_namespace_row(ns) for ns in found.namespaces]
+    bad = found.not_clean
     if args.json:
         doc = {
-            "remote": settings.shown,
-            "name": settings.name,
+            "remote": found.level,
+            "name": found.name,
             "namespaces": rows,
             "not_clean": bad,
         }
         print(json.dumps(doc, indent=2))
     else:
-        print(
-            f"remote level {settings.shown}, store name {settings.name!r}: {len(rows)} namespace(s)"
-        )
-        for r in rows:
-            what = r["problem"] or ", ".join(f"{k}={r[k]}" for k in _COUNTS)
+        print(f"remote level {found.level}, store name {found.name!r}: {len(rows)} namespace(s)")
+        for r, ns in zip(rows, found.namespaces, strict=True):
+            counts = (*ns.counts, "repaired")
+            what = r["problem"] or ", ".join(f"{k}={r[k]}" for k in counts)
             model = r["model"] or "no commit record names its model"
             print(f"{'ok' if r['clean'] else 'NOT CLEAN'}: {r['namespace']} ({model}): {what}")
             for f in r.get("findings", []):
@@ -140,47 +136,23 @@ def _remote(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-#: the counts of a checked namespace, in the order the text output names them
-_COUNTS = (
-    "segments",
-    "orphan_parts",
-    "missing_parts",
-    "bad_records",
-    "stale_index",
-    "unindexed",
-    "damaged",
-    "used_recorded",
-    "used_actual",
-    "repaired",
-)
-
-
-def _namespace_row(ns: NamespaceReport) -> dict[str, Any]:
-    """One namespace of ``fsck_remote``'s result as a row of the output: clean as checked, or
-    as checked again after the repair (what the repair left)."""
-    rep = ns.report
-    clean = rep is not None and (ns.after.clean if ns.after is not None else rep.clean)
+def _namespace_row(ns: NamespaceCheck) -> dict[str, Any]:
+    """One namespace of the check as a row of the output: clean as checked, or as checked
+    again after the repair (what the repair left); its counts in the order the backend names
+    them, and each damaged segment as a ``PAGE_HASH_MISMATCH`` finding."""
     row: dict[str, Any] = {
         "namespace": ns.prefix,
         "model": ns.model,
         "problem": ns.problem,
-        "clean": clean,
+        "clean": ns.clean,
     }
-    if rep is not None:
+    if ns.counts:
         row |= {
-            "segments": rep.segments,
-            "orphan_parts": len(rep.orphan_parts),
-            "missing_parts": len(rep.missing_parts),
-            "bad_records": len(rep.bad_records),
-            "stale_index": len(rep.stale_index),
-            "unindexed": len(rep.unindexed),
-            "damaged": len(rep.damaged),
-            "used_recorded": rep.used_recorded,
-            "used_actual": rep.used_actual,
-            "repaired": rep.repaired,
+            **ns.counts,
+            "repaired": ns.repaired,
             "findings": [
                 {"id": PAGE_HASH_MISMATCH.id, "segment": k.hex(), "page": page}
-                for k, page in rep.damaged
+                for k, page in ns.damaged
             ],
         }
     return row

@@ -9,10 +9,10 @@ its BLAKE3 digest in the sidecar, so whatever Redis returns is validated before 
 The level is built in layers, one module each: :mod:`~stratastore.levels.redis.client` (the
 calls: one deadline each, typed errors, no credentials), :mod:`~stratastore.levels.redis.records`
 (the names, the commit protocol and the derived listing: F-REM-1 .. F-REM-3),
-:mod:`~stratastore.levels.redis.wire` (range reads into the caller's memory: F-REM-4),
-:mod:`~stratastore.levels.redis.check` (fsck of a namespace) and this one, the level itself:
-:class:`RedisBackend`, which keeps the :class:`~stratastore.levels.backend.SharedBackend`
-protocol.
+:mod:`~stratastore.levels.redis.wire` (range reads into the caller's memory: F-REM-4) and
+this one, the level itself: :class:`RedisBackend`, which keeps the
+:class:`~stratastore.levels.backend.SharedBackend` protocol and checks its own namespace
+(:meth:`RedisBackend.fsck`, :class:`RemoteReport`).
 
 **Faults** are typed, never wrong bytes, never a hang: every call has the settings' timeout; a
 refused, dropped or timed-out connection, a cluster that is down or moving is
@@ -25,11 +25,15 @@ stops its ladder there); a part evicted by Redis (``maxmemory``) is
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from stratastore.errors import StrataError
 from stratastore.format import (
+    ChecksumMismatch,
     Codec,
     FormatError,
     IndexRecord,
@@ -37,13 +41,19 @@ from stratastore.format import (
     ModelFingerprint,
     Sidecar,
 )
-from stratastore.format.remote_record import RemoteNames
+from stratastore.format.remote_record import RemoteNames, parse_remote_name
 from stratastore.levels.backend import PutResult
 from stratastore.levels.common import SealedLevel
 from stratastore.levels.errors import SegmentNotFound
-from stratastore.levels.redis.check import RemoteReport, check_namespace
 from stratastore.levels.redis.client import RemoteError
-from stratastore.levels.redis.records import RedisRecords, children, hex_key, index_record
+from stratastore.levels.redis.records import (
+    NAMES_PER_CALL,
+    Commit,
+    RedisRecords,
+    children,
+    hex_key,
+    index_record,
+)
 from stratastore.levels.redis.settings import RemoteSettings, check_name
 from stratastore.levels.redis.wire import RedisSegment
 from stratastore.levels.relocation import Relocated, relocate_by_copy, resealed
@@ -58,6 +68,69 @@ from stratastore.levels.sealing import (
 __all__ = ["RedisBackend", "RemoteError", "RemoteReport"]
 
 _BATCH = 256  #: rows ``oldest`` reads at a time
+
+# KEYS[1] a commit record, KEYS[2..] parts of one write, ARGV[1] that write's head prefix
+# ``SRC1:<nonce>:``. Deletes the parts that have no expiry (not pending) only while the record
+# does not name the write: a write committed since fsck looked keeps its parts.
+_DROP_ORPHANS = """
+if redis.call('TYPE', KEYS[1]).ok == 'string' then
+  if redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1) == ARGV[1] then return 0 end
+end
+local n = 0
+for i = 2, #KEYS do
+  if redis.call('PTTL', KEYS[i]) == -1 then redis.call('DEL', KEYS[i]); n = n + 1 end
+end
+return n
+"""
+# KEYS[1] a commit record's name holding a value of another type: deleted, only while it still
+# is (a string there since is a commit: kept).
+_DROP_NOT_STRING = """
+if redis.call('TYPE', KEYS[1]).ok == 'string' then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+@dataclass
+class RemoteReport:
+    """What :meth:`RedisBackend.fsck` found in its namespace (and, with ``repair``, fixed)."""
+
+    segments: int = 0  #: committed segments (commit records)
+    orphan_parts: list[str] = field(default_factory=list)  #: parts of no commit, not pending
+    missing_parts: list[bytes] = field(default_factory=list)  #: committed, a part gone
+    bad_records: list[bytes] = field(default_factory=list)  #: commit records that do not decode
+    stale_index: list[bytes] = field(default_factory=list)  #: listed, not committed
+    unindexed: list[bytes] = field(default_factory=list)  #: committed, not listed
+    #: committed and whole, a page failing its digest (spec F-SC-3): (key, first bad page)
+    damaged: list[tuple[bytes, int]] = field(default_factory=list)
+    used_recorded: int = 0
+    used_actual: int = 0
+    repaired: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return not (
+            self.orphan_parts
+            or self.missing_parts
+            or self.bad_records
+            or self.stale_index
+            or self.unindexed
+            or self.damaged
+            or self.used_recorded != self.used_actual
+        )
+
+    def counts(self) -> dict[str, int]:
+        """What was found, by name, in the order a report names them."""
+        return {
+            "segments": self.segments,
+            "orphan_parts": len(self.orphan_parts),
+            "missing_parts": len(self.missing_parts),
+            "bad_records": len(self.bad_records),
+            "stale_index": len(self.stale_index),
+            "unindexed": len(self.unindexed),
+            "damaged": len(self.damaged),
+            "used_recorded": self.used_recorded,
+            "used_actual": self.used_actual,
+        }
 
 
 class RedisBackend(SealedLevel, RedisRecords):
@@ -230,7 +303,9 @@ class RedisBackend(SealedLevel, RedisRecords):
     def relocate_from(self, src: Any, key: bytes) -> Relocated:
         return relocate_by_copy(self, src, key)
 
-    # -- checking the namespace -----------------------------------------------------------------
+    # -- checking the namespace (only the names of spec F-REM-1 are judged; a name of any
+    # other shape is left as it is, and nothing outside the namespace is read; a read that
+    # fails judges nothing: it is raised; repairs keep the commit protocol, F-REM-3) -----------
     def fsck(self, *, repair: bool = False, deep: bool = False) -> RemoteReport:
         """Check this namespace and nothing else (every key scanned starts with :attr:`ns`):
         commit records that decode and whose parts are all there, parts of no commit (not
@@ -245,7 +320,127 @@ class RedisBackend(SealedLevel, RedisRecords):
         against its sidecar (``deep``: every page; else the first and the last), read a
         bounded chunk at a time; one that fails is ``damaged`` and, with ``repair``, deleted
         under the commit protocol (F-REM-3). A read that fails judges nothing (raised)."""
-        return check_namespace(self, repair=repair, deep=deep)
+        rep = RemoteReport()
+        commits: dict[bytes, Commit] = {}
+        parts: dict[tuple[bytes, str], list[str]] = {}  #: (key, nonce) -> names seen
+        for name in self.scan_names("fsck", f"{self.ns}*"):
+            if not name.startswith(self.ns):  # never anything outside the namespace
+                continue
+            shaped = parse_remote_name(name[len(self.ns) :])
+            if shaped is None:  # not a name this backend writes: left as it is
+                continue
+            key, nonce, _ = shaped
+            if nonce is not None:
+                parts.setdefault((key, nonce), []).append(name)
+                continue
+            try:
+                c = self._commit(key)
+            except RemoteError:  # the server failed: nothing is judged on a failed read
+                raise
+            except StrataError:  # damaged, too long, of another type, another model's
+                rep.bad_records.append(key)
+                continue
+            if c is not None:
+                commits[key] = c
+        rep.segments = len(commits)
+        for (key, nonce), names in parts.items():
+            c = commits.get(key)
+            if c is not None and c.nonce == nonce:
+                continue
+            for name in names:
+                if self._call("fsck", name, partial(self._r.pttl, name)) == -1:  # not pending
+                    rep.orphan_parts.append(name)
+        for key, c in commits.items():
+            if not self._parts_there(key, c):
+                rep.missing_parts.append(key)
+            elif (bad := self._first_bad_page(key, deep)) >= 0:
+                rep.damaged.append((key, bad))
+        # the listing as stored: an entry whose field or record does not decode is stale
+        listed: dict[bytes, IndexRecord | None] = {}
+        fields: dict[bytes, bytes] = {}  #: listed key -> its field (itself when not hex)
+        for f, v in self._call("fsck", "", lambda: self._r.hgetall(self._recs)).items():
+            key = hex_key(f) or f
+            fields[key] = f
+            listed[key] = index_record(v) if key != f else None
+        gone = {*rep.missing_parts, *(k for k, _ in rep.damaged)}
+        whole = {k: c for k, c in commits.items() if k not in gone}
+        rep.stale_index = [k for k, r in listed.items() if k not in whole or r is None]
+        rep.unindexed = [k for k in whole if listed.get(k) is None]
+        try:
+            rep.used_recorded = self.used()
+        except FormatError:  # not a number: never equal to the actual bytes
+            rep.used_recorded = -1
+        rep.used_actual = sum(c.raw_len + c.sidecar.stored_bytes for c in whole.values())
+        if repair and not rep.clean:
+            self._repair(rep, listed, fields, whole)
+        return rep
+
+    def _first_bad_page(self, key: bytes, deep: bool) -> int:
+        """The first page of committed segment ``key`` failing its digest (-1: none; 0 for a
+        compressed payload that does not decode); every page with ``deep``, else the first and
+        the last. A part gone meanwhile is a page that fails (its segment is not whole)."""
+        try:
+            with self.open_reader(key) as seg:
+                return seg.first_bad_page(sample=not deep)
+        except RemoteError:  # the server failed: nothing is judged on a failed read
+            raise
+        except (FormatError, ChecksumMismatch, SegmentNotFound):
+            return 0
+
+    def _parts_there(self, key: bytes, c: Commit) -> bool:
+        """Whether every part of ``c`` exists (checked in batches; the first gap ends it)."""
+        names = (self._part(key, c.nonce, i) for i in range(c.parts))
+        while batch := list(itertools.islice(names, NAMES_PER_CALL)):
+            if self._call("fsck", key, partial(self._r.exists, *batch)) != len(batch):
+                return False
+        return True
+
+    def _repair(
+        self,
+        rep: RemoteReport,
+        listed: dict[bytes, IndexRecord | None],
+        fields: dict[bytes, bytes],
+        whole: dict[bytes, Commit],
+    ) -> None:
+        """:meth:`fsck`'s repairs of what ``rep`` found (see there)."""
+        by_write: dict[tuple[bytes, str], list[str]] = {}
+        for name in rep.orphan_parts:
+            shaped = parse_remote_name(name[len(self.ns) :])
+            assert shaped is not None and shaped[1] is not None
+            by_write.setdefault((shaped[0], shaped[1]), []).append(name)
+        for (key, nonce), names in by_write.items():
+            for at in range(0, len(names), NAMES_PER_CALL):
+                batch = names[at : at + NAMES_PER_CALL]
+                drop = partial(
+                    self._r.eval,
+                    _DROP_ORPHANS,
+                    len(batch) + 1,
+                    self._rec_key(key),
+                    *batch,
+                    f"SRC1:{nonce}:",
+                )
+                self._call("repair", key, drop)
+        for key in rep.missing_parts + rep.bad_records + [k for k, _ in rep.damaged]:
+            try:
+                self.delete(key)
+            except FormatError:  # a value of another type at the record's name: it goes
+                drop_one = partial(self._r.eval, _DROP_NOT_STRING, 1, self._rec_key(key))
+                self._call("repair", key, drop_one)
+        for key in rep.stale_index:
+            rec = listed[key]
+            if rec is not None and key in self:  # committed since the scan: listed, keep it
+                continue
+            if rec is not None:
+                self._index_drop(key, rec)
+            else:  # nothing to undo but the entry itself (used is rebuilt below)
+                self._call("repair", key, partial(self._r.hdel, self._recs, fields[key]))
+        for key in rep.unindexed:
+            c = whole[key]
+            rec = IndexRecord.from_sidecar(c.sidecar, c.raw_len, c.sidecar.stored_bytes)
+            self._index_add(key, c.sidecar, rec)
+        now = sum(r.total_bytes for _, r in self.records())
+        self._call("repair", "", lambda: self._r.set(self._used, now))
+        rep.repaired = True
 
 
 if TYPE_CHECKING:  # the protocol check (mypy strict), as levels/backend.py does for the directory

@@ -25,6 +25,7 @@ import errno
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from stratastore.errors import ConfigError, LevelUnavailable
@@ -32,6 +33,7 @@ from stratastore.format import FormatError
 from stratastore.format.remote_record import MAX_COMMIT_RECORD_BYTES
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.redis.settings import RemoteSettings
+from stratastore.levels.redis.wire import pipelined_into, pool_of, pooled_connection
 
 __all__ = ["COUNTERS", "RedisCalls", "RemoteError"]
 
@@ -287,6 +289,44 @@ class RedisCalls:
             return out
 
         return self._call(op, key, run)
+
+    def scan_names(self, op: str, match: str, where: str = "") -> list[str]:
+        """Every key name on the server that matches the glob ``match`` (``SCAN``, within one
+        deadline), decoded (a byte that is not UTF-8 replaced); ``where`` names what is
+        scanned in a message."""
+        got = self._call(op, where, lambda: list(self._r.scan_iter(match=match, count=1000)))
+        return [k.decode("utf-8", "replace") for k in got]
+
+    def _read_direct(
+        self, key: bytes, cmds: list[tuple[str, str, int, int]], into: list[memoryview]
+    ) -> bool:
+        """Send ``cmds`` (reads of one segment: one hash slot) pipelined on a connection of
+        this level's pool and receive each reply straight into its buffer in ``into``, which
+        must be exactly that long (:func:`~stratastore.levels.redis.wire.recv_bulks`). False,
+        having read nothing that counts, where this does not apply (a client that is not a
+        plain redis-py one, a buffer that is not contiguous bytes) or a reply is anything
+        else: the caller then reads through the client's parser. A timeout is a
+        :class:`RemoteError` as for every call."""
+        if not all(v.format == "B" and v.ndim == 1 and v.contiguous for v in into):
+            return False
+        pool = pool_of(self._r, cmds[0][1])
+        if pool is None:
+            return False
+        # the connection within one deadline (a connect may retry); the replies received into
+        # ``into`` on this thread, each receive bounded by what is left of it, so nothing
+        # writes the caller's memory once this call has returned
+        conn = self._call(
+            "read",
+            key,
+            partial(pooled_connection, pool),
+            late=lambda c: c is not None and pool.release(c),
+        )
+        if conn is None:
+            return False
+        deadline = time.monotonic() + self._left("read", f"{self.path} {key.hex()[:16]}")
+        return self._call(
+            "read", key, partial(pipelined_into, pool, conn, cmds, into, deadline), inline=True
+        )
 
     def bounded_get(self, op: str, name: str, key: bytes | str = "") -> tuple[int, bytes]:
         """``(length, bytes)`` of the string at ``name``, of which at most

@@ -1,6 +1,8 @@
 """``strata fsck --remote``: the remote level's namespaces of one store name, checked (and with
 ``repair`` fixed) by :meth:`~stratastore.levels.redis.backend.RedisBackend.fsck`; nothing
-outside them is read, changed or deleted.
+outside them is read, changed or deleted. :func:`fsck_level` is the registry row's ``fsck``
+hook (:func:`~stratastore.levels.registry.fsck_shared`): the CLI reaches it by the level's
+scheme, never by name.
 
 A store name holds one namespace per model (``strata/<name>/<fp>/``, :func:`.namespace`): the
 namespace's own name carries its model's fingerprint digest, and every commit record under it
@@ -14,18 +16,20 @@ A name under the store name that is not a namespace of spec F-REM-1 is left as i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.format.remote_record import NS_FP_DIGITS, RemoteNames, decode_commit_record
 from stratastore.levels.findings import PAGE_HASH_MISMATCH
-from stratastore.levels.redis.backend import RedisBackend
-from stratastore.levels.redis.check import RemoteReport
+from stratastore.levels.redis.backend import RedisBackend, RemoteReport
 from stratastore.levels.redis.client import RemoteError
 from stratastore.levels.redis.settings import RemoteSettings, check_name
+from stratastore.levels.shared_check import NamespaceCheck, SharedLevelCheck
 
-__all__ = ["PAGE_HASH_MISMATCH", "NamespaceReport", "fsck_remote"]
+__all__ = ["PAGE_HASH_MISMATCH", "NamespaceReport", "fsck_level", "fsck_remote"]
 
 # PAGE_HASH_MISMATCH (from the findings table): the finding a committed segment whose parts are
 # all there but a page fails its digest (F-SC-3) is reported as, one per ``RemoteReport.damaged``
@@ -54,13 +58,7 @@ def fsck_remote(
     scout = RedisBackend(settings, _SCOUT)
     scout.path = settings.shown  # (its own namespace is no store's: never named)
     try:
-        names = scout._call(
-            "fsck",
-            "",
-            lambda: [
-                k.decode(errors="replace") for k in scout._r.scan_iter(match=f"{base}*", count=1000)
-            ],
-        )
+        names = scout.scan_names("fsck", f"{base}*")
         prefixes = sorted(
             {
                 base + n[len(base) :].split("/", 1)[0] + "/"
@@ -111,11 +109,9 @@ def _model(scout: RedisBackend, prefix: str, digits: str) -> ModelFingerprint | 
     """The fingerprint of the first commit record under ``prefix`` that decodes and names
     this namespace's model (its digest begins with ``digits``); each value read bounded; one
     of another type, too long, damaged or of another model is passed over (fsck judges it)."""
-    for name in scout._call(
-        "fsck", prefix, lambda: list(scout._r.scan_iter(match=f"{prefix}s/*", count=1000))
-    ):
+    for name in scout.scan_names("fsck", f"{prefix}s/*", prefix):
         try:
-            n, raw = scout.bounded_get("fsck", name.decode("utf-8", "replace"))
+            n, raw = scout.bounded_get("fsck", name)
             if n and n <= len(raw):
                 fp = decode_commit_record(raw).sidecar.fingerprint
                 if fp.digest().hex().startswith(digits):
@@ -125,3 +121,33 @@ def _model(scout: RedisBackend, prefix: str, digits: str) -> ModelFingerprint | 
         except StrataError:
             continue
     return None
+
+
+def fsck_level(
+    url: str, arguments: Mapping[str, Any], repair: bool, deep: bool
+) -> SharedLevelCheck:
+    """The registry row's ``fsck`` hook: :func:`fsck_remote` of the Redis level at ``url``
+    opened with ``arguments`` (``StoreConfig.level_settings``; credentials not there come from
+    the environment, then the URL), as the backend-neutral
+    :class:`~stratastore.levels.shared_check.SharedLevelCheck` the CLI prints."""
+    settings = RemoteSettings.from_level(url, arguments)
+    found = fsck_remote(settings, repair=repair, deep=deep)
+    return SharedLevelCheck(settings.shown, settings.name, tuple(map(_neutral, found)))
+
+
+def _neutral(ns: NamespaceReport) -> NamespaceCheck:
+    """One namespace as the CLI prints it: clean as checked, or as checked again after the
+    repair (what the repair left)."""
+    rep = ns.report
+    if rep is None:
+        return NamespaceCheck(ns.prefix, ns.model, False, ns.problem)
+    clean = ns.after.clean if ns.after is not None else rep.clean
+    return NamespaceCheck(
+        ns.prefix,
+        ns.model,
+        clean,
+        ns.problem,
+        rep.counts(),
+        tuple(rep.damaged),
+        rep.repaired,
+    )

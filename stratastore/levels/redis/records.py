@@ -169,6 +169,43 @@ class RedisRecords(RedisCalls):
         return c
 
     # -- writing (spec F-REM-3, F-DUR-2, F-DUR-7) -----------------------------------------------
+    def read_parts(self, c: Commit, views: list[memoryview], offset: int) -> None:
+        """Read the stored payload of the write ``c`` names from ``offset`` into ``views``, in
+        turn: the parts each view spans, fetched in one pipelined round trip (``GETRANGE``
+        each) straight into the caller's memory where the client allows
+        (:meth:`~stratastore.levels.redis.client.RedisCalls._read_direct`), else through the
+        client's parser (spec F-REM-4: only parts of that write). A part missing or short is
+        :class:`~stratastore.levels.errors.SegmentNotFound` (counted ``missing_parts``)."""
+        pb, key = c.part_bytes, c.sidecar.key
+        ranges: list[tuple[memoryview, int, int, int]] = []  # into, part, from, to (incl.)
+        for v in views:
+            n, done = v.nbytes, 0
+            while done < n:
+                part, at = divmod(offset + done, pb)
+                take = min(pb - at, n - done)
+                ranges.append((v[done : done + take], part, at, at + take - 1))
+                done += take
+            offset += n
+        if not ranges:
+            return
+        names = [self._part(key, c.nonce, p) for _, p, _, _ in ranges]
+        cmds = [("GETRANGE", n, a, z) for n, (_, _, a, z) in zip(names, ranges, strict=True)]
+        if self._read_direct(key, cmds, [dst for dst, *_ in ranges]):
+            return
+        got = self._pipeline(
+            "read",
+            key,
+            [("getrange", n, a, z) for n, (_, _, a, z) in zip(names, ranges, strict=True)],
+        )
+        for (dst, part, _, _), data in zip(ranges, got, strict=True):
+            if not isinstance(data, bytes) or len(data) != dst.nbytes:
+                self._count("missing_parts")
+                raise SegmentNotFound(
+                    f"segment {key.hex()[:16]} in {self.path}: part {part} is missing or "
+                    "short (evicted by Redis, or deleted meanwhile); it is read as a miss"
+                )
+            dst[:] = data
+
     def _write_with(
         self, key: bytes, stored: memoryview, sidecar: Callable[[], Sidecar]
     ) -> PutResult:

@@ -15,101 +15,42 @@ from __future__ import annotations
 
 import socket
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from stratastore.levels.errors import SegmentNotFound
 from stratastore.levels.reader import PayloadReader
 
 if TYPE_CHECKING:
     from stratastore.levels.redis.records import Commit, RedisRecords
 
-__all__ = ["RedisSegment"]
+__all__ = ["RedisSegment", "pipelined_into", "pool_of", "pooled_connection", "recv_bulks"]
 
 _WIRE_CHUNK = 16 << 10  #: bytes a direct read takes at a time for a reply's header and CRLF
 
 
 class RedisSegment(PayloadReader):
     """A committed segment open for range reads: each read fetches the parts it spans (one
-    pipelined round trip, ``GETRANGE`` each) into the caller's memory (see the module). Reads
-    name the write that was open (its nonce): a part missing, short or of another write is a
-    typed error (:class:`~stratastore.levels.errors.SegmentNotFound`, counted
+    pipelined round trip, ``GETRANGE`` each) into the caller's memory
+    (:meth:`RedisRecords.read_parts <stratastore.levels.redis.records.RedisRecords.read_parts>`).
+    Reads name the write that was open (its nonce): a part missing, short or of another write
+    is a typed error (:class:`~stratastore.levels.errors.SegmentNotFound`, counted
     ``missing_parts``)."""
 
     def __init__(self, backend: RedisRecords, commit: Commit) -> None:
         self.sidecar = commit.sidecar
-        self._b = backend
-        self._c = commit
+        self.backend = backend
+        self.commit = commit
 
     def _read_at(self, view: memoryview, offset: int) -> None:
-        self._readv_at([view], offset)
+        self.backend.read_parts(self.commit, [view], offset)
 
     def _readv_at(self, views: list[memoryview], offset: int) -> None:
-        pb, key = self._c.part_bytes, self.sidecar.key
-        ranges: list[tuple[memoryview, int, int, int]] = []  # into, part, from, to (incl.)
-        for v in views:
-            pos, n = offset, v.nbytes
-            done = 0
-            while done < n:
-                part, at = divmod(pos + done, pb)
-                take = min(pb - at, n - done)
-                ranges.append((v[done : done + take], part, at, at + take - 1))
-                done += take
-            offset += n
-        if not ranges:
-            return
-        names = [self._b._part(key, self._c.nonce, p) for _, p, _, _ in ranges]
-        cmds = [("GETRANGE", n, a, z) for n, (_, _, a, z) in zip(names, ranges, strict=True)]
-        if read_direct(self._b, key, cmds, [dst for dst, *_ in ranges]):
-            return
-        got = self._b._pipeline(
-            "read",
-            key,
-            [("getrange", self._b._part(key, self._c.nonce, p), a, z) for _, p, a, z in ranges],
-        )
-        for (dst, part, _, _), data in zip(ranges, got, strict=True):
-            if not isinstance(data, bytes) or len(data) != dst.nbytes:
-                self._b._count("missing_parts")
-                raise SegmentNotFound(
-                    f"segment {key.hex()[:16]} in {self._b.path}: part {part} is missing or "
-                    "short (evicted by Redis, or deleted meanwhile); it is read as a miss"
-                )
-            dst[:] = data
+        self.backend.read_parts(self.commit, views, offset)
 
     def close(self) -> None:
         pass
 
 
-def read_direct(
-    level: RedisRecords, key: bytes, cmds: list[tuple[str, str, int, int]], into: list[memoryview]
-) -> bool:
-    """Send ``cmds`` (reads of one segment: one hash slot) pipelined on a connection of
-    ``level``'s pool and receive each reply straight into its buffer in ``into``, which must be
-    exactly that long (:func:`_recv_bulks`). False, having read nothing that counts, where this
-    does not apply (a client that is not a plain redis-py one, a buffer that is not contiguous
-    bytes) or a reply is anything else: the caller then reads through the client's parser. A
-    timeout is a :class:`~stratastore.levels.redis.client.RemoteError` as for every call."""
-    if not all(v.format == "B" and v.ndim == 1 and v.contiguous for v in into):
-        return False
-    pool = _pool_of(level._r, cmds[0][1])
-    if pool is None:
-        return False
-    # the connection within one deadline (a connect may retry); the replies received into
-    # ``into`` on this thread, each receive bounded by what is left of it, so nothing writes
-    # the caller's memory once this call has returned
-    conn = level._call(
-        "read", key, partial(_connection, pool), late=lambda c: c is not None and pool.release(c)
-    )
-    if conn is None:
-        return False
-    where = f"{level.path} {key.hex()[:16]}"
-    deadline = time.monotonic() + level._left("read", where)
-    return level._call(
-        "read", key, partial(_pipelined_into, pool, conn, cmds, into, deadline), inline=True
-    )
-
-
-def _pool_of(r: Any, name: str) -> Any:
+def pool_of(r: Any, name: str) -> Any:
     """The connection pool of the server holding key ``name`` (a cluster: the primary of its
     slot, as the client ``r``'s slot map says), or None for a client of another kind."""
     import redis
@@ -126,7 +67,7 @@ def _pool_of(r: Any, name: str) -> Any:
     return None
 
 
-def _connection(pool: Any) -> Any:
+def pooled_connection(pool: Any) -> Any:
     """A connection of ``pool``, connected; None where it cannot be had but the client's own
     path may still work (refused now: its retry says so)."""
     import redis.exceptions as rx
@@ -139,14 +80,15 @@ def _connection(pool: Any) -> Any:
         return None
 
 
-def _pipelined_into(
+def pipelined_into(
     pool: Any,
     conn: Any,
     cmds: list[tuple[str, str, int, int]],
     into: list[memoryview],
     deadline: float,
 ) -> bool:
-    """:func:`read_direct` on ``conn``, a connection of ``pool``: sent, received into
+    """A direct read (``RedisCalls._read_direct``) on ``conn``, a connection of ``pool``: sent,
+    received into
     ``into``; False at the first reply that is not the bulk string expected, or a connection
     the pool handed out dropped (the caller's retry through the client reconnects). Any
     connection not left exactly between replies is dropped before it goes back to the pool.
@@ -164,7 +106,7 @@ def _pipelined_into(
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1e-3))
             conn.send_packed_command(conn.pack_commands(cmds))
-            clean = _recv_bulks(sock, into, deadline)
+            clean = recv_bulks(sock, into, deadline)
         finally:
             sock.settimeout(before)
         return clean
@@ -180,7 +122,7 @@ def _pipelined_into(
         pool.release(conn)
 
 
-def _recv_bulks(sock: socket.socket, into: list[memoryview], deadline: float) -> bool:
+def recv_bulks(sock: socket.socket, into: list[memoryview], deadline: float) -> bool:
     """Receive one RESP bulk string reply of exactly ``len(v)`` bytes into each ``v`` of
     ``into``, in turn, from ``sock``: the header and the CRLF through a small buffer, the
     payload with ``recv_into`` straight into ``v`` (the few payload bytes that came with a
