@@ -277,12 +277,14 @@ def damage_target(store: Store) -> tuple[npt.NDArray[np.uint32], int, str, str] 
     one. ``None`` when no conversation on disk has such a segment."""
     tiers = store._tiers
     found: dict[str, tuple[npt.NDArray[np.uint32], int, str, str]] = {}
-    for dc in list(tiers._disk.values()):
+    tiers.view.sync()  # the catalog as this process sees it now
+    on_disk = dict(tiers.view.convs)
+    for dc in on_disk.values():
         hit = tiers.lookup(dc.conv.tokens)
         if hit is None or hit[0] != "disk":
             continue
         match = hit[1]
-        for start, _, key in tiers._disk[match.conv_id].segments:
+        for start, _, key in on_disk[match.conv_id].segments:
             holder = tiers.holder(key)
             if start >= match.length or holder is None:
                 break  # the restore stops here: nothing deeper is read

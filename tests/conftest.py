@@ -61,6 +61,15 @@ def conversation_kv(
     return conv, kv
 
 
+def on_disk(tiers: Any, conv_id: str) -> Any:
+    """The conversation ``conv_id`` as a store's flow sees it in the catalog now (a
+    :class:`~stratastore.tiers.view.DiskConv`: its segments and state keys); fails if absent."""
+    tiers.view.sync()
+    dc = tiers.view.get(conv_id)
+    assert dc is not None, f"{conv_id!r} is not on disk"
+    return dc
+
+
 @contextmanager
 def writer_held(store: Store) -> Iterator[threading.Event]:
     """Hold the Store's spill writer inside its next disk write until the block ends (then the

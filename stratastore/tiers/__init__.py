@@ -1,6 +1,6 @@
 """Tiers and policy (DESIGN layer 5): admission, disk levels and the cascade."""
 
-from stratastore.tiers.admission import Admission, Placement, admit
+from stratastore.tiers.admission import Admission, Admitted, admit
 from stratastore.tiers.disk import DiskLevel, LevelCounters, LevelRefused
 
-__all__ = ["Admission", "DiskLevel", "LevelCounters", "LevelRefused", "Placement", "admit"]
+__all__ = ["Admission", "DiskLevel", "LevelCounters", "LevelRefused", "Admitted", "admit"]

@@ -20,7 +20,7 @@ from stratastore.config import StoreConfig
 from stratastore.io.system import mem_available
 from stratastore.metrics.logs import Voice
 
-__all__ = ["MIB", "Admission", "Placement", "admit", "log_admission", "mib", "park_target"]
+__all__ = ["MIB", "Admission", "Admitted", "admit", "log_admission", "mib", "park_target"]
 
 MIB = 1 << 20
 Where = Literal["ram", "disk", "discard"]
@@ -36,7 +36,7 @@ def mib(n: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class Admitted:
     where: Where
     floor: Floor  #: the floor that admitted it ("none" for a discard)
     need: int
@@ -78,7 +78,7 @@ class Placement:
         return None
 
 
-def log_admission(say: Voice, p: Placement, what: str, outcome: str) -> None:
+def log_admission(say: Voice, p: Admitted, what: str, outcome: str) -> None:
     """Say an admission that refused, or that admitted under the transient floor (the
     admission log lines, at INFO: ``skip parking (physical RAM admission ...)``, ``disk hit
     skipped``, ``... under the transient RAM floor (need ... plus 512 MiB, not 2560 MiB)``),
@@ -102,7 +102,7 @@ class Admission:
         self.probe = probe or mem_available
         self.legacy = legacy
 
-    def admit(self, need: int, *, stays_in_ram: bool, disk: bool) -> Placement:
+    def admit(self, need: int, *, stays_in_ram: bool, disk: bool) -> Admitted:
         """Where ``need`` bytes may go. ``stays_in_ram``: a park that keeps its capture in RAM
         (else the bytes are disk-bound and only pass through RAM); ``disk``: whether a disk
         level can take them."""
@@ -133,15 +133,15 @@ def admit(
     *,
     stays_in_ram: bool,
     disk: bool,
-) -> Placement:
+) -> Admitted:
     """The rule itself, pure: RAM under the parking floor, else disk under either floor, else
     discard. A disk-bound request never lands in RAM."""
     floors = (parking_floor, transient_floor)
     if available >= need + parking_floor:
-        return Placement("ram" if stays_in_ram else "disk", "parking", need, available, *floors)
+        return Admitted("ram" if stays_in_ram else "disk", "parking", need, available, *floors)
     if disk and available >= need + transient_floor:
-        return Placement("disk", "transient", need, available, *floors)
-    return Placement("discard", "none", need, available, *floors)
+        return Admitted("disk", "transient", need, available, *floors)
+    return Admitted("discard", "none", need, available, *floors)
 
 
 def park_target(

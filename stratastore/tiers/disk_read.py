@@ -12,7 +12,7 @@ from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 from stratastore.metrics.counts import Counts
-from stratastore.restore import Destination, Job, Outcome, Piece, restore_batch
+from stratastore.restore import Destination, Job, Outcome, Piece
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.records import MAX_STATE_BYTES, Restored
@@ -62,19 +62,6 @@ class DiskReader:
             self.cfg.restore_chunk_mib * MIB,
             self.holder,
         )
-
-    def read(self, dc: DiskConv, length: int, dest: Destination) -> int:
-        """Run one disk job now; the tokens it left in ``dest``, all validated."""
-        job = self.job(dc, length, dest)
-        out = restore_batch([job])[0]
-        if isinstance(out, Exception):
-            raise out
-        self.account(dc, job, out)
-        return out.tokens
-
-    def restored(self, dc: DiskConv, job: Job, out: Outcome) -> Restored:
-        """Account a finished disk restore of a prompt, and find its running state."""
-        return self.account_restored(dc, job, out, self.resume_state(dc, job, out))
 
     def resume_state(self, dc: DiskConv, job: Job, out: Outcome) -> Restored:
         """Where a finished disk restore resumes, and its running state: a hybrid model

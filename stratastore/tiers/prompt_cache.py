@@ -21,14 +21,14 @@ the transient RAM floor ...``), and counted as its own (``hits_prompt_cache``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
 from stratastore.catalog import Catalog
 from stratastore.catalog.gc import Collector
-from stratastore.chain import Checkpoint, Conversation
+from stratastore.chain import Checkpoint, Conversation, Match
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import Level, ModelFingerprint
@@ -37,14 +37,14 @@ from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.metrics.counters import zero_counts
 from stratastore.metrics.logs import Voice
-from stratastore.restore import Destination, Outcome
+from stratastore.restore import Outcome
 from stratastore.tiers.admission import MIB, Admission
 from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.levels import attach_catalog
-from stratastore.tiers.lookup import Hit, Prompt, Read, SourceName
+from stratastore.tiers.lookup import Read, SourceName
 from stratastore.tiers.records import Restored, Snapshot
-from stratastore.tiers.sources import read_admitted, removed_by_gc
+from stratastore.tiers.sources import DiskSource, removed_by_gc
 from stratastore.tiers.view import DiskView
 from stratastore.tiers.writer import DiskWriter
 
@@ -244,43 +244,27 @@ class PromptCache:
         return PromptCacheSource(self, reader, admission, warn)
 
 
-class PromptCacheSource:
-    """The system-prompt cache as a restore source: read as a disk hit is, its own counters."""
+class PromptCacheSource(DiskSource):
+    """The system-prompt cache as a restore source: read as a disk hit is (its own folder,
+    catalog view and reader, whole entries: no page resume), with its own counters."""
 
     name: SourceName = "prompt_cache"
+    hit_name = "system-prompt-cache hit"
 
     def __init__(
-        self,
-        cache: PromptCache,
-        reader: DiskReader,
-        admission: Admission,
-        warn: Voice,
+        self, cache: PromptCache, reader: DiskReader, admission: Admission, warn: Voice
     ) -> None:
-        self.cache, self.reader, self.admission, self.warn = cache, reader, admission, warn
+        super().__init__(
+            cache.view, reader, admission, cache.fp.token_bytes, None, cache.holder, warn
+        )
+        self.cache = cache
         self.counts = reader.counts  #: the flow's counts of its reads (its own: ``cache``'s)
 
-    def deepest(self, prompt: Prompt, media: Mapping[int, bytes] | None) -> Hit | None:
-        self.cache.view.sync()
-        m = self.cache.view.lookup(prompt, media, None)
-        return None if m is None else Hit(self, m)
+    def subject(self, m: Match) -> str:
+        return f"{m.length:,} tokens of a system prompt"
 
-    def restore(self, hit: Hit, dest: Destination) -> Read | None:
-        """A disk-bound read, admitted under either RAM floor; refused (counted, said) when
-        neither holds, or when the entry is gone."""
-        m = hit.match
-        dc = self.cache.view.get(m.conv_id)
-        what = f"{m.length:,} tokens of a system prompt"
-        nbytes = m.length * self.cache.fp.token_bytes
-        if not read_admitted(
-            self.admission, self.warn, "system-prompt-cache hit", what, nbytes, dc
-        ):
-            self.cache.counters["prompt_cache_hits_refused"] += 1
-            return None
-        assert dc is not None
-        return Read(self, hit, dc, self.reader.job(dc, m.length, dest))
-
-    def resume(self, read: Read, outcome: Outcome) -> Restored:
-        return self.reader.resume_state(read.dc, read.job, outcome)
+    def refused(self) -> None:
+        self.cache.counters["prompt_cache_hits_refused"] += 1
 
     def settle(
         self, read: Read, outcome: Outcome, found: Restored, asked: str

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -19,11 +17,10 @@ from stratastore.catalog.gc import Collector
 from stratastore.catalog.tables import WAIT_S
 from stratastore.chain import Conversation
 from stratastore.errors import StrataError
-from stratastore.format import ModelFingerprint
-from stratastore.metrics.logs import Voice
 from stratastore.restore import DestinationRefused, FlatKV, restore_batch
-from stratastore.tiers.admission import Admission, Placement, log_admission
+from stratastore.tiers.admission import Admitted, log_admission
 from stratastore.tiers.checks import check_snapshot
+from stratastore.tiers.context import FlowContext
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.records import InvalidConversation, Snapshot
 from stratastore.tiers.view import DiskConv, DiskView
@@ -47,25 +44,19 @@ class Sessions:
 
     def __init__(
         self,
-        lock: AbstractContextManager[Any],
-        fp: ModelFingerprint,
-        admission: Admission,
+        ctx: FlowContext,
         writer: DiskWriter | None,
         reader: DiskReader,
         view: DiskView,
         parked_here: Callable[[str], bool],
-        warn: Voice,
     ) -> None:
-        self.lock = lock
-        self.fp = fp
-        self.admission = admission
+        self.lock, self.fp, self.admission, self.warn = ctx.lock, ctx.fp, ctx.admission, ctx.warn
         self.writer = writer
         self.reader = reader
         self.view = view
         self.parked_here = parked_here  #: in this process's RAM, or waiting for its disk write
-        self.warn = warn
 
-    def _log(self, p: Placement, what: str, name: str) -> None:
+    def _log(self, p: Admitted, what: str, name: str) -> None:
         """The admission's log line, for an admission under the transient floor."""
         log_admission(self.warn, p, what, f"session {name!r}")
 

@@ -175,14 +175,24 @@ class DiskSource:
         conversation is gone."""
         m = hit.match
         dc = self.conversation(hit)
-        subject = f"conversation {m.conv_id}, {m.length:,} tokens"
         if not read_admitted(
-            self.admission, self.warn, "disk hit", subject, m.length * self.tb, dc
+            self.admission, self.warn, self.hit_name, self.subject(m), m.length * self.tb, dc
         ):
-            self.counts["disk_hits_refused"] += 1
+            self.refused()
             return None
         assert dc is not None
         return Read(self, hit, dc, self.reader.job(dc, m.length, dest))
+
+    #: how the admission's log line names a hit of this source
+    hit_name = "disk hit"
+
+    def subject(self, m: Match) -> str:
+        """What the admission's log line says a hit reads."""
+        return f"conversation {m.conv_id}, {m.length:,} tokens"
+
+    def refused(self) -> None:
+        """Count a hit that no RAM floor admitted (or whose conversation is gone)."""
+        self.counts["disk_hits_refused"] += 1
 
     def resume(self, read: Read, outcome: Outcome) -> Restored:
         """Where a finished read resumes, and its running state (I/O: without the lock)."""

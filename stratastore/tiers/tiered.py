@@ -62,7 +62,7 @@ from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.restore import Request, Restorer, destinations
 from stratastore.tiers.sessions import Sessions
 from stratastore.tiers.sources import DiskSource, PendingSource, RamSource, RemoteSource
-from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.view import DiskView
 from stratastore.tiers.write_queue import WriteQueue
 from stratastore.tiers.writer import DiskWriter
 
@@ -141,14 +141,11 @@ class Tiers:
             self.prompt_cache,
         )
         self.sessions = Sessions(
-            self.lock,
-            fp,
-            self.admission,
+            self.ctx,
             self.writer,
             self.reader,
             self.view,
             lambda n: n in self.ram or n in self.writes.outbox,
-            self.warn,
         )
         self.lookups, remote = self._sources()
         self.restorer = Restorer(
@@ -375,11 +372,6 @@ class Tiers:
     @property
     def damaged(self) -> list[bytes]:
         return self.reader.damaged
-
-    @property
-    def _disk(self) -> dict[str, DiskConv]:
-        self.view.sync()
-        return self.view.convs
 
     def level(self, name: str) -> DiskLevel | None:
         """The disk level called ``name``, if it is on."""

@@ -38,7 +38,8 @@ def test_a_node_that_kept_a_remote_restore_still_reports_misses(
     try:
         assert restore(b, conv.tokens, kv, {120}).source == "remote"
         assert remote_stats(b)["levels"]["remote"]["remote_kept_local"] == 1
-        kept = [dc.conv for dc in b._tiers._disk.values()]
+        b._tiers.view.sync()
+        kept = [dc.conv for dc in b._tiers.view.convs.values()]
         assert kept and all(0 not in c.lengths() for c in kept), [c.lengths() for c in kept]
         before = remote_stats(b)
         unrelated = np.arange(9000, 9064)

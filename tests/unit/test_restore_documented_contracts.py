@@ -29,7 +29,7 @@ from stratastore.levels.backend import OpenSegment
 from stratastore.levels.local import SegmentStore
 from stratastore.restore import FlatKV, Piece, two_pass_restore
 from stratastore.restore.two_pass import Delivery
-from tests.conftest import tiny_fp
+from tests.conftest import on_disk, tiny_fp
 from tests.unit.test_agenda import image
 
 FP = tiny_fp()
@@ -114,7 +114,7 @@ def test_a_hybrid_fallback_leaves_kv_past_r_tokens(tmp_path: Path) -> None:
     s = snap("h2", 96, base=300)
     s.states = {n: bytes([n % 7]) * (500 + n) for n in (48, 96)}
     t.park(s)
-    path = tmp_path / "c" / data_name(t._disk["h2"].state_keys[96])
+    path = tmp_path / "c" / data_name(on_disk(t, "h2").state_keys[96])
     raw = bytearray(path.read_bytes())
     raw[4096 + 3] ^= 1
     path.write_bytes(bytes(raw))

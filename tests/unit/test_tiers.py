@@ -14,7 +14,7 @@ from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.tiers.records import Snapshot
 from stratastore.tiers.tiered import Tiers
-from tests.conftest import tiny_fp
+from tests.conftest import on_disk, tiny_fp
 
 FP = tiny_fp()  # 64 bytes a token
 MIB = 1 << 20
@@ -187,7 +187,7 @@ def test_manifest_is_the_commit_record(tmp_path: Path) -> None:
     fresh = tiers(tmp_path, [50 * MIB], cold_dir=str(cold), cold_mib=64)
     assert restore(fresh, a)[1] <= 32  # at most the shared system prompt, through b
     # a manifest naming a missing segment restores up to that segment, validated
-    seg = fresh._disk["b"].segments
+    seg = on_disk(fresh, "b").segments
     fresh.cold.store.delete(seg[2][2])  # type: ignore[union-attr]
     source, n, out = restore(fresh, b)
     assert (source, n) == ("disk", seg[2][0])
@@ -249,7 +249,7 @@ def test_running_states_of_hybrid_models(tmp_path: Path) -> None:
     res = t.restore(s2.conv.tokens, np.zeros_like(s2.kv))
     assert (res.source, res.tokens, res.state) == ("disk", 96, s2.states[96])
     # the deepest state damaged: the resume falls back to the checkpoint below that has one
-    key = t._disk["h2"].state_keys[96]
+    key = on_disk(t, "h2").state_keys[96]
     path = tmp_path / "c" / data_name(key)
     raw = bytearray(path.read_bytes())
     raw[4096 + 3] ^= 1
