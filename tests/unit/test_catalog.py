@@ -19,7 +19,7 @@ from stratastore.catalog.gc import Collector
 from stratastore.format.manifest import decode_manifest, encode_manifest
 from stratastore.format.naming import chain_name, data_name
 from stratastore.levels.local import SegmentStore
-from tests.conftest import tiny_fp
+from tests.conftest import on_disk, tiny_fp
 
 FP = tiny_fp()
 TB = FP.token_bytes
@@ -196,7 +196,7 @@ def test_a_segment_moved_down_after_the_lookup_is_read_where_it_is_now(tmp_path:
         store.flush()
         t = store._tiers
         warm, cold = t.levels[0].store, t.levels[1].store
-        dc = t._disk["a"]
+        dc = on_disk(t, "a")
         assert all(k in warm for _, _, k in dc.segments)
         out = np.zeros(len(a.tokens) * TB, np.uint8)
         job = t.reader.job(dc, len(a.tokens), FlatKV(FP, out))
