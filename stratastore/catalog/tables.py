@@ -8,42 +8,68 @@ log from the generation it last saw (:meth:`Catalog.changes_since`), never by li
 directories or comparing timestamps. Like the index it is derived state: rebuilt from the
 manifests when absent and reconciled on open (:mod:`stratastore.catalog.recovery`).
 
-The tables and their rows are :mod:`stratastore.catalog.rows`; what the catalog answers,
-:mod:`stratastore.catalog.reads`; this module makes its decisions.
-
 Every decision is one write transaction, so two processes never both act on one conversation:
 a park registers its keys before it writes a segment (nothing it depends on can be removed
 meanwhile), a removal dooms the keys and the manifest it is about to delete (no park may reuse
 them until it is done), and a park of a conversation waits for another one in flight.
+
+Tables (named databases; integers big-endian so that keys sort by them)::
+
+    cat.convs    C -> flags (1) + sealed_at_ns (8) + the file's stamp (24: inode, size, mtime)
+                 + the manifest's bytes, where C is the
+                 conversation's key: BLAKE3 of its id (32 bytes, the digest of its file name)
+    cat.members  segment key (32) + owner -> b"": owner is a C, or the ticket of a park in
+                 flight (21 bytes: 0xFF + pid + the process's start time + nonce): real
+                 reference counts (F-CAT-3); a key no row names is no manifest's
+    cat.ages     sealed_at_ns (8) + C -> conv id: the conversations GC may shorten, oldest
+                 first (never a session, never one already cut to its pinned prefix)
+    cat.pending  ticket -> C + the keys it registered: parks and session saves in flight
+    cat.doomed   b"k" + key | b"c" + C -> ticket: removals in flight (files not yet gone)
+    cat.log      generation (8) -> conv id: what changed, for the other processes
+    cat.meta     b"schema", b"gen"
+
+Every answer (:meth:`Catalog.get`, :meth:`Catalog.owners`, ...) is one read transaction, so it is
+what some commit left, never half of one.
 """
 
 from __future__ import annotations
 
 import itertools
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stratastore.catalog.chains import conv_id_key, cut_manifest, manifest_keys
-from stratastore.catalog.reads import CatalogReads
-from stratastore.catalog.rows import (
-    F_SESSION,
-    GEN_KEY,
-    HEAD,
-    KEY,
-    SCHEMA,
-    SCHEMA_KEY,
-    TICKET,
-    U64,
-    pending_row,
-)
+from stratastore.catalog.chains import conv_id_key, cut_manifest, evictable, manifest_keys
 from stratastore.errors import StrataError
-from stratastore.format.manifest import ChainManifest, encode_manifest
+from stratastore.format.manifest import ChainManifest, decode_manifest, encode_manifest
 from stratastore.io.system import process_alive, process_start, this_process
 from stratastore.levels.backend import TableEnvironment
 
 __all__ = ["Catalog", "CatalogBusy", "NameTaken", "Removal", "ticket_pid"]
+
+SCHEMA = 1
+SCHEMA_KEY, GEN_KEY = b"schema", b"gen"
+U64 = struct.Struct(">Q")
+TICKET = struct.Struct(">BIQQ")  #: 0xFF, pid, the process's start time, nonce
+assert TICKET.size == 21
+HEAD = struct.Struct(">BQ24s")  #: flags, sealed_at_ns, the file's stamp (io.files.stamp)
+assert HEAD.size == 33
+F_SESSION = 1
+KEY = 32
+LOG_KEEP = 1 << 16  #: change-log entries kept; a process further behind reloads everything
+
+
+def pending_row(cid: bytes, keys: set[bytes]) -> bytes:
+    """A ``cat.pending`` value: the conversation C, then the keys the park registered."""
+    return cid + b"".join(sorted(keys))
+
+
+def pending_conv(row: bytes) -> bytes:
+    """The conversation C of a ``cat.pending`` value."""
+    return bytes(row[:KEY])
+
 
 WAIT_S = 60.0  #: the longest a park waits for another process's work on its conversation
 _nonce = itertools.count(time.time_ns())
@@ -80,18 +106,277 @@ def ticket_pid(ticket: bytes) -> int:
     return int(TICKET.unpack(ticket)[1])
 
 
-class Catalog(CatalogReads):
-    """The catalog tables in ``index``'s environment (the last level's). Thread-safe as LMDB
-    is; the Store serialises its own calls."""
+class Catalog:
+    """The catalog tables in ``index``'s environment (the last level's, F-CAT-1): their rows,
+    what they answer and the decisions made on them (see the module). Thread-safe as LMDB is;
+    the Store serialises its own calls. Every private method that takes ``txn`` runs inside the
+    caller's transaction."""
 
     def __init__(self, index: TableEnvironment) -> None:
-        super().__init__(index)
+        self.index = index
+        env = index.env
+        self._convs = env.open_db(b"cat.convs")
+        self._members = env.open_db(b"cat.members")
+        self._ages = env.open_db(b"cat.ages")
+        self._pending = env.open_db(b"cat.pending")
+        self._doomed = env.open_db(b"cat.doomed")
+        self._log = env.open_db(b"cat.log")
+        self._meta = env.open_db(b"cat.meta")
         self.pid = this_process()
         self.start = process_start(self.pid)
         #: finishes the work a dead process left in flight (recovery's ``finish_ticket``; the
         #: default only releases it, leaving the files for the next open)
         self.on_dead: Callable[[bytes], None] = self.clear_ticket
 
+    # -- transactions -------------------------------------------------------------------------
+    def _write(self, fn: Callable[[Any], Any]) -> Any:
+        return self.index.write_txn(fn)
+
+    def _read(self, fn: Callable[[Any], Any]) -> Any:
+        with self.index.read_txn() as txn:
+            return fn(txn)
+
+    def _decode(self, conv_id: str, raw: bytes) -> ChainManifest:
+        return decode_manifest(bytes(raw[HEAD.size :]), f"catalog entry {conv_id!r}")
+
+    # -- rows (each inside the caller's transaction) ------------------------------------------
+    def _owners(self, txn: Any, key: bytes) -> list[bytes]:
+        cur = txn.cursor(db=self._members)
+        out: list[bytes] = []
+        if cur.set_range(key):
+            for k in cur.iternext(values=False):
+                if k[:KEY] != key:
+                    break
+                out.append(bytes(k[KEY:]))
+        return out
+
+    def _sole_owner(self, txn: Any, key: bytes, owner: bytes) -> bool:
+        """Whether ``owner`` is the only row naming ``key`` (reads at most two rows)."""
+        cur = txn.cursor(db=self._members)
+        rows: list[bytes] = []
+        if cur.set_range(key):
+            for k in cur.iternext(values=False):
+                if k[:KEY] != key or len(rows) == 2:
+                    break
+                rows.append(bytes(k[KEY:]))
+        return rows == [owner]
+
+    def _has_owner(self, txn: Any, key: bytes) -> bool:
+        """Whether any row names ``key`` (O(log n): the first row at or after it)."""
+        cur = txn.cursor(db=self._members)
+        return bool(cur.set_range(key)) and bytes(cur.key()[:KEY]) == key
+
+    def _put_conv(self, txn: Any, m: ChainManifest, raw: bytes, stamp: bytes) -> None:
+        cid = conv_id_key(m.conv_id)
+        txn.put(
+            cid,
+            HEAD.pack(F_SESSION if m.session else 0, m.sealed_at_ns, stamp) + raw,
+            db=self._convs,
+        )
+        if evictable(m):
+            txn.put(U64.pack(m.sealed_at_ns) + cid, m.conv_id.encode(), db=self._ages)
+
+    def _unlink_conv(self, txn: Any, conv_id: str, m: ChainManifest) -> set[bytes]:
+        """Remove a conversation's entry, age and member rows; the keys it named."""
+        cid = conv_id_key(conv_id)
+        keys = manifest_keys(m)
+        for k in keys:
+            txn.delete(k + cid, db=self._members)
+        txn.delete(U64.pack(m.sealed_at_ns) + cid, db=self._ages)
+        txn.delete(cid, db=self._convs)
+        return keys
+
+    def _drop_ticket(self, txn: Any, ticket: bytes) -> list[bytes]:
+        """Remove a park's registration rows; the keys it had registered."""
+        row = txn.get(ticket, db=self._pending)
+        if row is None:
+            return []
+        txn.delete(ticket, db=self._pending)
+        tail = bytes(row[KEY:])
+        keys = [tail[i : i + KEY] for i in range(0, len(tail), KEY)]
+        for k in keys:
+            txn.delete(k + ticket, db=self._members)
+        return keys
+
+    def _parking(self, txn: Any, cid: bytes) -> bytes | None:
+        """The ticket of a park of ``cid`` in flight, if any (the pending table holds only
+        what is in flight: a few rows)."""
+        for k, v in txn.cursor(db=self._pending):
+            if pending_conv(v) == cid:
+                return bytes(k)
+        return None
+
+    def _doom(
+        self, txn: Any, ticket: bytes, keys: set[bytes], conv: bytes | None
+    ) -> tuple[bytes, ...]:
+        """Doom the keys of ``keys`` that nothing names any more (and ``conv``'s manifest)."""
+        dead = tuple(sorted(k for k in keys if not self._has_owner(txn, k)))
+        for k in dead:
+            txn.put(b"k" + k, ticket, db=self._doomed)
+        if conv is not None:
+            txn.put(b"c" + conv, ticket, db=self._doomed)
+        return dead
+
+    def _logged(self, txn: Any, conv_id: str) -> None:
+        raw = txn.get(GEN_KEY, db=self._meta)
+        gen = (U64.unpack(raw)[0] if raw else 0) + 1
+        txn.put(GEN_KEY, U64.pack(gen), db=self._meta)
+        txn.put(U64.pack(gen), conv_id.encode(), db=self._log)
+        if gen > LOG_KEEP:
+            txn.delete(U64.pack(gen - LOG_KEEP), db=self._log)
+
+    # -- reading ------------------------------------------------------------------------------
+    def built(self) -> bool:
+        raw = self._read(lambda t: t.get(SCHEMA_KEY, db=self._meta))
+        return raw is not None and int.from_bytes(raw, "big") == SCHEMA
+
+    def changes_since(self, gen: int) -> tuple[int, set[str] | None]:
+        """The generation now and the conversations changed after ``gen`` (None: the log no
+        longer reaches back that far, reload everything). O(changes), one read transaction."""
+
+        def run(txn: Any) -> tuple[int, set[str] | None]:
+            raw = txn.get(GEN_KEY, db=self._meta)
+            now = U64.unpack(raw)[0] if raw else 0
+            if now == gen:
+                return now, set()
+            cur = txn.cursor(db=self._log)
+            if now < gen or not cur.first() or U64.unpack(cur.key())[0] > gen + 1:
+                return now, None
+            changed: set[str] = set()
+            if cur.set_range(U64.pack(gen + 1)):
+                changed.update(bytes(v).decode() for v in cur.iternext(keys=False))
+            return now, changed
+
+        out: tuple[int, set[str] | None] = self._read(run)
+        return out
+
+    def get(self, conv_id: str) -> ChainManifest | None:
+        raw = self._read(lambda t: t.get(conv_id_key(conv_id), db=self._convs))
+        return self._decode(conv_id, raw) if raw is not None else None
+
+    def is_session(self, name: str) -> bool | None:
+        """True for a saved session, False for a conversation, None when neither is stored."""
+        raw = self._read(lambda t: t.get(conv_id_key(name), db=self._convs))
+        return None if raw is None else bool(raw[0] & F_SESSION)
+
+    def all(self) -> list[ChainManifest]:
+        def run(txn: Any) -> list[tuple[str, bytes]]:
+            return [(bytes(k).hex(), bytes(v)) for k, v in txn.cursor(db=self._convs)]
+
+        rows: list[tuple[str, bytes]] = self._read(run)
+        return [self._decode(cid, raw) for cid, raw in rows]
+
+    def __len__(self) -> int:
+        return int(self._read(lambda t: t.stat(self._convs)["entries"]))
+
+    def by_digest(self, digest: bytes) -> ChainManifest | None:
+        """The entry whose :func:`conv_id_key` is ``digest`` (a manifest file's name)."""
+        raw = self._read(lambda t: t.get(digest, db=self._convs))
+        return self._decode(digest.hex(), raw) if raw is not None else None
+
+    def named_by(self, key: bytes) -> list[str]:
+        """The conversations whose manifests name ``key``."""
+
+        def run(txn: Any) -> list[str]:
+            out = []
+            for owner in self._owners(txn, key):
+                raw = txn.get(owner, db=self._convs) if len(owner) == KEY else None
+                if raw is not None:
+                    out.append(self._decode(owner.hex(), raw).conv_id)
+            return out
+
+        got: list[str] = self._read(run)
+        return got
+
+    def owners(self, key: bytes) -> int:
+        """How many manifests and parks in flight name ``key`` (its reference count)."""
+        return len(self._read(lambda t: self._owners(t, key)))
+
+    def oldest(self, before_ns: int | None = None, limit: int = 8) -> list[str]:
+        """Up to ``limit`` conversations GC may shorten, oldest first (sealed before
+        ``before_ns`` when given). O(log n + limit)."""
+
+        def run(txn: Any) -> list[str]:
+            out = []
+            for k, v in txn.cursor(db=self._ages):
+                if before_ns is not None and U64.unpack(k[:8])[0] >= before_ns:
+                    break
+                out.append(bytes(v).decode())
+                if len(out) >= limit:
+                    break
+            return out
+
+        got: list[str] = self._read(run)
+        return got
+
+    def would_free(self, conv_id: str, keep: Callable[[ChainManifest], int]) -> list[bytes]:
+        """The keys :meth:`shorten` with ``keep`` would delete now: those past the cut that no
+        other conversation or park names. O(keys x log n), a read transaction."""
+        cid = conv_id_key(conv_id)
+
+        def run(txn: Any) -> list[bytes]:
+            raw = txn.get(cid, db=self._convs)
+            if raw is None:
+                return []
+            m = self._decode(conv_id, raw)
+            cut = cut_manifest(m, keep(m))
+            gone = manifest_keys(m) - (manifest_keys(cut) if cut is not None else set())
+            return [k for k in gone if self._sole_owner(txn, k, cid)]
+
+        out: list[bytes] = self._read(run)
+        return out
+
+    def in_flight(self) -> list[tuple[bytes, bytes | None]]:
+        """``(ticket, C)`` of every park in flight and ``(ticket, None)`` of every removal in
+        flight (recovery finishes those of processes that are gone)."""
+
+        def run(txn: Any) -> list[tuple[bytes, bytes | None]]:
+            rows: list[tuple[bytes, bytes | None]] = [
+                (bytes(k), pending_conv(v)) for k, v in txn.cursor(db=self._pending)
+            ]
+            rows += [(bytes(v), None) for v in txn.cursor(db=self._doomed).iternext(keys=False)]
+            return rows
+
+        out: list[tuple[bytes, bytes | None]] = self._read(run)
+        return out
+
+    def parking_conv(self, ticket: bytes) -> bytes | None:
+        """The C of the park ``ticket`` registered, or None when it is not a park in flight."""
+        row = self._read(lambda t: t.get(ticket, db=self._pending))
+        return pending_conv(row) if row is not None else None
+
+    def doomed_by(self, ticket: bytes) -> tuple[list[bytes], list[bytes]]:
+        """The keys and the conversations (C) a removal in flight holds."""
+
+        def run(txn: Any) -> tuple[list[bytes], list[bytes]]:
+            keys: list[bytes] = []
+            convs: list[bytes] = []
+            for k, v in txn.cursor(db=self._doomed):
+                if bytes(v) == ticket:
+                    (keys if k[:1] == b"k" else convs).append(bytes(k[1:]))
+            return keys, convs
+
+        out: tuple[list[bytes], list[bytes]] = self._read(run)
+        return out
+
+    def raw_by_digest(self, digest: bytes) -> bytes | None:
+        """The manifest bytes of the entry whose :func:`conv_id_key` is ``digest``."""
+        raw = self._read(lambda t: t.get(digest, db=self._convs))
+        return bytes(raw[HEAD.size :]) if raw is not None else None
+
+    def stamps(self) -> dict[bytes, bytes]:
+        """C -> the stamp of the file each entry was committed from (recovery compares them)."""
+
+        def run(txn: Any) -> dict[bytes, bytes]:
+            return {
+                bytes(k): HEAD.unpack(bytes(v[: HEAD.size]))[2]
+                for k, v in txn.cursor(db=self._convs)
+            }
+
+        out: dict[bytes, bytes] = self._read(run)
+        return out
+
+    # -- tickets ------------------------------------------------------------------------------
     def new_ticket(self) -> bytes:
         ticket = TICKET.pack(0xFF, self.pid, self.start, next(_nonce))
         _live.add(ticket)

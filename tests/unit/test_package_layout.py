@@ -55,6 +55,11 @@ MAX_CLASS_METHODS = 25
 
 #: Classes over MAX_CLASS_LINES lines or MAX_CLASS_METHODS methods, and why each is one class.
 LARGE_CLASSES: dict[str, str] = {
+    "stratastore.catalog.tables.Catalog": (
+        "the shared catalog (spec F-CAT): seven tables in one LMDB environment, their rows, the "
+        "answers (one read transaction each) and the decisions (one write transaction each) that "
+        "keep reference counts and work in flight true across processes"
+    ),
     "stratastore.facade.Store": (
         "the library's API: an engine reads one class for park, lookup, restore, sessions, "
         "stats, publish and close, each a short method over the flow (docs/engine.md)"
