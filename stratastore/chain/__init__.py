@@ -1,4 +1,4 @@
-"""Checkpoint chains, prefix lookup, retention and parking policy (DESIGN layer 4)."""
+"""Checkpoint chains, prefix lookup, retention and parking policy."""
 
 from stratastore.chain.model import (
     Checkpoint,

@@ -1,4 +1,4 @@
-"""The checkpoint-chain model of a conversation (DESIGN layer 4).
+"""The checkpoint-chain model of a conversation.
 
 A conversation is its token ids (with media at positions) and a chain of checkpoints at
 ascending token lengths: the first is the *root* (the end of the system prompt), pinned; the last

@@ -1,5 +1,5 @@
 """Prefix lookup: the deepest stored point whose tokens (and media) are exactly a prefix of a
-prompt, across every stored conversation of a model (DESIGN layer 4).
+prompt, across every stored conversation of a model.
 
 A radix tree over token sequences: each edge holds a run of token ids (a numpy uint32 slice) and
 the media digests at positions inside it; children are keyed by their first (token, media)

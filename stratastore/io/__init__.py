@@ -1,4 +1,4 @@
-"""The io layer: the only code that touches store files (DESIGN layer 2, spec F-DUR), and with
+"""The io layer: the only code that touches store files (spec F-DUR), and with
 the level implementations the only caller of ``os``.
 
 ``files`` holds the primitives and the look-ups, ``guard`` the check every destructive operation

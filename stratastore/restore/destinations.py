@@ -1,4 +1,4 @@
-"""Where a restore writes: the engine's K/V buffers (DESIGN layer 6).
+"""Where a restore writes: the engine's K/V buffers.
 
 Stored pages use the layout of spec F-SEG-4: a page of ``p`` tokens holds, for each layer, K
 then V, each ``[p, n_kv_heads, head_dim]``. A destination receives runs of whole pages of one

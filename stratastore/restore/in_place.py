@@ -1,6 +1,6 @@
-"""What a restore can write in place: the caller's memory as a flat uint8 view, never a copy
-(DESIGN layer 6). A numpy array is taken as it is; a torch tensor in host memory as the numpy
-array over its own memory; anything that cannot be written in place is refused with
+"""What a restore can write in place: the caller's memory as a flat uint8 view, never a copy.
+A numpy array is taken as it is; a torch tensor in host memory as the numpy array over its own
+memory; anything that cannot be written in place is refused with
 :class:`DestinationRefused` before a restore touches anything."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tiers and policy (DESIGN layer 5): admission, disk levels and the cascade."""
+"""Tiers and policy: admission, disk levels and the cascade."""
 
 from stratastore.tiers.admission import Admission, Admitted, admit
 from stratastore.tiers.disk import DiskLevel, LevelCounters, LevelRefused

@@ -1,5 +1,5 @@
 """The RAM level's host arena: one anonymous mapping reserved at open, cut into fixed chunks
-and reused for every capture (DESIGN layer 5), populated as it is used.
+and reused for every capture, populated as it is used.
 
 Fresh memory is slow to touch on these VMs (the host takes freed pages back, so every first
 write page-faults: ~0.6 GB/s measured); a buffer touched once and reused copies at memcpy speed

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from stratastore import Checkpoint, Conversation, Store
 from stratastore.format import ModelFingerprint
-fp = ModelFingerprint.create("review12/tiny", **{fp_args!r})
+fp = ModelFingerprint.create("catalog-map/tiny", **{fp_args!r})
 cfg = {{"ram_mib": 0, "park": "disk", "cold_dir": {cold!r}, "cold_mib": 64}}
 n = 1 << 20
 toks = np.arange(n, dtype=np.uint32)
@@ -38,7 +38,7 @@ with Store.open(fp, cfg, probe=lambda: 1 << 40, warn=lambda _m: None) as s:
 
 
 def _fp() -> ModelFingerprint:
-    return ModelFingerprint.create("review12/tiny", **FP_ARGS)  # type: ignore[arg-type]
+    return ModelFingerprint.create("catalog-map/tiny", **FP_ARGS)  # type: ignore[arg-type]
 
 
 def test_a_process_keeps_working_after_another_grew_the_shared_environment(tmp_path: Path) -> None:

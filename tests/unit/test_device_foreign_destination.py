@@ -42,7 +42,7 @@ N = 16
 
 def _other(n_layers: int) -> ModelFingerprint:
     return ModelFingerprint.create(
-        "review15/other",
+        "device/other-model",
         n_layers=n_layers,
         n_kv_heads=FP.n_kv_heads,
         head_dim=FP.head_dim,

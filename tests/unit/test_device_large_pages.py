@@ -21,7 +21,7 @@ from stratastore import Checkpoint, Conversation, ModelFingerprint, Store
 from stratastore.chain import as_tokens
 
 BIG = ModelFingerprint.create(
-    "review15/big-pages", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=1 << 19
+    "device/big-pages", n_layers=2, n_kv_heads=2, head_dim=4, page_tokens=1 << 19
 )
 
 

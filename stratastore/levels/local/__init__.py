@@ -1,4 +1,4 @@
-"""The content-addressed segment store (DESIGN layer 3, spec F-SC, F-IDX, F-DUR)."""
+"""The content-addressed segment store (spec F-SC, F-IDX, F-DUR)."""
 
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.local.index import SegmentIndex
