@@ -5,6 +5,8 @@ capabilities), never what it is:
 * with ``page_views`` and ``zero`` (``ScatterReads``) the read pass reads each stored page
   straight into its memory and hashes it there: ``page_views`` is asked once a page,
   ``write_pages`` never, and no staging buffer is taken;
+* with a ``region`` besides (``StoredRegion``: memory in the stored layout itself) a run of
+  pages is read at a time, into it;
 * the validated restore and its ladder over a damaged page deliver the bytes a built-in
   destination (``LayerKV``) gets, page for page, zeros past the prefix included;
 * a park of it streams its pages from those views to disk within the call, never copying the
@@ -45,6 +47,7 @@ from stratastore import (
     PageViews,
     ScatterReads,
     Store,
+    StoredRegion,
 )
 from stratastore.levels.staging import STAGING
 
@@ -98,6 +101,36 @@ class TokenMajorKV:
     def zero(self, token_start: int, n_tokens: int) -> None:
         self.calls["zero"] += 1
         self.rows[token_start : token_start + n_tokens] = 0
+
+
+class StoredBytes:
+    """Host memory in the stored layout itself (a segment's pages at ``start * token_bytes``),
+    with a ``region`` besides its page views: read a run of pages at a time."""
+
+    def __init__(self, capacity: int, region_tokens_short: int = 0) -> None:
+        self.buf = np.full(capacity * TB, SENTINEL, np.uint8)
+        self.short = region_tokens_short  #: a bug to show: regions this many tokens short
+        self.calls: Counter[str] = Counter()
+
+    def capacity(self) -> int:
+        return self.buf.size // TB
+
+    def write_pages(
+        self, token_start: int, n_tokens: int, data: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
+        self.calls["write_pages"] += 1
+        self.buf[token_start * TB : (token_start + n_tokens) * TB] = data[: n_tokens * TB]
+
+    def region(self, token_start: int, n_tokens: int) -> npt.NDArray[np.uint8]:
+        self.calls["region"] += 1
+        return self.buf[token_start * TB : (token_start + n_tokens - self.short) * TB]
+
+    def page_views(self, token_start: int, n_tokens: int) -> list[memoryview]:
+        self.calls["page_views"] += 1
+        return [self.region(token_start, n_tokens).data]
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        self.buf[token_start * TB : (token_start + n_tokens) * TB] = 0
 
 
 class PlainKV:
@@ -232,6 +265,20 @@ def test_the_read_lands_in_its_page_views_with_no_staging(
     builtin, k, v = layer_kv(64)
     assert restore(path, builtin).tokens == N
     assert np.array_equal(ours.rows, as_token_major(k, v))
+
+
+def test_a_stored_region_is_read_a_run_of_pages_at_a_time(tmp_path: Path) -> None:
+    path, kv = parked(tmp_path)
+    ours = StoredBytes(64)
+    assert isinstance(ours, StoredRegion)
+    assert restore(path, ours).tokens == N
+    assert ours.calls["region"] == len(CUTS)  # one run a segment (each under a chunk)
+    assert ours.calls["page_views"] == ours.calls["write_pages"] == 0
+    assert np.array_equal(ours.buf[: N * TB], kv)
+    short = StoredBytes(64, region_tokens_short=1)
+    with pytest.raises(DestinationRefused, match=r"StoredBytes\.region\(0, 18\) gave"):
+        restore(path, short)
+    assert (short.buf == SENTINEL).all()  # refused before anything was read into it
 
 
 def flip(path: Path, segment: int, page: int) -> None:
