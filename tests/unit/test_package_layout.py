@@ -60,10 +60,6 @@ LARGE_CLASSES: dict[str, str] = {
         "answers (one read transaction each) and the decisions (one write transaction each) that "
         "keep reference counts and work in flight true across processes"
     ),
-    "stratastore.facade.Store": (
-        "the library's API: an engine reads one class for park, lookup, restore, sessions, "
-        "stats, publish and close, each a short method over the flow (docs/engine.md)"
-    ),
     "stratastore.tiers.tiered.Tiers": (
         "the flow: it opens the levels and owns them, the flow's lock and its counters, and "
         "every method is a step of a park, lookup or restore that needs them"
