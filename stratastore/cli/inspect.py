@@ -14,7 +14,7 @@ from typing import Any
 
 from stratastore.cli.common import AddCommand, absolute, levels_doc, store_levels
 from stratastore.errors import StrataError
-from stratastore.levels.local import SegmentStore
+from stratastore.levels.directory import directory_model, open_directory
 
 __all__ = ["add_parser", "run"]
 
@@ -85,7 +85,7 @@ def _special_segment_file(d: str, key: bytes) -> dict[str, str] | None:
 
 def _inspect_level(path: str) -> dict[str, Any]:
     """One level's segments (as a store opening it reads them) and what it did not adopt."""
-    fp = SegmentStore.fingerprint_in(path)  # the check open and fsck share
+    fp = directory_model(path)  # the check open and fsck share
     if fp is None:
         return {
             "dir": path,
@@ -95,7 +95,7 @@ def _inspect_level(path: str) -> dict[str, Any]:
             "segments": [],
             "skipped": [],
         }
-    with SegmentStore.open(path, fp, create=False) as store:
+    with open_directory(path, fp, create=False) as store:
         rows: list[dict[str, Any]] = []
         skipped = [{"file": s.name, "reason": s.reason} for s in store.skipped]
         for key in store.keys():

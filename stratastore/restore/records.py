@@ -17,7 +17,7 @@ from stratastore.errors import StrataError
 from stratastore.format import ChecksumMismatch, FormatError
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.backend import SegmentBackend
-from stratastore.levels.local import SegmentNotFound
+from stratastore.levels.errors import SegmentNotFound
 from stratastore.levels.staging import StagingPool
 
 __all__ = [

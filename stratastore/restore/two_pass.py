@@ -51,7 +51,7 @@ import numba_kernels
 from stratastore.errors import StrataError
 from stratastore.format import Codec, FormatError, ModelFingerprint
 from stratastore.levels.backend import OpenSegment, SegmentBackend
-from stratastore.levels.local import SegmentNotFound
+from stratastore.levels.errors import SegmentNotFound
 from stratastore.levels.staging import STAGING, StagingPool
 from stratastore.restore.capabilities import (
     Destination,

@@ -16,7 +16,8 @@ from stratastore.format import (
     IncompatibleFingerprint,
     Level,
 )
-from stratastore.levels.local import SegmentNotFound, SegmentStore
+from stratastore.levels.directory import open_directory
+from stratastore.levels.errors import SegmentNotFound
 from stratastore.testing.backend_harness import BackendHarness, raises
 
 __all__ = ["MoveTests"]
@@ -57,7 +58,7 @@ class MoveTests(BackendHarness):
     def test_relocate_from_a_directory_store_and_back(self, tmp_path: Path) -> None:
         fp = self.fingerprint()
         with (
-            SegmentStore.open(tmp_path / "dir", fp, level=Level.WARM) as local,
+            open_directory(tmp_path / "dir", fp, level=Level.WARM) as local,
             self.opened(tmp_path / "b", Level.COLD) as b,
         ):
             key, data = self.put(local, 7)

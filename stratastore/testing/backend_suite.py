@@ -34,7 +34,8 @@ from stratastore.format import (
     Level,
 )
 from stratastore.levels.backend import CatalogHost, SegmentBackend
-from stratastore.levels.local import OutOfRange, SegmentNotFound, StoreError
+from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.reader import OutOfRange
 from stratastore.testing.backend_harness import U8, raises
 from stratastore.testing.backend_moves import MoveTests
 

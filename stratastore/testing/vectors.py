@@ -43,7 +43,7 @@ from stratastore.format import (
 from stratastore.format.manifest import decode_manifest, verify_manifest_keys
 from stratastore.format.remote_record import RemoteNames, decode_commit_record
 from stratastore.io import files, pathnames
-from stratastore.levels.local import SegmentStore
+from stratastore.levels.directory import open_directory
 
 __all__ = [
     "REFUSALS",
@@ -263,11 +263,12 @@ def _index_tables(vector_dir: str, recipe: dict[str, Any]) -> str:
     }
     with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
         _lay_out(d, vector_dir, recipe["files"])
-        with SegmentStore.open(d, fp, create=False) as store:
+        with open_directory(d, fp, create=False) as store:
             if store.skipped:
                 return store.skipped[0].error
-            env = store.index.env
-            with store.index.read_txn() as txn:
+            tables = store.catalog_tables()
+            env = tables.env
+            with tables.read_txn() as txn:
                 built = {
                     name: {
                         bytes(k): bytes(v)
@@ -283,7 +284,7 @@ def _store_layout(vector_dir: str, recipe: dict[str, Any]) -> str:
     fp = ModelFingerprint.unpack(_read(vector_dir, recipe["fingerprint"]))
     with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
         _lay_out(d, vector_dir, recipe["files"])
-        with SegmentStore.open(d, fp, create=False) as store:
+        with open_directory(d, fp, create=False) as store:
             if store.skipped:
                 return store.skipped[0].error
             for key in store.keys():
@@ -303,7 +304,7 @@ def _segment_in_store(vector_dir: str, entry: dict[str, Any], data: bytes) -> st
             f.write(side)
         with open(pathnames.join(d, data_name(sc.key)), "wb") as f:
             f.write(data)
-        with SegmentStore.open(d, sc.fingerprint, create=False) as store:
+        with open_directory(d, sc.fingerprint, create=False) as store:
             if store.skipped:
                 return store.skipped[0].error
             out = bytearray(sc.payload_bytes)

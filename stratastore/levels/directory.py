@@ -1,0 +1,67 @@
+"""A directory level as the tools that read one offline see it (``strata inspect``, the
+conformance kit's vectors): opened through the registry's directory row, its model read from
+its sidecars, what open did not adopt, and its index's environment (spec F-DIR, F-IDX). The
+tools above the seam use this protocol and never import the directory backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import PurePath
+from typing import Protocol, cast
+
+from stratastore.format import Level, ModelFingerprint
+from stratastore.levels.backend import CatalogHost, StoreStats
+from stratastore.levels.registry import open_level, scheme_of
+
+__all__ = ["DirectoryLevel", "NotAdopted", "directory_model", "open_directory"]
+
+
+class NotAdopted(Protocol):
+    """A ``strata-conv-`` sidecar that open did not adopt, and why (fsck reports it too)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def error(self) -> str:  #: the error's class name (FormatError, ChecksumMismatch, ...)
+        ...
+
+
+class DirectoryLevel(CatalogHost, Protocol):
+    """A level on a directory (spec F-DIR): a segment backend whose index is an LMDB
+    environment (:meth:`catalog_tables`), that says what it did not adopt at open."""
+
+    @property
+    def skipped(self) -> Sequence[NotAdopted]: ...
+
+    def stats(self) -> StoreStats: ...
+
+
+def open_directory(
+    path: str | PurePath,
+    fingerprint: ModelFingerprint,
+    *,
+    level: Level = Level.COLD,
+    create: bool = True,
+) -> DirectoryLevel:
+    """The directory level at ``path`` for ``fingerprint`` (``create=False``: one that must
+    exist; opening it rewrites nothing, spec F-DIR-6), through the registry's directory row.
+    A ``path`` that is a URL is a :class:`~stratastore.errors.ConfigError`."""
+    from stratastore.errors import ConfigError
+
+    if scheme_of(path) not in ("", "file"):
+        raise ConfigError(
+            f"{scheme_of(path)}://... is not a directory; give the path of a level directory"
+        )
+    return cast(DirectoryLevel, open_level(path, fingerprint, level, {"create": create}))
+
+
+def directory_model(path: str) -> ModelFingerprint | None:
+    """The model of level directory ``path``: that of its first committed sidecar that decodes
+    (the check open and fsck share), so a tool can open a level without being told its model.
+    None when it holds no sidecar; when not one decodes, the first one's typed error."""
+    from stratastore.levels.local import SegmentStore
+
+    return SegmentStore.fingerprint_in(path)
