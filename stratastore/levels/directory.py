@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import PurePath
-from typing import Protocol, cast
+from types import TracebackType
+from typing import Protocol, Self, cast
 
-from stratastore.format import Level, ModelFingerprint
+from stratastore.format import Level, ModelFingerprint, Sidecar
 from stratastore.levels.backend import CatalogHost, StoreStats
 from stratastore.levels.registry import open_level, scheme_of
 
@@ -37,6 +38,19 @@ class DirectoryLevel(CatalogHost, Protocol):
     def skipped(self) -> Sequence[NotAdopted]: ...
 
     def stats(self) -> StoreStats: ...
+
+    def sidecar(self, key: bytes) -> Sidecar:
+        """The committed segment ``key``'s sidecar, as its file holds it."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 def open_directory(
