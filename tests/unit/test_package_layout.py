@@ -209,6 +209,18 @@ def test_the_flow_names_no_backend() -> None:
     assert not {k: v for k, v in bad.items() if v}, bad
 
 
+@pytest.mark.parametrize("folder", ["cli", "config", "restore", "testing", "adapters"])
+def test_the_surfaces_above_the_seam_name_no_backend(folder: str) -> None:
+    """A backend is its folder plus its registry row: what reaches a level from above does so
+    through the registry and the protocol, never by importing a backend's module."""
+    backends = ("stratastore.levels.local", "stratastore.levels.redis", "stratastore.levels.memory")
+    bad = {
+        _rel(p): sorted(m for m in _imports(p) if m.startswith(backends))
+        for p in _modules(PACKAGE / folder)
+    }
+    assert not {k: v for k, v in bad.items() if v}, bad
+
+
 def test_os_is_called_only_by_io_and_the_level_implementations() -> None:
     allowed = ("stratastore/io/", "stratastore/levels/local/", "stratastore/levels/redis/")
     uses = re.compile(r"\bos\.[a-z_]|^\s*import os\b|^\s*from os\b", re.M)
