@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stratastore.config import StoreConfig
+from stratastore.config.levels import shown_value
 from stratastore.errors import StrataError
 from stratastore.format.naming import (
     INDEX_DIR,
@@ -212,6 +213,12 @@ def find_store_levels(
     skipped: list[str] = []
     explicit: list[str] = []
     for p in paths:
+        if "://" in p and not p.lower().startswith("file://"):  # a URL may carry a credential
+            raise NoStoreLevels(
+                f"{shown_value(p)} is a URL, not a path; name the store's root directory, a "
+                "level directory or its config file (a level on a server is checked through "
+                "--config: fsck --remote)"
+            )
         path = pathnames.abspath(p)
         if files.is_file(path):
             found = _config_levels(StoreConfig.from_toml(path), path)
