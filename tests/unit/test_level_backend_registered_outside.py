@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from stratastore import ConfigError, Store, StoreConfig
+from stratastore.cli import main
 from stratastore.format import Level, ModelFingerprint
 from stratastore.levels import (
     ENTRY_POINTS,
@@ -28,6 +29,7 @@ from stratastore.levels import (
     unregister_backend,
 )
 from stratastore.levels.memory import MemoryBackend
+from stratastore.levels.shared_check import NamespaceCheck, SharedLevelCheck
 from tests.conftest import conversation_kv, tiny_fp
 
 TOKEN = "tok-ZQXJ"  #: a credential of the toy level: never shown
@@ -177,3 +179,36 @@ def test_an_entry_point_that_gives_no_backend_is_a_config_error(
         open_level("broken://x", tiny_fp())
     with pytest.raises(ConfigError, match=r"nowhere://\.\.\. names no backend"):
         open_level("nowhere://x", tiny_fp())
+
+
+def test_fsck_of_a_shared_level_goes_through_its_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``strata fsck --remote`` checks the shared level of ``--config`` by its backend's
+    ``fsck`` hook, whatever the backend; one without the hook is a usage error."""
+    seen: list[tuple[str, dict[str, Any], bool, bool]] = []
+
+    def fsck(url: str, args: Mapping[str, Any], repair: bool, deep: bool) -> SharedLevelCheck:
+        seen.append((url, dict(args), repair, deep))
+        bad = NamespaceCheck("toy/a/", "m", False, counts={"segments": 3, "lost": 1})
+        return SharedLevelCheck("toyshared://host", "a", (bad,))
+
+    shared = BackendEntry("toy shared", open_toy, shared=True, fsck=fsck)
+    config = tmp_path / "strata.toml"
+    config.write_text(
+        f'[[levels]]\nname = "cold"\ndir = "{tmp_path / "c"}"\nmib = 8\n\n'
+        '[[levels]]\nname = "remote"\nurl = "toyshared://host"\nmib = 8\n'
+    )
+    register_backend("toyshared", shared)
+    try:
+        assert main(["--config", str(config), "fsck", "--remote", "--deep"]) == 1
+        assert seen == [("toyshared://host", {}, False, True)]
+        out = capsys.readouterr().out
+        assert "NOT CLEAN: toy/a/ (m): segments=3, lost=1, repaired=False" in out
+        register_backend(
+            "toyshared", BackendEntry("toy shared", open_toy, shared=True), replace=True
+        )
+        assert main(["--config", str(config), "fsck", "--remote"]) == 2
+        assert "has no check of a shared level's store" in capsys.readouterr().err
+    finally:
+        unregister_backend("toyshared")
