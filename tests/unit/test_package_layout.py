@@ -61,8 +61,9 @@ LARGE_CLASSES: dict[str, str] = {
         "keep reference counts and work in flight true across processes"
     ),
     "stratastore.tiers.tiered.Tiers": (
-        "the flow: it opens the levels and owns them, the flow's lock and its counters, and "
-        "every method is a step of a park, lookup or restore that needs them"
+        "the flow's front: it opens the levels, the RAM level, the catalog and the write queue "
+        "and wires them into one context; each method is one step of a park, lookup, restore or "
+        "session the facade calls, handed to the part that owns it"
     ),
     "stratastore.levels.local.segment_store.SegmentStore": (
         "the directory level: the level protocol (SegmentBackend, 25 members) and the commit "
