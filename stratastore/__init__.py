@@ -1,8 +1,10 @@
 """stratastore: durable, tiered, validated storage for LLM conversation state.
 
-The package root is the engine's API: :class:`Store` and its settings, the conversation model
-(:class:`Conversation`, :class:`Checkpoint`, :class:`ModelFingerprint`), what the calls return
-(:class:`ParkReport`, :class:`Restored`, :class:`StoreDescription`), where a restore writes (the
+The package root is the engine's API: :class:`Store` and its settings, the chunk store for
+engines that key pages by content (:class:`ChunkStore`, :class:`ChunkConfig`,
+:class:`ChunkLevel`), the conversation model (:class:`Conversation`, :class:`Checkpoint`,
+:class:`ModelFingerprint`), what the calls return (:class:`ParkReport`, :class:`Restored`,
+:class:`StoreDescription`), where a restore writes (the
 destinations) and the errors. Below it, by layer (docs/design.md): ``format`` (pure encode and
 decode, format-spec/SPEC.md) -> ``io`` (the only filesystem code) -> ``levels`` (the level
 protocol and its backends: ``levels.local``, ``levels.redis``, ``levels.memory``) -> ``chain``
@@ -12,6 +14,7 @@ tools are in ``ops`` and ``metrics``, the CLI in ``cli``.
 
 from stratastore.catalog import CatalogBusy
 from stratastore.chain import Checkpoint, Conversation, InvalidRequest
+from stratastore.chunks import ChunkConfig, ChunkLevel, ChunkStore
 from stratastore.config import LevelSpec, StoreConfig
 from stratastore.errors import ConfigError, LevelUnavailable, StrataError
 from stratastore.facade import BatchRestoreError, SpillError, Store, StoreClosed
@@ -55,6 +58,9 @@ __all__ = [
     "CatalogBusy",
     "Checkpoint",
     "ChecksumMismatch",
+    "ChunkConfig",
+    "ChunkLevel",
+    "ChunkStore",
     "Codec",
     "ConfigError",
     "Conversation",

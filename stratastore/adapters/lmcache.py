@@ -52,8 +52,9 @@ snippet)::
 Chunks carrying ``cached_positions`` (CacheBlend) are not stored (``puts_refused``).
 
 What the plugin reads from LMCache (its settings, the directory's fingerprint, a chunk key's
-fields) is in :mod:`.lmcache_config`; the chunk directory in :mod:`.lmcache_store`, its budget
-(the disk level's eviction), puts in flight and pins in :mod:`.lmcache_room`.
+fields) is in :mod:`.lmcache_config`; the chunks in :mod:`.lmcache_store`: a chunk store
+(:mod:`stratastore.chunks`) on the directory, whose budget, eviction, pins and validated reads
+are the chunk layer's.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from stratastore.adapters.lmcache_config import (
     fingerprint_of,
     key_fields,
 )
-from stratastore.adapters.lmcache_store import ChunkStore, OpenChunk, stored_bytes
+from stratastore.adapters.lmcache_store import LMCacheChunks, OpenChunk, stored_bytes
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError
 
@@ -118,8 +119,9 @@ class FlushTimeout(StrataError):
 
 
 class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
-    """LMCache's ``StoragePluginInterface`` over a :class:`ChunkStore` (the module docstring
-    says what each call promises)."""
+    """LMCache's ``StoragePluginInterface`` over the plugin's chunks (:class:`LMCacheChunks`, a
+    :class:`~stratastore.chunks.ChunkStore` on one directory level; the module docstring says
+    what each call promises)."""
 
     def __init__(
         self,
@@ -149,7 +151,9 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 f"{metadata.kv_dtype}): nothing could be stored; use at least "
                 f"{-(-need >> 20) + 1} MiB"
             )
-        self.chunks = ChunkStore.open(self.settings.path, fingerprint, self.settings.budget_bytes)
+        self.chunks = LMCacheChunks.open(
+            self.settings.path, fingerprint, self.settings.budget_bytes
+        )
         self._writers = ThreadPoolExecutor(self.settings.put_threads, "strata-lmcache-put")
         self._readers = ThreadPoolExecutor(self.settings.read_threads, "strata-lmcache-read")
         self._lock = Lock()
@@ -374,15 +378,15 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 try:
                     obj = self._allocate(chunk, busy_loop and not opened)
                 except BaseException:
-                    chunk.reader.close()
+                    chunk.close()
                     raise
                 if obj is None:
-                    chunk.reader.close()
+                    chunk.close()
                     break
                 opened.append((chunk, obj))
         except BaseException:
             for chunk, obj in opened:
-                chunk.reader.close()
+                chunk.close()
                 obj.ref_count_down()
             raise
 
@@ -394,7 +398,7 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             oks = [copy(opened[0])] if len(opened) == 1 else list(self._readers.map(copy, opened))
         finally:
             for chunk, _ in opened[len(oks) :]:
-                chunk.reader.close()  # copies that never ran (closing twice is harmless)
+                chunk.close()  # copies that never ran (closing twice is harmless)
             good = next((i for i, ok in enumerate(oks) if not ok), len(oks))
             for _, obj in opened[good:]:
                 obj.ref_count_down()
@@ -410,7 +414,8 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             )
         layout = self.chunks.layout
         assert layout is not None  # open_chunk() found the chunk's token count through it
-        shapes = [torch.Size(s) for s in layout.shapes_for(chunk.tokens)]
+        tokens = self.chunks.tokens_of(chunk)
+        shapes = [torch.Size(s) for s in layout.shapes_for(tokens)]
         dtypes = [getattr(torch, d.removeprefix("torch.")) for d in layout.dtypes]
         one = len(shapes) == 1
         obj = self.local_cpu_backend.allocate(
@@ -423,7 +428,7 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             self.chunks.count("alloc_failures")
             log.warning(
                 "stratastore: LMCache's CPU buffer has no room for a chunk of %d tokens: a miss",
-                chunk.tokens,
+                tokens,
             )
         return obj
 

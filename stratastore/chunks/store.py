@@ -1,0 +1,378 @@
+"""The chunk store: pages keyed by content, on the levels every engine API shares.
+
+Engines that key their cache by a page's content hash (LMCache's chunks, SGLang HiCache's
+``get/set/exists`` by page hash) keep their pages here; engines that know conversations use
+:class:`~stratastore.Store`. Both sit on the same levels: a chunk store is its levels, first to
+last, each opened through the registry (:func:`~stratastore.levels.registry.open_level`: a
+directory, ``memory://NAME``, the Redis level), with the levels' budgets and the cascade
+(:mod:`~stratastore.chunks.room`).
+
+Contracts:
+
+- **Keys** (:mod:`~stratastore.chunks.keys`): a page is named by a 32-byte chunk key and stored
+  as the running-state segment ``state_key(key)`` (spec F-KEY-5), in pages of 1 MiB each
+  BLAKE3-hashed in its sidecar (F-SC-3).
+- **Puts** go to the first level, durably as that level is (a directory: data file written and
+  fsynced, renamed in, directory fsynced, sidecar written durably, indexed: F-DUR), after making
+  room (the oldest pages degrade to the next level; only the last level deletes, never a pinned
+  page or a kept key). A put returns ``"stored"`` once committed, ``"present"`` when the page
+  was held already (nothing written, nothing evicted), ``"refused"`` when it cannot fit; a
+  write that fails raises (a :class:`~stratastore.errors.StrataError`) and leaves nothing.
+- **Reads** look in each level, first to last, and deliver a page only after every page of it
+  was hashed in the caller's memory (:mod:`~stratastore.chunks.reads`). A copy that fails
+  validation (a checksum, a damaged or foreign header or sidecar, a truncated file) is a miss,
+  counted in ``damaged``, logged, and removed from its level so the next put writes it again:
+  only if it is still the copy read (its index record unchanged since it was opened; under the
+  level's commit lock where the level has one). Any other failure (an I/O error, a level that
+  cannot be reached, the store closing) is a miss counted in ``read_errors``; nothing is
+  removed.
+- **Pins** hold a page against eviction and ``remove(force=False)`` until unpinned (in this
+  process); a pin of a page not held, or being deleted, fails.
+- **Thread-safe**: any method from any thread; no lock is held over I/O but the one that makes
+  room (one put's eviction at a time).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Literal
+
+from stratastore.chunks.config import ChunkConfig, ChunkLevel
+from stratastore.chunks.counters import ChunkCounters
+from stratastore.chunks.failures import ReadFailures
+from stratastore.chunks.keys import stored_key
+from stratastore.chunks.reads import DAMAGE, OpenChunk, fill_validated
+from stratastore.chunks.room import ChunkRoom, stored_bytes
+from stratastore.errors import StrataError
+from stratastore.format import FormatError, IndexRecord, Level, ModelFingerprint
+from stratastore.levels.backend import SegmentBackend, SharedBackend
+from stratastore.levels.errors import SegmentNotFound
+from stratastore.levels.registry import open_level
+from stratastore.levels.sealing import Buffer, byte_view
+from stratastore.tiers import DiskLevel
+
+__all__ = ["ChunkStore", "ChunkStoreClosed", "PutOutcome"]
+
+log = logging.getLogger("stratastore.chunks")
+
+PutOutcome = Literal["stored", "present", "refused"]
+
+
+class ChunkStoreClosed(StrataError):
+    """A put, pin or removal on a chunk store after :meth:`ChunkStore.close`."""
+
+
+class ChunkStore(AbstractContextManager["ChunkStore"]):
+    """Pages keyed by content on a chain of levels (the module docstring is the contract).
+    Use :meth:`open`; close it (or use it as a context manager)."""
+
+    def __init__(self, levels: Sequence[DiskLevel], config: ChunkConfig, keep: frozenset[bytes]):
+        self.config = config
+        self.levels = tuple(levels)  #: first (puts) to last (deletes)
+        self.counters = ChunkCounters()
+        self._lock = threading.Lock()  #: the counters (never held over I/O)
+        self._keep = keep
+        #: the budgets, the cascade, the puts in flight and the pins
+        self.room = ChunkRoom(self.levels, keep=keep, count=self.count)
+        self.closed = False
+        #: what a failed read does (damage removed, other failures kept)
+        self.failures = ReadFailures(config.name, self.room, self.count, lambda: self.closed)
+
+    @classmethod
+    def open(
+        cls,
+        config: ChunkConfig | Sequence[ChunkLevel],
+        fingerprint: ModelFingerprint,
+        *,
+        keep: Iterable[bytes] = (),
+    ) -> ChunkStore:
+        """Open the levels of ``config`` (a :class:`ChunkConfig`, or its levels), first to last,
+        for the model ``fingerprint``, each through the registry: the last seals its segments as
+        the cold level, the others as warm (spec F-SC-5). A shared level (Redis) is reached once,
+        now. ``keep``: chunk keys no eviction takes (a record an adapter keeps beside its pages).
+        Raises what ``open_level`` raises (:class:`~stratastore.errors.ConfigError` for a spec
+        no backend serves, :class:`~stratastore.format.IncompatibleFingerprint` for another
+        model's level, :class:`~stratastore.io.StrataIOError` for a level that cannot be
+        reached); every level opened is closed again on failure."""
+        cfg = config if isinstance(config, ChunkConfig) else ChunkConfig(tuple(config))
+        opened: list[DiskLevel] = []
+        n = len(cfg.levels)
+        try:
+            for i in reversed(range(n)):  # the last first: each links to the next
+                spec = cfg.levels[i]
+                byte = Level.WARM if i == 0 and n > 1 else Level.COLD
+                backend = open_level(spec.spec, fingerprint, byte, spec.settings)
+                try:
+                    if isinstance(backend, SharedBackend) and backend.shared:
+                        backend.connect()
+                    opened.insert(
+                        0,
+                        DiskLevel(
+                            f"{cfg.name} level {spec.shown}",
+                            backend,
+                            spec.budget_bytes,
+                            max_age_s=spec.max_age_s,
+                            when_full=cfg.when_full,
+                            next_level=opened[0] if opened else None,
+                        ),
+                    )
+                except BaseException:
+                    backend.close()
+                    raise
+        except BaseException:
+            for lvl in opened:
+                lvl.store.close()
+            raise
+        return cls(opened, cfg, frozenset(stored_key(k) for k in keep))
+
+    @property
+    def backends(self) -> tuple[SegmentBackend, ...]:
+        """Each level's backend, first to last."""
+        return tuple(lvl.store for lvl in self.levels)
+
+    def close(self) -> None:
+        """Close every level; idempotent. Puts, pins and removals after it raise
+        :class:`ChunkStoreClosed`; reads are misses."""
+        if self.closed:
+            return
+        self.closed = True
+        for lvl in self.levels:
+            lvl.store.close()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def count(self, counter: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``counter`` (a field of :class:`ChunkCounters`)."""
+        with self._lock:
+            setattr(self.counters, counter, getattr(self.counters, counter) + n)
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise ChunkStoreClosed(
+                f"{what} on a closed chunk store ({self.levels[0].store.path}); open it again"
+            )
+
+    # -- putting ------------------------------------------------------------------------------
+    def put(self, key: bytes, data: Buffer) -> PutOutcome:
+        """Store the page ``data`` (C-contiguous bytes, at least one) under the chunk key
+        ``key``, durably as the first level is, making room first (the module docstring)."""
+        skey = stored_key(key)
+        self._check_open("put")
+        if self.room.holds(skey):  # before making room: a present page evicts nothing
+            self.count("puts_deduped")
+            return "present"
+        view = byte_view(data)
+        token = self.room.reserve(skey, stored_bytes(view.nbytes))
+        if token is None:
+            self.count("puts_refused")
+            return "refused"
+        try:
+            res = self.levels[0].store.put_state(key, view, token_pos=0)
+        finally:
+            self.room.release(token)
+        with self._lock:
+            if res.created:
+                self.counters.puts += 1
+                self.counters.put_bytes += view.nbytes
+            else:
+                self.counters.puts_deduped += 1
+        return "stored" if res.created else "present"
+
+    def batch_put(self, keys: Sequence[bytes], pages: Sequence[Buffer]) -> list[PutOutcome]:
+        """:meth:`put` of each page in turn; a write that fails raises (the pages before it
+        are stored)."""
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
+        return [self.put(k, p) for k, p in zip(keys, pages, strict=True)]
+
+    # -- looking up ---------------------------------------------------------------------------
+    def exists(self, key: bytes) -> bool:
+        """Whether a page is held on some level (its index or listing: no page is read)."""
+        return not self.closed and self.room.holds(stored_key(key))
+
+    __contains__ = exists
+
+    def batch_exists(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, are held (a prefix: it stops at the first
+        that is not)."""
+        for i, key in enumerate(keys):
+            if not self.exists(key):
+                return i
+        return len(keys)
+
+    # -- reading ------------------------------------------------------------------------------
+    def open_chunk(self, key: bytes) -> OpenChunk | None:
+        """The page held open for :meth:`read_into` (first level that holds it), or None: not
+        held or the store closed (a miss), unreadable (a miss counted in ``read_errors``), or
+        damaged (counted, logged, removed if it is still the copy opened)."""
+        skey = stored_key(key)
+        if self.closed:
+            return None
+        for i, lvl in enumerate(self.levels):
+            identity: IndexRecord | None = None
+            try:
+                identity = lvl.store.record(skey)
+                reader = lvl.store.open_reader(skey)
+            except SegmentNotFound:
+                continue  # not here (or moved down meanwhile: the next level has it)
+            except DAMAGE as e:
+                self.failures.damaged(lvl.store, skey, e, identity, None)
+                return None
+            except StrataError as e:
+                self.failures.read_error(skey, e)
+                return None
+            return OpenChunk(key, i, reader, identity)
+        self.count("misses")
+        return None
+
+    def read_into(self, chunk: OpenChunk, dst: Buffer) -> bool:
+        """Fill ``dst`` (writable, exactly ``chunk.payload_bytes``, memory no one else reads
+        yet) with the page, read straight into it and hashed there (F-SC-3); closes the chunk.
+        False when the copy fails validation (damaged: counted, logged, removed if unchanged)
+        or cannot be read (``read_errors``, kept): the caller then drops ``dst`` undelivered."""
+        skey = stored_key(chunk.key)
+        sealed = chunk.reader.sidecar.sealed_at_ns
+        try:
+            fill_validated(chunk, byte_view(dst))
+        except DAMAGE as e:
+            self.failures.damaged(self.levels[chunk.level].store, skey, e, chunk.identity, sealed)
+            return False
+        except StrataError as e:
+            self.failures.read_error(skey, e)
+            return False
+        with self._lock:
+            self.counters.hits += 1
+            self.counters.hit_bytes += chunk.payload_bytes
+        return True
+
+    def get_into(self, key: bytes, out: Buffer) -> int | None:
+        """Read the page into the start of ``out`` (writable, at least the page's size),
+        validated: its size, or None for a miss (not held, damaged, unreadable; ``out`` may
+        then hold bytes that failed and must not be used). A buffer too small is a miss."""
+        chunk = self.open_chunk(key)
+        if chunk is None:
+            return None
+        view = byte_view(out)
+        n = chunk.payload_bytes
+        if view.nbytes < n:
+            chunk.close()
+            self.failures.read_error(
+                stored_key(key),
+                FormatError(f"the buffer holds {view.nbytes} bytes, the page {n}"),
+            )
+            return None
+        return n if self.read_into(chunk, view[:n]) else None
+
+    def get(self, key: bytes, *, max_bytes: int = 1 << 30) -> bytes | None:
+        """The page as new bytes, validated; None for a miss (as :meth:`get_into`) or a page
+        over ``max_bytes`` (nothing allocated for it)."""
+        chunk = self.open_chunk(key)
+        if chunk is None:
+            return None
+        if chunk.payload_bytes > max_bytes:
+            chunk.close()
+            return None
+        out = bytearray(chunk.payload_bytes)
+        return bytes(out) if self.read_into(chunk, out) else None
+
+    def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Buffer]) -> list[int | None]:
+        """:meth:`get_into` of each key into its buffer."""
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys for {len(outs)} buffers")
+        return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
+
+    def reject(self, chunk: OpenChunk, why: str) -> None:
+        """The caller found the open page unusable (its size fits no layout the engine knows):
+        closed, counted in ``damaged``, logged with ``why``, and removed if it is still the copy
+        opened."""
+        chunk.close()
+        self.failures.damaged(
+            self.levels[chunk.level].store,
+            stored_key(chunk.key),
+            FormatError(why),
+            chunk.identity,
+            chunk.reader.sidecar.sealed_at_ns,
+        )
+
+    # -- pins, removal, GC --------------------------------------------------------------------
+    def pin(self, key: bytes) -> bool:
+        """Pin a held page: True when it is held and now pinned (no eviction or
+        ``remove(force=False)`` deletes it until unpinned; it may still move down a level);
+        False when it is not held or is being deleted."""
+        skey = stored_key(key)
+        self._check_open("pin")
+        return self.room.pin(skey)
+
+    def unpin(self, key: bytes) -> bool:
+        """Drop one pin: True when the page was pinned or is held."""
+        skey = stored_key(key)
+        return self.room.unpin(skey) > 0 or (not self.closed and self.room.holds(skey))
+
+    def pinned(self, key: bytes) -> bool:
+        return self.room.pinned(stored_key(key))
+
+    def remove(self, key: bytes, *, force: bool = True) -> bool:
+        """Delete a page from every level (with ``force``, pins and all); False when it was not
+        held or, without ``force``, is pinned (the check and the delete exclude a pin in
+        between)."""
+        skey = stored_key(key)
+        self._check_open("remove")
+        removed = False
+        with self.room.deleting(skey, unless_pinned=not force) as marked:
+            if not marked:
+                return False
+            try:
+                for lvl in self.levels:
+                    removed = lvl.store.delete(skey) or removed
+            finally:
+                self.room.drop_pins(skey)
+        if removed:
+            self.count("removes")
+        return removed
+
+    def gc(self) -> None:
+        """Run the levels' GC now: pages past their level's ``max_age_s`` move down (the last
+        level deletes them), and every level is brought within its budget (what was shrunk
+        or written by another process), pinned pages and kept keys aside."""
+        self._check_open("gc")
+        self.room.collect()
+
+    # -- what it holds ------------------------------------------------------------------------
+    def entries(self) -> int:
+        """How many pages the levels hold (kept keys aside)."""
+        kept = sum(k in lvl.store for lvl in self.levels for k in self._keep)
+        return sum(len(lvl.store) for lvl in self.levels) - kept
+
+    def stats(self) -> dict[str, int]:
+        """The counters (:class:`ChunkCounters`) and what the levels hold: ``entries``,
+        ``used_bytes``, ``budget_bytes`` (all levels), ``in_flight_bytes``, ``pinned``,
+        ``degradations`` (pages moved down a level)."""
+        with self._lock:
+            doc = self.counters.as_dict()
+        doc["in_flight_bytes"] = self.room.in_flight_bytes()
+        doc["pinned"] = self.room.pinned_count()
+        doc["entries"] = self.entries()
+        doc["used_bytes"] = sum(lvl.store.used() for lvl in self.levels)
+        doc["budget_bytes"] = sum(lvl.budget for lvl in self.levels)
+        doc["degradations"] = sum(lvl.counters.degradations for lvl in self.levels)
+        return doc
+
+    def describe(self) -> list[dict[str, int | str]]:
+        """Each level, first to last: ``level`` (its backend's name for it, which shows no
+        credential), ``entries``, ``used_bytes``, ``budget_bytes``."""
+        return [
+            {
+                "level": lvl.store.path,
+                "entries": len(lvl.store),
+                "used_bytes": lvl.store.used(),
+                "budget_bytes": lvl.budget,
+            }
+            for lvl in self.levels
+        ]
