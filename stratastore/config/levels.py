@@ -30,7 +30,7 @@ from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.errors import ConfigError
 from stratastore.format.sidecar import Level
 from stratastore.levels.registry import SCHEMES, BackendEntry, backend_for, flat_shared, scheme_of
-from stratastore.levels.settings import MAX_SETTING, Setting, check_value
+from stratastore.levels.settings import MAX_SETTING, Setting, check_value, shown_value
 
 __all__ = [
     "LEVEL_KEYS",
@@ -52,20 +52,6 @@ LEVEL_KEYS = ("name", "dir", "mib", "max_age_s", "url", "settings")
 #: the characters of a level's name (it names counters, stats keys and messages)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 REMOTE = "remote"  #: the name the flat settings give the remote level
-
-
-def shown_value(value: object, secret: bool = False) -> str:
-    """``value`` as a message or a ``repr`` may show it: ``<hidden>`` for a credential, a URL
-    by its scheme alone (``'redis://...'``: it may carry ``user:password@``), a local
-    ``file:///PATH`` and everything else as its ``repr``."""
-    if secret:
-        return "<hidden>"
-    if isinstance(value, str) and "://" in value:
-        scheme = scheme_of(value)
-        if scheme == "file" and value[len("file://") :].startswith("/") and "@" not in value:
-            return repr(value)
-        return repr(f"{scheme}://...") if scheme else "<not shown>"
-    return repr(value)
 
 
 def dir_problem(key: str, value: str) -> str | None:

@@ -41,7 +41,7 @@ from stratastore.errors import ConfigError
 from stratastore.format import Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.redis.settings import LEVEL_SETTINGS as _REDIS_SETTINGS
-from stratastore.levels.settings import LevelContext, Setting
+from stratastore.levels.settings import LevelContext, Setting, scheme_of
 from stratastore.levels.shared_check import SharedLevelCheck
 
 __all__ = [
@@ -76,7 +76,6 @@ SharedFsck = Callable[[str, Mapping[str, Any], bool, bool], SharedLevelCheck]
 
 ENTRY_POINTS = "stratastore.levels"  #: the entry-point group backends from outside register in
 _MEMORY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")  # RFC 3986 section 3.1
 _NEW_SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,31}")
 
 
@@ -158,12 +157,6 @@ SCHEMES: Mapping[str, BackendEntry] = MappingProxyType(_ROWS)
 #: the scheme whose settings the flat ``remote_*`` settings name (the remote level as it was
 #: written before levels were a list), and the backend a shared level without a URL is on
 FLAT_SHARED = "redis"
-
-
-def scheme_of(spec: str | PurePath) -> str:
-    """The scheme of a level spec: ``""`` for a path, else the part before ``://``."""
-    m = _SCHEME.match(str(spec))
-    return m.group(1).lower() if m else ""
 
 
 def register_backend(scheme: str, entry: BackendEntry, *, replace: bool = False) -> None:

@@ -11,13 +11,36 @@ checked by the same rule. A credential (``secret``) is never shown: not in an er
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from stratastore.errors import ConfigError
 
-__all__ = ["MAX_SETTING", "LevelContext", "Setting", "check_value"]
+__all__ = ["MAX_SETTING", "LevelContext", "Setting", "check_value", "scheme_of", "shown_value"]
 
 MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")  # RFC 3986 section 3.1
+
+
+def scheme_of(spec: str | PurePath) -> str:
+    """The scheme of a level spec: ``""`` for a path, else the part before ``://``."""
+    m = _SCHEME.match(str(spec))
+    return m.group(1).lower() if m else ""
+
+
+def shown_value(value: object, secret: bool = False) -> str:
+    """``value`` as a message or a ``repr`` may show it: ``<hidden>`` for a credential, a URL
+    by its scheme alone (``'redis://...'``: it may carry ``user:password@``), a local
+    ``file:///PATH`` and everything else as its ``repr``."""
+    if secret:
+        return "<hidden>"
+    if isinstance(value, str) and "://" in value:
+        scheme = scheme_of(value)
+        if scheme == "file" and value[len("file://") :].startswith("/") and "@" not in value:
+            return repr(value)
+        return repr(f"{scheme}://...") if scheme else "<not shown>"
+    return repr(value)
 
 
 @dataclass(frozen=True)
@@ -49,17 +72,17 @@ def check_value(label: str, value: object, s: Setting) -> None:
     """``value`` of the setting ``label`` against its row: a choice, a bool, an integer in
     ``least..MAX_SETTING`` or a string; a :class:`ConfigError`
     naming ``label`` otherwise (a credential's value is never shown)."""
+    shown = shown_value(value, s.secret)
     if s.choices:
         if value not in s.choices:
-            raise ConfigError(f"setting {label}={value!r} is not one of {', '.join(s.choices)}")
+            raise ConfigError(f"setting {label}={shown} is not one of {', '.join(s.choices)}")
     elif isinstance(s.default, bool):
         if not isinstance(value, bool):
-            raise ConfigError(f"setting {label}={value!r} must be true or false")
+            raise ConfigError(f"setting {label}={shown} must be true or false")
     elif isinstance(s.default, int):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SETTING:
-            raise ConfigError(f"setting {label}={value!r} must be an integer in 0..{MAX_SETTING}")
+            raise ConfigError(f"setting {label}={shown} must be an integer in 0..{MAX_SETTING}")
         if value < s.least:
             raise ConfigError(f"setting {label} must be at least {s.least}")
     elif not isinstance(value, str):
-        shown = "<hidden>" if s.secret else repr(value)
         raise ConfigError(f"setting {label}={shown} must be a string ({s.what or 'a path'})")
