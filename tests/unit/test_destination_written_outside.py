@@ -40,10 +40,13 @@ from stratastore import (
     Conversation,
     Destination,
     DestinationRefused,
+    DeviceFlatKV,
+    FlatKV,
     InvalidConversation,
     LayerKV,
     ModelFingerprint,
     OnDevice,
+    PagedKV,
     PageViews,
     ScatterReads,
     Store,
@@ -241,6 +244,18 @@ def test_the_protocol_is_structural() -> None:
     assert isinstance(dest, PageViews) and not isinstance(dest, OnDevice)
     assert isinstance(PlainKV(8), Destination) and not isinstance(PlainKV(8), PageViews)
     assert not any(c.__module__.startswith("stratastore") for c in TokenMajorKV.__mro__)
+
+
+def test_the_built_in_destinations_say_the_same_capabilities() -> None:
+    flat = FlatKV(FP, np.zeros(8 * TB, np.uint8))
+    pools = [np.zeros((2, 2, PT, FP.n_kv_heads, FP.head_dim), np.uint16) for _ in range(3)]
+    paged = PagedKV(FP, pools, [0, 1])
+    layer, _, _ = layer_kv(8)
+    device = DeviceFlatKV(FP, cuda.to_device(np.zeros(8 * TB, np.uint8)))
+    assert isinstance(flat, StoredRegion)
+    assert isinstance(layer, ScatterReads) and isinstance(paged, ScatterReads)
+    assert not isinstance(layer, StoredRegion)
+    assert isinstance(device, OnDevice) and not isinstance(device, PageViews)
 
 
 def test_the_read_lands_in_its_page_views_with_no_staging(
