@@ -15,9 +15,10 @@ write. One pass over a batch of requests:
    read agenda (:mod:`stratastore.restore.agenda`), every page validated;
 4. *account*: under the lock, each source settles what it delivered.
 
-Without a remote level a restore takes the flow's lock twice (plan, account); with one, a
-third time to ask. What a restore from the remote level keeps locally (``remote_keep_local``)
-is submitted to the write queue as a park's writes are.
+A restore takes the flow's lock twice (ask and plan in one hold, account) unless the remote
+level is walked: then a third time, to plan after the walk. What a restore from the remote
+level keeps locally (``remote_keep_local``) is submitted to the write queue as a park's writes
+are.
 
 The fallback is an order of sources: a restore from the remote level that delivers less than
 the local sources hold (a part evicted, the server gone mid-read) is done again from the local
@@ -195,43 +196,28 @@ class Restorer:
             for i, (prompt, _) in enumerate(requests)
         ]
         walked: list[Hit | None] = [None] * len(requests)
-        if remote is not None:  # (no lock taken for a remote level there is not)
-            with self.lock:
-                ask = [
-                    self.lookup.worth_asking(
-                        prompt, self.lookup.here(capped[i], _at(media, i)), _at(caps, i)
-                    )
-                    for i, (prompt, _) in enumerate(requests)
-                ]
+        with self.lock:
+            ask = [  # (only with a remote level: no lock taken for one that is not there)
+                remote is not None
+                and self.lookup.worth_asking(
+                    prompt, self.lookup.here(capped[i], _at(media, i)), _at(caps, i)
+                )
+                for i, (prompt, _) in enumerate(requests)
+            ]
+            if not any(ask):  # held here, or no remote level: planned in the same hold
+                p, copies, floors = self._plan(
+                    requests, media, caps, capped, walked, remote, fallback
+                )
+        if any(ask):
+            assert remote is not None
             walked = [  # network calls: without the lock
                 remote.deepest(capped[i], _at(media, i)) if ask[i] else None
                 for i in range(len(requests))
             ]
-        with self.lock:
-            dests = destinations(self.fp, requests, caps)
-            p = _Pass([Restored("none", 0)] * len(requests))
-            copies: list[tuple[int, Copy]] = []
-            floors: dict[int, int] = {}  #: a remote read -> the tokens the local sources hold
-            for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
-                here = self.lookup.here(capped[i], _at(media, i))
-                hit = deepest((here, walked[i]))
-                if hit is None:
-                    self.counts["restore_misses"] += 1
-                    continue
-                step = hit.source.restore(hit, dest)
-                if isinstance(step, Delivered):
-                    p.results[i] = step.result
-                elif isinstance(step, Copy):
-                    copies.append((i, step))
-                elif isinstance(step, Read):
-                    if step.source is remote:
-                        floors[len(p.reads)] = here.length if here and fallback else 0
-                        p.remote[len(p.reads)] = (
-                            f"conversation {here.match.conv_id}"
-                            if here
-                            else f"a prompt of {len(prompt):,} tokens"
-                        )
-                    p.reads.append((i, step))
+            with self.lock:
+                p, copies, floors = self._plan(
+                    requests, media, caps, capped, walked, remote, fallback
+                )
         for i, c in copies:  # the capture stays valid once its write finished
             deliver_capture(
                 c.dest, c.capture.kv, c.capture.conv.boundaries(), c.match.length, self.fp
@@ -250,6 +236,46 @@ class Restorer:
             assert self.remote is not None
             self.remote.level.settle_damage(bad, o, caller, said)
         return p
+
+    def _plan(
+        self,
+        requests: Sequence[Request],
+        media: Media,
+        caps: Caps,
+        capped: list[Prompt],
+        walked: list[Hit | None],
+        remote: RemoteSource | None,
+        fallback: bool,
+    ) -> tuple[_Pass, list[tuple[int, Copy]], dict[int, int]]:
+        """Plan a pass under the lock: every destination checked (refused before anything
+        runs), each request's deepest hit among the local sources and the remote level's walk
+        (``walked``), and its source's plan. Returns the pass, the captures to copy, and for
+        each remote read the tokens the local sources hold (its fallback's floor)."""
+        dests = destinations(self.fp, requests, caps)
+        p = _Pass([Restored("none", 0)] * len(requests))
+        copies: list[tuple[int, Copy]] = []
+        floors: dict[int, int] = {}  #: a remote read -> the tokens the local sources hold
+        for i, ((prompt, _), dest) in enumerate(zip(requests, dests, strict=True)):
+            here = self.lookup.here(capped[i], _at(media, i))
+            hit = deepest((here, walked[i]))
+            if hit is None:
+                self.counts["restore_misses"] += 1
+                continue
+            step = hit.source.restore(hit, dest)
+            if isinstance(step, Delivered):
+                p.results[i] = step.result
+            elif isinstance(step, Copy):
+                copies.append((i, step))
+            elif isinstance(step, Read):
+                if step.source is remote:
+                    floors[len(p.reads)] = here.length if here and fallback else 0
+                    p.remote[len(p.reads)] = (
+                        f"conversation {here.match.conv_id}"
+                        if here
+                        else f"a prompt of {len(prompt):,} tokens"
+                    )
+                p.reads.append((i, step))
+        return p, copies, floors
 
     def _account(
         self,
