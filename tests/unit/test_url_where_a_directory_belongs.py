@@ -112,3 +112,26 @@ def test_the_cli_shows_no_credential_of_a_url_given_as_a_directory(
         assert code == 2, (argv, got)
         assert "URL" in got.err
         _shows_no_credential(got.out + got.err)
+
+
+def test_no_settings_repr_shows_a_credential() -> None:
+    """A URL given as any string setting (a TLS file, say) is shown by its scheme alone, and
+    a credential not at all, in every repr that holds settings."""
+    from stratastore.levels.redis.settings import RemoteSettings
+
+    remote = RemoteSettings(f"rediss://alice:{SECRET}@h:1/0", tls_ca=URL, password=SECRET)
+    cfg = StoreConfig.from_mapping(
+        {
+            "cold_dir": "/c",
+            "cold_mib": 8,
+            "remote_url": f"rediss://alice:{SECRET}@h:1/0",
+            "remote_mib": 8,
+            "remote_tls_ca": URL,
+        }
+    )
+    assert cfg.remote is not None
+    for text in (repr(remote), repr(cfg), repr(cfg.remote), repr(cfg.remote.settings)):
+        _shows_no_credential(text)
+    with pytest.raises(ConfigError) as e:
+        StoreConfig(remote_url="redis://h:1/0", remote_mib=1, remote_eviction=URL)
+    _shows_no_credential(str(e.value))

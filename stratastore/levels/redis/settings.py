@@ -21,14 +21,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 from stratastore.format.remote_record import RemoteNames, check_remote_name
-from stratastore.levels.settings import LevelContext, Setting
+from stratastore.levels.settings import LevelContext, Setting, shown_value
 
 
 class _LevelSpec(Protocol):
@@ -227,6 +227,17 @@ class RemoteSettings:
         kw["username"] = kw.get("username") or env.get("STRATA_REMOTE_USERNAME", "")
         kw["password"] = kw.get("password") or env.get("STRATA_REMOTE_PASSWORD", "")
         return cls(url, **kw)
+
+    def __repr__(self) -> str:
+        """The fields a ``repr`` may show: no credential, the URL as :attr:`shown`, every other
+        string by :func:`~stratastore.levels.settings.shown_value` (a URL by its scheme)."""
+        hidden = ("url", "username", "password")
+        shown = ", ".join(
+            f"{f.name}={shown_value(getattr(self, f.name))}"
+            for f in fields(self)
+            if f.name not in hidden
+        )
+        return f"RemoteSettings(url={self.shown!r}, {shown})"
 
     @property
     def shown(self) -> str:
