@@ -59,7 +59,7 @@ _LEVEL_FIELDS: Mapping[str, Setting] = {
     "dir": Setting("dir", "", "a directory"),
     "mib": Setting("mib", 0),
     "max_age_s": Setting("max_age_s", 0),
-    "url": Setting("url", "", "a Redis URL", secret=True),  # a URL may carry a password
+    "url": Setting("url", "", f"a {flat_shared().kind} URL", secret=True),  # may carry a password
 }
 #: flat name -> (the level it names, that level's field or setting, its check)
 FLAT: Mapping[str, tuple[str, str, Setting]] = {

@@ -364,7 +364,8 @@ def as_levels(value: object) -> tuple[LevelSpec, ...]:
     if len(shared) > 1:
         raise ConfigError(
             f"levels[{shared[0]}] and levels[{shared[1]}] are both shared levels "
-            "(Redis); a store has at most one remote level"
+            f"({out[shared[0]].backend.kind}, {out[shared[1]].backend.kind}); a store has at "
+            "most one remote level"
         )
     for i, lv in enumerate(out):  # the names stats() gives the store's other levels
         taken = _RESERVED.get(lv.name)
