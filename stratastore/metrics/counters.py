@@ -15,7 +15,8 @@ in the order the Prometheus text writes its families. From the two come:
   disk hit, no park in flight to disk (the spill writer's outbox exists for a disk level
   only) and no remote hit, in ``Store.stats()``, ``Store.info_line()``, ``Store.prometheus()``
   and ``strata monitor`` alike;
-* the counters each keeper starts with (:func:`zero_counts`, :func:`counter_keys`): the flow's,
+* the counters each keeper starts with (:func:`counter_keys`, and each owner's
+  :class:`~stratastore.metrics.counts.Counts` made from them): the flow's,
   the Store's, the spill writer's, the remote level's;
 * what ``strata monitor`` shows of a snapshot and the types it checks there
   (:func:`shown_by_monitor`, :mod:`stratastore.metrics.monitor`);
@@ -52,7 +53,6 @@ __all__ = [
     "reported",
     "series_text",
     "shown_by_monitor",
-    "zero_counts",
 ]
 
 #: ``counter``: only grows; ``gauge``: a value now; ``histogram``: durations counted into the
@@ -381,11 +381,6 @@ def counter_keys(kept_by: Keeper) -> tuple[str, ...]:
     """The keys of the counters ``kept_by`` keeps, in the table's order (the order
     ``Store.stats()`` reports them in)."""
     return tuple(c.key for c in COUNTERS if c.kept_by == kept_by and c.kind == "counter")
-
-
-def zero_counts(kept_by: Keeper) -> dict[str, int]:
-    """The counters ``kept_by`` keeps, each at zero (what it starts with)."""
-    return dict.fromkeys(counter_keys(kept_by), 0)
 
 
 def owners_on(*, disk: bool, remote: bool, prompt_cache: bool = False) -> frozenset[Owner]:

@@ -35,7 +35,7 @@ from stratastore.format import Level, ModelFingerprint
 from stratastore.io import files, pathnames
 from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.registry import open_level, scheme_of
-from stratastore.metrics.counters import zero_counts
+from stratastore.metrics.counts import Counts
 from stratastore.metrics.logs import Voice
 from stratastore.restore import Outcome
 from stratastore.tiers.admission import MIB, Admission
@@ -138,7 +138,7 @@ class PromptCache:
         self.root = fp.digest()
         self.view = DiskView(catalog, self.root)
         #: its own counters (the counter table's rows it keeps); the ladder's are the flow's
-        self.counters = zero_counts("prompt cache")
+        self.counters = Counts("prompt cache")
         self.filling: set[str] = set()  #: entries a park is writing now
         self.refused: set[str] = set()  #: entries larger than the budget (said once)
         #: segments a restore found damaged: dropped before the next fill rewrites them

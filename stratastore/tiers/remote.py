@@ -41,7 +41,8 @@ from stratastore.format import ModelFingerprint, segment_key
 from stratastore.format.keys import segment_media, state_key
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.backend import SharedBackend, SharedSettings
-from stratastore.metrics.counters import counter_keys, zero_counts
+from stratastore.metrics.counters import counter_keys
+from stratastore.metrics.counts import Counts
 from stratastore.restore.two_pass import Outcome
 from stratastore.tiers.records import MAX_STATE_BYTES, Restored, Snapshot
 from stratastore.tiers.view import DiskConv
@@ -79,7 +80,7 @@ class RemoteLevel:
         self.root = fp.digest()
         self.warn = warn
         self.store = backend
-        self.counters = zero_counts("remote level")
+        self.counters = Counts("remote level")
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
         self.last_error = ""
