@@ -31,8 +31,8 @@ Order of operations (spec F-DUR):
   two, this level's own sidecar written (its level, a new ``sealed_at``) and indexed, and only
   then the segment deleted from the source. Any failure undoes what was done here and leaves the
   segment whole in the source. A source of another kind goes through
-  :func:`~stratastore.levels.relocation.relocate_by_copy`. **seal** (keys, page hashes,
-  compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
+  :func:`~stratastore.levels.relocation.relocate_by_copy`.
+* **seal** (keys, page hashes, compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
 * **used / oldest**: counters and an age table kept in the index's own transactions
   (:mod:`stratastore.levels.local.index`), so neither grows with the store.
 """
