@@ -212,3 +212,21 @@ def test_fsck_of_a_shared_level_goes_through_its_row(
         assert "has no check of a shared level's store" in capsys.readouterr().err
     finally:
         unregister_backend("toyshared")
+
+
+def test_a_backends_unreachable_error_exits_as_an_unreachable_level() -> None:
+    """A backend's "cannot reach the level" error derives from LevelUnavailable, and the CLI
+    gives it the unreachable level's exit code without knowing the backend."""
+    from stratastore import LevelUnavailable, StrataError
+    from stratastore.cli.exit_codes import ExitCode, exit_code
+    from stratastore.levels.redis.client import RemoteError
+
+    class ToyDown(LevelUnavailable):
+        """toy://... did not answer."""
+
+    assert exit_code(ToyDown("toy://shelf-a did not answer; start it")) is ExitCode.REMOTE
+    assert (
+        exit_code(ToyDown("toy://shelf-a"), "fsck") is ExitCode.USAGE
+    )  # a check that could not run
+    assert issubclass(RemoteError, LevelUnavailable) and issubclass(LevelUnavailable, StrataError)
+    assert exit_code(RemoteError("read", "redis://h:1/0", "refused")) is ExitCode.REMOTE
