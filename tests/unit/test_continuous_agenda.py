@@ -79,10 +79,11 @@ def test_a_call_no_reader_takes_runs_alone_and_an_interrupt_delivers_nothing(
     with SegmentStore.open(tmp_path / "s", FP) as store:
         imgs = [image(store, seed, [0, 40, 64]) for seed in range(3)]
         agenda = SharedAgenda(readers=1)
-        release = threading.Event()
+        release, applying = threading.Event(), threading.Event()
 
         class Slow(FlatKV):
             def write_pages(self, *a: Any, **kw: Any) -> None:
+                applying.set()
                 release.wait(30)
                 super().write_pages(*a, **kw)
 
@@ -92,9 +93,12 @@ def test_a_call_no_reader_takes_runs_alone_and_an_interrupt_delivers_nothing(
         first = np.zeros(64 * TB, np.uint8)
         results: list[object] = []
         holder = threading.Thread(
-            target=lambda: results.extend(agenda.run([job(0, Slow(FP, first))]))
+            target=lambda: results.extend(agenda.run([job(0, Slow(FP, first, read_direct=False))]))
         )
         holder.start()
+        # the first call holds the reader and waits in its first apply (its hand-off made)
+        # before the second call's hand-off is made interruptible: never the first's
+        assert applying.wait(30), "the first call never reached its first apply"
         interrupt = threading.Event()
 
         class Interrupting(queue.Queue):  # type: ignore[type-arg]
