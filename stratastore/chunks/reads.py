@@ -26,14 +26,35 @@ from stratastore.format import (
 )
 from stratastore.io.errors import ShortRead
 from stratastore.levels.backend import OpenSegment
+from stratastore.levels.errors import StoreError
 from stratastore.levels.reader import require_valid
+from stratastore.levels.sealing import Buffer, byte_view
 
-__all__ = ["DAMAGE", "ConditionalDelete", "OpenChunk", "fill_validated"]
+__all__ = ["DAMAGE", "ConditionalDelete", "OpenChunk", "buffer_view", "fill_validated"]
 
 #: what a page's own stored copy failing validation raises (damage: the copy is removed);
 #: anything else a read raises (an I/O error such as EMFILE, a closed level, a level that cannot
 #: be reached) is a miss, never a delete
 DAMAGE = (FormatError, ChecksumMismatch, IncompatibleFingerprint, ShortRead)
+
+
+def buffer_view(buf: Buffer, *, writable: bool) -> memoryview:
+    """``buf`` (a numpy array, bytes, bytearray, memoryview: anything with the buffer protocol)
+    as a flat byte view; :class:`~stratastore.levels.errors.StoreError` naming the fix for
+    something else, a non-contiguous buffer, or (``writable``) one that cannot be written."""
+    try:
+        view = byte_view(buf)
+    except TypeError:
+        raise StoreError(
+            f"a page buffer must be bytes-like (a numpy array, bytes, bytearray, memoryview), "
+            f"not {type(buf).__name__}"
+        ) from None
+    if writable and view.readonly:
+        raise StoreError(
+            "the buffer a page is read into must be writable (a numpy array, bytearray or "
+            "writable memoryview), not read-only memory"
+        )
+    return view
 
 
 @runtime_checkable

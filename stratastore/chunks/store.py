@@ -45,14 +45,14 @@ from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
 from stratastore.chunks.failures import ReadFailures
 from stratastore.chunks.keys import stored_key
-from stratastore.chunks.reads import DAMAGE, OpenChunk, fill_validated
+from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_validated
 from stratastore.chunks.room import ChunkRoom, stored_bytes
 from stratastore.errors import StrataError
 from stratastore.format import FormatError, IndexRecord, Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend, SharedBackend
-from stratastore.levels.errors import SegmentNotFound
+from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.registry import open_level
-from stratastore.levels.sealing import Buffer, byte_view
+from stratastore.levels.sealing import Buffer
 from stratastore.tiers import DiskLevel
 
 __all__ = ["ChunkStore", "ChunkStoreClosed", "PutOutcome"]
@@ -161,14 +161,18 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
 
     # -- putting ------------------------------------------------------------------------------
     def put(self, key: bytes, data: Buffer) -> PutOutcome:
-        """Store the page ``data`` (C-contiguous bytes, at least one) under the chunk key
-        ``key``, durably as the first level is, making room first (the module docstring)."""
+        """Store the page ``data`` under the chunk key ``key``, durably as the first level is,
+        making room first (the module docstring). ``data`` that is not bytes-like, not
+        C-contiguous or empty is a :class:`~stratastore.levels.errors.StoreError`, before
+        anything is done."""
         skey = stored_key(key)
+        view = buffer_view(data, writable=False)
+        if not view.nbytes:
+            raise StoreError(f"an empty page cannot be stored ({self.config.name} {key.hex()})")
         self._check_open("put")
         if self.room.holds(skey):  # before making room: a present page evicts nothing
             self.count("puts_deduped")
             return "present"
-        view = byte_view(data)
         token = self.room.reserve(skey, stored_bytes(view.nbytes))
         if token is None:
             self.count("puts_refused")
@@ -240,7 +244,12 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         skey = stored_key(chunk.key)
         sealed = chunk.reader.sidecar.sealed_at_ns
         try:
-            fill_validated(chunk, byte_view(dst))
+            view = buffer_view(dst, writable=True)
+        except StoreError:
+            chunk.close()
+            raise
+        try:
+            fill_validated(chunk, view)
         except DAMAGE as e:
             self.failures.damaged(self.levels[chunk.level].store, skey, e, chunk.identity, sealed)
             return False
@@ -255,11 +264,13 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     def get_into(self, key: bytes, out: Buffer) -> int | None:
         """Read the page into the start of ``out`` (writable, at least the page's size),
         validated: its size, or None for a miss (not held, damaged, unreadable; ``out`` may
-        then hold bytes that failed and must not be used). A buffer too small is a miss."""
+        then hold bytes that failed and must not be used). A buffer too small is a miss; one
+        that is not bytes-like or is read-only a :class:`~stratastore.levels.errors.StoreError`,
+        before anything is read."""
+        view = buffer_view(out, writable=True)
         chunk = self.open_chunk(key)
         if chunk is None:
             return None
-        view = byte_view(out)
         n = chunk.payload_bytes
         if view.nbytes < n:
             chunk.close()

@@ -13,7 +13,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore import ChunkConfig, ChunkLevel, ChunkStore, ConfigError, IncompatibleFingerprint
+from stratastore import (
+    ChunkConfig,
+    ChunkLevel,
+    ChunkStore,
+    ConfigError,
+    IncompatibleFingerprint,
+    StoreError,
+)
 from stratastore.chunks import ChunkKeyError, ChunkStoreClosed, chunk_key, stored_bytes
 from stratastore.format.keys import state_key
 from tests.conftest import tiny_fp
@@ -101,6 +108,17 @@ def test_keys_settings_and_misuse_are_refused_by_name(tmp_path: Path) -> None:
             s.put(b"k" * 31, page(0))
         with pytest.raises(ChunkKeyError, match="chunk_key"):
             s.exists("not-bytes")  # type: ignore[arg-type]
+        for data in (b"", "text", None, np.zeros((4, 4), np.uint8)[:, ::2]):
+            with pytest.raises(StoreError):
+                s.put(key(0), data)  # type: ignore[arg-type]
+        assert s.put(key(0), page(0)) == "stored"
+        with pytest.raises(StoreError, match="must be writable"):
+            s.get_into(key(0), bytes(PAGE))
+        chunk = s.open_chunk(key(0))
+        assert chunk is not None
+        with pytest.raises(StoreError, match="bytes-like"):
+            s.read_into(chunk, "text")  # type: ignore[arg-type]
+        assert s.get(key(0)) == page(0).tobytes() and s.entries() == 1
     with pytest.raises(ChunkStoreClosed, match="put on a closed chunk store"):
         s.put(key(0), page(0))
     with pytest.raises(ChunkStoreClosed):
