@@ -20,6 +20,7 @@ from stratastore.format.naming import TEMP_PREFIX
 from stratastore.io.faults import CRASH_ENV, CRASH_EXIT
 from stratastore.levels.local import SegmentStore
 from tests.conftest import tiny_fp
+from tests.crash.lines import Lines
 from tests.crash.writer import segment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,11 +85,16 @@ def test_killed_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
         count = 400
         seeds.update(expected_keys(rnd, count))
         proc = spawn(path, count, rnd)
-        time.sleep(rng.uniform(0.3, 1.5))  # imports take ~0.3 s; puts follow
+        out = Lines(proc, f"the writer of round {rnd}")
+        # its first acknowledgement, not a guess at how long imports take (seconds on a
+        # loaded machine): the kill then lands among its puts
+        out.wait_for("ACK ")
+        time.sleep(rng.uniform(0.0, 1.2))
         proc.send_signal(signal.SIGKILL)
-        stdout, _ = proc.communicate(timeout=60)
+        stdout = out.finish(60)
         kills += proc.returncode == -signal.SIGKILL
         acks = acked(stdout)
+        assert acks, f"round {rnd}: the acknowledgement waited for is not in the output"
         all_acks.update({rnd * 1000 + i: k for i, k in acks.items()})
         check_store(path, {i: k for i, k in all_acks.items()}, seeds)
     assert kills >= ROUNDS // 2, "the writer finished before it could be killed; slow it down"

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from stratastore.format.naming import chain_name
+from tests.crash.lines import Lines
 
 ROOT = Path(__file__).resolve().parents[2]
 PAST_NS = 100 * 1_000_000_000  #: how far back the simulated coarse timestamps are set
@@ -49,6 +50,7 @@ class Proc:
             text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
+        self.out = Lines(self.p, f"worker {name}")  # every reply waited for with a timeout
         assert self.read()["ready"]
 
     def send(self, op: str, **args: Any) -> None:
@@ -57,11 +59,10 @@ class Proc:
         self.p.stdin.flush()
 
     def read(self) -> dict[str, Any]:
-        assert self.p.stdout is not None
-        line = self.p.stdout.readline()
+        line = self.out.next()
         if not line:
-            assert self.p.stderr is not None
-            raise AssertionError(f"worker {self.name} died: {self.p.stderr.read()[-3000:]}")
+            self.out.finish()
+            raise AssertionError(f"worker {self.name} died: {self.out.stderr()[-3000:]}")
         reply: dict[str, Any] = json.loads(line)
         return reply
 
@@ -85,6 +86,7 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
+        self.out.finish()
         for f in (self.p.stdin, self.p.stdout, self.p.stderr):
             if f is not None:
                 f.close()
