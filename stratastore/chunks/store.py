@@ -47,8 +47,8 @@ from stratastore.chunks.failures import ReadFailures
 from stratastore.chunks.keys import stored_key
 from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_validated
 from stratastore.chunks.room import ChunkRoom, stored_bytes
-from stratastore.errors import StrataError
-from stratastore.format import FormatError, IndexRecord, Level, ModelFingerprint
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend, SharedBackend
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.registry import open_level
@@ -64,6 +64,26 @@ PutOutcome = Literal["stored", "present", "refused"]
 
 class ChunkStoreClosed(StrataError):
     """A put, pin or removal on a chunk store after :meth:`ChunkStore.close`."""
+
+
+#: how many of a level's oldest segments the open looks at for a conversation store's K/V
+_LOOK_AT = 8
+
+
+def _refuse_a_conversation_level(backend: SegmentBackend, spec: ChunkLevel) -> None:
+    """A :class:`~stratastore.errors.ConfigError` when one of the level's oldest segments holds
+    K/V pages (spec F-SC-4: kind KV), which a chunk store never writes: the level is a
+    conversation store's, whose segments its evictions and moves would take from under that
+    store's catalog. O(log n) a segment looked at (the level's age order)."""
+    for n, (_, rec) in enumerate(backend.oldest()):
+        if rec.kind is Kind.KV:
+            raise ConfigError(
+                f"chunk level {spec.shown} holds a conversation store's K/V segments (a Store's "
+                "level): a chunk store evicts and moves its levels' oldest segments, so give it "
+                "a level of its own"
+            )
+        if n + 1 >= _LOOK_AT:
+            return
 
 
 class ChunkStore(AbstractContextManager["ChunkStore"]):
@@ -97,7 +117,9 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         Raises what ``open_level`` raises (:class:`~stratastore.errors.ConfigError` for a spec
         no backend serves, :class:`~stratastore.format.IncompatibleFingerprint` for another
         model's level, :class:`~stratastore.io.StrataIOError` for a level that cannot be
-        reached); every level opened is closed again on failure."""
+        reached) and a ``ConfigError`` for a level that holds a conversation store's K/V (a
+        chunk store needs levels of its own); every level opened is closed again on
+        failure."""
         cfg = config if isinstance(config, ChunkConfig) else ChunkConfig(tuple(config))
         opened: list[DiskLevel] = []
         n = len(cfg.levels)
@@ -109,6 +131,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
                 try:
                     if isinstance(backend, SharedBackend) and backend.shared:
                         backend.connect()
+                    _refuse_a_conversation_level(backend, spec)
                     opened.insert(
                         0,
                         DiskLevel(

@@ -19,11 +19,12 @@ from stratastore import (
     ChunkStore,
     ConfigError,
     IncompatibleFingerprint,
+    Store,
     StoreError,
 )
 from stratastore.chunks import ChunkKeyError, ChunkStoreClosed, chunk_key, stored_bytes
 from stratastore.format.keys import state_key
-from tests.conftest import tiny_fp
+from tests.conftest import conversation_kv, tiny_fp
 
 PAGE = 20_000
 
@@ -147,3 +148,16 @@ def test_no_message_or_repr_shows_a_levels_credential(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as unknown:
         ChunkStore.open([ChunkLevel(f"s3://alice:{secret}@bucket/x", 1 << 20)], tiny_fp())
     assert secret not in str(unknown.value)
+
+
+def test_a_conversation_stores_level_is_refused(tmp_path: Path) -> None:
+    """A chunk store evicts and moves its levels' oldest segments: a Store's directory, which
+    holds conversations' K/V, is refused at open (and left as it was)."""
+    cfg = {"park": "disk", "cold_dir": str(tmp_path / "conv"), "cold_mib": 64}
+    conv, kv = conversation_kv("chat-1", 64, 1000)
+    with Store.open(tiny_fp(), cfg) as store:
+        store.park(conv, kv)
+    before = sorted(p.name for p in (tmp_path / "conv").iterdir())
+    with pytest.raises(ConfigError, match="a conversation store's K/V segments"):
+        ChunkStore.open([ChunkLevel(str(tmp_path / "conv"), 1 << 20)], tiny_fp())
+    assert sorted(p.name for p in (tmp_path / "conv").iterdir()) == before
