@@ -227,12 +227,22 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     __contains__ = exists
 
     def batch_exists(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, are held (a prefix: it stops at the first
-        that is not)."""
-        for i, key in enumerate(keys):
-            if not self.exists(key):
-                return i
-        return len(keys)
+        """How many of ``keys``, from the first, are held (a prefix count, as HiCache's
+        ``batch_exists``): a shared level (Redis) is asked about all of them in one call."""
+        skeys = [stored_key(k) for k in keys]
+        held = [False] * len(skeys)
+        for lvl in () if self.closed else self.levels:
+            todo = [i for i, h in enumerate(held) if not h]
+            if not todo:
+                break
+            store = lvl.store
+            if isinstance(store, SharedBackend):
+                got = store.contains_many([skeys[i] for i in todo])
+            else:
+                got = [skeys[i] in store for i in todo]
+            for i, g in zip(todo, got, strict=True):
+                held[i] = g
+        return next((i for i, h in enumerate(held) if not h), len(held))
 
     # -- reading ------------------------------------------------------------------------------
     def open_chunk(self, key: bytes) -> OpenChunk | None:

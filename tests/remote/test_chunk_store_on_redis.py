@@ -43,6 +43,7 @@ def test_pages_round_trip_and_the_budget_evicts_oldest_never_a_pin(
 ) -> None:
     with ChunkStore.open([redis_level(redis_session_server, tmp_path, 2)], tiny_fp()) as s:
         assert s.put(key(0), page(0)) == "stored" and s.put(key(0), page(0)) == "present"
+        assert s.batch_exists([key(0), key(9), key(0)]) == 1  # one round trip: a prefix of 1
         out = np.zeros(PAGE, np.uint8)
         assert s.get_into(key(0), out) == PAGE and np.array_equal(out, page(0))
         assert s.pin(key(0))
