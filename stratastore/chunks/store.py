@@ -225,6 +225,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         return not self.closed and self.room.holds(stored_key(key))
 
     __contains__ = exists
+    contains = exists  #: LMCache's name for it
 
     def batch_exists(self, keys: Sequence[bytes]) -> int:
         """How many of ``keys``, from the first, are held (a prefix count, as HiCache's

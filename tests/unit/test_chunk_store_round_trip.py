@@ -48,7 +48,7 @@ def test_a_page_round_trips_validated_into_the_callers_buffer(where: str, tmp_pa
         assert s.put(key(0), page(0)) == "stored"
         assert s.put(key(1), page(1, big)) == "stored"
         assert s.put(key(0), page(0)) == "present"  # nothing written
-        assert s.exists(key(0)) and key(1) in s and not s.exists(key(2))
+        assert s.exists(key(0)) and key(1) in s and s.contains(key(1)) and not s.exists(key(2))
         assert s.batch_exists([key(0), key(1), key(2), key(0)]) == 2
         out = np.zeros(PAGE + 100, np.uint8)  # larger than the page: its start is filled
         assert s.get_into(key(0), out) == PAGE
