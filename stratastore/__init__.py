@@ -4,8 +4,9 @@ The package root is the engine's API: :class:`Store` and its settings, the chunk
 engines that key pages by content (:class:`ChunkStore`, :class:`ChunkConfig`,
 :class:`ChunkLevel`), the conversation model (:class:`Conversation`, :class:`Checkpoint`,
 :class:`ModelFingerprint`), what the calls return (:class:`ParkReport`, :class:`Restored`,
-:class:`StoreDescription`), where a restore writes (the
-destinations) and the errors. Below it, by layer (docs/design.md): ``format`` (pure encode and
+:class:`StoreDescription`), where a restore writes (the destinations) and the errors. The
+on-disk enums (``Codec``, ``DType``, ``Kind``, ``Level``) are the format's, in
+``stratastore.format``. Below it, by layer (docs/design.md): ``format`` (pure encode and
 decode, format-spec/SPEC.md) -> ``io`` (the only filesystem code) -> ``levels`` (the level
 protocol and its backends: ``levels.local``, ``levels.redis``, ``levels.memory``) -> ``chain``
 -> ``catalog`` -> ``tiers`` (the flow: park, lookup, restore) -> the :class:`Store`. Operator
@@ -20,13 +21,9 @@ from stratastore.errors import ConfigError, LevelUnavailable, StrataError
 from stratastore.facade import BatchRestoreError, SpillError, Store, StoreClosed
 from stratastore.format import (
     ChecksumMismatch,
-    Codec,
-    DType,
     FormatError,
     IncompatibleFingerprint,
     KeyMismatch,
-    Kind,
-    Level,
     ModelFingerprint,
     UnsupportedVersion,
 )
@@ -61,10 +58,8 @@ __all__ = [
     "ChunkConfig",
     "ChunkLevel",
     "ChunkStore",
-    "Codec",
     "ConfigError",
     "Conversation",
-    "DType",
     "Destination",
     "DestinationRefused",
     "DeviceFlatKV",
@@ -76,9 +71,7 @@ __all__ = [
     "InvalidConversation",
     "InvalidRequest",
     "KeyMismatch",
-    "Kind",
     "LayerKV",
-    "Level",
     "LevelDescription",
     "LevelSpec",
     "LevelUnavailable",

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from stratastore import Codec
+from stratastore.format import Codec
 from stratastore.levels.local import SegmentStore
 from tests.conftest import kv_bytes, tiny_fp
 

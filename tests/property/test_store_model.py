@@ -11,7 +11,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from stratastore import Codec, SegmentNotFound
+from stratastore import SegmentNotFound
+from stratastore.format import Codec
 from stratastore.format.naming import INDEX_DIR
 from stratastore.levels.local import SegmentStore
 from tests.conftest import kv_bytes, tiny_fp

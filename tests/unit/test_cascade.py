@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratastore import Level
-from stratastore.format import data_name, sidecar_name
+from stratastore.format import Level, data_name, sidecar_name
 from stratastore.io import faults
 from stratastore.io.errors import StrataIOError
 from stratastore.io.faults import Fault
@@ -167,7 +166,7 @@ def test_move_uses_a_hard_link_on_one_volume(levels: tuple[DiskLevel, DiskLevel]
 
 _CROSS = """
 import sys, numpy as np
-from stratastore import Level
+from stratastore.format import Level
 from stratastore.levels.local import SegmentStore
 from stratastore.tiers import DiskLevel
 from tests.conftest import kv_bytes, run_on_private_tmpfs, tiny_fp
