@@ -75,6 +75,8 @@ class Store:
         self._tiers = tiers
         self._lock = tiers.lock  #: the flow's: plans and accounts are made under it
         self._calls = Calls()  #: the calls in flight (close shuts the gate and waits)
+        self._closing = threading.Lock()  #: held by the one close() that closes the levels
+        self._levels_closed = False
         #: the Store's own counts (the counter table's rows), under a lock of their own
         self.counters = Counts("store")
         self._counting = threading.Lock()
@@ -120,7 +122,9 @@ class Store:
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         with self._calls.call("flush"), self.latency["flush"].time():
-            self._writes.join()
+            # what a call that failed after its offers left waiting, then every hand-over
+            self._writes.submit(self._tiers.pending())
+            self._writes.settle()
             self._publish(force=False)
             self._writes.raise_errors()
 
@@ -368,7 +372,7 @@ class Store:
     def delete_session(self, name: str) -> bool:
         self._check_open("delete_session")
         name = session_name(name, "delete_session")
-        with self._calls.call("delete_session"), self._lock:
+        with self._calls.call("delete_session"):  # the shared catalog's: no flow lock
             return self._tiers.delete_session(name)
 
     # -- state --------------------------------------------------------------------------------
@@ -439,22 +443,27 @@ class Store:
         """Write down what only the RAM level holds (``spill_on_close``, on by default, when a
         disk level exists; each admitted under the transient floor), flush the spill writer,
         then close every level; raise :class:`SpillError` for the disk writes that failed and
-        were not reported yet. A second close does nothing; every
+        were not reported yet. A second close does nothing (one interrupted before the levels
+        closed, by Ctrl-C while calls were still in flight, is finished by the next); every
         other call after close raises :class:`StoreClosed`."""
-        if not self._calls.close():  # new calls refused; those in flight done
-            return
-        try:
-            try:  # what only RAM holds goes down too (spill_on_close)
-                last = self._tiers.spill_ram_on_close()
-            except Exception as e:  # reported below, after the writes already acknowledged
-                self._writes.record("(close: writing down the RAM level)", e)
-                last = self._tiers.pending()
-            self._writes.submit(last)
-            self._writes.stop()
-            self._publish(force=True)
-        finally:
-            with self._lock:
-                self._tiers.close()
+        self._calls.shut()  # no new call from now on
+        with self._closing:  # one closer; a close interrupted before the levels closed resumes
+            if self._levels_closed:
+                return
+            self._calls.wait_idle()  # the calls in flight end first (their writes handed over)
+            try:
+                try:  # what only RAM holds goes down too (spill_on_close)
+                    last = self._tiers.spill_ram_on_close()
+                except Exception as e:  # reported below, after the writes already acknowledged
+                    self._writes.record("(close: writing down the RAM level)", e)
+                    last = self._tiers.pending()
+                self._writes.submit(last)
+                self._writes.stop()
+                self._publish(force=True)
+            finally:
+                with self._lock:
+                    self._tiers.close()
+                self._levels_closed = True
         self._writes.raise_errors()
 
     def __enter__(self) -> Store:

@@ -1,10 +1,10 @@
 """The calls in flight on a store, and its close: one gate with its own condition.
 
 Every public call of :class:`~stratastore.Store` passes the gate while it runs (a park until
-its writes are handed over, a restore until its reads are accounted); :meth:`Calls.close`
-refuses new calls from then on and waits, on the gate's condition (no poll), until those in
-flight are done, so the levels are never closed under a call. The gate has a lock of its own:
-entering and leaving it never takes the flow's lock.
+its writes are handed over, a restore until its reads are accounted); :meth:`Calls.shut`
+refuses new calls from then on and :meth:`Calls.wait_idle` waits, on the gate's condition (no
+poll), until those in flight are done, so the levels are never closed under a call. The gate
+has a lock of its own: entering and leaving it never takes the flow's lock.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Calls:
 
     @contextmanager
     def call(self, call: str) -> Iterator[None]:
-        """Run the block as a call in flight (:meth:`close` waits for it); a call on a closed
+        """Run the block as a call in flight (:meth:`wait_idle` waits for it); a call on a closed
         store raises :class:`StoreClosed` naming ``call`` before the block runs."""
         with self._cv:
             self.check(call)
@@ -50,12 +50,12 @@ class Calls:
                 if not self._in_flight:
                     self._cv.notify_all()
 
-    def close(self) -> bool:
-        """Refuse every new call, then wait until none is in flight. ``False`` when the store
-        was closed already (a second close does nothing)."""
+    def shut(self) -> None:
+        """Refuse every new call from now on (those in flight go on)."""
         with self._cv:
-            if self._closed:
-                return False
             self._closed = True
+
+    def wait_idle(self) -> None:
+        """Wait, on the gate's condition, until no call is in flight."""
+        with self._cv:
             self._cv.wait_for(lambda: self._in_flight == 0)
-        return True

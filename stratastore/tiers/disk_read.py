@@ -48,10 +48,18 @@ class DiskReader:
         self.warn = warn
         self.damaged: list[bytes] = []  #: segment keys a restore found damaged (for fsck)
 
+    def _here(self, key: bytes) -> SegmentBackend | None:
+        """The level among this reader's own that holds segment ``key`` (no network call)."""
+        return next((lvl.store for lvl in self.levels if key in lvl.store), None)
+
     def job(self, dc: DiskConv, length: int, dest: Destination) -> Job:
         """The two-pass restore of ``[0, length)`` (spec F-SC-3): validate every page first,
-        then apply; on damage the ladder applies the deepest resume point below it."""
-        pieces = [Piece(s, e, k, self.holder(k)) for s, e, k in dc.segments if s < length]
+        then apply; on damage the ladder applies the deepest resume point below it. Planned
+        under the flow's lock: each segment is placed in the reader's own levels; one none of
+        them holds (the remote level's, one moved or removed meanwhile) is located by
+        ``holder`` when the job reads it, without the lock (a network call for the remote
+        level)."""
+        pieces = [Piece(s, e, k, self._here(k)) for s, e, k in dc.segments if s < length]
         return Job(
             pieces,
             length,

@@ -89,9 +89,15 @@ class Outbox:
         return self._newest[conv_id]
 
     def take(self) -> list[Snapshot]:
-        """The snapshots queued since the last take (for the spill writer)."""
+        """The snapshots queued since the last take (a call's placement carries them to the
+        write queue)."""
         out, self._waiting = self._waiting, []
         return out
+
+    def give_back(self, snaps: list[Snapshot]) -> None:
+        """Snapshots taken but never handed to the writer (the hand-over was interrupted):
+        waiting again, first, for the next take (a flush's or close's)."""
+        self._waiting[:0] = snaps
 
     def landed(self, snap: Snapshot, nbytes: int) -> None:
         """Part of ``snap``'s write landed in a level (which counts those bytes now): release

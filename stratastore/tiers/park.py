@@ -267,10 +267,10 @@ class Parking:
         return dc.conv if dc is not None and not dc.session else None
 
     def spill(self, snap: Snapshot) -> bool:
-        """Write ``snap`` to disk, or with ``defer_spills`` hand it to the spill writer (the
-        outbox checks first what the levels can take: a park the disk is certain to refuse is
-        reported a discard now). Under the flow's lock; what it offered is taken by the call's
-        placement."""
+        """Write ``snap`` to disk, or once the write queue started, offer it to its outbox for
+        the writer thread (the outbox checks first what the levels can take: a park the disk
+        is certain to refuse is reported a discard now). Under the flow's lock; what it
+        offered is taken by the call's placement."""
         assert self.writer is not None
         if not self.writes.deferred:
             return self.write(snap)

@@ -319,26 +319,29 @@ class Restorer:
             return
         level, tb = self.remote.level, self.fp.token_bytes
         writes: list[Snapshot] = []
-        for n in p.remote:
-            i, read = p.reads[n]
-            got = p.results[i]
-            if n in p.again or not isinstance(got, Restored) or not got.tokens:
-                continue
-            hit, dest = RemoteHit(read.dc, read.hit.match), read.job.dest
-            if isinstance(dest, FlatKV) and not read.dc.state_keys:
-                snap = level.fetch(hit, got.tokens, dest.buf[: got.tokens * tb].copy())
-            else:
-                snap = level.fetch(hit, got.tokens)
-            if snap is None:
-                continue
-            with self.lock:
-                try:
-                    self.keep(snap)  # counted as it lands, or as it is refused
-                except StrataError as e:
-                    level.counters["remote_kept_local_errors"] += 1
-                    self.warn(
-                        f"{read.dc.conv.conv_id} (read from the remote level) not kept locally: {e}"
-                    )
-                writes += self.writes.outbox.take()
-        if writes:  # submitted to the write queue as a park's writes are
-            self.writes.submit(Placement(ParkReport("disk", "transient", len(writes)), writes))
+        try:
+            for n in p.remote:
+                i, read = p.reads[n]
+                got = p.results[i]
+                if n in p.again or not isinstance(got, Restored) or not got.tokens:
+                    continue
+                hit, dest = RemoteHit(read.dc, read.hit.match), read.job.dest
+                if isinstance(dest, FlatKV) and not read.dc.state_keys:
+                    snap = level.fetch(hit, got.tokens, dest.buf[: got.tokens * tb].copy())
+                else:
+                    snap = level.fetch(hit, got.tokens)
+                if snap is None:
+                    continue
+                with self.lock:
+                    try:
+                        self.keep(snap)  # counted as it lands, or as it is refused
+                    except StrataError as e:
+                        level.counters["remote_kept_local_errors"] += 1
+                        cid = read.dc.conv.conv_id
+                        self.warn(f"{cid} (read from the remote level) not kept locally: {e}")
+                    writes += self.writes.outbox.take()
+        finally:  # submitted to the write queue as a park's writes are, even when a later
+            # copy fails: what the outbox gave up is never left there unwritten
+            if writes:
+                kept = ParkReport("disk", "transient", len(writes))
+                self.writes.submit(Placement(kept, writes))

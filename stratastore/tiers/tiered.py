@@ -89,7 +89,7 @@ class Tiers:
         self.ctx = FlowContext(cfg, fp, threading.RLock(), self.admission, self.warn)
         self.lock = self.ctx.lock
         #: the owner of the disk writes of parks: the outbox, the writer thread, their errors
-        self.writes = WriteQueue(self.root)
+        self.writes = WriteQueue(self.root, self.lock)
         # where parks go is decided first, from the config (a disk level is on when its
         # settings say so: open_levels opens exactly those), so the RAM level reserves its arena
         # only for a RAM target, and a bad ram_mib fails before any level is opened
@@ -413,7 +413,9 @@ class Tiers:
 
     def stats(self) -> dict[str, Any]:
         """The figures of the counter table this store reports (only those of what it has
-        configured: :func:`~stratastore.metrics.counters.reported`), and each level's table."""
+        configured: :func:`~stratastore.metrics.counters.reported`), and each level's table.
+        The remote level's figures are asked first, without the lock (network calls)."""
+        remote = None if self.remote is None else self.remote.stats()
         with self.lock:
             levels: dict[str, Any] = {"ram": self.ram.stats()}
             for lvl in self.levels:
@@ -425,8 +427,8 @@ class Tiers:
                     "oldest_age_s": lvl.oldest_age_s(),
                     **lvl.counters.as_dict(),
                 }
-            if self.remote is not None:
-                levels["remote"] = {**self.remote.stats(), **self.remote.counters}
+            if self.remote is not None and remote is not None:
+                levels["remote"] = {**remote, **self.remote.counters}
             cache: dict[str, Any] = {}
             if self.prompt_cache is not None:
                 levels[PROMPT_CACHE] = self.prompt_cache.stats()
@@ -453,7 +455,9 @@ class Tiers:
 
     def describe(self) -> StoreDescription:
         """A read-only snapshot of the levels, the RAM level, the parks in flight, the park
-        target, the last admission and the counters (:mod:`.describe`)."""
+        target, the last admission and the counters (:mod:`.describe`). The remote level's
+        figures are asked first, without the lock (network calls)."""
+        r = None if self.remote is None else self.remote.stats()
         with self.lock:
             levels = [
                 LevelDescription(
@@ -468,8 +472,7 @@ class Tiers:
                         PROMPT_CACHE, pc.store.path, pc.budget, pc.store.used(), len(pc.store)
                     )
                 )
-            if self.remote is not None:
-                r = self.remote.stats()
+            if self.remote is not None and r is not None:
                 levels.append(
                     LevelDescription(
                         "remote",

@@ -26,6 +26,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from stratastore.errors import StrataError
 from stratastore.metrics.counts import Counts
@@ -60,10 +62,11 @@ class WriteQueue:
     outbox indexes captures under it). Until :meth:`start`, nothing is deferred: a park's disk
     write happens within its placement (a store's flow used on its own, as tests do)."""
 
-    def __init__(self, model: bytes) -> None:
+    def __init__(self, model: bytes, flow_lock: AbstractContextManager[Any]) -> None:
         #: the acknowledged parks not written yet; guarded by the flow's lock (reservations
         #: are part of the flow's plans), read by restores (parks in flight)
         self.outbox = Outbox(model)
+        self._flow_lock = flow_lock  #: taken only to give back writes a hand-over did not queue
         self.counts = Counts("spill writer", ("spill_queue_waits", "spill_errors"))
         self._cv = threading.Condition()  #: the queue's own: hand-overs, errors, counts
         self._handing = 0  #: submissions whose writes are not queued yet
@@ -111,12 +114,22 @@ class WriteQueue:
         return placement.report if placement.stream is None else placement.stream()
 
     def _put(self, snaps: list[Snapshot]) -> None:
+        """Queue ``snaps`` in order; interrupted (Ctrl-C while the queue is full, or any
+        error), those not queued go back to the outbox, so the next flush or close writes
+        them: an acknowledged write is never dropped on the way."""
         assert self._queue is not None, "a placement with deferred writes before start()"
-        for snap in snaps:
-            if self._queue.full():
-                with self._cv:
-                    self.counts["spill_queue_waits"] += 1
-            self._queue.put(snap)
+        queued = 0
+        try:
+            for snap in snaps:
+                if self._queue.full():
+                    with self._cv:
+                        self.counts["spill_queue_waits"] += 1
+                self._queue.put(snap)
+                queued += 1
+        except BaseException:
+            with self._flow_lock:
+                self.outbox.give_back(snaps[queued:])
+            raise
 
     @property
     def waiting(self) -> int:
@@ -127,6 +140,13 @@ class WriteQueue:
         """Wait until every write queued so far is done (landed or recorded)."""
         if self._queue is not None:
             self._queue.join()
+
+    def settle(self) -> None:
+        """Wait until every submission has handed its writes over (on the queue's condition),
+        then until they are done: what ``flush()`` waits for."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._handing == 0)
+        self.join()
 
     def record(self, what: str, e: BaseException) -> None:
         """A write that did not land, for the next :meth:`raise_errors`."""
@@ -144,11 +164,9 @@ class WriteQueue:
     def stop(self) -> None:
         """After every submission has handed its writes over (waited on the queue's
         condition), write what is queued, then end the thread."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._handing == 0)
+        self.settle()
         if self._queue is None or self._thread is None:
             return
-        self.join()
         self._queue.put(_STOP)
         self._thread.join()
 
