@@ -277,7 +277,7 @@ class Parking:
         snap = snap.detached()  # the RAM level may shrink its own copy of conv before the write
         why = self.outbox.offer(snap, self.writer, self.cfg.when_full == "reject")
         if why is not None and snap.kept and self.remote is not None:  # the store's own copy
-            self.remote.counters["remote_kept_local_errors"] += 1
+            self.remote.count("remote_kept_local_errors")
             self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {why}")
         elif why is not None:
             self.counts["spills_refused"] += 1
@@ -301,7 +301,7 @@ class Parking:
             lvl.enforce_budget()
             lvl.enforce_age()
         if done and self.remote is not None and snap.kept:  # a remote restore, now local
-            self.remote.counters["remote_kept_local"] += 1
+            self.remote.count("remote_kept_local")
         elif done and self.remote is not None:  # acknowledged locally: now the shared copy
             self.remote.push(snap)
         return done
@@ -380,7 +380,7 @@ class Parking:
         if not (snap.kept and self.remote is not None):
             return False
         with self.lock:
-            self.remote.counters["remote_kept_local_errors"] += 1
+            self.remote.count("remote_kept_local_errors")
         self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {e}")
         return True
 

@@ -28,6 +28,7 @@ chains name its segments). What it holds is a copy:
 from __future__ import annotations
 
 import errno
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,6 +82,8 @@ class RemoteLevel:
         self.warn = warn
         self.store = backend
         self.counters = Counts("remote level")
+        #: the counters are counted from several threads (a restore's, the writer's): theirs
+        self._counting = threading.Lock()
         self._down_until = 0.0
         self._pause = _BACKOFF[0]
         self.last_error = ""
@@ -95,6 +98,11 @@ class RemoteLevel:
             for line in self.store.open_warnings():
                 self.warn(line)
 
+    def count(self, key: str, n: int = 1) -> None:
+        """Count on the level's counters (from any thread: under their own lock)."""
+        with self._counting:
+            self.counters[key] += n
+
     @property
     def name(self) -> str:
         return "remote"
@@ -105,12 +113,12 @@ class RemoteLevel:
     # -- the breaker --------------------------------------------------------------------------
     def _usable(self) -> bool:
         if time.monotonic() < self._down_until:
-            self.counters["remote_skipped"] += 1
+            self.count("remote_skipped")
             return False
         return True
 
     def _failed(self, e: StrataError, what: str) -> None:
-        self.counters["remote_errors"] += 1
+        self.count("remote_errors")
         self.last_error = str(e)
         first = time.monotonic() >= self._down_until
         self._down_until = time.monotonic() + self._pause
@@ -164,19 +172,19 @@ class RemoteLevel:
                     stored += self.store.put_state(ends[n], blob, token_pos=n).created
             self.enforce_budget()
         except StrataIOError as e:
-            self.counters["remote_puts"] += stored  # the segments stored before the failure
-            self.counters["remote_put_errors"] += 1
+            self.count("remote_puts", stored)  # the segments stored before the failure
+            self.count("remote_put_errors")
             self._failed(e, f"storing conversation {conv.conv_id}")
             return stored
         except Exception as e:  # a refusal, damage in the namespace, a bug: said, and the park
             # stands locally (it was acknowledged there; this is only the copy)
-            self.counters["remote_puts"] += stored
-            self.counters["remote_put_errors"] += 1
+            self.count("remote_puts", stored)
+            self.count("remote_put_errors")
             what = str(e) if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
             self.warn(f"conversation {conv.conv_id} not copied to the remote level: {what}")
             return stored
         self._ok()
-        self.counters["remote_puts"] += stored
+        self.count("remote_puts", stored)
         return stored
 
     def enforce_budget(self) -> None:
@@ -190,7 +198,7 @@ class RemoteLevel:
             gone = False
             for key, _ in self.store.oldest():
                 gone = self.store.delete(key)
-                self.counters["remote_evictions"] += gone
+                self.count("remote_evictions", gone)
                 break
             if not gone and self.store.used() > budget:
                 return
@@ -211,14 +219,14 @@ class RemoteLevel:
             self._failed(e, "lookup")
             return None
         except StrataError as e:  # damage in the namespace (fsck --remote): a miss, said
-            self.counters["remote_misses"] += 1
+            self.count("remote_misses")
             self.warn(f"the remote level {self.settings.shown}: lookup: {e}")
             return None
         self._ok()
         if hit is None:
-            self.counters["remote_misses"] += 1
+            self.count("remote_misses")
             return None
-        self.counters["remote_hits"] += 1
+        self.count("remote_hits")
         return hit
 
     def _walk(
@@ -283,7 +291,7 @@ class RemoteLevel:
         reason is said now. No network call."""
         if not o.laddered:
             return []
-        self.counters["remote_ladder_stops"] += 1
+        self.count("remote_ladder_stops")
         bad = self.suspects(dc, o)
         if not bad:
             self.warn(f"{self._restored(o, caller)}: {o.reason}")
@@ -341,7 +349,7 @@ class RemoteLevel:
                 "removes it"
             )
             return False
-        self.counters["remote_damaged"] += 1
+        self.count("remote_damaged")
         return True
 
     def fell_short(
@@ -349,7 +357,7 @@ class RemoteLevel:
     ) -> None:
         """A restore from this level delivered less than the ``here`` tokens the local levels
         hold (the caller does it again from them): said and counted as a ladder stop."""
-        self.counters["remote_ladder_stops"] += 1
+        self.count("remote_ladder_stops")
         got = r.tokens if isinstance(r, Restored) else 0
         why = (o.reason or "a shallower resume point") if isinstance(o, Outcome) else str(o)
         self.warn(
@@ -379,7 +387,7 @@ class RemoteLevel:
                     dc.state_keys[tokens], max_bytes=MAX_STATE_BYTES
                 )
         except StrataError as e:
-            self.counters["remote_kept_local_errors"] += 1
+            self.count("remote_kept_local_errors")
             if isinstance(e, StrataIOError):
                 self._failed(e, "keeping a restore locally")
             else:

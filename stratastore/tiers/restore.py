@@ -336,7 +336,7 @@ class Restorer:
                     try:
                         self.keep(snap)  # counted as it lands, or as it is refused
                     except StrataError as e:
-                        level.counters["remote_kept_local_errors"] += 1
+                        level.count("remote_kept_local_errors")
                         cid = read.dc.conv.conv_id
                         self.warn(f"{cid} (read from the remote level) not kept locally: {e}")
                     writes += self.writes.outbox.take()
