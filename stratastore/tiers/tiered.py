@@ -235,8 +235,8 @@ class Tiers:
         """Write the pinned prefixes the parks found for the system-prompt cache
         (:mod:`.prompt_cache`; chosen under the lock by each park, written here without it).
         Returns how many landed (a failed write is said and counted)."""
-        if self.prompt_cache is None:
-            return 0
+        if self.prompt_cache is None or not self.parking.fills:  # (a park's own fill is
+            return 0  # seen by its own thread: no lock to find there is none, the usual case)
         with self.lock:
             fills, self.parking.fills = self.parking.fills, []
         return sum(self.prompt_cache.fill(entry, self.lock) for entry in fills)

@@ -28,6 +28,7 @@ from stratastore.format import ModelFingerprint
 from stratastore.restore import PagedKV
 from stratastore.tiers.context import FlowContext
 from tests.conftest import conversation_kv, tiny_fp
+from tests.unit.test_prompt_cache import cache_cfg, capture, chat
 
 FP = tiny_fp()
 PARK_MOST, RESTORE_MOST = 2, 3
@@ -182,3 +183,19 @@ def test_a_restore_takes_no_lock_for_a_remote_level_that_is_not_there(
         with on_this_thread(counted) as restore:
             assert store.restore(conv.tokens, out).source == "disk"
     assert restore["taken"] == 2  # plan, account
+
+
+def test_a_park_with_a_system_prompt_cache_takes_it_once_after_its_prefix_is_filled(
+    tmp_path: Path, counted: CountingLock
+) -> None:
+    """The system-prompt cache is filled once per distinct pinned prefix (that park takes the
+    lock more to write it down); every later park of the same prefix takes it once."""
+    with Store.open(FP, cache_cfg(tmp_path), probe=lambda: 1 << 40) as store:
+        first = chat("a", 40, 1)
+        store.park(first, capture(first, 1))  # fills the cache with the system prompt
+        assert store.stats()["prompt_cache_fills"] == 1
+        later = chat("b", 40, 2)
+        with on_this_thread(counted) as park:
+            assert store.park(later, capture(later, 2)).where == "ram"
+        assert store.stats()["prompt_cache_fills"] == 1
+    assert park["taken"] == 1
