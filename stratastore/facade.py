@@ -426,8 +426,8 @@ class Store:
         (``monitor_errors``), never raised, as the engine's call must not fail for it. False
         when nothing was written (no disk level, too soon, or the write failed).
         :class:`StoreClosed` after close (which publishes a last time)."""
-        self._check_open("publish")
-        return self._publish(force=force)
+        with self._calls.call("publish"):  # close waits for it: never on closed levels
+            return self._publish(force=force)
 
     def _publish(self, *, force: bool) -> bool:
         if not self._snapshots.due(force):
