@@ -60,6 +60,11 @@ LARGE_CLASSES: dict[str, str] = {
         "answers (one read transaction each) and the decisions (one write transaction each) that "
         "keep reference counts and work in flight true across processes"
     ),
+    "stratastore.facade.Store": (
+        "the library's API: an engine reads one class for park, lookup, restore, sessions, "
+        "stats, publish and close; each method states its contract and hands the work to the "
+        "flow (docs/engine.md)"
+    ),
     "stratastore.tiers.tiered.Tiers": (
         "the flow's front: it opens the levels, the RAM level, the catalog and the write queue "
         "and wires them into one context; each method is one step of a park, lookup, restore or "
