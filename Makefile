@@ -72,7 +72,7 @@ test-vllm: $(VLLM_STAMP)
 # The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.
 soak: $(STAMP)
 	STRATA_SOAK=10 STRATA_RELIABILITY_ENFORCE=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q \
-		tests/reliability tests/crash tests/property tests/unit/test_fuzz_targets.py
+		tests/reliability tests/crash tests/property tests/unit/format/test_fuzz_targets.py
 
 # The benchmarks, with the scaling one at 1k, 10k and 100k stored conversations (make test runs
 # it at 1k and 4k only).

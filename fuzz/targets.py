@@ -1,6 +1,6 @@
 """Fuzz targets for every parser: each must either parse or raise a ``StrataError``. Anything
 else (IndexError, struct.error, MemoryError, a hang) is a bug. Used by the atheris runners in
-this folder and by tests/unit/test_fuzz_targets.py."""
+this folder and by tests/unit/format/test_fuzz_targets.py."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from numba import cuda
 assert cuda.is_available(), "numba sees no CUDA device"
 print("numba device:", cuda.get_current_device().name.decode(), cuda.get_current_device().compute_capability)
 PY
-timeout 180 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_kernels_cuda.py tests/unit/test_kernels_cpu.py \
-  tests/unit/test_kernels_boundary.py tests/unit/test_device_restore.py tests/unit/test_device_park.py \
+timeout 180 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/kernels/test_kernels_cuda.py tests/unit/kernels/test_kernels_cpu.py \
+  tests/unit/kernels/test_kernels_boundary.py tests/unit/restore/test_device_restore.py tests/unit/restore/test_device_park.py \
   tests/unit/test_gpu_bench.py
 timeout 120 "$VENV/bin/python" tools/gpu_bench.py 1024

@@ -1,6 +1,6 @@
 """The table of fsck findings: every finding id, its severity, the spec clause it is about, the
 MUST clauses it breaks and what repair does about it (format-spec/FSCK.md documents this table;
-``tests/unit/test_findings_table.py`` holds the two together).
+``tests/unit/ops/test_findings_table.py`` holds the two together).
 
 Every module that names a finding takes it from here: fsck and repair
 (:mod:`stratastore.ops.fsck`, :mod:`stratastore.ops.repair`), the conformance check

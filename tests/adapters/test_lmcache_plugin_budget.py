@@ -16,7 +16,7 @@ EXTRA = "needs the lmcache extra: pip install -e '.[lmcache]'"
 pytest.importorskip("torch", reason=EXTRA)
 pytest.importorskip("lmcache", reason=EXTRA)
 
-from tests.unit.test_lmcache_chunks import cid, open_store, payload  # noqa: E402
+from tests.unit.adapters.test_lmcache_chunks import cid, open_store, payload  # noqa: E402
 
 
 def test_a_chunk_that_fits_evicts_nothing_while_another_put_commits(

@@ -23,7 +23,7 @@ from stratastore.format import data_name  # noqa: E402
 from stratastore.format.keys import state_key  # noqa: E402
 from stratastore.io import files  # noqa: E402
 from stratastore.io.errors import StrataIOError  # noqa: E402
-from tests.unit.test_lmcache_chunks import cid, open_store, payload, read  # noqa: E402
+from tests.unit.adapters.test_lmcache_chunks import cid, open_store, payload, read  # noqa: E402
 
 
 def test_a_transient_open_error_does_not_delete_a_valid_chunk(

@@ -18,13 +18,13 @@ pytest.importorskip("lmcache", reason=EXTRA)
 
 from stratastore.adapters.lmcache_store import ChunkStore  # noqa: E402
 from tests.conftest import tiny_fp  # noqa: E402
-from tests.unit.test_lmcache_chunks import cid, payload, read  # noqa: E402
+from tests.unit.adapters.test_lmcache_chunks import cid, payload, read  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 OTHER_PROCESS = """
 import sys
-from tests.unit.test_lmcache_chunks import open_store, cid, payload
+from tests.unit.adapters.test_lmcache_chunks import open_store, cid, payload
 s = open_store(sys.argv[1], 8)          # records the layout (accepts), as a first put does
 assert s.put(cid(0), payload(0)) == "stored"   # durable: the plugin's Future would say True
 s.close()
@@ -56,7 +56,7 @@ def test_valid_chunks_survive_a_repaired_layout_record(tmp_path: Path) -> None:
     from stratastore.format import data_name
     from stratastore.format.keys import state_key
     from stratastore.ops.repair import repair
-    from tests.unit.test_lmcache_chunks import open_store
+    from tests.unit.adapters.test_lmcache_chunks import open_store
 
     d = tmp_path / "d"
     s = open_store(d, 4)

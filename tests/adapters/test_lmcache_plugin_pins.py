@@ -16,7 +16,7 @@ EXTRA = "needs the lmcache extra: pip install -e '.[lmcache]'"
 pytest.importorskip("torch", reason=EXTRA)
 pytest.importorskip("lmcache", reason=EXTRA)
 
-from tests.unit.test_lmcache_chunks import cid, open_store, payload  # noqa: E402
+from tests.unit.adapters.test_lmcache_chunks import cid, open_store, payload  # noqa: E402
 
 
 def test_a_pin_that_succeeded_holds_against_a_concurrent_eviction(

@@ -22,7 +22,7 @@ class TestSegmentStore(StoreTests):
 
 
 def test_every_fsck_id_has_a_clause_mapping() -> None:
-    from tests.unit.test_findings_table import fsck_ids
+    from tests.unit.ops.test_findings_table import fsck_ids
 
     assert fsck_ids() == set(CLAUSES)
 

@@ -104,42 +104,42 @@ def must_clauses() -> set[str]:
 
 
 # Clauses about behaviour rather than bytes are covered by named tests instead of vectors.
-STORE_TESTS = "tests/unit/test_segment_store.py"
-CASCADE_TESTS = "tests/unit/test_cascade.py"
-CATALOG_TESTS = "tests/unit/test_catalog.py"
+STORE_TESTS = "tests/unit/levels/test_segment_store.py"
+CASCADE_TESTS = "tests/unit/tiers/test_cascade.py"
+CATALOG_TESTS = "tests/unit/catalog/test_catalog.py"
 BEHAVIOUR_TESTS = {
     "F-DIR-5": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
     "F-IDX-2": f"{STORE_TESTS}::test_reopen_reconciles_and_rebuilds",
     "F-IDX-4": "tests/crash/test_kill.py::test_killed_writer_loses_nothing_acknowledged",
     "F-DUR-8": f"{CASCADE_TESTS}::test_failure_at_every_step_leaves_the_entry_whole_in_one_level",
-    "F-CHAIN-3": "tests/unit/test_tiers.py::test_manifest_is_the_commit_record",
-    "F-CHAIN-4": "tests/unit/test_tiers.py::test_manifest_is_the_commit_record",
-    "F-CHAIN-5": "tests/unit/test_tiers.py::test_sessions_survive_capacity_gc",
+    "F-CHAIN-3": "tests/unit/tiers/test_tiers.py::test_manifest_is_the_commit_record",
+    "F-CHAIN-4": "tests/unit/tiers/test_tiers.py::test_manifest_is_the_commit_record",
+    "F-CHAIN-5": "tests/unit/tiers/test_tiers.py::test_sessions_survive_capacity_gc",
     "F-CAT-1": f"{CATALOG_TESTS}::test_the_catalog_tables_are_laid_out_as_the_spec_says",
     "F-CAT-2": f"{CATALOG_TESTS}::test_a_store_without_a_catalog_has_it_built_and_a_changed_"
     "file_is_read_again",
     "F-CAT-3": f"{CATALOG_TESTS}::test_a_shared_segment_goes_with_the_last_conversation_that_"
     "names_it",
-    "F-CAT-4": "tests/unit/test_gc_chains.py::test_gc_leaves_no_unreachable_segments",
-    "F-CAT-5": "tests/unit/test_gc_chains.py::test_a_park_is_never_acknowledged_then_silently_gone",
+    "F-CAT-4": "tests/unit/catalog/test_gc_chains.py::test_gc_leaves_no_unreachable_segments",
+    "F-CAT-5": "tests/unit/catalog/test_gc_chains.py::test_a_park_is_never_acknowledged_then_silently_gone",
     "F-CAT-6": "tests/crash/test_shared_catalog.py::"
     "test_a_park_again_is_seen_with_coarse_timestamps",
     "F-CAT-7": f"{CATALOG_TESTS}::test_a_killed_park_is_finished_by_the_next_open",
-    "F-DUR-1": "tests/unit/test_io.py::test_durable_write_order_of_operations",
+    "F-DUR-1": "tests/unit/io/test_io.py::test_durable_write_order_of_operations",
     "F-DUR-2": f"{STORE_TESTS}::test_put_order_of_operations",
     "F-DUR-3": "tests/crash/test_kill.py::test_crash_at_every_io_step_of_a_put",
-    "F-DUR-4": "tests/unit/test_io.py::test_relocate_exdev_copies_then_unlinks",
+    "F-DUR-4": "tests/unit/io/test_io.py::test_relocate_exdev_copies_then_unlinks",
     "F-DUR-5": f"{STORE_TESTS}::test_delete_order_and_result",
-    "F-DUR-6": "tests/unit/test_io.py::test_fsync_failure_is_never_retried",
+    "F-DUR-6": "tests/unit/io/test_io.py::test_fsync_failure_is_never_retried",
     "F-DUR-7": f"{STORE_TESTS}::test_concurrent_writers_across_processes",
     "F-COMPAT-4": "tests/conformance/test_vectors.py::test_vector_bytes_unchanged",
     "F-COMPAT-5": "tests/conformance/test_vectors.py::test_superseded_vectors_name_their_fix",
     "F-IDX-5": "tests/conformance/test_reader_clauses.py::test_lmdb_key_encoding",
-    "F-DIR-8": "tests/unit/test_fs_safety.py::test_repair_never_unlinks_through_a_symlinked_index",
+    "F-DIR-8": "tests/unit/io/test_fs_safety.py::test_repair_never_unlinks_through_a_symlinked_index",
     "F-REM-3": "tests/remote/test_faults.py::test_killed_between_the_parts_and_the_commit",
     "F-REM-4": "tests/remote/test_redis_backend.py::"
     "test_a_deleted_and_reput_segment_is_never_a_mix",
-    "F-SEG-7": "tests/unit/test_media_and_manifest_keys.py::"
+    "F-SEG-7": "tests/unit/format/test_media_and_manifest_keys.py::"
     "test_multimodal_conversation_parked_to_disk_restores_whole",
 }
 

@@ -13,14 +13,14 @@ import numpy as np
 
 from stratastore import Store
 from stratastore.io.faults import CRASH_ENV, CRASH_EXIT
-from tests.unit.test_store_facade import FP, conversation
+from tests.unit.facade.test_store_facade import FP, conversation
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _WRITER = """
 import sys
 from stratastore import Store
-from tests.unit.test_store_facade import FP, conversation
+from tests.unit.facade.test_store_facade import FP, conversation
 cfg = {"ram_mib": 1, "park": "disk", "cold_dir": sys.argv[1], "cold_mib": 64, "min_free_mib": 1}
 with Store.open(FP, cfg) as store:
     for i in range(2):

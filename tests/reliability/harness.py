@@ -179,7 +179,7 @@ def check(w: Workload, root: Path, acked: set[int], *, isolate_index: bool = Fal
     process that at worst dies or sees faults injected into the store's own io layer (never
     into LMDB's writes), so it is a real LMDB commit, which cannot SIGBUS its reader; the
     isolated read (a Python started per directory per crash point) is fsck's default for
-    indexes of unknown history and has tests of its own (tests/unit/test_fsck_no_signal.py)."""
+    indexes of unknown history and has tests of its own (tests/unit/ops/test_fsck_no_signal.py)."""
     if w.name == "repair":
         repair(w.dirs(root))  # an interrupted repair is finished by the next one
     with Store.open(FP, w.cfg(root), probe=lambda: 1 << 40) as store:

@@ -13,7 +13,7 @@ import numpy as np
 from tests.redis_servers import RedisServer
 from tests.remote.conftest import import_or_skip
 from tests.remote.test_faults import THREE, conversation, open_store, park, unique_name
-from tests.unit.test_flow_lock_acquisitions import (
+from tests.unit.tiers.test_flow_lock_acquisitions import (
     RESTORE_MOST,
     CountingLock,
     counted,
