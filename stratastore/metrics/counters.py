@@ -23,8 +23,9 @@ in the order the Prometheus text writes its families. From the two come:
 * the Prometheus text (:func:`stratastore.metrics.prometheus.prometheus_text`): each family's
   HELP, its TYPE (:func:`family_type`), its series and labels, named by Prometheus's
   conventions (a counter ends in ``_total``, a unit is in the name: ``_bytes``, ``_seconds``);
-* the counter table of ``docs/operations.md``, which ``tests/unit/metrics/test_counter_table.py`` holds
-  to this one row for row, beside the keys a store with every level on reports.
+* the counter table of ``docs/operations.md``, which
+  ``tests/unit/metrics/test_counter_table.py`` holds to this one row for row, beside the keys
+  a store with every level on reports.
 
 The counters of the Redis client (``backend_*``), of the RAM level's cache
 (:class:`~stratastore.chain.parking.ConversationCache`) and of a disk level

@@ -121,7 +121,8 @@ BEHAVIOUR_TESTS = {
     "F-CAT-3": f"{CATALOG_TESTS}::test_a_shared_segment_goes_with_the_last_conversation_that_"
     "names_it",
     "F-CAT-4": "tests/unit/catalog/test_gc_chains.py::test_gc_leaves_no_unreachable_segments",
-    "F-CAT-5": "tests/unit/catalog/test_gc_chains.py::test_a_park_is_never_acknowledged_then_silently_gone",
+    "F-CAT-5": "tests/unit/catalog/test_gc_chains.py::"
+    "test_a_park_is_never_acknowledged_then_silently_gone",
     "F-CAT-6": "tests/crash/test_shared_catalog.py::"
     "test_a_park_again_is_seen_with_coarse_timestamps",
     "F-CAT-7": f"{CATALOG_TESTS}::test_a_killed_park_is_finished_by_the_next_open",
@@ -135,7 +136,8 @@ BEHAVIOUR_TESTS = {
     "F-COMPAT-4": "tests/conformance/test_vectors.py::test_vector_bytes_unchanged",
     "F-COMPAT-5": "tests/conformance/test_vectors.py::test_superseded_vectors_name_their_fix",
     "F-IDX-5": "tests/conformance/test_reader_clauses.py::test_lmdb_key_encoding",
-    "F-DIR-8": "tests/unit/io/test_fs_safety.py::test_repair_never_unlinks_through_a_symlinked_index",
+    "F-DIR-8": "tests/unit/io/test_fs_safety.py::"
+    "test_repair_never_unlinks_through_a_symlinked_index",
     "F-REM-3": "tests/remote/test_faults.py::test_killed_between_the_parts_and_the_commit",
     "F-REM-4": "tests/remote/test_redis_backend.py::"
     "test_a_deleted_and_reput_segment_is_never_a_mix",
