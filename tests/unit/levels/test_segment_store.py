@@ -16,15 +16,13 @@ import pytest
 
 from stratastore import (
     ChecksumMismatch,
-    Codec,
     FormatError,
     IncompatibleFingerprint,
-    Kind,
     SegmentNotFound,
     StoreError,
     StrataIOError,
 )
-from stratastore.format import data_name, segment_key, sidecar_name, state_key
+from stratastore.format import Codec, Kind, data_name, segment_key, sidecar_name, state_key
 from stratastore.format.naming import INDEX_DIR
 from stratastore.io import faults
 from stratastore.io.faults import Fault
