@@ -58,12 +58,12 @@ def small_engine(path: Path, name: str, cpu_gb: float) -> Any:
 
 def test_a_blocking_get_longer_than_the_cpu_buffer_returns(tmp_path: Path) -> None:
     d = tmp_path / "d"
-    eng = engine(str(d), "review16-hang-store")
+    eng = engine(str(d), "large-prefix-store")
     eng.store(prompt(0), kvcaches=kv(0))  # 8 chunks of 64 KiB
     plugin(eng).flush()
     keys = [k for _, _, k in eng.token_database.process_tokens(tokens=prompt(0, PROMPT))]
-    LMCacheEngineBuilder.destroy("review16-hang-store")
-    small = small_engine(d, "review16-hang-get", 0.0003)  # ~320 KB: 4 chunks, not 8
+    LMCacheEngineBuilder.destroy("large-prefix-store")
+    small = small_engine(d, "large-prefix-get", 0.0003)  # ~320 KB: 4 chunks, not 8
     got: list[Any] = []
     t = threading.Thread(
         target=lambda: got.append(plugin(small).batched_get_blocking(keys)), daemon=True
@@ -75,5 +75,5 @@ def test_a_blocking_get_longer_than_the_cpu_buffer_returns(tmp_path: Path) -> No
         for obj in got[0]:
             if obj is not None:
                 obj.ref_count_down()
-        LMCacheEngineBuilder.destroy("review16-hang-get")
+        LMCacheEngineBuilder.destroy("large-prefix-get")
     assert not hung, "batched_get_blocking is still busy-looping in LMCache's allocate after 20 s"

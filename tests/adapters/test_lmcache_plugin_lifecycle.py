@@ -35,7 +35,7 @@ from tests.adapters.lmcache_worker import CHUNK, engine, kv, plugin, prompt  # n
 
 @pytest.fixture
 def eng(tmp_path: Path) -> Iterator[Any]:
-    name = f"review16-{id(tmp_path)}"
+    name = f"lifecycle-{id(tmp_path)}"
     e = engine(str(tmp_path / "d"), name)
     yield e
     LMCacheEngineBuilder.destroy(name)
