@@ -18,6 +18,7 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 import blake3
@@ -118,6 +119,34 @@ def fresh_folder(out: str) -> bool:
         return False
     os.makedirs(out, exist_ok=True)
     return True
+
+
+def read_vector(folder: str, name: str) -> bytes:
+    """The bytes of vector ``name`` in a released folder (an errata set derives from them)."""
+    with open(os.path.join(folder, name), "rb") as f:
+        return f.read()
+
+
+def vector_writer(out: str, entries: list[dict[str, object]]) -> Callable[..., None]:
+    """``put(name, data, kind, expect, clauses, **extra)``: write vector ``name`` into ``out``
+    and append its MANIFEST entry (file, BLAKE3, kind, expected outcome, clauses, extras)."""
+
+    def put(
+        name: str, data: bytes, kind: str, expect: str, clauses: list[str], **extra: object
+    ) -> None:
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        entry: dict[str, object] = {
+            "file": name,
+            "blake3": blake3.blake3(data).hexdigest(),
+            "kind": kind,
+            "expect": expect,
+            "clauses": clauses,
+        }
+        entry.update(extra)
+        entries.append(entry)
+
+    return put
 
 
 def main(out: str) -> int:
@@ -766,9 +795,7 @@ def main_v1_1_errata1(out: str, vectors_root: str = "format-spec/vectors") -> in
         entry.update(extra)
         entries.append(entry)
 
-    def read(folder: str, name: str) -> bytes:
-        with open(os.path.join(folder, name), "rb") as f:
-            return f.read()
+    read = read_vector
 
     def once(data: bytes, old: bytes, new: bytes) -> bytes:
         assert data.count(old) == 1, "the patched bytes must be unique"
@@ -1158,24 +1185,8 @@ def main_v1_2_errata1(out: str, vectors_root: str = "format-spec/vectors") -> in
     v1_2 = os.path.join(vectors_root, V1_2)
     entries: list[dict[str, object]] = []
 
-    def put(
-        name: str, data: bytes, kind: str, expect: str, clauses: list[str], **extra: object
-    ) -> None:
-        with open(os.path.join(out, name), "wb") as f:
-            f.write(data)
-        entry: dict[str, object] = {
-            "file": name,
-            "blake3": blake3.blake3(data).hexdigest(),
-            "kind": kind,
-            "expect": expect,
-            "clauses": clauses,
-        }
-        entry.update(extra)
-        entries.append(entry)
-
-    def read(folder: str, name: str) -> bytes:
-        with open(os.path.join(folder, name), "rb") as f:
-            return f.read()
+    put = vector_writer(out, entries)
+    read = read_vector
 
     def recipe(doc: dict[str, object]) -> bytes:
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
@@ -1488,24 +1499,8 @@ def main_v1_2_errata2(out: str, vectors_root: str = "format-spec/vectors") -> in
     errata1 = os.path.join(vectors_root, ERRATA_1_2)
     entries: list[dict[str, object]] = []
 
-    def put(
-        name: str, data: bytes, kind: str, expect: str, clauses: list[str], **extra: object
-    ) -> None:
-        with open(os.path.join(out, name), "wb") as f:
-            f.write(data)
-        entry: dict[str, object] = {
-            "file": name,
-            "blake3": blake3.blake3(data).hexdigest(),
-            "kind": kind,
-            "expect": expect,
-            "clauses": clauses,
-        }
-        entry.update(extra)
-        entries.append(entry)
-
-    def read(folder: str, name: str) -> bytes:
-        with open(os.path.join(folder, name), "rb") as f:
-            return f.read()
+    put = vector_writer(out, entries)
+    read = read_vector
 
     # -- a sidecar's head_bytes is bounded as a field (F-SC-7, F-READ-1 step 4) ---------------
     sc = decode_sidecar(read(v1, "sidecar_kv_raw.side"))
