@@ -53,7 +53,7 @@ from stratastore.levels.backend import SegmentBackend, SharedBackend
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.registry import open_level
 from stratastore.levels.sealing import Buffer
-from stratastore.tiers import DiskLevel
+from stratastore.tiers import DiskLevel, open_cascade
 
 __all__ = ["ChunkStore", "ChunkStoreClosed", "PutOutcome"]
 
@@ -121,35 +121,29 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         chunk store needs levels of its own); every level opened is closed again on
         failure."""
         cfg = config if isinstance(config, ChunkConfig) else ChunkConfig(tuple(config))
-        opened: list[DiskLevel] = []
         n = len(cfg.levels)
-        try:
-            for i in reversed(range(n)):  # the last first: each links to the next
-                spec = cfg.levels[i]
-                byte = Level.WARM if i == 0 and n > 1 else Level.COLD
-                backend = open_level(spec.spec, fingerprint, byte, spec.settings)
-                try:
-                    if isinstance(backend, SharedBackend) and backend.shared:
-                        backend.connect()
-                    _refuse_a_conversation_level(backend, spec)
-                    opened.insert(
-                        0,
-                        DiskLevel(
-                            f"{cfg.name} level {spec.shown}",
-                            backend,
-                            spec.budget_bytes,
-                            max_age_s=spec.max_age_s,
-                            when_full=cfg.when_full,
-                            next_level=opened[0] if opened else None,
-                        ),
-                    )
-                except BaseException:
-                    backend.close()
-                    raise
-        except BaseException:
-            for lvl in opened:
-                lvl.store.close()
-            raise
+
+        def open_one(i: int, next_level: DiskLevel | None) -> DiskLevel:
+            spec = cfg.levels[i]
+            byte = Level.WARM if i == 0 and n > 1 else Level.COLD
+            backend = open_level(spec.spec, fingerprint, byte, spec.settings)
+            try:
+                if isinstance(backend, SharedBackend) and backend.shared:
+                    backend.connect()
+                _refuse_a_conversation_level(backend, spec)
+                return DiskLevel(
+                    f"{cfg.name} level {spec.shown}",
+                    backend,
+                    spec.budget_bytes,
+                    max_age_s=spec.max_age_s,
+                    when_full=cfg.when_full,
+                    next_level=next_level,
+                )
+            except BaseException:
+                backend.close()
+                raise
+
+        opened = open_cascade(n, open_one)
         return cls(opened, cfg, frozenset(stored_key(k) for k in keep))
 
     @property

@@ -33,7 +33,7 @@ from stratastore.io.errors import NotARegularFile, SymlinkRefused
 from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.errors import SegmentNotFound
 
-__all__ = ["DiskLevel", "LevelCounters", "LevelRefused"]
+__all__ = ["DiskLevel", "LevelCounters", "LevelRefused", "open_cascade"]
 
 
 class LevelRefused(StrataError):
@@ -226,3 +226,20 @@ class DiskLevel:
         self.make_room(size)
         self.store.relocate_from(src.store, key)
         self.counters.adopted += 1
+
+
+def open_cascade(
+    count: int, open_one: Callable[[int, DiskLevel | None], DiskLevel]
+) -> list[DiskLevel]:
+    """``count`` levels, first to last, each linked to the next: made last first by
+    ``open_one(i, next_level)`` (which closes what it opened itself when it fails); every level
+    made is closed again when a later one fails. What a store's flow and a chunk store open."""
+    levels: list[DiskLevel] = []
+    try:
+        for i in reversed(range(count)):  # the last first: each links to the next
+            levels.insert(0, open_one(i, levels[0] if levels else None))
+    except BaseException:
+        for lvl in levels:
+            lvl.store.close()
+        raise
+    return levels

@@ -21,7 +21,7 @@ from stratastore.io.system import volume_bytes
 from stratastore.levels.backend import CatalogHost, SharedBackend
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.tiers.admission import MIB
-from stratastore.tiers.disk import DiskLevel
+from stratastore.tiers.disk import DiskLevel, open_cascade
 from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.writer import DiskWriter
 
@@ -101,34 +101,27 @@ def open_levels(
     """The disk levels, first to last, each linked to the next; all closed again on failure."""
     check_levels(cfg, warn)
     specs = cfg.disk_levels()
-    levels: list[DiskLevel] = []
-    try:
-        for i in reversed(range(len(specs))):  # the last first: each links to the next
-            spec = specs[i]
-            level = level_byte(i, len(specs), spec.name)
-            store = open_level(spec.dir or spec.url, fp, level, cfg.level_settings(spec))
+
+    def open_one(i: int, next_level: DiskLevel | None) -> DiskLevel:
+        spec = specs[i]
+        level = level_byte(i, len(specs), spec.name)
+        store = open_level(spec.dir or spec.url, fp, level, cfg.level_settings(spec))
+        try:
             if spec.dir:
                 _warn_over_volume(cfg, spec, warn)
-            try:
-                levels.insert(
-                    0,
-                    DiskLevel(
-                        spec.name,
-                        store,
-                        spec.mib * MIB,
-                        max_age_s=spec.max_age_s,
-                        when_full=cfg.when_full,
-                        next_level=levels[0] if levels else None,
-                    ),
-                )
-            except BaseException:
-                store.close()
-                raise
-    except BaseException:
-        for lvl in levels:
-            lvl.store.close()
-        raise
-    return levels
+            return DiskLevel(
+                spec.name,
+                store,
+                spec.mib * MIB,
+                max_age_s=spec.max_age_s,
+                when_full=cfg.when_full,
+                next_level=next_level,
+            )
+        except BaseException:
+            store.close()
+            raise
+
+    return open_cascade(len(specs), open_one)
 
 
 def attach_catalog(
