@@ -195,7 +195,9 @@ class Store:
             snap.slot = where
             with self._calls.call("park"):  # close waits for it (even one waiting for another)
                 placement = self._tiers.place(snap, pin=pin)  # the flow's lock, once
-                report = self._writes.submit(placement)  # without it
+                landed = self._writes.submit(placement)  # without it
+                assert landed is not None  # a park's placement carries its report
+                report = landed
                 streamed = placement.stream is not None
                 if streamed:
                     self._publish(force=False)  # as the spill writer does after a write

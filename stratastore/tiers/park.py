@@ -388,18 +388,15 @@ class Parking:
         """Before close (``spill_on_close``): hand every conversation that only the RAM level
         holds (not on disk with these tokens or more, nor waiting to be written) to the disk
         writer, each admitted as a disk-bound capture under the transient floor; one that is
-        not admitted is left, with a warning. The placement carries every write still waiting
-        (its report: how many conversations it handed, as ``tokens``)."""
-        handed = 0
+        not admitted is left, with a warning. The placement carries every write still waiting."""
         with self.lock:
             if self.cfg.spill_on_close and self.writer is not None and self.ram.on:
-                handed = self._hand_ram_down()
-            return Placement(ParkReport("disk", "transient", handed), self.outbox.take())
+                self._hand_ram_down()
+            return Placement(writes=self.outbox.take())
 
-    def _hand_ram_down(self) -> int:
+    def _hand_ram_down(self) -> None:
         """:meth:`spill_ram_on_close`'s walk of the RAM level (under the lock)."""
         self.view.sync()
-        handed = 0
         for cid, entry in list(self.ram.entries.items()):
             dc = self.view.get(cid)
             held = [dc.conv] if dc is not None else []
@@ -412,6 +409,4 @@ class Parking:
             if p.where == "discard":
                 self.warn(f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}")
                 continue
-            if self.spill(self.ram.capture(cid)):
-                handed += 1
-        return handed
+            self.spill(self.ram.capture(cid))

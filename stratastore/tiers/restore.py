@@ -49,7 +49,7 @@ from stratastore.restore import (
 )
 from stratastore.tiers.context import FlowContext
 from stratastore.tiers.lookup import Copy, Delivered, Hit, Lookup, Prompt, Read, deepest
-from stratastore.tiers.records import ParkReport, Placement, Restored, Snapshot
+from stratastore.tiers.records import Placement, Restored, Snapshot
 from stratastore.tiers.remote import RemoteHit
 from stratastore.tiers.sources import RemoteSource
 from stratastore.tiers.write_queue import WriteQueue
@@ -343,5 +343,4 @@ class Restorer:
         finally:  # submitted to the write queue as a park's writes are, even when a later
             # copy fails: what the outbox gave up is never left there unwritten
             if writes:
-                kept = ParkReport("disk", "transient", len(writes))
-                self.writes.submit(Placement(kept, writes))
+                self.writes.submit(Placement(writes=writes))

@@ -224,12 +224,14 @@ class Tiers:
     def pending(self) -> Placement:
         """The writes acknowledged and not handed to the write queue yet (under the lock)."""
         with self.lock:
-            return Placement(ParkReport("disk", "transient", 0), self.writes.outbox.take())
+            return Placement(writes=self.writes.outbox.take())
 
     def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
         """Place a snapshot and submit its placement to the write queue (its streamed write,
         if any, on this thread): the report once it landed."""
-        return self.writes.submit(self.place(snap, pin=pin))
+        report = self.writes.submit(self.place(snap, pin=pin))
+        assert report is not None  # a park's placement carries its report
+        return report
 
     def fill_prompt_cache(self) -> int:
         """Write the pinned prefixes the parks found for the system-prompt cache

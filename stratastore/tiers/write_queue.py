@@ -93,9 +93,9 @@ class WriteQueue:
         self._thread = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._thread.start()
 
-    def submit(self, placement: Placement) -> ParkReport:
+    def submit(self, placement: Placement) -> ParkReport | None:
         """Hand ``placement``'s writes to the writer thread, then run its streamed write (on
-        this thread); the report once it landed. Called without the flow's lock: a full queue
+        this thread); a park's report once it landed. Called without the flow's lock: a full queue
         blocks only this caller. A streamed write not started because the hand-over failed is
         cancelled (its reservation given back)."""
         if placement.writes:
