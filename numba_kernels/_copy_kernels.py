@@ -1,5 +1,7 @@
 """The copy kernels: the ladder copy into a pool of page-sized blocks, the scatter of stored
-pages into an engine's per-layer K/V (contiguous or paged through a block table), and zeroing.
+pages into an engine's per-layer K/V (contiguous or paged through a block table), its inverse
+(the gather of an engine's rows into stored pages, what a park from device memory needs), and
+zeroing.
 Imported on first use by :func:`numba_kernels.cuda.kernels` (one module per concern, see
 numba_kernels/_hash_kernel.py). Every launcher checks its arguments first
 (:mod:`numba_kernels.checks`): the kernels index without bounds checks."""
@@ -53,6 +55,35 @@ def scatter_rows(src, n_tokens, page_tokens, layers, row, layer, dst_k, dst_v, s
     else:
         while i < row:
             dst_v[d + i] = src[base + i]
+            i += cuda.blockDim.x
+
+
+@cuda.jit  # type: ignore[misc]
+def gather_rows(dst, n_tokens, page_tokens, layers, row, layer, src_k, src_v, slots):  # type: ignore[no-untyped-def]
+    """The exact inverse of :func:`scatter_rows`: layer ``layer``'s K and V rows of
+    ``n_tokens`` tokens, token ``j``'s at row ``slots[j]`` of ``src_k`` / ``src_v`` (flat bytes
+    of rows), into ``dst`` as consecutive stored pages of ``page_tokens`` (spec F-SEG-4: a page
+    of ``p`` tokens is, per layer, K then V, each ``[p, row]``; the last page may be short).
+    Grid: (n_tokens, 2) blocks (token, K/V), threads striding over the row's bytes."""
+    j = cuda.blockIdx.x
+    kind = cuda.blockIdx.y
+    if j >= n_tokens:
+        return
+    full = n_tokens // page_tokens
+    page = j // page_tokens
+    p = page_tokens if page < full else n_tokens - full * page_tokens
+    base = (page * page_tokens * layers * 2 + (layer * 2 + kind) * p) * row + (
+        j - page * page_tokens
+    ) * row
+    s = slots[j] * row
+    i = cuda.threadIdx.x
+    if kind == 0:
+        while i < row:
+            dst[base + i] = src_k[s + i]
+            i += cuda.blockDim.x
+    else:
+        while i < row:
+            dst[base + i] = src_v[s + i]
             i += cuda.blockDim.x
 
 

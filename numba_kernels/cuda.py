@@ -202,6 +202,7 @@ def kernels() -> dict[str, Any]:
             first_bad=_validate_kernel.first_bad,
             ladder_copy=_copy_kernels.ladder_copy,
             scatter_rows=_copy_kernels.scatter_rows,
+            gather_rows=_copy_kernels.gather_rows,
             zero_rows=_copy_kernels.zero_rows,
         )
     return _KERNELS
@@ -343,6 +344,43 @@ def scatter_rows_device(
             layer,
             dst_k,
             dst_v,
+            slots,
+            stream=stream,
+        )
+
+
+def gather_rows_device(
+    dst: Any,
+    n_tokens: int,
+    page_tokens: int,
+    layers: int,
+    row: int,
+    layer: int,
+    src_k: Any,
+    src_v: Any,
+    slots: Any,
+    *,
+    stream: Any = 0,
+) -> None:
+    """The inverse of :func:`scatter_rows_device`: layer ``layer``'s K and V rows of
+    ``n_tokens`` tokens, at rows ``slots`` of ``src_k`` / ``src_v`` (flat device bytes), into
+    ``dst`` as consecutive stored pages of ``page_tokens`` (spec F-SEG-4, the last page
+    possibly short). ``dst`` must hold ``n_tokens * layers * 2 * row`` bytes and every slot
+    lie within both sources: the kernel indexes without bounds checks, so the caller checks
+    (:class:`stratastore.restore.device.DevicePagedKV` through its block table)."""
+    if n_tokens > 0:
+        _launch(
+            "gather_rows",
+            (n_tokens, 2),
+            _row_threads(row),
+            dst,
+            n_tokens,
+            page_tokens,
+            layers,
+            row,
+            layer,
+            src_k,
+            src_v,
             slots,
             stream=stream,
         )

@@ -17,7 +17,15 @@ from typing import Any
 __all__ = ["KERNELS", "compile_all", "nvcc_wheel_home"]
 
 #: every kernel (one module per concern), each with the argument types its launchers pass
-KERNELS = ("page_hash", "first_bad", "first_bad_words", "ladder_copy", "scatter_rows", "zero_rows")
+KERNELS = (
+    "page_hash",
+    "first_bad",
+    "first_bad_words",
+    "ladder_copy",
+    "scatter_rows",
+    "gather_rows",
+    "zero_rows",
+)
 #: the module and kernel of each entry of :data:`KERNELS`
 _WHERE = {
     "page_hash": ("_hash_kernel", "page_hash"),
@@ -25,6 +33,7 @@ _WHERE = {
     "first_bad_words": ("_validate_kernel", "first_bad"),
     "ladder_copy": ("_copy_kernels", "ladder_copy"),
     "scatter_rows": ("_copy_kernels", "scatter_rows"),
+    "gather_rows": ("_copy_kernels", "gather_rows"),
     "zero_rows": ("_copy_kernels", "zero_rows"),
 }
 
@@ -67,6 +76,7 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         ),
         "ladder_copy": (u8, i64, i64, u8, types.Array(types.int64, 1, "C")),
         "scatter_rows": (u8, i64, i64, i64, i64, i64, u8, u8, types.Array(types.int64, 1, "C")),
+        "gather_rows": (u8, i64, i64, i64, i64, i64, u8, u8, types.Array(types.int64, 1, "C")),
         "zero_rows": (u8, i64, types.Array(types.int64, 1, "C"), i64),
     }
 

@@ -9,7 +9,9 @@ segment (``write_pages(token_start, n_tokens, page_bytes)``) and lays them out i
 * :class:`LayerKV`: per-layer K and V arrays ``[max_tokens, n_kv_heads, head_dim]``, the layout
   of a contiguous cache (transformers' ``DynamicCache``);
 * :class:`PagedKV`: per-layer pools ``[2, num_blocks, block_size, n_kv_heads, head_dim]``
-  addressed through a block table, the layout of vLLM and SGLang.
+  (vLLM's FlashAttention backend, SGLang) or, with ``kv_first=False``, ``[num_blocks, 2,
+  block_size, n_kv_heads, head_dim]`` (vLLM's FlashInfer backend), addressed through a block
+  table.
 
 Each is a :class:`~.capabilities.Destination` with the capabilities of
 :mod:`.capabilities` by its members, not by a base class the fast paths know: ``zero``, page
@@ -54,6 +56,7 @@ __all__ = [
     "host_array",
     "is_torch_tensor",
     "page_runs",
+    "paged_layout",
 ]
 
 
@@ -244,8 +247,19 @@ class LayerKV(_PerToken):
 
 
 class PagedKV(_PerToken):
-    """``pools[layer]``: ``[2, num_blocks, block_size, n_kv_heads, head_dim]``; token ``t``
-    lives in block ``block_table[t // block_size]`` at slot ``t % block_size``."""
+    """``pools[layer]``: one layer's block pool; token ``t`` lives in block
+    ``block_table[t // block_size]`` at slot ``t % block_size``. Two layouts, as vLLM's GPU
+    attention backends keep a layer's cache:
+
+    * ``kv_first=True`` (the default): ``[2, num_blocks, block_size, n_kv_heads, head_dim]``,
+      the K pool then the V pool (vLLM's FlashAttention backend, SGLang);
+    * ``kv_first=False``: ``[num_blocks, 2, block_size, n_kv_heads, head_dim]``, each block
+      its K then its V (vLLM's FlashInfer backend).
+
+    A pool of another shape, or whose item size is not the model's, is refused
+    (:class:`DestinationRefused`, naming the layout expected); the block table is checked as
+    :func:`checked_block_table` says. Either way a token's K and V are rows of the layer's
+    flat bytes (:meth:`_slots`), so page views, ``zero`` and ``write_pages`` serve both."""
 
     def __init__(
         self,
@@ -254,44 +268,66 @@ class PagedKV(_PerToken):
         block_table: Sequence[int] | npt.NDArray[np.integer],
         *,
         read_direct: bool = True,
+        kv_first: bool = True,
     ) -> None:
         super().__init__(fp)
         self.read_direct = read_direct
+        self.kv_first = bool(kv_first)
         pools = _per_layer(pools, "PagedKV pools")
         if len(pools) != fp.n_layers:
             raise DestinationRefused(
                 f"PagedKV needs {fp.n_layers} per-layer pools, got {len(pools)}"
             )
         shape: tuple[int, ...] = tuple(getattr(pools[0], "shape", ()))
-        if len(shape) != 5 or shape[0] != 2 or any(p.shape != shape for p in pools):
+        pair = 0 if self.kv_first else 1  # the axis of K/V
+        if len(shape) != 5 or shape[pair] != 2 or any(p.shape != shape for p in pools):
             raise DestinationRefused(
-                f"each PagedKV pool must be [2, num_blocks, block_size, {fp.n_kv_heads}, "
-                f"{fp.head_dim}], all of one shape; pool[0] is {shape}"
+                f"each PagedKV pool must be {paged_layout(fp, self.kv_first)}, all of one "
+                f"shape; pool[0] is {shape}"
             )
-        self.num_blocks, self.block_size = shape[1], shape[2]
-        self.pools = [
-            self._checked(p, f"PagedKV pool[{i}]", (2, self.num_blocks)).reshape(
-                2, self.num_blocks * self.block_size, self.row
-            )
-            for i, p in enumerate(pools)
-        ]
+        self.num_blocks, self.block_size = shape[1 - pair], shape[2]
+        lead = (2, self.num_blocks) if self.kv_first else (self.num_blocks, 2)
+        flat = [self._checked(p, f"PagedKV pool[{i}]", lead) for i, p in enumerate(pools)]
+        rows = [f.reshape(-1, self.row) for f in flat]  # each layer's rows, K and V alike
+        # K rows then V rows of each layer, indexed by the same slot (:meth:`_slots`)
+        self.pools = [self._kv_rows(r) for r in rows]
         self.table = checked_block_table(block_table, self.num_blocks, self.block_size)
         self._blocks: list[int] = self.table.tolist()
-        _refuse_overlaps([(f"PagedKV pool[{i}]", p) for i, p in enumerate(self.pools)])
+        _refuse_overlaps([(f"PagedKV pool[{i}]", r) for i, r in enumerate(rows)])
+
+    def _kv_rows(
+        self, rows: npt.NDArray[np.uint8]
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+        """A layer's ``[rows, row]`` bytes as its K rows and its V rows, both indexed by
+        :meth:`_slots`: the two halves (``kv_first``), or the rows and the rows one block on
+        (each block its K then its V)."""
+        if self.kv_first:
+            half = self.num_blocks * self.block_size
+            return rows[:half], rows[half:]
+        return rows, rows[self.block_size :]
 
     def capacity(self) -> int:
         return int(self.table.size) * int(self.block_size)
 
+    def _stride(self) -> int:
+        """Rows from one block's K rows to the next block's."""
+        return self.block_size if self.kv_first else 2 * self.block_size
+
+    def _slots(self, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The K (and V) row of each token of ``t``."""
+        bs = self.block_size
+        slots: npt.NDArray[np.int64] = self.table[t // bs] * self._stride() + t % bs
+        return slots
+
     def _array(self, layer: int, kind: int) -> npt.NDArray[np.uint8]:
-        rows: npt.NDArray[np.uint8] = self.pools[layer][kind]
-        return rows
+        return self.pools[layer][kind]
 
     def _runs(self, t0: int, p: int) -> list[tuple[int, int]]:
-        bs, runs = self.block_size, list[tuple[int, int]]()
+        bs, stride, runs = self.block_size, self._stride(), list[tuple[int, int]]()
         t, end = t0, t0 + p
         while t < end:
             n = min(bs - t % bs, end - t)
-            slot = self._blocks[t // bs] * bs + t % bs
+            slot = self._blocks[t // bs] * stride + t % bs
             if runs and runs[-1][0] + runs[-1][1] == slot:  # the next block follows in memory
                 runs[-1] = (runs[-1][0], runs[-1][1] + n)
             else:
@@ -307,10 +343,8 @@ class PagedKV(_PerToken):
         runs = []
         for t0, pages in self.page_runs(token_start, n_tokens, data, page_tokens):
             n, p = pages.shape[0], pages.shape[3]
-            t = np.arange(t0, t0 + n * p).reshape(n, p)
-            runs.append(
-                (self.table[t // self.block_size] * self.block_size + t % self.block_size, pages)
-            )
+            t = np.arange(t0, t0 + n * p, dtype=np.int64).reshape(n, p)
+            runs.append((self._slots(t), pages))
 
         def task(layer: int, kind: int) -> Callable[[], None]:
             def run() -> None:
@@ -322,6 +356,14 @@ class PagedKV(_PerToken):
         parallel_run(
             [task(i, kind) for i in range(self.layers) for kind in (0, 1)], n_tokens * self.tb
         )
+
+
+def paged_layout(fp: ModelFingerprint, kv_first: bool) -> str:
+    """The shape a block pool of ``fp`` must have, in words (a refusal names it)."""
+    dims = f"block_size, {fp.n_kv_heads}, {fp.head_dim}"
+    if kv_first:
+        return f"[2, num_blocks, {dims}] (kv_first=True: vLLM FlashAttention's, K pool then V)"
+    return f"[num_blocks, 2, {dims}] (kv_first=False: vLLM FlashInfer's, each block K then V)"
 
 
 def _per_layer(arrays: object, what: str) -> list[npt.NDArray[np.generic]]:

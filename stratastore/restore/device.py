@@ -6,8 +6,10 @@ CuPy array), as
 
 * :class:`DeviceFlatKV`: one buffer in the stored layout (what a bare device array becomes);
 * :class:`DeviceLayerKV`: per-layer K and V arrays ``[max_tokens, n_kv_heads, head_dim]``;
-* :class:`DevicePagedKV`: per-layer pools ``[2, num_blocks, block_size, n_kv_heads, head_dim]``
-  addressed through a block table (vLLM's and SGLang's paged layout).
+* :class:`DevicePagedKV`: per-layer pools addressed through a block table, ``[2, num_blocks,
+  block_size, n_kv_heads, head_dim]`` (vLLM's FlashAttention backend, SGLang) or, with
+  ``kv_first=False``, ``[num_blocks, 2, block_size, n_kv_heads, head_dim]`` (vLLM's
+  FlashInfer backend).
 
 The path of a disk chunk (:meth:`~stratastore.restore.two_pass.Job.chunks`): its pages are read
 into pinned host staging (a pool that keeps a few chunks' worth for reuse), copied to device
@@ -19,6 +21,12 @@ layout). The host never hashes; no byte past the first bad page reaches the dest
 contract, the ladder and the typed errors are the host path's (:mod:`.two_pass`). A RAM hit or a
 park in flight is the engine's own bytes: copied to the device and scattered, with nothing to
 validate.
+
+The per-token destinations (:class:`DeviceLayerKV`, :class:`DevicePagedKV`) are also what
+:meth:`Store.park <stratastore.Store.park>` takes from device memory in the engine's layout:
+``gather_pages_device`` gathers the capture into the stored layout on the device (the
+``gather_rows`` kernel, the inverse of ``scatter_rows``), where it is hashed and copied to the
+host once (:func:`stratastore.tiers.device.device_snapshot`).
 
 Nothing here imports ``numba.cuda`` until a device array is given: a host-only engine never
 pays for it. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: CI, no GPU) the same code
@@ -235,6 +243,58 @@ class _DevicePerToken(DeviceDestination):
                 stream=self.stream,
             )
 
+    def gather_pages_device(self, bounds: Sequence[tuple[int, int]]) -> Any:
+        """A new device ``uint8`` array of tokens ``[0, end)`` (``end``: the last segment's)
+        in the stored layout of a capture cut into the segments ``bounds`` (the
+        conversation's ``(start, end)`` :meth:`~stratastore.chain.Conversation.boundaries`,
+        ascending from 0 without gaps): segment ``(start, end)`` at ``[start * token_bytes,
+        end * token_bytes)``, its pages of ``page_tokens`` counted from ``start``, its last
+        page possibly short (spec F-SEG-4). The inverse of ``write_pages``, on the device:
+        one ``gather_rows`` launch per segment and layer; done (its stream synchronized) when
+        this returns. Device memory: the returned copy of the capture, ``end *
+        token_bytes`` bytes, and its slot ids (8 bytes a token). Bounds that are not such
+        segments, or that reach past :meth:`capacity`, are refused with
+        :class:`DestinationRefused` before anything runs."""
+        from numba import cuda
+
+        from numba_kernels.cuda import gather_rows_device
+
+        spans = [(int(a), int(b)) for a, b in bounds]
+        starts, ends = [a for a, _ in spans], [b for _, b in spans]
+        n = ends[-1] if ends else 0
+        if spans and (starts != [0, *ends[:-1]] or any(a >= b for a, b in spans)):
+            raise DestinationRefused(
+                f"{type(self).__name__}.gather_pages_device: segments {spans[:8]} must ascend "
+                "from token 0, each ending where the next starts (a conversation's "
+                "boundaries())"
+            )
+        if n > self.capacity():
+            raise DestinationRefused(
+                f"{type(self).__name__} holds {self.capacity():,} tokens; a gather of {n:,} "
+                "reads past it: pass the block table (or arrays) of all of them"
+            )
+        out = cuda.device_array(n * self.tb, dtype=np.uint8, stream=self.stream)
+        if not n:
+            return out
+        slots = _rows_on_device(self._slots(0, n), self.stream)
+        pt = self.fp.page_tokens
+        for a, b in spans:
+            for layer, (k, v) in enumerate(self._pairs()):
+                gather_rows_device(
+                    out[a * self.tb : b * self.tb],
+                    b - a,
+                    pt,
+                    self.layers,
+                    self.row,
+                    layer,
+                    k,
+                    v,
+                    slots[a:b],
+                    stream=self.stream,
+                )
+        self.stream.synchronize()
+        return out
+
     def zero(self, token_start: int, n_tokens: int) -> None:
         from numba_kernels.cuda import zero_rows_device
 
@@ -279,19 +339,44 @@ class DeviceLayerKV(_DevicePerToken):
 
 
 class DevicePagedKV(_DevicePerToken):
-    """``pools[layer]``: device arrays ``[2, num_blocks, block_size, n_kv_heads, head_dim]``;
-    token ``t`` lives in block ``block_table[t // block_size]`` at slot ``t % block_size``, as
-    :class:`~stratastore.restore.PagedKV` on the host (the same block-table checks)."""
+    """``pools[layer]``: one layer's block pool on the device; token ``t`` lives in block
+    ``block_table[t // block_size]`` at slot ``t % block_size``, as
+    :class:`~stratastore.restore.PagedKV` on the host (the same layouts, the same shape and
+    block-table checks, the same typed refusals). Two layouts, as vLLM's GPU attention
+    backends keep a layer's cache (one CUDA tensor a layer):
+
+    * ``kv_first=True`` (the default): ``[2, num_blocks, block_size, n_kv_heads, head_dim]``,
+      the K pool then the V pool (vLLM's FlashAttention backend, SGLang);
+    * ``kv_first=False``: ``[num_blocks, 2, block_size, n_kv_heads, head_dim]``, each block
+      its K then its V (vLLM's FlashInfer backend).
+
+    Either way a token's K and its V are rows of the layer's flat bytes: with ``kv_first``,
+    row ``slot`` of the K half and of the V half (``slot = block * block_size + t %
+    block_size``); without, rows ``block * 2 * block_size + t % block_size`` and that plus
+    ``block_size``, so K is the flat bytes and V the same bytes from row ``block_size`` on,
+    both indexed by one slot: the ``scatter_rows``, ``gather_rows`` and ``zero_rows`` kernels
+    serve both layouts unchanged (distinct layers are checked not to overlap; K and V of one
+    layer share memory by design).
+
+    A restore writes into it (``write_pages``, ``zero``); a park reads from it:
+    ``Store.park(conv, DevicePagedKV(fp, pools, block_table, kv_first=...))`` gathers the
+    conversation's tokens into the stored layout on the device
+    (:meth:`gather_pages_device`, each segment's pages counted from its start), hashes them
+    there and copies them to the host once; the device holds one gathered copy of the capture
+    meanwhile, freed when the park returns."""
 
     def __init__(
         self,
         fp: ModelFingerprint,
         pools: Sequence[object],
         block_table: Sequence[int] | npt.NDArray[np.integer],
+        *,
+        kv_first: bool = True,
     ) -> None:
-        from stratastore.restore.destinations import checked_block_table
+        from stratastore.restore.destinations import checked_block_table, paged_layout
 
         super().__init__(fp)
+        self.kv_first = bool(kv_first)
         if len(pools) != fp.n_layers:
             raise DestinationRefused(
                 f"DevicePagedKV needs {fp.n_layers} per-layer pools, got {len(pools)}"
@@ -301,18 +386,20 @@ class DevicePagedKV(_DevicePerToken):
             for i, p in enumerate(pools)
         ]
         shape = tuple(int(x) for x in arrays[0].shape) if arrays else ()
-        if len(shape) != 5 or shape[0] != 2 or any(tuple(a.shape) != shape for a in arrays):
+        pair = 0 if self.kv_first else 1  # the axis of K/V
+        if len(shape) != 5 or shape[pair] != 2 or any(tuple(a.shape) != shape for a in arrays):
             raise DestinationRefused(
-                f"each DevicePagedKV pool must be [2, num_blocks, block_size, {fp.n_kv_heads}, "
-                f"{fp.head_dim}], all of one shape; pool[0] is {shape}"
+                f"each DevicePagedKV pool must be {paged_layout(fp, self.kv_first)}, all of "
+                f"one shape; pool[0] is {shape}"
             )
-        self.num_blocks, self.block_size = shape[1], shape[2]
-        flat = [
-            self._arrays(a, f"DevicePagedKV pool[{i}]", (2, self.num_blocks))
-            for i, a in enumerate(arrays)
-        ]
-        half = self.num_blocks * self.block_size * self.row
-        self.pools = [(f[:half], f[half:]) for f in flat]  # K and V of each layer
+        self.num_blocks, self.block_size = shape[1 - pair], shape[2]
+        lead = (2, self.num_blocks) if self.kv_first else (self.num_blocks, 2)
+        flat = [self._arrays(a, f"DevicePagedKV pool[{i}]", lead) for i, a in enumerate(arrays)]
+        if self.kv_first:
+            half = self.num_blocks * self.block_size * self.row
+            self.pools = [(f[:half], f[half:]) for f in flat]  # K and V of each layer
+        else:  # V rows are K's rows one block on: both indexed by :meth:`_slots`
+            self.pools = [(f, f[self.block_size * self.row :]) for f in flat]
         self.table = checked_block_table(
             block_table, self.num_blocks, self.block_size, "the DevicePagedKV block table"
         )
@@ -325,8 +412,11 @@ class DevicePagedKV(_DevicePerToken):
         return self.pools
 
     def _slots(self, token_start: int, n_tokens: int) -> npt.NDArray[np.int64]:
+        bs = self.block_size
+        stride = bs if self.kv_first else 2 * bs
         t = np.arange(token_start, token_start + n_tokens, dtype=np.int64)
-        return self.table[t // self.block_size] * self.block_size + t % self.block_size
+        slots: npt.NDArray[np.int64] = self.table[t // bs] * stride + t % bs
+        return slots
 
 
 def _rows_on_device(rows: npt.NDArray[np.int64], stream: Any) -> Any:

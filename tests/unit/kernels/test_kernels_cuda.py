@@ -11,11 +11,12 @@ import sys
 
 import blake3
 import numpy as np
+import numpy.typing as npt
 import pytest
 from numba import cuda
 
-from numba_kernels import first_bad_page, ladder_copy, page_hashes
-from numba_kernels.cuda import page_hashes_device
+from numba_kernels import first_bad_page, ladder_copy, page_hashes, scatter_rows
+from numba_kernels.cuda import gather_rows_device, page_hashes_device
 
 SIZES = [
     0,
@@ -43,7 +44,7 @@ SIZES = [
 ]
 
 
-def pattern(n: int) -> np.ndarray:
+def pattern(n: int) -> npt.NDArray[np.uint8]:
     """The official BLAKE3 test-vector input: byte i = i % 251."""
     return (np.arange(n) % 251).astype(np.uint8)
 
@@ -102,6 +103,29 @@ def test_first_bad_and_ladder_copy_on_the_device(bad: int | None) -> None:
             assert np.array_equal(block[: page.size], page)
         else:
             assert not block.any(), "a page at or past the damage reached the destination"
+
+
+# (tokens, row bytes) in pages of 3: whole pages, short rows; a short last page, rows longer
+# than a block's 256 threads
+@pytest.mark.parametrize(("n_tokens", "row"), [(9, 16), (7, 260)])
+def test_gather_rows_is_the_inverse_of_scatter_rows(n_tokens: int, row: int) -> None:
+    """Stored pages scattered into K/V rows at shuffled slots (the host path, the reference),
+    then gathered back on the device, layer by layer: the same bytes, the short last page and
+    rows longer than a block's threads included."""
+    layers, pt, rows = 2, 3, 2 * n_tokens + 5
+    rng = np.random.default_rng(n_tokens)
+    src = rng.integers(0, 256, n_tokens * layers * 2 * row, dtype=np.uint8)
+    slots = rng.permutation(rows)[:n_tokens].astype(np.int64)
+    k = [np.zeros(rows * row, np.uint8) for _ in range(layers)]
+    v = [np.zeros(rows * row, np.uint8) for _ in range(layers)]
+    for layer in range(layers):
+        scatter_rows(src, n_tokens, pt, layers, row, layer, k[layer], v[layer], slots, "cpu")
+    out = cuda.to_device(np.full(src.size, 0xEE, np.uint8))
+    d_slots = cuda.to_device(slots)
+    for layer in range(layers):
+        dk, dv = cuda.to_device(k[layer]), cuda.to_device(v[layer])
+        gather_rows_device(out, n_tokens, pt, layers, row, layer, dk, dv, d_slots)
+    assert np.array_equal(out.copy_to_host(), src)
 
 
 def test_device_choice_is_validated() -> None:
