@@ -164,7 +164,9 @@ class Store:
         write that fails later is reported by :meth:`flush`/:meth:`close` (:class:`SpillError`).
 
         ``kv`` may be the engine's own layout, a :class:`~stratastore.restore.LayerKV` or
-        :class:`~stratastore.restore.PagedKV` (its pool and a block table): when parks go to
+        :class:`~stratastore.restore.PagedKV` (its pool and a block table), or any source with
+        page views (:class:`~stratastore.restore.PageViews`, runs of pages gathered at once
+        where it has :class:`~stratastore.restore.GathersPages`): when parks go to
         disk with no remote level or system-prompt cache, it is streamed from there (gathered,
         hashed and written chunk by chunk, never copied whole), durable when this returns
         (``disk``; ``discard`` if the level refused it; an I/O error raises here); else the
@@ -176,6 +178,10 @@ class Store:
         each segment's pages are hashed on the device, the K/V is copied to the host once, and
         the sidecars get the device's digests: never hashed on the host (nor twice), whether
         written now or from the RAM level later. The device array may be reused on return.
+        The engine's layout on a device, a :class:`~stratastore.restore.DevicePagedKV` (either
+        paged layout: ``kv_first``) or :class:`~stratastore.restore.DeviceLayerKV`, is gathered
+        into the stored layout on the device first (one copy of the capture there, freed on
+        return), then parked as device memory is.
 
         ``slot``: the engine slot the conversation leaves (an integer, or a name of up to 64
         letters, digits and ``_.:-``), for the per-slot speeds of ``stats()["speeds"]`` and

@@ -19,8 +19,10 @@ __all__ = [
     "mem_total",
     "populate_write",
     "process_alive",
+    "process_cpus",
     "process_start",
     "random_bytes",
+    "run_on_cpus",
     "silence_stdout",
     "this_process",
     "volume_bytes",
@@ -117,6 +119,34 @@ def cpu_count() -> int:
     """The CPUs of this machine (``os.cpu_count``, not this process's affinity), 1 when that is
     not known."""
     return os.cpu_count() or 1
+
+
+def process_cpus(tasks: str = "/proc/self/task") -> set[int]:
+    """The CPUs some thread of this process may run on: the union of its threads' affinities.
+    An engine that pins one of its threads to a core (vLLM's CPU worker pins its own to the
+    core its forward computes on) does not narrow it; a process started on a subset of the
+    machine (``taskset``, a cgroup's cpuset) keeps that subset. The calling thread's own
+    affinity when the threads cannot be listed."""
+    cpus: set[int] = set()
+    try:
+        for tid in os.listdir(tasks):
+            try:
+                cpus |= os.sched_getaffinity(int(tid))
+            except (OSError, ValueError):  # the thread ended meanwhile
+                continue
+    except OSError:
+        pass
+    return cpus or set(os.sched_getaffinity(0))
+
+
+def run_on_cpus(cpus: set[int]) -> bool:
+    """Let the calling thread run on ``cpus`` (its affinity; the threads it starts inherit
+    it). False, and nothing changed, when the system refuses (a CPU not this process's)."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def random_bytes(n: int) -> bytes:

@@ -7,12 +7,14 @@ its members too (:mod:`.capabilities`), and the fast paths ask that, never its c
 from stratastore.restore.agenda import SHARED_READER, SharedAgenda, restore_batch
 from stratastore.restore.capabilities import (
     Destination,
+    GathersPages,
     OnDevice,
     PageViews,
     ScatterReads,
     StoredRegion,
     Zeroable,
     lives_on_device,
+    page_gather,
     page_view_source,
     scatter_reads,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "DevicePagedKV",
     "EngineCapture",
     "FlatKV",
+    "GathersPages",
     "Job",
     "LayerKV",
     "OnDevice",
@@ -57,6 +60,7 @@ __all__ = [
     "deliver_capture",
     "flat_bytes",
     "lives_on_device",
+    "page_gather",
     "page_view_source",
     "restore_batch",
     "pack_pages",

@@ -13,6 +13,8 @@ zero                       ``zero(token_start, n_tokens)``             the apply
                            (:class:`Zeroable`)                         applied as it validates)
 page views                 ``page_views(token_start, n_tokens)``       the streamed park (reads
                            (:class:`PageViews`)                        a source page by page)
+page gather                ``gather_pages(token_start, n_tokens,       the streamed park (copies
+                           out, page_tokens)`` (:class:`GathersPages`) a run of pages at once)
 direct scatter reads       page views and ``zero``                     the read pass (each page
                            (:class:`ScatterReads`)                     read into its views)
 stored region              ``region(token_start, n_tokens)``           the read pass (a run of
@@ -21,11 +23,12 @@ on a device                ``on_device = True`` (:class:`OnDevice`)    the read 
                                                                        on the device)
 ========================  ==========================================  =========================
 
-The functions :func:`scatter_reads`, :func:`lives_on_device` and :func:`page_view_source` are
-how the read pass (:mod:`.two_pass`), the apply pass (:mod:`.delivery`) and the park
-(:mod:`.gather`) ask; each asks once a restore or a park, never a page. A page is spec
-F-SEG-4's: ``p`` tokens (``page_tokens``, the segment's last page shorter), per layer K then
-V, each ``[p, n_kv_heads, head_dim]``: ``p * token_bytes`` bytes in that order.
+The functions :func:`scatter_reads`, :func:`lives_on_device`, :func:`page_view_source` and
+:func:`page_gather` are how the read pass (:mod:`.two_pass`), the apply pass
+(:mod:`.delivery`) and the park (:mod:`.gather`) ask; each asks once a restore or a park,
+never a page. A page is spec F-SEG-4's: ``p`` tokens (``page_tokens``, the segment's last
+page shorter), per layer K then V, each ``[p, n_kv_heads, head_dim]``: ``p * token_bytes``
+bytes in that order.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from stratastore.restore.in_place import DestinationRefused
 
 __all__ = [
     "Destination",
+    "GathersPages",
     "OnDevice",
     "PageViews",
     "ScatterReads",
@@ -49,6 +53,7 @@ __all__ = [
     "check_page_views",
     "check_region",
     "lives_on_device",
+    "page_gather",
     "page_view_source",
     "scatter_reads",
 ]
@@ -121,6 +126,36 @@ class PageViews(Protocol):
     def page_views(self, token_start: int, n_tokens: int) -> list[memoryview]:
         """Where the bytes of the stored page of tokens ``[token_start, token_start +
         n_tokens)`` are, in their stored order."""
+        ...
+
+
+@runtime_checkable
+class GathersPages(Protocol):
+    """The page-gather capability: a park's source that copies a run of stored pages at once.
+
+    ``gather_pages(token_start, n_tokens, out, page_tokens)``, the inverse of ``write_pages``:
+    copy tokens ``[token_start, token_start + n_tokens)`` into ``out`` (a writable, C-contiguous
+    ``uint8`` array of exactly ``n_tokens * token_bytes`` bytes) as consecutive stored pages of
+    ``page_tokens`` (spec F-SEG-4; the last may be short, ``token_start`` on a page of its
+    segment). For memory that does not hold a page's K or V in one piece (an engine's own order
+    inside its blocks), where views per page would be copies anyway: the streamed park then
+    gathers each chunk (16 MiB) with one call instead of a view per page, layer and kind. A
+    source with it still has ``capacity`` and ``page_views`` (:class:`PageViews`: the first
+    page is checked through them before a park gathers anything). Called from the park's
+    gathering threads, several at once for different runs; ``out`` is the store's staging."""
+
+    def capacity(self) -> int:
+        """Tokens it holds from position 0."""
+        ...
+
+    def page_views(self, token_start: int, n_tokens: int) -> list[memoryview]:
+        """As :class:`PageViews`."""
+        ...
+
+    def gather_pages(
+        self, token_start: int, n_tokens: int, out: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
+        """Copy tokens ``[token_start, token_start + n_tokens)`` into ``out`` as stored pages."""
         ...
 
 
@@ -199,6 +234,14 @@ def page_view_source(kv: object) -> PageViews | None:
     """``kv`` when a park may read it page by page (:class:`PageViews`), else None."""
     if callable(getattr(kv, "page_views", None)) and callable(getattr(kv, "capacity", None)):
         return cast("PageViews", kv)
+    return None
+
+
+def page_gather(src: object) -> GathersPages | None:
+    """``src`` when a park may copy runs of its pages at once (:class:`GathersPages`), else
+    None."""
+    if callable(getattr(src, "gather_pages", None)) and page_view_source(src) is not None:
+        return cast("GathersPages", src)
     return None
 
 

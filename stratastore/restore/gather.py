@@ -19,7 +19,12 @@ import numpy.typing as npt
 from stratastore.errors import StrataError
 from stratastore.format import ModelFingerprint
 from stratastore.levels.sealing import PageSource
-from stratastore.restore.capabilities import PageViews, check_page_views, page_view_source
+from stratastore.restore.capabilities import (
+    PageViews,
+    check_page_views,
+    page_gather,
+    page_view_source,
+)
 from stratastore.restore.in_place import DestinationRefused
 
 __all__ = ["EngineCapture", "SegmentPages", "as_engine_capture"]
@@ -33,12 +38,16 @@ class SegmentPages(PageSource):
     def __init__(self, src: PageViews, start: int, end: int, fp: ModelFingerprint) -> None:
         self.src, self.start, self.end, self.fp = src, start, end, fp
         self.nbytes = (end - start) * fp.token_bytes
+        self.runs = page_gather(src)  #: asked once: the source copies runs of pages itself
 
     def gather_into(self, offset: int, out: npt.NDArray[np.uint8]) -> None:
         pt, pb, tb = self.fp.page_tokens, self.fp.page_bytes, self.fp.token_bytes
-        if offset % pb or offset + out.size > self.nbytes:
+        if offset % pb or offset + out.size > self.nbytes or out.size % tb:
             raise ValueError(f"bytes [{offset}, {offset + out.size}) are not whole pages here")
         t, pos = self.start + offset // pb * pt, 0
+        if self.runs is not None:
+            self.runs.gather_pages(t, out.size // tb, out, pt)
+            return
         while pos < out.size:
             p = min(pt, self.end - t)
             views, end = self.src.page_views(t, p), pos + p * tb
@@ -59,7 +68,9 @@ class SegmentPages(PageSource):
 
 
 class EngineCapture:
-    """Tokens ``[0, n_tokens)`` held in the engine's layout ``src`` (see the module)."""
+    """Tokens ``[0, n_tokens)`` held in the engine's layout ``src`` (see the module), gathered
+    a run of pages at a time where ``src`` can (:class:`~.capabilities.GathersPages`), else a
+    page view at a time."""
 
     def __init__(self, src: PageViews, n_tokens: int, fp: ModelFingerprint) -> None:
         self.src, self.n_tokens, self.fp = src, n_tokens, fp

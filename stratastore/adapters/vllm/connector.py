@@ -8,23 +8,26 @@ per process. The scheduler side decides, the worker side moves the bytes. The st
 * a new request: :meth:`get_num_new_matched_tokens` looks its prompt up in the store and
   promises the stored prefix, in whole pages, never the whole prompt (:func:`.plan.loadable`);
   :meth:`update_state_after_alloc` and :meth:`build_connector_meta` tell the worker which
-  blocks to fill; the worker's :meth:`start_load_kv` restores into vLLM's blocks before the
-  forward that reads them (:class:`.pool.Pool`: vLLM's CPU layout, or the paged layout through
-  :class:`~stratastore.restore.PagedKV`), every page validated before it is delivered, the last
-  block possibly in part. A restore that stops short (a damaged page, a segment gone) reports
+  blocks to fill; the worker's :meth:`start_load_kv` starts the restore into vLLM's blocks on
+  the connector's own thread (:class:`.loader.Loader`), and the first attention layer of the
+  forward waits for it (:meth:`wait_for_layer_load`); vLLM's CPU layout, or the paged layouts
+  of the GPU backends on the host or on a CUDA device (:class:`.pool.Pool`), every page
+  validated in the memory it is delivered from (on a device, by the BLAKE3 kernel there), the
+  last block possibly in part. A restore that stops short (a damaged page, a segment gone) reports
   the blocks it did not fill (:meth:`get_block_ids_with_load_errors`): vLLM recomputes them,
   so the tokens are a recompute's. The connector asks vLLM for that
   (``kv_load_failure_policy = "recompute"``): a store's damage is never a failed request.
 * a request whose prompt vLLM has just computed, at least half of it here (not restored):
   the step's metadata names its whole pages (:meth:`build_connector_meta`), and the worker's
   :meth:`wait_for_save` copies them out of the blocks after the forward (the request still
-  runs: its blocks are not held) and hands them to the saver thread (:class:`.saver.Saver`),
-  which parks them; the Store's spill writer writes them. A stop loses at most what was in
-  flight, never a computed prompt's K/V that had time to land.
+  runs: its blocks are not held; :meth:`.pool.Pool.copy`) and hands them to the saver thread
+  (:class:`.saver.Saver`), which parks them; the Store's spill writer writes them. A stop
+  loses at most what was in flight, never a computed prompt's K/V that had time to land.
 * a finished request: :meth:`request_finished` keeps its blocks (vLLM frees them when the
   worker says so) and parks every whole page vLLM computed, the reply's included, under the
-  same conversation (the prompt's segments are shared, not rewritten); the saver copies them
-  out of the held blocks and gives the blocks back once the park is durable
+  same conversation (the prompt's segments are shared, not rewritten); the saver parks them
+  straight out of the held blocks (``Store.park`` with the blocks as its source: the store's
+  streamed park) and gives the blocks back once the park is durable
   (:meth:`get_finished`). :meth:`shutdown` waits for the parks handed over, and the Store's
   close for their writes.
 
@@ -36,7 +39,6 @@ level), configured through ``kv_connector_extra_config`` (:func:`.plan.store_con
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +52,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from stratastore.adapters.vllm.cpu_layout import measure
+from stratastore.adapters.vllm.loader import Loader
 from stratastore.adapters.vllm.metrics import StrataPromMetrics, StrataStats
 from stratastore.adapters.vllm.plan import (
     LoadJob,
     SaveJob,
     conversation_id,
     keyable,
+    load_unit,
     loadable,
     page_tokens,
     save_cuts,
@@ -82,13 +86,15 @@ def _keep_vllms_threads() -> None:
     more core per worker when any KV connector is configured (for a transfer thread:
     ``vllm/utils/ompmultiprocessing.py``), so its workers would compute with other OMP thread
     counts, and so other bits of K/V and logits, than vLLM alone: greedy tokens could differ.
-    This connector needs no core of its own (a load runs on the worker's thread before the
-    forward, a park's write on the Store's writer), so unless the user set
+    This connector needs no core of its own (its load and park threads run on whichever of the
+    process's cores is free while the forward waits: :mod:`.loader`), so unless the user set
     ``VLLM_CPU_NUM_OF_RESERVED_CPU``, it is set to vLLM's own reservation without a connector
     (one core), and vLLM's warning about it is left out of its log (:mod:`.plugin`, which
     vLLM's processes load as a general plugin before they log it). vLLM imports this module
     while it checks its config, before it starts the engine and its workers, which inherit
-    the setting."""
+    the setting. A user who wants vLLM's reservation for a connector (on 2 cores: none, so the
+    worker computes on both, with other bits than vLLM alone) sets the variable
+    (docs/engine.md)."""
     if env_var(RESERVED_CPU_ENV) is None:
         env_default(RESERVED_CPU_ENV, "1")
         env_default(OWN_RESERVATION_ENV, "1")
@@ -152,6 +158,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         self.block_size = int(vllm_config.cache_config.block_size)
         self.page = page_tokens(extra, self.block_size)
+        self.load_unit = load_unit(extra, self.block_size, self.page)
         self.fp = engine_fingerprint(vllm_config, self.page)
         self.tally = Tally()
         # a block the store cannot deliver valid is recomputed, never a failed request
@@ -168,7 +175,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._running: dict[str, _Running] = {}
         # worker side
         self.pool: Pool | None = None
-        self._load_errors: set[int] = set()
+        self._loader: Loader | None = None
         self._saver: Saver | None = None
 
     # -- scheduler side -------------------------------------------------------------------
@@ -191,7 +198,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except StrataError as e:  # the store cannot answer: vLLM computes, as without it
             log.warning("stratastore: lookup of request %s: %s", request.request_id, e)
             return 0, False
-        upto = loadable(hit[1] if hit else 0, len(prompt), self.page)
+        upto = loadable(hit[1] if hit else 0, len(prompt), self.load_unit)
         if hit is None or upto <= num_computed_tokens:
             self._promised.pop(request.request_id, None)
             return 0, False
@@ -314,9 +321,11 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # -- worker side ----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        """vLLM's pool, checked against the model (a typed error at start-up otherwise); on
-        the CPU backend the order inside its blocks measured from vLLM's kernel
-        (:func:`.cpu_layout.measure`)."""
+        """vLLM's pool, checked against the model (a typed error at start-up otherwise): the
+        CPU backend's blocks, whose inner order is measured from vLLM's kernel
+        (:func:`.cpu_layout.measure`), or the GPU backends' paged caches (FlashAttention's
+        ``[2, blocks, ...]``, FlashInfer's ``[blocks, 2, ...]``) on the host or a CUDA
+        device."""
         first = next(iter(kv_caches.values()), None)
         layout = None
         if first is not None and first.dim() == 4:  # vLLM's CPU layout: its order measured
@@ -330,36 +339,25 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 isa, self.fp.n_kv_heads, self.fp.head_dim, self.block_size, first.dtype
             )
         self.pool = Pool(self.fp, kv_caches, self.block_size, layout)
+        self._loader = Loader(self.store, self.pool, self.tally, self.block_size)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Restore each request of this step's metadata into its blocks, validated, before
-        the forward that reads them; the blocks a restore did not fill are load errors."""
+        """Start restoring each request of this step's metadata into its blocks, validated,
+        on the loader's thread (:class:`.loader.Loader`); the forward waits for it at its
+        first attention layer (:meth:`wait_for_layer_load`)."""
         meta = self._connector_metadata
         if not isinstance(meta, StrataMetadata) or not meta.loads:
             return
-        pool = self._need_pool()
-        for job in meta.loads:
-            started = time.perf_counter()
-            self._load(pool, job)
-            self.tally.time("load_seconds", time.perf_counter() - started)
-
-    def _load(self, pool: Pool, job: LoadJob) -> None:
-        want = len(job.tokens)
-        try:  # blocks vLLM handed over wrongly are refused by name, as damage is: recomputed
-            dest = pool.destination(job.block_ids, job.skip)
-            got = self.store.restore(job.tokens, dest, max_tokens=want).tokens
-        except StrataError as e:
-            log.warning("stratastore: restore of request %s: %s; vLLM recomputes it", job.req_id, e)
-            got = 0
-        loaded = max(0, got - job.skip)
-        self.tally.add(loads=1, tokens_loaded=loaded, bytes_load=loaded * self.fp.token_bytes)
-        if got < want:
-            failed = job.block_ids[max(got, job.skip) // self.block_size :]
-            self.tally.add(load_shortfalls=1, blocks_recomputed=len(failed))
-            self._load_errors.update(failed)
+        self._need_pool()
+        assert self._loader is not None
+        self._loader.start(meta.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # every load finished in start_load_kv
+        """Wait for this step's loads before ``layer_name`` reads its K/V: every layer's K/V is
+        whole once the last page has landed (a stored page holds all layers, spec F-SEG-4),
+        so the first layer waits for the loads and the others find them done."""
+        if self._loader is not None:
+            self._loader.wait()
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
@@ -375,6 +373,8 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not isinstance(meta, StrataMetadata) or not meta.saves:
             return
         pool = self._need_pool()
+        if self._loader is not None:  # a save may take blocks this step loaded into
+            self._loader.wait()
         if self._saver is None:
             self._saver = Saver(self.store, pool, self.tally)
         for job in meta.saves:
@@ -382,7 +382,7 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._saver.submit(job)
                 continue
             try:
-                pages = pool.gather(job.block_ids, len(job.tokens))
+                pages = pool.copy(job.block_ids, len(job.tokens))
             except StrataError as e:  # never a failed step: the prompt is parked at its end
                 self.tally.drop("error")
                 log.warning("stratastore: copying request %s's prompt: %s", job.req_id, e)
@@ -396,8 +396,9 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors, self._load_errors = self._load_errors, set()
-        return errors
+        """The blocks this step's loads did not fill (after they ended): vLLM recomputes
+        them."""
+        return self._loader.errors() if self._loader is not None else set()
 
     def get_kv_connector_stats(self) -> StrataStats | None:
         """What this side did since the last call, for vLLM's metrics (:mod:`.metrics`)."""
@@ -424,6 +425,8 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         key, self._store_key = self._store_key, None
         if key is None:
             return
+        if self._loader is not None:
+            self._loader.close()
         if self._saver is not None:  # the parks handed over so far, then the thread ends
             self._saver.close()
         if self.role == KVConnectorRole.WORKER:

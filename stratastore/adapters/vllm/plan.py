@@ -13,7 +13,11 @@
   cold disk level under the user's cache directory. Parks go to disk (a restart keeps them)
   and pages are resume points (``page_resume``), unless the settings say otherwise.
 * **How much a request loads** (:func:`loadable`): the deepest stored prefix of its prompt, in
-  whole pages, never the whole prompt (vLLM computes at least its last token).
+  whole pages, never the whole prompt (vLLM computes at least its last token); in whole vLLM
+  blocks with ``"load_whole_blocks": true`` (:func:`load_unit`): the prefix vLLM's own prefix
+  cache would hold, so the tokens left are computed in the same split as with vLLM keeping
+  the conversation (bit for bit its tokens, where the model's greedy choice turns on the last
+  bits of how a prefill is split).
 * **What a request parks** (:func:`saved_tokens`, :func:`save_cuts`): the whole pages of its
   prompt once vLLM has computed them, then every whole page whose K/V vLLM computed when it
   finishes, cut into chunks and where it resumed from the store, so that a shared prefix and
@@ -47,6 +51,7 @@ __all__ = [
     "default_store_dir",
     "fingerprint",
     "keyable",
+    "load_unit",
     "loadable",
     "page_tokens",
     "save_cuts",
@@ -184,6 +189,19 @@ def page_tokens(extra: Mapping[str, Any] | None, block_size: int) -> int:
             f"block of {block_size} tokens; choose a divisor of it (16 by default)"
         )
     return given
+
+
+def load_unit(extra: Mapping[str, Any] | None, block_size: int, page: int) -> int:
+    """The tokens a load is a whole number of: the store's ``page`` (the default: a request
+    resumes at its deepest stored page), or vLLM's ``block_size`` with
+    ``kv_connector_extra_config["load_whole_blocks"] = true`` (it resumes where vLLM's own
+    prefix cache would: see the module). Anything but a boolean is a :class:`ConfigError`."""
+    given = dict(extra or {}).get("load_whole_blocks", False)
+    if not isinstance(given, bool):
+        raise ConfigError(
+            f'kv_connector_extra_config: "load_whole_blocks" must be true or false, not {given!r}'
+        )
+    return block_size if given else page
 
 
 def default_store_dir(env: Mapping[str, str] | None = None) -> str:

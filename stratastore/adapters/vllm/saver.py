@@ -2,9 +2,12 @@
 
 :meth:`Saver.submit` takes a :class:`~.plan.SaveJob` with its K/V already copied out of vLLM's
 blocks (a prompt just computed: the request still runs, and its blocks may be reused once the
-step ends), or without (a finished request whose blocks vLLM keeps for it: copied here). The
-thread parks each into the Store, in the order handed over (a prompt's pages before its
-reply's), the Store's spill writer writing them, then flushes: a park counts as durable
+step ends: :meth:`.pool.Pool.copy`), or without (a finished request whose blocks vLLM keeps for
+it). The thread parks each into the Store, in the order handed over (a prompt's pages before
+its reply's): a finished request's straight out of its blocks (``Store.park(conv,
+pool.source(blocks))``: the store's streamed park gathers, hashes and writes them a chunk at a
+time when the park goes to disk, nothing copied whole; on a device, gathered and hashed
+there), then flushes: a park counts as durable
 (``parks``) only once its write has landed (spec F-DUR), and as dropped, by reason, when the
 store refused it or its write failed. A finished request's blocks are given back
 (:meth:`Saver.finished`) once its park is durable or given up on, so vLLM keeps stepping
@@ -18,21 +21,19 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from stratastore.adapters.vllm.plan import SaveJob
 from stratastore.adapters.vllm.pool import Pool
 from stratastore.adapters.vllm.tally import Tally
 from stratastore.chain import Checkpoint, Conversation
 from stratastore.errors import StrataError
 from stratastore.facade import SpillError, Store
+from stratastore.io.system import process_cpus, run_on_cpus
 
 __all__ = ["Saver"]
 
 log = logging.getLogger("stratastore.vllm")
 
-_Item = tuple[SaveJob, "npt.NDArray[np.uint8] | None", float]
+_Item = tuple[SaveJob, Any, float]
 
 
 def _conversation(job: SaveJob) -> Conversation:
@@ -60,9 +61,10 @@ class Saver:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: SaveJob, kv: npt.NDArray[np.uint8] | None = None) -> None:
-        """Park ``job`` on the thread; ``kv``: its pages, copied out already (else the
-        thread copies them from the blocks vLLM holds for it: ``job.held``)."""
+    def submit(self, job: SaveJob, kv: Any = None) -> None:
+        """Park ``job`` on the thread; ``kv``: its pages, copied out already (host bytes or
+        a device array: :meth:`.pool.Pool.copy`), else parked from the blocks vLLM holds for
+        it (``job.held``)."""
         self._queue.put((job, kv, time.perf_counter()))
 
     def finished(self) -> set[str]:
@@ -78,6 +80,7 @@ class Saver:
         self._thread.join()
 
     def _run(self) -> None:
+        run_on_cpus(process_cpus())  # its gathering threads inherit it: not the forward's core
         while True:
             batch = [self._queue.get()]
             while True:  # what else is waiting goes down with it: one flush for all
@@ -105,7 +108,7 @@ class Saver:
         parked: list[tuple[int, SaveJob, float, int]] = []
         for i, (job, kv, handed) in enumerate(items):
             try:
-                pages = kv if kv is not None else self.pool.gather(job.block_ids, len(job.tokens))
+                pages = kv if kv is not None else self.pool.source(job.block_ids)
                 report = self.store.park(_conversation(job), pages)
             except Exception as e:  # never a failed request: the conversation is recomputed
                 self.tally.drop("error")

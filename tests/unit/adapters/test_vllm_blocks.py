@@ -19,7 +19,7 @@ from stratastore.adapters.vllm.block_layout import BlockLayout, Mover
 from stratastore.adapters.vllm.pool import CpuBlocks, Pool, layer_order
 from stratastore.chain import as_tokens
 from stratastore.facade import Store
-from stratastore.restore import DestinationRefused, PagedKV
+from stratastore.restore import DestinationRefused, PagedKV, as_engine_capture
 
 BS, H, D, L, NB = 16, 2, 8, 3, 12
 P, BIG = 16, 64  #: the store's page inside vLLM's block of 64 (4 pages a block)
@@ -47,9 +47,18 @@ def _pool(arrays: list[np.ndarray], cpu: bool, bs: int) -> Pool:
     """A :class:`Pool` over numpy arrays as it holds them (no torch)."""
     pool = Pool.__new__(Pool)
     pool.fp, pool.cpu, pool.arrays, pool.num_blocks, pool.block_size = _fp(), cpu, arrays, NB, bs
+    pool.device, pool.kv_first = False, True
     rows = BlockLayout.rows(bs, D)
     pool.movers = (Mover(rows.k, P), Mover(rows.v, P))
     return pool
+
+
+def _stored(blocks: CpuBlocks, n_tokens: int) -> np.ndarray:
+    """The first ``n_tokens`` of ``blocks`` as stored pages, gathered as a park gathers them
+    (the store's capture of a source in the engine's layout)."""
+    capture = as_engine_capture(blocks.fp, blocks, n_tokens)
+    assert capture is not None
+    return capture.pack([(0, n_tokens)])
 
 
 def _token_rows(arrays: list[np.ndarray], cpu: bool, block: int, slot: int) -> np.ndarray:
@@ -72,7 +81,7 @@ def test_cpu_blocks_round_trip_through_the_stored_layout() -> None:
     src, dst = _cpu_pool(1), _cpu_pool(2)
     before = [a.copy() for a in dst]
     ids_src, ids_dst = [7, 2, 9], [0, 5, 11]
-    pages = CpuBlocks(fp, src, ids_src).gather(3 * BS)
+    pages = _stored(CpuBlocks(fp, src, ids_src), 3 * BS)
     assert pages.size == 3 * BS * fp.token_bytes
     # the stored layout (F-SEG-4): page i, layer l, K then V, [bs, heads, dim]
     p = pages.view(np.int16).reshape(3, L, 2, BS, H, D)
@@ -88,7 +97,7 @@ def test_cpu_blocks_never_write_below_skip() -> None:
     fp = _fp()
     src, dst = _cpu_pool(3), _cpu_pool(4)
     before = [a.copy() for a in dst]
-    pages = CpuBlocks(fp, src, [1, 2, 3]).gather(3 * BS)
+    pages = _stored(CpuBlocks(fp, src, [1, 2, 3]), 3 * BS)
     CpuBlocks(fp, dst, [4, 5, 6], skip=2 * BS).write_pages(0, 3 * BS, pages, BS)
     for layer in range(L):
         assert np.array_equal(dst[layer][[4, 5]], before[layer][[4, 5]])  # vLLM's own blocks
@@ -118,7 +127,7 @@ def test_a_store_round_trip_lands_the_same_blocks(tmp_path: Path) -> None:
             "page_resume": True,
         },
     ) as store:
-        kv = CpuBlocks(fp, src, [3, 1, 4, 8]).gather(4 * BS)
+        kv = _stored(CpuBlocks(fp, src, [3, 1, 4, 8]), 4 * BS)
         store.park(Conversation("vllm-a", tokens, [Checkpoint(4 * BS)], cuts=[0, 2 * BS]), kv)
         store.flush()
         dest = CpuBlocks(fp, dst, [0, 2, 5, 6])
@@ -155,7 +164,7 @@ def test_a_store_round_trip_lands_the_same_blocks(tmp_path: Path) -> None:
 def test_the_paged_layout_gathers_what_paged_kv_restores(tmp_path: Path) -> None:
     fp = _fp()
     pools = _paged_pool(9)
-    pages = _pool(pools, False, BS).gather([5, 1], 2 * BS)
+    pages = _pool(pools, False, BS).copy([5, 1], 2 * BS)
     dst = [np.zeros_like(p) for p in pools]
     PagedKV(fp, dst, [0, 3]).write_pages(0, 2 * BS, pages, BS)
     for layer in range(L):
@@ -171,7 +180,7 @@ def test_pages_land_in_part_of_a_block_and_nothing_else_changes(cpu: bool) -> No
     src, dst = make(10, BIG), make(11, BIG)
     before = [a.copy() for a in dst]
     n = 5 * P  # ends a page into the second block
-    pages = _pool(src, cpu, BIG).gather([7, 2], n)
+    pages = _pool(src, cpu, BIG).copy([7, 2], n)
     assert np.array_equal(
         pages.view(np.int16).reshape(5, L, 2, P, H, D), _expected_pages(src, cpu, BIG, [7, 2], n)
     )
@@ -179,7 +188,7 @@ def test_pages_land_in_part_of_a_block_and_nothing_else_changes(cpu: bool) -> No
     assert dest.capacity() == 2 * BIG
     dest.write_pages(0, 3 * P, pages[: 3 * P * _fp().token_bytes], P)  # two calls, the second
     dest.write_pages(3 * P, 2 * P, pages[3 * P * _fp().token_bytes :], P)  # from mid-block
-    assert np.array_equal(_pool(dst, cpu, BIG).gather([0, 5], n), pages)
+    assert np.array_equal(_pool(dst, cpu, BIG).copy([0, 5], n), pages)
     for layer in range(L):
         got, old = dst[layer], before[layer]
         if cpu:  # [blocks, heads, 2, bs, dim]
@@ -199,11 +208,11 @@ def test_a_skip_inside_a_page_floors_to_the_page(cpu: bool) -> None:
     src, dst = make(12, BIG), make(13, BIG)
     before = [a.copy() for a in dst]
     n = 6 * P
-    pages = _pool(src, cpu, BIG).gather([3, 4], n)
+    pages = _pool(src, cpu, BIG).copy([3, 4], n)
     _pool(dst, cpu, BIG).destination([8, 9], skip=40).write_pages(0, n, pages, P)
     want = _expected_pages(src, cpu, BIG, [3, 4], n)
     old = _expected_pages(before, cpu, BIG, [8, 9], n)
-    got = _pool(dst, cpu, BIG).gather([8, 9], n).view(np.int16).reshape(want.shape)
+    got = _pool(dst, cpu, BIG).copy([8, 9], n).view(np.int16).reshape(want.shape)
     assert np.array_equal(got[:2], old[:2])  # tokens 0..31 are vLLM's, untouched
     assert np.array_equal(got[2:], want[2:])  # 32..95, from the store (the page holding 40)
 
@@ -213,13 +222,13 @@ def test_a_park_gathers_whole_pages_not_whole_blocks(cpu: bool) -> None:
     make = _cpu_pool if cpu else _paged_pool
     src = make(14, BIG)
     for n in (0, P, 3 * P, BIG + P, 2 * BIG):
-        got = _pool(src, cpu, BIG).gather(np.array([6, 0]), n)
+        got = _pool(src, cpu, BIG).copy(np.array([6, 0]), n)
         assert got.size == n * _fp().token_bytes
         want = _expected_pages(src, cpu, BIG, [6, 0], n)
         assert np.array_equal(got.view(np.int16).reshape(want.shape), want)
     for bad in (P + 1, 2 * BIG + P):  # not whole pages; past the request's blocks
         with pytest.raises(ConfigError, match="whole pages of 16"):
-            _pool(src, cpu, BIG).gather([6, 0], bad)
+            _pool(src, cpu, BIG).copy([6, 0], bad)
 
 
 def test_cpu_blocks_refuse_what_is_not_whole_pages_of_the_store() -> None:
@@ -252,7 +261,7 @@ def test_bad_block_ids_are_refused_when_the_destination_is_made(
     with pytest.raises(DestinationRefused, match=said):
         pool.destination(ids)  # type: ignore[arg-type]
     with pytest.raises(DestinationRefused, match=said):
-        pool.gather(ids, P)  # type: ignore[arg-type]
+        pool.copy(ids, P)  # type: ignore[arg-type]
     assert all(np.array_equal(a, b) for a, b in zip(arrays, before, strict=True))
 
 
@@ -285,14 +294,14 @@ def test_the_pool_takes_vllms_tensors_in_blocks_of_several_pages() -> None:
     caches = {n: torch.randn(NB, H, BIG, 2 * D).to(torch.bfloat16) for n in names}
     pool = Pool(fp, caches, BIG)
     assert pool.cpu and pool.num_blocks == NB
-    pages = pool.gather([4, 9], BIG + 2 * P)
+    pages = pool.copy([4, 9], BIG + 2 * P)
     layer1 = caches[names[1]].view(torch.int16).numpy().reshape(NB, H, 2, BIG, D)
     # page 4 (the first of block 9), layer 1, V: [p, heads, dim]
     p = pages.view(np.int16).reshape(6, L, 2, P, H, D)
     assert np.array_equal(p[4, 1, 1], layer1[9, :, 1, :P].transpose(1, 0, 2))
     before = {n: t.clone() for n, t in caches.items()}
     pool.destination([1, 2]).write_pages(0, BIG + 2 * P, pages, P)
-    assert np.array_equal(pool.gather([1, 2], BIG + 2 * P), pages)
+    assert np.array_equal(pool.copy([1, 2], BIG + 2 * P), pages)
     for n in names:  # block 2's last two pages and every other block are as they were
         got, old = (
             t.view(torch.int16).numpy().reshape(NB, H, 2, BIG, D) for t in (caches[n], before[n])
@@ -315,12 +324,12 @@ def test_a_store_restore_ends_mid_block(tmp_path: Path) -> None:
     tokens = as_tokens(np.arange(7, 7 + n))
     cfg = {"ram_mib": 0, "park": "disk", "cold_dir": str(tmp_path), "cold_mib": 16}
     with Store.open(fp, {**cfg, "page_resume": True}) as store:
-        kv = _pool(src, True, BIG).gather([10, 11], n)
+        kv = _pool(src, True, BIG).copy([10, 11], n)
         store.park(Conversation("vllm-b", tokens, [Checkpoint(n)], cuts=[0, 2 * P]), kv)
         store.flush()
         got = store.restore(tokens, _pool(dst, True, BIG).destination([0, 1]), max_tokens=n)
         assert got.tokens == n
-    assert np.array_equal(_pool(dst, True, BIG).gather([0, 1], n), kv)
+    assert np.array_equal(_pool(dst, True, BIG).copy([0, 1], n), kv)
     for layer in range(L):
         assert np.array_equal(dst[layer][1][:, :, P:], before[layer][1][:, :, P:])
         assert np.array_equal(dst[layer][2:], before[layer][2:])

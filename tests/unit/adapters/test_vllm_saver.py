@@ -15,6 +15,7 @@ from stratastore import ModelFingerprint, Store
 from stratastore.adapters.vllm.plan import SaveJob, conversation_id, save_cuts
 from stratastore.adapters.vllm.saver import Saver
 from stratastore.adapters.vllm.tally import Tally
+from stratastore.restore import FlatKV
 
 P = 16
 
@@ -26,15 +27,17 @@ def _fp() -> ModelFingerprint:
 
 
 class _Pool:
-    """Stands in for vLLM's pool: each request's pages are a function of its tokens."""
+    """Stands in for vLLM's pool: each request's pages are a function of their position, its
+    blocks a park's source in the engine's memory, as the pool's are (room for the longest
+    request here, 16,384 tokens)."""
 
     def __init__(self, fp: ModelFingerprint) -> None:
         self.fp = fp
-        self.gathered: list[tuple[int, ...]] = []
+        self.sourced: list[tuple[int, ...]] = []
 
-    def gather(self, block_ids: Any, n_tokens: int) -> np.ndarray:
-        self.gathered.append(tuple(block_ids))
-        return _pages(self.fp, n_tokens)
+    def source(self, block_ids: Any) -> FlatKV:
+        self.sourced.append(tuple(block_ids))
+        return FlatKV(self.fp, _pages(self.fp, 16384))
 
 
 def _pages(fp: ModelFingerprint, n: int) -> np.ndarray:
@@ -63,7 +66,7 @@ def test_a_park_is_durable_before_it_counts_and_its_blocks_go_back(tmp_path: Pat
     whole = np.arange(3, 3 + 140, dtype=np.uint32)
     saver.submit(SaveJob("r", conversation_id(prompt, "r"), whole[:128], (0, 1, 2), (0, 96)))
     saver.close()
-    assert pool.gathered == [(0, 1, 2)]  # the held blocks copied on the thread, once
+    assert pool.sourced == [(0, 1, 2)]  # the held blocks parked from, on the thread, once
     assert saver.finished() == {"r"}  # given back after the park
     totals = tally.snapshot()
     assert (totals["parks"], totals["tokens_parked"]) == (2, 96 + 128)
