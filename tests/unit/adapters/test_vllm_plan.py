@@ -17,6 +17,7 @@ from stratastore.adapters.vllm.plan import (
     default_store_dir,
     fingerprint,
     keyable,
+    load_unit,
     loadable,
     page_tokens,
     save_cuts,
@@ -46,6 +47,16 @@ def test_a_request_loads_whole_pages_and_leaves_a_token() -> None:
     assert loadable(256, 257, 16) == 256
     assert loadable(256, 256, 16) == 240  # never the whole prompt
     assert loadable(0, 500, 16) == 0 and loadable(15, 500, 16) == 0
+
+
+def test_loads_end_on_a_page_unless_whole_blocks_are_asked_for() -> None:
+    assert load_unit(None, 128, 16) == 16 and load_unit({}, 128, 16) == 16
+    assert load_unit({"load_whole_blocks": False}, 128, 16) == 16
+    unit = load_unit({"load_whole_blocks": True}, 128, 16)  # where vLLM's own cache would end
+    assert unit == 128 and loadable(1983, 2112, unit) == 1920
+    for bad in ("yes", 1, None):
+        with pytest.raises(ConfigError, match='"load_whole_blocks" must be true or false'):
+            load_unit({"load_whole_blocks": bad}, 128, 16)
 
 
 def test_parks_are_whole_pages_cut_where_they_resumed() -> None:
