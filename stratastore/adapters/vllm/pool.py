@@ -117,7 +117,9 @@ class CpuBlocks:
     those, in blocks other requests may share) floored to a whole page (a page is written
     whole; vLLM's prefix hits are whole blocks, so in practice nothing is floored).
     ``block_size`` is the arrays' own when not given. Whole pages of ``fp.page_tokens`` only;
-    staged (validated pages are copied in, one assignment per layer)."""
+    read through staging (validated pages are copied in, one move per layer and kind, each
+    chunk as it validates: it has ``zero``). A park's source too (``page_views``,
+    ``gather_pages``)."""
 
     read_direct = False
 
@@ -195,6 +197,26 @@ class CpuBlocks:
         for layer, regions in enumerate(self.regions):
             for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
                 mover.put(region, bids, subs, pages[:, layer, kind])
+
+    def zero(self, token_start: int, n_tokens: int) -> None:
+        """Zero the items of tokens ``[token_start, token_start + n_tokens)`` (whole pages,
+        never below ``skip``): the :class:`~stratastore.restore.Zeroable` capability, so a
+        restore applies each chunk as soon as it validates (overlapping the reads of the next
+        ones) and takes back what lies past the prefix it reports."""
+        p = self.page
+        start = max(token_start, self.skip)
+        end = token_start + n_tokens
+        if start >= end:
+            return
+        first, last = start // p, -(-end // p)
+        zeros = np.zeros(
+            (last - first, self.fp.n_layers, 2, p, self.fp.n_kv_heads, self.fp.head_dim),
+            dtype=self.blocks[0].dtype,
+        )
+        bids, subs = _page_slots(self.ids, first, last - first, self.per_block)
+        for layer, regions in enumerate(self.regions):
+            for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
+                mover.put(region, bids, subs, zeros[:, layer, kind])
 
     def gather_pages(
         self, token_start: int, n_tokens: int, out: npt.NDArray[np.uint8], page_tokens: int

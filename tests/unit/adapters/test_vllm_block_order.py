@@ -60,7 +60,7 @@ def test_pages_move_to_and_from_the_items_of_their_tokens(name: str, bs: int) ->
     pool = [_physical(a, order) for a in logical]
     ids = [3, 0, 4]
     n = bs + P  # a block and part of the next: a restore that ends mid-block
-    pages = CpuBlocks(fp, pool, ids, 0, bs, movers).gather(n)
+    pages = _gathered(CpuBlocks(fp, pool, ids, 0, bs, movers), n)
     stored = pages.view(np.int16).reshape(n // P, L, 2, P, H, D)
     for layer in range(L):  # the stored layout: page, layer, K/V, [page tokens, heads, dim]
         for t in (0, P + 3, bs - 1, bs, n - 1):
@@ -78,8 +78,15 @@ def test_pages_move_to_and_from_the_items_of_their_tokens(name: str, bs: int) ->
         part = n - bs
         assert np.array_equal(back[2][:, :, :part], logical[layer][0][:, :, :part])
         assert not back[2][:, :, part:].any() and not back[[0, 3, 4]].any()  # nothing else
-    again = CpuBlocks(fp, target, [1, 2, 0], 0, bs, movers).gather(n)
+    again = _gathered(CpuBlocks(fp, target, [1, 2, 0], 0, bs, movers), n)
     assert np.array_equal(again, pages)
+
+
+def _gathered(blocks: CpuBlocks, n: int) -> np.ndarray:
+    """The first ``n`` tokens of ``blocks`` as stored pages (what a park streams out of them)."""
+    out = np.empty(n * blocks.fp.token_bytes, dtype=np.uint8)
+    blocks.gather_pages(0, n, out, blocks.page)
+    return out
 
 
 def test_a_view_is_chosen_only_when_it_gives_the_offsets() -> None:

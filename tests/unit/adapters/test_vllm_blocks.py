@@ -202,6 +202,24 @@ def test_pages_land_in_part_of_a_block_and_nothing_else_changes(cpu: bool) -> No
 
 
 @pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "paged"])
+def test_zero_takes_back_pages_past_skip_and_nothing_else(cpu: bool) -> None:
+    """What a restore takes back past the prefix it reports: tokens [48, 112) zeroed in blocks
+    of 64 with vLLM's own first 64 tokens skipped: only [64, 112), a block's first 3 pages."""
+    make = _cpu_pool if cpu else _paged_pool
+    dst = make(12, BIG)
+    before = [a.copy() for a in dst]
+    _pool(dst, cpu, BIG).destination([4, 9], skip=BIG).zero(3 * P, 4 * P)
+    for layer in range(L):
+        got, old = dst[layer], before[layer]
+        blk = (lambda a, b: a[b]) if cpu else (lambda a, b: a[:, b])
+        slots = (lambda a, lo, hi: a[:, :, lo:hi]) if cpu else (lambda a, lo, hi: a[:, lo:hi])
+        assert not slots(blk(got, 9), 0, 3 * P).any()
+        assert np.array_equal(slots(blk(got, 9), 3 * P, BIG), slots(blk(old, 9), 3 * P, BIG))
+        rest = [b for b in range(NB) if b != 9]
+        assert all(np.array_equal(blk(got, b), blk(old, b)) for b in rest)
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "paged"])
 def test_a_skip_inside_a_page_floors_to_the_page(cpu: bool) -> None:
     """skip 40 (vLLM's own tokens) in pages of 16: tokens from 32 are written, none below."""
     make = _cpu_pool if cpu else _paged_pool
