@@ -11,11 +11,14 @@ which items are whose. :class:`BlockLayout` says it, as measured from vLLM's own
 pool is registered (:mod:`.cpu_layout`): for K and for V, the offset of item ``(t, d)`` in its
 region.
 
-A page is moved by :class:`Mover`: through a strided view of the region when its order is one
-this module knows (token-major rows, dim-major columns, or AMX's tiles: :data:`KNOWN`, each
-checked against the measured offsets, never assumed), else through the offsets themselves (a
-gather by index: correct for any order, a few times slower). Either way a page lands in, and is
-taken from, exactly the items vLLM's kernel wrote for its tokens. No vLLM import."""
+A page is moved by :class:`Mover`, by a compiled kernel (:mod:`numba_kernels.block_moves`) for
+the order this module knows it to be (token-major rows, dim-major columns, or AMX's tiles:
+:data:`KNOWN`, each checked against the measured offsets, never assumed), else by the offsets
+themselves (correct for any order). The numpy reference (:meth:`Mover.put_numpy`: a strided
+view of the region for a known order, a gather by index for any other) moves what no kernel
+takes (a negative stride, ids numpy alone would accept, a read-only destination) and is what
+the kernels are tested equal to. Either way a page lands in, and is taken from, exactly the
+items vLLM's kernel wrote for its tokens. No vLLM import."""
 
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KNOWN", "BlockLayout", "Mover", "Strided"]
+from numba_kernels import block_moves
+
+__all__ = ["KNOWN", "BlockLayout", "Kernel", "Mover", "Strided"]
 
 
 @dataclass(frozen=True)
@@ -91,10 +96,25 @@ KNOWN: tuple[
 )
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """How :class:`Mover` moves a layer's pages for one item size: the kernels of
+    :mod:`numba_kernels.block_moves` (``put``, ``take``), the unit width in bytes each side is
+    seen in (``region_unit``, ``pages_unit``) and the kernel's arguments after the ids."""
+
+    name: str
+    put: Callable[..., None]
+    take: Callable[..., None]
+    region_unit: int
+    pages_unit: int
+    args: tuple[Any, ...]
+
+
 class Mover:
     """Moves pages of ``page`` tokens between the stored layout and one kind's regions of a
     layer's blocks (``region``: ``[num_blocks, n_kv_heads, block_size x head_dim]``, a view of
-    vLLM's memory), by the :data:`KNOWN` view that matches ``offsets``, else by the offsets."""
+    vLLM's memory), by the kernel of the :data:`KNOWN` order that matches ``offsets``, else by
+    the offsets."""
 
     def __init__(self, offsets: npt.NDArray[np.int64], page: int) -> None:
         bs, d = offsets.shape
@@ -107,6 +127,92 @@ class Mover:
                 break
         #: per page of a block, its items' offsets ([pages of a block, page, head_dim])
         self.index = offsets.reshape(bs // page, page, d)
+        self._kernels: dict[int, tuple[Kernel, ...]] = {}
+
+    def kernels(self, itemsize: int) -> tuple[Kernel, ...]:
+        """The kernels that move items of ``itemsize`` bytes, fastest first: this order's own
+        (for 2-byte items), then by the offsets in the widest unit they allow, then by the
+        offsets item by item (which any array with positive strides allows)."""
+        if itemsize not in self._kernels:
+            self._kernels[itemsize] = (*self._own(itemsize), *self._by_offsets(itemsize))
+        return self._kernels[itemsize]
+
+    def _own(self, itemsize: int) -> tuple[Kernel, ...]:
+        bm, p, bs, d = block_moves, self.page, self.bs, self.d
+        if self.name == "rows":
+            run = max(k for k in (1, 2, 4) if k * itemsize <= 8 and d % k == 0)
+            unit = run * itemsize
+            return (Kernel("rows", bm.put_rows, bm.take_rows, unit, unit, (p, d // run)),)
+        if itemsize != 2:  # the tiles' kernels pack 2-byte items into wider units
+            return ()
+        if self.name == "columns" and d % 2 == 0 and p % 2 == 0:
+            args = (p, bs, d // 2)
+            return (Kernel("columns", bm.put_columns, bm.take_columns, 4, 4, args),)
+        if self.name == "amx K":
+            return (Kernel("amx K", bm.put_amx_k, bm.take_amx_k, 4, 4, (p, d // 2)),)
+        if self.name == "amx V":
+            return (Kernel("amx V", bm.put_amx_v, bm.take_amx_v, 8, 4, (p, bs, d // 16)),)
+        return ()
+
+    def _by_offsets(self, itemsize: int) -> tuple[Kernel, ...]:
+        """Offsets in units of the widest run of items every row keeps side by side and
+        aligned (pairs of dims in AMX's K, whole rows in token-major ones), then of items."""
+        out = []
+        for run in (4, 2, 1):
+            if run * itemsize > 8 or self.d % run:
+                continue
+            first = self.index[..., ::run]
+            if first.size and (first % run).any():
+                continue
+            if not all(np.array_equal(self.index[..., k::run], first + k) for k in range(run)):
+                continue
+            index = np.ascontiguousarray(first // run, dtype=np.int32)
+            unit = run * itemsize
+            put, take = block_moves.put_by_offsets, block_moves.take_by_offsets
+            out.append(Kernel(f"offsets x{run}", put, take, unit, unit, (index,)))
+        return tuple(out)
+
+    def by_kernel(
+        self,
+        region: npt.NDArray[Any],
+        bids: npt.NDArray[np.int64],
+        subs: npt.NDArray[np.int64],
+        pages: npt.NDArray[Any],
+        put: bool,
+    ) -> Kernel | None:
+        """:meth:`put` (or :meth:`take`, ``put=False``) by the first kernel that takes these
+        arrays, and that kernel; None, having moved nothing, when none does (ids, shapes or
+        flags that a kernel's unchecked indexing must not see, arrays no unit view fits)."""
+        written = region if put else pages
+        if (
+            region.ndim != 3
+            or bids.ndim != 1
+            or bids.dtype.kind not in "iu"
+            or subs.dtype.kind not in "iu"
+            or region.shape[2] != self.bs * self.d
+            or pages.shape != (bids.shape[0], self.page, region.shape[1], self.d)
+            or subs.shape != bids.shape
+            or pages.itemsize != region.itemsize
+            or not written.flags.writeable
+        ):
+            return None
+        if bids.size and (
+            min(bids.min(), subs.min()) < 0
+            or bids.max() >= region.shape[0]
+            or subs.max() >= self.bs // self.page
+        ):
+            return None
+        h = region.shape[1]
+        b, s = bids.astype(np.int64, copy=False), subs.astype(np.int64, copy=False)
+        for k in self.kernels(region.itemsize):
+            try:
+                rflat, (rb, rh, _) = block_moves.units(region, k.region_unit)
+                pflat, (pn, pt, ph, _) = block_moves.units(pages, k.pages_unit)
+            except ValueError:
+                continue
+            (k.put if put else k.take)(rflat, rb, rh, pflat, pn, pt, ph, b, s, h, *k.args)
+            return k
+        return None
 
     def _tiles(self, region: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """``region`` as ``[blocks, heads, tiles, *tile_t, *tile_d]`` (a view)."""
@@ -142,11 +248,8 @@ class Mover:
     ) -> None:
         """Write ``pages`` (``[n, page, heads, head_dim]``, this kind's stored items) to page
         ``subs[i]`` of block ``bids[i]``."""
-        if self.view is not None:
-            b, t = self._where(bids, subs)
-            self._tiles(region)[b, :, t] = self._split(pages)
-        else:
-            region[bids[:, None, None], :, self.index[subs]] = pages.transpose(0, 1, 3, 2)
+        if self.by_kernel(region, bids, subs, pages, put=True) is None:
+            self.put_numpy(region, bids, subs, pages)
 
     def take(
         self,
@@ -157,6 +260,31 @@ class Mover:
     ) -> None:
         """Page ``subs[i]`` of block ``bids[i]`` into ``out`` (``[n, page, heads, head_dim]``,
         this kind's stored items; a view of the park's pages)."""
+        if self.by_kernel(region, bids, subs, out, put=False) is None:
+            self.take_numpy(region, bids, subs, out)
+
+    def put_numpy(
+        self,
+        region: npt.NDArray[Any],
+        bids: npt.NDArray[np.int64],
+        subs: npt.NDArray[np.int64],
+        pages: npt.NDArray[Any],
+    ) -> None:
+        """:meth:`put` by numpy alone (the reference the kernels are tested equal to)."""
+        if self.view is not None:
+            b, t = self._where(bids, subs)
+            self._tiles(region)[b, :, t] = self._split(pages)
+        else:
+            region[bids[:, None, None], :, self.index[subs]] = pages.transpose(0, 1, 3, 2)
+
+    def take_numpy(
+        self,
+        region: npt.NDArray[Any],
+        bids: npt.NDArray[np.int64],
+        subs: npt.NDArray[np.int64],
+        out: npt.NDArray[Any],
+    ) -> None:
+        """:meth:`take` by numpy alone (the reference the kernels are tested equal to)."""
         if self.view is not None:
             b, t = self._where(bids, subs)
             self._split(out)[...] = self._tiles(region)[b, :, t]
