@@ -337,6 +337,19 @@ class Pool:
         #: unless ``layout`` (measured from vLLM's kernel) says otherwise
         order = layout if layout is not None else BlockLayout.rows(bs, d)
         self.movers = (Mover(order.k, fp.page_tokens), Mover(order.v, fp.page_tokens))
+        if self.cpu:
+            self._warm()
+
+    def _warm(self) -> None:
+        """Run each mover's kernels once on scratch memory of one block (never vLLM's), so
+        the first load does not wait for them to compile (numba caches them per install)."""
+        fp, p = self.fp, self.fp.page_tokens
+        region = np.zeros((1, fp.n_kv_heads, self.block_size * fp.head_dim), self.arrays[0].dtype)
+        page = np.zeros((1, p, fp.n_kv_heads, fp.head_dim), self.arrays[0].dtype)
+        one = np.zeros(1, dtype=np.int64)
+        for mover in self.movers:
+            mover.take(region, one, one, page)
+            mover.put(region, one, one, page)
 
     def source(self, block_ids: Sequence[int] | npt.NDArray[np.integer]) -> Any:
         """A request's blocks as a restore's destination and a park's source: in the engine's
