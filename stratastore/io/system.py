@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -121,12 +122,14 @@ def cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-def process_cpus(tasks: str = "/proc/self/task") -> set[int]:
-    """The CPUs some thread of this process may run on: the union of its threads' affinities.
-    An engine that pins one of its threads to a core (vLLM's CPU worker pins its own to the
-    core its forward computes on) does not narrow it; a process started on a subset of the
-    machine (``taskset``, a cgroup's cpuset) keeps that subset. The calling thread's own
-    affinity when the threads cannot be listed."""
+def process_cpus(tasks: str = "/proc/self/task", parent: int | None = None) -> set[int]:
+    """The CPUs this process may run a thread on: the union of its threads' affinities and of
+    its parent's (``parent``: its id, this process's parent by default). An engine that pins
+    the threads of the process it computes in does not narrow it: vLLM's CPU worker pins every
+    thread it has to the core its forward computes on (OMP's binding, set for the worker
+    alone), while the engine process that started it keeps the machine's. A process started
+    on a subset (``taskset`` on the engine, a cgroup's cpuset) keeps that subset, its parent
+    being started on it too. The calling thread's own affinity when none can be read."""
     cpus: set[int] = set()
     try:
         for tid in os.listdir(tasks):
@@ -136,6 +139,8 @@ def process_cpus(tasks: str = "/proc/self/task") -> set[int]:
                 continue
     except OSError:
         pass
+    with contextlib.suppress(OSError):  # the parent is gone (or not ours to ask)
+        cpus |= os.sched_getaffinity(os.getppid() if parent is None else parent)
     return cpus or set(os.sched_getaffinity(0))
 
 

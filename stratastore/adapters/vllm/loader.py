@@ -1,12 +1,13 @@
 """The worker's loads: each step's restores into vLLM's blocks, on a thread of the connector's
 own, started by ``start_load_kv`` and waited for before the first attention layer reads them.
 
-vLLM's CPU worker pins its thread (and its forward's OMP threads) to the cores it computes on,
-and a thread inherits its creator's affinity: a restore run on the worker's thread, and the
-read and hash threads it starts, would share the forward's one core while the others idle.
-The loader's thread lets itself run on every CPU of the process
-(:func:`~stratastore.io.system.process_cpus`: the union of its threads' affinities, so a
-process started on a subset keeps it), and the store's read threads it starts inherit that.
+vLLM's CPU worker pins every thread of its process (its forward's OMP threads among them) to
+the cores it computes on, and a thread inherits its creator's affinity: a restore run on the
+worker's thread, and the read and hash threads it starts, would share the forward's one core
+while the others idle. The loader's thread lets itself run on every CPU the process may use
+(:func:`~stratastore.io.system.process_cpus`: its threads' affinities and its parent's, vLLM's
+engine process, which is not pinned; a process started on a subset keeps it), and the store's
+read threads it starts inherit that.
 
 Why the forward waits for a request's whole load before its first attention layer, not layer
 by layer: a stored page holds every layer's K and V of its tokens (spec F-SEG-4), so a layer's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,3 +108,18 @@ def test_an_unexpected_error_is_a_shortfall_never_a_hang() -> None:
     loader.start([_job(BS)])  # the thread goes on
     assert loader.errors() == {10}
     loader.close()
+
+
+def test_the_cpus_a_process_may_use_take_its_parents_in(tmp_path: Path) -> None:
+    """vLLM's worker has every thread pinned to its forward's core; its parent, the engine
+    process, is not: the CPUs the worker may use are the parent's too."""
+    seen: list[set[int]] = []
+
+    def pinned_worker() -> None:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        seen.append(process_cpus(tasks=str(tmp_path)))  # no other thread of its own to see
+
+    t = threading.Thread(target=pinned_worker)
+    t.start()
+    t.join()
+    assert seen == [os.sched_getaffinity(os.getppid()) | {min(os.sched_getaffinity(0))}]
