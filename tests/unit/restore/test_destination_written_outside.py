@@ -10,7 +10,8 @@ capabilities), never what it is:
 * the validated restore and its ladder over a damaged page deliver the bytes a built-in
   destination (``LayerKV``) gets, page for page, zeros past the prefix included;
 * a park of it streams its pages from those views to disk within the call, never copying the
-  capture whole;
+  capture whole; with ``gather_pages`` besides (``GathersPages``) a run of pages is gathered
+  with one call, the views asked only to check the first page;
 * one with ``on_device = True`` (``OnDevice``) takes the device path: its pages are validated on
   the device and handed to it in device memory (numba's CUDA simulator here);
 * one with only ``capacity`` and ``write_pages`` is restored through staging, the same bytes;
@@ -42,6 +43,7 @@ from stratastore import (
     DestinationRefused,
     DeviceFlatKV,
     FlatKV,
+    GathersPages,
     InvalidConversation,
     LayerKV,
     ModelFingerprint,
@@ -357,6 +359,37 @@ def test_a_park_streams_from_its_page_views(tmp_path: Path) -> None:
     flat = np.zeros(N * TB, np.uint8)
     assert restore(tmp_path / "cold", flat).tokens == N
     assert np.array_equal(flat, kv)  # the stored layout, segment by segment
+
+
+class TokenMajorRuns(TokenMajorKV):
+    """The same cache, gathering a run of pages itself (``GathersPages``)."""
+
+    def gather_pages(
+        self, token_start: int, n_tokens: int, out: npt.NDArray[np.uint8], page_tokens: int
+    ) -> None:
+        self.calls["gather_pages"] += 1
+        t, pos = token_start, 0
+        while t < token_start + n_tokens:
+            p = min(page_tokens, token_start + n_tokens - t)
+            out[pos : pos + p * TB] = self.rows[t : t + p].transpose(1, 2, 0, 3).reshape(-1)
+            t, pos = t + p, pos + p * TB
+
+
+def test_a_park_gathers_runs_of_pages_from_a_source_that_can(tmp_path: Path) -> None:
+    conv, kv = conversation(N, CUTS)
+    source = TokenMajorRuns(64)
+    assert isinstance(source, GathersPages)
+    for a, b in zip(CUTS, [*CUTS[1:], N], strict=True):
+        write_token_major(source.rows, a, b - a, kv[a * TB : b * TB], PT)
+    with open_store(tmp_path / "cold") as store:
+        report = store.park(conv, source)
+        assert (report.where, report.tokens) == ("disk", N)
+        segments = len(conv.boundaries())
+        assert 1 <= source.calls["gather_pages"] <= segments  # a run a call, not a page
+        assert source.calls["page_views"] == 1  # the first page, checked before the park
+    flat = np.zeros(N * TB, np.uint8)
+    assert restore(tmp_path / "cold", flat).tokens == N
+    assert np.array_equal(flat, kv)
 
 
 def test_a_streamed_park_holds_chunks_not_a_copy(
