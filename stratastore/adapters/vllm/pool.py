@@ -39,16 +39,18 @@ given twice is refused before a byte moves. torch is imported only for vLLM's ow
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from numba_kernels.cpu import parallel_run
 from stratastore.adapters.vllm.block_layout import BlockLayout, Mover
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
+from stratastore.io.system import cpu_count
 from stratastore.restore import (
     DestinationRefused,
     DevicePagedKV,
@@ -194,9 +196,7 @@ class CpuBlocks:
         pages = data[drop * tb : (drop + n * p) * tb].view(self.blocks[0].dtype)
         pages = pages.reshape(n, fp.n_layers, 2, p, fp.n_kv_heads, fp.head_dim)
         bids, subs = _page_slots(self.ids, (token_start + drop) // p, n, self.per_block)
-        for layer, regions in enumerate(self.regions):
-            for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
-                mover.put(region, bids, subs, pages[:, layer, kind])
+        self._move(bids, subs, pages, put=True)
 
     def zero(self, token_start: int, n_tokens: int) -> None:
         """Zero the items of tokens ``[token_start, token_start + n_tokens)`` (whole pages,
@@ -214,9 +214,7 @@ class CpuBlocks:
             dtype=self.blocks[0].dtype,
         )
         bids, subs = _page_slots(self.ids, first, last - first, self.per_block)
-        for layer, regions in enumerate(self.regions):
-            for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
-                mover.put(region, bids, subs, zeros[:, layer, kind])
+        self._move(bids, subs, zeros, put=True)
 
     def gather_pages(
         self, token_start: int, n_tokens: int, out: npt.NDArray[np.uint8], page_tokens: int
@@ -262,9 +260,38 @@ class CpuBlocks:
         """Pages ``first .. first + len(pages) - 1`` of the request into ``pages`` (``[n,
         layers, 2, page, heads, dim]``)."""
         bids, subs = _page_slots(self.ids, first, int(pages.shape[0]), self.per_block)
-        for layer, regions in enumerate(self.regions):
-            for kind, (mover, region) in enumerate(zip(self.movers, regions, strict=True)):
-                mover.take(region, bids, subs, pages[:, layer, kind])
+        self._move(bids, subs, pages, put=False)
+
+    def _move(
+        self,
+        bids: npt.NDArray[np.int64],
+        subs: npt.NDArray[np.int64],
+        pages: npt.NDArray[Any],
+        *,
+        put: bool,
+    ) -> None:
+        """Every layer's and kind's pages (``[n, layers, 2, page, heads, dim]``) into the
+        blocks (``put``) or out of them, the layers split over the store's copy threads (the
+        movers' kernels release the GIL): the cores the forward is not using move the pages."""
+        groups = max(1, min(cpu_count(), self.fp.n_layers))
+
+        def task(layers: range) -> Callable[[], None]:
+            def run() -> None:
+                for layer in layers:
+                    for kind in (0, 1):
+                        mover, region = self.movers[kind], self.regions[layer][kind]
+                        if put:
+                            mover.put(region, bids, subs, pages[:, layer, kind])
+                        else:
+                            mover.take(region, bids, subs, pages[:, layer, kind])
+
+            return run
+
+        spans = np.array_split(np.arange(self.fp.n_layers), groups)
+        parallel_run(
+            [task(range(int(g[0]), int(g[-1]) + 1)) for g in spans if g.size],
+            int(pages.nbytes),
+        )
 
 
 class Pool:
