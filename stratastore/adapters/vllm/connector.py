@@ -328,7 +328,8 @@ class StrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         device."""
         first = next(iter(kv_caches.values()), None)
         layout = None
-        if first is not None and first.dim() == 4:  # vLLM's CPU layout: its order measured
+        # vLLM's CPU layout (host blocks of 4 dimensions): the order inside them measured
+        if first is not None and first.device.type == "cpu" and first.dim() == 4:
             isa = cpu_isa(self._vllm_config)
             if isa is None:
                 raise ConfigError(
