@@ -44,6 +44,7 @@ from stratastore.io.modes import DEFAULT_FILE_MODE, dir_mode
 __all__ = [
     "NETWORK_FILESYSTEMS",
     "FileLock",
+    "advise_range",
     "advise_willneed",
     "close",
     "exists",
@@ -341,20 +342,54 @@ def read_head(path: str, nbytes: int) -> tuple[bytes, int]:
         close(fd)
 
 
-def advise_willneed(path: str) -> bool:
-    """Ask the kernel to start reading ``path`` into the page cache now (``posix_fadvise``
-    WILLNEED: asynchronous read-ahead). A hint only: any failure (a file already gone, a
-    filesystem without it) is ignored and reported as False, never raised, so it is not an I/O
-    step of the fault seam."""
+#: the kernel's read-ahead window when the device's cannot be read (Linux's default, 128 KiB)
+_DEFAULT_WINDOW = 128 << 10
+
+
+@functools.cache
+def _readahead_window(dev: int) -> int:
+    """The read-ahead window of the block device ``dev`` (``queue/read_ahead_kb`` in sysfs, a
+    partition's from its disk), or :data:`_DEFAULT_WINDOW` when it has none to read (tmpfs, an
+    overlay's anonymous device, another OS)."""
+    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    for queue in (f"{base}/queue", f"{base}/../queue"):
+        try:
+            with open(f"{queue}/read_ahead_kb", "rb") as f:
+                kb = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        return max(kb << 10, 4096) if kb else _DEFAULT_WINDOW
+    return _DEFAULT_WINDOW
+
+
+def advise_range(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start reading bytes ``[offset, offset + nbytes)`` of the open file
+    ``fd`` into the page cache now (``posix_fadvise`` WILLNEED), so a read of them soon finds
+    them there. Linux starts at most one read-ahead window (the device's ``read_ahead_kb``) a
+    call, so a longer range is asked for a window at a time; pages already cached cost a
+    lookup. A hint only: never raises, and is not an I/O step of the fault seam."""
+    if nbytes <= 0:
+        return
+    try:
+        window = _readahead_window(os.fstat(fd).st_dev)
+        for a in range(offset, offset + nbytes, window):
+            os.posix_fadvise(fd, a, min(window, offset + nbytes - a), os.POSIX_FADV_WILLNEED)
+    except OSError:
+        return
+
+
+def advise_willneed(path: str, nbytes: int) -> bool:
+    """Ask the kernel to start reading the first ``nbytes`` of ``path`` into the page cache
+    now (:func:`advise_range`). A hint only: any failure (a file already gone, a filesystem
+    without it) is ignored and reported as False, never raised, so it is not an I/O step of
+    the fault seam."""
     try:
         fd = _open_regular(path)
     except (OSError, StrataIOError):
         return False
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        advise_range(fd, 0, nbytes)
         return True
-    except OSError:
-        return False
     finally:
         os.close(fd)
 

@@ -93,6 +93,11 @@ class OpenSegment(Protocol):
         """Fill ``bufs`` in turn (a scatter read) with stored bytes from ``offset``."""
         ...
 
+    def advise(self, offset: int, nbytes: int) -> None:
+        """A hint that stored bytes ``[offset, offset + nbytes)`` are read soon (a file's
+        reader starts reading them into the page cache); never raises."""
+        ...
+
     def stored(self) -> npt.NDArray[np.uint8]:
         """The whole stored payload, in new memory, unvalidated."""
         ...

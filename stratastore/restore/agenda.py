@@ -4,9 +4,10 @@ each other, between chunks of one restore or between requests.
 
 For the chunks of jobs ``0..n-1``, in order (:meth:`~.two_pass.Job.chunks`):
 
-- **read-ahead**: when job ``i``'s read pass starts, the segment files of the next
-  ``readahead`` jobs are handed to the kernel (``posix_fadvise`` WILLNEED), so their cold reads
-  run while job ``i`` is hashed and applied;
+- **read-ahead**: when job ``i``'s read pass starts, the first chunks of the segment files of
+  the next ``readahead`` jobs are handed to the kernel (``posix_fadvise`` WILLNEED), so their
+  cold reads run while job ``i`` is hashed and applied (within a segment, the read pass asks
+  for the chunks ahead of the one it reads: :func:`~.reads.read_ahead`);
 - **read pass** (a worker thread): the next chunks are read into memory the process owns
   (staging, or a ``read_direct`` destination itself) and validated there (``pread`` and BLAKE3
   on a thread pool, both release the GIL);

@@ -6,6 +6,9 @@ mapping; a failed or short read is a typed error here, never a signal later (spe
 
 Reading and hashing run on a small thread pool in groups of whole pages (``pread`` and BLAKE3
 both release the GIL), so on N cores the kernel copies one group while the others are hashed.
+Ahead of each chunk the read pass asks the kernel for the :data:`AHEAD_CHUNKS` after it
+(:func:`read_ahead`), so a cold segment's disk reads run while the chunk before is hashed and
+the reads here mostly copy from the page cache.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import numba_kernels
 from stratastore.io.system import after_fork_in_child, cpu_count
 from stratastore.levels.backend import OpenSegment
 
-__all__ = ["read_hashed", "read_plain", "read_scattered_hashed"]
+__all__ = ["AHEAD_CHUNKS", "read_ahead", "read_hashed", "read_plain", "read_scattered_hashed"]
 
 _GROUP_BYTES = 4 << 20  #: bytes read and hashed by one task (whole pages, at least one)
+#: chunks past the one being read that the read pass asks the kernel for (page cache only)
+AHEAD_CHUNKS = 2
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -42,6 +47,17 @@ def _forget_pool() -> None:
 
 
 after_fork_in_child(_forget_pool)
+
+
+def read_ahead(seg: OpenSegment, offset: int, chunk: int, end: int) -> None:
+    """Before the read pass reads the chunk of ``chunk`` bytes at ``offset`` of the segment's
+    stored payload: ask the kernel for the :data:`AHEAD_CHUNKS` chunks after it (none past
+    ``end``), and at the first chunk (``offset`` 0) for that chunk too. Each byte is asked for
+    once (asking costs a page-cache lookup a page, resident or not). A hint, never raises."""
+    a = offset + AHEAD_CHUNKS * chunk if offset else 0
+    b = min(end, offset + (1 + AHEAD_CHUNKS) * chunk)
+    if a < b:
+        seg.advise(a, b - a)
 
 
 def read_hashed(

@@ -63,7 +63,12 @@ from stratastore.restore.capabilities import (
 )
 from stratastore.restore.delivery import Delivery
 from stratastore.restore.device import device_staging, stage_and_validate
-from stratastore.restore.reads import read_hashed, read_plain, read_scattered_hashed
+from stratastore.restore.reads import (
+    read_ahead,
+    read_hashed,
+    read_plain,
+    read_scattered_hashed,
+)
 from stratastore.restore.records import (
     DAMAGE,
     DEFAULT_CHUNK,
@@ -225,6 +230,7 @@ class Job:
                 for p0 in range(0, pages, per):
                     p1 = min(p0 + per, pages)
                     t0 = time.perf_counter()
+                    read_ahead(seg, p0 * sc.page_bytes, per * sc.page_bytes, nbytes)
                     try:
                         if direct is not None:
                             data, staging = None, None
@@ -302,6 +308,8 @@ class Job:
             p1 = min(p0 + per, pages)
             a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
             t0 = time.perf_counter()
+            if raw:
+                read_ahead(seg, a, per * sc.page_bytes, nbytes)
             host, staging = None, device.take(b - a)
             try:
                 if raw:

@@ -203,6 +203,9 @@ class BackendTests(MoveTests):
                 assert np.array_equal(seg.stored(), data) and seg.first_bad_page() == -1
                 with raises(OutOfRange):
                     seg.read_into(np.zeros(2, np.uint8), data.size - 1)
+                for offset, nbytes in [(0, data.size), (-1, 4), (data.size, 4), (9, -3)]:
+                    seg.advise(offset, nbytes)  # a hint, in range or not: never raises
+                assert np.array_equal(seg.stored(), data)
 
     # -- bad buffers and arguments ------------------------------------------------------------
     def test_get_into_a_too_small_buffer_is_refused(self, tmp_path: Path) -> None:

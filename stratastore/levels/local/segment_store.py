@@ -106,6 +106,9 @@ __all__ = [
 ]
 
 WRITE_CHUNK = CHUNK  #: bytes a put writes at a time (and a streamed put gathers)
+#: bytes of a data file a prefetch asks the kernel for (a restore's first two 16 MiB chunks;
+#: the read pass asks for the rest as it goes, :data:`stratastore.restore.reads.AHEAD_CHUNKS`)
+PREFETCH_BYTES = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,8 +383,9 @@ class SegmentStore(SealedLevel):
 
     def prefetch(self, key: bytes) -> bool:
         """Start reading the segment's data file into the page cache (a hint for a restore that
-        comes soon: the batched agenda's read-ahead). Never raises; False when it could not."""
-        return files.advise_willneed(self._data_path(key))
+        comes soon: the batched agenda's read-ahead), its first :data:`PREFETCH_BYTES`. Never
+        raises; False when it could not."""
+        return files.advise_willneed(self._data_path(key), PREFETCH_BYTES)
 
     def view(self, key: bytes, *, verify: bool = True) -> npt.NDArray[np.uint8]:
         """A read-only uint8 array of the segment's pages (RAW codec only), read into new memory
