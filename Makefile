@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extras test-vllm lint typecheck unit bench soak clean
+.PHONY: demo test test-extras test-vllm test-llamacpp lint typecheck unit bench soak clean
 
 DEMO_STAMP := $(VENV)/.installed-demo
 
@@ -69,6 +69,24 @@ test-vllm: $(VLLM_STAMP)
 	STRATA_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 STRATA_RELIABILITY_ENFORCE=0 \
 		$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
 
+# stratastore under llama.cpp (stratastore.adapters.llamacpp) on GGUF models made at test time:
+# the llamacpp extra (llama-cpp-python, compiled from its sdist: about 5 minutes on 2 cores;
+# BLAS and the multimodal library are not needed) in an environment of its own, .venv-llama.
+# `make test` skips these tests, naming this target.
+LLAMA_VENV := .venv-llama
+LLAMA_STAMP := $(LLAMA_VENV)/.installed
+
+$(LLAMA_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/python -m pip install -q --upgrade pip
+	CMAKE_ARGS="-DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(LLAMA_VENV)/bin/python -m pip install -q -e '.[llamacpp]' pytest hypothesis pytest-benchmark
+	touch $(LLAMA_STAMP)
+
+test-llamacpp: $(LLAMA_STAMP)
+	STRATA_REQUIRE_LLAMACPP=1 STRATA_RELIABILITY_ENFORCE=0 \
+		$(LLAMA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/llamacpp
+
 # The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.
 soak: $(STAMP)
 	STRATA_SOAK=10 STRATA_RELIABILITY_ENFORCE=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q \
@@ -80,4 +98,4 @@ bench: $(STAMP)
 	STRATA_BENCH_SCALE=full $(BIN)/python -m pytest tests/bench -q -s --benchmark-only
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -1,0 +1,181 @@
+"""What makes a llama.cpp context's K/V bytes what they are: the GGUF model, the K/V cache types,
+the context settings that change them; and the :class:`~.state.Layout` of its sequence states.
+
+The model's identity is a BLAKE3 digest of the GGUF file's metadata and tensor infos (every
+byte before the tensor data: architecture, hyperparameters, tokenizer, each tensor's name,
+shape, type and data offset) and of the first :data:`SAMPLE_BYTES` of every tensor's data
+(two models of one geometry differ there, and reading samples keeps opening a 70B model cheap).
+A store holds one fingerprint (spec F-DIR-6): another model, another K/V type or other RoPE
+settings open another store, or are refused by this one.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import blake3
+
+from stratastore.adapters.llamacpp.state import Layout
+from stratastore.errors import ConfigError
+from stratastore.format import DType, ModelFingerprint
+from stratastore.io import files
+
+__all__ = ["SAMPLE_BYTES", "context_layout", "fingerprint", "gguf_digest"]
+
+SAMPLE_BYTES = 4096  #: bytes of each tensor's data the model digest reads
+
+#: ggml types a K/V cache may hold: (bytes a block, elements a block); ggml's enum values
+_GGML_BLOCKS = {
+    0: (4, 1),  # F32
+    1: (2, 1),  # F16
+    30: (2, 1),  # BF16
+    2: (18, 32),  # Q4_0
+    3: (20, 32),  # Q4_1
+    6: (22, 32),  # Q5_0
+    7: (24, 32),  # Q5_1
+    8: (34, 32),  # Q8_0
+    20: (18, 32),  # IQ4_NL
+}
+
+#: context settings that change the K bytes (RoPE), hashed into the fingerprint
+_ROPE_FIELDS = (
+    "rope_scaling_type",
+    "rope_freq_base",
+    "rope_freq_scale",
+    "yarn_ext_factor",
+    "yarn_attn_factor",
+    "yarn_beta_fast",
+    "yarn_beta_slow",
+    "yarn_orig_ctx",
+)
+
+
+def gguf_digest(path: str) -> bytes:
+    """The model's identity (see the module): BLAKE3 of the GGUF's bytes before its tensor
+    data and of the first :data:`SAMPLE_BYTES` of each tensor. :class:`ConfigError` when
+    ``path`` is not a GGUF file this can read."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # pragma: no cover - the extra installs it
+        raise ConfigError(
+            "the llama.cpp adapter reads the model's GGUF with the gguf package: "
+            "pip install 'stratastore[llamacpp]'"
+        ) from None
+    try:
+        reader = GGUFReader(path)
+        tensors = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
+    except (OSError, ValueError, struct.error) as e:
+        raise ConfigError(f"{path}: not a GGUF model this adapter can read ({e})") from None
+    if not tensors:
+        raise ConfigError(f"{path}: a GGUF with no tensors is not a model")
+    h = blake3.blake3()
+    fd = files.open_read(path)
+    try:
+        for offset, nbytes in [
+            (0, tensors[0][0]),
+            *((o, min(n, SAMPLE_BYTES)) for o, n, _ in tensors),
+        ]:
+            buf = bytearray(nbytes)
+            files.pread_exact(fd, memoryview(buf), offset, path)
+            h.update(buf)
+    finally:
+        files.close(fd)
+    return h.digest()
+
+
+def _metadata_int(llm: Any, key: str, default: int) -> int:
+    value = getattr(llm, "metadata", {}).get(key)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:  # an array (per-layer values): not a geometry this adapter reads
+        raise ConfigError(
+            f"the model's {key} is {value!r}, not one number: models whose layers differ in "
+            "K/V geometry are not supported by the llama.cpp adapter"
+        ) from None
+
+
+def _row_bytes(ggml_type: int, elements: int, what: str) -> int:
+    if ggml_type not in _GGML_BLOCKS:
+        raise ConfigError(
+            f"{what} cache type {ggml_type} is not one the llama.cpp adapter knows "
+            f"(ggml types {sorted(_GGML_BLOCKS)}): use f16 (the default), bf16, f32 or q8_0"
+        )
+    block, per = _GGML_BLOCKS[ggml_type]
+    if elements % per:
+        raise ConfigError(
+            f"{what} rows of {elements} elements are not whole blocks of {per} (ggml type "
+            f"{ggml_type})"
+        )
+    return elements // per * block
+
+
+def context_layout(llm: Any) -> Layout:
+    """The layout of ``llm``'s sequence states (a ``llama_cpp.Llama``): its model's layers and
+    K/V heads, the context's K/V types, V transposed unless flash attention is on.
+    :class:`ConfigError` for what the adapter cannot read: flash attention left to llama.cpp
+    to choose (``AUTO``: whether V is transposed is not known before a state is written),
+    K/V types it does not know, per-layer geometries."""
+    import llama_cpp
+
+    params = llm.context_params
+    fa = int(params.flash_attn_type)
+    if fa not in (
+        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    ):
+        raise ConfigError(
+            "flash attention is left to llama.cpp (flash_attn_type AUTO): the llama.cpp "
+            "adapter needs to know it: create the Llama with flash_attn=True or False"
+        )
+    model = llm.model
+    arch = str(llm.metadata.get("general.architecture", "?"))
+    n_layer = int(llama_cpp.llama_model_n_layer(model))
+    n_head = int(llama_cpp.llama_model_n_head(model))
+    n_head_kv = int(llama_cpp.llama_model_n_head_kv(model))
+    n_embd = int(llama_cpp.llama_model_n_embd(model))
+    head_k = _metadata_int(llm, f"{arch}.attention.key_length", n_embd // max(n_head, 1))
+    head_v = _metadata_int(llm, f"{arch}.attention.value_length", n_embd // max(n_head, 1))
+    k_type, v_type = int(params.type_k), int(params.type_v)
+    n_embd_v = n_head_kv * head_v
+    v_trans = fa == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if v_trans and _GGML_BLOCKS.get(v_type, (0, 2))[1] != 1:
+        raise ConfigError(f"a quantized V cache (ggml type {v_type}) needs flash attention on")
+    return Layout(
+        n_layer=n_layer,
+        k_type=k_type,
+        k_row=_row_bytes(k_type, n_head_kv * head_k, "the K"),
+        v_type=v_type,
+        v_row=_row_bytes(v_type, n_embd_v, "the V"),
+        v_trans=v_trans,
+        v_el=_GGML_BLOCKS[v_type][0],
+        n_embd_v=n_embd_v,
+        version=str(getattr(llama_cpp, "__version__", "?")),
+    )
+
+
+def fingerprint(llm: Any, layout: Layout, *, page_tokens: int = 16) -> ModelFingerprint:
+    """The store's fingerprint for ``llm`` (see the module). A token's rows are stored as bytes
+    (``int8`` items): per layer one "K" half and one "V" half of the token's K row followed by
+    its V row, so every K/V type llama.cpp keeps has one page layout."""
+    path = getattr(llm, "model_path", None)
+    if not path or not files.is_file(path):
+        raise ConfigError(f"the Llama's model_path {path!r} is not a file: the adapter reads it")
+    row = layout.k_row + layout.v_row
+    if row % 2:
+        raise ConfigError(f"a token's K and V rows are {row} bytes, an odd number")
+    params = llm.context_params
+    settings = {name: getattr(params, name) for name in _ROPE_FIELDS}
+    extra = (
+        f"llama.cpp k={layout.k_type}/{layout.k_row} v={layout.v_type}/{layout.v_row} "
+        + " ".join(f"{k}={v!r}" for k, v in sorted(settings.items()))
+    ).encode()
+    return ModelFingerprint.create(
+        "gguf:" + gguf_digest(path).hex(),
+        n_layers=layout.n_layer,
+        n_kv_heads=1,
+        head_dim=row // 2,
+        page_tokens=page_tokens,
+        dtype=DType.INT8,
+        extra=extra,
+    )

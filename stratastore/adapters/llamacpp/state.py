@@ -1,0 +1,186 @@
+"""llama.cpp's per-sequence K/V state (``llama_state_seq_get_data`` / ``_set_data``), read into
+per-token rows and written back for a prefix.
+
+The layout is the one llama-cpp-python 0.3.36 vendors (llama.cpp's ``llama_context::
+state_seq_get_data`` and ``llama_kv_cache::state_write``), little endian::
+
+    u32 magic 0xaf143cd8, i32 seq_id
+    u32 n_stream (1 here)
+    u32 cell_count; when 0 nothing else, else
+      per cell:  i32 pos, u32 n_seq_id, n_seq_id x i32 seq id
+      u32 v_trans, u32 n_layer
+      per layer: i32 k_type, u64 k_row_bytes, cell_count x k_row_bytes
+      v_trans=0, per layer: i32 v_type, u64 v_row_bytes, cell_count x v_row_bytes
+      v_trans=1, per layer: i32 v_type, u32 v_el_bytes, u32 n_embd_v_gqa,
+                 n_embd_v_gqa x (cell_count x v_el_bytes)   (element j of every cell, then j+1)
+
+A state is read only when every field is the one this context's :class:`Layout` says (the
+magic, one stream, cells at positions ``0..n-1`` of one sequence, the layers, the K/V types and
+row sizes, V transposed or not) and the bytes end where the layout does: anything else, a
+state of another llama.cpp version included, is :class:`StateLayoutError`, never misread. The
+rows stored are each token's K row then its V row (V untransposed), per layer: the same bytes
+for a context that keeps V transposed or not.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from stratastore.errors import StrataError
+
+__all__ = ["SEQ_MAGIC", "Layout", "StateLayoutError", "build_state", "read_state"]
+
+SEQ_MAGIC = 0xAF143CD8  #: llama.cpp's LLAMA_STATE_SEQ_MAGIC
+#: what this adapter reads: the layout of llama-cpp-python 0.3.36 (llama.cpp 0c1e57098)
+KNOWN_LAYOUT = "llama.cpp's sequence state as llama-cpp-python 0.3.36 writes it"
+
+_HEAD = struct.Struct("<IiII")  # magic, seq_id, n_stream, cell_count
+_CELL = struct.Struct("<iI")  # pos, n_seq_id
+_V_HEAD = struct.Struct("<II")  # v_trans, n_layer
+_TYPE_ROW = struct.Struct("<iQ")  # type, row bytes
+_TYPE_EL = struct.Struct("<iII")  # type, element bytes, n_embd_v_gqa
+
+
+class StateLayoutError(StrataError):
+    """A llama.cpp sequence state whose layout is not the one this adapter reads for this
+    context (another llama.cpp version, another K/V type or geometry, a truncated buffer):
+    refused, never misread."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a context's sequence state holds per layer: ``n_layer`` layers of K rows of
+    ``k_row`` bytes (ggml type ``k_type``) and V rows of ``v_row`` bytes (``v_type``, whose
+    element is ``v_el`` bytes when V is transposed: ``n_embd_v`` elements a row)."""
+
+    n_layer: int
+    k_type: int
+    k_row: int
+    v_type: int
+    v_row: int
+    v_trans: bool
+    v_el: int
+    n_embd_v: int
+    version: str = "?"  #: the llama-cpp-python that made the context, for messages
+
+    @property
+    def token_bytes(self) -> int:
+        """The bytes a token's rows take, every layer's K then V."""
+        return self.n_layer * (self.k_row + self.v_row)
+
+    def _refuse(self, what: str) -> StateLayoutError:
+        return StateLayoutError(
+            f"llama.cpp sequence state: {what}; this adapter reads {KNOWN_LAYOUT} and this "
+            f"context runs llama-cpp-python {self.version}: use that version (the extra "
+            f"'stratastore[llamacpp]' pins it), or a stratastore that reads this one"
+        )
+
+
+def read_state(buf: bytes | bytearray | memoryview, layout: Layout) -> npt.NDArray[np.uint8]:
+    """The rows of a sequence state: ``[layers, cells, k_row + v_row]`` bytes, a token's K row
+    then its V row (untransposed), for cells at positions ``0..n-1`` of one sequence.
+    :class:`StateLayoutError` for any field that is not ``layout``'s or bytes past its end."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < _HEAD.size - 4:
+        raise layout._refuse(f"{len(mv)} bytes, shorter than its header")
+    magic, _seq, n_stream = struct.unpack_from("<IiI", mv, 0)
+    if magic != SEQ_MAGIC or n_stream != 1:
+        raise layout._refuse(
+            f"magic {magic:#x} and {n_stream} streams (expected {SEQ_MAGIC:#x}, 1)"
+        )
+    if len(mv) < _HEAD.size:
+        raise layout._refuse("no cell count")
+    (n,) = struct.unpack_from("<I", mv, 12)
+    rows = np.empty((layout.n_layer, n, layout.k_row + layout.v_row), np.uint8)
+    off = _HEAD.size
+    if n == 0:
+        _end(mv, off, layout)
+        return rows
+    cells = 4 * 3 * n  # each: pos, n_seq_id = 1, its seq id
+    if off + cells > len(mv):
+        raise layout._refuse(f"{n} cells and only {len(mv) - off} bytes after the header")
+    meta = np.frombuffer(mv[off : off + cells], "<i4").reshape(n, 3)
+    if not (meta[:, 0] == np.arange(n)).all() or not (meta[:, 1] == 1).all():
+        raise layout._refuse("cells that are not positions 0..n-1 of one sequence each")
+    off += cells
+    v_trans, n_layer = _unpack(_V_HEAD, mv, off, layout)
+    off += _V_HEAD.size
+    if n_layer != layout.n_layer or bool(v_trans) != layout.v_trans or v_trans > 1:
+        raise layout._refuse(
+            f"{n_layer} layers, v_trans {v_trans} (this context: {layout.n_layer}, "
+            f"{int(layout.v_trans)})"
+        )
+    kr = layout.k_row
+    for i in range(n_layer):
+        t, row = _unpack(_TYPE_ROW, mv, off, layout)
+        if (t, row) != (layout.k_type, kr):
+            raise layout._refuse(
+                f"layer {i} K: type {t}, {row}-byte rows (this context: {layout.k_type}, {kr})"
+            )
+        off += _TYPE_ROW.size
+        rows[i, :, :kr] = _take(mv, off, n * kr, layout).reshape(n, kr)
+        off += n * kr
+    for i in range(n_layer):
+        if layout.v_trans:
+            t, el, n_embd = _unpack(_TYPE_EL, mv, off, layout)
+            if (t, el, n_embd) != (layout.v_type, layout.v_el, layout.n_embd_v):
+                raise layout._refuse(f"layer {i} V: type {t}, {el}-byte elements x {n_embd}")
+            off += _TYPE_EL.size
+            v = _take(mv, off, n_embd * n * el, layout).reshape(n_embd, n, el)
+            rows[i, :, kr:] = v.transpose(1, 0, 2).reshape(n, n_embd * el)
+            off += n_embd * n * el
+        else:
+            t, row = _unpack(_TYPE_ROW, mv, off, layout)
+            if (t, row) != (layout.v_type, layout.v_row):
+                raise layout._refuse(f"layer {i} V: type {t}, {row}-byte rows")
+            off += _TYPE_ROW.size
+            rows[i, :, kr:] = _take(mv, off, n * row, layout).reshape(n, row)
+            off += n * row
+    _end(mv, off, layout)
+    return rows
+
+
+def build_state(rows: npt.NDArray[np.uint8], n: int, layout: Layout, seq_id: int = 0) -> bytes:
+    """The sequence state of the first ``n`` tokens of ``rows`` (``[layers, >= n, k_row +
+    v_row]``, as :func:`read_state` gives them) in ``layout``, for ``llama_state_seq_set_data``."""
+    if rows.shape[0] != layout.n_layer or rows.shape[2] != layout.k_row + layout.v_row:
+        raise StrataError(f"rows of shape {rows.shape} are not this layout's {layout}")
+    out = bytearray(_HEAD.pack(SEQ_MAGIC, seq_id, 1, n))
+    if n == 0:
+        return bytes(out)
+    meta = np.empty((n, 3), "<i4")
+    meta[:, 0], meta[:, 1], meta[:, 2] = np.arange(n), 1, seq_id
+    out += meta.tobytes()
+    out += _V_HEAD.pack(int(layout.v_trans), layout.n_layer)
+    kr = layout.k_row
+    for i in range(layout.n_layer):
+        out += _TYPE_ROW.pack(layout.k_type, kr) + rows[i, :n, :kr].tobytes()
+    for i in range(layout.n_layer):
+        v = rows[i, :n, kr:]
+        if layout.v_trans:
+            out += _TYPE_EL.pack(layout.v_type, layout.v_el, layout.n_embd_v)
+            out += v.reshape(n, layout.n_embd_v, layout.v_el).transpose(1, 0, 2).tobytes()
+        else:
+            out += _TYPE_ROW.pack(layout.v_type, layout.v_row) + v.tobytes()
+    return bytes(out)
+
+
+def _unpack(s: struct.Struct, mv: memoryview, off: int, layout: Layout) -> tuple[int, ...]:
+    if off + s.size > len(mv):
+        raise layout._refuse(f"it ends at byte {len(mv)}, inside a field at {off}")
+    return s.unpack_from(mv, off)
+
+
+def _take(mv: memoryview, off: int, nbytes: int, layout: Layout) -> npt.NDArray[np.uint8]:
+    if off + nbytes > len(mv):
+        raise layout._refuse(f"it ends at byte {len(mv)}, {off + nbytes} needed")
+    return np.frombuffer(mv[off : off + nbytes], np.uint8)
+
+
+def _end(mv: memoryview, off: int, layout: Layout) -> None:
+    if off != len(mv):
+        raise layout._refuse(f"{len(mv) - off} bytes past the end of the layout")

@@ -1,0 +1,181 @@
+"""A stratastore :class:`~stratastore.Store` under a llama-cpp-python ``Llama``: park a sequence's
+K/V, restore the deepest stored prefix of a prompt into a sequence.
+
+A park reads the sequence's state from llama.cpp (``llama_state_seq_get_data``), checks it is
+the layout this context writes (:func:`~.state.read_state`) and stores each token's K and V
+rows as pages of the store's format: equal prefixes share segments, every page is BLAKE3-hashed.
+A restore reads the deepest stored prefix of the prompt (every page validated before it is
+used; a damaged page restores the prefix before it), builds llama.cpp's sequence state for
+those tokens and loads it (``llama_state_seq_set_data``); llama.cpp evaluates the rest of the
+prompt. Sequence 0 is the one ``Llama`` evaluates: a restore there also tells ``Llama`` which
+tokens its context now holds, so ``eval``, ``generate`` and ``create_completion`` go on from
+them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from stratastore.adapters.llamacpp.identity import context_layout, fingerprint
+from stratastore.adapters.llamacpp.state import Layout, build_state, read_state
+from stratastore.chain import Checkpoint, Conversation, as_tokens
+from stratastore.config import StoreConfig
+from stratastore.errors import StrataError
+from stratastore.facade import Store
+from stratastore.format import ModelFingerprint
+from stratastore.restore import LayerKV
+from stratastore.tiers.records import ParkReport
+
+__all__ = ["LlamaCppStore"]
+
+
+class LlamaCppStore:
+    """A Store for one ``llama_cpp.Llama`` context (its model, K/V types and settings: the
+    fingerprint, :func:`~.identity.fingerprint`). As thread-safe as the Store for the store's
+    side; llama.cpp's context is not: call it from the thread that drives the ``Llama``."""
+
+    def __init__(self, llm: Any, store: Store, fp: ModelFingerprint, layout: Layout) -> None:
+        self.llm, self.store, self.fp, self.layout = llm, store, fp, layout
+
+    @classmethod
+    def open(
+        cls,
+        llm: Any,
+        store_config: StoreConfig | dict[str, Any] | str | None = None,
+        *,
+        page_tokens: int = 16,
+        **store_kw: Any,
+    ) -> LlamaCppStore:
+        """Open the Store for ``llm``'s fingerprint (its GGUF, K/V types and RoPE settings);
+        a store directory holding another model's K/V refuses it (spec F-DIR-6).
+        :class:`~stratastore.ConfigError` for a context the adapter cannot read
+        (:func:`~.identity.context_layout`)."""
+        layout = context_layout(llm)
+        fp = fingerprint(llm, layout, page_tokens=page_tokens)
+        return cls(llm, Store.open(fp, store_config, **store_kw), fp, layout)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> LlamaCppStore:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- the sequence's state ------------------------------------------------------------------
+    def _get(self, seq: int) -> bytes:
+        import llama_cpp
+
+        n = int(llama_cpp.llama_state_seq_get_size(self.llm.ctx, seq))
+        buf = (ctypes.c_uint8 * n)()
+        got = int(llama_cpp.llama_state_seq_get_data(self.llm.ctx, buf, n, seq))
+        if got != n:
+            raise StrataError(f"llama.cpp wrote {got} of the {n} bytes of sequence {seq}'s state")
+        return bytes(buf)
+
+    def _set(self, data: bytes, seq: int) -> None:
+        import llama_cpp
+
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        got = int(llama_cpp.llama_state_seq_set_data(self.llm.ctx, buf, len(data), seq))
+        if got != len(data):
+            raise StrataError(
+                f"llama.cpp refused the restored state of sequence {seq} (read {got} of "
+                f"{len(data)} bytes; the sequence is now empty): its context is not the one "
+                "this store was opened for"
+            )
+
+    def _halves(
+        self, rows: npt.NDArray[np.uint8]
+    ) -> tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]:
+        half = self.fp.head_dim
+        k = [np.ascontiguousarray(rows[i, :, :half]) for i in range(self.layout.n_layer)]
+        v = [np.ascontiguousarray(rows[i, :, half:]) for i in range(self.layout.n_layer)]
+        return k, v
+
+    # -- the engine's calls --------------------------------------------------------------------
+    def park(
+        self,
+        conv_id: str,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+        *,
+        seq: int = 0,
+        checkpoints: Sequence[int] = (),
+        pinned: Sequence[int] = (),
+        tail: bool = True,
+    ) -> ParkReport:
+        """Keep sequence ``seq``'s K/V under ``conv_id``. ``token_ids``: the tokens it holds
+        (default, for sequence 0: the ``Llama``'s evaluated tokens); they must be as many as
+        its cells, at positions ``0..n-1``. ``checkpoints`` are lengths a later prompt may
+        resume at (message ends; the whole sequence always is one), each ending a segment;
+        ``pinned`` ones retention never drops (the system prompt); ``tail`` adds ``n - 1``, so
+        the same prompt again restores all but its last token.
+        :class:`~.state.StateLayoutError` when the state is not this context's layout."""
+        if token_ids is None:
+            if seq != 0:
+                raise StrataError(f"park of sequence {seq}: pass its token_ids")
+            token_ids = list(self.llm.input_ids[: self.llm.n_tokens])
+        ids = as_tokens(np.asarray(token_ids, dtype=np.int64))
+        rows = read_state(self._get(seq), self.layout)
+        n = rows.shape[1]
+        if n != len(ids) or n == 0:
+            raise StrataError(
+                f"park of {conv_id!r}: sequence {seq} holds {n} tokens, {len(ids)} were given"
+            )
+        lengths = sorted({*(c for c in (*checkpoints, *pinned) if 0 < c < n), n})
+        tail_at = n - 1 if tail and n > 1 and n - 1 not in lengths else None
+        if tail_at is not None:
+            lengths = sorted({*lengths, tail_at})
+        chain = [Checkpoint(x, pinned=x in pinned, tail=x == tail_at) for x in lengths]
+        k, v = self._halves(rows)
+        conv = Conversation(conv_id, ids, chain, cuts=[0, *lengths[:-1]])
+        return self.store.park(conv, LayerKV(self.fp, k, v))
+
+    def lookup(self, prompt: Sequence[int], *, max_tokens: int | None = None) -> int:
+        """How many leading tokens of ``prompt`` :meth:`restore` would bring back (0: none)."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        hit = self.store.lookup(ids[: _cap(len(ids), max_tokens)])
+        return hit[1] if hit else 0
+
+    def restore(self, prompt: Sequence[int], *, seq: int = 0, max_tokens: int | None = None) -> int:
+        """Load the deepest stored prefix of ``prompt`` into sequence ``seq`` (what it held is
+        replaced) and return its length ``n`` (0: nothing stored, the sequence untouched);
+        evaluate ``prompt[n:]`` after it. ``n`` is at most ``max_tokens``, by default
+        ``len(prompt) - 1`` (the model needs the last prompt token's logits). Every page is
+        validated before it is used; a damaged page restores the prefix before it."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        cap = _cap(len(ids), max_tokens)
+        if cap <= 0:
+            return 0
+        half = self.fp.head_dim
+        k = [np.empty((cap, half), np.uint8) for _ in range(self.layout.n_layer)]
+        v = [np.empty((cap, half), np.uint8) for _ in range(self.layout.n_layer)]
+        n = int(self.store.restore(ids[:cap], LayerKV(self.fp, k, v), max_tokens=cap).tokens)
+        if n == 0:
+            return 0
+        rows = np.empty((self.layout.n_layer, n, 2 * half), np.uint8)
+        for i in range(self.layout.n_layer):
+            rows[i, :, :half], rows[i, :, half:] = k[i][:n], v[i][:n]
+        try:
+            self._set(build_state(rows, n, self.layout, seq), seq)
+        except StrataError:
+            if seq == 0:
+                self.llm.n_tokens = 0
+            raise
+        if seq == 0:  # what Llama evaluates next goes on from these tokens
+            self.llm.input_ids[:n] = ids[:n]
+            self.llm.n_tokens = n
+        return n
+
+
+def _cap(n: int, max_tokens: int | None) -> int:
+    return n - 1 if max_tokens is None else max(0, min(n, max_tokens))

@@ -1,0 +1,203 @@
+"""stratastore under llama.cpp (``stratastore.adapters.llamacpp``) on a real GGUF model made at
+test time: conversations parked in one process resume in another with the tokens llama.cpp
+gives keeping them in its own context; an edit a few turns back resumes at the deepest stored
+point; a flipped byte restores fewer tokens and the same reply; another model's store and a
+state of another layout are refused; a kill -9 mid-park leaves a store fsck finds clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stratastore.errors import StrataError
+
+from .engine import ROOT, get_seq, load
+
+MESSAGES = [
+    [int(x) for x in np.random.default_rng(seed).integers(3, 500, n)]
+    for seed, n in [(11, 40), (12, 9), (13, 23), (14, 6)]
+]
+
+
+def phase(**args: Any) -> dict[str, Any]:
+    """One phase of :mod:`tests.llamacpp.phases` in a fresh process."""
+    args = {k: str(v) if isinstance(v, Path) else v for k, v in args.items()}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.llamacpp.phases", json.dumps(args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _store(llm: Any, path: Path) -> Any:
+    from stratastore.adapters.llamacpp import LlamaCppStore
+
+    cfg = {"park": "disk", "ram_mib": 0, "cold_dir": str(path), "cold_mib": 256}
+    return LlamaCppStore.open(llm, {**cfg, "page_resume": True})
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_conversations_resume_across_processes_with_llamas_own_tokens(
+    tiny: Path, tmp_path: Path, flash_attn: bool
+) -> None:
+    """Three conversations, two turns each, every phase in a fresh process: the second turn
+    restores the whole first (prompt and reply) and replies with the tokens llama.cpp gives
+    keeping the conversation in its own context."""
+    store = tmp_path / "store"
+    for c in range(3):
+        first, second = MESSAGES[c], MESSAGES[c + 1]
+        own = phase(op="own", model=tiny, flash_attn=flash_attn, messages=[first, second])
+        parked = phase(
+            op="park", model=tiny, flash_attn=flash_attn, store=store, conv=f"c{c}", prompt=first
+        )
+        assert parked["reply"] == own["replies"][0]
+        prompt = parked["held"] + second
+        resumed = phase(op="resume", model=tiny, flash_attn=flash_attn, store=store, prompt=prompt)
+        assert resumed["restored"] == len(parked["held"])
+        assert resumed["reply"] == own["replies"][1], f"conversation {c}"
+
+
+def test_an_edit_back_in_history_resumes_at_the_deepest_stored_turn(
+    tiny: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    turns = MESSAGES[:3]
+    prompt = turns[0] + turns[1] + turns[2]
+    cuts = [len(turns[0]), len(turns[0]) + len(turns[1])]
+    phase(op="park", model=tiny, store=store, conv="agent", prompt=prompt, cuts=cuts)
+    edited = turns[0] + turns[1][:4] + [7, 8, 9] + turns[1][7:] + turns[2]
+    resumed = phase(op="resume", model=tiny, store=store, prompt=edited)
+    assert 0 < resumed["restored"] <= len(turns[0]) + 4
+    assert resumed["restored"] >= len(turns[0])  # the turn before the edit, at least
+    assert resumed["reply"] == phase(op="fresh", model=tiny, prompt=edited)["reply"]
+
+
+def test_a_flipped_byte_restores_fewer_tokens_and_the_same_reply(
+    tiny: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    parked = phase(op="park", model=tiny, store=store, conv="c", prompt=MESSAGES[0])
+    prompt = parked["held"] + MESSAGES[1]
+    whole = phase(op="resume", model=tiny, store=store, prompt=prompt)
+    data = [p for p in store.rglob("strata-conv-*") if p.suffix != ".sidecar"]
+    data = [p for p in data if p.stat().st_size > 8192]
+    assert data, sorted(p.name for p in store.rglob("*"))
+    target = max(data, key=lambda p: p.stat().st_size)
+    raw = bytearray(target.read_bytes())
+    raw[len(raw) - 100] ^= 0x01  # the segment's last page
+    target.write_bytes(bytes(raw))
+    damaged = phase(op="resume", model=tiny, store=store, prompt=prompt)
+    assert 0 <= damaged["restored"] < whole["restored"]
+    assert damaged["reply"] == whole["reply"]
+
+
+def test_another_models_store_is_refused(tiny: Path, tiny_other: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    with _store(llm, store) as s:
+        s.park("c")
+    other = load(tiny_other)
+    with pytest.raises(StrataError, match=r"(?i)fingerprint|model"):
+        _store(other, store).close()
+
+
+def _reshaped(state: bytes, what: str) -> bytes:
+    """``state`` as another llama.cpp version might write it."""
+    raw = bytearray(state)
+    if what == "two streams":
+        raw[8:12] = (2).to_bytes(4, "little")
+    elif what == "a field more per cell":  # e.g. M-RoPE's 12 bytes of cell extension
+        n = int.from_bytes(raw[12:16], "little")
+        cells = b"".join(raw[16 + 12 * i : 28 + 12 * i] + bytes(12) for i in range(n))
+        raw = raw[:16] + cells + raw[16 + 12 * n :]
+    elif what == "trailing bytes":
+        raw += bytes(8)
+    elif what == "another magic":
+        raw[0:4] = (0xAF143CD9).to_bytes(4, "little")
+    elif what == "another K type":
+        off = 16 + 12 * int.from_bytes(raw[12:16], "little") + 8
+        raw[off : off + 4] = (8).to_bytes(4, "little")
+    return bytes(raw)
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["two streams", "a field more per cell", "trailing bytes", "another magic", "another K type"],
+)
+def test_a_state_of_another_layout_is_refused_by_name(tiny: Path, what: str) -> None:
+    from stratastore.adapters.llamacpp import StateLayoutError, context_layout, read_state
+
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    layout = context_layout(llm)
+    state = get_seq(llm)
+    assert read_state(state, layout).shape == (2, len(MESSAGES[0]), layout.k_row + layout.v_row)
+    with pytest.raises(StateLayoutError, match=r"0\.3\.36") as e:
+        read_state(_reshaped(state, what), layout)
+    assert "llama-cpp-python" in str(e.value)
+
+
+def test_a_park_of_a_state_llama_writes_otherwise_is_refused(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the store: the state's bytes come from llama.cpp; one in another layout is
+    refused before anything is stored."""
+    from stratastore.adapters.llamacpp import StateLayoutError
+
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    with _store(llm, tmp_path / "store") as s:
+        real = s._get
+        monkeypatch.setattr(s, "_get", lambda seq: _reshaped(real(seq), "a field more per cell"))
+        with pytest.raises(StateLayoutError):
+            s.park("c")
+        assert s.lookup(MESSAGES[0] + [5]) == 0
+
+
+def test_a_kill_mid_park_leaves_a_store_fsck_finds_clean(tiny: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    script = (
+        "import sys\n"
+        "from tests.llamacpp.engine import load\n"
+        "from tests.llamacpp.phases import _store\n"
+        "import numpy as np\n"
+        f"llm = load({str(tiny)!r}, n_ctx=1024)\n"
+        "rng = np.random.default_rng(0)\n"
+        "llm.eval([int(x) for x in rng.integers(3, 500, 600)])\n"
+        f"with _store(llm, {str(store)!r}) as s:\n"
+        "    print('parking', flush=True)\n"
+        "    for i in range(10_000):\n"
+        "        s.park(f'c{i}')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "parking"
+        time.sleep(1.0)  # some parks done, one in flight: where it is killed does not matter
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    fsck = subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr

@@ -1,0 +1,119 @@
+"""llama.cpp's sequence state as the adapter reads and writes it (no llama.cpp needed: the
+states are built here in its layout; ``tests/llamacpp`` holds the same against the real one):
+rows round-trip for V plain and transposed, and every state cut short, longer, or with a field
+another layout would hold is :class:`StateLayoutError`, never misread."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from stratastore.adapters.llamacpp.state import (
+    SEQ_MAGIC,
+    Layout,
+    StateLayoutError,
+    build_state,
+    read_state,
+)
+from stratastore.errors import StrataError
+
+PLAIN = Layout(
+    n_layer=3,
+    k_type=8,
+    k_row=34,
+    v_type=1,
+    v_row=64,
+    v_trans=False,
+    v_el=2,
+    n_embd_v=32,
+    version="0.3.36",
+)
+TRANSPOSED = Layout(
+    n_layer=2,
+    k_type=1,
+    k_row=64,
+    v_type=1,
+    v_row=64,
+    v_trans=True,
+    v_el=2,
+    n_embd_v=32,
+    version="0.3.36",
+)
+
+
+def rows(layout: Layout, n: int, seed: int = 0) -> np.ndarray:
+    shape = (layout.n_layer, n, layout.k_row + layout.v_row)
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("layout", [PLAIN, TRANSPOSED], ids=["plain", "transposed"])
+@pytest.mark.parametrize("n", [0, 1, 17])
+def test_rows_round_trip(layout: Layout, n: int) -> None:
+    r = rows(layout, n)
+    state = build_state(r, n, layout, seq_id=3)
+    assert struct.unpack_from("<IiII", state) == (SEQ_MAGIC, 3, 1, n)
+    assert np.array_equal(read_state(state, layout), r)
+    longer = rows(layout, n + 5, seed=1)
+    assert np.array_equal(read_state(build_state(longer, n, layout), layout), longer[:, :n])
+
+
+def test_transposed_v_is_element_major_in_the_state() -> None:
+    """With V transposed, element j of every cell comes before element j + 1 (llama.cpp's
+    ``v_trans``): the bytes after the K rows are V's columns, not its rows."""
+    n, lay = 4, TRANSPOSED
+    r = rows(lay, n)
+    state = build_state(r, n, lay)
+    off = 16 + 12 * n + 8 + lay.n_layer * (12 + n * lay.k_row) + 12  # first layer's V data
+    v = r[0, :, lay.k_row :].reshape(n, lay.n_embd_v, lay.v_el)
+    assert state[off : off + n * lay.v_el] == v[:, 0].tobytes()
+
+
+@pytest.mark.parametrize("layout", [PLAIN, TRANSPOSED], ids=["plain", "transposed"])
+def test_every_cut_and_every_extra_byte_is_refused(layout: Layout) -> None:
+    state = build_state(rows(layout, 5), 5, layout)
+    for cut in range(len(state)):
+        with pytest.raises(StateLayoutError, match=r"0\.3\.36"):
+            read_state(state[:cut], layout)
+    with pytest.raises(StateLayoutError, match="past the end"):
+        read_state(state + b"\0", layout)
+
+
+def _patched(state: bytes, offset: int, fmt: str, value: int) -> bytes:
+    raw = bytearray(state)
+    struct.pack_into(fmt, raw, offset, value)
+    return bytes(raw)
+
+
+def test_fields_of_another_layout_are_refused() -> None:
+    n, lay = 5, PLAIN
+    state = build_state(rows(lay, n), n, lay)
+    k0 = 16 + 12 * n + 8  # the first layer's K header
+    others = {
+        "magic": _patched(state, 0, "<I", SEQ_MAGIC + 1),
+        "streams": _patched(state, 8, "<I", 2),
+        "a position": _patched(state, 16 + 12 * 2, "<i", 7),
+        "two sequences in a cell": _patched(state, 16 + 4, "<I", 2),
+        "v_trans": _patched(state, 16 + 12 * n, "<I", 1),
+        "layers": _patched(state, 16 + 12 * n + 4, "<I", 4),
+        "K type": _patched(state, k0, "<i", 1),
+        "K row": _patched(state, k0 + 4, "<Q", 36),
+        "V type": _patched(state, k0 + lay.n_layer * (12 + n * lay.k_row), "<i", 0),
+    }
+    for what, other in others.items():
+        with pytest.raises(StateLayoutError) as e:
+            read_state(other, lay)
+        assert "llama-cpp-python 0.3.36" in str(e.value), what
+    assert issubclass(StateLayoutError, StrataError)
+    # the same bytes read with the other V layout: refused at v_trans, not misread
+    with pytest.raises(StateLayoutError, match="v_trans"):
+        read_state(
+            build_state(rows(TRANSPOSED, 3), 3, TRANSPOSED),
+            Layout(**{**TRANSPOSED.__dict__, "v_trans": False}),
+        )
+
+
+def test_rows_of_another_shape_are_not_built() -> None:
+    with pytest.raises(StrataError):
+        build_state(rows(PLAIN, 4)[:, :, :-1], 4, PLAIN)
