@@ -14,6 +14,9 @@ state_seq_get_data`` and ``llama_kv_cache::state_write``), little endian::
       v_trans=1, per layer: i32 v_type, u32 v_el_bytes, u32 n_embd_v_gqa,
                  n_embd_v_gqa x (cell_count x v_el_bytes)   (element j of every cell, then j+1)
 
+A whole-context state (``llama_state_get_data``, what ``Llama.save_state`` keeps) is ``u32``
+length and the model's architecture name, then the same from ``n_stream`` on.
+
 A state is read only when every field is the one this context's :class:`Layout` says (the
 magic, one stream, cells at positions ``0..n-1`` of one sequence, the layers, the K/V types and
 row sizes, V transposed or not) and the bytes end where the layout does: anything else, a
@@ -32,13 +35,21 @@ import numpy.typing as npt
 
 from stratastore.errors import StrataError
 
-__all__ = ["SEQ_MAGIC", "Layout", "StateLayoutError", "build_state", "read_state"]
+__all__ = [
+    "SEQ_MAGIC",
+    "Layout",
+    "StateLayoutError",
+    "build_context_state",
+    "build_state",
+    "read_context_state",
+    "read_state",
+]
 
 SEQ_MAGIC = 0xAF143CD8  #: llama.cpp's LLAMA_STATE_SEQ_MAGIC
 #: what this adapter reads: the layout of llama-cpp-python 0.3.36 (llama.cpp 0c1e57098)
 KNOWN_LAYOUT = "llama.cpp's sequence state as llama-cpp-python 0.3.36 writes it"
 
-_HEAD = struct.Struct("<IiII")  # magic, seq_id, n_stream, cell_count
+_COUNTS = struct.Struct("<II")  # n_stream, cell_count
 _CELL = struct.Struct("<iI")  # pos, n_seq_id
 _V_HEAD = struct.Struct("<II")  # v_trans, n_layer
 _TYPE_ROW = struct.Struct("<iQ")  # type, row bytes
@@ -85,18 +96,35 @@ def read_state(buf: bytes | bytearray | memoryview, layout: Layout) -> npt.NDArr
     then its V row (untransposed), for cells at positions ``0..n-1`` of one sequence.
     :class:`StateLayoutError` for any field that is not ``layout``'s or bytes past its end."""
     mv = memoryview(buf).cast("B")
-    if len(mv) < _HEAD.size - 4:
+    if len(mv) < 8:
         raise layout._refuse(f"{len(mv)} bytes, shorter than its header")
-    magic, _seq, n_stream = struct.unpack_from("<IiI", mv, 0)
-    if magic != SEQ_MAGIC or n_stream != 1:
-        raise layout._refuse(
-            f"magic {magic:#x} and {n_stream} streams (expected {SEQ_MAGIC:#x}, 1)"
-        )
-    if len(mv) < _HEAD.size:
-        raise layout._refuse("no cell count")
-    (n,) = struct.unpack_from("<I", mv, 12)
+    magic, _seq = struct.unpack_from("<Ii", mv, 0)
+    if magic != SEQ_MAGIC:
+        raise layout._refuse(f"magic {magic:#x} (expected {SEQ_MAGIC:#x})")
+    return _read_body(mv, 8, layout)
+
+
+def read_context_state(
+    buf: bytes | bytearray | memoryview, layout: Layout, arch: str
+) -> npt.NDArray[np.uint8]:
+    """The rows of a whole-context state (``llama_state_get_data``: ``u32`` length and the
+    model's architecture name, then the sequence state's body from ``n_stream`` on) of a
+    context whose one sequence holds positions ``0..n-1``: as :func:`read_state`."""
+    mv = memoryview(buf).cast("B")
+    name = arch.encode()
+    head = struct.pack("<I", len(name)) + name
+    if bytes(mv[: len(head)]) != head:
+        raise layout._refuse(f"a whole-context state that does not start with {arch!r}")
+    return _read_body(mv, len(head), layout)
+
+
+def _read_body(mv: memoryview, off: int, layout: Layout) -> npt.NDArray[np.uint8]:
+    """The rows of a state's body at ``off``: ``n_stream`` on (see the module)."""
+    n_stream, n = _unpack(_COUNTS, mv, off, layout)
+    if n_stream != 1:
+        raise layout._refuse(f"{n_stream} streams (expected 1)")
+    off += _COUNTS.size
     rows = np.empty((layout.n_layer, n, layout.k_row + layout.v_row), np.uint8)
-    off = _HEAD.size
     if n == 0:
         _end(mv, off, layout)
         return rows
@@ -147,9 +175,26 @@ def read_state(buf: bytes | bytearray | memoryview, layout: Layout) -> npt.NDArr
 def build_state(rows: npt.NDArray[np.uint8], n: int, layout: Layout, seq_id: int = 0) -> bytes:
     """The sequence state of the first ``n`` tokens of ``rows`` (``[layers, >= n, k_row +
     v_row]``, as :func:`read_state` gives them) in ``layout``, for ``llama_state_seq_set_data``."""
-    if rows.shape[0] != layout.n_layer or rows.shape[2] != layout.k_row + layout.v_row:
-        raise StrataError(f"rows of shape {rows.shape} are not this layout's {layout}")
-    out = bytearray(_HEAD.pack(SEQ_MAGIC, seq_id, 1, n))
+    return struct.pack("<Ii", SEQ_MAGIC, seq_id) + _body(rows, n, layout, seq_id)
+
+
+def build_context_state(rows: npt.NDArray[np.uint8], n: int, layout: Layout, arch: str) -> bytes:
+    """The whole-context state (``llama_state_set_data``, ``Llama.load_state``) of a context
+    whose sequence 0 holds the first ``n`` tokens of ``rows``; ``arch``: the model's
+    architecture name (``general.architecture``)."""
+    name = arch.encode()
+    return struct.pack("<I", len(name)) + name + _body(rows, n, layout, 0)
+
+
+def _body(rows: npt.NDArray[np.uint8], n: int, layout: Layout, seq_id: int) -> bytes:
+    if (
+        rows.ndim != 3
+        or rows.shape[0] != layout.n_layer
+        or rows.shape[1] < n
+        or rows.shape[2] != layout.k_row + layout.v_row
+    ):
+        raise StrataError(f"rows of shape {rows.shape} hold no {n} tokens of {layout}")
+    out = bytearray(_COUNTS.pack(1, n))
     if n == 0:
         return bytes(out)
     meta = np.empty((n, 3), "<i4")

@@ -124,13 +124,27 @@ class LlamaCppStore:
             if seq != 0:
                 raise StrataError(f"park of sequence {seq}: pass its token_ids")
             token_ids = list(self.llm.input_ids[: self.llm.n_tokens])
-        ids = as_tokens(np.asarray(token_ids, dtype=np.int64))
         rows = read_state(self._get(seq), self.layout)
+        return self.park_rows(
+            conv_id, token_ids, rows, checkpoints=checkpoints, pinned=pinned, tail=tail
+        )
+
+    def park_rows(
+        self,
+        conv_id: str,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        rows: npt.NDArray[np.uint8],
+        *,
+        checkpoints: Sequence[int] = (),
+        pinned: Sequence[int] = (),
+        tail: bool = True,
+    ) -> ParkReport:
+        """:meth:`park` of rows already read (``[layers, n, k_row + v_row]``, as
+        :func:`~.state.read_state` gives them) for the ``n`` tokens ``token_ids``."""
+        ids = as_tokens(np.asarray(token_ids, dtype=np.int64))
         n = rows.shape[1]
         if n != len(ids) or n == 0:
-            raise StrataError(
-                f"park of {conv_id!r}: sequence {seq} holds {n} tokens, {len(ids)} were given"
-            )
+            raise StrataError(f"park of {conv_id!r}: {n} tokens' K/V, {len(ids)} tokens given")
         lengths = sorted({*(c for c in (*checkpoints, *pinned) if 0 < c < n), n})
         tail_at = n - 1 if tail and n > 1 and n - 1 not in lengths else None
         if tail_at is not None:
@@ -146,34 +160,45 @@ class LlamaCppStore:
         hit = self.store.lookup(ids[: _cap(len(ids), max_tokens)])
         return hit[1] if hit else 0
 
+    def prefix_rows(
+        self, prompt: Sequence[int], *, max_tokens: int | None = None
+    ) -> tuple[int, npt.NDArray[np.uint8]]:
+        """``(n, rows)``: the deepest stored prefix of ``prompt``, ``n`` tokens (at most
+        ``max_tokens``, by default ``len(prompt) - 1``), as ``[layers, n, k_row + v_row]``
+        bytes (:func:`~.state.read_state`'s rows), every page validated; ``(0, empty)`` when
+        nothing is stored. Loads nothing into llama.cpp."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        cap = _cap(len(ids), max_tokens)
+        half, layers = self.fp.head_dim, self.layout.n_layer
+        if cap <= 0:
+            return 0, np.empty((layers, 0, 2 * half), np.uint8)
+        k = [np.empty((cap, half), np.uint8) for _ in range(layers)]
+        v = [np.empty((cap, half), np.uint8) for _ in range(layers)]
+        n = int(self.store.restore(ids[:cap], LayerKV(self.fp, k, v), max_tokens=cap).tokens)
+        rows = np.empty((layers, n, 2 * half), np.uint8)
+        for i in range(layers):
+            rows[i, :, :half], rows[i, :, half:] = k[i][:n], v[i][:n]
+        return n, rows
+
     def restore(self, prompt: Sequence[int], *, seq: int = 0, max_tokens: int | None = None) -> int:
         """Load the deepest stored prefix of ``prompt`` into sequence ``seq`` (what it held is
         replaced) and return its length ``n`` (0: nothing stored, the sequence untouched);
         evaluate ``prompt[n:]`` after it. ``n`` is at most ``max_tokens``, by default
         ``len(prompt) - 1`` (the model needs the last prompt token's logits). Every page is
         validated before it is used; a damaged page restores the prefix before it."""
-        ids = np.asarray(prompt, dtype=np.int64)
-        cap = _cap(len(ids), max_tokens)
-        if cap <= 0:
-            return 0
-        half = self.fp.head_dim
-        k = [np.empty((cap, half), np.uint8) for _ in range(self.layout.n_layer)]
-        v = [np.empty((cap, half), np.uint8) for _ in range(self.layout.n_layer)]
-        n = int(self.store.restore(ids[:cap], LayerKV(self.fp, k, v), max_tokens=cap).tokens)
+        n, rows = self.prefix_rows(prompt, max_tokens=max_tokens)
         if n == 0:
             return 0
-        rows = np.empty((self.layout.n_layer, n, 2 * half), np.uint8)
-        for i in range(self.layout.n_layer):
-            rows[i, :, :half], rows[i, :, half:] = k[i][:n], v[i][:n]
         try:
             self._set(build_state(rows, n, self.layout, seq), seq)
         except StrataError:
             if seq == 0:
                 self.llm.n_tokens = 0
             raise
-        if seq == 0:  # what Llama evaluates next goes on from these tokens
-            self.llm.input_ids[:n] = ids[:n]
+        if seq == 0:  # what Llama evaluates next goes on from these tokens, as load_state does
+            self.llm.input_ids[:n] = np.asarray(prompt[:n], dtype=np.int64)
             self.llm.n_tokens = n
+            self.llm._requires_eval = True  # logits come from the next decode, not the state
         return n
 
 

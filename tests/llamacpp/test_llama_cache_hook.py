@@ -1,0 +1,65 @@
+"""``Llama.set_cache(StrataLlamaCache(...))``: llama-cpp-python's own cache hook on stratastore.
+A completion parks its state; another ``Llama`` whose prompt shares only a prefix with it gets
+that prefix back and completes with the tokens it gives with no cache at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from .engine import load
+
+RNG = np.random.default_rng(3)
+SHARED = [int(x) for x in RNG.integers(3, 500, 60)]
+FIRST = SHARED + [int(x) for x in RNG.integers(3, 500, 10)]
+SECOND = SHARED + [int(x) for x in RNG.integers(3, 500, 10)]
+
+
+def config(path: Path) -> dict[str, Any]:
+    return {
+        "park": "disk",
+        "ram_mib": 0,
+        "cold_dir": str(path),
+        "cold_mib": 256,
+        "page_resume": True,
+    }
+
+
+def complete(llm: Any, prompt: list[int]) -> str:
+    out = llm.create_completion(prompt, max_tokens=16, temperature=0.0)
+    return str(out["choices"][0]["text"])
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_a_shared_prefix_is_restored_through_the_hook(
+    tiny: Path, tmp_path: Path, flash_attn: bool
+) -> None:
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    a = load(tiny, flash_attn=flash_attn)
+    with StrataLlamaCache(a, config(tmp_path)) as cache:
+        a.set_cache(cache)
+        complete(a, FIRST)
+        assert FIRST in cache and cache.cache_size > 0
+    b = load(tiny, flash_attn=flash_attn)
+    with StrataLlamaCache(b, config(tmp_path)) as cache:
+        b.set_cache(cache)
+        got = complete(b, SECOND)
+        restored = cache.store.store.stats()["tokens_restored"]
+    assert 48 <= restored <= len(SHARED)  # the shared prefix, to its last whole page at least
+    assert got == complete(load(tiny, flash_attn=flash_attn), SECOND)
+
+
+def test_a_prompt_with_nothing_stored_is_a_miss(tiny: Path, tmp_path: Path) -> None:
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    llm = load(tiny)
+    with StrataLlamaCache(llm, config(tmp_path)) as cache:
+        assert FIRST not in cache
+        with pytest.raises(KeyError):
+            cache[FIRST]
+        llm.set_cache(cache)
+        assert complete(llm, FIRST) == complete(load(tiny), FIRST)
