@@ -201,3 +201,28 @@ def test_a_kill_mid_park_leaves_a_store_fsck_finds_clean(tiny: Path, tmp_path: P
         timeout=300,
     )
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+@pytest.mark.parametrize(
+    ("flash_attn", "kv", "v"), [(False, "q8_0", "f16"), (True, "q8_0", "q8_0")]
+)
+def test_quantized_caches_restore_bit_for_bit(
+    wide: Path, tmp_path: Path, flash_attn: bool, kv: str, v: str
+) -> None:
+    """K and V rows of other sizes (q8_0 K, f16 V) and a quantized V: the restored context
+    continues as the one that evaluated the prefix itself."""
+    from .engine import logits
+
+    kw: dict[str, Any] = {"flash_attn": flash_attn, "kv": kv, "v": v}
+    prompt, more = MESSAGES[0], MESSAGES[1]
+    a = load(wide, **kw)
+    a.eval(prompt)
+    with _store(a, tmp_path / "store") as s:
+        s.park("c", tail=False)
+    b = load(wide, **kw)
+    with _store(b, tmp_path / "store") as s:
+        assert s.restore(prompt + more) == len(prompt)
+    b.eval(more)
+    a.eval(more)
+    assert np.array_equal(logits(b).view(np.uint32), logits(a).view(np.uint32))
+    assert get_seq(b) == get_seq(a)

@@ -6,8 +6,9 @@ of every key, this one stores a state as pages (:class:`~.store.LlamaCppStore`):
 shares only its first N tokens with what was stored gets those N back, conversations that
 share a prefix share its pages, every page is validated before it is used, and a damaged page
 gives the prefix before it. What ``Llama`` hands it (``cache[tokens] = llm.save_state()``)
-is parked; what it asks for (``cache[prompt]``) is the deepest stored prefix of the prompt,
-at most ``len(prompt) - 1`` tokens, as a ``LlamaState`` for ``Llama.load_state``.
+is parked, cut at every :data:`CUT_TOKENS` tokens so that the next turn's state shares the
+segments of this one; what it asks for (``cache[prompt]``) is the deepest stored prefix of the
+prompt, at most ``len(prompt) - 1`` tokens, as a ``LlamaState`` for ``Llama.load_state``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from typing import Any
 import blake3
 import numpy as np
 
-from stratastore.adapters.llamacpp.state import build_context_state, read_context_state
+from stratastore.adapters.llamacpp.state import read_context_state
 from stratastore.adapters.llamacpp.store import LlamaCppStore
 from stratastore.config import StoreConfig
 
-__all__ = ["StrataLlamaCache"]
+__all__ = ["CUT_TOKENS", "StrataLlamaCache"]
+
+#: each state is cut into segments at the multiples of this many tokens (and at its end): a
+#: key is a new conversation to the store, so equal prefixes share segments up to the last
+#: multiple they share, and a turn writes its new tokens and at most this many before them
+CUT_TOKENS = 64
 
 try:
     from llama_cpp.llama_cache import BaseLlamaCache as _Base
@@ -72,10 +78,9 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         from llama_cpp.llama import LlamaState
 
         ids = list(key)
-        n, rows = self.store.prefix_rows(ids)
+        n, data = self.store.prefix_state(ids, arch=self._arch)
         if n == 0:
             raise KeyError(f"no stored prefix of these {len(ids)} tokens")
-        data = build_context_state(rows, n, self.store.layout, self._arch)
         input_ids = np.full(self._llm.n_ctx(), -1, dtype=np.intc)  # -1: no token matches
         input_ids[:n] = ids[:n]
         # Llama.load_state copies these into its own scores; the next decode replaces them
@@ -94,7 +99,8 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
             value.llama_state[: value.llama_state_size], self.store.layout, self._arch
         )
         conv_id = "llama-cache-" + blake3.blake3(ids.tobytes()).hexdigest()[:32]
-        self.store.park_rows(conv_id, ids, rows)
+        grid = list(range(CUT_TOKENS, n, CUT_TOKENS))
+        self.store.park_rows(conv_id, ids, rows, checkpoints=grid, tail=False)
 
     def close(self) -> None:
         self.store.close()

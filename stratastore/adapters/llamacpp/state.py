@@ -28,6 +28,7 @@ for a context that keeps V transposed or not.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "build_state",
     "read_context_state",
     "read_state",
+    "state_of_rows",
 ]
 
 SEQ_MAGIC = 0xAF143CD8  #: llama.cpp's LLAMA_STATE_SEQ_MAGIC
@@ -175,18 +177,77 @@ def _read_body(mv: memoryview, off: int, layout: Layout) -> npt.NDArray[np.uint8
 def build_state(rows: npt.NDArray[np.uint8], n: int, layout: Layout, seq_id: int = 0) -> bytes:
     """The sequence state of the first ``n`` tokens of ``rows`` (``[layers, >= n, k_row +
     v_row]``, as :func:`read_state` gives them) in ``layout``, for ``llama_state_seq_set_data``."""
-    return struct.pack("<Ii", SEQ_MAGIC, seq_id) + _body(rows, n, layout, seq_id)
+    _check_rows(rows, n, layout)
+    kr = layout.k_row
+    k, v = (lambda i: rows[i, :n, :kr]), (lambda i: rows[i, :n, kr:])
+    return state_of_rows(k, v, n, layout, seq_id=seq_id).tobytes()
 
 
 def build_context_state(rows: npt.NDArray[np.uint8], n: int, layout: Layout, arch: str) -> bytes:
     """The whole-context state (``llama_state_set_data``, ``Llama.load_state``) of a context
     whose sequence 0 holds the first ``n`` tokens of ``rows``; ``arch``: the model's
     architecture name (``general.architecture``)."""
-    name = arch.encode()
-    return struct.pack("<I", len(name)) + name + _body(rows, n, layout, 0)
+    _check_rows(rows, n, layout)
+    kr = layout.k_row
+    k, v = (lambda i: rows[i, :n, :kr]), (lambda i: rows[i, :n, kr:])
+    return state_of_rows(k, v, n, layout, arch=arch).tobytes()
 
 
-def _body(rows: npt.NDArray[np.uint8], n: int, layout: Layout, seq_id: int) -> bytes:
+def state_of_rows(
+    k_rows: Callable[[int], npt.NDArray[np.uint8]],
+    v_rows: Callable[[int], npt.NDArray[np.uint8]],
+    n: int,
+    layout: Layout,
+    *,
+    seq_id: int = 0,
+    arch: str | None = None,
+) -> npt.NDArray[np.uint8]:
+    """The state of ``n`` tokens whose K and V rows of layer ``i`` are ``k_rows(i)`` and
+    ``v_rows(i)`` (``[n, k_row]`` and ``[n, v_row]`` bytes, V untransposed, any strides),
+    written once into one new buffer: a sequence state, or with ``arch`` a whole-context
+    state."""
+    kr, vr, layers = layout.k_row, layout.v_row, layout.n_layer
+    head = (
+        struct.pack("<Ii", SEQ_MAGIC, seq_id)
+        if arch is None
+        else struct.pack("<I", len(arch.encode())) + arch.encode()
+    )
+    size = len(head) + _COUNTS.size
+    if n:
+        size += 12 * n + _V_HEAD.size + layers * (_TYPE_ROW.size + n * kr)
+        size += layers * ((_TYPE_EL.size if layout.v_trans else _TYPE_ROW.size) + n * vr)
+    out = np.empty(size, np.uint8)
+    off = _put(out, 0, head)
+    off = _put(out, off, _COUNTS.pack(1, n))
+    if n == 0:
+        return out
+    meta = out[off : off + 12 * n].view("<i4").reshape(n, 3)
+    meta[:, 0], meta[:, 1], meta[:, 2] = np.arange(n), 1, seq_id
+    off = _put(out, off + 12 * n, _V_HEAD.pack(int(layout.v_trans), layers))
+    for i in range(layers):
+        off = _put(out, off, _TYPE_ROW.pack(layout.k_type, kr))
+        out[off : off + n * kr].reshape(n, kr)[:] = k_rows(i)
+        off += n * kr
+    for i in range(layers):
+        v = v_rows(i)
+        if layout.v_trans:
+            off = _put(out, off, _TYPE_EL.pack(layout.v_type, layout.v_el, layout.n_embd_v))
+            into = out[off : off + n * vr].reshape(layout.n_embd_v, n, layout.v_el)
+            into[:] = v.reshape(n, layout.n_embd_v, layout.v_el).transpose(1, 0, 2)
+        else:
+            off = _put(out, off, _TYPE_ROW.pack(layout.v_type, vr))
+            out[off : off + n * vr].reshape(n, vr)[:] = v
+        off += n * vr
+    assert off == size
+    return out
+
+
+def _put(out: npt.NDArray[np.uint8], off: int, data: bytes) -> int:
+    out[off : off + len(data)] = np.frombuffer(data, np.uint8)
+    return off + len(data)
+
+
+def _check_rows(rows: npt.NDArray[np.uint8], n: int, layout: Layout) -> None:
     if (
         rows.ndim != 3
         or rows.shape[0] != layout.n_layer
@@ -194,24 +255,6 @@ def _body(rows: npt.NDArray[np.uint8], n: int, layout: Layout, seq_id: int) -> b
         or rows.shape[2] != layout.k_row + layout.v_row
     ):
         raise StrataError(f"rows of shape {rows.shape} hold no {n} tokens of {layout}")
-    out = bytearray(_COUNTS.pack(1, n))
-    if n == 0:
-        return bytes(out)
-    meta = np.empty((n, 3), "<i4")
-    meta[:, 0], meta[:, 1], meta[:, 2] = np.arange(n), 1, seq_id
-    out += meta.tobytes()
-    out += _V_HEAD.pack(int(layout.v_trans), layout.n_layer)
-    kr = layout.k_row
-    for i in range(layout.n_layer):
-        out += _TYPE_ROW.pack(layout.k_type, kr) + rows[i, :n, :kr].tobytes()
-    for i in range(layout.n_layer):
-        v = rows[i, :n, kr:]
-        if layout.v_trans:
-            out += _TYPE_EL.pack(layout.v_type, layout.v_el, layout.n_embd_v)
-            out += v.reshape(n, layout.n_embd_v, layout.v_el).transpose(1, 0, 2).tobytes()
-        else:
-            out += _TYPE_ROW.pack(layout.v_type, layout.v_row) + v.tobytes()
-    return bytes(out)
 
 
 def _unpack(s: struct.Struct, mv: memoryview, off: int, layout: Layout) -> tuple[int, ...]:

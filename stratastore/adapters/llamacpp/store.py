@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stratastore.adapters.llamacpp.identity import context_layout, fingerprint
-from stratastore.adapters.llamacpp.state import Layout, build_state, read_state
+from stratastore.adapters.llamacpp.state import Layout, read_state, state_of_rows
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
@@ -82,10 +82,10 @@ class LlamaCppStore:
             raise StrataError(f"llama.cpp wrote {got} of the {n} bytes of sequence {seq}'s state")
         return bytes(buf)
 
-    def _set(self, data: bytes, seq: int) -> None:
+    def _set(self, data: npt.NDArray[np.uint8], seq: int) -> None:
         import llama_cpp
 
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data.data)  # the state's own memory
         got = int(llama_cpp.llama_state_seq_set_data(self.llm.ctx, buf, len(data), seq))
         if got != len(data):
             raise StrataError(
@@ -160,25 +160,40 @@ class LlamaCppStore:
         hit = self.store.lookup(ids[: _cap(len(ids), max_tokens)])
         return hit[1] if hit else 0
 
-    def prefix_rows(
-        self, prompt: Sequence[int], *, max_tokens: int | None = None
+    def prefix_state(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int | None = None,
+        seq: int = 0,
+        arch: str | None = None,
     ) -> tuple[int, npt.NDArray[np.uint8]]:
-        """``(n, rows)``: the deepest stored prefix of ``prompt``, ``n`` tokens (at most
-        ``max_tokens``, by default ``len(prompt) - 1``), as ``[layers, n, k_row + v_row]``
-        bytes (:func:`~.state.read_state`'s rows), every page validated; ``(0, empty)`` when
-        nothing is stored. Loads nothing into llama.cpp."""
+        """``(n, state)``: the deepest stored prefix of ``prompt``, ``n`` tokens (at most
+        ``max_tokens``, by default ``len(prompt) - 1``), every page validated, as llama.cpp's
+        state of sequence ``seq`` holding them (with ``arch``: the whole-context state,
+        ``Llama.load_state``'s); ``(0, empty)`` when nothing is stored. Loads nothing into
+        llama.cpp. The pages are read into per-layer rows once and the state built from
+        them in one pass."""
         ids = np.asarray(prompt, dtype=np.int64)
         cap = _cap(len(ids), max_tokens)
         half, layers = self.fp.head_dim, self.layout.n_layer
         if cap <= 0:
-            return 0, np.empty((layers, 0, 2 * half), np.uint8)
+            return 0, np.empty(0, np.uint8)
         k = [np.empty((cap, half), np.uint8) for _ in range(layers)]
         v = [np.empty((cap, half), np.uint8) for _ in range(layers)]
         n = int(self.store.restore(ids[:cap], LayerKV(self.fp, k, v), max_tokens=cap).tokens)
-        rows = np.empty((layers, n, 2 * half), np.uint8)
-        for i in range(layers):
-            rows[i, :, :half], rows[i, :, half:] = k[i][:n], v[i][:n]
-        return n, rows
+        if n == 0:
+            return 0, np.empty(0, np.uint8)
+        kr = self.layout.k_row
+        if kr == half:  # K and V of one size: the stored halves are the rows
+            k_rows, v_rows = (lambda i: k[i][:n]), (lambda i: v[i][:n])
+        else:  # a token's row is split at half the K and V bytes, not at the K row's end
+
+            def whole(i: int) -> npt.NDArray[np.uint8]:
+                return np.concatenate([k[i][:n], v[i][:n]], axis=1)
+
+            k_rows, v_rows = (lambda i: whole(i)[:, :kr]), (lambda i: whole(i)[:, kr:])
+        return n, state_of_rows(k_rows, v_rows, n, self.layout, seq_id=seq, arch=arch)
 
     def restore(self, prompt: Sequence[int], *, seq: int = 0, max_tokens: int | None = None) -> int:
         """Load the deepest stored prefix of ``prompt`` into sequence ``seq`` (what it held is
@@ -186,11 +201,11 @@ class LlamaCppStore:
         evaluate ``prompt[n:]`` after it. ``n`` is at most ``max_tokens``, by default
         ``len(prompt) - 1`` (the model needs the last prompt token's logits). Every page is
         validated before it is used; a damaged page restores the prefix before it."""
-        n, rows = self.prefix_rows(prompt, max_tokens=max_tokens)
+        n, state = self.prefix_state(prompt, max_tokens=max_tokens, seq=seq)
         if n == 0:
             return 0
         try:
-            self._set(build_state(rows, n, self.layout, seq), seq)
+            self._set(state, seq)
         except StrataError:
             if seq == 0:
                 self.llm.n_tokens = 0

@@ -1,0 +1,263 @@
+"""A returning conversation's next turn after a restart, under llama-cpp-python: time to first
+token with no cache, ``LlamaDiskCache``, ``LlamaRAMCache`` and stratastore
+(``StrataLlamaCache``), and the bytes each cache writes for a turn.
+
+The model is a random Llama written as GGUF with Llama-3-8B's K/V geometry (32 layers, 8 KV
+heads of 128, f16 K/V: 128 KiB a token) and a small rest (``n_embd`` 1024, 8 heads, FFN 512,
+vocabulary 512), so the K/V bytes and the attention over them are an 8B model's and the rest
+of a forward is cheap. For each size N:
+
+1. **build** (a process): evaluates a conversation of N tokens, saves the state
+   (``Llama.save_state``) and hands it to a ``LlamaDiskCache`` and a ``StrataLlamaCache``
+   (disk level, ``page_resume``), as ``Llama`` does after a completion.
+2. **the turn after a restart** (a fresh process each): the prompt is the N tokens and 32 new
+   ones; the clock runs from ``create_completion(prompt, max_tokens=16, stream=True)`` to its
+   first token, with the cache set (``Llama.set_cache``), after the model is loaded. The RAM
+   cache cannot outlive a process: it is filled in the same process, before the clock, with
+   the disk cache's entry for the prompt. Then the completion runs out and the cache stores
+   the turn (stratastore: flushed): the bytes the process passed to ``write`` calls from the
+   request to there (``/proc/self/io`` ``wchar``) are the bytes written for the turn.
+3. **after an edit** 6,144 tokens back (a token changed there; N > 6,144 only): the same.
+
+Greedy decoding; every cache's first token is compared with no cache's. Prints a table and, with
+``--json``, the figures.
+
+    .venv-llama/bin/python tools/llamacpp_bench.py --sizes 4096,16384 [--dir D] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NEW = 32  #: tokens the returning turn adds
+EDIT_BACK = 6144  #: how far back the edited turn changes a token
+KINDS = ["none", "disk", "ram", "strata"]
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def written() -> int:
+    """Bytes this process has passed to ``write``-family calls (``/proc/self/io`` ``wchar``,
+    every thread's)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def conversation(n: int) -> list[int]:
+    return [int(x) for x in np.random.default_rng(n).integers(3, 500, n)]
+
+
+def prompts(n: int) -> dict[str, list[int]]:
+    conv, new = conversation(n), [int(x) for x in np.random.default_rng(7).integers(3, 500, NEW)]
+    out = {"turn": conv + new}
+    if n > EDIT_BACK:
+        edited = list(conv)
+        edited[n - EDIT_BACK] = 3 if edited[n - EDIT_BACK] != 3 else 4
+        out["edit"] = edited + new
+    return out
+
+
+def llm(model: str, n: int) -> Any:
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=model, n_ctx=n + 256, n_batch=512, seed=0, verbose=False, flash_attn=False
+    )
+
+
+def strata_config(d: Path) -> dict[str, Any]:
+    return {
+        "park": "disk",
+        "ram_mib": 0,
+        "cold_dir": str(d),
+        "cold_mib": 1 << 17,
+        "page_resume": True,
+    }
+
+
+def phase_build(a: dict[str, Any]) -> dict[str, Any]:
+    from llama_cpp.llama_cache import LlamaDiskCache
+
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    n, d = a["n"], Path(a["dir"])
+    model = llm(a["model"], n)
+    t = time.perf_counter()
+    model.eval(conversation(n))
+    evaluated = time.perf_counter() - t
+    state = model.save_state()
+    disk = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+    t = time.perf_counter()
+    disk[conversation(n)] = state
+    disk_s = time.perf_counter() - t
+    with StrataLlamaCache(model, strata_config(d / "strata")) as cache:
+        t = time.perf_counter()
+        cache[conversation(n)] = state
+        cache.store.store.flush()
+        strata_s = time.perf_counter() - t
+    return {
+        "eval_s": evaluated,
+        "state_bytes": state.llama_state_size,
+        "disk_put_s": disk_s,
+        "strata_put_s": strata_s,
+        "disk_bytes": du(d / "disk"),
+        "strata_bytes": du(d / "strata"),
+    }
+
+
+def phase_turn(a: dict[str, Any]) -> dict[str, Any]:
+    from llama_cpp.llama_cache import LlamaDiskCache, LlamaRAMCache
+
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    n, d, kind = a["n"], Path(a["dir"]), a["kind"]
+    model = llm(a["model"], n)
+    prompt = prompts(n)[a["prompt"]]
+    cache: Any = None
+    if kind == "disk":
+        cache = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+    elif kind == "ram":  # the disk cache's entry for the prompt, read (not taken) before the clock
+        disk = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+        key = disk._find_longest_prefix_key(tuple(prompt))
+        cache = LlamaRAMCache(capacity_bytes=1 << 40)
+        cache[key] = disk.cache[key]
+    elif kind == "strata":
+        cache = StrataLlamaCache(model, strata_config(d / "strata"))
+    if cache is not None:
+        model.set_cache(cache)
+    before = written()
+    t = time.perf_counter()
+    stream = model.create_completion(prompt, max_tokens=16, temperature=0.0, stream=True)
+    first = next(iter(stream))
+    ttft = time.perf_counter() - t
+    text = first["choices"][0]["text"]
+    for _ in stream:
+        pass
+    if kind == "strata":
+        cache.store.store.flush()
+        cache.close()
+    return {"ttft_s": ttft, "first": text, "written": written() - before}
+
+
+def run_phase(args: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--phase", json.dumps(args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode:
+        raise SystemExit(f"phase {args} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4096,16384")
+    ap.add_argument("--dir", default=None, help="where models and caches live (a temp dir)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--phase", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.phase:
+        a = json.loads(args.phase)
+        print(json.dumps(phase_build(a) if a["op"] == "build" else phase_turn(a)))
+        return
+    from tests.llamacpp.models import make_gguf
+
+    root = Path(tempfile.mkdtemp(prefix="strata-llama-bench-", dir=args.dir))
+    doc: dict[str, Any] = {"load": os.getloadavg()[0], "sizes": {}}
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        model = str(
+            make_gguf(
+                root / "kv8b.gguf",
+                layers=32,
+                n_embd=1024,
+                n_head=8,
+                n_head_kv=8,
+                n_ff=512,
+                ctx=max(sizes) + 256,
+            )
+        )
+        for n in sizes:
+            d = root / f"n{n}"
+            d.mkdir()
+            row: dict[str, Any] = {
+                "build": run_phase({"op": "build", "n": n, "dir": str(d), "model": model})
+            }
+            for which in prompts(n):
+                for kind in KINDS:
+                    row[f"{which}/{kind}"] = run_phase(
+                        {
+                            "op": "turn",
+                            "n": n,
+                            "dir": str(d),
+                            "model": model,
+                            "kind": kind,
+                            "prompt": which,
+                        }
+                    )
+            doc["sizes"][n] = row
+            shutil.rmtree(d, ignore_errors=True)
+        doc["load_end"] = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    print(render(doc))
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [
+        f"1-minute load {doc['load']:.2f} at the start, {doc.get('load_end', 0):.2f} at the end",
+        "| context | turn | no cache TTFT s | LlamaDiskCache | LlamaRAMCache (same process) | "
+        "stratastore | strata vs none | strata vs disk | written/turn disk | written/turn strata |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, row in doc["sizes"].items():
+        for which in ("turn", "edit"):
+            if f"{which}/none" not in row:
+                continue
+            t = {k: row[f"{which}/{k}"] for k in KINDS}
+            secs = {k: t[k]["ttft_s"] for k in KINDS}
+            same = all(t[k]["first"] == t["none"]["first"] for k in KINDS)
+            mib = {k: t[k]["written"] / 2**20 for k in ("disk", "strata")}
+            cells = [
+                f"{int(n):,}",
+                which + ("" if same else " (first tokens differ!)"),
+                *(f"{secs[k]:.2f}" for k in KINDS),
+                f"{secs['none'] / secs['strata']:.1f}x",
+                f"{secs['disk'] / secs['strata']:.1f}x",
+                f"{mib['disk']:,.0f} MiB",
+                f"{mib['strata']:,.1f} MiB",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        b = row["build"]
+        note = (
+            f"(build: eval {b['eval_s']:.1f} s, state {b['state_bytes'] / 2**20:,.0f} MiB; first "
+            f"put: disk {b['disk_put_s']:.2f} s, strata {b['strata_put_s']:.2f} s)"
+        )
+        lines.append(f"|  | {note} |" + " |" * 8)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
