@@ -3,6 +3,7 @@ K/V parked as pages of the store's format, the deepest stored prefix of a prompt
 sequence (docs/engine.md, "llama.cpp")."""
 
 from stratastore.adapters.llamacpp.cache import StrataLlamaCache
+from stratastore.adapters.llamacpp.chat import cuts_from_chat_template
 from stratastore.adapters.llamacpp.identity import context_layout, fingerprint, gguf_digest
 from stratastore.adapters.llamacpp.state import (
     Layout,
@@ -22,6 +23,7 @@ __all__ = [
     "build_context_state",
     "build_state",
     "context_layout",
+    "cuts_from_chat_template",
     "fingerprint",
     "gguf_digest",
     "read_context_state",

@@ -15,13 +15,14 @@ them.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from stratastore.adapters.llamacpp.chat import cuts_from_chat_template
 from stratastore.adapters.llamacpp.identity import context_layout, fingerprint
 from stratastore.adapters.llamacpp.state import Layout, read_state, state_of_rows
 from stratastore.chain import Checkpoint, Conversation, as_tokens
@@ -112,19 +113,26 @@ class LlamaCppStore:
         checkpoints: Sequence[int] = (),
         pinned: Sequence[int] = (),
         tail: bool = True,
+        messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> ParkReport:
         """Keep sequence ``seq``'s K/V under ``conv_id``. ``token_ids``: the tokens it holds
         (default, for sequence 0: the ``Llama``'s evaluated tokens); they must be as many as
         its cells, at positions ``0..n-1``. ``checkpoints`` are lengths a later prompt may
         resume at (message ends; the whole sequence always is one), each ending a segment;
         ``pinned`` ones retention never drops (the system prompt); ``tail`` adds ``n - 1``, so
-        the same prompt again restores all but its last token.
-        :class:`~.state.StateLayoutError` when the state is not this context's layout."""
+        the same prompt again restores all but its last token. ``messages`` (the chat the
+        tokens hold) adds each message's end from the GGUF's chat template
+        (:func:`~.chat.cuts_from_chat_template`; its first is the system prompt's end, the
+        length to pin). :class:`~.state.StateLayoutError` when the state is not this
+        context's layout."""
         if token_ids is None:
             if seq != 0:
                 raise StrataError(f"park of sequence {seq}: pass its token_ids")
             token_ids = list(self.llm.input_ids[: self.llm.n_tokens])
         rows = read_state(self._get(seq), self.layout)
+        if messages is not None:
+            cuts = cuts_from_chat_template(self.llm, messages, list(token_ids))
+            checkpoints = [*checkpoints, *cuts]
         return self.park_rows(
             conv_id, token_ids, rows, checkpoints=checkpoints, pinned=pinned, tail=tail
         )
