@@ -96,7 +96,7 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
             return
         ids = np.asarray(value.input_ids[:n], dtype=np.int64)
         rows = read_context_state(
-            value.llama_state[: value.llama_state_size], self.store.layout, self._arch
+            memoryview(value.llama_state)[: value.llama_state_size], self.store.layout, self._arch
         )
         conv_id = "llama-cache-" + blake3.blake3(ids.tobytes()).hexdigest()[:32]
         grid = list(range(CUT_TOKENS, n, CUT_TOKENS))

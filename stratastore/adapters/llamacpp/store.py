@@ -73,7 +73,8 @@ class LlamaCppStore:
         self.close()
 
     # -- the sequence's state ------------------------------------------------------------------
-    def _get(self, seq: int) -> bytes:
+    def _get(self, seq: int) -> memoryview:
+        """Sequence ``seq``'s state, in memory llama.cpp wrote it into (no copy after)."""
         import llama_cpp
 
         n = int(llama_cpp.llama_state_seq_get_size(self.llm.ctx, seq))
@@ -81,7 +82,7 @@ class LlamaCppStore:
         got = int(llama_cpp.llama_state_seq_get_data(self.llm.ctx, buf, n, seq))
         if got != n:
             raise StrataError(f"llama.cpp wrote {got} of the {n} bytes of sequence {seq}'s state")
-        return bytes(buf)
+        return memoryview(buf).cast("B")
 
     def _set(self, data: npt.NDArray[np.uint8], seq: int) -> None:
         import llama_cpp
