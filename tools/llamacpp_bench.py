@@ -3,20 +3,23 @@ token with no cache, ``LlamaDiskCache``, ``LlamaRAMCache`` and stratastore
 (``StrataLlamaCache``), and the bytes each cache writes for a turn.
 
 The model is a random Llama written as GGUF with Llama-3-8B's K/V geometry (32 layers, 8 KV
-heads of 128, f16 K/V: 128 KiB a token) and a small rest (``n_embd`` 1024, 8 heads, FFN 512,
-vocabulary 512), so the K/V bytes and the attention over them are an 8B model's and the rest
-of a forward is cheap. For each size N:
+heads of 128, f16 K/V: 128 KiB a token) and a small rest (``n_embd`` 1024, 8 query heads,
+FFN 512, vocabulary 512): the K/V bytes a cache moves are an 8B model's, while a forward costs
+less than 8B's (a quarter of its query heads, a small FFN), so the time without a cache
+understates what a cache saves on the real model. For each size N:
 
 1. **build** (a process): evaluates a conversation of N tokens, saves the state
    (``Llama.save_state``) and hands it to a ``LlamaDiskCache`` and a ``StrataLlamaCache``
    (disk level, ``page_resume``), as ``Llama`` does after a completion.
-2. **the turn after a restart** (a fresh process each): the prompt is the N tokens and 32 new
-   ones; the clock runs from ``create_completion(prompt, max_tokens=16, stream=True)`` to its
-   first token, with the cache set (``Llama.set_cache``), after the model is loaded. The RAM
-   cache cannot outlive a process: it is filled in the same process, before the clock, with
-   the disk cache's entry for the prompt. Then the completion runs out and the cache stores
-   the turn (stratastore: flushed): the bytes the process passed to ``write`` calls from the
-   request to there (``/proc/self/io`` ``wchar``) are the bytes written for the turn.
+2. **the turn after a restart** (a fresh process each, on a copy of what the build stored, so
+   no kind sees another's entries, the page cache holding the copy): the prompt is the N
+   tokens and 32 new ones; the clock runs from ``create_completion(prompt, max_tokens=16,
+   stream=True)`` to its first token, with the cache set (``Llama.set_cache``), after the
+   model is loaded. The RAM cache cannot outlive a process: it is filled in the same process,
+   before the clock, with the disk cache's entry (the build's state). Then the completion runs
+   out and the cache stores the turn (stratastore: flushed): the bytes the process passed to
+   ``write`` calls from the request to there (``/proc/self/io`` ``wchar``) are the bytes
+   written for the turn.
 3. **after an edit** 6,144 tokens back (a token changed there; N > 6,144 only): the same.
 
 Greedy decoding; every cache's first token is compared with no cache's. Prints a table and, with
@@ -200,16 +203,18 @@ def main() -> None:
         for n in sizes:
             d = root / f"n{n}"
             d.mkdir()
-            row: dict[str, Any] = {
-                "build": run_phase({"op": "build", "n": n, "dir": str(d), "model": model})
-            }
+            built = {"op": "build", "n": n, "dir": str(d / "built"), "model": model}
+            row: dict[str, Any] = {"build": run_phase(built)}
             for which in prompts(n):
                 for kind in KINDS:
+                    work = d / "work"  # each turn starts from what the build stored, no more
+                    shutil.rmtree(work, ignore_errors=True)
+                    shutil.copytree(d / "built", work)
                     row[f"{which}/{kind}"] = run_phase(
                         {
                             "op": "turn",
                             "n": n,
-                            "dir": str(d),
+                            "dir": str(work),
                             "model": model,
                             "kind": kind,
                             "prompt": which,

@@ -63,3 +63,21 @@ def test_a_prompt_with_nothing_stored_is_a_miss(tiny: Path, tmp_path: Path) -> N
             cache[FIRST]
         llm.set_cache(cache)
         assert complete(llm, FIRST) == complete(load(tiny), FIRST)
+
+
+def test_a_park_that_fails_is_logged_and_the_completion_served(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+    from stratastore.errors import StrataError
+
+    llm = load(tiny)
+    with StrataLlamaCache(llm, config(tmp_path)) as cache:
+
+        def failing(*args: Any, **kw: Any) -> None:
+            raise StrataError("the disk level is full (injected)")
+
+        monkeypatch.setattr(cache.store, "park_rows", failing)
+        llm.set_cache(cache)
+        assert complete(llm, FIRST) == complete(load(tiny), FIRST)
+        assert cache.errors == 1 and "injected" in caplog.text

@@ -98,10 +98,11 @@ def test_a_flipped_byte_restores_fewer_tokens_and_the_same_reply(
     assert data, sorted(p.name for p in store.rglob("*"))
     target = max(data, key=lambda p: p.stat().st_size)
     raw = bytearray(target.read_bytes())
-    raw[len(raw) - 100] ^= 0x01  # the segment's last page
+    page = 16 * 2 * (64 + 64)  # 16 tokens of 2 layers' K and V rows
+    raw[4096 + page + 10] ^= 0x01  # in the segment's second page (after the 4 KiB header)
     target.write_bytes(bytes(raw))
     damaged = phase(op="resume", model=tiny, store=store, prompt=prompt)
-    assert 0 <= damaged["restored"] < whole["restored"]
+    assert damaged["restored"] == 16 < whole["restored"]  # the page before the damaged one
     assert damaged["reply"] == whole["reply"]
 
 
@@ -181,8 +182,8 @@ def test_a_kill_mid_park_leaves_a_store_fsck_finds_clean(tiny: Path, tmp_path: P
         "llm.eval([int(x) for x in rng.integers(3, 500, 600)])\n"
         f"with _store(llm, {str(store)!r}) as s:\n"
         "    print('parking', flush=True)\n"
-        "    for i in range(10_000):\n"
-        "        s.park(f'c{i}')\n"
+        "    for i in range(10_000):  # other tokens each time: every park writes segments\n"
+        "        s.park(f'c{i}', [int(x) for x in rng.integers(3, 500, 600)])\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
@@ -226,3 +227,61 @@ def test_quantized_caches_restore_bit_for_bit(
     a.eval(more)
     assert np.array_equal(logits(b).view(np.uint32), logits(a).view(np.uint32))
     assert get_seq(b) == get_seq(a)
+
+
+def test_a_sequence_the_context_does_not_have_is_refused(tiny: Path, tmp_path: Path) -> None:
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    with _store(llm, tmp_path / "store") as s:
+        s.park("c")
+        for seq in (1, 256, -1):
+            with pytest.raises(StrataError, match="n_seq_max"):
+                s.restore(MESSAGES[0] + [5], seq=seq)
+            with pytest.raises(StrataError, match="n_seq_max"):
+                s.park("d", MESSAGES[0], seq=seq)
+
+
+def test_a_context_holding_the_prompt_already_is_left_as_it_is(tiny: Path, tmp_path: Path) -> None:
+    """A conversation still in the Llama's context: restore reads nothing and the Llama goes on
+    from what it holds (no context thrown away to be read back from disk)."""
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    with _store(llm, tmp_path / "store") as s:
+        s.park("c")
+        llm.eval(MESSAGES[1])  # the context now holds more than the store
+        held = llm.n_tokens
+        assert s.restore(MESSAGES[0] + MESSAGES[1] + [7]) == 0
+        assert llm.n_tokens == held
+        assert s.store.stats()["tokens_restored"] == 0
+
+
+def test_token_ids_that_are_not_integers_are_refused(tiny: Path, tmp_path: Path) -> None:
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    with _store(llm, tmp_path / "store") as s:
+        for bad in ([1.5, 2.0], ["a", "b"], [[1, 2]]):
+            with pytest.raises(StrataError):
+                s.restore(bad)
+        with pytest.raises(StrataError):
+            s.park("c", [float(t) for t in MESSAGES[0]])
+
+
+def test_a_lora_adapter_is_part_of_the_fingerprint(tiny: Path, tiny_other: Path) -> None:
+    from stratastore.adapters.llamacpp import context_layout, fingerprint
+
+    llm = load(tiny)
+    base = fingerprint(llm, context_layout(llm))
+    llm.lora_path, llm.lora_scale = str(tiny_other), 1.0  # a GGUF file stands in for one
+    with_lora = fingerprint(llm, context_layout(llm))
+    llm.lora_scale = 0.5
+    assert len({base, with_lora, fingerprint(llm, context_layout(llm))}) == 3
+
+
+def test_a_llama_that_keeps_every_tokens_logits_is_refused(tiny: Path, tmp_path: Path) -> None:
+    import llama_cpp
+
+    from stratastore.errors import ConfigError
+
+    llm = llama_cpp.Llama(model_path=str(tiny), n_ctx=256, logits_all=True, verbose=False)
+    with pytest.raises(ConfigError, match="logits_all"):
+        _store(llm, tmp_path / "store")

@@ -13,6 +13,7 @@ prompt, at most ``len(prompt) - 1`` tokens, as a ``LlamaState`` for ``Llama.load
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,9 @@ import numpy as np
 
 from stratastore.adapters.llamacpp.state import read_context_state
 from stratastore.adapters.llamacpp.store import LlamaCppStore
+from stratastore.chain import as_tokens
 from stratastore.config import StoreConfig
+from stratastore.errors import StrataError
 
 __all__ = ["CUT_TOKENS", "StrataLlamaCache"]
 
@@ -29,6 +32,8 @@ __all__ = ["CUT_TOKENS", "StrataLlamaCache"]
 #: key is a new conversation to the store, so equal prefixes share segments up to the last
 #: multiple they share, and a turn writes its new tokens and at most this many before them
 CUT_TOKENS = 64
+
+log = logging.getLogger(__name__)
 
 try:
     from llama_cpp.llama_cache import BaseLlamaCache as _Base
@@ -55,9 +60,15 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
                 "StrataLlamaCache needs llama-cpp-python: pip install 'stratastore[llamacpp]'"
             )
         self.store = LlamaCppStore.open(llm, store_config, **open_kw)
-        super().__init__(capacity_bytes=self._budget())
+        try:
+            super().__init__(capacity_bytes=self._budget())
+        except BaseException:
+            self.store.close()
+            raise
         self._llm = llm
         self._arch = str(llm.metadata.get("general.architecture", ""))
+        #: parks that failed (logged, never raised: a completion is not failed by its cache)
+        self.errors = 0
 
     def _budget(self) -> int:
         levels = self.store.store.stats()["levels"].values()
@@ -74,33 +85,42 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
 
     def __getitem__(self, key: Sequence[int]) -> Any:
         """The deepest stored prefix of ``key`` (at most ``len(key) - 1`` tokens) as a
-        ``LlamaState``; ``KeyError`` when nothing is stored for it."""
+        ``LlamaState``; ``KeyError`` when the store holds no longer prefix of it than the
+        ``Llama`` holds already (``Llama`` would not load it: nothing is read)."""
         from llama_cpp.llama import LlamaState
 
-        ids = list(key)
+        ids = as_tokens(list(key))
+        held = self.store._held(ids)  # Llama loads a state only when it holds less than it
+        if self.store.lookup(ids) <= held:
+            raise KeyError(f"no stored prefix of these {len(ids)} tokens beyond the {held} held")
         n, data = self.store.prefix_state(ids, arch=self._arch)
-        if n == 0:
-            raise KeyError(f"no stored prefix of these {len(ids)} tokens")
+        if n <= held:
+            raise KeyError(f"no valid stored prefix of these {len(ids)} tokens beyond {held}")
         input_ids = np.full(self._llm.n_ctx(), -1, dtype=np.intc)  # -1: no token matches
         input_ids[:n] = ids[:n]
-        # Llama.load_state copies these into its own scores; the next decode replaces them
-        scores = np.zeros((min(n, self._llm.scores.shape[0]), self._llm.n_vocab()), np.single)
+        # Llama.load_state broadcasts these into its own scores; the next decode replaces them
+        scores = np.zeros((1, self._llm.n_vocab()), np.single)
         seed = int(getattr(self._llm, "_seed", 0) or 0)
         return LlamaState(input_ids, scores, n, data, len(data), seed)
 
     def __setitem__(self, key: Sequence[int], value: Any) -> None:
         """Park the state ``Llama.save_state`` gave (its sequence's tokens are
-        ``value.input_ids[:value.n_tokens]``), under a name derived from those tokens."""
+        ``value.input_ids[:value.n_tokens]``), under a name derived from those tokens. A park
+        that fails is logged and counted (:attr:`errors`), never raised: ``Llama`` calls this
+        after the completion it served."""
         n = int(value.n_tokens)
         if n <= 0:
             return
-        ids = np.asarray(value.input_ids[:n], dtype=np.int64)
-        rows = read_context_state(
-            memoryview(value.llama_state)[: value.llama_state_size], self.store.layout, self._arch
-        )
+        ids = as_tokens(value.input_ids[:n], "the cached state's tokens")
         conv_id = "llama-cache-" + blake3.blake3(ids.tobytes()).hexdigest()[:32]
         grid = list(range(CUT_TOKENS, n, CUT_TOKENS))
-        self.store.park_rows(conv_id, ids, rows, checkpoints=grid, tail=False)
+        try:
+            state = memoryview(value.llama_state)[: value.llama_state_size]
+            rows = read_context_state(state, self.store.layout, self._arch)
+            self.store.park_rows(conv_id, ids, rows, checkpoints=grid, tail=False)
+        except StrataError as e:  # the completion was served: its cache entry is what failed
+            self.errors += 1
+            log.warning("StrataLlamaCache: the state of %d tokens was not stored: %s", n, e)
 
     def close(self) -> None:
         self.store.close()

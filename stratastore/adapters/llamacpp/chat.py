@@ -1,7 +1,8 @@
 """Where a conversation's messages end, in tokens, from the chat template its GGUF carries
-(``tokenizer.chat_template``), rendered and tokenized as ``Llama.create_chat_completion``
-does: the cuts a park keeps (each message a segment, the system prompt's end the length to
-pin; docs/engine.md, "llama.cpp")."""
+(``tokenizer.chat_template``), rendered and tokenized as ``Llama.create_chat_completion`` does
+with that template (a ``Llama`` given another ``chat_format`` or handler renders otherwise: its
+tokens then give fewer cuts, never a wrong one): the cuts a park keeps (each message a
+segment, the system prompt's end the length to pin; docs/engine.md, "llama.cpp")."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ def cuts_from_chat_template(
     next one's opener starts. The first is the system prompt's end when ``messages[0]`` is
     one. With ``token_ids`` (the conversation as parked) a length counts only where its
     tokens are a prefix of them: a template that rewrites earlier messages once later ones
-    exist, or a tokenizer that merges across the boundary, gives no cut there, never a wrong
-    one. :class:`ConfigError` when the GGUF carries no chat template."""
+    exist, a tokenizer that merges across the boundary, or a template that raises on a prefix
+    gives no cut there, never a wrong one. :class:`ConfigError` when the GGUF carries no chat
+    template."""
+    from jinja2 import TemplateError
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     template = getattr(llm, "metadata", {}).get("tokenizer.chat_template")
@@ -48,7 +51,10 @@ def cuts_from_chat_template(
     ids = None if token_ids is None else np.asarray(token_ids, dtype=np.int64)
     cuts: list[int] = []
     for i in range(1, len(messages) + 1):
-        out = fmt(messages=list(messages[:i]))
+        try:
+            out = fmt(messages=list(messages[:i]))
+        except (ValueError, TemplateError):  # a template that refuses this prefix: no cut
+            continue
         rendered = llm.tokenize(out.prompt.encode(), add_bos=not out.added_special, special=True)
         n = len(rendered)
         if n == 0 or (cuts and n <= cuts[-1]):

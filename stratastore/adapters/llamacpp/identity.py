@@ -5,8 +5,11 @@ The model's identity is a BLAKE3 digest of the GGUF file's metadata and tensor i
 byte before the tensor data: architecture, hyperparameters, tokenizer, each tensor's name,
 shape, type and data offset) and of the first :data:`SAMPLE_BYTES` of every tensor's data
 (two models of one geometry differ there, and reading samples keeps opening a 70B model cheap).
-A store holds one fingerprint (spec F-DIR-6): another model, another K/V type or other RoPE
-settings open another store, or are refused by this one.
+A LoRA adapter given to ``Llama`` (``lora_path``, ``lora_scale``) is part of it. A store holds
+one fingerprint (spec F-DIR-6): another model, adapter, K/V type or RoPE setting opens another
+store, or is refused by this one. RoPE settings are compared as the ``Llama`` was given them:
+a value equal to the model's default but given explicitly is another fingerprint. Adapters or
+control vectors applied through llama.cpp's low-level API are not seen.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ def context_layout(llm: Any) -> Layout:
     K/V heads, the context's K/V types, V transposed unless flash attention is on.
     :class:`ConfigError` for what the adapter cannot read: flash attention left to llama.cpp
     to choose (``AUTO``: whether V is transposed is not known before a state is written),
-    K/V types it does not know, per-layer geometries."""
+    K/V types it does not know, per-layer geometries, a sliding-window, recurrent or hybrid
+    memory, and a ``Llama`` that keeps every token's logits."""
     import llama_cpp
 
     params = llm.context_params
@@ -130,6 +134,24 @@ def context_layout(llm: Any) -> Layout:
         )
     model = llm.model
     arch = str(llm.metadata.get("general.architecture", "?"))
+    memory = [
+        ("a sliding-window (SWA) cache", int(llama_cpp.llama_model_n_swa(model)) > 0),
+        ("a recurrent state", bool(llama_cpp.llama_model_is_recurrent(model))),
+        ("a hybrid (attention + recurrent) memory", bool(llama_cpp.llama_model_is_hybrid(model))),
+    ]
+    for what, has in memory:
+        if has:
+            raise ConfigError(
+                f"the model ({arch}) keeps {what}: the llama.cpp adapter reads a plain K/V "
+                "cache only (one stream, every layer alike)"
+            )
+    if getattr(llm, "_logits_all", False):
+        raise ConfigError(
+            "the Llama keeps every token's logits (logits_all=True, or a draft model): a "
+            "restored prefix has no logits for its tokens, so prompt logprobs would be wrong; "
+            "create it with logits_all=False"
+        )
+    _metadata_int(llm, f"{arch}.attention.head_count_kv", 0)  # per-layer counts: refused
     n_layer = int(llama_cpp.llama_model_n_layer(model))
     n_head = int(llama_cpp.llama_model_n_head(model))
     n_head_kv = int(llama_cpp.llama_model_n_head_kv(model))
@@ -166,6 +188,10 @@ def fingerprint(llm: Any, layout: Layout, *, page_tokens: int = 16) -> ModelFing
         raise ConfigError(f"a token's K and V rows are {row} bytes, an odd number")
     params = llm.context_params
     settings = {name: getattr(params, name) for name in _ROPE_FIELDS}
+    lora = getattr(llm, "lora_path", None)
+    if lora:  # an adapter changes every K/V: its file and its scale are the model too
+        settings["lora"] = gguf_digest(lora).hex() if files.is_file(lora) else lora
+        settings["lora_scale"] = getattr(llm, "lora_scale", None)
     extra = (
         f"llama.cpp k={layout.k_type}/{layout.k_row} v={layout.v_type}/{layout.v_row} "
         + " ".join(f"{k}={v!r}" for k, v in sorted(settings.items()))

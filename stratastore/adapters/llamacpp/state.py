@@ -49,7 +49,8 @@ __all__ = [
 
 SEQ_MAGIC = 0xAF143CD8  #: llama.cpp's LLAMA_STATE_SEQ_MAGIC
 #: what this adapter reads: the layout of llama-cpp-python 0.3.36 (llama.cpp 0c1e57098)
-KNOWN_LAYOUT = "llama.cpp's sequence state as llama-cpp-python 0.3.36 writes it"
+KNOWN_VERSION = "0.3.36"
+KNOWN_LAYOUT = f"llama.cpp's sequence state as llama-cpp-python {KNOWN_VERSION} writes it"
 
 _COUNTS = struct.Struct("<II")  # n_stream, cell_count
 _CELL = struct.Struct("<iI")  # pos, n_seq_id
@@ -85,11 +86,32 @@ class Layout:
         """The bytes a token's rows take, every layer's K then V."""
         return self.n_layer * (self.k_row + self.v_row)
 
+    def __post_init__(self) -> None:
+        if min(self.n_layer, self.k_row, self.v_row) <= 0 or (
+            self.v_trans and self.v_el * self.n_embd_v != self.v_row
+        ):
+            raise StrataError(f"{self} is not a layout: rows of no bytes, or V's do not add up")
+
+    def state_bytes(self, n: int, head: int) -> int:
+        """The length of a state of ``n`` cells in this layout after a ``head``-byte header."""
+        size = head + _COUNTS.size
+        if n:
+            v_head = _TYPE_EL.size if self.v_trans else _TYPE_ROW.size
+            size += 12 * n + _V_HEAD.size + self.n_layer * (_TYPE_ROW.size + n * self.k_row)
+            size += self.n_layer * (v_head + n * self.v_row)
+        return size
+
     def _refuse(self, what: str) -> StateLayoutError:
+        fix = (
+            "this model's or context's memory is not one the adapter reads (docs/engine.md, "
+            "llama.cpp)"
+            if self.version == KNOWN_VERSION
+            else "use that version (the extra 'stratastore[llamacpp]' pins it), or a "
+            "stratastore that reads this one"
+        )
         return StateLayoutError(
             f"llama.cpp sequence state: {what}; this adapter reads {KNOWN_LAYOUT} and this "
-            f"context runs llama-cpp-python {self.version}: use that version (the extra "
-            f"'stratastore[llamacpp]' pins it), or a stratastore that reads this one"
+            f"context runs llama-cpp-python {self.version}: {fix}"
         )
 
 
@@ -125,6 +147,11 @@ def _read_body(mv: memoryview, off: int, layout: Layout) -> npt.NDArray[np.uint8
     n_stream, n = _unpack(_COUNTS, mv, off, layout)
     if n_stream != 1:
         raise layout._refuse(f"{n_stream} streams (expected 1)")
+    if layout.state_bytes(n, off) != len(mv):  # before anything is allocated for n cells
+        raise layout._refuse(
+            f"{len(mv):,} bytes, where {n:,} cells of this context's layout take "
+            f"{layout.state_bytes(n, off):,}"
+        )
     off += _COUNTS.size
     rows = np.empty((layout.n_layer, n, layout.k_row + layout.v_row), np.uint8)
     if n == 0:
@@ -212,10 +239,7 @@ def state_of_rows(
         if arch is None
         else struct.pack("<I", len(arch.encode())) + arch.encode()
     )
-    size = len(head) + _COUNTS.size
-    if n:
-        size += 12 * n + _V_HEAD.size + layers * (_TYPE_ROW.size + n * kr)
-        size += layers * ((_TYPE_EL.size if layout.v_trans else _TYPE_ROW.size) + n * vr)
+    size = layout.state_bytes(n, len(head))
     out = np.empty(size, np.uint8)
     off = _put(out, 0, head)
     off = _put(out, off, _COUNTS.pack(1, n))

@@ -33,7 +33,9 @@ from stratastore.format import ModelFingerprint
 from stratastore.restore import LayerKV
 from stratastore.tiers.records import ParkReport
 
-__all__ = ["LlamaCppStore"]
+__all__ = ["LlamaCppStore", "TokenIds"]
+
+TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]  #: token ids: a list, or a numpy array
 
 
 class LlamaCppStore:
@@ -77,6 +79,7 @@ class LlamaCppStore:
         """Sequence ``seq``'s state, in memory llama.cpp wrote it into (no copy after)."""
         import llama_cpp
 
+        self._check_seq(seq)
         n = int(llama_cpp.llama_state_seq_get_size(self.llm.ctx, seq))
         buf = (ctypes.c_uint8 * n)()
         got = int(llama_cpp.llama_state_seq_get_data(self.llm.ctx, buf, n, seq))
@@ -87,6 +90,7 @@ class LlamaCppStore:
     def _set(self, data: npt.NDArray[np.uint8], seq: int) -> None:
         import llama_cpp
 
+        self._check_seq(seq)
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data.data)  # the state's own memory
         got = int(llama_cpp.llama_state_seq_set_data(self.llm.ctx, buf, len(data), seq))
         if got != len(data):
@@ -94,6 +98,17 @@ class LlamaCppStore:
                 f"llama.cpp refused the restored state of sequence {seq} (read {got} of "
                 f"{len(data)} bytes; the sequence is now empty): its context is not the one "
                 "this store was opened for"
+            )
+
+    def _check_seq(self, seq: int) -> None:
+        import llama_cpp
+
+        n_seq = int(llama_cpp.llama_n_seq_max(self.llm.ctx))
+        if not isinstance(seq, int) or not 0 <= seq < n_seq:
+            raise StrataError(
+                f"sequence {seq!r} is not one of this context's 0..{n_seq - 1} (its n_seq_max "
+                f"is {n_seq}): `Llama` evaluates sequence 0; others are for callers that drive "
+                "llama.cpp's batches themselves"
             )
 
     def _halves(
@@ -104,11 +119,15 @@ class LlamaCppStore:
         v = [np.ascontiguousarray(rows[i, :, half:]) for i in range(self.layout.n_layer)]
         return k, v
 
+    def _held(self, ids: npt.NDArray[Any]) -> int:
+        """How many leading tokens of ``ids`` sequence 0 of the ``Llama`` holds now."""
+        return _held_prefix(np.asarray(self.llm.input_ids[: self.llm.n_tokens]), ids)
+
     # -- the engine's calls --------------------------------------------------------------------
     def park(
         self,
         conv_id: str,
-        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+        token_ids: TokenIds | None = None,
         *,
         seq: int = 0,
         checkpoints: Sequence[int] = (),
@@ -126,6 +145,7 @@ class LlamaCppStore:
         (:func:`~.chat.cuts_from_chat_template`; its first is the system prompt's end, the
         length to pin). :class:`~.state.StateLayoutError` when the state is not this
         context's layout."""
+        self._check_seq(seq)
         if token_ids is None:
             if seq != 0:
                 raise StrataError(f"park of sequence {seq}: pass its token_ids")
@@ -141,7 +161,7 @@ class LlamaCppStore:
     def park_rows(
         self,
         conv_id: str,
-        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        token_ids: TokenIds,
         rows: npt.NDArray[np.uint8],
         *,
         checkpoints: Sequence[int] = (),
@@ -150,7 +170,7 @@ class LlamaCppStore:
     ) -> ParkReport:
         """:meth:`park` of rows already read (``[layers, n, k_row + v_row]``, as
         :func:`~.state.read_state` gives them) for the ``n`` tokens ``token_ids``."""
-        ids = as_tokens(np.asarray(token_ids, dtype=np.int64))
+        ids = as_tokens(token_ids, f"park of {conv_id!r}: token_ids")
         n = rows.shape[1]
         if n != len(ids) or n == 0:
             raise StrataError(f"park of {conv_id!r}: {n} tokens' K/V, {len(ids)} tokens given")
@@ -163,15 +183,16 @@ class LlamaCppStore:
         conv = Conversation(conv_id, ids, chain, cuts=[0, *lengths[:-1]])
         return self.store.park(conv, LayerKV(self.fp, k, v))
 
-    def lookup(self, prompt: Sequence[int], *, max_tokens: int | None = None) -> int:
-        """How many leading tokens of ``prompt`` :meth:`restore` would bring back (0: none)."""
-        ids = np.asarray(prompt, dtype=np.int64)
+    def lookup(self, prompt: TokenIds, *, max_tokens: int | None = None) -> int:
+        """How many leading tokens of ``prompt`` are stored (0: none), at most ``max_tokens``
+        (as :meth:`restore`): what a restore brings back unless a page fails validation."""
+        ids = as_tokens(prompt)
         hit = self.store.lookup(ids[: _cap(len(ids), max_tokens)])
         return hit[1] if hit else 0
 
     def prefix_state(
         self,
-        prompt: Sequence[int],
+        prompt: TokenIds,
         *,
         max_tokens: int | None = None,
         seq: int = 0,
@@ -183,8 +204,8 @@ class LlamaCppStore:
         ``Llama.load_state``'s); ``(0, empty)`` when nothing is stored. Loads nothing into
         llama.cpp. The pages are read into per-layer rows once and the state built from
         them in one pass."""
-        ids = np.asarray(prompt, dtype=np.int64)
-        cap = _cap(len(ids), max_tokens)
+        ids = as_tokens(prompt)
+        cap = min(_cap(len(ids), max_tokens), int(self.llm.n_ctx()))  # what the context holds
         half, layers = self.fp.head_dim, self.layout.n_layer
         if cap <= 0:
             return 0, np.empty(0, np.uint8)
@@ -194,23 +215,33 @@ class LlamaCppStore:
         if n == 0:
             return 0, np.empty(0, np.uint8)
         kr = self.layout.k_row
-        if kr == half:  # K and V of one size: the stored halves are the rows
+        # a token's row (K then V) is stored split at its middle, which is the K row's end only
+        # when K and V rows are one size: else one of them spans the two stored halves
+        if kr == half:
             k_rows, v_rows = (lambda i: k[i][:n]), (lambda i: v[i][:n])
-        else:  # a token's row is split at half the K and V bytes, not at the K row's end
-
-            def whole(i: int) -> npt.NDArray[np.uint8]:
-                return np.concatenate([k[i][:n], v[i][:n]], axis=1)
-
-            k_rows, v_rows = (lambda i: whole(i)[:, :kr]), (lambda i: whole(i)[:, kr:])
+        elif kr < half:
+            k_rows = lambda i: k[i][:n, :kr]  # noqa: E731
+            v_rows = lambda i: np.concatenate([k[i][:n, kr:], v[i][:n]], axis=1)  # noqa: E731
+        else:
+            k_rows = lambda i: np.concatenate([k[i][:n], v[i][:n, : kr - half]], axis=1)  # noqa: E731
+            v_rows = lambda i: v[i][:n, kr - half :]  # noqa: E731
         return n, state_of_rows(k_rows, v_rows, n, self.layout, seq_id=seq, arch=arch)
 
-    def restore(self, prompt: Sequence[int], *, seq: int = 0, max_tokens: int | None = None) -> int:
+    def restore(self, prompt: TokenIds, *, seq: int = 0, max_tokens: int | None = None) -> int:
         """Load the deepest stored prefix of ``prompt`` into sequence ``seq`` (what it held is
         replaced) and return its length ``n`` (0: nothing stored, the sequence untouched);
         evaluate ``prompt[n:]`` after it. ``n`` is at most ``max_tokens``, by default
         ``len(prompt) - 1`` (the model needs the last prompt token's logits). Every page is
-        validated before it is used; a damaged page restores the prefix before it."""
-        n, state = self.prefix_state(prompt, max_tokens=max_tokens, seq=seq)
+        validated before it is used; a damaged page restores the prefix before it.
+
+        For sequence 0, when the ``Llama`` already holds at least as long a prefix of the prompt
+        as the store would bring back (a conversation still in its context), nothing is read and
+        0 is returned: ``generate`` goes on from what it holds."""
+        ids = as_tokens(prompt)
+        self._check_seq(seq)
+        if seq == 0 and self._held(ids) >= self.lookup(ids, max_tokens=max_tokens):
+            return 0
+        n, state = self.prefix_state(ids, max_tokens=max_tokens, seq=seq)
         if n == 0:
             return 0
         try:
@@ -220,10 +251,17 @@ class LlamaCppStore:
                 self.llm.n_tokens = 0
             raise
         if seq == 0:  # what Llama evaluates next goes on from these tokens, as load_state does
-            self.llm.input_ids[:n] = np.asarray(prompt[:n], dtype=np.int64)
+            self.llm.input_ids[:n] = ids[:n]
             self.llm.n_tokens = n
             self.llm._requires_eval = True  # logits come from the next decode, not the state
         return n
+
+
+def _held_prefix(held: npt.NDArray[Any], ids: npt.NDArray[Any]) -> int:
+    """How many leading tokens of ``ids`` the context's ``held`` tokens are."""
+    n = min(len(held), len(ids))
+    differ = np.flatnonzero(held[:n] != ids[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def _cap(n: int, max_tokens: int | None) -> int:

@@ -14,7 +14,9 @@ from stratastore.adapters.llamacpp.state import (
     SEQ_MAGIC,
     Layout,
     StateLayoutError,
+    build_context_state,
     build_state,
+    read_context_state,
     read_state,
 )
 from stratastore.errors import StrataError
@@ -76,8 +78,33 @@ def test_every_cut_and_every_extra_byte_is_refused(layout: Layout) -> None:
     for cut in range(len(state)):
         with pytest.raises(StateLayoutError, match=r"0\.3\.36"):
             read_state(state[:cut], layout)
-    with pytest.raises(StateLayoutError, match="past the end"):
+    with pytest.raises(StateLayoutError, match="cells of this context's layout take"):
         read_state(state + b"\0", layout)
+
+
+def test_a_hostile_cell_count_is_refused_before_anything_is_allocated() -> None:
+    state = build_state(rows(PLAIN, 2), 2, PLAIN)
+    for count in (2**31, 2**32 - 1, 3):
+        with pytest.raises(StateLayoutError, match=f"{count:,} cells"):
+            read_state(_patched(state, 12, "<I", count), PLAIN)
+
+
+@pytest.mark.parametrize("layout", [PLAIN, TRANSPOSED], ids=["plain", "transposed"])
+def test_whole_context_states_round_trip_and_name_their_model(layout: Layout) -> None:
+    r = rows(layout, 9)
+    state = build_context_state(r, 9, layout, "llama")
+    assert state[:9] == struct.pack("<I", 5) + b"llama"
+    assert state[9:] == build_state(r, 9, layout)[8:]  # the sequence state's body
+    assert np.array_equal(read_context_state(state, layout, "llama"), r)
+    with pytest.raises(StateLayoutError, match="'qwen2'"):
+        read_context_state(state, layout, "qwen2")
+
+
+def test_a_layout_whose_sizes_do_not_add_up_is_refused() -> None:
+    with pytest.raises(StrataError):
+        Layout(**{**TRANSPOSED.__dict__, "v_row": 66})
+    with pytest.raises(StrataError):
+        Layout(**{**PLAIN.__dict__, "k_row": 0})
 
 
 def _patched(state: bytes, offset: int, fmt: str, value: int) -> bytes:
