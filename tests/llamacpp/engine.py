@@ -1,4 +1,4 @@
-"""llama-cpp-python driven the way the adapter will drive it: ``Llama`` for the model and its
+"""llama-cpp-python driven the way the adapter drives it: ``Llama`` for the model and its
 batch bookkeeping, the low-level ``llama_state_seq_*`` calls on ``llm.ctx`` for one sequence's
 K/V state. Imports llama_cpp lazily (the suite collects without it)."""
 
