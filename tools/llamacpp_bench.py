@@ -84,6 +84,17 @@ def llm(model: str, n: int) -> Any:
     )
 
 
+def disk_cache(d: Path) -> Any:
+    """``LlamaDiskCache`` in ``d/disk``, its limits out of the way: its own ``capacity_bytes``
+    and the ``size_limit`` of the ``diskcache.Cache`` under it (1 GiB by default, which culls
+    any state larger than that as soon as it is stored: at 8B's K/V geometry, 8K tokens)."""
+    from llama_cpp.llama_cache import LlamaDiskCache
+
+    cache = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+    cache.cache.reset("size_limit", 1 << 40)
+    return cache
+
+
 def strata_config(d: Path) -> dict[str, Any]:
     return {
         "park": "disk",
@@ -95,7 +106,6 @@ def strata_config(d: Path) -> dict[str, Any]:
 
 
 def phase_build(a: dict[str, Any]) -> dict[str, Any]:
-    from llama_cpp.llama_cache import LlamaDiskCache
 
     from stratastore.adapters.llamacpp import StrataLlamaCache
 
@@ -105,7 +115,7 @@ def phase_build(a: dict[str, Any]) -> dict[str, Any]:
     model.eval(conversation(n))
     evaluated = time.perf_counter() - t
     state = model.save_state()
-    disk = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+    disk = disk_cache(d)
     t = time.perf_counter()
     disk[conversation(n)] = state
     disk_s = time.perf_counter() - t
@@ -125,7 +135,7 @@ def phase_build(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def phase_turn(a: dict[str, Any]) -> dict[str, Any]:
-    from llama_cpp.llama_cache import LlamaDiskCache, LlamaRAMCache
+    from llama_cpp.llama_cache import LlamaRAMCache
 
     from stratastore.adapters.llamacpp import StrataLlamaCache
 
@@ -134,9 +144,9 @@ def phase_turn(a: dict[str, Any]) -> dict[str, Any]:
     prompt = prompts(n)[a["prompt"]]
     cache: Any = None
     if kind == "disk":
-        cache = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+        cache = disk_cache(d)
     elif kind == "ram":  # the disk cache's entry for the prompt, read (not taken) before the clock
-        disk = LlamaDiskCache(str(d / "disk"), capacity_bytes=1 << 40)
+        disk = disk_cache(d)
         key = disk._find_longest_prefix_key(tuple(prompt))
         cache = LlamaRAMCache(capacity_bytes=1 << 40)
         cache[key] = disk.cache[key]
@@ -221,6 +231,7 @@ def main() -> None:
                         }
                     )
             doc["sizes"][n] = row
+            print(render({**doc, "sizes": {n: row}}), file=sys.stderr, flush=True)
             shutil.rmtree(d, ignore_errors=True)
         doc["load_end"] = os.getloadavg()[0]
     finally:
