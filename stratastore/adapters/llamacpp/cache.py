@@ -30,8 +30,10 @@ __all__ = ["CUT_TOKENS", "StrataLlamaCache"]
 
 #: each state is cut into segments at the multiples of this many tokens (and at its end): a
 #: key is a new conversation to the store, so equal prefixes share segments up to the last
-#: multiple they share, and a turn writes its new tokens and at most this many before them
-CUT_TOKENS = 64
+#: multiple they share, and a turn writes its new tokens and fewer than this many before them
+#: (64 made a turn write less and a restore of 2K tokens of 8B's K/V geometry read at half the
+#: rate: a segment is a file opened and checked)
+CUT_TOKENS = 256
 
 log = logging.getLogger(__name__)
 
