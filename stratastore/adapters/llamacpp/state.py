@@ -44,6 +44,8 @@ __all__ = [
     "build_state",
     "read_context_state",
     "read_state",
+    "fill_v",
+    "state_buffer",
     "state_of_rows",
 ]
 
@@ -220,6 +222,55 @@ def build_context_state(rows: npt.NDArray[np.uint8], n: int, layout: Layout, arc
     return state_of_rows(k, v, n, layout, arch=arch).tobytes()
 
 
+def state_buffer(
+    n: int, layout: Layout, *, seq_id: int = 0, arch: str | None = None
+) -> tuple[npt.NDArray[np.uint8], list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]:
+    """A new state of ``n`` cells (a sequence state, or with ``arch`` a whole-context state)
+    with its headers and cells written, and per layer its K region (``[n, k_row]`` bytes) and
+    its V region (``[n, v_row]``, or ``[n_embd_v, n * v_el]`` when V is transposed) for the
+    caller to fill: ``(state, k regions, v regions)``, each region a view of the state."""
+    kr, vr, layers = layout.k_row, layout.v_row, layout.n_layer
+    head = (
+        struct.pack("<Ii", SEQ_MAGIC, seq_id)
+        if arch is None
+        else struct.pack("<I", len(arch.encode())) + arch.encode()
+    )
+    size = layout.state_bytes(n, len(head))
+    out = np.empty(size, np.uint8)
+    off = _put(out, 0, head)
+    off = _put(out, off, _COUNTS.pack(1, n))
+    ks: list[npt.NDArray[np.uint8]] = []
+    vs: list[npt.NDArray[np.uint8]] = []
+    if n == 0:
+        return out, ks, vs
+    meta = out[off : off + 12 * n].view("<i4").reshape(n, 3)
+    meta[:, 0], meta[:, 1], meta[:, 2] = np.arange(n), 1, seq_id
+    off = _put(out, off + 12 * n, _V_HEAD.pack(int(layout.v_trans), layers))
+    for _ in range(layers):
+        off = _put(out, off, _TYPE_ROW.pack(layout.k_type, kr))
+        ks.append(out[off : off + n * kr].reshape(n, kr))
+        off += n * kr
+    for _ in range(layers):
+        if layout.v_trans:
+            off = _put(out, off, _TYPE_EL.pack(layout.v_type, layout.v_el, layout.n_embd_v))
+            vs.append(out[off : off + n * vr].reshape(layout.n_embd_v, n * layout.v_el))
+        else:
+            off = _put(out, off, _TYPE_ROW.pack(layout.v_type, vr))
+            vs.append(out[off : off + n * vr].reshape(n, vr))
+        off += n * vr
+    assert off == size
+    return out, ks, vs
+
+
+def fill_v(region: npt.NDArray[np.uint8], rows: npt.NDArray[np.uint8], layout: Layout) -> None:
+    """Write a layer's V ``rows`` (``[n, v_row]``, untransposed) into its V ``region`` of a
+    :func:`state_buffer` (transposed there when the layout keeps V so)."""
+    if layout.v_trans:
+        _transpose(region, rows, layout.v_el)
+    else:
+        region[:] = rows
+
+
 def state_of_rows(
     k_rows: Callable[[int], npt.NDArray[np.uint8]],
     v_rows: Callable[[int], npt.NDArray[np.uint8]],
@@ -231,39 +282,11 @@ def state_of_rows(
 ) -> npt.NDArray[np.uint8]:
     """The state of ``n`` tokens whose K and V rows of layer ``i`` are ``k_rows(i)`` and
     ``v_rows(i)`` (``[n, k_row]`` and ``[n, v_row]`` bytes, V untransposed, any strides),
-    written once into one new buffer: a sequence state, or with ``arch`` a whole-context
-    state."""
-    kr, vr, layers = layout.k_row, layout.v_row, layout.n_layer
-    head = (
-        struct.pack("<Ii", SEQ_MAGIC, seq_id)
-        if arch is None
-        else struct.pack("<I", len(arch.encode())) + arch.encode()
-    )
-    size = layout.state_bytes(n, len(head))
-    out = np.empty(size, np.uint8)
-    off = _put(out, 0, head)
-    off = _put(out, off, _COUNTS.pack(1, n))
-    if n == 0:
-        return out
-    meta = out[off : off + 12 * n].view("<i4").reshape(n, 3)
-    meta[:, 0], meta[:, 1], meta[:, 2] = np.arange(n), 1, seq_id
-    off = _put(out, off + 12 * n, _V_HEAD.pack(int(layout.v_trans), layers))
-    for i in range(layers):
-        off = _put(out, off, _TYPE_ROW.pack(layout.k_type, kr))
-        out[off : off + n * kr].reshape(n, kr)[:] = k_rows(i)
-        off += n * kr
-    for i in range(layers):
-        v = v_rows(i)
-        if layout.v_trans:
-            off = _put(out, off, _TYPE_EL.pack(layout.v_type, layout.v_el, layout.n_embd_v))
-            _transpose(
-                out[off : off + n * vr].reshape(layout.n_embd_v, n * layout.v_el), v, layout.v_el
-            )
-        else:
-            off = _put(out, off, _TYPE_ROW.pack(layout.v_type, vr))
-            out[off : off + n * vr].reshape(n, vr)[:] = v
-        off += n * vr
-    assert off == size
+    written once into one new buffer (:func:`state_buffer`)."""
+    out, ks, vs = state_buffer(n, layout, seq_id=seq_id, arch=arch)
+    for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        k[:] = k_rows(i)
+        fill_v(v, v_rows(i), layout)
     return out
 
 

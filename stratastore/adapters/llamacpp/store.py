@@ -24,7 +24,13 @@ import numpy.typing as npt
 
 from stratastore.adapters.llamacpp.chat import cuts_from_chat_template
 from stratastore.adapters.llamacpp.identity import context_layout, fingerprint
-from stratastore.adapters.llamacpp.state import Layout, read_state, state_of_rows
+from stratastore.adapters.llamacpp.state import (
+    Layout,
+    fill_v,
+    read_state,
+    state_buffer,
+    state_of_rows,
+)
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
@@ -202,29 +208,38 @@ class LlamaCppStore:
         ``max_tokens``, by default ``len(prompt) - 1``), every page validated, as llama.cpp's
         state of sequence ``seq`` holding them (with ``arch``: the whole-context state,
         ``Llama.load_state``'s); ``(0, empty)`` when nothing is stored. Loads nothing into
-        llama.cpp. The pages are read into per-layer rows once and the state built from
-        them in one pass."""
+        llama.cpp. With K and V rows of one size the pages are read straight into the state's
+        K regions (and V's, untransposed; transposed V goes through one copy); otherwise into
+        per-layer rows, the state built from them in one pass."""
         ids = as_tokens(prompt)
         cap = min(_cap(len(ids), max_tokens), int(self.llm.n_ctx()))  # what the context holds
-        half, layers = self.fp.head_dim, self.layout.n_layer
-        if cap <= 0:
+        half, layers, kr = self.fp.head_dim, self.layout.n_layer, self.layout.k_row
+        want = self.lookup(ids, max_tokens=cap) if cap > 0 else 0
+        if want == 0:
             return 0, np.empty(0, np.uint8)
-        k = [np.empty((cap, half), np.uint8) for _ in range(layers)]
-        v = [np.empty((cap, half), np.uint8) for _ in range(layers)]
-        n = int(self.store.restore(ids[:cap], LayerKV(self.fp, k, v), max_tokens=cap).tokens)
+        if kr == half:  # K and V rows of one size: the stored halves are the rows
+            # the pages land in the state itself: K (and V, kept untransposed) in its regions
+            state, ks, vs = state_buffer(want, self.layout, seq_id=seq, arch=arch)
+            v = [np.empty((want, half), np.uint8) for _ in ks] if self.layout.v_trans else vs
+            n = int(self.store.restore(ids[:want], LayerKV(self.fp, ks, v), max_tokens=want).tokens)
+            if n == want:
+                if self.layout.v_trans:
+                    for region, rows in zip(vs, v, strict=True):
+                        fill_v(region, rows, self.layout)
+                return n, state
+            k_rows, v_rows = (lambda i: ks[i][:n]), (lambda i: v[i][:n])  # a damaged page
+        else:  # a token's row (K then V) is stored split at its middle: one spans the halves
+            k = [np.empty((want, half), np.uint8) for _ in range(layers)]
+            v = [np.empty((want, half), np.uint8) for _ in range(layers)]
+            n = int(self.store.restore(ids[:want], LayerKV(self.fp, k, v), max_tokens=want).tokens)
+            if kr < half:
+                k_rows = lambda i: k[i][:n, :kr]  # noqa: E731
+                v_rows = lambda i: np.concatenate([k[i][:n, kr:], v[i][:n]], axis=1)  # noqa: E731
+            else:
+                k_rows = lambda i: np.concatenate([k[i][:n], v[i][:n, : kr - half]], axis=1)  # noqa: E731
+                v_rows = lambda i: v[i][:n, kr - half :]  # noqa: E731
         if n == 0:
             return 0, np.empty(0, np.uint8)
-        kr = self.layout.k_row
-        # a token's row (K then V) is stored split at its middle, which is the K row's end only
-        # when K and V rows are one size: else one of them spans the two stored halves
-        if kr == half:
-            k_rows, v_rows = (lambda i: k[i][:n]), (lambda i: v[i][:n])
-        elif kr < half:
-            k_rows = lambda i: k[i][:n, :kr]  # noqa: E731
-            v_rows = lambda i: np.concatenate([k[i][:n, kr:], v[i][:n]], axis=1)  # noqa: E731
-        else:
-            k_rows = lambda i: np.concatenate([k[i][:n], v[i][:n, : kr - half]], axis=1)  # noqa: E731
-            v_rows = lambda i: v[i][:n, kr - half :]  # noqa: E731
         return n, state_of_rows(k_rows, v_rows, n, self.layout, seq_id=seq, arch=arch)
 
     def restore(self, prompt: TokenIds, *, seq: int = 0, max_tokens: int | None = None) -> int:
