@@ -12,7 +12,7 @@ understates what a cache saves on the real model. For each size N:
    (``Llama.save_state``) and hands it to a ``LlamaDiskCache`` and a ``StrataLlamaCache``
    (disk level, ``page_resume``), as ``Llama`` does after a completion.
 2. **the turn after a restart** (a fresh process each, on a copy of what the build stored, so
-   no kind sees another's entries, the page cache holding the copy): the prompt is the N
+   no kind sees another's entries, the copy synced and in the page cache): the prompt is the N
    tokens and 32 new ones; the clock runs from ``create_completion(prompt, max_tokens=16,
    stream=True)`` to its first token, with the cache set (``Llama.set_cache``), after the
    model is loaded. The RAM cache cannot outlive a process: it is filled in the same process,
@@ -220,6 +220,7 @@ def main() -> None:
                     work = d / "work"  # each turn starts from what the build stored, no more
                     shutil.rmtree(work, ignore_errors=True)
                     shutil.copytree(d / "built", work)
+                    os.sync()  # the copy on disk: no writeback of it under the clock
                     row[f"{which}/{kind}"] = run_phase(
                         {
                             "op": "turn",
