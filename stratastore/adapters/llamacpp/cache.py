@@ -92,7 +92,7 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         from llama_cpp.llama import LlamaState
 
         ids = as_tokens(list(key))
-        held = self.store._held(ids)  # Llama loads a state only when it holds less than it
+        held = self.store.held(ids)  # Llama loads a state only when it holds less than it
         if self.store.lookup(ids) <= held:
             raise KeyError(f"no stored prefix of these {len(ids)} tokens beyond the {held} held")
         n, data = self.store.prefix_state(ids, arch=self._arch)

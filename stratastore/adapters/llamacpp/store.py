@@ -125,8 +125,9 @@ class LlamaCppStore:
         v = [np.ascontiguousarray(rows[i, :, half:]) for i in range(self.layout.n_layer)]
         return k, v
 
-    def _held(self, ids: npt.NDArray[Any]) -> int:
-        """How many leading tokens of ``ids`` sequence 0 of the ``Llama`` holds now."""
+    def held(self, prompt: TokenIds) -> int:
+        """How many leading tokens of ``prompt`` sequence 0 of the ``Llama`` holds now."""
+        ids = as_tokens(prompt)
         return _held_prefix(np.asarray(self.llm.input_ids[: self.llm.n_tokens]), ids)
 
     # -- the engine's calls --------------------------------------------------------------------
@@ -246,16 +247,19 @@ class LlamaCppStore:
         """Load the deepest stored prefix of ``prompt`` into sequence ``seq`` (what it held is
         replaced) and return its length ``n`` (0: nothing stored, the sequence untouched);
         evaluate ``prompt[n:]`` after it. ``n`` is at most ``max_tokens``, by default
-        ``len(prompt) - 1`` (the model needs the last prompt token's logits). Every page is
-        validated before it is used; a damaged page restores the prefix before it.
+        ``len(prompt) - 1`` (the model needs the last prompt token's logits), and for sequence
+        0 never more (``Llama`` samples from the logits of a decode). Every page is validated
+        before it is used; a damaged page restores the prefix before it.
 
         For sequence 0, when the ``Llama`` already holds at least as long a prefix of the prompt
         as the store would bring back (a conversation still in its context), nothing is read and
         0 is returned: ``generate`` goes on from what it holds."""
         ids = as_tokens(prompt)
         self._check_seq(seq)
-        if seq == 0 and self._held(ids) >= self.lookup(ids, max_tokens=max_tokens):
-            return 0
+        if seq == 0:  # Llama samples from a decode: it keeps at least one token to evaluate
+            max_tokens = min(_cap(len(ids), max_tokens), len(ids) - 1)
+            if self.held(ids) >= self.lookup(ids, max_tokens=max_tokens):
+                return 0
         n, state = self.prefix_state(ids, max_tokens=max_tokens, seq=seq)
         if n == 0:
             return 0
@@ -268,7 +272,6 @@ class LlamaCppStore:
         if seq == 0:  # what Llama evaluates next goes on from these tokens, as load_state does
             self.llm.input_ids[:n] = ids[:n]
             self.llm.n_tokens = n
-            self.llm._requires_eval = True  # logits come from the next decode, not the state
         return n
 
 
