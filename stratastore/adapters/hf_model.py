@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stratastore.adapters.chat_cuts import message_ends
 from stratastore.errors import ConfigError
 from stratastore.format import ModelFingerprint
 
@@ -196,13 +197,4 @@ def cuts_from_chat_template(tokenizer: Any, messages: Messages, token_ids: Any =
             "pass checkpoints= instead"
         )
     ids = None if token_ids is None else ids_of(token_ids)
-    cuts: list[int] = []
-    for i in range(1, len(messages) + 1):
-        rendered = _render(tokenizer, messages[:i])
-        n = len(rendered)
-        if n == 0 or (cuts and n <= cuts[-1]):
-            continue
-        if ids is not None and (n > len(ids) or not np.array_equal(ids[:n], rendered)):
-            continue
-        cuts.append(n)
-    return cuts
+    return message_ends(lambda i: _render(tokenizer, messages[:i]), len(messages), ids)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -181,16 +180,17 @@ def test_a_kill_mid_park_leaves_a_store_fsck_finds_clean(tiny: Path, tmp_path: P
         "rng = np.random.default_rng(0)\n"
         "llm.eval([int(x) for x in rng.integers(3, 500, 600)])\n"
         f"with _store(llm, {str(store)!r}) as s:\n"
-        "    print('parking', flush=True)\n"
         "    for i in range(10_000):  # other tokens each time: every park writes segments\n"
         "        s.park(f'c{i}', [int(x) for x in rng.integers(3, 500, 600)])\n"
+        "        print('parked', i, flush=True)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "parking"
-        time.sleep(1.0)  # some parks done, one in flight: where it is killed does not matter
+        assert proc.stdout is not None
+        for i in range(3):  # three parks acknowledged, the fourth in flight when it is killed
+            assert proc.stdout.readline().split() == ["parked", str(i)]
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
@@ -285,3 +285,27 @@ def test_a_llama_that_keeps_every_tokens_logits_is_refused(tiny: Path, tmp_path:
     llm = llama_cpp.Llama(model_path=str(tiny), n_ctx=256, logits_all=True, verbose=False)
     with pytest.raises(ConfigError, match="logits_all"):
         _store(llm, tmp_path / "store")
+
+
+def test_a_model_path_that_is_not_a_gguf_file_is_refused(tiny: Path, tmp_path: Path) -> None:
+    """A link to the model (a hub cache keeps its files so) is the model; a file that is not a
+    GGUF, or a FIFO, is a ConfigError naming it, and no store is opened."""
+    from stratastore.adapters.llamacpp import context_layout, fingerprint
+    from stratastore.errors import ConfigError
+
+    llm = load(tiny)
+    layout = context_layout(llm)
+    link = tmp_path / "linked.gguf"
+    link.symlink_to(tiny)
+    want = fingerprint(llm, layout)
+    llm.model_path = str(link)
+    assert fingerprint(llm, layout) == want
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"GGUF" + bytes(64))
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    for bad in (garbage, fifo, tmp_path / "missing.gguf"):
+        llm.model_path = str(bad)
+        with pytest.raises(ConfigError, match=bad.name):
+            fingerprint(llm, layout)
+    assert not (tmp_path / "store").exists()

@@ -93,11 +93,9 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
 
         ids = as_tokens(list(key))
         held = self.store.held(ids)  # Llama loads a state only when it holds less than it
-        if self.store.lookup(ids) <= held:
-            raise KeyError(f"no stored prefix of these {len(ids)} tokens beyond the {held} held")
-        n, data = self.store.prefix_state(ids, arch=self._arch)
+        n, data = self.store.prefix_state(ids, arch=self._arch, beyond=held)
         if n <= held:
-            raise KeyError(f"no valid stored prefix of these {len(ids)} tokens beyond {held}")
+            raise KeyError(f"no stored prefix of these {len(ids)} tokens beyond the {held} held")
         input_ids = np.full(self._llm.n_ctx(), -1, dtype=np.intc)  # -1: no token matches
         input_ids[:n] = ids[:n]
         # Llama.load_state broadcasts these into its own scores; the next decode replaces them

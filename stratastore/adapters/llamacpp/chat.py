@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from stratastore.adapters.chat_cuts import message_ends
 from stratastore.errors import ConfigError
 
 __all__ = ["cuts_from_chat_template"]
@@ -48,18 +49,14 @@ def cuts_from_chat_template(
         bos_token=_token(llm, llm.token_bos()),
         add_generation_prompt=False,
     )
-    ids = None if token_ids is None else np.asarray(token_ids, dtype=np.int64)
-    cuts: list[int] = []
-    for i in range(1, len(messages) + 1):
+
+    def render(i: int) -> list[int] | None:
         try:
             out = fmt(messages=list(messages[:i]))
         except (ValueError, TemplateError):  # a template that refuses this prefix: no cut
-            continue
-        rendered = llm.tokenize(out.prompt.encode(), add_bos=not out.added_special, special=True)
-        n = len(rendered)
-        if n == 0 or (cuts and n <= cuts[-1]):
-            continue
-        if ids is not None and (n > len(ids) or not np.array_equal(ids[:n], rendered)):
-            continue
-        cuts.append(n)
-    return cuts
+            return None
+        tokens = llm.tokenize(out.prompt.encode(), add_bos=not out.added_special, special=True)
+        return [int(t) for t in tokens]
+
+    ids = None if token_ids is None else np.asarray(token_ids, dtype=np.int64)
+    return message_ends(render, len(messages), ids)

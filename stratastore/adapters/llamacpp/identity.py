@@ -65,6 +65,7 @@ def gguf_digest(path: str) -> bytes:
             "the llama.cpp adapter reads the model's GGUF with the gguf package: "
             "pip install 'stratastore[llamacpp]'"
         ) from None
+    path = files.realpath(path)  # a model under a hub's cache is a link to its blob
     try:
         reader = GGUFReader(path)
         tensors = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
@@ -181,7 +182,7 @@ def fingerprint(llm: Any, layout: Layout, *, page_tokens: int = 16) -> ModelFing
     (``int8`` items): per layer one "K" half and one "V" half of the token's K row followed by
     its V row, so every K/V type llama.cpp keeps has one page layout."""
     path = getattr(llm, "model_path", None)
-    if not path or not files.is_file(path):
+    if not path or not files.is_file(files.realpath(path)):
         raise ConfigError(f"the Llama's model_path {path!r} is not a file: the adapter reads it")
     row = layout.k_row + layout.v_row
     if row % 2:

@@ -204,11 +204,13 @@ class LlamaCppStore:
         max_tokens: int | None = None,
         seq: int = 0,
         arch: str | None = None,
+        beyond: int = 0,
     ) -> tuple[int, npt.NDArray[np.uint8]]:
         """``(n, state)``: the deepest stored prefix of ``prompt``, ``n`` tokens (at most
         ``max_tokens``, by default ``len(prompt) - 1``), every page validated, as llama.cpp's
         state of sequence ``seq`` holding them (with ``arch``: the whole-context state,
-        ``Llama.load_state``'s); ``(0, empty)`` when nothing is stored. Loads nothing into
+        ``Llama.load_state``'s); ``(0, empty)`` when no more than ``beyond`` tokens of it are
+        stored (nothing is read then: the caller holds as much already). Loads nothing into
         llama.cpp. With K and V rows of one size the pages are read straight into the state's
         K regions (and V's, untransposed; transposed V goes through one copy); otherwise into
         per-layer rows, the state built from them in one pass."""
@@ -216,7 +218,7 @@ class LlamaCppStore:
         cap = min(_cap(len(ids), max_tokens), int(self.llm.n_ctx()))  # what the context holds
         half, layers, kr = self.fp.head_dim, self.layout.n_layer, self.layout.k_row
         want = self.lookup(ids, max_tokens=cap) if cap > 0 else 0
-        if want == 0:
+        if want <= beyond:
             return 0, np.empty(0, np.uint8)
         if kr == half:  # K and V rows of one size: the stored halves are the rows
             # the pages land in the state itself: K (and V, kept untransposed) in its regions
@@ -256,11 +258,11 @@ class LlamaCppStore:
         0 is returned: ``generate`` goes on from what it holds."""
         ids = as_tokens(prompt)
         self._check_seq(seq)
+        held = 0
         if seq == 0:  # Llama samples from a decode: it keeps at least one token to evaluate
             max_tokens = min(_cap(len(ids), max_tokens), len(ids) - 1)
-            if self.held(ids) >= self.lookup(ids, max_tokens=max_tokens):
-                return 0
-        n, state = self.prefix_state(ids, max_tokens=max_tokens, seq=seq)
+            held = self.held(ids)
+        n, state = self.prefix_state(ids, max_tokens=max_tokens, seq=seq, beyond=held)
         if n == 0:
             return 0
         try:
