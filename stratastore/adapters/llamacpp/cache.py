@@ -24,7 +24,7 @@ from stratastore.adapters.llamacpp.state import read_context_state
 from stratastore.adapters.llamacpp.store import LlamaCppStore
 from stratastore.chain import as_tokens
 from stratastore.config import StoreConfig
-from stratastore.errors import StrataError
+from stratastore.errors import ConfigError, StrataError
 
 __all__ = ["CUT_TOKENS", "StrataLlamaCache"]
 
@@ -56,8 +56,6 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         **open_kw: Any,
     ) -> None:
         if _Base is object:
-            from stratastore.errors import ConfigError
-
             raise ConfigError(
                 "StrataLlamaCache needs llama-cpp-python: pip install 'stratastore[llamacpp]'"
             )
@@ -72,15 +70,18 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         #: parks that failed (logged, never raised: a completion is not failed by its cache)
         self.errors = 0
 
-    def _budget(self) -> int:
+    def _levels(self, counter: str) -> int:
+        """``counter`` (``budget``, ``bytes``) summed over the store's levels."""
         levels = self.store.store.stats()["levels"].values()
-        return int(sum(level.get("budget") or 0 for level in levels))
+        return int(sum(level.get(counter) or 0 for level in levels))
+
+    def _budget(self) -> int:
+        return self._levels("budget")
 
     @property
     def cache_size(self) -> int:
         """Bytes the store's levels hold."""
-        levels = self.store.store.stats()["levels"].values()
-        return int(sum(level.get("bytes") or 0 for level in levels))
+        return self._levels("bytes")
 
     def __contains__(self, key: Sequence[int]) -> bool:
         return self.store.lookup(list(key)) > 0
@@ -100,6 +101,8 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         input_ids[:n] = ids[:n]
         # Llama.load_state broadcasts these into its own scores; the next decode replaces them
         scores = np.zeros((1, self._llm.n_vocab()), np.single)
+        # load_state replaces the Llama's sampling seed with the state's: hand it its own, so a
+        # hit samples as a miss would (llama-cpp-python keeps it in no public attribute)
         seed = int(getattr(self._llm, "_seed", 0) or 0)
         return LlamaState(input_ids, scores, n, data, len(data), seed)
 

@@ -146,7 +146,7 @@ def context_layout(llm: Any) -> Layout:
                 f"the model ({arch}) keeps {what}: the llama.cpp adapter reads a plain K/V "
                 "cache only (one stream, every layer alike)"
             )
-    if getattr(llm, "_logits_all", False):
+    if getattr(llm, "_logits_all", False):  # llama-cpp-python keeps it in no public attribute
         raise ConfigError(
             "the Llama keeps every token's logits (logits_all=True, or a draft model): a "
             "restored prefix has no logits for its tokens, so prompt logprobs would be wrong; "
