@@ -20,12 +20,18 @@ understates what a cache saves on the real model. For each size N:
    out and the cache stores the turn (stratastore: flushed): the bytes the process passed to
    ``write`` calls from the request to there (``/proc/self/io`` ``wchar``) are the bytes
    written for the turn.
-3. **after an edit** 6,144 tokens back (a token changed there; N > 6,144 only): the same.
+   A cache's turn runs ``--repeat`` times (each a fresh process on a fresh copy of what that
+   kind reads, the disk cache's or stratastore's directory); the table gives the median and
+   the range. No cache's turn is one evaluation of the whole context: it runs once.
+3. **after an edit** 6,144 tokens back (a token changed there), for the sizes in
+   ``--edit-sizes`` (default: every size over 6,144): the same, each kind once (every kind
+   evaluates the 6,144 tokens after the edit).
 
-Greedy decoding; every cache's first token is compared with no cache's. Prints a table and, with
-``--json``, the figures.
+Greedy decoding; every cache's first token is compared with no cache's. Prints each turn as it
+ends (standard error), then a table and, with ``--json``, the figures.
 
-    .venv-llama/bin/python tools/llamacpp_bench.py --sizes 4096,16384 [--dir D] [--json]
+    .venv-llama/bin/python tools/llamacpp_bench.py --sizes 4096,16384,32768 \
+        [--edit-sizes 16384] [--repeat 3] [--dir D] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +56,8 @@ sys.path.insert(0, str(ROOT))
 NEW = 32  #: tokens the returning turn adds
 EDIT_BACK = 6144  #: how far back the edited turn changes a token
 KINDS = ["none", "disk", "ram", "strata"]
+#: what each kind's turn reads of what the build stored (and so is copied for it)
+READS = {"none": None, "disk": "disk", "ram": "disk", "strata": "strata"}
 
 
 def du(path: Path) -> int:
@@ -182,9 +191,25 @@ def run_phase(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def turn(d: Path, n: int, model: str, kind: str, which: str) -> dict[str, Any]:
+    """One turn of ``kind`` in a fresh process, on a fresh copy of what it reads of the build's
+    stores (no kind sees another's entries or an earlier turn's), synced before the clock."""
+    work = d / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    reads = READS[kind]
+    if reads is not None:
+        shutil.copytree(d / "built" / reads, work / reads)
+    os.sync()  # the copy on disk: no writeback of it under the clock
+    a = {"op": "turn", "n": n, "dir": str(work), "model": model, "kind": kind, "prompt": which}
+    return run_phase(a)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4096,16384")
+    ap.add_argument("--edit-sizes", default=None, help="sizes with the edit turn (default: > 6144)")
+    ap.add_argument("--repeat", type=int, default=3, help="turns of each cache kind")
     ap.add_argument("--dir", default=None, help="where models and caches live (a temp dir)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--phase", help=argparse.SUPPRESS)
@@ -199,6 +224,11 @@ def main() -> None:
     doc: dict[str, Any] = {"load": os.getloadavg()[0], "sizes": {}}
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
+        edit_sizes = (
+            [n for n in sizes if n > EDIT_BACK]
+            if args.edit_sizes is None
+            else [int(s) for s in args.edit_sizes.split(",") if s]
+        )
         model = str(
             make_gguf(
                 root / "kv8b.gguf",
@@ -215,22 +245,16 @@ def main() -> None:
             d.mkdir()
             built = {"op": "build", "n": n, "dir": str(d / "built"), "model": model}
             row: dict[str, Any] = {"build": run_phase(built)}
+            print(json.dumps({"n": n, "build": row["build"]}), file=sys.stderr, flush=True)
             for which in prompts(n):
+                if which == "edit" and n not in edit_sizes:
+                    continue
                 for kind in KINDS:
-                    work = d / "work"  # each turn starts from what the build stored, no more
-                    shutil.rmtree(work, ignore_errors=True)
-                    shutil.copytree(d / "built", work)
-                    os.sync()  # the copy on disk: no writeback of it under the clock
-                    row[f"{which}/{kind}"] = run_phase(
-                        {
-                            "op": "turn",
-                            "n": n,
-                            "dir": str(work),
-                            "model": model,
-                            "kind": kind,
-                            "prompt": which,
-                        }
-                    )
+                    rounds = 1 if kind == "none" or which == "edit" else args.repeat
+                    row[f"{which}/{kind}"] = runs = []
+                    for _ in range(rounds):
+                        runs.append(turn(d, n, model, kind, which))
+                        print(json.dumps({"n": n, which: kind, **runs[-1]}), file=sys.stderr)
             doc["sizes"][n] = row
             print(render({**doc, "sizes": {n: row}}), file=sys.stderr, flush=True)
             shutil.rmtree(d, ignore_errors=True)
@@ -240,6 +264,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(doc, indent=2))
     print(render(doc))
+
+
+def spread(median: float, values: list[float]) -> str:
+    """A median with the range of its values when there are several."""
+    return f"{median:.2f}" + (f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else "")
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -253,14 +282,14 @@ def render(doc: dict[str, Any]) -> str:
         for which in ("turn", "edit"):
             if f"{which}/none" not in row:
                 continue
-            t = {k: row[f"{which}/{k}"] for k in KINDS}
-            secs = {k: t[k]["ttft_s"] for k in KINDS}
-            same = all(t[k]["first"] == t["none"]["first"] for k in KINDS)
-            mib = {k: t[k]["written"] / 2**20 for k in ("disk", "strata")}
+            runs = {k: row[f"{which}/{k}"] for k in KINDS}
+            secs = {k: statistics.median(r["ttft_s"] for r in runs[k]) for k in KINDS}
+            same = all(r["first"] == runs["none"][0]["first"] for k in KINDS for r in runs[k])
+            mib = {k: statistics.median(r["written"] for r in runs[k]) / 2**20 for k in KINDS}
             cells = [
                 f"{int(n):,}",
                 which + ("" if same else " (first tokens differ!)"),
-                *(f"{secs[k]:.2f}" for k in KINDS),
+                *(spread(secs[k], [r["ttft_s"] for r in runs[k]]) for k in KINDS),
                 f"{secs['none'] / secs['strata']:.1f}x",
                 f"{secs['disk'] / secs['strata']:.1f}x",
                 f"{mib['disk']:,.0f} MiB",

@@ -27,6 +27,7 @@ from stratastore.adapters.llamacpp.identity import context_layout, fingerprint
 from stratastore.adapters.llamacpp.state import (
     Layout,
     fill_v,
+    per_layer,
     read_state,
     state_buffer,
     state_of_rows,
@@ -227,8 +228,7 @@ class LlamaCppStore:
             n = int(self.store.restore(ids[:want], LayerKV(self.fp, ks, v), max_tokens=want).tokens)
             if n == want:
                 if self.layout.v_trans:
-                    for region, rows in zip(vs, v, strict=True):
-                        fill_v(region, rows, self.layout)
+                    per_layer(lambda i: fill_v(vs[i], v[i], self.layout), layers)
                 return n, state
             k_rows, v_rows = (lambda i: ks[i][:n]), (lambda i: v[i][:n])  # a damaged page
         else:  # a token's row (K then V) is stored split at its middle: one spans the halves
