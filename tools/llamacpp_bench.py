@@ -31,12 +31,18 @@ Greedy decoding; every cache's first token is compared with no cache's. Prints e
 ends (standard error), then a table and, with ``--json``, the figures.
 
     .venv-llama/bin/python tools/llamacpp_bench.py --sizes 4096,16384,32768 \
-        [--edit-sizes 16384] [--repeat 3] [--dir D] [--json]
+        [--edit-sizes 16384] [--repeat 3] [--lock FILE] [--dir D] [--json]
+
+``--lock FILE``: each timed turn (its copy included) holds an exclusive ``flock`` on FILE, the
+builds do not: other work run as ``flock FILE command`` runs beside the builds' evaluations
+only, never beside a turn on the clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -191,6 +197,20 @@ def run_phase(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@contextlib.contextmanager
+def locked(path: str | None) -> Any:
+    """An exclusive ``flock`` on ``path`` while the block runs (nothing when ``None``)."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def turn(d: Path, n: int, model: str, kind: str, which: str) -> dict[str, Any]:
     """One turn of ``kind`` in a fresh process, on a fresh copy of what it reads of the build's
     stores (no kind sees another's entries or an earlier turn's), synced before the clock."""
@@ -210,6 +230,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="4096,16384")
     ap.add_argument("--edit-sizes", default=None, help="sizes with the edit turn (default: > 6144)")
     ap.add_argument("--repeat", type=int, default=3, help="turns of each cache kind")
+    ap.add_argument("--lock", help="a file each timed turn holds an exclusive flock on")
     ap.add_argument("--dir", default=None, help="where models and caches live (a temp dir)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--phase", help=argparse.SUPPRESS)
@@ -218,7 +239,7 @@ def main() -> None:
         a = json.loads(args.phase)
         print(json.dumps(phase_build(a) if a["op"] == "build" else phase_turn(a)))
         return
-    from tests.llamacpp.models import make_gguf
+    from strata_harness.gguf_model import make_gguf
 
     root = Path(tempfile.mkdtemp(prefix="strata-llama-bench-", dir=args.dir))
     doc: dict[str, Any] = {"load": os.getloadavg()[0], "sizes": {}}
@@ -253,7 +274,8 @@ def main() -> None:
                     rounds = 1 if kind == "none" or which == "edit" else args.repeat
                     row[f"{which}/{kind}"] = runs = []
                     for _ in range(rounds):
-                        runs.append(turn(d, n, model, kind, which))
+                        with locked(args.lock):
+                            runs.append(turn(d, n, model, kind, which))
                         print(json.dumps({"n": n, which: kind, **runs[-1]}), file=sys.stderr)
             doc["sizes"][n] = row
             print(render({**doc, "sizes": {n: row}}), file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ for a context that keeps V transposed or not.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ __all__ = [
     "read_context_state",
     "read_state",
     "fill_v",
+    "per_layer",
     "state_buffer",
     "state_of_rows",
+    "transpose_v_rows",
 ]
 
 SEQ_MAGIC = 0xAF143CD8  #: llama.cpp's LLAMA_STATE_SEQ_MAGIC
@@ -271,6 +274,26 @@ def fill_v(region: npt.NDArray[np.uint8], rows: npt.NDArray[np.uint8], layout: L
         _transpose(region, rows, layout.v_el)
     else:
         region[:] = rows
+
+
+def transpose_v_rows(regions: list[npt.NDArray[np.uint8]], layout: Layout) -> None:
+    """Each of ``regions`` (a :func:`state_buffer`'s V regions, V transposed in ``layout``)
+    holds its layer's V as rows, ``[n, v_row]`` (what a restore wrote there): leave each
+    transposed, through a copy of one layer's rows a thread (:func:`per_layer`), so that a
+    restore needs no second buffer as large as V (a fresh buffer's first writes cost as much
+    as the transpose here)."""
+    local = threading.local()
+
+    def transpose(i: int) -> None:
+        region = regions[i]
+        rows = getattr(local, "rows", None)
+        if rows is None or rows.size < region.size:
+            rows = local.rows = np.empty(region.size, np.uint8)
+        src = rows[: region.size].reshape(-1, layout.v_row)
+        src[:] = region.reshape(-1, layout.v_row)
+        _transpose(region, src, layout.v_el)
+
+    per_layer(transpose, len(regions))
 
 
 def state_of_rows(

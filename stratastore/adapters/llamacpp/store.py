@@ -26,11 +26,10 @@ from stratastore.adapters.llamacpp.chat import cuts_from_chat_template
 from stratastore.adapters.llamacpp.identity import context_layout, fingerprint
 from stratastore.adapters.llamacpp.state import (
     Layout,
-    fill_v,
-    per_layer,
     read_state,
     state_buffer,
     state_of_rows,
+    transpose_v_rows,
 )
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
@@ -141,6 +140,7 @@ class LlamaCppStore:
         checkpoints: Sequence[int] = (),
         pinned: Sequence[int] = (),
         tail: bool = True,
+        cuts: Sequence[int] = (),
         messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> ParkReport:
         """Keep sequence ``seq``'s K/V under ``conv_id``. ``token_ids``: the tokens it holds
@@ -148,11 +148,16 @@ class LlamaCppStore:
         its cells, at positions ``0..n-1``. ``checkpoints`` are lengths a later prompt may
         resume at (message ends; the whole sequence always is one), each ending a segment;
         ``pinned`` ones retention never drops (the system prompt); ``tail`` adds ``n - 1``, so
-        the same prompt again restores all but its last token. ``messages`` (the chat the
-        tokens hold) adds each message's end from the GGUF's chat template
+        the same prompt again restores all but its last token. ``cuts``: more lengths a
+        segment ends at, not kept as checkpoints (turn openers: a conversation parked again
+        after another turn shares every earlier segment with its last park, whichever
+        checkpoints retention dropped since). ``messages`` (the chat the tokens hold) adds each
+        message's end from the GGUF's chat template as a checkpoint
         (:func:`~.chat.cuts_from_chat_template`; its first is the system prompt's end, the
-        length to pin). :class:`~.state.StateLayoutError` when the state is not this
-        context's layout."""
+        length to pin). The store keeps the checkpoints under its ``checkpoints`` and
+        ``retention`` settings across the parks of ``conv_id``
+        (:meth:`~stratastore.Store.park`). :class:`~.state.StateLayoutError` when the state is
+        not this context's layout."""
         self._check_seq(seq)
         if token_ids is None:
             if seq != 0:
@@ -163,7 +168,7 @@ class LlamaCppStore:
             cuts = cuts_from_chat_template(self.llm, messages, list(token_ids))
             checkpoints = [*checkpoints, *cuts]
         return self.park_rows(
-            conv_id, token_ids, rows, checkpoints=checkpoints, pinned=pinned, tail=tail
+            conv_id, token_ids, rows, checkpoints=checkpoints, pinned=pinned, tail=tail, cuts=cuts
         )
 
     def park_rows(
@@ -175,6 +180,7 @@ class LlamaCppStore:
         checkpoints: Sequence[int] = (),
         pinned: Sequence[int] = (),
         tail: bool = True,
+        cuts: Sequence[int] = (),
     ) -> ParkReport:
         """:meth:`park` of rows already read (``[layers, n, k_row + v_row]``, as
         :func:`~.state.read_state` gives them) for the ``n`` tokens ``token_ids``."""
@@ -188,7 +194,8 @@ class LlamaCppStore:
             lengths = sorted({*lengths, tail_at})
         chain = [Checkpoint(x, pinned=x in pinned, tail=x == tail_at) for x in lengths]
         k, v = self._halves(rows)
-        conv = Conversation(conv_id, ids, chain, cuts=[0, *lengths[:-1]])
+        starts = sorted({0, *lengths[:-1], *(c for c in cuts if 0 < c < n)})
+        conv = Conversation(conv_id, ids, chain, cuts=starts)
         return self.store.park(conv, LayerKV(self.fp, k, v))
 
     def lookup(self, prompt: TokenIds, *, max_tokens: int | None = None) -> int:
@@ -213,8 +220,9 @@ class LlamaCppStore:
         ``Llama.load_state``'s); ``(0, empty)`` when no more than ``beyond`` tokens of it are
         stored (nothing is read then: the caller holds as much already). Loads nothing into
         llama.cpp. With K and V rows of one size the pages are read straight into the state's
-        K regions (and V's, untransposed; transposed V goes through one copy); otherwise into
-        per-layer rows, the state built from them in one pass."""
+        K and V regions (a transposed V as rows, then transposed in place a layer at a time:
+        :func:`~.state.transpose_v_rows`); otherwise into per-layer rows, the state built from
+        them in one pass."""
         ids = as_tokens(prompt)
         cap = min(_cap(len(ids), max_tokens), int(self.llm.n_ctx()))  # what the context holds
         half, layers, kr = self.fp.head_dim, self.layout.n_layer, self.layout.k_row
@@ -222,13 +230,14 @@ class LlamaCppStore:
         if want <= beyond:
             return 0, np.empty(0, np.uint8)
         if kr == half:  # K and V rows of one size: the stored halves are the rows
-            # the pages land in the state itself: K (and V, kept untransposed) in its regions
+            # the pages land in the state itself: K and V in their regions (V as rows there,
+            # transposed in place after when the layout keeps it transposed)
             state, ks, vs = state_buffer(want, self.layout, seq_id=seq, arch=arch)
-            v = [np.empty((want, half), np.uint8) for _ in ks] if self.layout.v_trans else vs
+            v = [region.reshape(want, half) for region in vs]
             n = int(self.store.restore(ids[:want], LayerKV(self.fp, ks, v), max_tokens=want).tokens)
             if n == want:
                 if self.layout.v_trans:
-                    per_layer(lambda i: fill_v(vs[i], v[i], self.layout), layers)
+                    transpose_v_rows(vs, self.layout)
                 return n, state
             k_rows, v_rows = (lambda i: ks[i][:n]), (lambda i: v[i][:n])  # a damaged page
         else:  # a token's row (K then V) is stored split at its middle: one spans the halves
