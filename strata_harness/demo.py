@@ -9,7 +9,10 @@ BLAKE3-validated, every restored byte checked here against the K/V the model wou
 RAM is small on purpose so conversations spill to warm, and warm small so they degrade to cold.
 At the end one byte is damaged on disk in a segment a restore reads (a cold one when there is
 one; :func:`damage_target`), whatever the request count: the restore of that conversation stops
-at the damaged segment instead of returning bad bytes, and fsck finds exactly it.
+at the damaged segment instead of returning bad bytes, and fsck finds exactly it. With the
+``transformers`` extra a tiny Llama serves three conversations through the transformers adapter;
+with the ``llamacpp`` extra llama.cpp serves the seeds' three episodes
+(:mod:`strata_harness.demo_llamacpp`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from strata_harness.demo_llamacpp import run_llamacpp_phase
 from stratastore.chain import Checkpoint, Conversation, as_tokens, enforce_count
 from stratastore.config import StoreConfig
 from stratastore.facade import Store
@@ -204,11 +208,12 @@ def run_demo(
     if damage is not None:
         print(f"  one byte flipped in a segment on disk -> {damage[2]}")
     real = _real_model_phase(os.path.join(path, "hf"))
+    llama = run_llamacpp_phase(os.path.join(path, "llama"))
     if kept:
         print(f"  strata monitor {path} --once   shows the levels and these counters")
     else:
         print("  (the directory is temporary: strata demo --dir DIR keeps it for strata monitor)")
-    return 0 if ok and real and (damage is None or damage[3]) else 1
+    return 0 if ok and real and llama and (damage is None or damage[3]) else 1
 
 
 def _write_root_config(path: str, cfg: dict[str, Any]) -> None:

@@ -16,8 +16,11 @@ from stratastore.adapters.llamacpp.state import (
     StateLayoutError,
     build_context_state,
     build_state,
+    per_layer,
     read_context_state,
     read_state,
+    state_buffer,
+    transpose_v_rows,
 )
 from stratastore.errors import StrataError
 
@@ -70,6 +73,34 @@ def test_transposed_v_is_element_major_in_the_state() -> None:
     off = 16 + 12 * n + 8 + lay.n_layer * (12 + n * lay.k_row) + 12  # first layer's V data
     v = r[0, :, lay.k_row :].reshape(n, lay.n_embd_v, lay.v_el)
     assert state[off : off + n * lay.v_el] == v[:, 0].tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 17, 300])
+def test_v_rows_restored_into_the_state_are_transposed_in_place(n: int) -> None:
+    """What a restore does with V transposed: each layer's V rows written into its V region
+    of a new state, as rows, then :func:`transpose_v_rows`: the state is the one built from
+    the rows, byte for byte (300 cells: more than a block of the transpose)."""
+    lay = TRANSPOSED
+    r = rows(lay, n)
+    state, ks, vs = state_buffer(n, lay)
+    for i in range(lay.n_layer):
+        ks[i][:] = r[i, :, : lay.k_row]
+        vs[i].reshape(n, lay.v_row)[:] = r[i, :, lay.k_row :]
+    transpose_v_rows(vs, lay)
+    assert state.tobytes() == build_state(r, n, lay)
+
+
+def test_per_layer_runs_every_layer_and_raises_the_first_error() -> None:
+    seen: list[int] = []
+    per_layer(seen.append, 7)
+    assert sorted(seen) == list(range(7))
+
+    def fail(i: int) -> None:
+        if i == 3:
+            raise StrataError(f"layer {i}")
+
+    with pytest.raises(StrataError, match="layer 3"):
+        per_layer(fail, 7)
 
 
 @pytest.mark.parametrize("layout", [PLAIN, TRANSPOSED], ids=["plain", "transposed"])
