@@ -309,3 +309,49 @@ def test_a_model_path_that_is_not_a_gguf_file_is_refused(tiny: Path, tmp_path: P
         with pytest.raises(ConfigError, match=bad.name):
             fingerprint(llm, layout)
     assert not (tmp_path / "store").exists()
+
+
+def _written() -> int:
+    """Bytes this process has passed to write calls (``/proc/self/io``)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def _park_turns(tiny: Path, path: Path, *, with_cuts: bool) -> tuple[list[int], int]:
+    """Twelve turns of 64 tokens after a 64-token system prompt, parked one by one (the turn's
+    end the new checkpoint, the store keeping 3 by LRU): the bytes each park wrote, and a
+    turn's K/V bytes."""
+    from stratastore.adapters.llamacpp import LlamaCppStore
+
+    llm = load(tiny, n_ctx=1024)
+    rng = np.random.default_rng(5)
+    held = [int(x) for x in rng.integers(3, 500, 64)]
+    llm.eval(held)
+    cfg = {"park": "disk", "ram_mib": 0, "cold_dir": str(path), "cold_mib": 64}
+    written = []
+    with LlamaCppStore.open(llm, {**cfg, "checkpoints": 3, "retention": "lru"}) as s:
+        for _ in range(12):
+            new = [int(x) for x in rng.integers(3, 500, 64)]
+            llm.eval(new)
+            held += new
+            cuts = range(64, len(held), 64) if with_cuts else ()
+            s.store.flush()
+            before = _written()
+            s.park("agent", held, checkpoints=[len(held)], pinned=[64], tail=False, cuts=cuts)
+            s.store.flush()
+            written.append(_written() - before)
+        return written, 64 * s.fp.token_bytes
+
+
+def test_turn_openers_as_cuts_keep_each_park_of_a_long_conversation_to_its_new_turn(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """With every turn opener a cut, each park writes its new turn and the store's records, as
+    much at the twelfth turn as at the third, whichever checkpoints retention dropped; without,
+    a park rewrites the span back to the last checkpoint kept, more turns each time (measured:
+    about 105 KiB a park with cuts, 215 KiB growing to 368 KiB without, 16 KiB turns)."""
+    cut, turn = _park_turns(tiny, tmp_path / "cuts", with_cuts=True)
+    uncut, _ = _park_turns(tiny, tmp_path / "none", with_cuts=False)
+    assert cut[-1] - cut[2] < turn, cut
+    assert uncut[-1] - uncut[2] > 5 * turn, uncut
+    assert uncut[-1] - cut[-1] > 10 * turn, (cut, uncut)

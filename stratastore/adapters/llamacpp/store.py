@@ -165,8 +165,8 @@ class LlamaCppStore:
             token_ids = list(self.llm.input_ids[: self.llm.n_tokens])
         rows = read_state(self._get(seq), self.layout)
         if messages is not None:
-            cuts = cuts_from_chat_template(self.llm, messages, list(token_ids))
-            checkpoints = [*checkpoints, *cuts]
+            ends = cuts_from_chat_template(self.llm, messages, list(token_ids))
+            checkpoints = [*checkpoints, *ends]
         return self.park_rows(
             conv_id, token_ids, rows, checkpoints=checkpoints, pinned=pinned, tail=tail, cuts=cuts
         )
