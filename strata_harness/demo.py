@@ -11,8 +11,8 @@ At the end one byte is damaged on disk in a segment a restore reads (a cold one 
 one; :func:`damage_target`), whatever the request count: the restore of that conversation stops
 at the damaged segment instead of returning bad bytes, and fsck finds exactly it. With the
 ``transformers`` extra a tiny Llama serves three conversations through the transformers adapter;
-with the ``llamacpp`` extra llama.cpp serves the seeds' three episodes
-(:mod:`strata_harness.demo_llamacpp`).
+with the ``llamacpp`` extra llama.cpp serves the agent-edit, park-truncate and low-RAM episodes of
+``strata sim`` (:mod:`strata_harness.demo_llamacpp`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""``strata demo``'s llama.cpp phase (with the ``llamacpp`` extra): the seeds' three episodes
-served by llama.cpp through :class:`~stratastore.adapters.llamacpp.LlamaCppStore`, on a random
-Llama written as GGUF (:func:`~strata_harness.gguf_model.make_gguf`: 4 layers, 2 KV heads of
-32, f16 K/V, 1 KiB a token; nothing is downloaded), each scaled down and set beside what the
-simulation (:mod:`strata_harness.sim`, ``strata sim``) says at the same sizes. After each
-restore llama.cpp replies (greedy), and the reply must be the one it gives after evaluating the
-whole prompt. The context holds one conversation at a time (``Llama`` evaluates sequence 0):
-a request for another conversation parks the one it held, as a slot reused.
+"""``strata demo``'s llama.cpp phase (with the ``llamacpp`` extra): the agent-edit, park-truncate
+and low-RAM episodes of ``strata sim`` served by llama.cpp through
+:class:`~stratastore.adapters.llamacpp.LlamaCppStore`, on a random Llama written as GGUF
+(:func:`~strata_harness.gguf_model.make_gguf`: 4 layers, 2 KV heads of 32, f16 K/V, 1 KiB a
+token; nothing is downloaded), each scaled down and set beside what the simulation says at the
+same sizes. After each restore llama.cpp replies (greedy), and the reply must be the one it
+gives after evaluating the whole prompt. The context holds one conversation at a time
+(``Llama`` evaluates sequence 0): a request for another conversation parks the one it held, as
+a slot reused.
 
 * **the 200-turn edit**: a system prompt of 160 tokens and 200 turns of 16, parked after each
   turn (the system prompt pinned, the turn's end a checkpoint, every turn opener a cut), the
@@ -19,11 +20,16 @@ a request for another conversation parks the one it held, as a slot reused.
 * **the low-RAM window**: free RAM (the store's probe) moves below each park's size plus the
   parking floor but above it plus the transient floor; parks spill to the disk level, none is
   discarded, and each conversation that comes back restores everything it had.
+
+Each run keeps its stores in a new directory under the one it is given (``strata demo --dir``
+run twice finds nothing of the first run's in them).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,25 +43,41 @@ __all__ = ["run_llamacpp_phase"]
 
 VOCAB = 512
 REPLY = 8  #: greedy tokens each reply is compared on
-#: the 200-turn edit, scaled down (the seed's 9,525-token system prompt, 200 turns of 1,000
-#: tokens, an edit 6,000 tokens back)
+#: the 200-turn edit, scaled down (``strata sim agent-edit``'s defaults: a 9,525-token system
+#: prompt, 200 turns of 1,000 tokens, an edit 6,000 tokens back)
 SYSTEM, TURNS, TURN, EDIT_BACK, KEEP = 160, 200, 16, 96, 6
-#: park the prefix that fits, scaled down (the seed's 3,500 MiB for 62K, 76K and 20K tokens)
+#: park the prefix that fits, scaled down (``strata sim park-truncate``'s defaults: 3,500 MiB
+#: for 62K, 76K and 20K tokens of 32 KiB)
 BUDGET_MIB, FIRST, OTHERS, EVERY = 2, 1136, (1392, 368), 64
-REQUESTS = 12  #: the low-RAM window's requests
+#: the low-RAM window: requests, conversations' first lengths and messages (tokens), free RAM
+#: (MiB) and the floors: a park of at most 2 MiB passes the transient floor, none the parking one
+REQUESTS, FIRST_TOKENS, MESSAGE_TOKENS = 12, (600, 900), (40, 80)
+FREE_MIB, PARKING_MIB, TRANSIENT_MIB = (3.0, 4.5), 5, 1
 
 
 def run_llamacpp_phase(path: str) -> bool:
-    """Run the three episodes with their stores under ``path``; print a line each; ``True``
-    when each holds. Says so and returns ``True`` when llama-cpp-python is not installed."""
-    try:
-        import llama_cpp
-    except ImportError:
+    """Run the three episodes with their stores in a new directory under ``path``; print a
+    line each; ``True`` when each holds. Says why and returns ``True`` when the ``llamacpp``
+    extra is not installed, or its llama-cpp-python is not the version the adapter reads."""
+    from stratastore.adapters.llamacpp.state import KNOWN_VERSION
+
+    missing = [m for m in ("llama_cpp", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
         print(
-            "  llama.cpp: the llamacpp extra is not installed (pip install -e '.[llamacpp]' "
-            "adds the seeds' episodes on a GGUF model)"
+            f"  llama.cpp: the llamacpp extra is not installed ({', '.join(missing)} missing; "
+            "pip install -e '.[llamacpp]' adds three episodes on a GGUF model through llama.cpp)"
         )
         return True
+    import llama_cpp
+
+    if llama_cpp.__version__ != KNOWN_VERSION:
+        print(
+            f"  llama.cpp: skipped: llama-cpp-python {llama_cpp.__version__} is installed, the "
+            f"adapter reads {KNOWN_VERSION}'s state layout (pip install -e '.[llamacpp]')"
+        )
+        return True
+    os.makedirs(path, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="run-", dir=path)
     model = make_gguf(Path(path) / "tiny-llama.gguf", layers=4, n_embd=128, n_head=4, vocab=VOCAB)
     llm = llama_cpp.Llama(model_path=str(model), n_ctx=4096, seed=0, verbose=False)
     print("  llama.cpp: a random 4-layer Llama as GGUF (1 KiB of K/V a token), llama-cpp-python")
@@ -208,18 +230,25 @@ def _low_ram(llm: Any, path: str) -> bool:
     each; free RAM (the store's probe) stays between each park's size plus the transient floor
     and it plus the parking floor."""
     rng = np.random.default_rng(3)
-    floors = {"min_free_mib": 3, "park_min_free_mib": 1}  # parking, transient
-    free = iter(rng.uniform(2.3, 3.5, 10_000))  # MiB; parks take 0.6-1.3 MiB (1 KiB a token)
-    settings = {"ram_mib": 16, "slots": 2, "cold_dir": path, "cold_mib": 64, **floors}
+    free = iter(rng.uniform(*FREE_MIB, 10_000))
+    settings = {
+        "ram_mib": 16,
+        "slots": 2,
+        "cold_dir": path,
+        "cold_mib": 64,
+        "min_free_mib": PARKING_MIB,
+        "park_min_free_mib": TRANSIENT_MIB,
+    }
     convs: dict[int, list[int]] = {}
     openers: dict[int, list[int]] = {}  #: each conversation's message starts: segment cuts
     held: int | None = None  #: the conversation the context holds
+    parked: list[int] = []  #: each park's tokens
     restored = lost = 0
     same = True
     with _open(llm, settings, probe=lambda: int(next(free) * 2**20)) as store:
         for _ in range(REQUESTS):
             c = int(rng.integers(5))
-            message = _tokens(rng, int(rng.integers(40, 120)))
+            message = _tokens(rng, int(rng.integers(*MESSAGE_TOKENS)))
             if c == held:  # the conversation goes on in the context
                 openers[c].append(len(convs[c]))
                 llm.eval(message)
@@ -227,9 +256,10 @@ def _low_ram(llm: Any, path: str) -> bool:
                 continue
             if held is not None:  # another takes the context: the one it held parks
                 store.park(f"c{held}", convs[held], cuts=openers[held])
+                parked.append(len(convs[held]))
             held = c
             if c not in convs:
-                convs[c], openers[c] = _tokens(rng, int(rng.integers(600, 1100))), []
+                convs[c], openers[c] = _tokens(rng, int(rng.integers(*FIRST_TOKENS))), []
                 llm.reset()
                 llm.eval(convs[c])
                 continue
@@ -239,10 +269,11 @@ def _low_ram(llm: Any, path: str) -> bool:
             convs[c] = [int(t) for t in llm.input_ids[: llm.n_tokens]]  # with its reply
         stats = store.store.stats()
     ok = same and lost == 0 and stats["discards"] == 0 and stats["parks_disk"] > 0
+    mib = [x * store.fp.token_bytes / 2**20 for x in (min(parked), max(parked))]
     print(
-        f"    low-RAM window (free RAM 2.3-3.5 MiB, floors of {floors['min_free_mib']} MiB "
-        f"(parking) and {floors['park_min_free_mib']} MiB (transient), parks of 0.6-1.3 MiB): "
-        f"{stats['parks_ram']} parks to RAM, {stats['parks_disk']} to disk, "
+        f"    low-RAM window (free RAM {FREE_MIB[0]}-{FREE_MIB[1]} MiB, floors of {PARKING_MIB} "
+        f"MiB (parking) and {TRANSIENT_MIB} MiB (transient), parks of {mib[0]:.1f}-{mib[1]:.1f} "
+        f"MiB): {stats['parks_ram']} parks to RAM, {stats['parks_disk']} to disk, "
         f"{stats['discards']} discarded; {restored:,} tokens restored, {lost} lost; "
         + _verdict(same)
     )

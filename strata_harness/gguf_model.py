@@ -4,9 +4,10 @@ the llama.cpp tests, of ``strata demo``'s llama.cpp phase and of ``tools/llamacp
 The tokenizer is a minimal SentencePiece ("llama") vocabulary: ``<unk> <s> </s>``, the 256 byte
 tokens ``<0x00>..<0xFF>`` (byte fallback, so any text tokenizes, and llama.cpp finds its newline
 token ``<0x0A>``), then single characters and ``▁``-prefixed pieces up to ``vocab``. The
-weights are float32 normals with ``std`` 0.2: at 0.1 the seed-0 model of the default geometry
-decodes one token forever after 6 (measured: 10 distinct tokens in 48 greedy ones, 37-44 for
-seeds 1-3; at 0.2: 41-45 for seeds 0-3), and "tokens identical" would prove little. The same
+weights are float32 normals with ``std`` 0.2: at 0.1 the ``seed=0`` model of the default
+geometry decodes one token forever after 6 (measured: 10 distinct tokens in 48 greedy ones,
+37-44 with ``seed`` 1 to 3; at 0.2: 41-45 with ``seed`` 0 to 3), and "tokens identical" would
+prove little. The same
 arguments give the same bytes: ``seed`` picks the model, two seeds are two models of one
 geometry."""
 

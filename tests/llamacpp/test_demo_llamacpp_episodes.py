@@ -1,8 +1,9 @@
-"""``strata demo`` with llama-cpp-python installed runs the seeds' three episodes through
-llama.cpp (:mod:`strata_harness.demo_llamacpp`): the 200-turn edit re-reads what the
-simulation says, the prefix that fits comes back where the simulation says (and nothing without
-``park_truncate``), the low-RAM window spills every park to disk and discards none; each restore
-replies as a full evaluation does. The demo is run as a user runs it, its output read back."""
+"""``strata demo`` with llama-cpp-python installed runs the agent-edit, park-truncate and low-RAM
+episodes of ``strata sim`` through llama.cpp (:mod:`strata_harness.demo_llamacpp`): the
+200-turn edit re-reads what the simulation says, the prefix that fits comes back where the
+simulation says (and nothing without ``park_truncate``), the low-RAM window spills every park
+to disk and discards none; each restore replies as a full evaluation does. The demo is run as a
+user runs it, its output read back."""
 
 from __future__ import annotations
 

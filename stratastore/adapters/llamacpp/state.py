@@ -280,8 +280,11 @@ def transpose_v_rows(regions: list[npt.NDArray[np.uint8]], layout: Layout) -> No
     """Each of ``regions`` (a :func:`state_buffer`'s V regions, V transposed in ``layout``)
     holds its layer's V as rows, ``[n, v_row]`` (what a restore wrote there): leave each
     transposed, through a copy of one layer's rows a thread (:func:`per_layer`), so that a
-    restore needs no second buffer as large as V (a fresh buffer's first writes cost as much
-    as the transpose here)."""
+    restore of a model with more layers than the process has CPUs needs no second buffer as
+    large as V (a fresh buffer's first writes cost as much as the transpose here).
+    ``StrataError`` for a layout that keeps V untransposed."""
+    if not layout.v_trans:
+        raise StrataError(f"transpose_v_rows of {layout}: this layout keeps V untransposed")
     local = threading.local()
 
     def transpose(i: int) -> None:
@@ -323,16 +326,23 @@ def per_layer(fill: Callable[[int], None], layers: int) -> None:
     """``fill(i)`` for every layer ``i``, on as many threads as the process may use CPUs (at
     most one a layer): numpy's copies release the GIL, and a state is a fresh buffer, so the
     page faults of its first writes spread too (two cores build a 4K-token state of 8B's K/V
-    geometry, V transposed, in 0.14-0.28 s where one takes 0.55-0.77). The first error is
-    raised after every layer has run."""
+    geometry, V transposed, in 0.14-0.28 s where one takes 0.55-0.77). Every layer runs; then
+    the error of the lowest layer that failed is raised."""
     workers = min(len(process_cpus()), layers)
     if workers < 2:
+        errors = []
         for i in range(layers):
-            fill(i)
+            try:
+                fill(i)
+            except Exception as e:  # raised below, once every layer has run
+                errors.append(e)
+        if errors:
+            raise errors[0]
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="strata-llama-state") as pool:
-        for done in [pool.submit(fill, i) for i in range(layers)]:
-            done.result()
+        futures = [pool.submit(fill, i) for i in range(layers)]
+    for done in futures:  # the pool has run every layer
+        done.result()
 
 
 #: rows a block of the V transpose reads at a time (they stay in the CPU's caches)

@@ -10,6 +10,7 @@ import struct
 import numpy as np
 import pytest
 
+from stratastore.adapters.llamacpp import state
 from stratastore.adapters.llamacpp.state import (
     SEQ_MAGIC,
     Layout,
@@ -90,17 +91,27 @@ def test_v_rows_restored_into_the_state_are_transposed_in_place(n: int) -> None:
     assert state.tobytes() == build_state(r, n, lay)
 
 
-def test_per_layer_runs_every_layer_and_raises_the_first_error() -> None:
+@pytest.mark.parametrize("cpus", [{0}, {0, 1}, {0, 1, 2, 3}])
+def test_per_layer_runs_every_layer_then_raises_the_lowest_layers_error(
+    cpus: set[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state, "process_cpus", lambda: cpus)
     seen: list[int] = []
-    per_layer(seen.append, 7)
-    assert sorted(seen) == list(range(7))
 
-    def fail(i: int) -> None:
-        if i == 3:
+    def fill(i: int) -> None:
+        seen.append(i)
+        if i in (3, 5):
             raise StrataError(f"layer {i}")
 
     with pytest.raises(StrataError, match="layer 3"):
-        per_layer(fail, 7)
+        per_layer(fill, 7)
+    assert sorted(seen) == list(range(7))
+
+
+def test_transposing_v_rows_of_a_layout_with_v_untransposed_is_refused() -> None:
+    _, _, vs = state_buffer(4, PLAIN)
+    with pytest.raises(StrataError, match="untransposed"):
+        transpose_v_rows(vs, PLAIN)
 
 
 @pytest.mark.parametrize("layout", [PLAIN, TRANSPOSED], ids=["plain", "transposed"])
