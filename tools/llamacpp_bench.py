@@ -150,6 +150,7 @@ def phase_build(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def phase_turn(a: dict[str, Any]) -> dict[str, Any]:
+    from llama_cpp import Llama
     from llama_cpp.llama_cache import LlamaRAMCache
 
     from stratastore.adapters.llamacpp import StrataLlamaCache
@@ -162,7 +163,7 @@ def phase_turn(a: dict[str, Any]) -> dict[str, Any]:
         cache = disk_cache(d)
     elif kind == "ram":  # the disk cache's entry for the prompt, read (not taken) before the clock
         disk = disk_cache(d)
-        key = disk._find_longest_prefix_key(tuple(prompt))
+        key = max(disk.cache.iterkeys(), key=lambda k: Llama.longest_token_prefix(k, prompt))
         cache = LlamaRAMCache(capacity_bytes=1 << 40)
         cache[key] = disk.cache[key]
     elif kind == "strata":
@@ -250,6 +251,8 @@ def main() -> None:
             if args.edit_sizes is None
             else [int(s) for s in args.edit_sizes.split(",") if s]
         )
+        if args.repeat < 1 or not set(edit_sizes) <= {n for n in sizes if n > EDIT_BACK}:
+            ap.error(f"--repeat must be at least 1, --edit-sizes sizes of --sizes over {EDIT_BACK}")
         model = str(
             make_gguf(
                 root / "kv8b.gguf",
