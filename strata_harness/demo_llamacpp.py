@@ -27,6 +27,7 @@ run twice finds nothing of the first run's in them).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import tempfile
@@ -125,16 +126,8 @@ def _stored_lengths(store: Any, tokens: Sequence[int], lengths: Sequence[int]) -
 
 
 def _agent_edit(llm: Any, path: str) -> bool:
-    want = run_agent_edit(
-        AgentEdit(
-            system_tokens=SYSTEM,
-            turns=TURNS,
-            turn_tokens=TURN,
-            checkpoints=KEEP,
-            edit_back=EDIT_BACK,
-            policy="spread",
-        )
-    )
+    episode = AgentEdit(SYSTEM, TURNS, TURN, KEEP, EDIT_BACK, policy="spread")
+    want = run_agent_edit(episode)
     rng = np.random.default_rng(1)
     held = _tokens(rng, SYSTEM)
     settings = {"retention": "spread", "checkpoints": KEEP, "cold_dir": path, "cold_mib": 64}
@@ -161,7 +154,7 @@ def _agent_edit(llm: Any, path: str) -> bool:
         prompt[edit_at] = 3 + (held[edit_at] - 2) % (VOCAB - 3)  # the rewritten token differs
         n, same = _resume(llm, store, prompt)
     reread = len(prompt) - n
-    newest = run_agent_edit(AgentEdit(SYSTEM, TURNS, TURN, KEEP, EDIT_BACK, "lru"))
+    newest = run_agent_edit(dataclasses.replace(episode, policy="lru"))
     ok = same and reread == want["reread_tokens"] and kept == want["kept"]
     print(
         f"    200-turn edit ({SYSTEM} system tokens, {TURNS} turns of {TURN}, spread "
@@ -175,7 +168,8 @@ def _agent_edit(llm: Any, path: str) -> bool:
 
 
 def _park_truncate(llm: Any, path: str) -> bool:
-    """A parks, B and C take the context, A returns: with and without ``park_truncate``."""
+    """A parks, B and C take the context, A returns: with and without ``park_truncate`` (a
+    RAM-only store: ``path`` is not used)."""
     rng = np.random.default_rng(2)
     convs = {
         "A": _tokens(rng, FIRST),

@@ -264,6 +264,10 @@ def test_token_ids_that_are_not_integers_are_refused(tiny: Path, tmp_path: Path)
                 s.restore(bad)
         with pytest.raises(StrataError):
             s.park("c", [float(t) for t in MESSAGES[0]])
+        for cuts in ([1.5], [-1], [len(MESSAGES[0]) + 1], [True], ["8"]):
+            with pytest.raises(StrataError, match="cuts"):
+                s.park("c", MESSAGES[0], cuts=cuts)
+        assert s.lookup(MESSAGES[0] + [3]) == 0  # nothing of the refused parks was stored
 
 
 def test_a_lora_adapter_is_part_of_the_fingerprint(tiny: Path, tiny_other: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 from types import TracebackType
 from typing import Any
 
@@ -194,7 +195,15 @@ class LlamaCppStore:
             lengths = sorted({*lengths, tail_at})
         chain = [Checkpoint(x, pinned=x in pinned, tail=x == tail_at) for x in lengths]
         k, v = self._halves(rows)
-        starts = sorted({0, *lengths[:-1], *(c for c in cuts if 0 < c < n)})
+        bad = [
+            c for c in cuts if isinstance(c, bool) or not isinstance(c, Integral) or not 0 <= c <= n
+        ]
+        if bad:
+            raise StrataError(
+                f"park of {conv_id!r}: cuts {bad[:4]} are not token counts in 0..{n} (a cut is "
+                "where a segment ends: a message opener, an integer within the tokens parked)"
+            )
+        starts = sorted({0, *lengths[:-1], *(int(c) for c in cuts if 0 < c < n)})
         conv = Conversation(conv_id, ids, chain, cuts=starts)
         return self.store.park(conv, LayerKV(self.fp, k, v))
 
