@@ -122,8 +122,8 @@ class Store:
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         with self._calls.call("flush"), self.latency["flush"].time():
-            # what a call that failed after its offers left waiting, then every hand-over
-            self._writes.submit(self._tiers.pending())
+            # what a call stopped before its hand-over left waiting, then every hand-over
+            self._writes.submit()
             self._writes.settle()
             self._publish(force=False)
             self._writes.raise_errors()
@@ -200,11 +200,8 @@ class Store:
             snap = park_snapshot(conv, kv, states, self._tiers.fp, self._tiers.streams())
             snap.slot = where
             with self._calls.call("park"):  # close waits for it (even one waiting for another)
-                placement = self._tiers.place(snap, pin=pin)  # the flow's lock, once
-                landed = self._writes.submit(placement)  # without it
-                assert landed is not None  # a park's placement carries its report
-                report = landed
-                streamed = placement.stream is not None
+                report = self._tiers.park(snap, pin=pin)
+                streamed = snap.capture is not None and report.where == "disk"  # in this call
                 if streamed:
                     self._publish(force=False)  # as the spill writer does after a write
             self._fill_prompt_cache()  # its pinned prefix, once per distinct prefix
@@ -451,24 +448,24 @@ class Store:
         """Write down what only the RAM level holds (``spill_on_close``, on by default, when a
         disk level exists; each admitted under the transient floor), flush the spill writer,
         then close every level; raise :class:`SpillError` for the disk writes that failed and
-        were not reported yet. A second close does nothing (one interrupted before the levels
-        closed, by Ctrl-C while calls were still in flight, is finished by the next); every
-        other call after close raises :class:`StoreClosed`."""
+        were not reported yet. A second close only reports what failed since; a close interrupted
+        before the levels closed (Ctrl-C while calls were in flight or while it waited for the
+        writer) leaves them open under the running writer and is finished by the next, which
+        writes everything acknowledged. Every other call after close raises
+        :class:`StoreClosed`."""
         self._calls.shut()  # no new call from now on
-        with self._closing:  # one closer; a close interrupted before the levels closed resumes
-            if self._levels_closed:
-                return
-            self._calls.wait_idle()  # the calls in flight end first (their writes handed over)
-            try:
+        with self._closing:  # one closer; an interrupted close is resumed by the next
+            if not self._levels_closed:
+                self._calls.wait_idle()  # the calls in flight end first (their writes handed over)
                 try:  # what only RAM holds goes down too (spill_on_close)
-                    last = self._tiers.spill_ram_on_close()
+                    self._tiers.spill_ram_on_close()
                 except Exception as e:  # reported below, after the writes already acknowledged
                     self._writes.record("(close: writing down the RAM level)", e)
-                    last = self._tiers.pending()
-                self._writes.submit(last)
+                # every write the outbox holds, then the writer's last; a Ctrl-C here leaves
+                # the levels open under the running writer, for the next close to finish
+                self._writes.submit()
                 self._writes.stop()
                 self._publish(force=True)
-            finally:
                 with self._lock:
                     self._tiers.close()
                 self._levels_closed = True

@@ -34,6 +34,16 @@ class Outbox:
         self._index = PrefixIndex()  #: the newest waiting capture of each conversation
         self._newest: dict[str, Snapshot] = {}
 
+    @property
+    def reserved(self) -> int:
+        """The bytes reserved in the disk levels for the writes not landed yet."""
+        return self._bytes
+
+    @property
+    def waiting(self) -> bool:
+        """Whether writes wait for a hand-over (a peek: the take is under the flow's lock)."""
+        return bool(self._waiting)
+
     def __contains__(self, conv_id: object) -> bool:
         """Whether a park of ``conv_id`` waits for its disk write (taken or not)."""
         return conv_id in self._ids
@@ -89,14 +99,14 @@ class Outbox:
         return self._newest[conv_id]
 
     def take(self) -> list[Snapshot]:
-        """The snapshots queued since the last take (a call's placement carries them to the
-        write queue)."""
+        """The snapshots offered since the last take (a hand-over of the write queue queues
+        them)."""
         out, self._waiting = self._waiting, []
         return out
 
     def give_back(self, snaps: list[Snapshot]) -> None:
-        """Snapshots taken but never handed to the writer (the hand-over was interrupted):
-        waiting again, first, for the next take (a flush's or close's)."""
+        """Snapshots taken but never queued for the writer (the hand-over was interrupted):
+        waiting again, first, for the next take (the next park's, flush's or close's)."""
         self._waiting[:0] = snaps
 
     def landed(self, snap: Snapshot, nbytes: int) -> None:

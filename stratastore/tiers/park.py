@@ -5,7 +5,7 @@ discarded and counted (the admission rule, :mod:`.admission`). Retention runs ac
 of a conversation (:class:`~stratastore.chain.RetainedChains`). A disk-bound park is written at
 once, or, once the store's write queue started (:mod:`.write_queue`), offered to its outbox:
 checked there against what the levels can take, so a park the disk is certain to refuse is
-reported a discard at once, carried by the park's :class:`~.records.Placement` and written in
+reported a discard at once, waiting there for the write queue's next hand-over and written in
 the background by :meth:`Parking.write_disk_now`. The writes go through
 :class:`~.writer.DiskWriter` (spec F-CHAIN-3: segments, then the manifest as the commit record,
 then the catalog's commit), and each is followed by the cascade and the GC. A write
@@ -91,7 +91,7 @@ class Parking:
         self.outbox = writes.outbox
         #: the conversations whose park is being streamed to disk by its caller (placed,
         #: not landed yet), and the wake-up of the parks of the same id waiting for it
-        self._streaming: set[str] = set()
+        self._streaming: dict[str, Snapshot] = {}
         self._landed = threading.Condition(ctx.lock)
         #: what each conversation's parks kept, so retention runs across parks
         self._chains = RetainedChains(self.cfg.checkpoints, self.cfg.retention)
@@ -115,8 +115,8 @@ class Parking:
 
         The one time a park takes the flow's lock on the caller's thread, unless it is written
         from the engine's memory (then each segment landing and the end of its write take it
-        too). The :class:`~.records.Placement` carries what it acknowledged for the writer,
-        for :meth:`.write_queue.WriteQueue.submit`."""
+        too). What it acknowledged for the writer waits in the outbox for the next hand-over
+        (:meth:`.write_queue.WriteQueue.submit`)."""
         with self.lock:
             check_snapshot(snap, self.fp)
             cid = snap.conv.conv_id
@@ -133,16 +133,11 @@ class Parking:
             self._retain(snap)
             if self.prompt_cache is not None and (e := self.prompt_cache.entry(snap)):
                 self.fills.append(e)  # its pinned prefix, as retention laid it out
+            # what it acknowledged for the writer (its own, RAM evictions) waits in the outbox
             report = self._place(snap, pin)
-            writes = self.outbox.take()  # what it acknowledged: its own, and RAM evictions
         if snap.capture is not None and report.where == "disk":  # written by the caller
-            return Placement(
-                report,
-                writes,
-                stream=functools.partial(self.write_streamed, snap, report),
-                cancel=functools.partial(self._settled, snap),
-            )
-        return Placement(report, writes)
+            return Placement(report, stream=functools.partial(self.write_streamed, snap, report))
+        return Placement(report)
 
     def streams(self) -> bool:
         """Whether a park given in the engine's layout (:class:`~stratastore.restore.
@@ -180,7 +175,7 @@ class Parking:
             assert self.writer is not None
             why = self.outbox.reserve(snap, self.writer, self.cfg.when_full == "reject")
             if why is None:
-                self._streaming.add(cid)  # until write_streamed ends
+                self._streaming[cid] = snap  # until write_streamed ends (or it is abandoned)
                 if cid in self.ram:  # superseded by this park, once it lands
                     self.ram.drop(cid)
                 log_admission(self.warn, p, "park to disk", f"conversation {cid}")
@@ -307,15 +302,27 @@ class Parking:
         return done
 
     def _settled(self, snap: Snapshot, *counted: str) -> None:
-        """A streamed park's write ended (landed, refused, failed or never started): its
-        reservation given back, the parks of its id waiting for it woken, and what it was
-        counted as (``counted``), in one hold of the lock."""
+        """A streamed park's write ended (landed, refused or failed): its reservation given
+        back, the parks of its id waiting for it woken, and what it was counted as
+        (``counted``), in one hold of the lock."""
         with self.lock:
             self.outbox.release(snap)
-            self._streaming.discard(snap.conv.conv_id)
+            if self._streaming.get(snap.conv.conv_id) is snap:
+                del self._streaming[snap.conv.conv_id]
             self._landed.notify_all()
             for key in counted:
                 self.counts[key] += 1
+
+    def abandon(self, snap: Snapshot) -> None:
+        """The park of ``snap`` stopped (Ctrl-C, an error) after its placement and before its
+        streamed write began: that write never runs, so its reservation is given back and the
+        parks of its id waiting for it are woken. Nothing else of the park needs giving back:
+        the writes it acknowledged wait in the outbox. A no-op for a park with no streamed
+        write placed, or whose write already ended (it settles itself)."""
+        with self.lock:
+            placed = self._streaming.get(snap.conv.conv_id) is snap
+        if placed:
+            self._settled(snap)
 
     def write_streamed(self, snap: Snapshot, report: ParkReport) -> ParkReport:
         """Write a park :meth:`park` placed on disk while its capture is still in the engine's
@@ -384,15 +391,15 @@ class Parking:
         self.warn(f"{snap.conv.conv_id} (read from the remote level) not kept locally: {e}")
         return True
 
-    def spill_ram_on_close(self) -> Placement:
-        """Before close (``spill_on_close``): hand every conversation that only the RAM level
+    def spill_ram_on_close(self) -> None:
+        """Before close (``spill_on_close``): offer every conversation that only the RAM level
         holds (not on disk with these tokens or more, nor waiting to be written) to the disk
         writer, each admitted as a disk-bound capture under the transient floor; one that is
-        not admitted is left, with a warning. The placement carries every write still waiting."""
+        not admitted is left, with a warning. The writes wait in the outbox for close's
+        hand-over."""
         with self.lock:
             if self.cfg.spill_on_close and self.writer is not None and self.ram.on:
                 self._hand_ram_down()
-            return Placement(writes=self.outbox.take())
 
     def _hand_ram_down(self) -> None:
         """:meth:`spill_ram_on_close`'s walk of the RAM level (under the lock)."""

@@ -115,18 +115,15 @@ class ParkReport:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """What a call placed under the flow's lock, for the write queue (:mod:`.write_queue`):
-    a park's ``report`` (``None`` for what close or a remote restore hands over), the ``writes``
-    it acknowledged (offered to the outbox, reserved and readable
-    there; the writer thread writes them down), and for a park written from the engine's
-    memory within its call, ``stream`` (that write, run by the caller's thread without the
-    lock; the report once it landed) and ``cancel`` (its reservation given back when it never
-    runs)."""
+    """What a park placed under the flow's lock, for the write queue (:mod:`.write_queue`):
+    its ``report``, and for a park written from the engine's memory within its call,
+    ``stream`` (that write, run by the caller's thread without the lock; the report once it
+    landed). The disk writes a park acknowledged (its own, RAM evictions) are not carried:
+    they wait in the outbox until a hand-over takes them (:meth:`.write_queue.WriteQueue.
+    submit`), so a call interrupted between its placement and its hand-over loses none."""
 
-    report: ParkReport | None = None
-    writes: list[Snapshot] = field(default_factory=list)
+    report: ParkReport
     stream: Callable[[], ParkReport] | None = None
-    cancel: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

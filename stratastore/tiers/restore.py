@@ -49,7 +49,7 @@ from stratastore.restore import (
 )
 from stratastore.tiers.context import FlowContext
 from stratastore.tiers.lookup import Copy, Delivered, Hit, Lookup, Prompt, Read, deepest
-from stratastore.tiers.records import Placement, Restored, Snapshot
+from stratastore.tiers.records import Restored, Snapshot
 from stratastore.tiers.remote import RemoteHit
 from stratastore.tiers.sources import RemoteSource
 from stratastore.tiers.write_queue import WriteQueue
@@ -318,7 +318,6 @@ class Restorer:
         if self.remote is None or not self.remote.level.settings.keep_local or self.keep is None:
             return
         level, tb = self.remote.level, self.fp.token_bytes
-        writes: list[Snapshot] = []
         try:
             for n in p.remote:
                 i, read = p.reads[n]
@@ -339,8 +338,6 @@ class Restorer:
                         level.count("remote_kept_local_errors")
                         cid = read.dc.conv.conv_id
                         self.warn(f"{cid} (read from the remote level) not kept locally: {e}")
-                    writes += self.writes.outbox.take()
-        finally:  # submitted to the write queue as a park's writes are, even when a later
-            # copy fails: what the outbox gave up is never left there unwritten
-            if writes:
-                self.writes.submit(Placement(writes=writes))
+        finally:  # handed to the write queue as a park's writes are, even when a later copy
+            # fails (interrupted, they wait in the outbox for the next flush or close)
+            self.writes.submit()

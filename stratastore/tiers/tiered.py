@@ -213,7 +213,7 @@ class Tiers:
     # -- parking ------------------------------------------------------------------------------
     def place(self, snap: Snapshot, *, pin: bool = False) -> Placement:
         """Place a snapshot (:meth:`.park.Parking.park`): under the flow's lock, once; what it
-        acknowledged for a disk write travels in the placement, for :attr:`writes`."""
+        acknowledged for a disk write waits in the outbox for the next hand-over."""
         return self.parking.park(snap, pin=pin)
 
     def streams(self) -> bool:
@@ -221,15 +221,17 @@ class Tiers:
         (:meth:`.park.Parking.streams`)."""
         return self.parking.streams()
 
-    def pending(self) -> Placement:
-        """The writes acknowledged and not handed to the write queue yet (under the lock)."""
-        with self.lock:
-            return Placement(writes=self.writes.outbox.take())
-
     def park(self, snap: Snapshot, *, pin: bool = False) -> ParkReport:
-        """Place a snapshot and submit its placement to the write queue (its streamed write,
-        if any, on this thread): the report once it landed."""
-        report = self.writes.submit(self.place(snap, pin=pin))
+        """Place a snapshot and hand the outbox's writes to the write queue, then run its
+        streamed write, if any, on this thread: the report once it landed. A park stopped
+        anywhere on the way (Ctrl-C, an error) gives back what its placement reserved for a
+        streamed write that never started (:meth:`.park.Parking.abandon`); the other writes it
+        acknowledged wait in the outbox for the next hand-over."""
+        try:
+            report = self.writes.submit(self.place(snap, pin=pin))
+        except BaseException:
+            self.parking.abandon(snap)
+            raise
         assert report is not None  # a park's placement carries its report
         return report
 
@@ -272,11 +274,10 @@ class Tiers:
         """Write a snapshot to disk at once (:meth:`.park.Parking.write_disk_now`)."""
         self.parking.write_disk_now(snap)
 
-    def spill_ram_on_close(self) -> Placement:
-        """Hand what only RAM holds to the disk writer (before close:
-        :meth:`.park.Parking.spill_ram_on_close`); the placement carries every write still
-        waiting, for :attr:`writes`."""
-        return self.parking.spill_ram_on_close()
+    def spill_ram_on_close(self) -> None:
+        """Offer what only RAM holds to the disk writer (before close:
+        :meth:`.park.Parking.spill_ram_on_close`), for the write queue's next hand-over."""
+        self.parking.spill_ram_on_close()
 
     # -- lookup and restore -------------------------------------------------------------------
     def lookup_here(

@@ -2,19 +2,24 @@
 
 A park is *placed* under the flow's lock (:meth:`.park.Parking.park`): what it acknowledges for
 a later disk write is offered to the :attr:`WriteQueue.outbox` there (its bytes reserved, its
-capture readable by restores), and the call's :class:`~.records.Placement` carries it. The
-placement is then *submitted* here once, without the flow's lock, whoever made it: a park, a
-restore from the remote level that keeps a local copy, or close writing down the RAM level.
-:meth:`WriteQueue.submit` hands its writes to one background thread through a bounded queue (a
-full queue blocks only the submitting thread: back-pressure, never the writer) and then runs
-its streamed write, if it has one, on the caller's thread (a park written from the engine's
-memory within its call).
+capture readable by restores) and waits there. A *hand-over* (:meth:`WriteQueue.submit`,
+without the flow's lock) takes every write the outbox holds, whoever placed it (a park, a
+restore from the remote level that keeps a local copy, close writing down the RAM level, a call
+interrupted before its own hand-over), and hands them to one background thread through a
+bounded queue (a full queue blocks only the submitting thread: back-pressure, never the
+writer); a park's streamed write, if it has one, then runs on the caller's thread (a park
+written from the engine's memory within its call).
+
+Interrupt-safe by construction: an acknowledged write leaves the outbox only inside
+:meth:`WriteQueue.submit`, which gives back what it took and did not queue, whatever stops it
+(Ctrl-C while the queue is full, any error). A call stopped anywhere before that leaves its
+writes in the outbox for the next flush or close.
 
 The queue owns what the writes share: the outbox, the thread and its queue, the count of
 submissions still handing writes over, the errors and its own counts. It has its own lock,
 never held over a write or a blocking put, so neither the spill thread nor a submitting
-thread takes the flow's lock for it. :meth:`stop` waits on its condition (no poll) until every
-submission has handed its writes over, then until the queue is written.
+thread takes the flow's lock for longer than a take. :meth:`stop` waits on its condition (no
+poll) until every submission has handed its writes over, then until the queue is written.
 
 Errors belong to the call that caused them: a write that fails in the background is recorded
 and counted (``spill_errors``) and raised as a :class:`SpillError` by the engine's next
@@ -66,13 +71,14 @@ class WriteQueue:
         #: the acknowledged parks not written yet; guarded by the flow's lock (reservations
         #: are part of the flow's plans), read by restores (parks in flight)
         self.outbox = Outbox(model)
-        self._flow_lock = flow_lock  #: taken only to give back writes a hand-over did not queue
+        self._flow_lock = flow_lock  #: taken only to take the outbox's writes, or give them back
         self.counts = Counts("spill writer", ("spill_queue_waits", "spill_errors"))
         self._cv = threading.Condition()  #: the queue's own: hand-overs, errors, counts
         self._handing = 0  #: submissions whose writes are not queued yet
         self._errors: list[tuple[str, BaseException]] = []
         self._queue: queue.Queue[object] | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = False  #: the thread was told to end (after what is queued)
         #: one disk write, on the writer thread (set by :meth:`start`)
         self.write: Callable[[Snapshot], None] = _not_started
         self._after_write: Callable[[], object] = lambda: None
@@ -93,33 +99,37 @@ class WriteQueue:
         self._thread = threading.Thread(target=self._drain, name="strata-spill", daemon=True)
         self._thread.start()
 
-    def submit(self, placement: Placement) -> ParkReport | None:
-        """Hand ``placement``'s writes to the writer thread, then run its streamed write (on
-        this thread); a park's report once it landed. Called without the flow's lock: a full queue
-        blocks only this caller. A streamed write not started because the hand-over failed is
-        cancelled (its reservation given back)."""
-        if placement.writes:
+    def submit(self, placement: Placement | None = None) -> ParkReport | None:
+        """Hand every write waiting in the outbox to the writer thread, then run
+        ``placement``'s streamed write (on this thread); a park's report once it landed
+        (``None`` without a placement). Called without the flow's lock: a full queue blocks
+        only this caller."""
+        with self._cv:
+            self._handing += 1
+        try:
+            self._hand_over()
+        finally:
             with self._cv:
-                self._handing += 1
-            try:
-                self._put(placement.writes)
-            except BaseException:
-                if placement.cancel is not None:
-                    placement.cancel()
-                raise
-            finally:
-                with self._cv:
-                    self._handing -= 1
-                    self._cv.notify_all()
+                self._handing -= 1
+                self._cv.notify_all()
+        if placement is None:
+            return None
         return placement.report if placement.stream is None else placement.stream()
 
-    def _put(self, snaps: list[Snapshot]) -> None:
-        """Queue ``snaps`` in order; interrupted (Ctrl-C while the queue is full, or any
-        error), those not queued go back to the outbox, so the next flush or close writes
-        them: an acknowledged write is never dropped on the way."""
-        assert self._queue is not None, "a placement with deferred writes before start()"
+    def _hand_over(self) -> None:
+        """Take the outbox's writes and queue them in order; interrupted (Ctrl-C while the
+        queue is full, or any error), those not queued go back to the outbox, first, so the
+        next flush or close writes them: an acknowledged write is never dropped on the way."""
+        if not self.deferred or not self.outbox.waiting:  # (before start, a park's disk write
+            # happens in its placement; an empty outbox is read without the lock: whatever a
+            # call offers, that call's own hand-over takes, so none is missed)
+            return
+        assert self._queue is not None
+        snaps: list[Snapshot] = []
         queued = 0
         try:
+            with self._flow_lock:
+                snaps = self.outbox.take()
             for snap in snaps:
                 if self._queue.full():
                     with self._cv:
@@ -127,8 +137,9 @@ class WriteQueue:
                 self._queue.put(snap)
                 queued += 1
         except BaseException:
-            with self._flow_lock:
-                self.outbox.give_back(snaps[queued:])
+            if queued < len(snaps):
+                with self._flow_lock:
+                    self.outbox.give_back(snaps[queued:])
             raise
 
     @property
@@ -163,11 +174,14 @@ class WriteQueue:
 
     def stop(self) -> None:
         """After every submission has handed its writes over (waited on the queue's
-        condition), write what is queued, then end the thread."""
+        condition), write what is queued, then end the thread. Interrupted (Ctrl-C while it
+        waits), the writer goes on and a later call resumes the wait."""
         self.settle()
         if self._queue is None or self._thread is None:
             return
-        self._queue.put(_STOP)
+        if not self._stopping:
+            self._queue.put(_STOP)
+            self._stopping = True
         self._thread.join()
 
     def _drain(self) -> None:
