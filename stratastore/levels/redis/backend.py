@@ -84,6 +84,19 @@ return n
 """
 # KEYS[1] a commit record's name holding a value of another type: deleted, only while it still
 # is (a string there since is a commit: kept).
+# KEYS[1] the listing (``recs``), KEYS[2] ``used``: ``used`` set to the sum of the listing's
+# index records' bytes (F-IDX-1: sidecar_bytes, u32 at offset 16, plus file_bytes, u64 at 20), in
+# one step; an entry that is not an 84-byte record of schema 1 counts nothing (fsck judges it).
+_RECOUNT = """
+local n = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
+  if string.len(v) == 84 and string.byte(v, 1) == 1 then
+    n = n + struct.unpack('<I4', v, 17) + struct.unpack('<I8', v, 21)
+  end
+end
+redis.call('SET', KEYS[2], string.format('%d', n))
+return n
+"""
 _DROP_NOT_STRING = """
 if redis.call('TYPE', KEYS[1]).ok == 'string' then return 0 end
 return redis.call('DEL', KEYS[1])
@@ -432,15 +445,38 @@ class RedisBackend(SealedLevel, RedisRecords):
                 continue
             if rec is not None:
                 self._index_drop(key, rec)
-            else:  # nothing to undo but the entry itself (used is rebuilt below)
+                self._relist_if_committed(key)  # (a writer that committed meanwhile)
+            else:  # nothing to undo but the entry itself (used is recounted below)
                 self._call("repair", key, partial(self._r.hdel, self._recs, fields[key]))
         for key in rep.unindexed:
-            c = whole[key]
-            rec = IndexRecord.from_sidecar(c.sidecar, c.raw_len, c.sidecar.stored_bytes)
-            self._index_add(key, c.sidecar, rec)
+            self._relist_if_committed(key, whole[key].nonce)
+        self._recount_used()
+        rep.repaired = True
+
+    def _relist_if_committed(self, key: bytes, nonce: str | None = None) -> None:
+        """List ``key`` if it is committed now (by the write ``nonce`` when given), and take
+        the entry back if its record went meanwhile: a repair racing a writer's commit or
+        delete leaves the listing as the writer would (each of :meth:`_index_add` and
+        :meth:`_index_drop` counts ``used`` only for the entry it created or removed)."""
+        c = self._commit(key)
+        if c is None or (nonce is not None and c.nonce != nonce):
+            return
+        rec = IndexRecord.from_sidecar(c.sidecar, c.raw_len, c.sidecar.stored_bytes)
+        self._index_add(key, c.sidecar, rec)
+        if self._commit(key) is None:  # deleted while it was listed: undone
+            self._index_drop(key, rec)
+
+    def _recount_used(self) -> None:
+        """Set ``used`` to the sum of the listing's records: on one server in a script, so
+        that a writer's listing between the sum and the write is never lost; a cluster keeps
+        ``recs`` and ``used`` in two slots, so there the sum and the write are two calls (a
+        repair with writers running may leave it off by what they listed meanwhile; the next
+        repair puts it right)."""
+        if not self.settings.cluster:
+            self._call("repair", "", lambda: self._r.eval(_RECOUNT, 2, self._recs, self._used))
+            return
         now = sum(r.total_bytes for _, r in self.records())
         self._call("repair", "", lambda: self._r.set(self._used, now))
-        rep.repaired = True
 
 
 if TYPE_CHECKING:  # the protocol check (mypy strict), as levels/backend.py does for the directory

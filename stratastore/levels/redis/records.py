@@ -259,11 +259,15 @@ class RedisRecords(RedisCalls):
 
     # -- the derived listing (spec F-REM-1: recs, ages, used, kids) -----------------------------
     def _index_add(self, key: bytes, sc: Sidecar, rec: IndexRecord) -> None:
+        """List ``key`` (its derived entries); ``used`` goes up only for whoever created its
+        ``recs`` entry (a repair and the writer listing the same segment never count it twice),
+        as :meth:`_index_drop` takes it down only for whoever removed it."""
+        created = self._call("index", key, lambda: self._r.hset(self._recs, key.hex(), rec.pack()))
         cmds: list[tuple[Any, ...]] = [
-            ("hset", self._recs, key.hex(), rec.pack()),
             ("zadd", self._ages, {f"{sc.sealed_at_ns:020d}:{key.hex()}": 0}),
-            ("incrby", self._used, rec.total_bytes),
         ]
+        if created == 1:
+            cmds.append(("incrby", self._used, rec.total_bytes))
         if sc.kind is Kind.KV:
             kids = (self._kids(sc.parent_key), key.hex(), f"{sc.token_start}:{sc.token_end}")
             cmds.append(("hset", *kids))
