@@ -32,11 +32,12 @@ from stratastore.adapters.llamacpp.state import (
     state_of_rows,
     transpose_v_rows,
 )
+from stratastore.adapters.weights_digest import explain_refusal
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
 from stratastore.facade import Store
-from stratastore.format import ModelFingerprint
+from stratastore.format import IncompatibleFingerprint, ModelFingerprint
 from stratastore.restore import LayerKV
 from stratastore.tiers.records import ParkReport
 
@@ -68,7 +69,11 @@ class LlamaCppStore:
         (:func:`~.identity.context_layout`)."""
         layout = context_layout(llm)
         fp = fingerprint(llm, layout, page_tokens=page_tokens)
-        return cls(llm, Store.open(fp, store_config, **store_kw), fp, layout)
+        try:
+            store = Store.open(fp, store_config, **store_kw)
+        except IncompatibleFingerprint as e:
+            raise explain_refusal(e) from None
+        return cls(llm, store, fp, layout)
 
     def close(self) -> None:
         self.store.close()
