@@ -65,6 +65,7 @@ __all__ = [
     "open_read",
     "open_write",
     "fd_size",
+    "fd_version",
     "pread_exact",
     "preadv_exact",
     "pread_into",
@@ -461,6 +462,17 @@ def fd_size(fd: int, path: str) -> int:
     """The size of the open file ``fd`` (``fstat``): a reader checks the size of the file it
     holds open, so a rename over the name meanwhile cannot change what it reads."""
     return _do("stat", path, lambda: os.fstat(fd).st_size)
+
+
+def fd_version(fd: int, path: str) -> tuple[int, int, int, int, int]:
+    """What tells one version of the open file ``fd`` from another without reading it
+    (``fstat``): ``(device, inode, size, mtime_ns, ctime_ns)``. Every write moves the ctime to
+    the clock's now (``utime`` may set the mtime back; nothing but a change of the clock sets
+    the ctime back), to the filesystem's timestamp granularity: two writes within one such
+    step may leave the same version, so a caller that keys on it must not trust a version
+    whose timestamps are that close to now."""
+    st = _do("stat", path, lambda: os.fstat(fd))
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def pread_exact(fd: int, buf: memoryview, offset: int, path: str) -> None:

@@ -2,7 +2,8 @@
 test time: conversations parked in one process resume in another with the tokens llama.cpp
 gives keeping them in its own context; an edit a few turns back resumes at the deepest stored
 point; a flipped byte restores fewer tokens and the same reply; another model's store and a
-state of another layout are refused; a kill -9 mid-park leaves a store fsck finds clean."""
+state of another layout are refused; flush() raises a park's failed background write and makes
+the others durable; a kill -9 mid-park leaves a store fsck finds clean."""
 
 from __future__ import annotations
 
@@ -114,6 +115,33 @@ def test_another_models_store_is_refused(tiny: Path, tiny_other: Path, tmp_path:
     other = load(tiny_other)
     with pytest.raises(StrataError, match=r"(?i)fingerprint|model"):
         _store(other, store).close()
+
+
+def test_flush_makes_a_ram_park_durable_and_raises_its_failed_write(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """Under ``park = "ram"`` (the default) the disk copy is written in the background:
+    ``flush()`` raises the write that failed (once), and after it another process restores
+    what was parked."""
+    from stratastore import SpillError
+    from stratastore.adapters.llamacpp import LlamaCppStore
+    from stratastore.io import faults
+    from stratastore.io.faults import Fault
+
+    store = tmp_path / "store"
+    cfg = {"park": "ram", "ram_mib": 16, "slots": 2, "cold_dir": str(store), "cold_mib": 256}
+    llm = load(tiny)
+    llm.eval(MESSAGES[0])
+    with LlamaCppStore.open(llm, cfg) as s:
+        with faults.inject(Fault(op="write", path_contains="strata-conv-", persistent=True)):
+            assert s.park("lost").where == "ram"
+            with pytest.raises(SpillError, match="'lost'"):
+                s.flush()
+        s.flush()  # reported once
+        assert s.park("kept").where == "ram"
+        s.flush()
+        resumed = phase(op="resume", model=tiny, store=store, prompt=MESSAGES[0] + MESSAGES[1])
+        assert resumed["restored"] == len(MESSAGES[0])
 
 
 def _reshaped(state: bytes, what: str) -> bytes:

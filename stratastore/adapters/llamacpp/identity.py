@@ -1,15 +1,18 @@
 """What makes a llama.cpp context's K/V bytes what they are: the GGUF model, the K/V cache types,
 the context settings that change them; and the :class:`~.state.Layout` of its sequence states.
 
-The model's identity is a BLAKE3 digest of the GGUF file's metadata and tensor infos (every
-byte before the tensor data: architecture, hyperparameters, tokenizer, each tensor's name,
-shape, type and data offset) and of the first :data:`SAMPLE_BYTES` of every tensor's data
-(two models of one geometry differ there, and reading samples keeps opening a 70B model cheap).
-A LoRA adapter given to ``Llama`` (``lora_path``, ``lora_scale``) is part of it. A store holds
-one fingerprint (spec F-DIR-6): another model, adapter, K/V type or RoPE setting opens another
-store, or is refused by this one. RoPE settings are compared as the ``Llama`` was given them:
-a value equal to the model's default but given explicitly is another fingerprint. Adapters or
-control vectors applied through llama.cpp's low-level API are not seen.
+The model's identity is the BLAKE3 of every byte of the GGUF file
+(:func:`~stratastore.adapters.weights_digest.file_digest`: its metadata, tensor infos and every
+tensor's data), read once in a process for each version of the file: two files that differ
+anywhere in their weights are two models. A LoRA adapter given to ``Llama`` (``lora_path``,
+``lora_scale``) is part of it. A store holds one fingerprint (spec F-DIR-6): another model,
+adapter, K/V type or RoPE setting opens another store, or is refused by this one. RoPE settings
+are compared as the ``Llama`` was given them: a value equal to the model's default but given
+explicitly is another fingerprint. Adapters or control vectors applied through llama.cpp's
+low-level API are not seen. The identity string is ``"gguf-file:"`` and the digest's hex: a
+store written when the identity read the metadata and 4 KiB of each tensor
+(``"gguf:"``) is another fingerprint, refused at open with the fix
+(:data:`~stratastore.adapters.weights_digest.EARLIER_IDENTITY`).
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import blake3
-
 from stratastore.adapters.llamacpp.state import Layout
+from stratastore.adapters.weights_digest import file_digest
 from stratastore.errors import ConfigError
 from stratastore.format import DType, ModelFingerprint
-from stratastore.io import files
+from stratastore.io import StrataIOError, files
 
-__all__ = ["SAMPLE_BYTES", "context_layout", "fingerprint", "gguf_digest"]
+__all__ = ["GGUF_MAGIC", "context_layout", "fingerprint", "gguf_digest"]
 
-SAMPLE_BYTES = 4096  #: bytes of each tensor's data the model digest reads
+GGUF_MAGIC = b"GGUF"  #: a GGUF file's first four bytes
+_GGUF_HEAD = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata count
+assert _GGUF_HEAD.size == 24
+_GGUF_VERSIONS = (2, 3)  #: the GGUF versions llama.cpp reads (1 is long gone)
 
 #: ggml types a K/V cache may hold: (bytes a block, elements a block); ggml's enum values
 _GGML_BLOCKS = {
@@ -55,37 +60,32 @@ _ROPE_FIELDS = (
 
 
 def gguf_digest(path: str) -> bytes:
-    """The model's identity (see the module): BLAKE3 of the GGUF's bytes before its tensor
-    data and of the first :data:`SAMPLE_BYTES` of each tensor. :class:`ConfigError` when
-    ``path`` is not a GGUF file this can read."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:  # pragma: no cover - the extra installs it
-        raise ConfigError(
-            "the llama.cpp adapter reads the model's GGUF with the gguf package: "
-            "pip install 'stratastore[llamacpp]'"
-        ) from None
+    """The model's identity (see the module): the BLAKE3 of every byte of the GGUF file at
+    ``path`` (a link resolved), computed once in this process for each version of the file.
+    :class:`ConfigError` naming the file when it cannot be read or its header is not a GGUF
+    model's (the magic, version 2 or 3, at least one tensor, counts the file can hold)."""
     path = files.realpath(path)  # a model under a hub's cache is a link to its blob
     try:
-        reader = GGUFReader(path)
-        tensors = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
-    except (OSError, ValueError, struct.error) as e:
+        head, size = files.read_head(path, _GGUF_HEAD.size)
+    except StrataIOError as e:
         raise ConfigError(f"{path}: not a GGUF model this adapter can read ({e})") from None
-    if not tensors:
-        raise ConfigError(f"{path}: a GGUF with no tensors is not a model")
-    h = blake3.blake3()
-    fd = files.open_read(path)
-    try:
-        for offset, nbytes in [
-            (0, tensors[0][0]),
-            *((o, min(n, SAMPLE_BYTES)) for o, n, _ in tensors),
-        ]:
-            buf = bytearray(nbytes)
-            files.pread_exact(fd, memoryview(buf), offset, path)
-            h.update(buf)
-    finally:
-        files.close(fd)
-    return h.digest()
+    if len(head) < _GGUF_HEAD.size or head[:4] != GGUF_MAGIC:
+        raise ConfigError(
+            f"{path}: not a GGUF model this adapter can read (it starts {head[:4]!r}, a GGUF "
+            f"{GGUF_MAGIC!r}, and is {size} bytes)"
+        )
+    _, version, n_tensors, n_kv = _GGUF_HEAD.unpack(head)
+    if version not in _GGUF_VERSIONS:
+        raise ConfigError(
+            f"{path}: not a GGUF model this adapter can read (GGUF version {version}; "
+            f"llama.cpp reads {' and '.join(map(str, _GGUF_VERSIONS))})"
+        )
+    if n_tensors == 0 or max(n_tensors, n_kv) > size:
+        raise ConfigError(
+            f"{path}: not a GGUF model this adapter can read ({n_tensors} tensors and {n_kv} "
+            f"metadata keys in {size} bytes: no model, or a damaged file)"
+        )
+    return file_digest(path)
 
 
 def _metadata_int(llm: Any, key: str, default: int) -> int:
@@ -198,7 +198,7 @@ def fingerprint(llm: Any, layout: Layout, *, page_tokens: int = 16) -> ModelFing
         + " ".join(f"{k}={v!r}" for k, v in sorted(settings.items()))
     ).encode()
     return ModelFingerprint.create(
-        "gguf:" + gguf_digest(path).hex(),
+        "gguf-file:" + gguf_digest(path).hex(),
         n_layers=layout.n_layer,
         n_kv_heads=1,
         head_dim=row // 2,

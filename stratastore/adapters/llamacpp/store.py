@@ -10,6 +10,15 @@ those tokens and loads it (``llama_state_seq_set_data``); llama.cpp evaluates th
 prompt. Sequence 0 is the one ``Llama`` evaluates: a restore there also tells ``Llama`` which
 tokens its context now holds, so ``eval``, ``generate`` and ``create_completion`` go on from
 them.
+
+When a park is durable (spec F-DUR; the store's ``park`` setting, docs/configuration.md): a
+park hands the Store the rows as a :class:`~stratastore.restore.LayerKV`, so with
+``park = "disk"`` and no remote level or system-prompt cache it is written within the call
+and durable when :meth:`LlamaCppStore.park` returns with ``where == "disk"`` (an I/O error
+raises from ``park``). Otherwise (``park = "ram"``, the default, whose disk copy the background
+writer makes; a remote level; a system-prompt cache) the store keeps a copy and writes it
+later: it is durable once :meth:`LlamaCppStore.flush` or :meth:`LlamaCppStore.close` returns,
+and a write that failed is raised there (:class:`~stratastore.facade.SpillError`).
 """
 
 from __future__ import annotations
@@ -32,11 +41,12 @@ from stratastore.adapters.llamacpp.state import (
     state_of_rows,
     transpose_v_rows,
 )
+from stratastore.adapters.weights_digest import explain_refusal
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
 from stratastore.facade import Store
-from stratastore.format import ModelFingerprint
+from stratastore.format import IncompatibleFingerprint, ModelFingerprint
 from stratastore.restore import LayerKV
 from stratastore.tiers.records import ParkReport
 
@@ -68,9 +78,22 @@ class LlamaCppStore:
         (:func:`~.identity.context_layout`)."""
         layout = context_layout(llm)
         fp = fingerprint(llm, layout, page_tokens=page_tokens)
-        return cls(llm, Store.open(fp, store_config, **store_kw), fp, layout)
+        try:
+            store = Store.open(fp, store_config, **store_kw)
+        except IncompatibleFingerprint as e:
+            raise explain_refusal(e) from None
+        return cls(llm, store, fp, layout)
+
+    def flush(self) -> None:
+        """Wait until every park handed to the store's disk writer is durable, then raise
+        :class:`~stratastore.facade.SpillError` naming each acknowledged park whose disk write
+        failed since the last report (once), as :meth:`~stratastore.Store.flush` does. A park
+        written within its call (``park = "disk"``, see the module) is durable already."""
+        self.store.flush()
 
     def close(self) -> None:
+        """Write down what only RAM holds, wait for every write (as :meth:`flush`, raising its
+        :class:`~stratastore.facade.SpillError`) and close the store."""
         self.store.close()
 
     def __enter__(self) -> LlamaCppStore:
@@ -158,7 +181,9 @@ class LlamaCppStore:
         length to pin). The store keeps the checkpoints under its ``checkpoints`` and
         ``retention`` settings across the parks of ``conv_id``
         (:meth:`~stratastore.Store.park`). :class:`~.state.StateLayoutError` when the state is
-        not this context's layout."""
+        not this context's layout. Durable when it returns with ``where == "disk"`` under
+        ``park = "disk"``; otherwise once :meth:`flush` or :meth:`close` returns (see the
+        module)."""
         self._check_seq(seq)
         if token_ids is None:
             if seq != 0:

@@ -5,14 +5,15 @@ determines the K/V, never where the files lie or what the model is called.
   canonical JSON, digested. Keys that say where the files lie or which tool wrote them (every
   key starting with ``_``: ``_name_or_path``, ``_commit_hash``; ``transformers_version``) are
   left out, so a model moved to another directory keeps its digest.
-* :func:`weights_identity`: the weights themselves, as the files vLLM loads hold them: each
-  safetensors file by its header (every tensor's name, dtype, shape and offsets) and size,
-  other weight files by a hash of their bytes.
+* :func:`weights_identity`: the weights themselves, as the files vLLM loads hold them: every
+  byte of each weight file (:func:`~stratastore.adapters.weights_digest.file_digest`), a
+  safetensors file's header checked first.
 
 Why: the same model served from another path, or under another ``--served-model-name``, must
 keep its store (every parked conversation resumes); other weights with the same config (a
 fine-tune of the same architecture) must not, or a restore would hand the engine another
-model's K/V. Neither imports vLLM or torch."""
+model's K/V; so must weights that differ anywhere, not only in samples of their tensors. Neither
+imports vLLM or torch."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import blake3
-
+from stratastore.adapters.weights_digest import file_digest
 from stratastore.errors import ConfigError
+from stratastore.io import StrataIOError, files
 
-__all__ = ["SAFETENSORS_HEADER_MAX", "SAMPLE_BYTES", "config_digest", "weights_identity"]
+__all__ = ["SAFETENSORS_HEADER_MAX", "config_digest", "weights_identity"]
 
 #: keys of a config that say where its files lie or which tool wrote them, not what the model is
 #: (besides every key starting with ``_``)
@@ -44,14 +45,10 @@ _NOT_WEIGHTS = frozenset(
 #: a safetensors header is at most this long (the format's own limit is 100 MB; a larger
 #: length is a damaged or foreign file, refused before reading it)
 SAFETENSORS_HEADER_MAX = 100 * 2**20
-#: bytes of each tensor, from its middle, that a safetensors file's identity reads
-SAMPLE_BYTES = 4096
 _LENGTH = struct.Struct("<Q")  # the safetensors header's length, little-endian
 assert _LENGTH.size == 8
-_CHUNK = 16 * 2**20  # a whole-file hash reads this much at a time
-#: whole-file hashes by (st_dev, st_ino, size, st_mtime_ns): a restart of the engine in this
-#: process hashes a multi-GB checkpoint once
-_FILE_HASHES: dict[tuple[int, int, int, int], bytes] = {}
+#: the domain of the weights' digest: v1 read a sample of each safetensors tensor, v2 every byte
+_DOMAIN = b"stratastore weights v2\n"
 
 
 # -- the config --------------------------------------------------------------------------------
@@ -132,21 +129,17 @@ def _key_text(key: object, path: str) -> str:
 def weights_identity(model: str, revision: str | None) -> str:
     """What identifies the weights of ``model`` (vLLM's ``model``: a directory or a hub id) at
     ``revision``, not where they lie: ``"weights:"`` and 32 hex digits of a digest over the
-    weight files of the directory, in the order of their names, each by its name and
-
-    * for ``*.safetensors`` (vLLM loads only these when a directory has any): the file's size,
-      its header (every tensor's name, dtype, shape and offsets) and a sample of every
-      tensor's bytes (:data:`SAMPLE_BYTES` from its middle), so a check costs a few reads a
-      tensor, not the weights' gigabytes. The sample is what tells a fine-tune from its base
-      model: both have the same header and size, but a fine-tune (a merged LoRA included)
-      changes every byte of the tensors it trains. An edit of a few bytes outside the samples
-      is not seen;
-    * otherwise for ``*.bin``, ``*.pt``, ``*.pth`` and ``*.gguf`` (training state such as
-      ``optimizer.pt`` left out, as vLLM does): a blake3 of the whole file, kept in this
-      process by the file's device, inode, size and mtime.
+    weight files of the directory, in the order of their names, each by its name and the
+    BLAKE3 of every byte of it (:func:`~stratastore.adapters.weights_digest.file_digest`:
+    read once in this process for each version of the file, by its device, inode, size, mtime
+    and ctime). The files are ``*.safetensors`` (vLLM loads only these when a directory has
+    any; each file's header is checked first), otherwise ``*.bin``, ``*.pt``, ``*.pth`` and
+    ``*.gguf`` (training state such as ``optimizer.pt`` left out, as vLLM does). A fine-tune
+    (a merged LoRA included) has the same headers and sizes as its base model: its bytes tell
+    it, wherever in a tensor they differ.
 
     The same files copied to another directory give the same identity; another file, another
-    tensor's shape or offsets, or other bytes in a tensor's sample give another. A hub id is
+    tensor's shape or offsets, or another byte anywhere give another. A hub id is
     looked up in the local hub cache (``huggingface_hub``, files already downloaded only,
     nothing fetched); a single weight file given as the model, by its name and content as in
     a directory; a hub id without local files is identified by its name:
@@ -198,29 +191,29 @@ def _weight_files(directory: Path) -> list[Path]:
 def _directory_digest(directory: Path) -> bytes | None:
     """The digest of ``directory``'s weight files (see :func:`weights_identity`), or None
     when it holds none."""
-    files = _weight_files(directory)
-    return _files_digest(files) if files else None
+    found = _weight_files(directory)
+    return _files_digest(found) if found else None
 
 
-def _files_digest(files: list[Path]) -> bytes:
-    """The digest of weight ``files`` by name and content (see :func:`weights_identity`)."""
-    h = hashlib.blake2b(b"stratastore weights v1\n", digest_size=16)
-    for path in files:
+def _files_digest(weight_files: list[Path]) -> bytes:
+    """The digest of ``weight_files`` by name and content (see :func:`weights_identity`)."""
+    h = hashlib.blake2b(_DOMAIN, digest_size=16)
+    for path in weight_files:
         name = path.name.encode()
         if path.name.endswith(".safetensors"):
-            part = b"safetensors" + _safetensors_digest(path)
-        else:
-            part = b"blake3" + _whole_file_hash(path)
+            _check_safetensors(path)
+        part = b"blake3" + file_digest(str(path))
         h.update(_LENGTH.pack(len(name)) + name + _LENGTH.pack(len(part)) + part)
     return h.digest()
 
 
-def _safetensors_digest(path: Path) -> bytes:
-    """A safetensors file's size, header (8-byte little-endian length, then that many bytes of
-    JSON) and a sample of each tensor's bytes, digested (see :func:`weights_identity`)."""
-    h = blake3.blake3()
-    with open(path, "rb") as f:
-        head = f.read(_LENGTH.size)
+def _check_safetensors(path: Path) -> None:
+    """Refuse a damaged safetensors file before its bytes are digested: its header (8-byte
+    little-endian length, then that many bytes of JSON) must lie in the file and place every
+    tensor within it (see :func:`weights_identity`)."""
+    real = files.realpath(str(path))
+    try:
+        head, size = files.read_head(real, _LENGTH.size)
         if len(head) < _LENGTH.size:
             raise _damaged(path, f"is {len(head)} bytes, too short for a safetensors header")
         (n,) = _LENGTH.unpack(head)
@@ -230,21 +223,19 @@ def _safetensors_digest(path: Path) -> bytes:
                 f"declares a {n}-byte safetensors header, over the "
                 f"{SAFETENSORS_HEADER_MAX}-byte limit: it is not safetensors, or damaged",
             )
-        header = f.read(n)
-        size = f.seek(0, 2)
-        if len(header) < n:
-            raise _damaged(path, f"ends inside its {n}-byte header ({size} bytes in all)")
-        h.update(_LENGTH.pack(size) + _LENGTH.pack(n) + header)
-        for begin, end in _tensor_spans(path, header, _LENGTH.size + n, size):
-            take = min(SAMPLE_BYTES, end - begin)
-            f.seek(begin + (end - begin - take) // 2)
-            h.update(f.read(take))
-    return h.digest()
+        whole, size = files.read_head(real, _LENGTH.size + n)
+    except StrataIOError as e:
+        raise ConfigError(f"the model's weights: {path} cannot be read ({e})") from None
+    header = whole[_LENGTH.size :]
+    if len(header) < n:
+        raise _damaged(path, f"ends inside its {n}-byte header ({size} bytes in all)")
+    _tensor_spans(path, header, _LENGTH.size + n, size)
 
 
 def _tensor_spans(path: Path, header: bytes, data_start: int, size: int) -> list[tuple[int, int]]:
     """Where each tensor's bytes lie in the file, in file order, from the header's
-    ``data_offsets`` (relative to the end of the header), each checked to lie in the file."""
+    ``data_offsets`` (relative to the end of the header), each checked to lie in the file
+    (:class:`ConfigError` naming the file otherwise)."""
     try:
         table = json.loads(header)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
@@ -275,19 +266,3 @@ def _damaged(path: Path, what: str) -> ConfigError:
     return ConfigError(
         f"the model's weights: {path} {what}; the file is damaged or truncated: re-download it"
     )
-
-
-def _whole_file_hash(path: Path) -> bytes:
-    """A blake3 of the file's bytes, kept by (device, inode, size, mtime) in this process."""
-    st = path.stat()
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    got = _FILE_HASHES.get(key)
-    if got is None:
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        with open(path, "rb") as f:
-            while n := f.readinto(buf):
-                hasher.update(view[:n])
-        got = _FILE_HASHES[key] = hasher.digest()
-    return got

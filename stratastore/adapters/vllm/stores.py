@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from stratastore.adapters.vllm.identity import weights_identity
 from stratastore.adapters.vllm.plan import fingerprint, store_config
+from stratastore.adapters.weights_digest import explain_refusal
 from stratastore.errors import StrataError
 from stratastore.facade import Store
-from stratastore.format import ModelFingerprint
+from stratastore.format import IncompatibleFingerprint, ModelFingerprint
 from stratastore.io.system import this_process
 
 if TYPE_CHECKING:
@@ -39,7 +40,10 @@ def open_store(
             store, users = _STORES[key]
             _STORES[key] = (store, users + 1)
             return store, key
-        store = Store.open(fp, cfg, warn=lambda msg: log.warning("stratastore: %s", msg))
+        try:
+            store = Store.open(fp, cfg, warn=lambda msg: log.warning("stratastore: %s", msg))
+        except IncompatibleFingerprint as e:
+            raise explain_refusal(e) from None
         _STORES[key] = (store, 1)
         atexit.register(_close_all)
     levels = ", ".join(

@@ -2,7 +2,8 @@
 config's digest is the same in every process and blind to where the files lie, and a config
 it cannot digest stably is a ConfigError naming the key; the weights' identity is the same for
 the same files in another directory, and another for another tensor's header or bytes (a
-fine-tune), another .bin, or a damaged safetensors file (a ConfigError)."""
+fine-tune, one byte anywhere in a tensor), another .bin, or a damaged safetensors file (a
+ConfigError)."""
 
 from __future__ import annotations
 
@@ -202,6 +203,27 @@ def test_other_weights_are_another_model(tmp_path: Path) -> None:
     assert weights_identity(str(tmp_path / "base"), None) != base
 
 
+def test_weights_that_differ_in_one_byte_inside_a_tensor_are_another_model(
+    tmp_path: Path,
+) -> None:
+    """Equal headers and sizes, equal first and last 64 KiB and middle 4 KiB of every tensor:
+    one byte a quarter into one tensor tells them."""
+    big = np.random.default_rng(3).standard_normal((512, 256)).astype(np.float32)  # 512 KiB
+    tensors = {"model.layers.0.q.weight": big, "model.layers.0.k.weight": big * 2}
+    for name in ("base", "edited"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"num_hidden_layers": 1}')
+        _safetensors(tmp_path / name / "model.safetensors", tensors)
+    edited = tmp_path / "edited" / "model.safetensors"
+    raw = bytearray(edited.read_bytes())
+    header = 8 + struct.unpack("<Q", raw[:8])[0]
+    raw[header + big.nbytes + big.nbytes // 4] ^= 0x01  # the second tensor, a quarter in
+    edited.write_bytes(bytes(raw))
+    assert weights_identity(str(tmp_path / "edited"), None) != weights_identity(
+        str(tmp_path / "base"), None
+    )
+
+
 @pytest.mark.parametrize(
     "content, said",
     [
@@ -241,6 +263,32 @@ def test_a_bin_checkpoint_is_known_by_its_bytes(tmp_path: Path) -> None:
     raw[4000] ^= 1  # one byte, same size; another mtime, so not the cached hash
     weights.write_bytes(bytes(raw))
     os.utime(weights, ns=(1, 10**18))
+    assert weights_identity(str(d), None) != first
+
+
+def test_a_bin_rewritten_in_place_with_its_mtime_set_back_is_another_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same inode, size and mtime; the ctime tells the rewrite (a digest is kept by both, and
+    only once the file's timestamps are past the filesystem's granularity: the clock is moved
+    past it here rather than waited for)."""
+    from stratastore.adapters import weights_digest
+
+    real = weights_digest._now_ns
+    monkeypatch.setattr(weights_digest, "_now_ns", lambda: real() + 10 * weights_digest.SETTLE_NS)
+    d = tmp_path / "m"
+    d.mkdir()
+    weights = d / "pytorch_model.bin"
+    weights.write_bytes(b"\x80\x02weights" * 1000)
+    before = os.stat(weights)
+    first = weights_identity(str(d), None)
+    assert weights_identity(str(d), None) == first
+    with open(weights, "r+b") as f:
+        f.seek(4000)
+        f.write(b"W")
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    while os.stat(weights).st_ctime_ns == before.st_ctime_ns:  # at most one clock step
+        os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert weights_identity(str(d), None) != first
 
 
