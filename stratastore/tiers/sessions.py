@@ -24,6 +24,7 @@ from stratastore.tiers.context import FlowContext
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.records import InvalidConversation, Snapshot
 from stratastore.tiers.view import DiskConv, DiskView
+from stratastore.tiers.write_queue import WriteQueue
 from stratastore.tiers.writer import DiskWriter
 
 __all__ = ["Sessions"]
@@ -40,7 +41,8 @@ def _taken(name: str) -> str:
 class Sessions:
     """Saves and loads: each checks and is admitted under the flow's ``lock``, then writes or
     reads without it (no call holds the lock over disk I/O or hashing; a session's durable
-    write is a park's, beside this process's restores as beside another process's)."""
+    write is a park's, performed by the store's write queue in order with the parks' writes,
+    beside this process's restores as beside another process's)."""
 
     def __init__(
         self,
@@ -49,12 +51,14 @@ class Sessions:
         reader: DiskReader,
         view: DiskView,
         parked_here: Callable[[str], bool],
+        writes: WriteQueue,
     ) -> None:
         self.lock, self.fp, self.admission, self.warn = ctx.lock, ctx.fp, ctx.admission, ctx.warn
         self.writer = writer
         self.reader = reader
         self.view = view
         self.parked_here = parked_here  #: in this process's RAM, or waiting for its disk write
+        self.writes = writes  #: performs the save's write (in order with the parks' writes)
 
     def _log(self, p: Admitted, what: str, name: str) -> None:
         """The admission's log line, for an admission under the transient floor."""
@@ -65,16 +69,15 @@ class Sessions:
         parked conversation (:class:`InvalidConversation`). Durable when this returns."""
         with self.lock:
             name = self._admit_save(snap)
-        assert self.writer is not None
+        writer = self.writer
+        assert writer is not None
         taken = _taken(name)
         try:
-            written = self.writer.write(snap, session=True)
+            written = self.writes.perform(lambda: writer.write(snap, session=True))
         except NameTaken:
             raise InvalidConversation(taken) from None
         if not written:
-            raise StrataError(
-                f"session {name}: the disk level refused it: {self.writer.last_refusal}"
-            )
+            raise StrataError(f"session {name}: the disk level refused it: {writer.last_refusal}")
 
     def _admit_save(self, snap: Snapshot) -> str:
         """The checks of a save, and its admission (under the Store's lock)."""

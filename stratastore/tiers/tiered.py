@@ -21,6 +21,7 @@ disk I/O, hashing or a network call.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -146,6 +147,7 @@ class Tiers:
             self.reader,
             self.view,
             lambda n: n in self.ram or n in self.writes.outbox,
+            self.writes,
         )
         self.lookups, remote = self._sources()
         self.restorer = Restorer(
@@ -237,13 +239,27 @@ class Tiers:
 
     def fill_prompt_cache(self) -> int:
         """Write the pinned prefixes the parks found for the system-prompt cache
-        (:mod:`.prompt_cache`; chosen under the lock by each park, written here without it).
-        Returns how many landed (a failed write is said and counted)."""
+        (:mod:`.prompt_cache`; chosen under the lock by each park), each performed by the write
+        queue after the writes queued before it, this call waiting for it (a new conversation
+        with the same system prompt finds it once the park returned). Returns how many landed
+        (a failed write is said and counted, never raised). Stopped on the way, those not
+        written yet wait for the next park's call."""
         if self.prompt_cache is None or not self.parking.fills:  # (a park's own fill is
             return 0  # seen by its own thread: no lock to find there is none, the usual case)
+        cache = self.prompt_cache
         with self.lock:
             fills, self.parking.fills = self.parking.fills, []
-        return sum(self.prompt_cache.fill(entry, self.lock) for entry in fills)
+        landed = done = 0
+        try:
+            for entry in fills:
+                write = functools.partial(cache.fill, entry, self.lock)
+                landed += self.writes.perform(write)
+                done += 1
+        finally:
+            if done < len(fills):
+                with self.lock:
+                    self.parking.fills[:0] = fills[done:]
+        return landed
 
     def start_writes(
         self,

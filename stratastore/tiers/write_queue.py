@@ -15,6 +15,10 @@ Interrupt-safe by construction: an acknowledged write leaves the outbox only ins
 (Ctrl-C while the queue is full, any error). A call stopped anywhere before that leaves its
 writes in the outbox for the next flush or close.
 
+The queue performs the store's other durable writes too, in the same order on the same thread:
+a session save and a system-prompt-cache fill (:meth:`WriteQueue.perform`: its caller waits
+for it, durable when it returns).
+
 The queue owns what the writes share: the outbox, the thread and its queue, the count of
 submissions still handing writes over, the errors and its own counts. It has its own lock,
 never held over a write or a blocking put, so neither the spill thread nor a submitting
@@ -31,8 +35,10 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from stratastore.errors import StrataError
 from stratastore.metrics.counts import Counts
@@ -42,6 +48,17 @@ from stratastore.tiers.records import ParkReport, Placement, Snapshot
 __all__ = ["SpillError", "WriteQueue"]
 
 _STOP = object()
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A durable write that is no park's: ``run`` on the writer thread in its turn; its result
+    or error to ``done`` (the caller waits on it)."""
+
+    run: Callable[[], object]
+    done: Future[object]
 
 
 class SpillError(StrataError):
@@ -142,6 +159,30 @@ class WriteQueue:
                     self.outbox.give_back(snaps[queued:])
             raise
 
+    def perform(self, write: Callable[[], T]) -> T:
+        """Run ``write`` on the writer thread, behind the writes queued before it, and return
+        its result (or raise its error) to this caller: a durable write the call waits for
+        (a session save). Before :meth:`start`, on this thread. A Ctrl-C while this waits
+        leaves the write to land or fail in the background (never acknowledged)."""
+        if not self.deferred:
+            return write()
+        done: Future[object] = Future()
+        self._put_job(_Job(write, done))
+        return cast(T, done.result())
+
+    def _put_job(self, job: _Job) -> None:
+        """Queue ``job`` as a hand-over (flush and close wait for it; a full queue blocks only
+        this caller)."""
+        assert self._queue is not None
+        with self._cv:
+            self._handing += 1
+        try:
+            self._queue.put(job)
+        finally:
+            with self._cv:
+                self._handing -= 1
+                self._cv.notify_all()
+
     @property
     def waiting(self) -> int:
         """Writes queued and not taken by the writer yet."""
@@ -191,6 +232,9 @@ class WriteQueue:
             try:
                 if item is _STOP:
                     return
+                if isinstance(item, _Job):
+                    self._run(item)
+                    continue
                 assert isinstance(item, Snapshot)
                 try:
                     self.write(item)
@@ -202,6 +246,15 @@ class WriteQueue:
                 # next park would stay resident after flush())
                 item = None
                 self._queue.task_done()
+
+    def _run(self, job: _Job) -> None:
+        """One job on the writer thread: its result or error to its caller."""
+        try:
+            got = job.run()
+        except Exception as e:
+            job.done.set_exception(e)
+            return
+        job.done.set_result(got)
 
 
 def _not_started(snap: Snapshot) -> None:
