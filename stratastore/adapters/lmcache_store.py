@@ -39,9 +39,10 @@ from stratastore.chunks import (
 )
 from stratastore.chunks.room import ChunkRoom
 from stratastore.errors import StrataError
-from stratastore.format import FormatError, ModelFingerprint, data_name
+from stratastore.format import FormatError, Kind, ModelFingerprint, data_name
 from stratastore.io.modes import DEFAULT_FILE_MODE
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.reader import get_checked_bytes
 
 __all__ = ["ChunkStore", "LMCacheChunks", "OpenChunk", "PutOutcome", "stored_bytes"]
 
@@ -142,7 +143,14 @@ class LMCacheChunks:
     # -- the layout ---------------------------------------------------------------------------
     def _read_layout(self) -> ChunkLayout:
         key = stored_key(LAYOUT_ID)
-        raw = self.store.get_bytes(key, max_bytes=_MAX_LAYOUT_BYTES)
+        raw = get_checked_bytes(  # the level's answer checked above the seam (F-READ-1)
+            self.store,
+            key,
+            self.pages.fingerprint,
+            max_bytes=_MAX_LAYOUT_BYTES,
+            kind=Kind.STATE,
+            tokens=(0, 0),
+        )
         return ChunkLayout.decode(raw, f"the chunk layout record {key.hex()} in {self.store.path}")
 
     def known_layout(self) -> ChunkLayout | None:

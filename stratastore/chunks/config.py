@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stratastore.errors import ConfigError
-from stratastore.levels.registry import scheme_of
+from stratastore.levels.settings import padding_problem, shown_value
 
 __all__ = ["ChunkConfig", "ChunkLevel"]
 
@@ -30,6 +30,9 @@ class ChunkLevel:
     settings: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        padded = padding_problem("spec", str(self.spec))
+        if padded is not None:  # a URL would pass for a relative path: refused, nothing made
+            raise ConfigError(f"chunk level: {padded}")
         if isinstance(self.budget_bytes, bool) or not (
             isinstance(self.budget_bytes, int) and self.budget_bytes >= 1
         ):
@@ -47,9 +50,11 @@ class ChunkLevel:
 
     @property
     def shown(self) -> str:
-        """The level as messages show it: a path as given, a URL by its scheme alone."""
-        scheme = scheme_of(self.spec)
-        return str(self.spec) if scheme in ("", "file") else f"{scheme}://..."
+        """The level as messages show it: a path as given, a URL by its scheme alone (as
+        :func:`~stratastore.levels.settings.shown_value` shows it)."""
+        spec = str(self.spec)
+        shown = shown_value(spec)
+        return spec if "://" not in spec or shown == repr(spec) else shown.strip("'")
 
     def __repr__(self) -> str:
         return (

@@ -4,8 +4,8 @@ counts as damage.
 
 The read goes straight into the caller's buffer (one positional read of the stored bytes) and
 is hashed there, page by page, against the digests of the sidecar the reader opened; a
-compressed page is decoded and validated through the seam's staging
-(:meth:`~stratastore.levels.backend.OpenSegment.copy_validated`). The bytes hashed are the bytes
+compressed page is decoded and validated through staging above the seam
+(:func:`~stratastore.levels.reader.copy_validated`). The bytes hashed are the bytes
 delivered: a file changed between two reads cannot reach the caller.
 """
 
@@ -27,7 +27,7 @@ from stratastore.format import (
 from stratastore.io.errors import ShortRead
 from stratastore.levels.backend import OpenSegment
 from stratastore.levels.errors import StoreError
-from stratastore.levels.reader import require_valid
+from stratastore.levels.reader import copy_validated, require_valid
 from stratastore.levels.sealing import Buffer, byte_view
 
 __all__ = ["DAMAGE", "ConditionalDelete", "OpenChunk", "buffer_view", "fill_validated"]
@@ -105,4 +105,4 @@ def fill_validated(chunk: OpenChunk, dst: memoryview) -> None:
             seg.read_into(dst)
             require_valid(seg.sidecar, np.frombuffer(dst, dtype=np.uint8))
         else:  # written RAW by a chunk store; a compressed copy decodes through staging
-            seg.copy_validated(dst, True)
+            copy_validated(seg, dst, True)

@@ -51,6 +51,7 @@ from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend, SharedBackend
 from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.reader import open_checked
 from stratastore.levels.registry import open_level
 from stratastore.levels.sealing import Buffer
 from stratastore.tiers import DiskLevel, open_cascade
@@ -90,8 +91,15 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     """Pages keyed by content on a chain of levels (the module docstring is the contract).
     Use :meth:`open`; close it (or use it as a context manager)."""
 
-    def __init__(self, levels: Sequence[DiskLevel], config: ChunkConfig, keep: frozenset[bytes]):
+    def __init__(
+        self,
+        levels: Sequence[DiskLevel],
+        config: ChunkConfig,
+        keep: frozenset[bytes],
+        fingerprint: ModelFingerprint,
+    ):
         self.config = config
+        self.fingerprint = fingerprint  #: the model every page read is checked against
         self.levels = tuple(levels)  #: first (puts) to last (deletes)
         self.counters = ChunkCounters()
         self._lock = threading.Lock()  #: the counters (never held over I/O)
@@ -144,7 +152,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
                 raise
 
         opened = open_cascade(n, open_one)
-        return cls(opened, cfg, frozenset(stored_key(k) for k in keep))
+        return cls(opened, cfg, frozenset(stored_key(k) for k in keep), fingerprint)
 
     @property
     def backends(self) -> tuple[SegmentBackend, ...]:
@@ -243,7 +251,10 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     def open_chunk(self, key: bytes) -> OpenChunk | None:
         """The page held open for :meth:`read_into` (first level that holds it), or None: not
         held or the store closed (a miss), unreadable (a miss counted in ``read_errors``), or
-        damaged (counted, logged, removed if it is still the copy opened)."""
+        damaged (counted, logged, removed if it is still the copy opened). Whatever the level
+        answers is checked above the seam first
+        (:func:`~stratastore.levels.reader.open_checked`): a sidecar of another key or model
+        is damage."""
         skey = stored_key(key)
         if self.closed:
             return None
@@ -251,7 +262,9 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
             identity: IndexRecord | None = None
             try:
                 identity = lvl.store.record(skey)
-                reader = lvl.store.open_reader(skey)
+                reader = open_checked(
+                    lvl.store, skey, self.fingerprint, kind=Kind.STATE, tokens=(0, 0)
+                )
             except SegmentNotFound:
                 continue  # not here (or moved down meanwhile: the next level has it)
             except DAMAGE as e:

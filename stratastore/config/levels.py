@@ -30,7 +30,13 @@ from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.errors import ConfigError
 from stratastore.format.sidecar import Level
 from stratastore.levels.registry import SCHEMES, BackendEntry, backend_for, flat_shared, scheme_of
-from stratastore.levels.settings import MAX_SETTING, Setting, check_value, shown_value
+from stratastore.levels.settings import (
+    MAX_SETTING,
+    Setting,
+    check_value,
+    padding_problem,
+    shown_value,
+)
 
 __all__ = [
     "LEVEL_KEYS",
@@ -58,7 +64,12 @@ def dir_problem(key: str, value: str) -> str | None:
     """What is wrong with ``value`` given as the directory ``key`` (a level's ``dir``,
     ``cold_dir``, ``prompt_cache_dir``, ...), or None: a URL is not a directory (named by its
     scheme alone: it may carry a credential), and a ``file://`` URL must name a local path
-    (``file:///PATH``)."""
+    (``file:///PATH``); one that begins or ends with whitespace or a control character
+    (:func:`~stratastore.levels.settings.padding_problem`) is neither: a URL would pass for a
+    relative path."""
+    padded = padding_problem(key, value)
+    if padded is not None:
+        return padded
     scheme = scheme_of(value)
     if not scheme:
         return None
@@ -134,6 +145,9 @@ def _url_problem(url: object) -> str | None:
     a password)."""
     if not isinstance(url, str):
         return "url=<not shown> must be a string (a level's URL)"
+    padded = padding_problem("url", url)
+    if padded is not None:
+        return padded
     scheme = scheme_of(url)
     if scheme in ("", "file") or backend_for(scheme) is None:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s not in ("", "file"))

@@ -19,6 +19,10 @@ Contracts every backend keeps:
   memory they deliver from and raise :class:`~stratastore.format.ChecksumMismatch` for one
   that does not match; ``read_into`` and the reader's range reads deliver *stored* bytes
   unvalidated, for a caller that hashes what it reads (the restore's read pass).
+* **the key asked for**: ``open_reader(key)`` answers the segment ``key`` (its sidecar names
+  that key, this model). The reads above the seam do not rely on it: they open a segment by
+  :func:`~stratastore.levels.reader.open_checked`, and an answer that is another segment is
+  damage there (a miss), whatever the backend.
 * **typed errors**: a key not held is :class:`~stratastore.levels.local.SegmentNotFound` on every
   read (including one deleted by another process between two calls); another model's segment
   :class:`~stratastore.format.IncompatibleFingerprint`; a bad buffer or argument

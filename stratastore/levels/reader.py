@@ -11,6 +11,13 @@ time) and delivers only pages that match their sidecar digests: the bytes hashed
 delivered. The store's reads (``SegmentStore.get_into``, ``view``, ``verify``), the restore's
 read pass and fsck's page check all read through it.
 
+:func:`open_checked` is how every read above the level seam opens a segment (the restore's read
+pass, its running-state read, a chunk store's read, the generic relocation): whatever a backend
+answers, its sidecar is checked (its fields, its model, its key, its kind and token range: spec
+F-READ-1 steps 7 and 8) before a byte of the segment is read, so a backend that answers one key
+with another key's segment, valid as that is, delivers nothing of it (DESIGN "Trust that does
+not depend on the backend"). Its pages are then hashed against that sidecar as they are read.
+
 :class:`PayloadReader` is what every backend's reader shares (the protocol
 :class:`~stratastore.levels.backend.OpenSegment`): range checks (:class:`OutOfRange`), decoding
 and validation over one positional read that each backend implements (``pread`` here).
@@ -21,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +40,8 @@ from stratastore.format import (
     ChecksumMismatch,
     Codec,
     FormatError,
+    Kind,
+    ModelFingerprint,
     SegmentHeader,
     Sidecar,
     data_name,
@@ -42,15 +51,108 @@ from stratastore.io import files
 from stratastore.levels.errors import StoreError
 from stratastore.levels.staging import STAGING
 
+if TYPE_CHECKING:
+    from stratastore.levels.backend import OpenSegment, SegmentBackend
+
 __all__ = [
     "OutOfRange",
     "PayloadReader",
     "SegmentReader",
+    "check_answer",
     "check_data",
+    "copy_validated",
     "first_bad_page",
+    "get_checked_bytes",
+    "open_checked",
     "require_valid",
     "validate_stored",
 ]
+
+
+def check_answer(
+    sc: Sidecar,
+    key: bytes,
+    fingerprint: ModelFingerprint,
+    where: str,
+    *,
+    kind: Kind | None = None,
+    tokens: tuple[int, int] | None = None,
+) -> None:
+    """Check the sidecar a level at ``where`` answered for segment ``key`` before any of its
+    bytes is read (spec F-READ-1): its fields (step 7, F-SC-6), then its identity (step 8): the
+    model ``fingerprint``, the key (F-KEY-6), and, when given, its ``kind`` and its token range
+    ``tokens`` (``[start, end)``, what the manifest or the checkpoint says it holds). Every
+    mismatch is a :class:`FormatError`: damage in that level (a miss, a ladder stop), never the
+    caller's mistake; another model's segment too, in a level opened for this model."""
+    obj = f"segment {key.hex()[:16]} in {where}"
+    sc.validate(obj)
+    if sc.fingerprint != fingerprint:
+        raise FormatError(
+            f"{obj}: the level answered with a segment of {sc.fingerprint.describe()}, not of "
+            f"{fingerprint.describe()} (damaged or misplaced: strata fsck finds it)"
+        )
+    if sc.key != key:
+        raise FormatError(
+            f"{obj}: the level answered with a sidecar that names segment {sc.key.hex()[:16]} "
+            "(damaged or misplaced, spec F-KEY-6: strata fsck finds it)"
+        )
+    if kind is not None and sc.kind is not kind:
+        raise FormatError(
+            f"{obj} is a {sc.kind.name} segment where a {kind.name} one was asked for "
+            "(damaged or misplaced)"
+        )
+    if tokens is not None and (sc.token_start, sc.token_end) != tokens:
+        raise FormatError(
+            f"{obj} holds tokens [{sc.token_start}, {sc.token_end}), its manifest says "
+            f"[{tokens[0]}, {tokens[1]})"
+        )
+
+
+def open_checked(
+    backend: SegmentBackend,
+    key: bytes,
+    fingerprint: ModelFingerprint,
+    *,
+    kind: Kind | None = None,
+    tokens: tuple[int, int] | None = None,
+) -> OpenSegment:
+    """``backend.open_reader(key)`` with the answer checked above the seam
+    (:func:`check_answer`; closed again when it fails): what every read that delivers a
+    segment's bytes opens it with, whatever the backend. Raises what ``open_reader`` raises
+    (:class:`~stratastore.levels.errors.SegmentNotFound` for a key not held) and
+    :class:`FormatError` for an answer that is not the segment asked for."""
+    seg = backend.open_reader(key)
+    try:
+        check_answer(seg.sidecar, key, fingerprint, backend.path, kind=kind, tokens=tokens)
+    except BaseException:
+        seg.close()
+        raise
+    return seg
+
+
+def get_checked_bytes(
+    backend: SegmentBackend,
+    key: bytes,
+    fingerprint: ModelFingerprint,
+    *,
+    max_bytes: int,
+    kind: Kind | None = None,
+    tokens: tuple[int, int] | None = None,
+) -> bytes:
+    """The validated payload of segment ``key`` as bytes, read above the seam: opened by
+    :func:`open_checked`, every page hashed in this process's memory before it is copied out
+    (:func:`copy_validated`; spec F-SC-3). :class:`StoreError` before allocating a payload over
+    ``max_bytes``."""
+    with open_checked(backend, key, fingerprint, kind=kind, tokens=tokens) as seg:
+        sc = seg.sidecar
+        if sc.payload_bytes > max_bytes:
+            raise StoreError(
+                f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
+                f"{max_bytes:,} this read allows"
+            )
+        out = bytearray(sc.payload_bytes)
+        copy_validated(seg, memoryview(out), True)
+    return bytes(out)
 
 
 def check_data(sc: Sidecar, hdr: SegmentHeader, size: int) -> None:
@@ -136,7 +238,7 @@ class PayloadReader:
         """Fill ``dst`` (``payload_bytes`` long) with the pages; with ``verify`` only pages that
         match their digests reach it (raises :class:`ChecksumMismatch` at the first that
         does not)."""
-        _copy_validated(self, dst, verify)
+        copy_validated(self, dst, verify)
 
     def first_bad_page(self, *, sample: bool = False) -> int:
         """The first page that fails its sidecar digest, or -1, read into memory this process
@@ -221,7 +323,7 @@ def _stage_step(sc: Sidecar) -> int:
 _Staged = Generator[tuple[int, npt.NDArray[np.uint8], npt.NDArray[np.uint8]], None, None]
 
 
-def _staged(seg: PayloadReader) -> _Staged:
+def _staged(seg: OpenSegment) -> _Staged:
     """The payload of a RAW segment read into reusable staging memory, a bounded chunk of whole
     pages at a time: ``(first page, the chunk, the digests the sidecar records for its pages)``.
     The chunk is valid until the next step."""
@@ -241,10 +343,12 @@ def _staged(seg: PayloadReader) -> _Staged:
         STAGING.give(stage)
 
 
-def _copy_validated(seg: PayloadReader, dst: memoryview, verify: bool) -> None:
-    """Fill ``dst`` (``payload_bytes`` long) with the segment's pages. With ``verify``, RAW
-    pages go through staging memory: read, hashed, and copied from that memory only if they
-    match (a page that fails never reaches ``dst``)."""
+def copy_validated(seg: OpenSegment, dst: memoryview, verify: bool) -> None:
+    """Fill ``dst`` (``payload_bytes`` long) with the pages of the open segment ``seg`` (any
+    backend's: only its stored-byte reads are used, the hashing is done here). With ``verify``,
+    RAW pages go through staging memory: read, hashed, and copied from that memory only if they
+    match (a page that fails never reaches ``dst``: :class:`ChecksumMismatch`); compressed
+    pages are decoded one at a time and validated before they are copied."""
     sc = seg.sidecar
     if sc.codec is not Codec.RAW:
         _decompress_into(sc, seg.stored(), dst, verify)
@@ -260,7 +364,7 @@ def _copy_validated(seg: PayloadReader, dst: memoryview, verify: bool) -> None:
                 _raise_page(sc, chunk, bad, p0)
 
 
-def _first_bad_raw(seg: PayloadReader) -> int:
+def _first_bad_raw(seg: OpenSegment) -> int:
     """The first page of a RAW segment that fails its digest (-1: none), hashed in staging."""
     with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
         for p0, chunk, want in chunks:

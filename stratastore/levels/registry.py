@@ -41,7 +41,7 @@ from stratastore.errors import ConfigError
 from stratastore.format import Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.redis.settings import LEVEL_SETTINGS as _REDIS_SETTINGS
-from stratastore.levels.settings import LevelContext, Setting, scheme_of
+from stratastore.levels.settings import LevelContext, Setting, padding_problem, scheme_of
 from stratastore.levels.shared_check import SharedLevelCheck
 
 __all__ = [
@@ -230,7 +230,12 @@ def _from_entry_points(scheme: str) -> BackendEntry | None:
 def entry_for(spec: str | PurePath) -> BackendEntry:
     """The backend serving ``spec``'s scheme; a scheme none serves is a
     :class:`~stratastore.errors.ConfigError` naming the schemes there are (and never the URL:
-    it may carry a credential)."""
+    it may carry a credential); so is a spec that begins or ends with whitespace or a control
+    character (:func:`~stratastore.levels.settings.padding_problem`: a URL would pass for a
+    relative path), before anything is opened or made."""
+    padded = padding_problem("level", str(spec))
+    if padded is not None:
+        raise ConfigError(padded)
     scheme = scheme_of(spec)
     entry = backend_for(scheme)
     if entry is None:

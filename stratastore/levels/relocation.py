@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 from stratastore.errors import StrataError
 from stratastore.format import Level, Sidecar
+from stratastore.levels.reader import open_checked
 
 if TYPE_CHECKING:
     from stratastore.levels.backend import SegmentBackend
@@ -40,7 +41,9 @@ def relocate_by_copy(dst: SegmentBackend, src: SegmentBackend, key: bytes) -> Re
     ``"copy"``, or ``"present"`` when ``dst`` held it already. ``SegmentNotFound`` when
     ``src`` does not hold it; a failure before the delete leaves ``src`` as it was."""
     dst.fingerprint.require_same(src.fingerprint, f"segment {key.hex()} of {src.path}")
-    with src.open_reader(key) as seg:  # SegmentNotFound when src lost it meanwhile
+    # SegmentNotFound when src lost it meanwhile; a FormatError when it answers with another
+    # segment (checked above the seam: what is moved is the segment asked for)
+    with open_checked(src, key, dst.fingerprint) as seg:
         sc = seg.sidecar
         if key in dst:
             src.delete(key)

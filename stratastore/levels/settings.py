@@ -12,12 +12,21 @@ checked by the same rule. A credential (``secret``) is never shown: not in an er
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import PurePath
 
 from stratastore.errors import ConfigError
 
-__all__ = ["MAX_SETTING", "LevelContext", "Setting", "check_value", "scheme_of", "shown_value"]
+__all__ = [
+    "MAX_SETTING",
+    "LevelContext",
+    "Setting",
+    "check_value",
+    "padding_problem",
+    "scheme_of",
+    "shown_value",
+]
 
 MAX_SETTING = 1 << 40  #: no number setting is near this (MiB: a zettabyte; seconds: 35k years)
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")  # RFC 3986 section 3.1
@@ -27,6 +36,32 @@ def scheme_of(spec: str | PurePath) -> str:
     """The scheme of a level spec: ``""`` for a path, else the part before ``://``."""
     m = _SCHEME.match(str(spec))
     return m.group(1).lower() if m else ""
+
+
+def _invisible(c: str) -> bool:
+    """Whether ``c`` is whitespace (any Unicode space, tab, line break) or a control or format
+    character (NUL, ESC, a zero-width space, a byte-order mark)."""
+    return c.isspace() or unicodedata.category(c) in ("Cc", "Cf")
+
+
+def padding_problem(key: str, spec: str) -> str | None:
+    """What is wrong with the level spec ``spec`` (a directory or a URL) given as ``key`` when
+    it begins or ends with whitespace or a control character, or None. Such a spec is never
+    meant, and is dangerous: ``" redis://user:pw@host/0"`` has no scheme, so it would be taken
+    as a relative path (and, with ``create_dirs``, a directory made by that name, credential and
+    all). Named as :func:`shown_value` names it once trimmed: a URL by its scheme alone."""
+    if not spec or not (_invisible(spec[0]) or _invisible(spec[-1])):
+        return None
+    a, b = 0, len(spec)
+    while a < b and _invisible(spec[a]):
+        a += 1
+    while b > a and _invisible(spec[b - 1]):
+        b -= 1
+    shown = shown_value(spec[a:b]) if "://" in spec else repr(spec)
+    return (
+        f"{key}={shown} begins or ends with whitespace or a control character (a space, tab or "
+        "line break pasted with it?); remove it: a level is named by exactly its path or URL"
+    )
 
 
 def shown_value(value: object, secret: bool = False) -> str:

@@ -48,6 +48,7 @@ from stratastore.format.naming import (
     parse_name,
 )
 from stratastore.io import files, pathnames
+from stratastore.levels.settings import padding_problem
 
 __all__ = [
     "ROOT_CONFIG",
@@ -213,6 +214,9 @@ def find_store_levels(
     skipped: list[str] = []
     explicit: list[str] = []
     for p in paths:
+        padded = padding_problem("path", p)
+        if padded is not None:  # a URL would pass for a relative path: named without it
+            raise NoStoreLevels(padded)
         if "://" in p and not p.lower().startswith("file://"):  # a URL may carry a credential
             raise NoStoreLevels(
                 f"{shown_value(p)} is a URL, not a path; name the store's root directory, a "

@@ -49,9 +49,10 @@ import numpy.typing as npt
 
 import numba_kernels
 from stratastore.errors import StrataError
-from stratastore.format import Codec, FormatError, ModelFingerprint
+from stratastore.format import Codec, Kind, ModelFingerprint
 from stratastore.levels.backend import OpenSegment, SegmentBackend
 from stratastore.levels.errors import SegmentNotFound
+from stratastore.levels.reader import open_checked
 from stratastore.levels.staging import STAGING, StagingPool
 from stratastore.restore.capabilities import (
     Destination,
@@ -201,17 +202,18 @@ class Job:
 
     def _piece(self, piece: Piece, need: int) -> Iterator[Chunk]:
         """The validated chunks of ``piece`` covering ``need`` tokens; :class:`_Stop` at its
-        first bad page, after the chunk of the pages before it."""
+        first bad page, after the chunk of the pages before it. The segment is opened by
+        :func:`~stratastore.levels.reader.open_checked`: an answer that is not the piece's
+        segment (another key, model or token range) is damage before any byte is read."""
         assert piece.store is not None
         pt = self.fp.page_tokens
         pages = -(-need // pt)
-        with piece.store.open_reader(piece.key) as seg:
+        # the answer checked above the seam: its key, model, kind and tokens (F-READ-1)
+        opened = open_checked(
+            piece.store, piece.key, self.fp, kind=Kind.KV, tokens=(piece.start, piece.end)
+        )
+        with opened as seg:
             sc = seg.sidecar
-            if sc.token_start != piece.start or sc.n_tokens != piece.end - piece.start:
-                raise FormatError(
-                    f"segment {piece.key.hex()[:16]} holds tokens [{sc.token_start}, "
-                    f"{sc.token_end}), its manifest says [{piece.start}, {piece.end})"
-                )
             expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
             nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
             direct, _, on_device = self._capabilities

@@ -14,10 +14,11 @@ raw hook that proves reads validate). A backend that keeps nothing across a clos
             backend.raw[key][offset] ^= 1
 
 Every test covers one clause of the protocol's contract (``stratastore/levels/backend.py``):
-round trips bit-exact, dedupe, listing, delete, ``used`` and ``oldest``, range reads, typed
-refusals of bad buffers and missing keys, validation of damaged bytes, relocation between two
-backends of the class and to and from the directory store, races, threads, persistence. It
-imports nothing outside the package and the standard library (pytest only to skip a test).
+round trips bit-exact, dedupe, listing, delete, ``used`` and ``oldest``, range reads (a reader
+answers the key asked for), typed refusals of bad buffers and missing keys, validation of
+damaged bytes, relocation between two backends of the class and to and from the directory
+store, races, threads, persistence. It imports nothing outside the package and the standard
+library (pytest only to skip a test).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from stratastore.format import (
 )
 from stratastore.levels.backend import CatalogHost, SegmentBackend
 from stratastore.levels.errors import SegmentNotFound, StoreError
-from stratastore.levels.reader import OutOfRange
+from stratastore.levels.reader import OutOfRange, check_answer
 from stratastore.testing.backend_harness import U8, raises
 from stratastore.testing.backend_moves import MoveTests
 
@@ -189,8 +190,15 @@ class BackendTests(MoveTests):
                 b.read_into(key, 0, bytes(8))  # read-only
 
     def test_reader_range_reads(self, tmp_path: Path) -> None:
+        """A reader reads the stored payload of the key it was opened for; its sidecar passes
+        the check every read above the seam makes of an answer (``check_answer``: that key,
+        this model, its kind and tokens), or those reads take the segment for damage."""
         with self.opened(tmp_path / "a") as b:
             key, data = self.put(b, 9)
+            state = b.put_state(b"\x22" * 32, b"a state", token_pos=9).key
+            for k, kind, tokens in ((key, Kind.KV, (0, 9)), (state, Kind.STATE, (9, 9))):
+                with b.open_reader(k) as seg:
+                    check_answer(seg.sidecar, k, b.fingerprint, b.path, kind=kind, tokens=tokens)
             with b.open_reader(key) as seg:
                 assert seg.sidecar.key == key and seg.sidecar.stored_bytes == data.size
                 buf = np.zeros(256, np.uint8)

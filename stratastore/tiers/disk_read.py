@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 
 from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
-from stratastore.format import ModelFingerprint
+from stratastore.format import Kind, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.reader import get_checked_bytes
 from stratastore.metrics.counts import Counts
 from stratastore.restore import Destination, Job, Outcome, Piece
 from stratastore.tiers.admission import MIB
@@ -128,7 +129,14 @@ class DiskReader:
             if store is None:
                 continue
             try:
-                blob = store.get_bytes(dc.state_keys[length], max_bytes=MAX_STATE_BYTES)
+                blob = get_checked_bytes(  # the answer checked above the seam: F-READ-1
+                    store,
+                    dc.state_keys[length],
+                    self.fp,
+                    max_bytes=MAX_STATE_BYTES,
+                    kind=Kind.STATE,
+                    tokens=(length, length),
+                )
             except StrataError:
                 continue
             return length, blob

@@ -31,7 +31,7 @@ from stratastore.adapters.weights_digest import file_digest
 from stratastore.errors import ConfigError
 from stratastore.io import StrataIOError, files
 
-__all__ = ["SAFETENSORS_HEADER_MAX", "config_digest", "weights_identity"]
+__all__ = ["MAX_CONFIG_DEPTH", "SAFETENSORS_HEADER_MAX", "config_digest", "weights_identity"]
 
 #: keys of a config that say where its files lie or which tool wrote them, not what the model is
 #: (besides every key starting with ``_``)
@@ -63,14 +63,34 @@ def config_digest(config: Mapping[str, Any]) -> bytes:
     ``config.json`` holds it (``id2label``). Anything else (an object whose ``str`` would hold
     its address, bytes, a key neither a string nor an integer) raises :class:`ConfigError`
     naming the key path and the type: a digest of it would differ from one process to the
-    next, and the store would never be reopened."""
+    next, and the store would never be reopened; so does a dict or list that contains itself
+    (naming where), or nesting deeper than :data:`MAX_CONFIG_DEPTH`."""
     canon = _canonical(config, "config")
     text = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def _canonical(value: object, path: str) -> object:
-    """``value`` as plain JSON values (see :func:`config_digest`); ``path`` names it."""
+#: how deep a config's dicts and lists may nest (a model's config nests a few levels)
+MAX_CONFIG_DEPTH = 100
+
+
+def _canonical(value: object, path: str, within: tuple[int, ...] = ()) -> object:
+    """``value`` as plain JSON values (see :func:`config_digest`); ``path`` names it, ``within``
+    holds the ``id`` of each dict, list or set it is inside of: one that contains itself, or
+    nesting past :data:`MAX_CONFIG_DEPTH`, is a :class:`ConfigError` (no JSON text exists for
+    the one, and the other is no model's config), never a ``RecursionError``."""
+    if isinstance(value, (Mapping, list, tuple, set, frozenset)):
+        if id(value) in within:
+            raise ConfigError(
+                f"the model's config: {path} contains itself (a dict or list that holds itself "
+                "has no JSON text, so no digest): break the cycle, or leave it out of the config"
+            )
+        if len(within) >= MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                f"the model's config: {path} is nested over {MAX_CONFIG_DEPTH} levels deep, "
+                "deeper than any model's config: leave it out of the config"
+            )
+        within = (*within, id(value))
     if value is None or isinstance(value, (bool, int, float, str)):
         if isinstance(value, enum.Enum):  # an IntEnum or StrEnum: by name, as any enum
             return value.name
@@ -90,12 +110,12 @@ def _canonical(value: object, path: str) -> object:
                     f"the model's config: {path} has the keys {json.dumps(text)} and "
                     f"{key!r}, one key once its JSON is written: keep one of them"
                 )
-            out[text] = _canonical(item, f"{path}[{_key_repr(key)}]")
+            out[text] = _canonical(item, f"{path}[{_key_repr(key)}]", within)
         return out
     if isinstance(value, (list, tuple)):
-        return [_canonical(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [_canonical(item, f"{path}[{i}]", within) for i, item in enumerate(value)]
     if isinstance(value, (set, frozenset)):
-        items = [_canonical(item, f"{path}{{...}}") for item in value]
+        items = [_canonical(item, f"{path}{{...}}", within) for item in value]
         return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, ensure_ascii=True))
     raise ConfigError(
         f"the model's config: {path} is of type {type(value).__name__}, which has no stable "

@@ -71,6 +71,7 @@ _DTYPES = {
 }
 DEFAULT_COLD_MIB = 16384  #: the default level's budget
 DEFAULT_PAGE_TOKENS = 16  #: the store's page when vLLM's block holds a whole number of them
+#: (else their greatest common divisor: :func:`page_tokens`)
 #: the connector's settings where the store's (inline or in a TOML file) say nothing: parks go
 #: to disk (a restart keeps them), no RAM level, every page a resume point
 CONNECTOR_DEFAULTS: dict[str, Any] = {"ram_mib": 0, "park": "disk", "page_resume": True}
@@ -173,9 +174,12 @@ def fingerprint(
 
 def page_tokens(extra: Mapping[str, Any] | None, block_size: int) -> int:
     """The store's page size in tokens: ``kv_connector_extra_config["page_tokens"]`` when
-    given, else :data:`DEFAULT_PAGE_TOKENS` (the largest divisor of vLLM's block up to it). A
-    page must divide vLLM's block (a block holds whole pages): anything else is a
-    :class:`ConfigError` naming the fix."""
+    given, else the greatest common divisor of :data:`DEFAULT_PAGE_TOKENS` and vLLM's block:
+    16 for every block that is a multiple of 16 (vLLM's are), else a power of two that divides
+    the block (8 for a block of 24, not 12, its largest divisor up to 16). That default stays
+    as it is: the page is part of the model's fingerprint (spec F-FP), so a store written with
+    it would refuse the connector if it changed. A page must divide vLLM's block (a block
+    holds whole pages): anything else is a :class:`ConfigError` naming the fix."""
     given = dict(extra or {}).get("page_tokens")
     if given is None:
         return math.gcd(DEFAULT_PAGE_TOKENS, block_size)

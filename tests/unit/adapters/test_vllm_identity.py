@@ -122,6 +122,46 @@ def test_what_has_no_stable_text_is_a_config_error_naming_its_key(
     assert not isinstance(got.value, TypeError)
 
 
+def _looped_dict() -> dict[str, Any]:
+    cfg: dict[str, Any] = {"num_hidden_layers": 2}
+    cfg["text_config"] = {"heads": 8, "parent": cfg}
+    return cfg
+
+
+def _looped_list() -> dict[str, Any]:
+    layers: list[Any] = [1, 2]
+    layers.append(layers)
+    return {"layers": layers}
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (_looped_dict, r'config\["text_config"\]\["parent"\]'),
+        (_looped_list, r'config\["layers"\]\[2\]'),
+    ],
+)
+def test_a_config_that_contains_itself_is_a_config_error_naming_where(make: Any, path: str) -> None:
+    with pytest.raises(ConfigError, match=path + " contains itself"):
+        config_digest(make())
+
+
+def test_a_config_nested_past_any_models_is_a_config_error() -> None:
+    deep: dict[str, Any] = {"leaf": 1}
+    for _ in range(5000):
+        deep = {"k": deep}
+    with pytest.raises(ConfigError, match="nested over 100 levels"):
+        config_digest(deep)
+
+
+def test_one_dict_held_twice_is_no_cycle() -> None:
+    """A value shared by two keys (no cycle) digests as the two copies would."""
+    shared = {"rope_type": "llama3", "factor": 8.0}
+    twice = {"a": shared, "b": [shared, shared]}
+    copies = {"a": dict(shared), "b": [dict(shared), dict(shared)]}
+    assert config_digest(twice) == config_digest(copies)
+
+
 # -- the weights --------------------------------------------------------------------------------
 def _safetensors(path: Path, tensors: dict[str, np.ndarray], header_extra: Any = None) -> None:
     """A safetensors file written by hand: 8-byte length, the JSON header, the data."""

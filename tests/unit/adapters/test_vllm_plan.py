@@ -5,6 +5,7 @@ config, and a fingerprint that names what determines the K/V and nothing else.""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,6 +40,19 @@ def test_the_page_is_the_connectors_and_divides_vllms_block() -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             page_tokens(bad, 128)
+
+
+def test_the_default_page_is_the_gcd_of_16_and_the_block_as_its_docstring_says() -> None:
+    """The default page is ``gcd(16, block)`` (8 for a block of 24, not 12): part of the
+    model's fingerprint, so pinned for every block size, and its docstring says so (it said
+    "the largest divisor of the block up to 16", which is 12 for 24)."""
+    for block in range(1, 1025):
+        page = page_tokens(None, block)
+        assert page == math.gcd(16, block) and block % page == 0, block
+    doc = " ".join((page_tokens.__doc__ or "").split())
+    assert "greatest common divisor" in doc, doc
+    assert "the largest divisor of vLLM's block up to it" not in doc, doc
+    assert "8 for a block of 24" in doc, doc
 
 
 def test_a_request_loads_whole_pages_and_leaves_a_token() -> None:
