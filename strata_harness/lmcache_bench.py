@@ -5,7 +5,7 @@ the same bytes, by the protocol of ``strata bench --peers`` (:mod:`strata_harnes
 - **The same K/V**: ``mib`` MiB (1 GiB by default: 8,192 tokens) of the Llama-3.1-8B geometry
   (32 layers x 8 kv heads x 128 x fp16, 128 KiB a token), deterministic random bytes, stored
   and retrieved through LMCache's public engine on the CPU
-  (:mod:`stratastore.adapters.lmcache_cpu`) in chunks of 256 tokens (halved until the 50%
+  (:mod:`stratastore.adapters.lmcache.cpu`) in chunks of 256 tokens (halved until the 50%
   prefix is whole chunks), ``local_cpu`` off for both (nothing is served from RAM).
 - **Durable store**: ``engine.store`` until the bytes are durable. The disk backend: its
   asynchronous file writes waited for, then every file and the directory fsynced (LMCache

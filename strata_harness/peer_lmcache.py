@@ -64,7 +64,7 @@ PLUGIN = "stratastore"
 def _engine(job: Job) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from stratastore.adapters.lmcache_cpu import cpu_engine
+    from stratastore.adapters.lmcache.cpu import cpu_engine
 
     backend = job["backend"]
     # LMCache touches its whole CPU buffer at start: give it the K/V and 64 MiB (GB = 2**30)

@@ -31,7 +31,7 @@ def engine(
     (``local_cpu`` off: nothing is served from RAM)."""
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from stratastore.adapters.lmcache_cpu import cpu_engine
+    from stratastore.adapters.lmcache.cpu import cpu_engine
 
     p = "storage_plugin.stratastore."
     cfg = LMCacheEngineConfig.from_defaults(

@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch", reason=EXTRA)
 transformers = pytest.importorskip("transformers", reason=EXTRA)
 
 import numba_kernels  # noqa: E402
-from stratastore.adapters import hf, hf_tensors  # noqa: E402
+from stratastore.adapters.hf import cache as hf  # noqa: E402
+from stratastore.adapters.hf import tensors as hf_tensors  # noqa: E402
 from stratastore.restore import DeviceLayerKV  # noqa: E402
 from tests.adapters.test_hf_engine import (  # noqa: E402
     MODEL,

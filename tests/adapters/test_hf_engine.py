@@ -32,8 +32,9 @@ transformers = pytest.importorskip("transformers", reason=EXTRA)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from stratastore import ConfigError, IncompatibleFingerprint, StrataError  # noqa: E402
-from stratastore.adapters import hf, hf_tensors  # noqa: E402
 from stratastore.adapters.hf import TransformersCache  # noqa: E402
+from stratastore.adapters.hf import cache as hf  # noqa: E402
+from stratastore.adapters.hf import tensors as hf_tensors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "test/tiny-llama@seed0"

@@ -1,6 +1,6 @@
 """stratastore as an LMCache 0.5.6 storage plugin, with the real ``lmcache`` package
 on the CPU: its engine and storage manager load the plugin from ``storage_plugins`` +
-``extra_config`` and a small connector copies bytes (``stratastore.adapters.lmcache_cpu``;
+``extra_config`` and a small connector copies bytes (``stratastore.adapters.lmcache.cpu``;
 LMCache's own mock connector copies nothing).
 
 Prefix chunks store, look up and retrieve bit-identically; a new process retrieves what this
@@ -39,8 +39,8 @@ from stratastore.adapters.lmcache import (  # noqa: E402
     StrataStoragePlugin,
     key_fields,
 )
-from stratastore.adapters.lmcache_chunks import chunk_id  # noqa: E402
-from stratastore.adapters.lmcache_store import stored_bytes  # noqa: E402
+from stratastore.adapters.lmcache.chunks import chunk_id  # noqa: E402
+from stratastore.adapters.lmcache.store import stored_bytes  # noqa: E402
 from stratastore.errors import ConfigError  # noqa: E402
 from stratastore.format import IncompatibleFingerprint, data_name, sidecar_name  # noqa: E402
 from stratastore.format.keys import state_key  # noqa: E402
@@ -336,7 +336,7 @@ def test_the_engine_md_snippet_loads_the_plugin_as_written(tmp_path: Path) -> No
     (tmp_path / "lmcache.yaml").write_text(snippet)
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from stratastore.adapters.lmcache_cpu import cpu_engine
+    from stratastore.adapters.lmcache.cpu import cpu_engine
 
     for name in ("test-engine-md-1", "test-engine-md-2"):  # the second reads the first's
         cfg = LMCacheEngineConfig.from_file(str(tmp_path / "lmcache.yaml"))

@@ -22,7 +22,7 @@ pytest.importorskip("lmcache", reason=EXTRA)
 from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 
-from stratastore.adapters.lmcache_cpu import cpu_engine  # noqa: E402
+from stratastore.adapters.lmcache.cpu import cpu_engine  # noqa: E402
 from tests.adapters.lmcache_worker import (  # noqa: E402
     CHUNK,
     HEAD_DIM,

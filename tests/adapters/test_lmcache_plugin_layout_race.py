@@ -16,7 +16,7 @@ EXTRA = "needs the lmcache extra: pip install -e '.[lmcache]'"
 pytest.importorskip("torch", reason=EXTRA)
 pytest.importorskip("lmcache", reason=EXTRA)
 
-from stratastore.adapters.lmcache_store import ChunkStore  # noqa: E402
+from stratastore.adapters.lmcache.store import ChunkStore  # noqa: E402
 from tests.conftest import tiny_fp  # noqa: E402
 from tests.unit.adapters.test_lmcache_chunks import cid, payload, read  # noqa: E402
 
@@ -52,7 +52,7 @@ def test_valid_chunks_survive_a_repaired_layout_record(tmp_path: Path) -> None:
     """A damaged layout record stops the plugin from opening (ChecksumMismatch at open); the
     fix the message and engine.md point to, ``strata fsck --repair``, quarantines it; the
     plugin then opens with no layout and deletes every valid chunk it is asked for."""
-    from stratastore.adapters.lmcache_chunks import LAYOUT_ID
+    from stratastore.adapters.lmcache.chunks import LAYOUT_ID
     from stratastore.format import data_name
     from stratastore.format.keys import state_key
     from stratastore.ops.repair import repair

@@ -18,8 +18,8 @@ import blake3
 import numpy as np
 import pytest
 
-from stratastore.adapters.lmcache_chunks import ChunkLayout, KeyFields, chunk_id
-from stratastore.adapters.lmcache_store import ChunkStore, stored_bytes
+from stratastore.adapters.lmcache.chunks import ChunkLayout, KeyFields, chunk_id
+from stratastore.adapters.lmcache.store import ChunkStore, stored_bytes
 from stratastore.format import FormatError, ModelFingerprint, data_name
 from stratastore.format.keys import state_key
 from tests.conftest import tiny_fp
@@ -35,7 +35,7 @@ def test_the_chunk_id_is_a_golden_value_in_every_process() -> None:
     Python's ``hash()``: another process with another hash seed derives the same id."""
     here = chunk_id(KEY).hex()
     code = (
-        "from stratastore.adapters.lmcache_chunks import KeyFields, chunk_id; print(chunk_id("
+        "from stratastore.adapters.lmcache.chunks import KeyFields, chunk_id; print(chunk_id("
         "KeyFields('meta-llama/Llama-3.1-8B', 2, 1, -1234567890123, 'torch.bfloat16')).hex())"
     )
     for seed in ("1", "4242"):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stratastore.adapters.lmcache_chunks import LAYOUT_ID
+from stratastore.adapters.lmcache.chunks import LAYOUT_ID
 from stratastore.format.keys import state_key
 from stratastore.tiers.disk import DiskLevel
 from tests.unit.adapters.test_lmcache_chunks import cid, open_store, payload

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratastore.adapters.lmcache_chunks import KeyFields
+from stratastore.adapters.lmcache.chunks import KeyFields
 from stratastore.errors import ConfigError
 from stratastore.format import DType, ModelFingerprint
 

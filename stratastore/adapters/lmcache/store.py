@@ -2,7 +2,7 @@
 level, plus the directory's chunk layout record and the counters only the plugin keeps (no
 lmcache or torch import; :mod:`stratastore.adapters.lmcache` is the LMCache side).
 
-A chunk is addressed by its **chunk id** (:func:`~stratastore.adapters.lmcache_chunks.chunk_id`
+A chunk is addressed by its **chunk id** (:func:`~stratastore.adapters.lmcache.chunks.chunk_id`
 of its LMCache key), the chunk store's 32-byte chunk key, and stored as the running-state
 segment ``state_key(chunk id)`` (spec F-KEY-5) of the directory, opened through the level
 registry: the directory's durable put protocol (F-DUR), its LMDB index rebuilt from the sidecars
@@ -17,7 +17,7 @@ adds:
   layout (the record is re-read first: another process may have written it) is a plain miss,
   never damage; a chunk whose size is no whole number of tokens of the layout is damage.
 - the plugin's own counters (``put_errors``, ``alloc_failures``) beside the store's, as
-  :class:`~stratastore.adapters.lmcache_chunks.PluginCounters` lists them.
+  :class:`~stratastore.adapters.lmcache.chunks.PluginCounters` lists them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 from dataclasses import fields
 
 import stratastore.chunks as chunk_layer
-from stratastore.adapters.lmcache_chunks import LAYOUT_ID, ChunkLayout, PluginCounters
+from stratastore.adapters.lmcache.chunks import LAYOUT_ID, ChunkLayout, PluginCounters
 from stratastore.chunks import (
     ChunkConfig,
     ChunkCounters,
