@@ -308,8 +308,10 @@ def _open_directory(
     from stratastore.levels.local import SegmentStore
 
     path = spec[len("file://") :] if spec.lower().startswith("file://") else spec
-    args = {k: v for k, v in settings.items() if k not in KEY_SETTINGS}
-    keys = level_keys({k: settings[k] for k in KEY_SETTINGS if k in settings})
+    args = {k: v for k, v in settings.items() if k not in (*KEY_SETTINGS, "keys")}
+    keys = settings.get("keys")  # keys read already (a tool's), else where the secrets are
+    if keys is None:
+        keys = level_keys({k: settings[k] for k in KEY_SETTINGS if k in settings})
     return SegmentStore.open(path, fingerprint, level=level, keys=keys, **args)
 
 
