@@ -20,7 +20,7 @@ showing its value.
 
 from __future__ import annotations
 
-import os
+import errno
 import re
 import stat
 from collections.abc import Callable, Mapping
@@ -29,7 +29,7 @@ from typing import Any
 from stratastore.errors import ConfigError
 from stratastore.format import LevelKeys
 from stratastore.format.level_key import MAX_KEYS, MIN_SECRET_BYTES
-from stratastore.io import files
+from stratastore.io import files, system
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.settings import Setting
 
@@ -98,7 +98,7 @@ def read_key_file(path: str) -> list[bytes]:
         raw = files.read_file(files.realpath(path), MAX_KEY_FILE_BYTES)
     except StrataIOError as e:
         raise ConfigError(
-            f"key file {path} cannot be read ({os.strerror(e.errno) if e.errno else 'error'}); "
+            f"key file {path} cannot be read ({errno.errorcode.get(e.errno, 'error')}); "
             "give the path of a regular file of secrets, one a line, readable by this user"
         ) from None
     if mode & (stat.S_IROTH | stat.S_IWOTH):
@@ -125,21 +125,23 @@ def _checked(secrets: list[bytes], where: Callable[[int], str]) -> list[bytes]:
     return secrets
 
 
-def level_keys(table: Mapping[str, Any], env: Mapping[str, str] | None = None) -> LevelKeys | None:
+def level_keys(
+    table: Mapping[str, Any], env: Callable[[str], str | None] = system.env_var
+) -> LevelKeys | None:
     """The keys of a level whose settings table is ``table`` (``key_file`` or ``key_env``;
-    None when neither is set: an unkeyed level), read now; ``env`` defaults to the process
-    environment. A :class:`~stratastore.errors.ConfigError` naming the file or the variable
-    (never a secret) when one cannot be used."""
+    None when neither is set: an unkeyed level), read now; ``env(name)`` is a variable's
+    value (None: unset), the process environment's by default. A
+    :class:`~stratastore.errors.ConfigError` naming the file or the variable (never a secret)
+    when one cannot be used."""
     check_key_settings(table, lambda k: k)
     key_file, key_env = table.get("key_file", ""), table.get("key_env", "")
     if key_file:
         return LevelKeys(read_key_file(str(key_file)))
     if not key_env:
         return None
-    env = os.environ if env is None else env
     secrets = []
     for name in (n.strip() for n in str(key_env).split(",")):
-        value = env.get(name)
+        value = env(name)
         if not value:
             raise ConfigError(
                 f"environment variable {name} (setting key_env) is not set or empty; set it "

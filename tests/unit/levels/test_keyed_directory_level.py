@@ -220,3 +220,15 @@ def test_the_secret_is_shown_nowhere(tmp_path: Path) -> None:
         shown.append(str(e.value))
     for text in shown:
         assert SECRET1.decode() not in text and derive_key(SECRET1).hex() not in text, text
+
+
+def test_secrets_from_the_environment_rotate_first_writes() -> None:
+    env = {"STRATA_KEY_NEW": SECRET2.decode(), "STRATA_KEY_OLD": SECRET1.decode()}
+    keys = level_keys({"key_env": "STRATA_KEY_NEW,STRATA_KEY_OLD"}, env.get)
+    assert keys is not None and keys.key_ids == LevelKeys([SECRET2, SECRET1]).key_ids
+    with pytest.raises(ConfigError, match="STRATA_KEY_GONE is not set") as e:
+        level_keys({"key_env": "STRATA_KEY_GONE"}, env.get)
+    with pytest.raises(ConfigError, match="environment variables") as inline:
+        level_keys({"key_env": SECRET1.decode()}, env.get)  # a secret given by mistake
+    for text in (str(e.value), str(inline.value), repr(keys)):
+        assert SECRET1.decode() not in text and SECRET2.decode() not in text
