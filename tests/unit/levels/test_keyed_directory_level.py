@@ -226,7 +226,7 @@ def test_secrets_from_the_environment_rotate_first_writes() -> None:
     env = {"STRATA_KEY_NEW": SECRET2.decode(), "STRATA_KEY_OLD": SECRET1.decode()}
     keys = level_keys({"key_env": "STRATA_KEY_NEW,STRATA_KEY_OLD"}, env.get)
     assert keys is not None and keys.key_ids == LevelKeys([SECRET2, SECRET1]).key_ids
-    with pytest.raises(ConfigError, match="STRATA_KEY_GONE .setting key_env. is not set") as e:
+    with pytest.raises(ConfigError, match=r"STRATA_KEY_GONE \(setting key_env\) is not set") as e:
         level_keys({"key_env": "STRATA_KEY_GONE"}, env.get)
     with pytest.raises(ConfigError, match="environment variables") as inline:
         level_keys({"key_env": SECRET1.decode()}, env.get)  # a secret given by mistake
