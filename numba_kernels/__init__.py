@@ -45,9 +45,12 @@ def _on_device(buf: Any, device: Device) -> bool:
     return device == "cuda" or (device == "auto" and hasattr(buf, "copy_to_host"))
 
 
-def page_hashes(buf: Any, page_bytes: int, device: Device = "auto") -> npt.NDArray[np.uint8]:
+def page_hashes(
+    buf: Any, page_bytes: int, device: Device = "auto", key: bytes | None = None
+) -> npt.NDArray[np.uint8]:
     """``(n_pages, 32)`` BLAKE3-256 digests of consecutive ``page_bytes`` pages of ``buf`` (the
-    last may be short; an empty buffer has no pages)."""
+    last may be short; an empty buffer has no pages). ``key``: BLAKE3 keyed by it (a keyed
+    level, spec F-KEYED), on the CPU only: device memory with a key is refused."""
     if (
         isinstance(page_bytes, bool)
         or not isinstance(page_bytes, (int, np.integer))
@@ -55,11 +58,15 @@ def page_hashes(buf: Any, page_bytes: int, device: Device = "auto") -> npt.NDArr
     ):
         raise KernelArgumentError(f"page_bytes must be a positive int, not {page_bytes!r}")
     if _on_device(buf, device):
+        if key is not None:
+            raise KernelArgumentError(
+                "keyed BLAKE3 runs on the CPU path only; copy the pages to the host to hash them"
+            )
         from .cuda import page_hashes_device
 
         flat = flat_bytes(buf, "buf")
         return page_hashes_device(flat, int(flat.shape[0]), int(page_bytes))
-    return _cpu_page_hashes(buf, page_bytes)
+    return _cpu_page_hashes(buf, page_bytes, key)
 
 
 def first_bad_page(actual: Any, expected: Any, device: Device = "auto") -> int:

@@ -2,7 +2,9 @@
 
 Hashing uses the ``blake3`` package (the reference implementation every kernel is tested
 against). Pages are spread over a shared thread pool: both ``blake3`` and numpy copies release
-the GIL, so on N cores N pages hash (and copy) at once.
+the GIL, so on N cores N pages hash (and copy) at once. Every hashing function takes an
+optional ``key``: the 32-byte key of a keyed level (BLAKE3's keyed mode, spec F-KEYED), which
+is hashed here, on the CPU, only (the CUDA kernels hash plain BLAKE3).
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ def _as_bytes(buf: object) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def hash_page(page: memoryview | bytes) -> bytes:
-    return blake3.blake3(page).digest()
+def hash_page(page: memoryview | bytes, key: bytes | None = None) -> bytes:
+    """BLAKE3-256 of ``page``, keyed by ``key`` when given."""
+    if key is None:
+        return blake3.blake3(page).digest()
+    return blake3.blake3(page, key=key).digest()
 
 
 def _groups(n_pages: int, page_bytes: int) -> list[tuple[int, int]]:
@@ -67,13 +72,15 @@ def _groups(n_pages: int, page_bytes: int) -> list[tuple[int, int]]:
     return [(i, min(i + per, n_pages)) for i in range(0, n_pages, per)]
 
 
-def page_hashes(buf: object, page_bytes: int) -> npt.NDArray[np.uint8]:
-    """BLAKE3-256 of each ``page_bytes`` page of ``buf`` (the last may be short) as an
-    ``(n_pages, 32)`` uint8 array. An empty buffer has no pages."""
-    return start_page_hashes(buf, page_bytes)()
+def page_hashes(buf: object, page_bytes: int, key: bytes | None = None) -> npt.NDArray[np.uint8]:
+    """BLAKE3-256 (keyed by ``key`` when given) of each ``page_bytes`` page of ``buf`` (the
+    last may be short) as an ``(n_pages, 32)`` uint8 array. An empty buffer has no pages."""
+    return start_page_hashes(buf, page_bytes, key)()
 
 
-def start_page_hashes(buf: object, page_bytes: int) -> Callable[[], npt.NDArray[np.uint8]]:
+def start_page_hashes(
+    buf: object, page_bytes: int, key: bytes | None = None
+) -> Callable[[], npt.NDArray[np.uint8]]:
     """Start hashing the pages of ``buf`` on the worker threads and return a function that
     waits for and returns the digests, so the caller can do other work (write the same bytes)
     meanwhile. ``buf`` must not change until the result is joined."""
@@ -85,7 +92,8 @@ def start_page_hashes(buf: object, page_bytes: int) -> Callable[[], npt.NDArray[
 
     def run(lo: int, hi: int) -> None:
         for i in range(lo, hi):
-            out[i] = np.frombuffer(hash_page(view[i * page_bytes : (i + 1) * page_bytes]), np.uint8)
+            page = view[i * page_bytes : (i + 1) * page_bytes]
+            out[i] = np.frombuffer(hash_page(page, key), np.uint8)
 
     futures = [_get_pool().submit(run, lo, hi) for lo, hi in _groups(n, page_bytes)]
 
@@ -125,9 +133,14 @@ def parallel_run(tasks: list[Callable[[], None]], nbytes: int) -> None:
 
 
 def validated_copy(
-    src: object, dst: object, page_bytes: int, expected: npt.NDArray[np.uint8]
+    src: object,
+    dst: object,
+    page_bytes: int,
+    expected: npt.NDArray[np.uint8],
+    key: bytes | None = None,
 ) -> int:
-    """Hash each page of ``src``; copy it into ``dst`` only if it matches ``expected``.
+    """Hash each page of ``src`` (keyed by ``key`` when given); copy it into ``dst`` only if it
+    matches ``expected``.
 
     Returns the index of the first page whose digest differs, or -1 when all match. Every page
     before the first bad one is copied (the valid prefix); every byte written into ``dst``
@@ -144,7 +157,7 @@ def validated_copy(
     def run(lo: int, hi: int) -> int:
         for i in range(lo, hi):
             a, b = i * page_bytes, min((i + 1) * page_bytes, len(s))
-            if hash_page(s[a:b]) != expected[i].tobytes():
+            if hash_page(s[a:b], key) != expected[i].tobytes():
                 return i
             d_arr[a:b] = s_arr[a:b]
         return -1

@@ -10,6 +10,7 @@ compare them with the manifest; they never call this script.
     python tools/make_vectors.py --v1.2 format-spec/vectors/v1.2
     python tools/make_vectors.py --v1.2-errata1 format-spec/vectors/v1.2-errata1
     python tools/make_vectors.py --v1.2-errata2 format-spec/vectors/v1.2-errata2
+    python tools/make_vectors.py --v1.3 format-spec/vectors/v1.3
 """
 
 from __future__ import annotations
@@ -1565,6 +1566,227 @@ def main_v1_2_errata2(out: str, vectors_root: str = "format-spec/vectors") -> in
     return 0
 
 
+V1_3 = "v1.3"
+#: the fixed test secrets of ``v1.3/`` (never a real level's)
+TEST_SECRET = b"stratastore keyed level test secret 1"
+TEST_SECRET_NEW = b"stratastore keyed level test secret 2"
+TEST_SECRET_OTHER = b"a secret that is not the level's at all"
+
+
+def keyed(sc: Sidecar, payload: bytes, secret: bytes) -> Sidecar:
+    """``sc`` keyed by ``secret`` (spec F-KEYED-2/3): its page digests keyed, its key id."""
+    from stratastore.format import PageHasher
+    from stratastore.format.level_key import derive_key
+
+    h = PageHasher(derive_key(secret))
+    pb = sc.page_bytes
+    digests = b"".join(h.digest(payload[i : i + pb]) for i in range(0, len(payload), pb))
+    return replace(sc, page_hashes=digests, minor=1, key_id=h.key_id, hasher=h)
+
+
+def main_v1_3(out: str) -> int:
+    """Format 1.3: keyed sidecars (spec F-KEYED) under fixed test secrets, each in a key file of
+    this folder that the vector names (``key_file``): the key derivation, a keyed sidecar, data
+    file and commit record, and what a keyed level refuses (an unkeyed sidecar, another key's,
+    a made-up key id, a trailer or pages not keyed) and a reader without the key. Deterministic:
+    same inputs, same bytes (tests/conformance/test_vectors.py compares)."""
+    from stratastore.format import PLAIN, LevelKeys
+    from stratastore.format.level_key import derive_key, key_id_of
+    from stratastore.format.remote_record import CommitRecord
+
+    if not fresh_folder(out):
+        return 1
+    entries: list[dict[str, object]] = []
+    put = vector_writer(out, entries)
+
+    def key_file(*secrets: bytes) -> bytes:
+        return (
+            b"# test secrets of the v1.3 vectors, the writer's first\n"
+            + b"\n".join(secrets)
+            + b"\n"
+        )
+
+    def ids(*secrets: bytes) -> list[str]:
+        return list(LevelKeys(list(secrets)).key_ids)
+
+    # -- keys (F-KEYED-1) ------------------------------------------------------------------------
+    put("fingerprint.bin", FP.pack(), "fingerprint", "ok", ["F-FP-1"])
+    put(
+        "level.key",
+        key_file(TEST_SECRET),
+        "level_key",
+        "ok",
+        ["F-KEYED-1"],
+        key_ids=ids(TEST_SECRET),
+    )
+    put(
+        "level_rotated.key",
+        key_file(TEST_SECRET_NEW, TEST_SECRET),
+        "level_key",
+        "ok",
+        ["F-KEYED-1", "F-KEYED-4"],
+        key_ids=ids(TEST_SECRET_NEW, TEST_SECRET),
+    )
+    put(
+        "other.key",
+        key_file(TEST_SECRET_OTHER),
+        "level_key",
+        "ok",
+        ["F-KEYED-1"],
+        key_ids=ids(TEST_SECRET_OTHER),
+    )
+    plain_id = key_id_of(blake3.blake3(TEST_SECRET).digest()).hex()  # no derive_key context
+    put(
+        "level_key_without_context.key",
+        key_file(TEST_SECRET),
+        "level_key",
+        "KeyMismatch",
+        ["F-KEYED-1"],
+        key_ids=[plain_id],
+    )
+    put(
+        "level_short.key",
+        key_file(TEST_SECRET[:15]),
+        "level_key",
+        "FormatError",
+        ["F-KEYED-1"],
+        key_ids=[],
+    )
+    assert derive_key(TEST_SECRET) != blake3.blake3(TEST_SECRET).digest()
+
+    # -- a keyed sidecar, its data file, a commit record (F-KEYED-2/3/5) ------------------------
+    payload = pattern(10 * FP.token_bytes)
+    sc, stored = kv_sidecar(list(range(10)), FP.digest(), 0, payload, Codec.RAW)
+    sc_k = keyed(sc, payload, TEST_SECRET)
+    side_k = encode_sidecar(sc_k)
+    ok = {"key": sc.key.hex(), "pages": sc.page_count, "payload_bytes": sc.payload_bytes}
+    put(
+        "sidecar_keyed.side",
+        side_k,
+        "sidecar",
+        "ok",
+        ["F-KEYED-2", "F-KEYED-3", "F-KEYED-5"],
+        key_file="level.key",
+        **ok,
+    )
+    header = encode_segment_header(
+        SegmentHeader(sc.kind, sc.codec, sc.key, sc.page_count, sc.page_bytes, sc.stored_bytes)
+    )
+    seg = header + stored
+    put(
+        "segment_keyed.seg",
+        seg,
+        "segment",
+        "ok",
+        ["F-KEYED-2", "F-KEYED-4", "F-KEYED-5"],
+        sidecar="sidecar_keyed.side",
+        key_file="level_rotated.key",
+        payload="pattern",
+        payload_bytes=len(payload),
+    )
+    nonce = "00112233445566778899aabbccddeeff"
+    put(
+        "remote_commit_keyed.rec",
+        CommitRecord(nonce, 1, 4096, sc_k).encode(),
+        "remote_commit",
+        "ok",
+        ["F-KEYED-2", "F-REM-2"],
+        key_file="level.key",
+    )
+
+    # -- what a keyed level refuses (F-KEYED-2/3/4/5) -------------------------------------------
+    put(
+        "sidecar_keyed_other_key.side",
+        side_k,
+        "sidecar",
+        "NotAuthenticated",
+        ["F-KEYED-5"],
+        key_file="other.key",
+    )
+    side_plain = encode_sidecar(sc)
+    assert sc.hasher == PLAIN
+    put(
+        "sidecar_unkeyed_in_keyed_level.side",
+        side_plain,
+        "sidecar",
+        "NotAuthenticated",
+        ["F-KEYED-5"],
+        key_file="level.key",
+    )
+    made_up = bytearray(side_k[:-32])
+    made_up[224:232] = b"\x11" * 8
+    own = derive_key(TEST_SECRET_OTHER)
+    put(
+        "sidecar_keyed_made_up_id.side",
+        bytes(made_up) + blake3.blake3(bytes(made_up), key=own).digest(),
+        "sidecar",
+        "NotAuthenticated",
+        ["F-KEYED-5"],
+        key_file="level.key",
+    )
+    put(
+        "sidecar_keyed_plain_trailer.side",
+        resign(side_k),
+        "sidecar",
+        "ChecksumMismatch",
+        ["F-KEYED-2"],
+        key_file="level.key",
+    )
+    short = bytearray(side_k[:224] + side_k[232:-32])
+    struct.pack_into("<H", short, 12, 224)
+    body = bytes(short)
+    put(
+        "sidecar_keyed_head_short.side",
+        body + blake3.blake3(body, key=derive_key(TEST_SECRET)).digest(),
+        "sidecar",
+        "FormatError",
+        ["F-KEYED-3", "F-READ-1"],
+        key_file="level.key",
+    )
+    plain_pages = replace(sc_k, page_hashes=sc.page_hashes)
+    put(
+        "sidecar_keyed_plain_pages.side",
+        encode_sidecar(plain_pages),
+        "sidecar",
+        "ok",
+        ["F-KEYED-3"],
+        key_file="level.key",
+        **ok,
+    )
+    put(
+        "segment_keyed_plain_pages.seg",
+        seg,
+        "segment",
+        "PageMismatch:0",
+        ["F-KEYED-2"],
+        sidecar="sidecar_keyed_plain_pages.side",
+        key_file="level.key",
+    )
+    sc_new = keyed(sc, payload, TEST_SECRET_NEW)
+    put(
+        "sidecar_keyed_new_key.side",
+        encode_sidecar(sc_new),
+        "sidecar",
+        "NotAuthenticated",
+        ["F-KEYED-4"],
+        key_file="level.key",
+    )
+
+    # -- a reader without the key (F-KEYED-6) ---------------------------------------------------
+    put("sidecar_keyed_no_key.side", side_k, "sidecar", "UnsupportedVersion", ["F-KEYED-6"])
+    put("sidecar_unkeyed.side", side_plain, "sidecar", "ok", ["F-KEYED-6", "F-SC-2"], **ok)
+
+    doc = {
+        "format_version": "1.3",
+        "generator": f"tools/make_vectors.py --{V1_3}",
+        "vectors": entries,
+    }
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {len(entries)} vectors to {out}")
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--v1.1":
         raise SystemExit(
@@ -1594,5 +1816,9 @@ if __name__ == "__main__":
                 sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{ERRATA_2_2}",
                 sys.argv[3] if len(sys.argv) > 3 else "format-spec/vectors",
             )
+        )
+    if len(sys.argv) > 1 and sys.argv[1] == f"--{V1_3}":
+        raise SystemExit(
+            main_v1_3(sys.argv[2] if len(sys.argv) > 2 else f"format-spec/vectors/{V1_3}")
         )
     raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "format-spec/vectors/v1"))

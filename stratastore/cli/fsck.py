@@ -20,7 +20,8 @@ from typing import Any
 from stratastore.cli.common import AddCommand, levels_doc, store_levels
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError
-from stratastore.levels.findings import PAGE_HASH_MISMATCH
+from stratastore.format import LevelKeys
+from stratastore.levels.findings import KEYED_UNCHECKED, PAGE_HASH_MISMATCH, SIDECAR_UNAUTHENTICATED
 from stratastore.levels.registry import fsck_shared
 from stratastore.levels.shared_check import NamespaceCheck
 
@@ -45,6 +46,12 @@ def add_parser(command: AddCommand) -> None:
     )
     fk.add_argument("--yes", action="store_true", help="confirm --repair without asking")
     fk.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="the secrets of keyed levels (spec F-KEYED), one a line: every level checked is "
+        "checked with them (default: each level's key_file or key_env of --config)",
+    )
+    fk.add_argument(
         "--remote",
         action="store_true",
         help="check the remote level of --config (remote_url, remote_name) instead: "
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return _remote(args)
     levels = store_levels(args)
     dirs = list(levels.checked)
+    keys = _level_keys(args, dirs)
     if not args.json:
         print(levels.describe())
     if args.repair:
@@ -74,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
                 )
             if input("repair moves damaged files aside and rebuilds indexes; type yes: ") != "yes":
                 raise ConfigError("repair not confirmed; nothing was changed")
-        for action in repair(dirs, levels=levels):
+        for action in repair(dirs, levels=levels, keys=keys):
             print(f"repair: {action.kind}: {action.object}: {action.detail}")
-    findings = list(fsck(dirs, deep=args.deep, levels=levels))
+    findings = list(fsck(dirs, deep=args.deep, levels=levels, keys=keys))
     errors = sum(f.severity == "error" for f in findings)
     if args.json:
         doc = {
@@ -92,6 +100,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"{f.severity}: {f.id}: {f.object}: {f.detail}")
         print(f"{len(findings)} findings, {errors} errors in {len(dirs)} level(s)")
     return 1 if errors else 0
+
+
+def _level_keys(args: argparse.Namespace, dirs: list[str]) -> dict[str, LevelKeys]:
+    """The keys of the keyed levels among ``dirs``, by absolute path: ``--key-file``'s for
+    every one, else each level's own of ``--config`` (``key_file`` or ``key_env``). A file or
+    variable that cannot be used is a ConfigError naming it (exit 2), never a secret."""
+    from stratastore.io import pathnames
+    from stratastore.levels.level_keys import level_keys, read_key_file
+
+    if args.key_file:
+        given = LevelKeys(read_key_file(args.key_file))
+        return {pathnames.abspath(d): given for d in dirs}
+    cfg: StoreConfig | None = args.store_config
+    out: dict[str, LevelKeys] = {}
+    for spec in cfg.specs if cfg is not None else ():
+        if spec.dir and not spec.shared and (keys := level_keys(spec.table())) is not None:
+            out[pathnames.abspath(spec.dir)] = keys
+    return out
 
 
 def _remote(args: argparse.Namespace) -> int:
@@ -131,15 +157,21 @@ def _remote(args: argparse.Namespace) -> int:
             model = r["model"] or "no commit record names its model"
             print(f"{'ok' if r['clean'] else 'NOT CLEAN'}: {r['namespace']} ({model}): {what}")
             for f in r.get("findings", []):
+                if "segment" not in f:  # KEYED_UNCHECKED: a count, never repaired
+                    print(f"  {f['id']}: {f['detail']}")
+                    continue
                 removed = " (removed)" if r["repaired"] else ""
-                print(f"  {f['id']}: segment {f['segment']} page {f['page']}{removed}")
+                where = f" page {f['page']}" if "page" in f else ""
+                print(f"  {f['id']}: segment {f['segment']}{where}{removed}")
     return 1 if bad else 0
 
 
 def _namespace_row(ns: NamespaceCheck) -> dict[str, Any]:
     """One namespace of the check as a row of the output: clean as checked, or as checked
     again after the repair (what the repair left); its counts in the order the backend names
-    them, and each damaged segment as a ``PAGE_HASH_MISMATCH`` finding."""
+    them, each damaged segment as a ``PAGE_HASH_MISMATCH`` finding, each record a keyed level
+    does not accept as ``SIDECAR_UNAUTHENTICATED`` and keyed records fsck had no key for as
+    one ``KEYED_UNCHECKED`` (spec F-KEYED-6)."""
     row: dict[str, Any] = {
         "namespace": ns.prefix,
         "model": ns.model,
@@ -151,8 +183,26 @@ def _namespace_row(ns: NamespaceCheck) -> dict[str, Any]:
             **ns.counts,
             "repaired": ns.repaired,
             "findings": [
-                {"id": PAGE_HASH_MISMATCH.id, "segment": k.hex(), "page": page}
-                for k, page in ns.damaged
+                *(
+                    {"id": PAGE_HASH_MISMATCH.id, "segment": k.hex(), "page": page}
+                    for k, page in ns.damaged
+                ),
+                *(
+                    {"id": SIDECAR_UNAUTHENTICATED.id, "segment": k.hex()}
+                    for k in ns.unauthenticated
+                ),
+                *(
+                    [
+                        {
+                            "id": KEYED_UNCHECKED.id,
+                            "segments": n,
+                            "detail": f"{n} keyed segment(s) not checked: fsck was given no "
+                            "key for them (set the level's key_file or key_env in the config)",
+                        }
+                    ]
+                    if (n := ns.counts.get("keyed_unchecked", 0))
+                    else []
+                ),
             ],
         }
     return row

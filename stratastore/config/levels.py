@@ -29,6 +29,7 @@ from typing import Any
 from stratastore.config.environment import DEFAULT_DIR_LEVEL, default_cold_dir
 from stratastore.errors import ConfigError
 from stratastore.format.sidecar import Level
+from stratastore.levels.level_keys import INLINE_SECRET_KEYS
 from stratastore.levels.registry import SCHEMES, BackendEntry, backend_for, flat_shared, scheme_of
 from stratastore.levels.settings import (
     MAX_SETTING,
@@ -172,6 +173,12 @@ def settings_problem(
             )
         return None
     for key, value in settings.items():
+        if key in INLINE_SECRET_KEYS:  # its value is never shown
+            return (
+                f"setting {label(key)}: a level's secret is never written in the config (the "
+                "value is not shown); put it in a file and set key_file, or in an environment "
+                "variable and set key_env"
+            )
         if key not in schema:
             return (
                 f"unknown setting {key!r}; a {entry.kind} level's settings are {', '.join(schema)}"

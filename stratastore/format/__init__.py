@@ -5,6 +5,8 @@ from stratastore.format.errors import (
     FormatError,
     IncompatibleFingerprint,
     KeyMismatch,
+    KeyRequired,
+    NotAuthenticated,
     UnsupportedVersion,
 )
 from stratastore.format.fingerprint import DType, KVLayout, ModelFingerprint
@@ -19,6 +21,7 @@ from stratastore.format.keys import (
     segment_media,
     state_key,
 )
+from stratastore.format.level_key import PLAIN, LevelKeys, PageHasher
 from stratastore.format.naming import data_name, parse_name, sidecar_name
 from stratastore.format.segment import (
     DATA_OFFSET,
@@ -40,10 +43,15 @@ __all__ = [
     "IndexRecord",
     "KVLayout",
     "KeyMismatch",
+    "KeyRequired",
     "Kind",
     "Level",
+    "LevelKeys",
     "MediaRef",
     "ModelFingerprint",
+    "NotAuthenticated",
+    "PLAIN",
+    "PageHasher",
     "SegmentHeader",
     "SegmentKey",
     "Sidecar",

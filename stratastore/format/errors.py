@@ -9,6 +9,8 @@ __all__ = [
     "FormatError",
     "IncompatibleFingerprint",
     "KeyMismatch",
+    "KeyRequired",
+    "NotAuthenticated",
     "UnsupportedVersion",
 ]
 
@@ -19,6 +21,11 @@ class FormatError(StrataError):
 
 class UnsupportedVersion(FormatError):
     """A newer major version or an unknown required feature: this reader must refuse it."""
+
+
+class KeyRequired(UnsupportedVersion):
+    """A keyed sidecar (spec F-KEYED-3) read by a reader given no level key: it cannot check
+    it, so it refuses it (as a reader of an older version refuses the required feature)."""
 
 
 class KeyMismatch(FormatError):
@@ -79,3 +86,21 @@ def _differing_hex(a: bytes, b: bytes, *, least: int = 16, past: int = 8) -> tup
 
 class IncompatibleFingerprint(StrataError):
     """Bytes written for another model (geometry, dtype, page size or model identity differ)."""
+
+
+class NotAuthenticated(ChecksumMismatch):
+    """A sidecar a keyed level does not accept (spec F-KEYED-5): written without a key, or
+    keyed by a key that is not one of the level's. Damage for a reader (a miss, the ladder),
+    like any digest that does not match; the message names the key ids, never a key."""
+
+    def __init__(self, obj: str, why: str) -> None:
+        self.obj = obj
+        self.expected = b""
+        self.actual = b""
+        self.page = None
+        StrataError.__init__(
+            self,
+            f"{obj}: {why}; a keyed level accepts only sidecars keyed by one of its keys "
+            "(spec F-KEYED-5): the segment is not delivered. If the level's keys were "
+            "rotated, add the old key to key_file after the new one",
+        )

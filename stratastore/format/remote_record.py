@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from stratastore.format.errors import FormatError
+from stratastore.format.level_key import LevelKeys
 from stratastore.format.sidecar import MAX_SIDECAR_BYTES, Sidecar, decode_sidecar, encode_sidecar
 
 __all__ = [
@@ -148,11 +149,19 @@ class CommitRecord:
         return cls(nonce, parts, part_bytes, sidecar)
 
 
-def decode_commit_record(raw: bytes, obj: str = "commit record") -> CommitRecord:
-    """Parse ``raw`` (spec F-REM-2). :class:`FormatError` for a record that is too long, has
-    another magic or a malformed head, parts that do not cover the sidecar's stored bytes or
-    parts over :data:`MAX_PART_BYTES`; the sidecar's own errors (F-READ-1) as
-    :func:`decode_sidecar` raises them. The caller checks identity (the key, the model)."""
+def decode_commit_record(
+    raw: bytes,
+    obj: str = "commit record",
+    *,
+    keys: LevelKeys | None = None,
+    unchecked: bool = False,
+) -> CommitRecord:
+    """Parse ``raw`` (spec F-REM-2); ``keys`` and ``unchecked`` are the sidecar's
+    (:func:`decode_sidecar`: a keyed level's, spec F-KEYED). :class:`FormatError` for a
+    record that is too long, has another magic or a malformed head, parts that do not cover
+    the sidecar's stored bytes or parts over :data:`MAX_PART_BYTES`; the sidecar's own errors
+    (F-READ-1) as :func:`decode_sidecar` raises them. The caller checks identity (the key,
+    the model)."""
     if len(raw) > MAX_COMMIT_RECORD_BYTES:
         raise FormatError(f"{obj} is {len(raw):,} bytes, longer than any commit record")
     if not raw.startswith(REMOTE_MAGIC + b":"):
@@ -166,7 +175,7 @@ def decode_commit_record(raw: bytes, obj: str = "commit record") -> CommitRecord
             f"{obj} names parts of {part_bytes:,} bytes, outside the "
             f"{MIN_PART_BYTES:,}..{MAX_PART_BYTES:,} allowed"
         )
-    sc = decode_sidecar(raw[m.end() :], obj)
+    sc = decode_sidecar(raw[m.end() :], obj, keys=keys, unchecked=unchecked)
     if parts != -(-sc.stored_bytes // part_bytes):
         raise FormatError(
             f"{obj} is damaged: {parts} parts of {part_bytes} bytes for "

@@ -9,6 +9,15 @@ Layout (little-endian), in file order::
     media       media_count x (u32 token offset, 32-byte digest)
     trailer     32 bytes, BLAKE3-256 of every byte before it
 
+A *keyed* sidecar (spec F-KEYED: a keyed level's) sets the required feature bit
+:data:`KEYED`, carries its key's 8-byte id at head bytes 224..231 (a minor-1 head of 232
+bytes), and its page digests and trailer are BLAKE3 keyed by that key
+(:class:`~stratastore.format.level_key.PageHasher`). :func:`decode_sidecar` given a level's
+:class:`~stratastore.format.level_key.LevelKeys` accepts only sidecars keyed by one of them;
+given none, it refuses a keyed one (:class:`~stratastore.format.errors.KeyRequired`) unless
+asked to parse it unchecked (fsck without the key). An unkeyed sidecar is byte for byte the
+format before F-KEYED.
+
 A sidecar is written after its data file and is the commit record: a data file without a valid
 sidecar is invisible (spec F-DUR-3). :func:`decode_sidecar` refuses truncated, oversized or
 garbage input with a typed error and allocates nothing sized by an unchecked field.
@@ -20,13 +29,19 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-import blake3
-
-from stratastore.format.errors import ChecksumMismatch, FormatError, UnsupportedVersion
+from stratastore.format.errors import (
+    ChecksumMismatch,
+    FormatError,
+    KeyRequired,
+    NotAuthenticated,
+    UnsupportedVersion,
+)
 from stratastore.format.fingerprint import FINGERPRINT, MAX_PAGE_BYTES, ModelFingerprint
 from stratastore.format.keys import KEY_BYTES, MediaRef
+from stratastore.format.level_key import KEY_ID_BYTES, PLAIN, LevelKeys, PageHasher
 
 __all__ = [
+    "KEYED",
     "MAX_HEAD_BYTES",
     "MAX_MEDIA",
     "MAX_PAGES",
@@ -43,8 +58,13 @@ __all__ = [
 
 SIDECAR_MAGIC = b"STRASIDE"
 MAJOR, MINOR = 1, 0
-#: bits of ``required_features`` this reader understands (none in v1: any set bit is refused)
-KNOWN_REQUIRED_FEATURES = 0
+#: ``required_features`` bit of a keyed sidecar (spec F-KEYED-3): a reader without the bit, or
+#: without the level's key, refuses it
+KEYED = 2  # bit 1; bit 0 stays unknown (vectors and tests refuse it as a newer feature)
+#: bits of ``required_features`` this reader understands (any other set bit is refused)
+KNOWN_REQUIRED_FEATURES = KEYED
+#: the minor version and head size a keyed sidecar is written with (its key id at 224..231)
+KEYED_MINOR = 1
 
 # magic, major, minor, head_bytes, reserved, required_features, optional_features,
 # kind, codec, level, reserved, fingerprint, key, parent_key, token_start, token_end,
@@ -111,6 +131,17 @@ class Sidecar:
     minor: int = MINOR
     optional_features: int = 0
     extra_head: bytes = field(default=b"", repr=False)
+    #: the id of the key the sidecar says it is keyed by (spec F-KEYED-3); empty: unkeyed
+    key_id: bytes = b""
+    #: how its digests were checked (and are checked, page by page): the key whose id is
+    #: ``key_id``, or plain BLAKE3. A keyed sidecar parsed unchecked (fsck without the key)
+    #: has ``key_id`` and the plain hasher: :attr:`authenticated` is False
+    hasher: PageHasher = field(default=PLAIN, repr=False)
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether its digests can be checked: unkeyed, or checked with its own key."""
+        return self.key_id == self.hasher.key_id
 
     @property
     def page_count(self) -> int:
@@ -191,11 +222,15 @@ def _validate(sc: Sidecar, obj: str) -> None:
             raise _bad(obj, "stored lengths do not add up to stored bytes")
     if len(sc.media) > MAX_MEDIA:
         raise _bad(obj, f"more than {MAX_MEDIA} media refs")
-    if len(sc.extra_head) > MAX_HEAD_GROWTH:
+    if sc.key_id and len(sc.key_id) != KEY_ID_BYTES:
+        raise _bad(obj, f"a key id is {KEY_ID_BYTES} bytes")
+    if sc.key_id and sc.minor < KEYED_MINOR:
+        raise _bad(obj, f"a keyed sidecar is of minor version {KEYED_MINOR} or later")
+    head = SIDECAR_HEAD.size + len(sc.key_id) + len(sc.extra_head)
+    if head > MAX_HEAD_BYTES:
         raise _bad(
             obj,
-            f"a head of {SIDECAR_HEAD.size + len(sc.extra_head)} bytes is over "
-            f"{MAX_HEAD_BYTES} (spec F-SC-7)",
+            f"a head of {head} bytes is over {MAX_HEAD_BYTES} (spec F-SC-7)",
         )
     last = -1
     for off, digest in sc.media:
@@ -205,15 +240,18 @@ def _validate(sc: Sidecar, obj: str) -> None:
 
 
 def encode_sidecar(sc: Sidecar) -> bytes:
-    """Serialise a sidecar (v1.0 head) after validating it."""
+    """Serialise a sidecar after validating it: its trailer made with its own hasher (keyed:
+    the required bit :data:`KEYED`, its key id after the v1.0 head; spec F-KEYED-3)."""
     sc.validate("sidecar to encode")
+    if sc.key_id != sc.hasher.key_id:
+        raise _bad("sidecar to encode", "its key id is not the id of the key it is hashed with")
     head = SIDECAR_HEAD.pack(
         SIDECAR_MAGIC,
         MAJOR,
         sc.minor,
-        SIDECAR_HEAD.size + len(sc.extra_head),
+        SIDECAR_HEAD.size + len(sc.key_id) + len(sc.extra_head),
         0,
-        0,
+        KEYED if sc.key_id else 0,
         sc.optional_features,
         int(sc.kind),
         int(sc.codec),
@@ -230,20 +268,33 @@ def encode_sidecar(sc: Sidecar) -> bytes:
         sc.stored_bytes,
         sc.sealed_at_ns,
     )
-    parts = [head, sc.extra_head, sc.page_hashes]
+    parts = [head, sc.key_id, sc.extra_head, sc.page_hashes]
     if sc.codec is not Codec.RAW:
         parts.append(struct.pack(f"<{len(sc.stored_lengths)}I", *sc.stored_lengths))
     parts.extend(_MEDIA.pack(off, d) for off, d in sc.media)
     body = b"".join(parts)
-    return body + blake3.blake3(body).digest()
+    return body + sc.hasher.digest(body)
 
 
-def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
+def decode_sidecar(
+    data: bytes,
+    obj: str = "sidecar",
+    *,
+    keys: LevelKeys | None = None,
+    unchecked: bool = False,
+) -> Sidecar:
     """Parse and validate a sidecar; every failure is a typed error naming ``obj``.
 
     Raises :class:`UnsupportedVersion` for a newer major version or an unknown required
     feature (spec F-COMPAT-1), :class:`ChecksumMismatch` for a damaged trailer and
     :class:`FormatError` for anything else.
+
+    ``keys``: the level is keyed (spec F-KEYED-5): only a sidecar keyed by one of them is
+    accepted, its trailer checked with that key, and the sidecar carries that key
+    (:attr:`Sidecar.hasher`) for its pages; an unkeyed one or one of another key is
+    :class:`NotAuthenticated`. Without ``keys`` a keyed sidecar is :class:`KeyRequired`, or
+    with ``unchecked`` parsed without checking its trailer (fsck without the key: its
+    :attr:`Sidecar.authenticated` is False, its pages cannot be checked).
     """
     if len(data) > MAX_SIDECAR_BYTES:
         raise _bad(obj, f"{len(data)} bytes is over the {MAX_SIDECAR_BYTES}-byte limit")
@@ -287,12 +338,21 @@ def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
             f"{obj}: required feature bits {required:#x} are unknown to this version; "
             "upgrade stratastore to read it"
         )
+    keyed = bool(required & KEYED)
+    if keyed and keys is None and not unchecked:
+        raise KeyRequired(
+            f"{obj}: a keyed sidecar (spec F-KEYED), and this reader has no level key; "
+            "configure the level's key_file or key_env (or pass --key-file) to read it"
+        )
     # F-SC-7: the head is bounded as a field, not only through the file's size, so a head
     # over the bound is refused whatever the counts beside it (F-READ-1 step 4)
     if not SIDECAR_HEAD.size <= head_bytes <= MAX_HEAD_BYTES or (
         minor == MINOR and head_bytes != SIDECAR_HEAD.size
     ):
         raise _bad(obj, f"head size {head_bytes} is invalid for version {major}.{minor}")
+    fields_end = SIDECAR_HEAD.size + (KEY_ID_BYTES if keyed else 0)
+    if head_bytes < fields_end:
+        raise _bad(obj, f"a keyed sidecar's head holds its key id: {head_bytes} bytes is short")
     if not 1 <= pc <= MAX_PAGES or media_count > MAX_MEDIA:
         raise _bad(obj, f"page count {pc} or media count {media_count} is out of range")
     try:
@@ -303,10 +363,13 @@ def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
     want = head_bytes + 32 * pc + lengths_bytes + _MEDIA.size * media_count + TRAILER_BYTES
     if len(data) != want:
         raise _bad(obj, f"{len(data)} bytes, but its counts need exactly {want}")
+    key_id = bytes(data[SIDECAR_HEAD.size : fields_end])
+    hasher = _hasher(obj, key_id, keys)
     body = memoryview(data)[: want - TRAILER_BYTES]
-    actual = blake3.blake3(body).digest()
-    if actual != data[-TRAILER_BYTES:]:
-        raise ChecksumMismatch(obj, bytes(data[-TRAILER_BYTES:]), actual)
+    if hasher.key_id == key_id:  # else: keyed, parsed unchecked (no key to check it with)
+        actual = hasher.digest(body)
+        if actual != data[-TRAILER_BYTES:]:
+            raise ChecksumMismatch(obj, bytes(data[-TRAILER_BYTES:]), actual)
     pos = head_bytes
     hashes = bytes(data[pos : pos + 32 * pc])
     pos += 32 * pc
@@ -340,7 +403,27 @@ def decode_sidecar(data: bytes, obj: str = "sidecar") -> Sidecar:
         media=media,
         minor=minor,
         optional_features=optional,
-        extra_head=bytes(data[SIDECAR_HEAD.size : head_bytes]),
+        extra_head=bytes(data[fields_end:head_bytes]),
+        key_id=key_id,
+        hasher=hasher,
     )
     sc.validate(obj)
     return sc
+
+
+def _hasher(obj: str, key_id: bytes, keys: LevelKeys | None) -> PageHasher:
+    """The hasher a sidecar saying ``key_id`` (empty: unkeyed) is checked with: a keyed
+    level's key of that id (:class:`NotAuthenticated` for an unkeyed sidecar or an id not
+    among ``keys``: spec F-KEYED-5), plain BLAKE3 without ``keys``."""
+    if keys is None:
+        return PLAIN
+    if not key_id:
+        raise NotAuthenticated(obj, "it was written without a key (an unkeyed sidecar)")
+    hasher = keys.for_id(key_id)
+    if hasher is None:
+        raise NotAuthenticated(
+            obj,
+            f"it is keyed by key id {key_id.hex()}, not one of the level's "
+            f"({', '.join(keys.key_ids)})",
+        )
+    return hasher

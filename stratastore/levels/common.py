@@ -17,7 +17,15 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from stratastore.format import Codec, MediaRef, ModelFingerprint, Sidecar
+from stratastore.format import (
+    PLAIN,
+    Codec,
+    LevelKeys,
+    MediaRef,
+    ModelFingerprint,
+    PageHasher,
+    Sidecar,
+)
 from stratastore.levels.backend import OpenSegment, PutResult
 from stratastore.levels.errors import StoreError
 from stratastore.levels.reader import OutOfRange
@@ -38,6 +46,17 @@ class SealedLevel:
     ``_put`` and ``open_reader``."""
 
     fingerprint: ModelFingerprint
+    #: a keyed level's keys (spec F-KEYED; None: unkeyed): the first seals every put, and a
+    #: sidecar is read only when keyed by one of them
+    level_keys: LevelKeys | None = None
+    #: sidecars of the level refused as not keyed by one of its keys (the ``unauthenticated``
+    #: figure of its stats)
+    unauthenticated: int = 0
+
+    @property
+    def hasher(self) -> PageHasher:
+        """What this level seals with: its writer's key, or plain BLAKE3."""
+        return PLAIN if self.level_keys is None else self.level_keys.writer
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
         raise NotImplementedError
@@ -81,13 +100,14 @@ class SealedLevel:
             media=media,
             page_hashes=page_hashes,
         )
-        return self._put(u, codec)
+        return self._put(u.keyed(self.hasher), codec)
 
     def put_state(
         self, checkpoint_key: bytes, payload: Buffer, *, token_pos: int, codec: Codec = Codec.RAW
     ) -> PutResult:
         """Store the running state saved at the checkpoint ``checkpoint_key`` (spec F-KEY-5)."""
-        return self._put(state_segment(checkpoint_key, payload, token_pos=token_pos), codec)
+        u = state_segment(checkpoint_key, payload, token_pos=token_pos)
+        return self._put(u.keyed(self.hasher), codec)
 
     # -- reading (spec F-SC-3) ----------------------------------------------------------------
     def read_into(self, key: bytes, offset: int, out: Buffer) -> int:

@@ -11,7 +11,7 @@ from pathlib import PurePath
 from types import TracebackType
 from typing import Protocol, Self, cast
 
-from stratastore.format import Level, ModelFingerprint, Sidecar
+from stratastore.format import Level, LevelKeys, ModelFingerprint, Sidecar
 from stratastore.levels.backend import CatalogHost, StoreStats
 from stratastore.levels.registry import open_level, scheme_of
 
@@ -59,9 +59,11 @@ def open_directory(
     *,
     level: Level = Level.COLD,
     create: bool = True,
+    keys: LevelKeys | None = None,
 ) -> DirectoryLevel:
     """The directory level at ``path`` for ``fingerprint`` (``create=False``: one that must
-    exist; opening it rewrites nothing, spec F-DIR-6), through the registry's directory row.
+    exist; opening it rewrites nothing, spec F-DIR-6), through the registry's directory row;
+    ``keys``: a keyed level's (spec F-KEYED).
     A ``path`` that is a URL is a :class:`~stratastore.errors.ConfigError`."""
     from stratastore.errors import ConfigError
 
@@ -69,7 +71,10 @@ def open_directory(
         raise ConfigError(
             f"{scheme_of(path)}://... is not a directory; give the path of a level directory"
         )
-    return cast(DirectoryLevel, open_level(path, fingerprint, level, {"create": create}))
+    args: dict[str, object] = {"create": create}
+    if keys is not None:
+        args["keys"] = keys
+    return cast(DirectoryLevel, open_level(path, fingerprint, level, args))
 
 
 def directory_model(path: str) -> ModelFingerprint | None:

@@ -82,6 +82,9 @@ SIDECAR_UNSUPPORTED = _kind(
     "SIDECAR_UNSUPPORTED", "error", "F-COMPAT-1", _LEAVE, ("F-COMPAT-1", "F-COMPAT-2")
 )  # valid data for a newer reader
 SIDECAR_CHECKSUM = _kind("SIDECAR_CHECKSUM", "error", "F-SC-2", _Q, ("F-SC-2",))
+#: a keyed level's sidecar written without its key or with another (planted, or a key the
+#: level was not given): damage to a reader
+SIDECAR_UNAUTHENTICATED = _kind("SIDECAR_UNAUTHENTICATED", "error", "F-KEYED-5", _Q, ("F-KEYED-5",))
 SIDECAR_KEY_MISMATCH = _kind("SIDECAR_KEY_MISMATCH", "error", "F-KEY-6", _Q, ("F-KEY-6",))
 DATA_MISSING = _kind("DATA_MISSING", "error", "F-DUR-2", _Q, ("F-DUR-2",))
 SEGMENT_HEADER_INVALID = _kind("SEGMENT_HEADER_INVALID", "error", "F-SEG-1", _Q, ("F-SEG-1",))
@@ -89,6 +92,9 @@ SEGMENT_HEADER_MISMATCH = _kind("SEGMENT_HEADER_MISMATCH", "error", "F-SEG-2", _
 SEGMENT_SIZE_MISMATCH = _kind("SEGMENT_SIZE_MISMATCH", "error", "F-SEG-3", _Q, ("F-SEG-3",))
 PAGE_HASH_MISMATCH = _kind("PAGE_HASH_MISMATCH", "error", "F-SC-3", _Q, ("F-SC-3",))
 # -- a directory --------------------------------------------------------------------------------
+#: keyed segments fsck was given no key for: their trailers and pages are not checked (one
+#: finding a directory)
+KEYED_UNCHECKED = _kind("KEYED_UNCHECKED", "warning", "F-KEYED-6", _LEAVE)
 FINGERPRINT_MISMATCH = _kind("FINGERPRINT_MISMATCH", "error", "F-DIR-6", _LEAVE, ("F-DIR-6",))
 SYMLINK = _kind("SYMLINK", "error", "F-DIR-8", _LEAVE, ("F-DIR-8",))  # never followed
 NOT_REGULAR_FILE = _kind("NOT_REGULAR_FILE", "error", "F-DIR-8", _LEAVE, ("F-DIR-8",))
@@ -134,6 +140,7 @@ FINDINGS: Mapping[str, FindingKind] = MappingProxyType(
             SIDECAR_INVALID,
             SIDECAR_UNSUPPORTED,
             SIDECAR_CHECKSUM,
+            SIDECAR_UNAUTHENTICATED,
             SIDECAR_KEY_MISMATCH,
             DATA_MISSING,
             SEGMENT_HEADER_INVALID,
@@ -141,6 +148,7 @@ FINDINGS: Mapping[str, FindingKind] = MappingProxyType(
             SEGMENT_SIZE_MISMATCH,
             PAGE_HASH_MISMATCH,
             FINGERPRINT_MISMATCH,
+            KEYED_UNCHECKED,
             SYMLINK,
             NOT_REGULAR_FILE,
             STORE_READABLE_BY_OTHERS,

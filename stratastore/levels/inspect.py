@@ -7,7 +7,9 @@ segment, a :class:`SegmentDamage` naming the cause by its fsck finding
 (:mod:`stratastore.levels.findings`). The checks, in order, each the last one when it fails:
 
 1. the sidecar is read (at most ``MAX_SIDECAR_BYTES``) and decodes: ``SIDECAR_UNSUPPORTED``
-   (a newer major version, F-COMPAT-1/2), ``SIDECAR_CHECKSUM`` (F-SC-2), ``SIDECAR_INVALID``
+   (a newer major version, F-COMPAT-1/2, or a keyed sidecar and no key), ``SIDECAR_UNAUTHENTICATED``
+   (a keyed level's sidecar not keyed by one of its keys, F-KEYED-5), ``SIDECAR_CHECKSUM``
+   (F-SC-2), ``SIDECAR_INVALID``
    (anything else, a failed read included); a model other than the caller's is refused with
    :class:`~stratastore.format.IncompatibleFingerprint` (the directory is another model's,
    F-DIR-6), not reported as damage;
@@ -38,7 +40,10 @@ from stratastore.format import (
     Codec,
     FormatError,
     IndexRecord,
+    KeyRequired,
+    LevelKeys,
     ModelFingerprint,
+    NotAuthenticated,
     Sidecar,
     UnsupportedVersion,
     data_name,
@@ -58,6 +63,7 @@ from stratastore.levels.findings import (
     SIDECAR_CHECKSUM,
     SIDECAR_INVALID,
     SIDECAR_KEY_MISMATCH,
+    SIDECAR_UNAUTHENTICATED,
     SIDECAR_UNSUPPORTED,
     Finding,
     FindingKind,
@@ -120,6 +126,8 @@ def inspect_segment(
     data_listed: bool = True,
     sidecar: tuple[Sidecar, int] | None = None,
     by_path: bool = False,
+    keys: LevelKeys | None = None,
+    unchecked: bool = False,
 ) -> InspectedSegment:
     """Check the segment ``key`` whose sidecar and data file are at ``sidecar_path`` and
     ``data_path``, as far as ``depth`` (see the module for the checks, in order).
@@ -129,11 +137,15 @@ def inspect_segment(
     listing holds no data file, ``DATA_MISSING`` without a read. ``sidecar``: the sidecar and
     its size, already read and checked by the caller through this function (a store's reads
     share that step): the check resumes at the data file. ``by_path``: errors name the files
-    by their paths (fsck), else by their names (a store, whose errors name its directory)."""
+    by their paths (fsck), else by their names (a store, whose errors name its directory).
+    ``keys``: the level is keyed (spec F-KEYED), the sidecar must be keyed by one of them
+    (``SIDECAR_UNAUTHENTICATED``); ``unchecked``: without ``keys``, a keyed sidecar is parsed
+    without checking its trailer and its pages are not hashed (fsck without the key: it says
+    so, ``KEYED_UNCHECKED``), else it is ``SIDECAR_UNSUPPORTED`` (no key to read it)."""
     side_label = sidecar_path if by_path else sidecar_name(key)
     data_label = data_path if by_path else data_name(key)
     if sidecar is None:
-        got = _sidecar(key, sidecar_path, side_label, fingerprint)
+        got = _sidecar(key, sidecar_path, side_label, fingerprint, keys, unchecked)
         if got.damage is not None or depth == "sidecar":
             return got
         assert got.sidecar is not None
@@ -159,7 +171,7 @@ def inspect_segment(
         if not hdr.matches(sc):
             return damaged(SEGMENT_HEADER_MISMATCH, "header disagrees with its sidecar", e)
         return damaged(SEGMENT_SIZE_MISMATCH, f"{size} bytes, the header needs {hdr.file_bytes}", e)
-    if depth in ("sample", "pages"):
+    if depth in ("sample", "pages") and sc.authenticated:
         bad = _bad_page(data_path, sc, deep=depth == "pages")
         if bad is not None:
             return InspectedSegment(key, sc, side_bytes, size, bad)
@@ -167,12 +179,25 @@ def inspect_segment(
 
 
 def _sidecar(
-    key: bytes, path: str, label: str, fingerprint: ModelFingerprint | None
+    key: bytes,
+    path: str,
+    label: str,
+    fingerprint: ModelFingerprint | None,
+    keys: LevelKeys | None,
+    unchecked: bool,
 ) -> InspectedSegment:
     """Steps 1 and 2: the sidecar at ``path`` read, decoded and checked against ``key``."""
     try:
         raw = files.read_file(path, MAX_SIDECAR_BYTES)
-        sc = decode_sidecar(raw, label)
+        sc = decode_sidecar(raw, label, keys=keys, unchecked=unchecked)
+    except NotAuthenticated as e:
+        return InspectedSegment(
+            key, None, damage=SegmentDamage(SIDECAR_UNAUTHENTICATED, path, str(e), e)
+        )
+    except KeyRequired as e:  # a keyed sidecar and no key: not this reader's to judge
+        return InspectedSegment(
+            key, None, damage=SegmentDamage(SIDECAR_UNSUPPORTED, path, str(e), e)
+        )
     except UnsupportedVersion as e:
         return InspectedSegment(
             key, None, damage=SegmentDamage(SIDECAR_UNSUPPORTED, path, str(e), e)

@@ -32,6 +32,7 @@ from stratastore.levels.sealing import (
     Buffer,
     Unsealed,
     check_sealed,
+    rekeyed,
     seal,
 )
 
@@ -72,7 +73,9 @@ class MemoryBackend(SealedLevel):
         if sidecar.key in self.raw:
             return PutResult(sidecar.key, False, 0)
         data = check_sealed(sidecar, stored, self.fingerprint)
-        return self._commit(resealed(sidecar, self.level), bytearray(data.tobytes()))
+        return self._commit(
+            resealed(rekeyed(sidecar, data, self.hasher), self.level), bytearray(data.tobytes())
+        )
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
         if u.key in self:

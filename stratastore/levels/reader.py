@@ -8,8 +8,10 @@ truncated, replaced or failing under a reader is a typed error at the read
 never a SIGBUS at a later access. Validation hashes the bytes in that memory (RAW pages staged a
 chunk at a time in :data:`~stratastore.levels.staging.STAGING`, compressed pages decoded one at a
 time) and delivers only pages that match their sidecar digests: the bytes hashed are the bytes
-delivered. The store's reads (``SegmentStore.get_into``, ``view``, ``verify``), the restore's
-read pass and fsck's page check all read through it.
+delivered; each page is hashed with its sidecar's own hasher (``sidecar.hasher``: plain
+BLAKE3, or the key of the keyed level that checked the sidecar, spec F-KEYED). The store's
+reads (``SegmentStore.get_into``, ``view``, ``verify``), the restore's read pass and fsck's
+page check all read through it.
 
 :func:`open_checked` is how every read above the level seam opens a segment (the restore's read
 pass, its running-state read, a chunk store's read, the generic relocation): whatever a backend
@@ -61,6 +63,7 @@ __all__ = [
     "check_answer",
     "check_data",
     "copy_validated",
+    "decoded_pages",
     "first_bad_page",
     "get_checked_bytes",
     "open_checked",
@@ -252,7 +255,7 @@ class PayloadReader:
         for i in sorted({0, sc.page_count - 1}):
             page = np.empty(sc.page_len(i), dtype=np.uint8)
             self.read_into(page, i * sc.page_bytes)
-            if numba_kernels.hash_page(page.data) != sc.page_hash(i):
+            if numba_kernels.hash_page(page.data, sc.hasher.key) != sc.page_hash(i):
                 return i
         return -1
 
@@ -359,7 +362,9 @@ def copy_validated(seg: OpenSegment, dst: memoryview, verify: bool) -> None:
     with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
         for p0, chunk, want in chunks:
             a = p0 * sc.page_bytes
-            bad = numba_kernels.validated_copy(chunk, dst[a : a + chunk.size], sc.page_bytes, want)
+            bad = numba_kernels.validated_copy(
+                chunk, dst[a : a + chunk.size], sc.page_bytes, want, sc.hasher.key
+            )
             if bad >= 0:
                 _raise_page(sc, chunk, bad, p0)
 
@@ -368,7 +373,8 @@ def _first_bad_raw(seg: OpenSegment) -> int:
     """The first page of a RAW segment that fails its digest (-1: none), hashed in staging."""
     with contextlib.closing(_staged(seg)) as chunks:  # staging goes back on any exit
         for p0, chunk, want in chunks:
-            actual = numba_kernels.page_hashes(chunk, seg.sidecar.page_bytes)
+            sc = seg.sidecar
+            actual = numba_kernels.page_hashes(chunk, sc.page_bytes, key=sc.hasher.key)
             bad = np.flatnonzero((actual != want).any(axis=1))
             if bad.size:
                 return p0 + int(bad[0])
@@ -379,7 +385,7 @@ def _raise_page(sc: Sidecar, payload: npt.NDArray[np.uint8], page: int, first: i
     """Raise :class:`ChecksumMismatch` for page ``first + page`` of the segment, which is page
     ``page`` of ``payload`` (pages ``first..`` of it)."""
     a = page * sc.page_bytes
-    actual = numba_kernels.hash_page(payload[a : a + sc.page_len(first + page)].data)
+    actual = numba_kernels.hash_page(payload[a : a + sc.page_len(first + page)].data, sc.hasher.key)
     raise ChecksumMismatch(data_name(sc.key), sc.page_hash(first + page), actual, first + page)
 
 
@@ -405,6 +411,14 @@ def _decode_prefix(
     return out
 
 
+def decoded_pages(sc: Sidecar, stored: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """A segment's pages from its whole stored payload: the payload itself for RAW, decoded
+    for ZSTD (not validated here: validate the stored payload first)."""
+    if sc.codec is Codec.RAW:
+        return stored
+    return _decode_prefix(sc, stored, sc.page_count, sc.payload_bytes)
+
+
 def first_bad_page(sc: Sidecar, payload: npt.NDArray[np.uint8], *, sample: bool = False) -> int:
     """The first page of ``payload`` (a data file's pages) that fails its sidecar digest, or -1.
     ``sample`` checks only the first and the last page of a RAW segment (fsck's quick mode); a
@@ -417,12 +431,13 @@ def first_bad_page(sc: Sidecar, payload: npt.NDArray[np.uint8], *, sample: bool 
         return -1
     expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)
     if not sample:
-        actual = numba_kernels.page_hashes(payload, sc.page_bytes)
+        actual = numba_kernels.page_hashes(payload, sc.page_bytes, key=sc.hasher.key)
         bad = np.flatnonzero((actual != expected).any(axis=1))
         return int(bad[0]) if bad.size else -1
     for i in sorted({0, sc.page_count - 1}):
         a = i * sc.page_bytes
-        if numba_kernels.hash_page(payload[a : a + sc.page_len(i)].data) != expected[i].tobytes():
+        page = payload[a : a + sc.page_len(i)].data
+        if numba_kernels.hash_page(page, sc.hasher.key) != expected[i].tobytes():
             return i
     return -1
 
@@ -441,7 +456,7 @@ def _decompress_into(
             page = dctx.decompress(frame.tobytes(), max_output_size=want)
         except zstandard.ZstdError as e:
             raise ChecksumMismatch(name, sc.page_hash(i), b"\0" * 32, i) from e
-        actual = numba_kernels.hash_page(page) if verify else sc.page_hash(i)
+        actual = numba_kernels.hash_page(page, sc.hasher.key) if verify else sc.page_hash(i)
         if len(page) != want or actual != sc.page_hash(i):
             raise ChecksumMismatch(name, sc.page_hash(i), actual, i)
         if dst is not None:

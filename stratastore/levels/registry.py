@@ -40,6 +40,7 @@ from typing import Any
 from stratastore.errors import ConfigError
 from stratastore.format import Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.level_keys import KEY_SETTINGS
 from stratastore.levels.redis.settings import LEVEL_SETTINGS as _REDIS_SETTINGS
 from stratastore.levels.settings import LevelContext, Setting, padding_problem, scheme_of
 from stratastore.levels.shared_check import SharedLevelCheck
@@ -131,7 +132,13 @@ def _resolve(hook: Any) -> Any:
 
 _HERE = "stratastore.levels.registry"
 _REDIS = "stratastore.levels.redis.settings"
-_DIRECTORY = BackendEntry("directory", f"{_HERE}:_open_directory", arguments=f"{_HERE}:_dir_args")
+_DIRECTORY = BackendEntry(
+    "directory",
+    f"{_HERE}:_open_directory",
+    settings=KEY_SETTINGS,  # a keyed level's secrets: where they are (spec F-KEYED)
+    arguments=f"{_HERE}:_dir_args",
+    check=f"{_HERE}:_dir_check",
+)
 _RED = BackendEntry(
     "Redis",
     f"{_HERE}:_open_redis",
@@ -259,10 +266,11 @@ def open_level(
 ) -> SegmentBackend:
     """Open the level ``spec`` for ``fingerprint``, its segments sealed as ``level``.
 
-    ``settings`` are what the backend's opener takes (a directory's ``file_mode`` and
-    ``create``; a Redis level's ``name``, ``password``, ``timeout_s``, ...: what
-    ``StoreConfig.level_settings`` makes by the row's ``arguments`` hook). A scheme no backend
-    serves is a :class:`~stratastore.errors.ConfigError` naming the schemes there are. Never
+    ``settings`` are what the backend's opener takes (a directory's ``file_mode``, ``create``
+    and where a keyed level's secrets are, ``key_file`` or ``key_env``, read now; a Redis
+    level's ``name``, ``password``, ``timeout_s``, ...: what ``StoreConfig.level_settings``
+    makes by the row's ``arguments`` hook). A scheme no backend serves is a
+    :class:`~stratastore.errors.ConfigError` naming the schemes there are. Never
     shows a credential: a URL is named by its scheme alone."""
     return entry_for(spec).open(str(spec), fingerprint, level, settings or {})
 
@@ -285,16 +293,31 @@ def fsck_shared(
 
 
 def _dir_args(table: Mapping[str, Any], context: LevelContext) -> dict[str, Any]:
-    return {"file_mode": context.file_mode}
+    args: dict[str, Any] = {"file_mode": context.file_mode}
+    args.update((k, table[k]) for k in KEY_SETTINGS if table.get(k))
+    return args
+
+
+def _dir_check(
+    url: str, table: Mapping[str, Any], context: LevelContext, label: Callable[[str], str]
+) -> None:
+    from stratastore.levels.level_keys import check_key_settings
+
+    check_key_settings(table, label)
 
 
 def _open_directory(
     spec: str, fingerprint: ModelFingerprint, level: Level, settings: Mapping[str, Any]
 ) -> SegmentBackend:
+    from stratastore.levels.level_keys import level_keys
     from stratastore.levels.local import SegmentStore
 
     path = spec[len("file://") :] if spec.lower().startswith("file://") else spec
-    return SegmentStore.open(path, fingerprint, level=level, **dict(settings))
+    args = {k: v for k, v in settings.items() if k not in (*KEY_SETTINGS, "keys")}
+    keys = settings.get("keys")  # keys read already (a tool's), else where the secrets are
+    if keys is None:
+        keys = level_keys({k: settings[k] for k in KEY_SETTINGS if k in settings})
+    return SegmentStore.open(path, fingerprint, level=level, keys=keys, **args)
 
 
 def _open_memory(

@@ -8,7 +8,13 @@ not here when the put brings its pages' digests, hashed on the device), and
 its sidecar built (:func:`sidecar_for`). :func:`seal` does the three in one call for a
 backend that keeps the stored bytes in memory; the directory store overlaps the hashing with its
 file write instead. :func:`check_sealed` is the other direction: a sealed segment handed over by
-another level, checked before it is stored again.
+another level, checked before it is stored again, and :func:`rekeyed` gives it the digests
+of the level that stores it.
+
+A keyed level (spec F-KEYED) seals with its writer's key: the put carries it
+(:attr:`Unsealed.hasher`), its pages are hashed with it (on the CPU: digests a put brings from
+the device are plain BLAKE3 and are dropped, :meth:`Unsealed.keyed`), and the sidecar records
+its key id and is keyed too.
 """
 
 from __future__ import annotations
@@ -25,19 +31,22 @@ import zstandard
 import numba_kernels
 from numba_kernels import DIGEST_BYTES
 from stratastore.format import (
+    PLAIN,
     Codec,
     FormatError,
     Kind,
     Level,
     MediaRef,
     ModelFingerprint,
+    PageHasher,
     Sidecar,
     segment_key,
     sidecar_name,
     state_key,
 )
+from stratastore.format.sidecar import KEYED_MINOR, MINOR
 from stratastore.levels.errors import StoreError
-from stratastore.levels.reader import validate_stored
+from stratastore.levels.reader import decoded_pages, validate_stored
 
 __all__ = [
     "STATE_PAGE_BYTES",
@@ -50,6 +59,7 @@ __all__ = [
     "check_sealed",
     "encode",
     "kv_segment",
+    "rekeyed",
     "seal",
     "sidecar_for",
     "state_segment",
@@ -112,6 +122,16 @@ class Unsealed:
     payload: memoryview | PageSource
     media: tuple[MediaRef, ...] = ()
     hashes: npt.NDArray[np.uint8] | None = None
+    #: what its pages and sidecar are hashed with: plain BLAKE3, or a keyed level's key
+    hasher: PageHasher = PLAIN
+
+    def keyed(self, hasher: PageHasher) -> Unsealed:
+        """This put sealed with ``hasher`` (a keyed level's writer, spec F-KEYED). Digests the
+        put brought (plain BLAKE3, hashed on the device) are dropped: a keyed level hashes on
+        the CPU."""
+        if hasher == self.hasher:
+            return self
+        return replace(self, hasher=hasher, hashes=None)
 
     @property
     def size(self) -> int:
@@ -236,7 +256,7 @@ def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded
         if codec is Codec.RAW:
             from stratastore.levels.streamed import streamed
 
-            return streamed(u.payload, u.page_bytes, write_chunk, u.hashes)
+            return streamed(u.payload, u.page_bytes, write_chunk, u.hashes, u.hasher.key)
         u = u.in_memory()
     assert isinstance(u.payload, memoryview)
     view = u.payload
@@ -249,9 +269,13 @@ def encode(u: Unsealed, codec: Codec, *, write_chunk: int = 16 << 20) -> Encoded
             len(view),
             (lambda: given)
             if given is not None
-            else numba_kernels.start_page_hashes(view, u.page_bytes),
+            else numba_kernels.start_page_hashes(view, u.page_bytes, u.hasher.key),
         )
-    hashes = given if given is not None else numba_kernels.page_hashes(view, u.page_bytes)
+    hashes = (
+        given
+        if given is not None
+        else numba_kernels.page_hashes(view, u.page_bytes, key=u.hasher.key)
+    )
     cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
     frames = [memoryview(cctx.compress(p)) for p in _chunks(view, u.page_bytes)]
     lengths = tuple(len(f) for f in frames)
@@ -278,6 +302,9 @@ def sidecar_for(
         sealed_at_ns=time.time_ns(),
         stored_lengths=enc.lengths,
         media=u.media,
+        minor=KEYED_MINOR if u.hasher.keyed else MINOR,
+        key_id=u.hasher.key_id,
+        hasher=u.hasher,
     )
 
 
@@ -305,6 +332,24 @@ def check_sealed(sc: Sidecar, stored: Buffer, fp: ModelFingerprint) -> npt.NDArr
     data = np.frombuffer(view, dtype=np.uint8)
     validate_stored(sc, data)
     return data
+
+
+def rekeyed(sc: Sidecar, stored: npt.NDArray[np.uint8], hasher: PageHasher) -> Sidecar:
+    """``sc`` with its page digests made by ``hasher`` (the writer of the level that stores
+    it: spec F-KEYED-4), from its stored bytes ``stored``, already validated
+    (:func:`check_sealed`); ``sc`` itself when it is hashed so already. A segment keyed for
+    one level is so re-keyed for another, or unkeyed for an unkeyed one."""
+    if sc.hasher == hasher and sc.authenticated:
+        return sc
+    pages = decoded_pages(sc, stored)
+    digests = numba_kernels.page_hashes(pages, sc.page_bytes, key=hasher.key)
+    return replace(
+        sc,
+        page_hashes=digests.tobytes(),
+        minor=KEYED_MINOR if hasher.keyed else (sc.minor if sc.extra_head else MINOR),
+        key_id=hasher.key_id,
+        hasher=hasher,
+    )
 
 
 def _chunks(view: memoryview, size: int) -> Iterator[memoryview]:

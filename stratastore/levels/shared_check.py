@@ -18,7 +18,10 @@ class NamespaceCheck:
     clean (as checked, or as checked again after a repair), and what was found: ``counts`` by
     name in the order a report names them (empty with ``problem`` when it could not be
     checked), the segments whose page failed its digest (key, first bad page: the finding
-    ``PAGE_HASH_MISMATCH``), and whether it was repaired."""
+    ``PAGE_HASH_MISMATCH``), the commit records a keyed level does not accept (the finding
+    ``SIDECAR_UNAUTHENTICATED``, spec F-KEYED-5), and whether it was repaired. A keyed
+    level's records checked without its key are counted (``keyed_unchecked``), never
+    judged."""
 
     prefix: str
     model: str | None
@@ -27,6 +30,7 @@ class NamespaceCheck:
     counts: Mapping[str, int] = field(default_factory=dict)
     damaged: tuple[tuple[bytes, int], ...] = ()
     repaired: bool = False
+    unauthenticated: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

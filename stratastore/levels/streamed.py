@@ -50,12 +50,17 @@ after_fork_in_child(_forget_pool)
 
 
 def streamed(
-    src: PageSource, page_bytes: int, chunk: int, given: npt.NDArray[np.uint8] | None
+    src: PageSource,
+    page_bytes: int,
+    chunk: int,
+    given: npt.NDArray[np.uint8] | None,
+    key: bytes | None = None,
 ) -> Encoded:
     """``src`` encoded RAW as a stream of chunks of whole pages (about ``chunk`` bytes each):
     each chunk handed out is valid until the next one is asked for, and ``hashes()`` (called
     once every chunk was taken) returns the digests of the bytes handed out; ``given`` digests
-    are returned instead, nothing hashed. An error of the gathering is raised by the chunk it
+    are returned instead, nothing hashed; ``key``: pages hashed keyed by it (spec
+    F-KEYED). An error of the gathering is raised by the chunk it
     was for; a stream left early waits for its workers before its staging goes back."""
     per = max(1, chunk // page_bytes) * page_bytes
     spans = [(a, min(a + per, src.nbytes)) for a in range(0, src.nbytes, per)]
@@ -71,7 +76,7 @@ def streamed(
             d = np.empty((n, DIGEST_BYTES), np.uint8)
             for j in range(n):
                 page = out[j * page_bytes : (j + 1) * page_bytes]
-                d[j] = np.frombuffer(numba_kernels.hash_page(page.data), np.uint8)
+                d[j] = np.frombuffer(numba_kernels.hash_page(page.data, key), np.uint8)
             digests[i] = d
 
     def chunks() -> Iterator[memoryview]:

@@ -304,6 +304,9 @@ COUNTERS: tuple[Counter, ...] = (
     _level("raced", "counter", "entries", "entries another process moved or deleted first",
            DISK),
     _level("hits", "counter", "restores", "restores served from this level", DISK, shown=4),
+    _level("unauthenticated", "counter", "segments",
+           "segments refused (read as a miss) because they are not keyed by one of the "
+           "level's keys (a keyed level: key_file, key_env)", DISK),
     # -- the remote level: levels["remote"] -----------------------------------------------------
     _level("dir", "info", "", "the server, without credentials", "remote level"),
     _level("namespace", "info", "", "the prefix of every key this store writes there",
@@ -315,6 +318,9 @@ COUNTERS: tuple[Counter, ...] = (
     _backend("missing_parts", "parts", "parts of a segment missing when read"),
     _backend("raced_puts", "segments", "puts another node made first"),
     _backend("stale_index", "entries", "index entries naming a segment that is gone"),
+    _backend("unauthenticated", "records",
+             "commit records refused (read as a miss) because they are not keyed by one of the "
+             "level's keys (a keyed level: key_file, key_env)"),
     _level("problem", "info", "",
            "damage found in the namespace (only then; `strata fsck --remote` says what)",
            "remote level", present="sometimes"),

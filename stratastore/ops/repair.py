@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stratastore.errors import StrataError
-from stratastore.format import decode_sidecar, parse_name
+from stratastore.format import LevelKeys, decode_sidecar, parse_name
 from stratastore.format.manifest import MAX_MANIFEST_BYTES, decode_manifest, encode_manifest
 from stratastore.format.naming import INDEX_DIR, QUARANTINE_DIR, data_name, sidecar_name
 from stratastore.format.sidecar import MAX_SIDECAR_BYTES
@@ -98,7 +98,11 @@ def _refuse_unknown_cuts(findings: list[Finding], levels: StoreLevels) -> None:
 
 
 def repair(
-    dirs: Sequence[str], *, deep: bool = True, levels: StoreLevels | None = None
+    dirs: Sequence[str],
+    *,
+    deep: bool = True,
+    levels: StoreLevels | None = None,
+    keys: Mapping[str, LevelKeys] | None = None,
 ) -> list[Action]:
     """Bring the directories back to a clean fsck without destroying valid data: quarantine
     damaged segments and manifests (moved into ``strata-quarantine/``, never deleted), remove
@@ -119,10 +123,12 @@ def repair(
     root): a segment (a regular sidecar, :func:`~stratastore.ops.fsck.committed_keys`) in
     any of them is not missing. A chain is cut at a segment that is damaged, or absent from every
     level when ``levels`` is the whole store; otherwise repair raises :class:`RepairRefused`
-    before changing anything."""
+    before changing anything. ``keys``: the keyed levels' keys, by directory (as fsck takes
+    them): a sidecar such a level does not accept is quarantined (``SIDECAR_UNAUTHENTICATED``),
+    and one of a keyed level repair has no key for is left alone (spec F-KEYED-6)."""
     actions: list[Action] = []
     levels = levels if levels is not None else levels_of(dirs)
-    findings = list(fsck(dirs, deep=deep, levels=levels))
+    findings = list(fsck(dirs, deep=deep, levels=levels, keys=keys))
     _refuse_unknown_cuts(findings, levels)
     rebuild = set()
     for f in findings:
@@ -147,9 +153,11 @@ def repair(
     rebuild |= {
         d for d in dirs if any(f.object.startswith(d + pathnames.SEP) for f in index_findings)
     }
-    _rebuild_indexes(dirs, rebuild, actions)
+    _rebuild_indexes(dirs, rebuild, actions, keys)
     cuts = 0
-    broken = [f for f in fsck(dirs, deep=False, levels=levels) if _does(f) is Repair.CUT_CHAIN]
+    broken = [
+        f for f in fsck(dirs, deep=False, levels=levels, keys=keys) if _does(f) is Repair.CUT_CHAIN
+    ]
     present = committed_keys(levels.store) if broken else set()  # fsck's definition, once
     for f in broken:  # chains broken by the quarantines above
         try:
@@ -161,18 +169,23 @@ def repair(
             actions.append(cut)
             cuts += 1
     if cuts and levels.complete:  # what a cut chain no longer reaches
-        _quarantine_unreachable(dirs, levels, actions)
+        _quarantine_unreachable(dirs, levels, actions, keys)
     return actions
 
 
-def _rebuild_indexes(dirs: Sequence[str], rebuild: set[str], actions: list[Action]) -> None:
+def _rebuild_indexes(
+    dirs: Sequence[str],
+    rebuild: set[str],
+    actions: list[Action],
+    keys: Mapping[str, LevelKeys] | None,
+) -> None:
     """Rebuild the index of each of ``dirs`` in ``rebuild`` (it is derived: rebuilt where
     anything is off or any segment was quarantined)."""
     for d in dirs:
         if d in rebuild:
             index = pathnames.join(d, INDEX_DIR)
             try:
-                _rebuild_index(d)
+                _rebuild_index(d, (keys or {}).get(pathnames.abspath(d)))
             except _REFUSALS as e:
                 actions.append(Action("refused", e.path, str(e)))
                 continue
@@ -180,14 +193,17 @@ def _rebuild_indexes(dirs: Sequence[str], rebuild: set[str], actions: list[Actio
 
 
 def _quarantine_unreachable(
-    dirs: Sequence[str], levels: StoreLevels, actions: list[Action]
+    dirs: Sequence[str],
+    levels: StoreLevels,
+    actions: list[Action],
+    keys: Mapping[str, LevelKeys] | None,
 ) -> None:
     """Quarantine the segments no chain reaches after the cuts (those between a chain's new
     end and the segment it was cut at, and those past it), and rebuild those indexes (fsck
     without ``deep``). Quarantining an unreachable segment never makes another one unreachable
     (every segment before a reachable one is reachable), so one pass is enough."""
     rebuild = set()
-    for f in fsck(dirs, deep=False, levels=levels):
+    for f in fsck(dirs, deep=False, levels=levels, keys=keys):
         if f.id != SEGMENT_UNREACHABLE.id:
             continue
         rebuild.add(pathnames.dirname(f.object))
@@ -197,7 +213,7 @@ def _quarantine_unreachable(
                 actions.append(Action("quarantine", path, f.id))
         except _REFUSALS as e:
             actions.append(Action("refused", e.path, str(e)))
-    _rebuild_indexes(dirs, rebuild, actions)
+    _rebuild_indexes(dirs, rebuild, actions, keys)
 
 
 def _segment_files(path: str) -> list[str]:
@@ -233,7 +249,7 @@ def _dir_mode(d: str) -> int:
     return files.permissions(pathnames.join(d, "."))
 
 
-def _rebuild_index(d: str) -> None:
+def _rebuild_index(d: str, keys: LevelKeys | None) -> None:
     """Drop ``d/strata-index/`` (only the index's own files, only in the real directory: a
     link is refused, spec F-DIR-8) and rebuild it from the sidecars, with the old index's mode
     (or the directory's files' mode when there was none)."""
@@ -260,10 +276,11 @@ def _rebuild_index(d: str) -> None:
         if parsed is None or parsed[1] != "side":
             continue
         try:
-            sc = decode_sidecar(files.read_file(pathnames.join(d, name), MAX_SIDECAR_BYTES), name)
+            raw = files.read_file(pathnames.join(d, name), MAX_SIDECAR_BYTES)
+            sc = decode_sidecar(raw, name, unchecked=True)  # its model, even keyed
         except StrataError:
             continue
-        with SegmentStore.open(d, sc.fingerprint, create=False, file_mode=mode):
+        with SegmentStore.open(d, sc.fingerprint, create=False, file_mode=mode, keys=keys):
             return  # opening an empty index rebuilds it from every valid sidecar
     if files.lexists(index) and not files.listdir(index):
         guard.remove_index_dir(index)

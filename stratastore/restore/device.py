@@ -28,6 +28,11 @@ The per-token destinations (:class:`DeviceLayerKV`, :class:`DevicePagedKV`) are 
 ``gather_rows`` kernel, the inverse of ``scatter_rows``), where it is hashed and copied to the
 host once (:func:`stratastore.tiers.device.device_snapshot`).
 
+A keyed level's segments (spec F-KEYED: BLAKE3's keyed mode) are hashed on the host instead:
+the kernels hash plain BLAKE3 only. A restore hashes the pinned staging before copying its
+valid prefix to the device (:func:`stage_and_validate` with ``key``), and a keyed level drops
+a park's digests from the device and hashes the pages it writes itself.
+
 Nothing here imports ``numba.cuda`` until a device array is given: a host-only engine never
 pays for it. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: CI, no GPU) the same code
 runs on simulated device arrays, which is how it is tested bit-exact against the host path.
@@ -42,6 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import numba_kernels
 from stratastore.format import ModelFingerprint
 from stratastore.levels.staging import StagingPool
 from stratastore.restore.capabilities import check_device_pages
@@ -89,13 +95,29 @@ def device_staging(kind: str) -> StagingPool:
 
 
 def stage_and_validate(
-    host: npt.NDArray[np.uint8], dev: Any, expected: npt.NDArray[np.uint8], page_bytes: int
+    host: npt.NDArray[np.uint8],
+    dev: Any,
+    expected: npt.NDArray[np.uint8],
+    page_bytes: int,
+    key: bytes | None = None,
 ) -> int:
     """Copy ``host`` (pages read from a segment, pinned when it can be) into ``dev`` (device
     staging of the same size) on a stream of its own, hash its pages there (``page_hash``) and
     compare them with ``expected`` (the sidecar's ``(pages, 32)`` digests, ``first_bad``).
-    Returns the first page whose digest differs, or -1; the host hashes nothing."""
+    Returns the first page whose digest differs, or -1; the host hashes nothing.
+
+    ``key``: a keyed level's segment (spec F-KEYED). The kernels hash plain BLAKE3 only, so its
+    pages are hashed on the host, in ``host`` (memory the restore owns), before the copy: the
+    bytes hashed are the bytes copied, and only the valid prefix is copied."""
     from numba import cuda
+
+    if key is not None:
+        actual = numba_kernels.page_hashes(host, page_bytes, key=key)
+        bad = numba_kernels.first_bad_page(actual, expected[: actual.shape[0]])
+        good = host.size if bad < 0 else bad * page_bytes
+        if good:
+            dev[:good].copy_to_device(host[:good])
+        return bad
 
     from numba_kernels.cuda import first_bad_device, page_hash_words
 

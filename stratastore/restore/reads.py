@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-import blake3
 import numpy as np
 import numpy.typing as npt
 
@@ -71,13 +70,14 @@ def read_hashed(
     n_pages = -(-buf.size // page_bytes)
     out = np.empty((n_pages, numba_kernels.DIGEST_BYTES), dtype=np.uint8)
     per = max(1, _GROUP_BYTES // page_bytes)
+    key = seg.sidecar.hasher.key
 
     def run(lo: int, hi: int) -> None:
         a, b = lo * page_bytes, min(hi * page_bytes, buf.size)
         seg.read_into(buf[a:b], offset + a)
         for i in range(lo, hi):
             page = buf[i * page_bytes : min((i + 1) * page_bytes, buf.size)]
-            out[i] = np.frombuffer(numba_kernels.hash_page(page.data), np.uint8)
+            out[i] = np.frombuffer(numba_kernels.hash_page(page.data, key), np.uint8)
 
     _run_groups(run, n_pages, per)
     return out
@@ -103,11 +103,12 @@ def read_scattered_hashed(
     ``(pages, 32)`` BLAKE3 digests of each page as those buffers now hold it. Errors as
     :func:`read_hashed`, raised once no read is still running."""
     out = np.empty((len(pages), numba_kernels.DIGEST_BYTES), dtype=np.uint8)
+    hasher = seg.sidecar.hasher
 
     def run(lo: int, hi: int) -> None:
         for i in range(lo, hi):
             seg.readv_into(pages[i], (first + i) * page_bytes)
-            h = blake3.blake3()  # the reference hash of the page kernels, fed piece by piece
+            h = hasher.new()  # the reference hash of the page kernels, fed piece by piece
             for piece in pages[i]:
                 h.update(piece)
             out[i] = np.frombuffer(h.digest(), np.uint8)

@@ -222,7 +222,7 @@ class Job:
             elif sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
                 t0 = time.perf_counter()
                 data = seg.pages(pages)
-                actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes)
+                actual = numba_kernels.page_hashes(data[:nbytes], sc.page_bytes, key=sc.hasher.key)
                 yield from self._checked(
                     piece, 0, len(actual), _first_bad(actual, expected), data, None, 0, t0
                 )
@@ -320,7 +320,9 @@ class Job:
                     data = host[: b - a]
                 else:
                     data = seg.pages(pages)[:nbytes]
-                bad = stage_and_validate(data, staging[: b - a], expected[p0:p1], sc.page_bytes)
+                bad = stage_and_validate(
+                    data, staging[: b - a], expected[p0:p1], sc.page_bytes, sc.hasher.key
+                )
             except BaseException as e:
                 device.give(staging)
                 if p0 and isinstance(e, DAMAGE):  # earlier chunks were handed out

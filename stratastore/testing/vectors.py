@@ -32,6 +32,7 @@ from stratastore.format import (
     ChecksumMismatch,
     FormatError,
     IndexRecord,
+    LevelKeys,
     ModelFingerprint,
     data_name,
     decode_segment_header,
@@ -153,21 +154,41 @@ def _sized(vector_dir: str, recipe: dict[str, Any]) -> tuple[str, bytes]:
     return of, head + bytes(size - len(head))
 
 
+def _keys(vector_dir: str, name: str) -> LevelKeys:
+    """The keys of key file ``name`` in the folder (spec F-KEYED-1: one secret a line,
+    ``#`` lines and empty ones skipped); a secret too short is a :class:`FormatError`."""
+    lines = [ln.strip() for ln in _read(vector_dir, name).split(b"\n")]
+    try:
+        return LevelKeys([ln for ln in lines if ln and not ln.startswith(b"#")])
+    except ValueError as e:
+        raise FormatError(f"{name}: {e}") from None
+
+
 def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
+    """What this implementation makes of vector ``entry`` of ``vector_dir`` (see the module).
+    An entry with ``key_file`` is read by a keyed level whose keys that file of the folder
+    holds (spec F-KEYED); without it, by an unkeyed reader."""
     data = _read(vector_dir, entry["file"])
     kind = entry["kind"]
     if kind == "sized":
         kind, data = _sized(vector_dir, json.loads(data))
     try:
+        keys = _keys(vector_dir, entry["key_file"]) if "key_file" in entry else None
         if kind == "fingerprint":
             ModelFingerprint.unpack(data)
+        elif kind == "level_key":
+            return (
+                "ok"
+                if list(_keys(vector_dir, entry["file"]).key_ids) == entry["key_ids"]
+                else ("KeyMismatch")
+            )
         elif kind == "sidecar":
-            decode_sidecar(data, entry["file"])
+            decode_sidecar(data, entry["file"], keys=keys)
         elif kind == "index_record":
             IndexRecord.unpack(data)
         elif kind == "segment":
             decode_segment_header(data, entry["file"])
-            return _segment_in_store(vector_dir, entry, data)
+            return _segment_in_store(vector_dir, entry, data, keys)
         elif kind == "keys":
             json.loads(data)
         elif kind == "manifest":
@@ -177,7 +198,7 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
         elif kind == "key_case":
             return _key_case(vector_dir, entry, json.loads(data))
         elif kind == "remote_commit":
-            decode_commit_record(data, entry["file"])
+            decode_commit_record(data, entry["file"], keys=keys)
         elif kind == "remote_keys":
             return _remote_keys(vector_dir, json.loads(data))
         elif kind == "index_tables":
@@ -192,6 +213,7 @@ def vector_outcome(vector_dir: str, entry: dict[str, Any]) -> str:
 #: the classes of refusal the vectors name (README "Error names"); a subclass an implementation
 #: adds (a more precise I/O error, say) reports the documented class it refines
 REFUSALS = (
+    "NotAuthenticated",
     "KeyMismatch",
     "UnsupportedVersion",
     "FormatError",
@@ -296,15 +318,17 @@ def _store_layout(vector_dir: str, recipe: dict[str, Any]) -> str:
             return f"ok:{len(store)}"
 
 
-def _segment_in_store(vector_dir: str, entry: dict[str, Any], data: bytes) -> str:
+def _segment_in_store(
+    vector_dir: str, entry: dict[str, Any], data: bytes, keys: LevelKeys | None = None
+) -> str:
     side = _read(vector_dir, entry["sidecar"])
-    sc = decode_sidecar(side, entry["sidecar"])
+    sc = decode_sidecar(side, entry["sidecar"], keys=keys)
     with tempfile.TemporaryDirectory(prefix="strata-vector-") as d:
         with open(pathnames.join(d, sidecar_name(sc.key)), "wb") as f:
             f.write(side)
         with open(pathnames.join(d, data_name(sc.key)), "wb") as f:
             f.write(data)
-        with open_directory(d, sc.fingerprint, create=False) as store:
+        with open_directory(d, sc.fingerprint, create=False, keys=keys) as store:
             if store.skipped:
                 return store.skipped[0].error
             out = bytearray(sc.payload_bytes)

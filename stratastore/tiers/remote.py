@@ -329,11 +329,13 @@ class RemoteLevel:
         bounded reads: a failed read judges nothing) and, when its bytes are wrong, deleted
         under the commit protocol (spec F-REM-3: only the write read here). Counted once; True
         when it was damaged and is gone now."""
-        from stratastore.format import ChecksumMismatch, FormatError
+        from stratastore.format import ChecksumMismatch, FormatError, NotAuthenticated
 
         try:
             with self.store.open_reader(key) as seg:
                 damaged = seg.first_bad_page() >= 0
+        except NotAuthenticated:  # keyed by a key this node lacks, or planted: never deleted
+            return False  # here (a node a rotation has not reached must not delete; F-KEYED-4)
         except (FormatError, ChecksumMismatch):
             damaged = True
         except StrataError:  # gone already, or the server failed: nothing judged

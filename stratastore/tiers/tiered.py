@@ -445,6 +445,8 @@ class Tiers:
                     "budget": lvl.budget,
                     "oldest_age_s": lvl.oldest_age_s(),
                     **lvl.counters.as_dict(),
+                    # refused as not keyed by one of the level's keys (spec F-KEYED-5)
+                    "unauthenticated": getattr(lvl.store, "unauthenticated", 0),
                 }
             if self.remote is not None and remote is not None:
                 levels["remote"] = {**remote, **self.remote.counters}

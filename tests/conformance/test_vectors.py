@@ -33,6 +33,7 @@ RELEASED = {
     "v1.2": "773f49df768785896471762aa0eb16fefb6a444cf36087379479b157a08f8711",
     "v1.2-errata1": "f9d8954f66d764f07766399111458d8325773df80e0526fb0e5c3f173ed4c0fe",
     "v1.2-errata2": "8e5fa53a8e729f43223639678ba498644992f357dacc556cae74e56fb89130dd",
+    "v1.3": "f29c2d83082ba14772dd35f6fc137e824da596f4e6767e490b93da499f5d5929",
 }
 
 #: every vector, its ``expect`` corrected where a later folder supersedes it (F-COMPAT-5)
@@ -266,7 +267,7 @@ def test_the_largest_sidecar_is_the_number_the_spec_gives() -> None:
     assert sizes == {MAX_SIDECAR_BYTES: "UnsupportedVersion", MAX_SIDECAR_BYTES + 1: "FormatError"}
 
 
-@pytest.mark.parametrize("folder", [ERRATA, "v1.2", "v1.2-errata1", "v1.2-errata2"])
+@pytest.mark.parametrize("folder", [ERRATA, "v1.2", "v1.2-errata1", "v1.2-errata2", "v1.3"])
 def test_the_generator_reproduces_the_committed_vectors(tmp_path: Path, folder: str) -> None:
     """tools/make_vectors.py writes the errata and v1.2 folders byte for byte (deterministic)."""
     out = tmp_path / folder

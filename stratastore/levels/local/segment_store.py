@@ -33,6 +33,10 @@ Order of operations (spec F-DUR):
   segment whole in the source. A source of another kind goes through
   :func:`~stratastore.levels.relocation.relocate_by_copy`.
 * **seal** (keys, page hashes, compression, sidecars; no I/O): :mod:`stratastore.levels.sealing`.
+* **keyed** (spec F-KEYED): opened with ``keys``, the store seals every put with the first and
+  reads (adopts at open, delivers) only sidecars keyed by one of them; any other is damage
+  (:class:`~stratastore.format.NotAuthenticated`: not adopted, a miss), counted in
+  :attr:`unauthenticated`. A directory several users can write is so safe from planted pages.
 * **used / oldest**: counters and an age table kept in the index's own transactions
   (:mod:`stratastore.levels.local.index`), so neither grows with the store.
 """
@@ -61,7 +65,9 @@ from stratastore.format import (
     IncompatibleFingerprint,
     IndexRecord,
     Level,
+    LevelKeys,
     ModelFingerprint,
+    NotAuthenticated,
     SegmentHeader,
     Sidecar,
     data_name,
@@ -89,6 +95,7 @@ from stratastore.levels.sealing import (
     Unsealed,
     check_sealed,
     encode,
+    rekeyed,
     sidecar_for,
 )
 from stratastore.levels.streamed import CHUNK
@@ -140,8 +147,12 @@ class SegmentStore(SealedLevel):
         fingerprint: ModelFingerprint,
         level: Level,
         file_mode: int = DEFAULT_FILE_MODE,
+        keys: LevelKeys | None = None,
     ) -> None:
         self.path = path
+        self.level_keys = keys
+        self.unauthenticated = 0  #: sidecars refused as not keyed by one of ``keys``
+        self._count_lock = threading.Lock()
         self.fingerprint = fingerprint
         self.level = level
         self.file_mode = file_mode
@@ -179,11 +190,13 @@ class SegmentStore(SealedLevel):
         create: bool = True,
         mountinfo: str = "/proc/self/mountinfo",
         file_mode: int = DEFAULT_FILE_MODE,
+        keys: LevelKeys | None = None,
     ) -> SegmentStore:
         """Open (and with ``create``, make) the store in ``path`` and reconcile its index.
 
         Files this store creates get ``file_mode`` and directories it creates
-        ``dir_mode(file_mode)`` (spec F-DIR-9: ``0o600`` / ``0o700`` by default).
+        ``dir_mode(file_mode)`` (spec F-DIR-9: ``0o600`` / ``0o700`` by default). ``keys``:
+        the level is keyed (spec F-KEYED; see the module).
 
         Raises :class:`StoreError` for a missing directory (without ``create``), one on a
         network filesystem or a bad ``file_mode``, :class:`IncompatibleFingerprint` when the
@@ -205,7 +218,7 @@ class SegmentStore(SealedLevel):
                 f"store directory {path} is on a {fstype} filesystem; its LMDB index cannot live "
                 "on a network filesystem: use a local disk"
             )
-        store = cls(path, fingerprint, level, file_mode)
+        store = cls(path, fingerprint, level, file_mode, keys)
         try:
             with store._write_lock():  # no commit or delete may interleave with the listing
                 store._reconcile()
@@ -227,7 +240,11 @@ class SegmentStore(SealedLevel):
                 continue
             key = parsed[0]
             got = inspect_segment(
-                key, os.path.join(path, name), os.path.join(path, data_name(key)), depth="sidecar"
+                key,
+                os.path.join(path, name),
+                os.path.join(path, data_name(key)),
+                depth="sidecar",
+                unchecked=True,  # a keyed level's model reads without its key
             )
             if got.sidecar is not None:  # its key need not be its name's: open skips that one
                 return got.sidecar.fingerprint
@@ -302,9 +319,13 @@ class SegmentStore(SealedLevel):
             self._data_path(key),
             depth="sidecar",
             fingerprint=self.fingerprint,
+            keys=self.level_keys,
         )
         if got.damage is not None:
             e = got.damage.error
+            if isinstance(e, NotAuthenticated):
+                with self._count_lock:  # (the commit lock may be held: a counter's own)
+                    self.unauthenticated += 1
             if isinstance(e, StrataIOError) and e.errno == errno.ENOENT:
                 raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
             raise e
@@ -423,7 +444,7 @@ class SegmentStore(SealedLevel):
         if self._committed(key) and self._index.get(key) is not None:
             return PutResult(key, False, 0)  # content-addressed: nothing to hash or write
         data = check_sealed(sidecar, stored, self.fingerprint)
-        mine = resealed(sidecar, self.level)
+        mine = resealed(rekeyed(sidecar, data, self.hasher), self.level)
         header = SegmentHeader(
             mine.kind, mine.codec, key, mine.page_count, mine.page_bytes, mine.stored_bytes
         )
@@ -542,8 +563,10 @@ class SegmentStore(SealedLevel):
         moved or deleted it meanwhile); ``"present"`` when this store already holds it
         (``src``'s copy is dropped)."""
         self.fingerprint.require_same(src.fingerprint, f"segment {key.hex()} of {src.path}")
-        if not isinstance(src, SegmentStore):
-            return relocate_by_copy(self, src, key)
+        if not isinstance(src, SegmentStore) or _key_ids(src.level_keys) != _key_ids(
+            self.level_keys
+        ):
+            return relocate_by_copy(self, src, key)  # re-keyed for this level (F-KEYED-4)
         with src._write_lock(), self._write_lock():
             sc, _ = src._inspect(key)  # SegmentNotFound when src lost it meanwhile
             if self._committed(key):
@@ -578,3 +601,8 @@ class SegmentStore(SealedLevel):
         with contextlib.suppress(StrataError):
             if self._committed(key) and self._index.get(key) is None:
                 self._index.put(key, self._inspect(key)[1])
+
+
+def _key_ids(keys: LevelKeys | None) -> tuple[str, ...]:
+    """A level's key ids (none: unkeyed): two levels of equal ids read each other's sidecars."""
+    return () if keys is None else keys.key_ids

@@ -37,8 +37,10 @@ from stratastore.format import (
     Codec,
     FormatError,
     IndexRecord,
+    KeyRequired,
     Level,
     ModelFingerprint,
+    NotAuthenticated,
     Sidecar,
 )
 from stratastore.format.remote_record import RemoteNames, parse_remote_name
@@ -62,6 +64,7 @@ from stratastore.levels.sealing import (
     Unsealed,
     check_sealed,
     encode,
+    rekeyed,
     sidecar_for,
 )
 
@@ -111,6 +114,12 @@ class RemoteReport:
     orphan_parts: list[str] = field(default_factory=list)  #: parts of no commit, not pending
     missing_parts: list[bytes] = field(default_factory=list)  #: committed, a part gone
     bad_records: list[bytes] = field(default_factory=list)  #: commit records that do not decode
+    #: a keyed level's records not keyed by one of its keys (spec F-KEYED-5): planted, or of a
+    #: key fsck was not given; deleted by a repair
+    unauthenticated: list[bytes] = field(default_factory=list)
+    #: keyed records fsck had no key for: whole as far as seen, their digests not checked
+    #: (spec F-KEYED-6); never deleted
+    keyed_unchecked: list[bytes] = field(default_factory=list)
     stale_index: list[bytes] = field(default_factory=list)  #: listed, not committed
     unindexed: list[bytes] = field(default_factory=list)  #: committed, not listed
     #: committed and whole, a page failing its digest (spec F-SC-3): (key, first bad page)
@@ -125,6 +134,7 @@ class RemoteReport:
             self.orphan_parts
             or self.missing_parts
             or self.bad_records
+            or self.unauthenticated
             or self.stale_index
             or self.unindexed
             or self.damaged
@@ -138,6 +148,8 @@ class RemoteReport:
             "orphan_parts": len(self.orphan_parts),
             "missing_parts": len(self.missing_parts),
             "bad_records": len(self.bad_records),
+            "unauthenticated": len(self.unauthenticated),
+            "keyed_unchecked": len(self.keyed_unchecked),
             "stale_index": len(self.stale_index),
             "unindexed": len(self.unindexed),
             "damaged": len(self.damaged),
@@ -174,6 +186,7 @@ class RedisBackend(SealedLevel, RedisRecords):
         self.names = names or RemoteNames(check_name(settings.name), fingerprint.digest())
         self.ns = self.names.ns
         self.part_bytes = settings.part_bytes
+        self.level_keys = settings.level_keys()  # spec F-KEYED: None for an unkeyed level
         super().__init__(settings, f"{settings.shown}#{self.ns}", client)
 
     @classmethod
@@ -214,7 +227,7 @@ class RedisBackend(SealedLevel, RedisRecords):
         if sidecar.key in self:
             return PutResult(sidecar.key, False, 0)
         data = check_sealed(sidecar, stored, self.fingerprint)
-        sc = resealed(sidecar, self.level)
+        sc = resealed(rekeyed(sidecar, data, self.hasher), self.level)
         return self._write_with(sc.key, memoryview(data.data), lambda: sc)
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
@@ -350,6 +363,12 @@ class RedisBackend(SealedLevel, RedisRecords):
                 c = self._commit(key)
             except RemoteError:  # the server failed: nothing is judged on a failed read
                 raise
+            except KeyRequired:  # keyed, and no key given: counted, never judged
+                c = self._commit(key, unchecked=True)
+                rep.keyed_unchecked.append(key)
+            except NotAuthenticated:  # planted, or keyed by a key fsck was not given
+                rep.unauthenticated.append(key)
+                continue
             except StrataError:  # damaged, too long, of another type, another model's
                 rep.bad_records.append(key)
                 continue
@@ -366,6 +385,8 @@ class RedisBackend(SealedLevel, RedisRecords):
         for key, c in commits.items():
             if not self._parts_there(key, c):
                 rep.missing_parts.append(key)
+            elif not c.sidecar.authenticated:  # no key to hash its pages with
+                continue
             elif (bad := self._first_bad_page(key, deep)) >= 0:
                 rep.damaged.append((key, bad))
         # the listing as stored: an entry whose field or record does not decode is stale
@@ -433,7 +454,8 @@ class RedisBackend(SealedLevel, RedisRecords):
                     f"SRC1:{nonce}:",
                 )
                 self._call("repair", key, drop)
-        for key in rep.missing_parts + rep.bad_records + [k for k, _ in rep.damaged]:
+        doomed = rep.missing_parts + rep.bad_records + rep.unauthenticated
+        for key in doomed + [k for k, _ in rep.damaged]:
             try:
                 self.delete(key)
             except FormatError:  # a value of another type at the record's name: it goes

@@ -39,7 +39,14 @@ __all__ = ["COUNTERS", "RedisCalls", "RemoteError"]
 
 T = TypeVar("T")
 #: what :attr:`RedisCalls.counters` counts (``Store.stats()``: ``backend_<name>``)
-COUNTERS = ("errors", "timeouts", "missing_parts", "raced_puts", "stale_index")
+COUNTERS = (
+    "errors",
+    "timeouts",
+    "missing_parts",
+    "raced_puts",
+    "stale_index",
+    "unauthenticated",
+)
 _RAISE = object()  #: :meth:`RedisCalls._pipeline`: a reply of another type raises
 
 

@@ -113,7 +113,8 @@ def _model(scout: RedisBackend, prefix: str, digits: str) -> ModelFingerprint | 
         try:
             n, raw = scout.bounded_get("fsck", name)
             if n and n <= len(raw):
-                fp = decode_commit_record(raw).sidecar.fingerprint
+                # a keyed record's model reads without its key (spec F-KEYED-6)
+                fp = decode_commit_record(raw, unchecked=True).sidecar.fingerprint
                 if fp.digest().hex().startswith(digits):
                     return fp
         except RemoteError:
@@ -150,4 +151,5 @@ def _neutral(ns: NamespaceReport) -> NamespaceCheck:
         rep.counts(),
         tuple(rep.damaged),
         rep.repaired,
+        tuple(rep.unauthenticated),
     )

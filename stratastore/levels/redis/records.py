@@ -40,8 +40,10 @@ from stratastore.format import (
     IndexRecord,
     Kind,
     ModelFingerprint,
+    NotAuthenticated,
     Sidecar,
 )
+from stratastore.format.level_key import LevelKeys
 from stratastore.format.remote_record import CommitRecord, RemoteNames, decode_commit_record
 from stratastore.levels.backend import PutResult
 from stratastore.levels.errors import SegmentNotFound
@@ -107,6 +109,9 @@ class RedisRecords(RedisCalls):
     names: RemoteNames
     ns: str
     part_bytes: int
+    #: a keyed level's keys (spec F-KEYED): a commit record whose sidecar is not keyed by one
+    #: of them is damage (counted: ``unauthenticated``)
+    level_keys: LevelKeys | None
 
     # -- names (spec F-REM-1: format/remote_record.py spells them) ------------------------------
     def _rec_key(self, key: bytes) -> str:
@@ -135,8 +140,9 @@ class RedisRecords(RedisCalls):
         """``(length, bytes)`` of the value at ``key``'s commit record (:meth:`bounded_get`)."""
         return self.bounded_get(op, self._rec_key(key), key)
 
-    def _commit(self, key: bytes) -> Commit | None:
-        """The key's commit record, decoded; None when it is not committed."""
+    def _commit(self, key: bytes, unchecked: bool = False) -> Commit | None:
+        """The key's commit record, decoded; None when it is not committed. ``unchecked``: a
+        keyed record read without keys is parsed unchecked (fsck without the key)."""
         n, raw = self._record_bytes("read", key)
         if not n:
             return None
@@ -145,14 +151,18 @@ class RedisRecords(RedisCalls):
                 f"the commit record of segment {key.hex()[:16]} in {self.path} is {n:,} bytes, "
                 "longer than any commit record (damage, or a key written by hand)"
             )
-        return self._decode(key, raw)
+        return self._decode(key, raw, unchecked)
 
-    def _decode(self, key: bytes, raw: bytes) -> Commit:
+    def _decode(self, key: bytes, raw: bytes, unchecked: bool = False) -> Commit:
         """``raw`` as the commit record of ``key`` (spec F-REM-2, then identity: F-READ-1 step
         8): a :class:`FormatError` for one that does not decode, names another segment or
         another model (damage under this namespace, never the caller's mistake)."""
         obj = f"the commit record of segment {key.hex()[:16]} in {self.path}"
-        rec = decode_commit_record(raw, obj)
+        try:
+            rec = decode_commit_record(raw, obj, keys=self.level_keys, unchecked=unchecked)
+        except NotAuthenticated:
+            self._count("unauthenticated")
+            raise
         sc = rec.sidecar
         if sc.key != key:
             raise FormatError(f"{obj} names segment {sc.key.hex()[:16]} (damaged or misplaced)")

@@ -26,8 +26,9 @@ from typing import Any, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 from stratastore.errors import ConfigError
-from stratastore.format import ModelFingerprint
+from stratastore.format import LevelKeys, ModelFingerprint
 from stratastore.format.remote_record import RemoteNames, check_remote_name
+from stratastore.levels.level_keys import KEY_SETTINGS, check_key_settings, level_keys
 from stratastore.levels.settings import LevelContext, Setting, shown_value
 
 
@@ -70,6 +71,7 @@ LEVEL_SETTINGS: Mapping[str, Setting] = {
         Setting("part_mib", 16, least=1),  # a segment is stored in values of at most this
         Setting("eviction", "store", choices=("store", "redis")),
         Setting("keep_local", True),  # a restore from the level is kept locally too
+        *KEY_SETTINGS.values(),  # a keyed level's secrets: where they are (spec F-KEYED)
     )
 }
 
@@ -117,6 +119,8 @@ class RemoteSettings:
     eviction: Eviction = "store"
     budget_bytes: int = 0  #: eviction="store": the bytes the level may hold (0: no limit)
     keep_local: bool = True  #: a restore from the remote level writes it to the local levels
+    key_file: str = ""  #: a keyed level's file of secrets (spec F-KEYED), read at open
+    key_env: str = ""  #: or the environment variables that hold them
     tls: bool = field(init=False)
     cluster: bool = field(init=False)
     nodes: tuple[tuple[str, int], ...] = field(init=False)
@@ -124,6 +128,7 @@ class RemoteSettings:
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        check_key_settings({"key_file": self.key_file, "key_env": self.key_env}, lambda k: k)
         try:
             scheme, rest = self.url.split("://", 1)
         except ValueError:
@@ -239,6 +244,11 @@ class RemoteSettings:
         )
         return f"RemoteSettings(url={self.shown!r}, {shown})"
 
+    def level_keys(self) -> LevelKeys | None:
+        """The level's keys (spec F-KEYED), read now from ``key_file`` or ``key_env``; None
+        for an unkeyed level. A ConfigError naming the file or variable, never a secret."""
+        return level_keys({"key_file": self.key_file, "key_env": self.key_env})
+
     @property
     def shown(self) -> str:
         """The URL as every message shows it: no credentials."""
@@ -299,6 +309,8 @@ def level_arguments(table: Mapping[str, Any], context: LevelContext) -> dict[str
         "eviction": table["eviction"],
         "budget_bytes": context.mib << 20,
         "keep_local": table["keep_local"],
+        "key_file": table["key_file"],
+        "key_env": table["key_env"],
     }
 
 

@@ -5,11 +5,11 @@ findings."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from stratastore.errors import StrataError
-from stratastore.format import parse_name
+from stratastore.format import LevelKeys, parse_name
 from stratastore.format.manifest import ChainManifest
 from stratastore.format.naming import (
     INDEX_DIR,
@@ -24,6 +24,7 @@ from stratastore.io import files, pathnames
 from stratastore.levels.findings import (
     DUPLICATE_ACROSS_LEVELS,
     FINGERPRINT_MISMATCH,
+    KEYED_UNCHECKED,
     ORPHAN_FILE,
     ORPHAN_TEMP,
     UNKNOWN_FILE,
@@ -52,6 +53,7 @@ def fsck(
     deep: bool = False,
     isolate_index: bool = True,
     levels: StoreLevels | None = None,
+    keys: Mapping[str, LevelKeys] | None = None,
 ) -> Iterator[Finding]:
     """Check each directory (a store level), then what spans them (manifests, duplicates).
 
@@ -63,7 +65,12 @@ def fsck(
     (F-CHAIN-4); levels not in ``dirs`` are only looked in, not checked. ``SEGMENT_UNREACHABLE``
     (a committed segment of ``dirs`` no chain reaches, F-CHAIN-3) only when ``levels.complete``.
     ``isolate_index=False`` reads the LMDB index in this process (faster; only for an index
-    known to be a real LMDB commit, as the power-loss tests have: a damaged one can SIGBUS)."""
+    known to be a real LMDB commit, as the power-loss tests have: a damaged one can SIGBUS).
+
+    ``keys``: the keys of keyed levels (spec F-KEYED), by directory (its absolute path): a
+    sidecar such a level does not accept is ``SIDECAR_UNAUTHENTICATED``. In a level given no
+    keys, a keyed sidecar is parsed without checking its digests (its trailer, its pages) and
+    the level gets one ``KEYED_UNCHECKED`` warning saying how many (F-KEYED-6)."""
     for d in dirs:
         if not files.is_dir(d):
             raise StrataError(f"{d} is not a directory; pass store level directories")
@@ -75,10 +82,11 @@ def fsck(
     damaged: dict[bytes, list[Damage]] = {}
     for d in dirs:
         here: dict[bytes, Damage] = {}
-        keys = yield from _check_dir(d, deep, manifests, isolate_index, here)
+        mine = (keys or {}).get(pathnames.abspath(d))
+        keys_here = yield from _check_dir(d, deep, manifests, isolate_index, here, mine)
         for key, dmg in here.items():
             damaged.setdefault(key, []).append(dmg)
-        for key in keys:
+        for key in keys_here:
             if key in seen:
                 yield DUPLICATE_ACROSS_LEVELS.found(
                     key.hex(), f"committed in {seen[key]} and in {d}"
@@ -116,6 +124,7 @@ def _check_dir(
     manifests: list[tuple[str, str]],
     isolate_index: bool,
     damaged: dict[bytes, Damage],
+    keys: LevelKeys | None = None,
 ) -> Generator[Finding, None, list[bytes]]:
     """Findings of one directory; returns the keys of its valid committed segments. A damaged
     segment's finding goes into ``damaged`` instead (fsck reports it once its consequences, the
@@ -153,6 +162,7 @@ def _check_dir(
         )
     valid: dict[bytes, Sidecar] = {}
     fingerprints: dict[bytes, int] = {}
+    unchecked = 0  #: keyed sidecars parsed without a key
     for key in sorted(sidecars):
         got = inspect_segment(
             key,
@@ -161,6 +171,8 @@ def _check_dir(
             depth="pages" if deep else "sample",
             data_listed=key in datas,
             by_path=True,
+            keys=keys,
+            unchecked=keys is None,
         )
         if got.damage is not None:
             if key in damaged:
@@ -169,9 +181,17 @@ def _check_dir(
                 damaged[key] = Damage(got.damage.finding())
             continue
         assert got.sidecar is not None
+        unchecked += not got.sidecar.authenticated
         valid[key] = got.sidecar
         fp = got.sidecar.fingerprint.pack()
         fingerprints[fp] = fingerprints.get(fp, 0) + 1
+    if unchecked:
+        yield KEYED_UNCHECKED.found(
+            d,
+            f"{unchecked} keyed segment(s) (spec F-KEYED): fsck was given no key for this "
+            "level, so their authentication (sidecar trailers, page digests) is not checked; "
+            "pass the store's config (its key_file or key_env) or --key-file",
+        )
     if len(fingerprints) > 1:
         yield FINGERPRINT_MISMATCH.found(
             d, f"sidecars of {len(fingerprints)} different models in one directory (spec F-DIR-6)"

@@ -229,7 +229,7 @@ def test_keyword_aliases_conflict_too() -> None:
         ),
         (
             {"name": "c", "dir": "/c", "mib": 1, "settings": {"timeout_ms": 5}},
-            "only a Redis level takes settings",
+            "unknown setting .timeout_ms.; a directory level.s settings are key_file, key_env",
         ),
         ({"name": "c", "dir": "/c", "url": "memory://c", "mib": 1}, "has dir and url"),
         ({"name": "c", "url": f"s3://u:{SECRET}@b", "mib": 1}, "s3://... names no level backend"),
