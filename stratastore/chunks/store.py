@@ -50,8 +50,9 @@ from stratastore.chunks.room import ChunkRoom, stored_bytes
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend, SharedBackend
+from stratastore.levels.directory import shared_directory
 from stratastore.levels.errors import SegmentNotFound, StoreError
-from stratastore.levels.registry import open_level
+from stratastore.levels.registry import open_level, scheme_of
 from stratastore.levels.sealing import Buffer
 from stratastore.tiers import DiskLevel, open_cascade
 
@@ -86,6 +87,23 @@ def _refuse_a_conversation_level(backend: SegmentBackend, spec: ChunkLevel) -> N
             return
 
 
+def _refuse_one_directory_twice(cfg: ChunkConfig) -> None:
+    """A :class:`~stratastore.errors.ConfigError` naming both specs when two directory levels
+    are one directory (a trailing slash, ``.``/``..``, a symbolic link, a bind mount: the check
+    a ``Store``'s levels get, :func:`~stratastore.levels.directory.shared_directory`): the
+    levels would share its commit lock, and the first page moved down from one into the other
+    would wait on itself forever."""
+    dirs = [lv for lv in cfg.levels if scheme_of(str(lv.spec)) in ("", "file")]
+    same = shared_directory([str(lv.spec) for lv in dirs])
+    if same is not None:
+        first, second, real = dirs[same[0]], dirs[same[1]], same[2]
+        raise ConfigError(
+            f"chunk levels {first.shown!r} and {second.shown!r} are the same directory "
+            f"({real}); give the level {second.shown!r} a directory of its own (or leave it "
+            "out of the ChunkConfig)"
+        )
+
+
 class ChunkStore(AbstractContextManager["ChunkStore"]):
     """Pages keyed by content on a chain of levels (the module docstring is the contract).
     Use :meth:`open`; close it (or use it as a context manager)."""
@@ -118,9 +136,11 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         no backend serves, :class:`~stratastore.format.IncompatibleFingerprint` for another
         model's level, :class:`~stratastore.io.StrataIOError` for a level that cannot be
         reached) and a ``ConfigError`` for a level that holds a conversation store's K/V (a
-        chunk store needs levels of its own); every level opened is closed again on
-        failure."""
+        chunk store needs levels of its own) and for two levels on one directory (however
+        each names it: a trailing slash, ``..``, a symbolic link, a bind mount), before any
+        level is opened; every level opened is closed again on failure."""
         cfg = config if isinstance(config, ChunkConfig) else ChunkConfig(tuple(config))
+        _refuse_one_directory_twice(cfg)
         n = len(cfg.levels)
 
         def open_one(i: int, next_level: DiskLevel | None) -> DiskLevel:
