@@ -228,15 +228,18 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
 
     def batch_put(self, keys: Sequence[bytes], pages: Sequence[Buffer]) -> list[PutOutcome]:
         """:meth:`put` of each page in turn; a write that fails raises (the pages before it
-        are stored)."""
+        are stored). A key that is not a chunk key raises before any page is put."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
+        for k in keys:
+            stored_key(k)
         return [self.put(k, p) for k, p in zip(keys, pages, strict=True)]
 
     # -- looking up ---------------------------------------------------------------------------
     def exists(self, key: bytes) -> bool:
         """Whether a page is held on some level (its index or listing: no page is read)."""
-        return not self.closed and self.room.holds(stored_key(key))
+        skey = stored_key(key)
+        return not self.closed and self.room.holds(skey)
 
     __contains__ = exists
     contains = exists  #: LMCache's name for it
@@ -342,9 +345,12 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         return bytes(out) if self.read_into(chunk, out) else None
 
     def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Buffer]) -> list[int | None]:
-        """:meth:`get_into` of each key into its buffer."""
+        """:meth:`get_into` of each key into its buffer (a key that is not a chunk key raises
+        before any page is read)."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys for {len(outs)} buffers")
+        for k in keys:
+            stored_key(k)
         return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
 
     def reject(self, chunk: OpenChunk, why: str) -> None:
