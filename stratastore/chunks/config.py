@@ -21,8 +21,10 @@ class ChunkLevel:
     ``used()`` counts: stored data and sidecars), the seconds a page may stay (``max_age_s``,
     0: no limit; enforced by :meth:`~stratastore.chunks.ChunkStore.gc`) and the backend's own
     ``settings`` (a directory's ``file_mode``; a Redis level's ``name``, ``password``,
-    ``timeout_s``...), handed to ``open_level`` as they are. Its repr shows a URL by its scheme
-    alone: a URL may carry a credential."""
+    ``timeout_s``...), handed to ``open_level`` as they are: one its opener does not take is a
+    :class:`~stratastore.errors.ConfigError` at open naming it, the level and those it takes
+    (:meth:`~stratastore.levels.registry.BackendEntry.open`). Its repr shows a URL by its
+    scheme alone: a URL may carry a credential."""
 
     spec: str
     budget_bytes: int

@@ -50,9 +50,10 @@ from stratastore.chunks.room import ChunkRoom, stored_bytes
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend, SharedBackend
+from stratastore.levels.directory import shared_directory
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.reader import open_checked
-from stratastore.levels.registry import open_level
+from stratastore.levels.registry import open_level, scheme_of
 from stratastore.levels.sealing import Buffer
 from stratastore.tiers import DiskLevel, open_cascade
 
@@ -85,6 +86,23 @@ def _refuse_a_conversation_level(backend: SegmentBackend, spec: ChunkLevel) -> N
             )
         if n + 1 >= _LOOK_AT:
             return
+
+
+def _refuse_one_directory_twice(cfg: ChunkConfig) -> None:
+    """A :class:`~stratastore.errors.ConfigError` naming both specs when two directory levels
+    are one directory (a trailing slash, ``.``/``..``, a symbolic link, a bind mount: the check
+    a ``Store``'s levels get, :func:`~stratastore.levels.directory.shared_directory`): the
+    levels would share its commit lock, and the first page moved down from one into the other
+    would wait on itself forever."""
+    dirs = [lv for lv in cfg.levels if scheme_of(str(lv.spec)) in ("", "file")]
+    same = shared_directory([str(lv.spec) for lv in dirs])
+    if same is not None:
+        first, second, real = dirs[same[0]], dirs[same[1]], same[2]
+        raise ConfigError(
+            f"chunk levels {first.shown!r} and {second.shown!r} are the same directory "
+            f"({real}); give the level {second.shown!r} a directory of its own (or leave it "
+            "out of the ChunkConfig)"
+        )
 
 
 class ChunkStore(AbstractContextManager["ChunkStore"]):
@@ -126,9 +144,11 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         no backend serves, :class:`~stratastore.format.IncompatibleFingerprint` for another
         model's level, :class:`~stratastore.io.StrataIOError` for a level that cannot be
         reached) and a ``ConfigError`` for a level that holds a conversation store's K/V (a
-        chunk store needs levels of its own); every level opened is closed again on
-        failure."""
+        chunk store needs levels of its own) and for two levels on one directory (however
+        each names it: a trailing slash, ``..``, a symbolic link, a bind mount), before any
+        level is opened; every level opened is closed again on failure."""
         cfg = config if isinstance(config, ChunkConfig) else ChunkConfig(tuple(config))
+        _refuse_one_directory_twice(cfg)
         n = len(cfg.levels)
 
         def open_one(i: int, next_level: DiskLevel | None) -> DiskLevel:
@@ -216,15 +236,18 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
 
     def batch_put(self, keys: Sequence[bytes], pages: Sequence[Buffer]) -> list[PutOutcome]:
         """:meth:`put` of each page in turn; a write that fails raises (the pages before it
-        are stored)."""
+        are stored). A key that is not a chunk key raises before any page is put."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
+        for k in keys:
+            stored_key(k)
         return [self.put(k, p) for k, p in zip(keys, pages, strict=True)]
 
     # -- looking up ---------------------------------------------------------------------------
     def exists(self, key: bytes) -> bool:
         """Whether a page is held on some level (its index or listing: no page is read)."""
-        return not self.closed and self.room.holds(stored_key(key))
+        skey = stored_key(key)
+        return not self.closed and self.room.holds(skey)
 
     __contains__ = exists
     contains = exists  #: LMCache's name for it
@@ -335,9 +358,12 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         return bytes(out) if self.read_into(chunk, out) else None
 
     def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Buffer]) -> list[int | None]:
-        """:meth:`get_into` of each key into its buffer."""
+        """:meth:`get_into` of each key into its buffer (a key that is not a chunk key raises
+        before any page is read)."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys for {len(outs)} buffers")
+        for k in keys:
+            stored_key(k)
         return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
 
     def reject(self, chunk: OpenChunk, why: str) -> None:

@@ -518,6 +518,17 @@ def realpath(path: str) -> str:
     return os.path.realpath(path)
 
 
+def directory_id(path: str) -> tuple[int, int] | None:
+    """The device and inode of the directory ``path`` names (a link followed), or None when
+    it names no directory that can be looked at: two names of one directory, a bind mount
+    included, have one id. A look-up only, nothing is opened."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 def stamp(path: str) -> bytes:
     """What identifies a file's version without reading it: inode, size and mtime (ns), 24
     bytes (lstat: a link is never followed). The shared catalog keeps a manifest's stamp so that

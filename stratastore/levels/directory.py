@@ -12,10 +12,18 @@ from types import TracebackType
 from typing import Protocol, Self, cast
 
 from stratastore.format import Level, LevelKeys, ModelFingerprint, Sidecar
+from stratastore.io import files
 from stratastore.levels.backend import CatalogHost, StoreStats
 from stratastore.levels.registry import open_level, scheme_of
 
-__all__ = ["DirectoryLevel", "NotAdopted", "directory_model", "open_directory"]
+__all__ = [
+    "DirectoryLevel",
+    "NotAdopted",
+    "directory_model",
+    "local_path",
+    "open_directory",
+    "shared_directory",
+]
 
 
 class NotAdopted(Protocol):
@@ -84,3 +92,27 @@ def directory_model(path: str) -> ModelFingerprint | None:
     from stratastore.levels.local import SegmentStore
 
     return SegmentStore.fingerprint_in(path)
+
+
+def local_path(spec: str) -> str:
+    """The directory a level spec names: a path as given, a ``file://`` URL's path."""
+    return spec[len("file://") :] if spec.lower().startswith("file://") else spec
+
+
+def shared_directory(paths: Sequence[str]) -> tuple[int, int, str] | None:
+    """The first two of ``paths`` (directory paths, or ``file://`` URLs) that name one
+    directory, as ``(i, j, real path)`` with ``i < j``; None when each names its own. Two
+    names are one directory when their real paths are equal (a trailing slash, ``.`` or
+    ``..`` segments, a symbolic link) or when both exist with one device and inode (a bind
+    mount). Two levels on one directory share its commit lock, and the first move down from
+    one into the other would wait on itself forever: every opener of several directory levels
+    (a ``Store``'s, a chunk store's) refuses them by this check. Look-ups only."""
+    seen: list[tuple[str, tuple[int, int] | None]] = []
+    for j, path in enumerate(paths):
+        real = files.realpath(local_path(path))
+        ident = files.directory_id(real)
+        for i, (other, other_id) in enumerate(seen):
+            if real == other or (ident is not None and ident == other_id):
+                return i, j, real
+        seen.append((real, ident))
+    return None

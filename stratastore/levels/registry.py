@@ -11,7 +11,11 @@ of its level's settings table (:class:`~stratastore.levels.settings.Setting` by 
 level on it is shared by several nodes (the store's remote level, spec F-REM), and optional
 hooks: the arguments its opener takes, made from the table and the store's
 :class:`~stratastore.levels.settings.LevelContext`; a check of a level's settings without
-connecting; a check (fsck) of a shared level's store (:func:`fsck_shared`). The configuration
+connecting; a check (fsck) of a shared level's store (:func:`fsck_shared`). What an opener is
+handed is checked at the one place every opener is called (:meth:`BackendEntry.open`): an
+argument it does not take is a :class:`~stratastore.errors.ConfigError` naming it, the level
+and the arguments it takes (:meth:`BackendEntry.takes_arguments`), never the opener's own
+``TypeError``. The configuration
 (``stratastore.config``) validates a level against its row and names no backend; nothing above
 the seam names one. A hook given as ``"module:function"`` is imported at its first use, so a
 backend whose client is an extra (Redis) is imported only when a spec names it.
@@ -42,7 +46,13 @@ from stratastore.format import Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.level_keys import KEY_SETTINGS
 from stratastore.levels.redis.settings import LEVEL_SETTINGS as _REDIS_SETTINGS
-from stratastore.levels.settings import LevelContext, Setting, padding_problem, scheme_of
+from stratastore.levels.settings import (
+    LevelContext,
+    Setting,
+    padding_problem,
+    scheme_of,
+    shown_value,
+)
 from stratastore.levels.shared_check import SharedLevelCheck
 
 __all__ = [
@@ -95,12 +105,37 @@ class BackendEntry:
     arguments: Arguments | str | None = None
     check: LevelCheck | str | None = None
     fsck: SharedFsck | str | None = None
+    #: the names of the arguments its opener takes; None: those :meth:`takes_arguments` derives
+    takes: tuple[str, ...] | None = None
 
     def open(
         self, spec: str, fingerprint: ModelFingerprint, level: Level, args: Mapping[str, Any]
     ) -> SegmentBackend:
+        """Open the level ``spec`` with the opener's arguments ``args``; an argument the
+        opener does not take (:meth:`takes_arguments`) is a
+        :class:`~stratastore.errors.ConfigError` naming it, the level (a URL by its scheme
+        alone) and the arguments it takes, before the opener is called."""
+        taken = self.takes_arguments()
+        unknown = sorted(str(k) for k in args if k not in taken)
+        if unknown:
+            takes = f"its settings are {', '.join(taken)}" if taken else "it takes no settings"
+            raise ConfigError(
+                f"level {shown_value(spec)}: {'settings' if len(unknown) > 1 else 'setting'} "
+                f"{', '.join(map(repr, unknown))} {'are' if len(unknown) > 1 else 'is'} not "
+                f"one a {self.kind} level takes; {takes}"
+            )
         opener: Opener = _resolve(self.opener)
         return opener(spec, fingerprint, level, args)
+
+    def takes_arguments(self) -> tuple[str, ...]:
+        """The names of the arguments the opener takes (what :func:`open_level`'s
+        ``settings`` may hold): :attr:`takes` when the row says; else the keys the
+        ``arguments`` hook makes of the schema's defaults (what a configured level is opened
+        with), or, without the hook, the schema's keys (the opener takes the table)."""
+        if self.takes is not None:
+            return self.takes
+        defaults = {k: s.default for k, s in self.settings.items()}
+        return tuple(self.arguments_for(defaults, LevelContext()))
 
     def arguments_for(self, table: Mapping[str, Any], context: LevelContext) -> dict[str, Any]:
         """What the opener takes for a level with settings ``table`` (see :data:`Arguments`)."""
@@ -138,6 +173,8 @@ _DIRECTORY = BackendEntry(
     settings=KEY_SETTINGS,  # a keyed level's secrets: where they are (spec F-KEYED)
     arguments=f"{_HERE}:_dir_args",
     check=f"{_HERE}:_dir_check",
+    # create: the offline tools open a level that must exist; keys: the keys a tool read already
+    takes=("file_mode", "create", *KEY_SETTINGS, "keys"),
 )
 _RED = BackendEntry(
     "Redis",
@@ -325,8 +362,6 @@ def _open_memory(
 ) -> SegmentBackend:
     from stratastore.levels.memory import MemoryBackend
 
-    if settings:
-        raise ConfigError(f"a memory:// level takes no settings ({sorted(settings)})")
     name = spec.partition("://")[2] or "default"
     if not _MEMORY_NAME.fullmatch(name):
         raise ConfigError(

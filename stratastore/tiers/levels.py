@@ -19,6 +19,7 @@ from stratastore.format import Level, ModelFingerprint
 from stratastore.io import files
 from stratastore.io.system import volume_bytes
 from stratastore.levels.backend import CatalogHost, SharedBackend
+from stratastore.levels.directory import shared_directory
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.tiers.admission import MIB
 from stratastore.tiers.disk import DiskLevel, open_cascade
@@ -44,16 +45,15 @@ def check_levels(cfg: StoreConfig, warn: Callable[[str], None]) -> None:
                 f"the {name} level is OFF: {key}dir={d!r} with {key}mib={mib}; a level needs "
                 f"both (set its budget in MiB, or clear its directory)"
             )
-    seen: dict[str, tuple[str, str]] = {}
-    for spec in (s for s in cfg.disk_levels() if s.dir):  # a URL level has no directory
-        real = files.realpath(spec.dir)
-        if real in seen:
-            name, d = seen[real]
-            raise ConfigError(
-                f"{name}_dir={d!r} and {spec.name}_dir={spec.dir!r} are the same directory "
-                f"({real}); give the {spec.name} level a directory of its own (or turn it off)"
-            )
-        seen[real] = (spec.name, spec.dir)
+    on_dirs = [s for s in cfg.disk_levels() if s.dir]  # a URL level has no directory
+    same = shared_directory([s.dir for s in on_dirs])
+    if same is not None:
+        first, spec, real = on_dirs[same[0]], on_dirs[same[1]], same[2]
+        raise ConfigError(
+            f"{first.name}_dir={first.dir!r} and {spec.name}_dir={spec.dir!r} are the same "
+            f"directory ({real}); give the {spec.name} level a directory of its own (or turn it "
+            "off)"
+        )
     if not cfg.create_dirs:
         for spec in cfg.disk_levels():
             if spec.dir and not spec.default_dir:  # the user's cache directory is made whole
