@@ -28,7 +28,7 @@ from stratastore.format import (
 )
 from stratastore.levels.backend import OpenSegment, PutResult
 from stratastore.levels.errors import StoreError
-from stratastore.levels.reader import OutOfRange
+from stratastore.levels.reader import OutOfRange, payload_bytes
 from stratastore.levels.sealing import (
     Buffer,
     Payload,
@@ -154,12 +154,4 @@ class SealedLevel:
         """The segment's validated payload as bytes (for small objects such as running states);
         refuses one larger than ``max_bytes`` before allocating it."""
         with self.open_reader(key) as seg:
-            sc = seg.sidecar
-            if sc.payload_bytes > max_bytes:
-                raise StoreError(
-                    f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
-                    f"{max_bytes:,} this read allows"
-                )
-            out = bytearray(sc.payload_bytes)
-            seg.copy_validated(memoryview(out), True)
-        return bytes(out)
+            return payload_bytes(seg, max_bytes)

@@ -67,6 +67,7 @@ __all__ = [
     "first_bad_page",
     "get_checked_bytes",
     "open_checked",
+    "payload_bytes",
     "require_valid",
     "validate_stored",
 ]
@@ -147,14 +148,20 @@ def get_checked_bytes(
     (:func:`copy_validated`; spec F-SC-3). :class:`StoreError` before allocating a payload over
     ``max_bytes``."""
     with open_checked(backend, key, fingerprint, kind=kind, tokens=tokens) as seg:
-        sc = seg.sidecar
-        if sc.payload_bytes > max_bytes:
-            raise StoreError(
-                f"segment {key.hex()} holds {sc.payload_bytes:,} bytes, over the "
-                f"{max_bytes:,} this read allows"
-            )
-        out = bytearray(sc.payload_bytes)
-        copy_validated(seg, memoryview(out), True)
+        return payload_bytes(seg, max_bytes)
+
+
+def payload_bytes(seg: OpenSegment, max_bytes: int) -> bytes:
+    """The validated payload of the open segment ``seg`` as bytes (:func:`copy_validated`);
+    :class:`StoreError` before allocating one over ``max_bytes``."""
+    sc = seg.sidecar
+    if sc.payload_bytes > max_bytes:
+        raise StoreError(
+            f"segment {sc.key.hex()} holds {sc.payload_bytes:,} bytes, over the "
+            f"{max_bytes:,} this read allows"
+        )
+    out = bytearray(sc.payload_bytes)
+    copy_validated(seg, memoryview(out), True)
     return bytes(out)
 
 
