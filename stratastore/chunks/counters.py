@@ -19,7 +19,9 @@ class ChunkCounters:
     hits: int = 0  #: pages delivered (validated)
     hit_bytes: int = 0
     misses: int = 0  #: gets of a page not held (or removed meanwhile)
-    damaged: int = 0  #: pages whose stored copy failed validation: a miss, logged, removed
+    #: pages whose stored copy failed validation, or whose data file is gone (met by a get or
+    #: a put): a miss, logged, removed (a sidecar without its data: set aside, F-DUR-7)
+    damaged: int = 0
     read_errors: int = 0  #: gets that failed otherwise (I/O error, closing): a miss, kept
     removes: int = 0  #: pages removed by the engine
     evictions: int = 0  #: pages the last level let go of, oldest first, to keep its budget

@@ -1,14 +1,17 @@
 """What a read that failed does: a copy that failed validation (damage, spec F-SC-3) is a miss,
 counted, logged and removed from its level so that the next put writes it again, but only
 while it is still the copy read; any other failure (an I/O error, a level that cannot be
-reached, the store closing) is a miss, counted and logged, and the page stays."""
+reached, the store closing) is a miss, counted and logged, and the page stays. A listed copy
+whose data file is gone is damage too, found by a read or, without reading, by a put
+(:meth:`ReadFailures.holds_whole`); its level sets it aside as ``strata fsck --repair`` does
+(spec F-DUR-7)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from stratastore.chunks.reads import ConditionalDelete
+from stratastore.chunks.reads import ConditionalDelete, DataCheck
 from stratastore.chunks.room import ChunkRoom
 from stratastore.errors import StrataError
 from stratastore.format import IndexRecord
@@ -38,6 +41,28 @@ class ReadFailures:
         self._count = count
         self._closed = closed
 
+    def holds_whole(self, skey: bytes) -> bool:
+        """Whether some level holds the page (its index or listing) and, where the level can
+        tell without reading (:class:`~stratastore.chunks.reads.DataCheck`: a stat of the data
+        file), with its data. A copy whose data file is gone is damage, :meth:`damaged` as a
+        read that met it (counted, logged, set aside if still the copy looked at), and no
+        copy a put may call present."""
+        for lvl in self._room.levels:
+            store = lvl.store
+            if skey not in store:
+                continue
+            if not isinstance(store, DataCheck):
+                return True
+            try:
+                identity = store.record(skey)
+            except SegmentNotFound:
+                continue  # moved down or deleted meanwhile: the next level may have it
+            missing = store.missing_data(skey)
+            if missing is None:
+                return True
+            self.damaged(store, skey, missing, identity, None)
+        return False
+
     def read_error(self, skey: bytes, e: StrataError) -> None:
         """A read that failed for another reason than the page's own copy: a miss, counted
         in ``read_errors`` and logged (quietly once the store is closed); the page stays."""
@@ -65,11 +90,13 @@ class ReadFailures:
         ``store``, only if it is still the copy read (its index record still ``identity``, the
         one before it was opened, and sealed when the reader said): a copy stored again
         meanwhile, by this process or another, is never removed. Under the level's commit lock
-        where the level has one (:class:`~stratastore.chunks.reads.ConditionalDelete`)."""
+        where the level has one (:class:`~stratastore.chunks.reads.ConditionalDelete`); a
+        directory level sets a sidecar whose data file is gone aside into
+        ``strata-quarantine/`` instead of unlinking it (spec F-DUR-7)."""
         self._count("damaged")
         log.warning(
-            "stratastore: %s %s is damaged (%s: %s): a miss; it is removed so that the next "
-            "put writes it again",
+            "stratastore: %s %s is damaged (%s: %s): never delivered; it is removed so that "
+            "the next put writes it again",
             self.name,
             skey.hex()[:16],
             type(e).__name__,

@@ -26,16 +26,24 @@ from stratastore.format import (
 )
 from stratastore.io.errors import ShortRead
 from stratastore.levels.backend import OpenSegment
-from stratastore.levels.errors import StoreError
+from stratastore.levels.errors import DataMissing, StoreError
 from stratastore.levels.reader import copy_validated, require_valid
 from stratastore.levels.sealing import Buffer, byte_view
 
-__all__ = ["DAMAGE", "ConditionalDelete", "OpenChunk", "buffer_view", "fill_validated"]
+__all__ = [
+    "DAMAGE",
+    "ConditionalDelete",
+    "DataCheck",
+    "OpenChunk",
+    "buffer_view",
+    "fill_validated",
+]
 
-#: what a page's own stored copy failing validation raises (damage: the copy is removed);
-#: anything else a read raises (an I/O error such as EMFILE, a closed level, a level that cannot
-#: be reached) is a miss, never a delete
-DAMAGE = (FormatError, ChecksumMismatch, IncompatibleFingerprint, ShortRead)
+#: what a page's own stored copy failing validation raises (damage: the copy is removed), a
+#: sidecar whose data file is gone included (DataMissing); anything else a read raises (an I/O
+#: error such as EMFILE, a closed level, a level that cannot be reached) is a miss, never a
+#: delete
+DAMAGE = (FormatError, ChecksumMismatch, IncompatibleFingerprint, ShortRead, DataMissing)
 
 
 def buffer_view(buf: Buffer, *, writable: bool) -> memoryview:
@@ -66,6 +74,16 @@ class ConditionalDelete(Protocol):
     bytes), written again by the next put."""
 
     def delete_if(self, key: bytes, still: Callable[[], bool]) -> bool: ...
+
+
+@runtime_checkable
+class DataCheck(Protocol):
+    """A level that can tell, without reading a byte, that a page it lists has lost its data
+    (the directory level: its sidecar there, its data file gone, fsck's ``DATA_MISSING``): a put
+    asks it before it calls a page present, so such a page is written again instead of being
+    stuck (listed, never read, never written). The damage's typed error, or None."""
+
+    def missing_data(self, key: bytes) -> DataMissing | None: ...
 
 
 @dataclass

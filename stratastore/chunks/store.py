@@ -16,16 +16,19 @@ Contracts:
   fsynced, renamed in, directory fsynced, sidecar written durably, indexed: F-DUR), after making
   room (the oldest pages degrade to the next level; only the last level deletes, never a pinned
   page or a kept key). A put returns ``"stored"`` once committed, ``"present"`` when the page
-  was held already (nothing written, nothing evicted), ``"refused"`` when it cannot fit; a
-  write that fails raises (a :class:`~stratastore.errors.StrataError`) and leaves nothing.
+  was held already (nothing written, nothing evicted; never a copy whose data file is gone: a
+  stat says so, and that copy is damage, below), ``"refused"`` when it cannot fit; a write that
+  fails raises (a :class:`~stratastore.errors.StrataError`) and leaves nothing.
 - **Reads** look in each level, first to last, and deliver a page only after every page of it
   was hashed in the caller's memory (:mod:`~stratastore.chunks.reads`). A copy that fails
   validation (a checksum, a damaged or foreign header or sidecar, a truncated file) is a miss,
   counted in ``damaged``, logged, and removed from its level so the next put writes it again:
   only if it is still the copy read (its index record unchanged since it was opened; under the
-  level's commit lock where the level has one). Any other failure (an I/O error, a level that
-  cannot be reached, the store closing) is a miss counted in ``read_errors``; nothing is
-  removed.
+  level's commit lock where the level has one). A copy whose data file is gone (its sidecar
+  and index record left: fsck's ``DATA_MISSING``) is damage too, met by a read or a put; a
+  directory sets its sidecar aside into ``strata-quarantine/`` as repair does (spec F-DUR-7),
+  never unlinks it. Any other failure (an I/O error, a level that cannot be reached, the store
+  closing) is a miss counted in ``read_errors``; nothing is removed.
 - **Pins** hold a page against eviction and ``remove(force=False)`` until unpinned (in this
   process); a pin of a page not held, or being deleted, fails.
 - **Thread-safe**: any method from any thread; no lock is held over I/O but the one that makes
@@ -215,7 +218,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         if not view.nbytes:
             raise StoreError(f"an empty page cannot be stored ({self.config.name} {key.hex()})")
         self._check_open("put")
-        if self.room.holds(skey):  # before making room: a present page evicts nothing
+        if self.failures.holds_whole(skey):  # before making room: a present page evicts nothing
             self.count("puts_deduped")
             return "present"
         token = self.room.reserve(skey, stored_bytes(view.nbytes))

@@ -3,9 +3,10 @@ the level implementations the only caller of ``os``.
 
 ``files`` holds the primitives and the look-ups, ``guard`` the check every destructive operation
 passes (spec F-DIR-8), ``modes`` the permission modes (F-DIR-9), ``durable`` the write protocol,
-``relocate`` rename-or-copy, ``faults`` the injection seam every durability test targets,
-``pathnames`` the one way a path is joined or split, ``system`` what the process and the machine
-are (memory, CPUs, processes, the environment).
+``relocate`` rename-or-copy, ``quarantine`` moving a damaged file aside, ``faults`` the
+injection seam every durability test targets, ``pathnames`` the one way a path is joined or
+split, ``system`` what the process and the machine are (memory, CPUs, processes, the
+environment).
 """
 
 from stratastore.io import faults, files, guard, modes, pathnames

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from stratastore.errors import StrataError
 from stratastore.format import LevelKeys, decode_sidecar, parse_name
 from stratastore.format.manifest import MAX_MANIFEST_BYTES, decode_manifest, encode_manifest
-from stratastore.format.naming import INDEX_DIR, QUARANTINE_DIR, data_name, sidecar_name
+from stratastore.format.naming import INDEX_DIR, data_name, sidecar_name
 from stratastore.format.sidecar import MAX_SIDECAR_BYTES
 from stratastore.io import durable_write, files, guard, modes, pathnames
 from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
+from stratastore.io.quarantine import quarantine
 from stratastore.levels.findings import (
     CHAIN_BROKEN,
     FINDINGS,
@@ -226,21 +227,10 @@ def _segment_files(path: str) -> list[str]:
 
 
 def _quarantine(path: str) -> None:
-    """Move the store file ``path`` into its directory's ``strata-quarantine/`` (made with the
-    directory's mode), keeping its mode; refuses (F-DIR-8) a name that is not a store file, a
-    link or a non-regular file, and a ``strata-quarantine`` that is a link."""
-    from stratastore.io.relocate import relocate_file
-
-    if not guard.require_store_file(path, "quarantine"):
-        return  # already gone
-    d = pathnames.dirname(path)
-    qdir = guard.store_subdir(d, QUARANTINE_DIR, mode=modes.inherited_mode(_dir_mode(d)))
-    dst = pathnames.join(qdir, pathnames.basename(path))
-    n = 1
-    while files.lexists(dst):
-        dst = pathnames.join(qdir, f"{pathnames.basename(path)}.{n}")
-        n += 1
-    relocate_file(path, dst)
+    """Move the store file ``path`` into its directory's ``strata-quarantine/``
+    (:func:`~stratastore.io.quarantine.quarantine`, the rule a directory level follows for a
+    sidecar whose data file is gone, too)."""
+    quarantine(path)
 
 
 def _dir_mode(d: str) -> int:

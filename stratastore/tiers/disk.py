@@ -31,7 +31,7 @@ from stratastore.errors import StrataError
 from stratastore.format import ChecksumMismatch, FormatError
 from stratastore.io.errors import NotARegularFile, SymlinkRefused
 from stratastore.levels.backend import SegmentBackend
-from stratastore.levels.errors import SegmentNotFound
+from stratastore.levels.errors import DataMissing, SegmentNotFound
 
 __all__ = ["DiskLevel", "LevelCounters", "LevelRefused", "open_cascade"]
 
@@ -200,11 +200,12 @@ class DiskLevel:
         except SegmentNotFound:
             self.counters.raced += 1  # another process moved or deleted it first: look again
             return True
-        except (FormatError, ChecksumMismatch, SymlinkRefused, NotARegularFile):
+        except (FormatError, ChecksumMismatch, SymlinkRefused, NotARegularFile, DataMissing):
             # an unreadable image is discarded, not degraded; so is one whose data file is a
             # link or not a regular file (never the store's own, F-DIR-8: unindexed here, the
-            # name itself left in place for fsck to report), so it cannot wedge the level; not
-            # while a park in flight names it (it goes once that park has committed)
+            # name itself left in place for fsck to report), or gone (its sidecar set aside
+            # into strata-quarantine/, as repair does, F-DUR-7), so it cannot wedge the level;
+            # not while a park in flight names it (it goes once that park has committed)
             if not self.discard(key):
                 self.counters.refusals += 1
                 self.last_refusal = f"segment {key.hex()[:16]} is unreadable and a park needs it"

@@ -10,8 +10,14 @@ Order of operations (spec F-DUR):
   held); then, under the directory's write lock: if the key is already committed, drop the temp
   file (dedupe); else rename the data file in, fsync the directory, write the sidecar with the
   durable protocol, and index it. A crash before the sidecar's rename leaves at most an orphan
-  data or temp file, which no reader sees.
+  data or temp file, which no reader sees. A committed sidecar whose data file is gone (fsck's
+  ``DATA_MISSING``: no writer leaves one, so it is damage) is no copy to dedupe against: the put
+  sets it aside first (below) and commits its own (spec F-DUR-7).
 * **delete**: unindex, unlink the sidecar, fsync the directory, unlink the data file, fsync.
+  A sidecar whose data file is gone is *set aside* instead, as ``strata fsck --repair`` does for
+  ``DATA_MISSING``: unindexed and moved into ``strata-quarantine/``
+  (:func:`~stratastore.io.quarantine.quarantine`), never unlinked; a put of its key or a move
+  into this directory does the same under the lock before committing.
 * **open**: list the directory; index every committed sidecar the index lacks (validating the
   sidecar and the data file's header and size with
   :func:`~stratastore.levels.inspect.inspect_segment`, the check fsck shares, not rehashing
@@ -25,7 +31,7 @@ Order of operations (spec F-DUR):
   from that same memory only if they match; never mapped, so a file truncated or failing under a
   reader is a typed error, never a SIGBUS (spec F-SC-3). Readers take no lock. A segment deleted
   meanwhile (by this or another process) is :class:`SegmentNotFound`; a committed sidecar whose
-  data file is gone is damage.
+  data file is gone is damage, :class:`~stratastore.levels.errors.DataMissing`.
 * **relocate** (spec F-DUR-8): under both write locks (the source's, then this one's: callers
   keep that order), the data file made here by hard link on one volume or durable copy across
   two, this level's own sidecar written (its level, a new ``sealed_at``) and indexed, and only
@@ -78,13 +84,14 @@ from stratastore.format import (
 )
 from stratastore.format.index_record import INDEX_SCHEMA
 from stratastore.io import DurableFile, durable_write, files, guard
-from stratastore.io.errors import NotARegularFile, StrataIOError, SymlinkRefused
+from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
 from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
+from stratastore.io.quarantine import quarantine
 from stratastore.io.relocate import link_or_copy
 from stratastore.io.system import filesystem_type
 from stratastore.levels.backend import PutResult, StoreStats
 from stratastore.levels.common import SealedLevel
-from stratastore.levels.errors import SegmentNotFound, StoreError
+from stratastore.levels.errors import DataMissing, SegmentNotFound, StoreError
 from stratastore.levels.inspect import inspect_segment
 from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
 from stratastore.levels.reader import SegmentReader, require_valid
@@ -310,6 +317,38 @@ class SegmentStore(SealedLevel):
     def _committed(self, key: bytes) -> bool:
         return files.exists(self._sidecar_path(key))
 
+    def _has_data(self, key: bytes) -> bool:
+        """Whether something is named as ``key``'s data file (an ``lstat`` through the io
+        layer, nothing read): a link or a FIFO there is not gone (a reader refuses it, F-DIR-8)."""
+        return files.lexists(self._data_path(key))
+
+    def missing_data(self, key: bytes) -> DataMissing | None:
+        """The damage when ``key``'s sidecar is here and its data file is gone (fsck's
+        ``DATA_MISSING``), else None: two look-ups through the io layer, no byte read, so a
+        put asks it before it calls a page present (the chunk store's
+        :class:`~stratastore.chunks.reads.DataCheck`). Without the write lock a delete or a put
+        of the key in another process may be half done; what acts on the answer checks again
+        under the lock (:meth:`delete_if`, a put's commit)."""
+        if self._has_data(key) or not self._committed(key):
+            return None
+        return DataMissing(self._data_path(key))
+
+    def _set_aside_if_data_missing(self, key: bytes) -> bool:
+        """Under the write lock: when ``key``'s sidecar is here and its data file gone (damage:
+        no writer leaves that, F-DUR-2/5/8), drop its index record and move the sidecar into
+        ``strata-quarantine/`` as ``strata fsck --repair`` does for ``DATA_MISSING``, never
+        unlinking it (spec F-DUR-7). True when the sidecar was moved aside (the key may be
+        committed again); False when the segment is whole or not here, or its sidecar cannot be
+        moved (a link, a FIFO: left for fsck, reported in :attr:`skipped`)."""
+        if self.missing_data(key) is None:
+            return False
+        self._index.delete(key)
+        try:
+            return quarantine(self._sidecar_path(key)) is not None
+        except (SymlinkRefused, NotARegularFile, NotAStoreName) as e:
+            self.skipped.append(Skipped(sidecar_name(key), str(e), type(e).__name__))
+            return False
+
     def _read_sidecar(self, key: bytes) -> tuple[Sidecar, int]:
         """The sidecar of ``key`` and its size, checked (spec F-SC, F-KEY-6) for this store's
         model: its typed error when damaged, :class:`SegmentNotFound` when it is gone."""
@@ -343,10 +382,11 @@ class SegmentStore(SealedLevel):
         return sidecar[0], got.record()
 
     def _raise_if_deleted(self, key: bytes, e: StrataIOError) -> None:
-        """A data file that vanished under a read: :class:`SegmentNotFound` when the segment was
-        deleted (its sidecar is gone too; another process moved or dropped it), else return
-        (a committed sidecar without its data file is damage: the caller re-raises ``e``)."""
-        if e.errno == errno.ENOENT and not self._committed(key):
+        """A data file that vanished under a read (``e``, ENOENT): :class:`SegmentNotFound` when
+        the segment was deleted (its sidecar is gone too; another process moved or dropped it,
+        or dropped it and wrote it again: its data file is back), else return (a committed
+        sidecar without its data file is damage: the caller raises it)."""
+        if e.errno == errno.ENOENT and self.missing_data(key) is None:
             raise SegmentNotFound(f"segment {key.hex()} was deleted from {self.path}") from e
 
     # -- reading ------------------------------------------------------------------------------
@@ -393,13 +433,17 @@ class SegmentStore(SealedLevel):
     def open_reader(self, key: bytes) -> SegmentReader:
         """The committed segment ``key`` held open for reads into memory the caller owns (the
         restore's read pass uses it; see :class:`SegmentReader`). Close it (a context manager).
-        :class:`SegmentNotFound` when it is not here, or was deleted meanwhile."""
+        :class:`SegmentNotFound` when it is not here, or was deleted meanwhile;
+        :class:`~stratastore.levels.errors.DataMissing` when its sidecar is here and its data
+        file gone (damage: no read gets past it)."""
         self.record(key)
         sc = self._read_sidecar(key)[0]
         try:
             return SegmentReader(sc, self._data_path(key))
         except StrataIOError as e:
             self._raise_if_deleted(key, e)
+            if e.errno == errno.ENOENT:  # its sidecar is here, its data file gone: damage
+                raise DataMissing(self._data_path(key)) from e
             raise
 
     def prefetch(self, key: bytes) -> bool:
@@ -441,7 +485,7 @@ class SegmentStore(SealedLevel):
         committed here under this level's own sidecar (this level, sealed now) by the put
         protocol of F-DUR. An already committed key writes nothing (``created=False``)."""
         key = sidecar.key
-        if self._committed(key) and self._index.get(key) is not None:
+        if self._committed(key) and self._index.get(key) is not None and self._has_data(key):
             return PutResult(key, False, 0)  # content-addressed: nothing to hash or write
         data = check_sealed(sidecar, stored, self.fingerprint)
         mine = resealed(rekeyed(sidecar, data, self.hasher), self.level)
@@ -455,7 +499,7 @@ class SegmentStore(SealedLevel):
             return self._commit(f, mine, header)
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
-        if self._committed(u.key) and self._index.get(u.key) is not None:
+        if self._committed(u.key) and self._index.get(u.key) is not None and self._has_data(u.key):
             return PutResult(u.key, False, 0)
         enc = encode(u, codec, write_chunk=WRITE_CHUNK)
         header = SegmentHeader(u.kind, codec, u.key, u.page_count, u.page_bytes, enc.stored_bytes)
@@ -474,11 +518,13 @@ class SegmentStore(SealedLevel):
 
     def _commit(self, data: DurableFile, sc: Sidecar, header: SegmentHeader) -> PutResult:
         """Under the write lock: drop ``data`` when the key is committed already (dedupe), else
-        publish it, write the sidecar durably and index it (spec F-DUR-2)."""
+        publish it, write the sidecar durably and index it (spec F-DUR-2). A committed sidecar
+        whose data file is gone is set aside first (F-DUR-7): this put commits the segment
+        again."""
         key = sc.key
         side = encode_sidecar(sc)
         with self._write_lock():
-            if self._committed(key):
+            if self._committed(key) and not self._set_aside_if_data_missing(key):
                 data.abort()
                 self._ensure_indexed(key)
                 return PutResult(key, False, 0)
@@ -520,8 +566,9 @@ class SegmentStore(SealedLevel):
                 self._flock.release()
 
     def delete(self, key: bytes) -> bool:
-        """Remove a segment (spec F-DUR-5: unindex, unlink sidecar, fsync, unlink data, fsync).
-        Returns False when it was not there."""
+        """Remove a segment (spec F-DUR-5: unindex, unlink sidecar, fsync, unlink data, fsync;
+        a sidecar whose data file is gone is set aside instead, F-DUR-7). Returns False when it
+        was not there."""
         with self._write_lock():
             return self._delete_locked(key)
 
@@ -529,11 +576,14 @@ class SegmentStore(SealedLevel):
         """:meth:`delete` ``key`` only if ``still()`` holds, asked under the directory's commit
         lock (spec F-DUR-7): no commit or delete of this or another process runs between the
         check and the delete (a reader that found a copy damaged removes that copy, never one
-        written again since). Returns whether it deleted."""
+        written again since; a sidecar whose data file is gone is set aside, not unlinked).
+        Returns whether it deleted."""
         with self._write_lock():
             return still() and self._delete_locked(key)
 
     def _delete_locked(self, key: bytes) -> bool:
+        if self._set_aside_if_data_missing(key):  # DATA_MISSING: as repair does, F-DUR-7
+            return True
         had_record = self._index.delete(key)
         had_sidecar = self._remove(self._sidecar_path(key))
         if had_sidecar:
@@ -560,16 +610,21 @@ class SegmentStore(SealedLevel):
         store: hard link on one volume, durable copy across two; from any other backend:
         :func:`~stratastore.levels.relocation.relocate_by_copy` (read, validate, put, then drop
         it there). :class:`SegmentNotFound` when ``src`` does not hold ``key`` (another process
-        moved or deleted it meanwhile); ``"present"`` when this store already holds it
-        (``src``'s copy is dropped)."""
+        moved or deleted it meanwhile); :class:`~stratastore.levels.errors.DataMissing` when its
+        data file is gone there; ``"present"`` when this store already holds it whole (``src``'s
+        copy is dropped; a copy here whose data file is gone is set aside and the move goes
+        on)."""
         self.fingerprint.require_same(src.fingerprint, f"segment {key.hex()} of {src.path}")
         if not isinstance(src, SegmentStore) or _key_ids(src.level_keys) != _key_ids(
             self.level_keys
         ):
             return relocate_by_copy(self, src, key)  # re-keyed for this level (F-KEYED-4)
         with src._write_lock(), self._write_lock():
+            missing = src.missing_data(key)
+            if missing is not None:  # damage: the cascade discards it (sets it aside there)
+                raise missing
             sc, _ = src._inspect(key)  # SegmentNotFound when src lost it meanwhile
-            if self._committed(key):
+            if self._committed(key) and not self._set_aside_if_data_missing(key):
                 src._delete_locked(key)
                 return "present"
             mine = resealed(sc, self.level)
