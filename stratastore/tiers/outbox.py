@@ -9,10 +9,15 @@ writer (``SpillError`` from ``flush``/``close``).
 A park waiting here is also readable (read your own writes without a flush): the
 outbox indexes the newest waiting capture of each conversation by its prompt prefix, so a
 restore of that conversation is served from the capture in memory, and a restore of any other
-conversation never waits for these writes."""
+conversation never waits for these writes.
+
+Everything here is guarded by the flow's lock, except the list of writes waiting for a
+hand-over, which has a lock of its own (a leaf: nothing else is taken under it), so that the
+write queue's hand-over takes them without the flow's lock."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -27,7 +32,8 @@ __all__ = ["Outbox"]
 
 class Outbox:
     def __init__(self, model: bytes) -> None:
-        self._waiting: list[Snapshot] = []
+        self._waiting: list[Snapshot] = []  #: offered, not taken by a hand-over yet
+        self._waiting_lock = threading.Lock()  #: guards ``_waiting`` alone
         self._bytes = 0  #: bytes reserved for the snapshots not written yet
         self._ids: dict[str, int] = {}  #: their conversation ids (how many of each)
         self._model = model
@@ -56,7 +62,8 @@ class Outbox:
         snap.pending = need
         self._bytes += need
         self._ids[snap.conv.conv_id] = self._ids.get(snap.conv.conv_id, 0) + 1
-        self._waiting.append(snap)
+        with self._waiting_lock:
+            self._waiting.append(snap)
         self._index.add(self._model, snap.conv)  # replaces an older capture of the same id
         self._newest[snap.conv.conv_id] = snap
         return None
@@ -100,14 +107,17 @@ class Outbox:
 
     def take(self) -> list[Snapshot]:
         """The snapshots offered since the last take (a hand-over of the write queue queues
-        them)."""
-        out, self._waiting = self._waiting, []
+        them); needs only the list's own lock."""
+        with self._waiting_lock:
+            out, self._waiting = self._waiting, []
         return out
 
     def give_back(self, snaps: list[Snapshot]) -> None:
         """Snapshots taken but never queued for the writer (the hand-over was interrupted):
-        waiting again, first, for the next take (the next park's, flush's or close's)."""
-        self._waiting[:0] = snaps
+        waiting again, first, for the next take (the next park's, flush's or close's); needs
+        only the list's own lock."""
+        with self._waiting_lock:
+            self._waiting[:0] = snaps
 
     def landed(self, snap: Snapshot, nbytes: int) -> None:
         """Part of ``snap``'s write landed in a level (which counts those bytes now): release

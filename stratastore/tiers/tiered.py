@@ -90,7 +90,7 @@ class Tiers:
         self.ctx = FlowContext(cfg, fp, threading.RLock(), self.admission, self.warn)
         self.lock = self.ctx.lock
         #: the owner of the disk writes of parks: the outbox, the writer thread, their errors
-        self.writes = WriteQueue(self.root, self.lock)
+        self.writes = WriteQueue(self.root)
         # where parks go is decided first, from the config (a disk level is on when its
         # settings say so: open_levels opens exactly those), so the RAM level reserves its arena
         # only for a RAM target, and a bad ram_mib fails before any level is opened

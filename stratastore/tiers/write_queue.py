@@ -21,8 +21,9 @@ for it, durable when it returns).
 
 The queue owns what the writes share: the outbox, the thread and its queue, the count of
 submissions still handing writes over, the errors and its own counts. It has its own lock,
-never held over a write or a blocking put, so neither the spill thread nor a submitting
-thread takes the flow's lock for longer than a take. :meth:`stop` waits on its condition (no
+never held over a write or a blocking put, and a hand-over takes the outbox's waiting writes
+under that list's own lock, so neither the spill thread nor a submitting thread takes the
+flow's lock for the queue. :meth:`stop` waits on its condition (no
 poll) until every submission has handed its writes over, then until the queue is written.
 
 Errors belong to the call that caused them: a write that fails in the background is recorded
@@ -36,9 +37,8 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 from stratastore.errors import StrataError
 from stratastore.metrics.counts import Counts
@@ -84,11 +84,11 @@ class WriteQueue:
     outbox indexes captures under it). Until :meth:`start`, nothing is deferred: a park's disk
     write happens within its placement (a store's flow used on its own, as tests do)."""
 
-    def __init__(self, model: bytes, flow_lock: AbstractContextManager[Any]) -> None:
+    def __init__(self, model: bytes) -> None:
         #: the acknowledged parks not written yet; guarded by the flow's lock (reservations
-        #: are part of the flow's plans), read by restores (parks in flight)
+        #: are part of the flow's plans; its list of writes waiting for a hand-over has a lock
+        #: of its own), read by restores (parks in flight)
         self.outbox = Outbox(model)
-        self._flow_lock = flow_lock  #: taken only to take the outbox's writes, or give them back
         self.counts = Counts("spill writer", ("spill_queue_waits", "spill_errors"))
         self._cv = threading.Condition()  #: the queue's own: hand-overs, errors, counts
         self._handing = 0  #: submissions whose writes are not queued yet
@@ -145,8 +145,7 @@ class WriteQueue:
         snaps: list[Snapshot] = []
         queued = 0
         try:
-            with self._flow_lock:
-                snaps = self.outbox.take()
+            snaps = self.outbox.take()  # (the list's own lock: never the flow's)
             for snap in snaps:
                 if self._queue.full():
                     with self._cv:
@@ -155,8 +154,7 @@ class WriteQueue:
                 queued += 1
         except BaseException:
             if queued < len(snaps):
-                with self._flow_lock:
-                    self.outbox.give_back(snaps[queued:])
+                self.outbox.give_back(snaps[queued:])
             raise
 
     def perform(self, write: Callable[[], T]) -> T:
