@@ -122,9 +122,7 @@ class Store:
         a flush raised it, the next flush returns cleanly unless another write failed (the
         counter ``spill_errors`` keeps counting them all). :class:`StoreClosed` after close."""
         with self._calls.call("flush"), self.latency["flush"].time():
-            # what a call stopped before its hand-over left waiting, then every hand-over
-            self._writes.submit()
-            self._writes.settle()
+            self._writes.settle()  # every write waiting in the outbox, whoever placed it
             self._publish(force=False)
             self._writes.raise_errors()
 
@@ -463,7 +461,6 @@ class Store:
                     self._writes.record("(close: writing down the RAM level)", e)
                 # every write the outbox holds, then the writer's last; a Ctrl-C here leaves
                 # the levels open under the running writer, for the next close to finish
-                self._writes.submit()
                 self._writes.stop()
                 self._publish(force=True)
                 with self._lock:

@@ -46,9 +46,9 @@ class Outbox:
         return self._bytes
 
     @property
-    def waiting(self) -> bool:
-        """Whether writes wait for a hand-over (a peek: the take is under the flow's lock)."""
-        return bool(self._waiting)
+    def waiting(self) -> int:
+        """How many writes wait for the writer thread to take them (a peek)."""
+        return len(self._waiting)
 
     def __contains__(self, conv_id: object) -> bool:
         """Whether a park of ``conv_id`` waits for its disk write (taken or not)."""
@@ -60,10 +60,10 @@ class Outbox:
         if isinstance(need, str):
             return need
         snap.pending = need
+        with self._waiting_lock:  # first: whatever stops this call after, it is written
+            self._waiting.append(snap)
         self._bytes += need
         self._ids[snap.conv.conv_id] = self._ids.get(snap.conv.conv_id, 0) + 1
-        with self._waiting_lock:
-            self._waiting.append(snap)
         self._index.add(self._model, snap.conv)  # replaces an older capture of the same id
         self._newest[snap.conv.conv_id] = snap
         return None
@@ -105,19 +105,15 @@ class Outbox:
         stays valid after its write finished (it is only unindexed)."""
         return self._newest[conv_id]
 
-    def take(self) -> list[Snapshot]:
-        """The snapshots offered since the last take (a hand-over of the write queue queues
-        them); needs only the list's own lock."""
+    def take(self, n: int | None = None) -> list[Snapshot]:
+        """The ``n`` oldest snapshots offered and not taken yet (all of them with ``None``):
+        what the write queue's thread writes next; needs only the list's own lock."""
         with self._waiting_lock:
-            out, self._waiting = self._waiting, []
+            if n is None:
+                out, self._waiting = self._waiting, []
+            else:
+                out, self._waiting = self._waiting[:n], self._waiting[n:]
         return out
-
-    def give_back(self, snaps: list[Snapshot]) -> None:
-        """Snapshots taken but never queued for the writer (the hand-over was interrupted):
-        waiting again, first, for the next take (the next park's, flush's or close's); needs
-        only the list's own lock."""
-        with self._waiting_lock:
-            self._waiting[:0] = snaps
 
     def landed(self, snap: Snapshot, nbytes: int) -> None:
         """Part of ``snap``'s write landed in a level (which counts those bytes now): release

@@ -402,18 +402,33 @@ class Parking:
                 self._hand_ram_down()
 
     def _hand_ram_down(self) -> None:
-        """:meth:`spill_ram_on_close`'s walk of the RAM level (under the lock)."""
+        """:meth:`spill_ram_on_close`'s walk of the RAM level (under the lock). Each
+        conversation on its own: one that fails (the error raised once the walk is done) never
+        keeps the others from being written."""
         self.view.sync()
+        waiting = dict(self.outbox.newest())  # the newest park of each id waiting for its write
+        failed: list[Exception] = []
         for cid, entry in list(self.ram.entries.items()):
-            dc = self.view.get(cid)
-            held = [dc.conv] if dc is not None else []
-            if cid in self.outbox:  # the newest park of the id waiting for its write
-                held.append(self.outbox.capture(cid).conv)
-            if any(_extends(c, entry.conv) for c in held):
-                continue
-            nbytes = len(entry.conv.tokens) * self.fp.token_bytes
-            p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
-            if p.where == "discard":
-                self.warn(f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}")
-                continue
-            self.spill(self.ram.capture(cid))
+            try:
+                self._hand_down(cid, entry.conv, waiting.get(cid))
+            except Exception as e:
+                self.warn(f"close: conversation {cid} not written down: {e}")
+                failed.append(e)
+        if failed:
+            raise failed[0]
+
+    def _hand_down(self, cid: str, conv: Conversation, waiting: Snapshot | None) -> None:
+        """Offer the RAM entry ``conv`` of ``cid`` to the disk writer, unless the disk or the
+        park ``waiting`` for its write holds it already (or the admission refuses it)."""
+        dc = self.view.get(cid)
+        held = [dc.conv] if dc is not None else []
+        if waiting is not None:
+            held.append(waiting.conv)
+        if any(_extends(c, conv) for c in held):
+            return
+        nbytes = len(conv.tokens) * self.fp.token_bytes
+        p = self.admission.admit(nbytes, stays_in_ram=False, disk=True)
+        if p.where == "discard":
+            self.warn(f"close: conversation {cid} stays unwritten (RAM only): {p.describe()}")
+            return
+        self.spill(self.ram.capture(cid))

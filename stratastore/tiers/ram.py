@@ -150,13 +150,21 @@ class RamLevel:
         out = self.cache.park(snap.conv)
         if out.parked_tokens is None:
             return False
-        nbytes = out.parked_tokens * self.tb
-        alloc = self.arena.alloc(nbytes)
-        if alloc is None:  # chunk rounding left the arena short: treat as a RAM refusal
-            self.cache.take(conv_id)
-            return False
-        self.arena.write(alloc, snap.kv[:nbytes])
-        self._allocs[conv_id] = alloc
+        alloc = None
+        try:
+            nbytes = out.parked_tokens * self.tb
+            alloc = self.arena.alloc(nbytes)
+            if alloc is None:  # chunk rounding left the arena short: treat as a RAM refusal
+                self.cache.take(conv_id)
+                return False
+            self.arena.write(alloc, snap.kv[:nbytes])
+            self._allocs[conv_id] = alloc
+        except BaseException:  # stopped (Ctrl-C, an error) before it held its memory: not kept
+            if conv_id not in self._allocs and conv_id in self.cache.entries:
+                self.cache.take(conv_id)
+                if alloc is not None:
+                    self.arena.release(alloc)
+            raise
         self._states[conv_id] = {n: s for n, s in snap.states.items() if n <= out.parked_tokens}
         self._hashes[conv_id] = _covered(snap.page_hashes, out.parked_tokens)
         return True

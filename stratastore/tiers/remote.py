@@ -38,10 +38,11 @@ import numpy.typing as npt
 
 from stratastore.chain import Checkpoint, Conversation, Match
 from stratastore.errors import ConfigError, StrataError
-from stratastore.format import ModelFingerprint, segment_key
+from stratastore.format import Kind, ModelFingerprint, segment_key
 from stratastore.format.keys import segment_media, state_key
 from stratastore.io.errors import StrataIOError
 from stratastore.levels.backend import SharedBackend, SharedSettings
+from stratastore.levels.reader import copy_validated, get_checked_bytes, open_checked
 from stratastore.metrics.counters import counter_keys
 from stratastore.metrics.counts import Counts
 from stratastore.restore.two_pass import Outcome
@@ -378,15 +379,21 @@ class RemoteLevel:
         tb = self.fp.token_bytes
         states: dict[int, bytes] = {}
         try:
-            if kv is None:
+            if kv is None:  # each answer checked above the seam first (spec F-READ-1)
                 kv = np.empty(tokens * tb, np.uint8)
                 for s, e, key in dc.segments:
                     if s >= tokens:
                         break
-                    self.store.get_into(key, kv[s * tb : e * tb])
+                    with open_checked(self.store, key, self.fp, kind=Kind.KV, tokens=(s, e)) as seg:
+                        copy_validated(seg, kv[s * tb : e * tb].data, True)
             if tokens in dc.state_keys:
-                states[tokens] = self.store.get_bytes(
-                    dc.state_keys[tokens], max_bytes=MAX_STATE_BYTES
+                states[tokens] = get_checked_bytes(
+                    self.store,
+                    dc.state_keys[tokens],
+                    self.fp,
+                    max_bytes=MAX_STATE_BYTES,
+                    kind=Kind.STATE,
+                    tokens=(tokens, tokens),
                 )
         except StrataError as e:
             self.count("remote_kept_local_errors")

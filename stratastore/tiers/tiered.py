@@ -25,6 +25,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
 
@@ -240,26 +241,24 @@ class Tiers:
     def fill_prompt_cache(self) -> int:
         """Write the pinned prefixes the parks found for the system-prompt cache
         (:mod:`.prompt_cache`; chosen under the lock by each park), each performed by the write
-        queue after the writes queued before it, this call waiting for it (a new conversation
-        with the same system prompt finds it once the park returned). Returns how many landed
-        (a failed write is said and counted, never raised). Stopped on the way, those not
-        written yet wait for the next park's call."""
+        queue after the writes queued before it, this call waiting for them (a new
+        conversation with the same system prompt finds it once the park returned). Returns how
+        many landed (a failed write is said and counted, never raised). Stopped on the way,
+        those not queued yet wait for the next park's call (those queued are written)."""
         if self.prompt_cache is None or not self.parking.fills:  # (a park's own fill is
             return 0  # seen by its own thread: no lock to find there is none, the usual case)
         cache = self.prompt_cache
         with self.lock:
             fills, self.parking.fills = self.parking.fills, []
-        landed = done = 0
+        queued: list[Future[object]] = []
         try:
             for entry in fills:
-                write = functools.partial(cache.fill, entry, self.lock)
-                landed += self.writes.perform(write)
-                done += 1
+                queued.append(self.writes.enqueue(functools.partial(cache.fill, entry, self.lock)))
         finally:
-            if done < len(fills):
+            if len(queued) < len(fills):
                 with self.lock:
-                    self.parking.fills[:0] = fills[done:]
-        return landed
+                    self.parking.fills[:0] = fills[len(queued) :]
+        return sum(bool(f.result()) for f in queued)
 
     def start_writes(
         self,

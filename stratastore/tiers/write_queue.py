@@ -2,29 +2,28 @@
 
 A park is *placed* under the flow's lock (:meth:`.park.Parking.park`): what it acknowledges for
 a later disk write is offered to the :attr:`WriteQueue.outbox` there (its bytes reserved, its
-capture readable by restores) and waits there. A *hand-over* (:meth:`WriteQueue.submit`,
-without the flow's lock) takes every write the outbox holds, whoever placed it (a park, a
-restore from the remote level that keeps a local copy, close writing down the RAM level, a call
-interrupted before its own hand-over), and hands them to one background thread through a
-bounded queue (a full queue blocks only the submitting thread: back-pressure, never the
-writer); a park's streamed write, if it has one, then runs on the caller's thread (a park
-written from the engine's memory within its call).
+capture readable by restores) and waits there until the writer thread takes it. A *hand-over*
+(:meth:`WriteQueue.submit`, without the flow's lock) wakes that thread: it puts one token on a
+bounded queue for each write waiting (a full queue blocks only the submitting thread:
+back-pressure, never the writer), and the thread, for each token, takes the oldest write
+waiting and writes it down. Whoever placed the write (a park, a restore from the remote level
+that keeps a local copy, close writing down the RAM level) is the same to the thread. A park's
+streamed write, if it has one, then runs on the caller's thread (a park written from the
+engine's memory within its call).
 
-Interrupt-safe by construction: an acknowledged write leaves the outbox only inside
-:meth:`WriteQueue.submit`, which gives back what it took and did not queue, whatever stops it
-(Ctrl-C while the queue is full, any error). A call stopped anywhere before that leaves its
-writes in the outbox for the next flush or close.
+Interrupt-safe by construction: an acknowledged write leaves the outbox only on the writer
+thread, and a Ctrl-C (``KeyboardInterrupt``) is only ever raised on the main thread. A call
+stopped anywhere (before its hand-over, in it, while the queue is full) leaves its writes in
+the outbox; a lost token only delays them, and a token too many finds nothing. A flush or close
+puts a *drain* token, which takes every write still waiting, and waits for the queue to be done.
 
 The queue performs the store's other durable writes too, in the same order on the same thread:
 a session save and a system-prompt-cache fill (:meth:`WriteQueue.perform`: its caller waits
 for it, durable when it returns).
 
-The queue owns what the writes share: the outbox, the thread and its queue, the count of
-submissions still handing writes over, the errors and its own counts. It has its own lock,
-never held over a write or a blocking put, and a hand-over takes the outbox's waiting writes
-under that list's own lock, so neither the spill thread nor a submitting thread takes the
-flow's lock for the queue. :meth:`stop` waits on its condition (no
-poll) until every submission has handed its writes over, then until the queue is written.
+The queue owns what the writes share: the outbox, the thread and its queue, the errors and its
+own counts (under a lock of its own, never held over a write or a blocking put). No part of it
+takes the flow's lock: the outbox's list of waiting writes has a lock of its own.
 
 Errors belong to the call that caused them: a write that fails in the background is recorded
 and counted (``spill_errors``) and raised as a :class:`SpillError` by the engine's next
@@ -47,7 +46,9 @@ from stratastore.tiers.records import ParkReport, Placement, Snapshot
 
 __all__ = ["SpillError", "WriteQueue"]
 
-_STOP = object()
+_STOP = object()  #: the thread ends
+_ONE = object()  #: the thread takes the oldest write waiting in the outbox and writes it
+_DRAIN = object()  #: the thread takes every write waiting in the outbox and writes them
 
 T = TypeVar("T")
 
@@ -90,8 +91,7 @@ class WriteQueue:
         #: of its own), read by restores (parks in flight)
         self.outbox = Outbox(model)
         self.counts = Counts("spill writer", ("spill_queue_waits", "spill_errors"))
-        self._cv = threading.Condition()  #: the queue's own: hand-overs, errors, counts
-        self._handing = 0  #: submissions whose writes are not queued yet
+        self._lock = threading.Lock()  #: the queue's own: errors, counts
         self._errors: list[tuple[str, BaseException]] = []
         self._queue: queue.Queue[object] | None = None
         self._thread: threading.Thread | None = None
@@ -117,69 +117,43 @@ class WriteQueue:
         self._thread.start()
 
     def submit(self, placement: Placement | None = None) -> ParkReport | None:
-        """Hand every write waiting in the outbox to the writer thread, then run
-        ``placement``'s streamed write (on this thread); a park's report once it landed
+        """Wake the writer thread for the writes waiting in the outbox (a token each, beyond the
+        tokens already queued: a write without one is taken by the next drain), then
+        run ``placement``'s streamed write (on this thread); a park's report once it landed
         (``None`` without a placement). Called without the flow's lock: a full queue blocks
         only this caller."""
-        with self._cv:
-            self._handing += 1
-        try:
-            self._hand_over()
-        finally:
-            with self._cv:
-                self._handing -= 1
-                self._cv.notify_all()
+        if self._queue is not None:  # a token for each write waiting beyond those queued
+            for _ in range(self.outbox.waiting - self._queue.qsize()):
+                self._put(_ONE)
         if placement is None:
             return None
         return placement.report if placement.stream is None else placement.stream()
 
-    def _hand_over(self) -> None:
-        """Take the outbox's writes and queue them in order; interrupted (Ctrl-C while the
-        queue is full, or any error), those not queued go back to the outbox, first, so the
-        next flush or close writes them: an acknowledged write is never dropped on the way."""
-        if not self.deferred or not self.outbox.waiting:  # (before start, a park's disk write
-            # happens in its placement; an empty outbox is read without the lock: whatever a
-            # call offers, that call's own hand-over takes, so none is missed)
-            return
+    def _put(self, item: object) -> None:
+        """Put ``item`` on the queue, counting a wait for a full one."""
         assert self._queue is not None
-        snaps: list[Snapshot] = []
-        queued = 0
-        try:
-            snaps = self.outbox.take()  # (the list's own lock: never the flow's)
-            for snap in snaps:
-                if self._queue.full():
-                    with self._cv:
-                        self.counts["spill_queue_waits"] += 1
-                self._queue.put(snap)
-                queued += 1
-        except BaseException:
-            if queued < len(snaps):
-                self.outbox.give_back(snaps[queued:])
-            raise
+        if self._queue.full():
+            with self._lock:
+                self.counts["spill_queue_waits"] += 1
+        self._queue.put(item)
 
     def perform(self, write: Callable[[], T]) -> T:
         """Run ``write`` on the writer thread, behind the writes queued before it, and return
         its result (or raise its error) to this caller: a durable write the call waits for
         (a session save). Before :meth:`start`, on this thread. A Ctrl-C while this waits
         leaves the write to land or fail in the background (never acknowledged)."""
-        if not self.deferred:
-            return write()
-        done: Future[object] = Future()
-        self._put_job(_Job(write, done))
-        return cast(T, done.result())
+        return cast(T, self.enqueue(write).result())
 
-    def _put_job(self, job: _Job) -> None:
-        """Queue ``job`` as a hand-over (flush and close wait for it; a full queue blocks only
-        this caller)."""
-        assert self._queue is not None
-        with self._cv:
-            self._handing += 1
-        try:
-            self._queue.put(job)
-        finally:
-            with self._cv:
-                self._handing -= 1
-                self._cv.notify_all()
+    def enqueue(self, write: Callable[[], object]) -> Future[object]:
+        """Queue ``write`` for the writer thread (as :meth:`perform`) and return the future of
+        its result without waiting; once this returned, it runs. Before :meth:`start`, it runs
+        on this thread now."""
+        done: Future[object] = Future()
+        if not self.deferred:
+            _run(write, done)
+        else:
+            self._put(_Job(write, done))
+        return done
 
     @property
     def waiting(self) -> int:
@@ -192,34 +166,33 @@ class WriteQueue:
             self._queue.join()
 
     def settle(self) -> None:
-        """Wait until every submission has handed its writes over (on the queue's condition),
-        then until they are done: what ``flush()`` waits for."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._handing == 0)
+        """Have the writer thread take every write still waiting in the outbox, and wait until
+        everything queued is done: what ``flush()`` waits for."""
+        if self._queue is not None:
+            self._put(_DRAIN)
         self.join()
 
     def record(self, what: str, e: BaseException) -> None:
         """A write that did not land, for the next :meth:`raise_errors`."""
-        with self._cv:
+        with self._lock:
             self.counts["spill_errors"] += 1
             self._errors.append((what, e))
 
     def raise_errors(self) -> None:
         """Raise :class:`SpillError` for the failures not reported yet (each reported once)."""
-        with self._cv:
+        with self._lock:
             failures, self._errors = self._errors, []
         if failures:
             raise SpillError(failures) from failures[0][1]
 
     def stop(self) -> None:
-        """After every submission has handed its writes over (waited on the queue's
-        condition), write what is queued, then end the thread. Interrupted (Ctrl-C while it
-        waits), the writer goes on and a later call resumes the wait."""
+        """Write every write waiting (:meth:`settle`), then end the thread. Interrupted (Ctrl-C
+        while it waits), the writer goes on and a later call resumes the wait."""
         self.settle()
         if self._queue is None or self._thread is None:
             return
         if not self._stopping:
-            self._queue.put(_STOP)
+            self._put(_STOP)
             self._stopping = True
         self._thread.join()
 
@@ -231,28 +204,38 @@ class WriteQueue:
                 if item is _STOP:
                     return
                 if isinstance(item, _Job):
-                    self._run(item)
-                    continue
-                assert isinstance(item, Snapshot)
-                try:
-                    self.write(item)
-                except Exception as e:  # for the engine's next flush() or close()
-                    self.record(item.conv.conv_id, e)
-                self._after_write()
+                    _run(item.run, item.done)
+                elif item is _ONE:
+                    self._write(self.outbox.take(1))
+                else:
+                    assert item is _DRAIN
+                    self._write(self.outbox.take())
             finally:
-                # nothing of a written snapshot outlives its write (a capture held until the
-                # next park would stay resident after flush())
-                item = None
                 self._queue.task_done()
 
-    def _run(self, job: _Job) -> None:
-        """One job on the writer thread: its result or error to its caller."""
-        try:
-            got = job.run()
-        except Exception as e:
-            job.done.set_exception(e)
-            return
-        job.done.set_result(got)
+    def _write(self, snaps: list[Snapshot]) -> None:
+        """Write ``snaps`` down in order, on the writer thread; a failure is recorded for the
+        engine's next flush() or close()."""
+        while snaps:
+            snap = snaps.pop(0)  # nothing of a written snapshot outlives its write (a capture
+            # held until the next park would stay resident after flush())
+            try:
+                self.write(snap)
+            except Exception as e:
+                self.record(snap.conv.conv_id, e)
+            del snap
+            self._after_write()
+
+
+def _run(write: Callable[[], object], done: Future[object]) -> None:
+    """Run a job: its result or error to ``done`` (whatever it raises: its caller never waits
+    forever)."""
+    try:
+        got = write()
+    except BaseException as e:
+        done.set_exception(e)
+        return
+    done.set_result(got)
 
 
 def _not_started(snap: Snapshot) -> None:

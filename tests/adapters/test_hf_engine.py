@@ -31,6 +31,7 @@ transformers = pytest.importorskip("transformers", reason=EXTRA)
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+import stratastore.adapters.hf  # noqa: E402
 from stratastore import ConfigError, IncompatibleFingerprint, StrataError  # noqa: E402
 from stratastore.adapters.hf import TransformersCache  # noqa: E402
 from stratastore.adapters.hf import cache as hf  # noqa: E402
@@ -271,13 +272,17 @@ def _engine_md_example() -> str:
     return _example(section[1])
 
 
-@pytest.mark.parametrize("where", ["hf.py docstring", "engine.md"])
+@pytest.mark.parametrize("where", ["the adapter's docstring", "engine.md"])
 def test_the_documented_example_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     """One forward keyword everywhere: the examples pass ``cache=`` and read ``out.cache``,
     and run as written, without a warning, on this transformers."""
-    code = _example(hf.__doc__ or "") if where == "hf.py docstring" else _engine_md_example()
+    code = (
+        _example(stratastore.adapters.hf.__doc__ or "")
+        if where == "the adapter's docstring"
+        else _engine_md_example()
+    )
     assert "past_key_values" not in code
     model, tokenizer = tiny(), chat_tokenizer()
     messages = chat(3)

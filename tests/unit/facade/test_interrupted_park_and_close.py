@@ -22,7 +22,7 @@ from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import as_tokens
 from stratastore.restore import LayerKV
 from stratastore.tiers.tiered import Tiers
-from tests.conftest import tiny_fp
+from tests.conftest import run_with_timeout, tiny_fp
 
 FP = tiny_fp()
 
@@ -145,3 +145,55 @@ def test_an_interrupted_close_is_finished_by_the_next(
     with Store.open(FP, cfg, warn=lambda m: None) as again:
         for i in range(5):
             assert restored(again, 1000 * i) == 64, f"the acknowledged park c{i} was lost"
+
+
+def _once(real: Any, *, after: bool) -> Any:
+    """``real`` raising ``KeyboardInterrupt`` at its first call: before it runs, or after."""
+    fired: list[bool] = []
+
+    def call(*a: Any, **k: Any) -> Any:
+        if fired:
+            return real(*a, **k)
+        fired.append(True)
+        if not after:
+            raise KeyboardInterrupt
+        real(*a, **k)
+        raise KeyboardInterrupt
+
+    return call
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["the outbox indexing an eviction", "the RAM level writing its arena", "a queued token"],
+)
+def test_a_park_interrupted_inside_the_flow_loses_no_earlier_park(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A Ctrl-C deeper in a park (offering its eviction, writing RAM's arena, after a token is
+    queued) never costs a park acknowledged before it, and flush and close still end."""
+    cfg = ram_cfg(tmp_path)
+    store = Store.open(FP, cfg, probe=lambda: 1 << 40, warn=lambda m: None)
+    try:
+        assert store.park(*conversation("a", 0)).where == "ram"
+        assert store.park(*conversation("b", 1000)).where == "ram"
+        tiers = store._tiers
+        if where == "the outbox indexing an eviction":
+            index = tiers.writes.outbox._index
+            monkeypatch.setattr(index, "add", _once(index.add, after=False))
+        elif where == "the RAM level writing its arena":
+            arena = tiers.ram.arena
+            assert arena is not None
+            monkeypatch.setattr(arena, "write", _once(arena.write, after=False))
+        else:
+            q = tiers.writes._queue
+            assert q is not None
+            monkeypatch.setattr(q, "put", _once(q.put, after=True))
+        with pytest.raises(KeyboardInterrupt):
+            store.park(*conversation("c", 2000))  # evicts a (2 slots)
+        monkeypatch.undo()
+    finally:
+        run_with_timeout(store.close, 120)
+    with Store.open(FP, cfg, warn=lambda m: None) as again:
+        assert restored(again, 0) == 64, "the acknowledged park of a was lost"
+        assert restored(again, 1000) == 64, "the acknowledged park of b was lost"
