@@ -87,7 +87,7 @@ class WriteQueue:
 
     def __init__(self, model: bytes) -> None:
         #: the acknowledged parks not written yet; guarded by the flow's lock (reservations
-        #: are part of the flow's plans; its list of writes waiting for a hand-over has a lock
+        #: are part of the flow's plans; its list of writes waiting for the thread has a lock
         #: of its own), read by restores (parks in flight)
         self.outbox = Outbox(model)
         self.counts = Counts("spill writer", ("spill_queue_waits", "spill_errors"))
