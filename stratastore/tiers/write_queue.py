@@ -91,7 +91,10 @@ class WriteQueue:
         #: of its own), read by restores (parks in flight)
         self.outbox = Outbox(model)
         self.counts = Counts("spill writer", ("spill_queue_waits", "spill_errors"))
-        self._lock = threading.Lock()  #: the queue's own: errors, counts
+        self._lock = threading.Lock()  #: the queue's own: errors, counts, tokens
+        #: tokens for one write on the queue, not taken by the thread yet (a count a Ctrl-C can
+        #: leave one short: a token too many finds nothing, one too few waits for the next)
+        self._tokens = 0
         self._errors: list[tuple[str, BaseException]] = []
         self._queue: queue.Queue[object] | None = None
         self._thread: threading.Thread | None = None
@@ -118,13 +121,14 @@ class WriteQueue:
 
     def submit(self, placement: Placement | None = None) -> ParkReport | None:
         """Wake the writer thread for the writes waiting in the outbox (a token each, beyond the
-        tokens already queued: a write without one is taken by the next drain), then
-        run ``placement``'s streamed write (on this thread); a park's report once it landed
-        (``None`` without a placement). Called without the flow's lock: a full queue blocks
-        only this caller."""
+        tokens already queued), then run ``placement``'s streamed write (on this thread); a
+        park's report once it landed (``None`` without a placement). Called without the flow's
+        lock: a full queue blocks only this caller."""
         if self._queue is not None:  # a token for each write waiting beyond those queued
-            for _ in range(self.outbox.waiting - self._queue.qsize()):
+            while self.outbox.waiting > self._tokens:
                 self._put(_ONE)
+                with self._lock:
+                    self._tokens += 1
         if placement is None:
             return None
         return placement.report if placement.stream is None else placement.stream()
@@ -206,6 +210,8 @@ class WriteQueue:
                 if isinstance(item, _Job):
                     _run(item.run, item.done)
                 elif item is _ONE:
+                    with self._lock:
+                        self._tokens = max(0, self._tokens - 1)
                     self._write(self.outbox.take(1))
                 else:
                     assert item is _DRAIN
