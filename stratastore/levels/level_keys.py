@@ -94,8 +94,9 @@ def read_key_file(path: str) -> list[bytes]:
     file (never its contents) when it cannot be read, others can read or write it, it holds
     no secret, or one is short."""
     try:
-        mode = files.permissions(files.realpath(path))
-        raw = files.read_file(files.realpath(path), MAX_KEY_FILE_BYTES)
+        real = files.realpath(path)  # resolved once: its mode and its bytes are one file's
+        mode = files.permissions(real)
+        raw = files.read_file(real, MAX_KEY_FILE_BYTES)
     except StrataIOError as e:
         raise ConfigError(
             f"key file {path} cannot be read ({errno.errorcode.get(e.errno, 'error')}); "
