@@ -31,6 +31,7 @@ from strata_harness.peer_pool import pool_ops
 from strata_harness.peer_protocol import (
     CHUNK,
     LAYERS,
+    PAGE_TOKENS,
     TOKEN_BYTES,
     Job,
     PeersBenchError,
@@ -100,6 +101,60 @@ def memcpy(job: Job) -> Record:
     dst.view(np.uint16).fill(1)
     _, secs, rss = timed(lambda: np.copyto(dst, src))
     return record(secs, rss, src.nbytes, compare(dst, job, job["tokens"]))
+
+
+def _pages(n: int) -> list[tuple[int, int]]:
+    """(offset, bytes) of each store page's worth (:data:`PAGE_TOKENS` tokens) of ``n``."""
+    pb = PAGE_TOKENS * TOKEN_BYTES
+    return [(o, min(pb, n - o)) for o in range(0, n, pb)]
+
+
+def _on_both_cores(run: Callable[[list[tuple[int, int]]], None], n: int) -> None:
+    """``run`` over :func:`_pages` of ``n`` bytes, in one run a CPU, on a thread each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pages, cpus = _pages(n), max(1, min(os.cpu_count() or 1, 8))
+    per = -(-len(pages) // cpus)
+    with ThreadPoolExecutor(cpus) as pool:
+        list(pool.map(run, [pages[i : i + per] for i in range(0, len(pages), per)]))
+
+
+def raw_blake3(job: Job) -> Record:
+    """BLAKE3 of the K/V's bytes (in memory), a store page a call, on every CPU at once: the
+    rate the cores hash these bytes and do nothing else."""
+    import blake3
+
+    data = source(job).reshape(-1).view(np.uint8)
+    view = data.data
+
+    def run(part: list[tuple[int, int]]) -> None:
+        for o, m in part:
+            blake3.blake3(view[o : o + m]).digest()
+
+    _, secs, rss = timed(lambda: _on_both_cores(run, data.size))
+    return record(secs, rss, data.size)
+
+
+def raw_read_blake3(job: Job) -> Record:
+    """A store page at a time ``pread`` from the (resident) file into a touched buffer and
+    hashed there with BLAKE3, on every CPU at once: the least a validated hot read costs."""
+    import blake3
+
+    n = job["tokens"] * TOKEN_BYTES
+    fd = os.open(job["path"], os.O_RDONLY)
+
+    def run(part: list[tuple[int, int]]) -> None:
+        buf = np.ones(max(m for _, m in part), np.uint8)
+        view = buf.data
+        for o, m in part:
+            os.preadv(fd, [view[:m]], o)
+            blake3.blake3(view[:m]).digest()
+
+    try:
+        _, secs, rss = timed(lambda: _on_both_cores(run, n))
+    finally:
+        os.close(fd)
+    return record(secs, rss, n)
 
 
 # -- numpy, safetensors, torch ----------------------------------------------------------------
@@ -259,6 +314,8 @@ OPS: dict[str, Callable[[Job], Record]] = {
     "raw.write": raw_write,
     "raw.read": raw_read,
     "raw.memcpy": memcpy,
+    "raw.blake3": raw_blake3,
+    "raw.read_blake3": raw_read_blake3,
     "numpy.write": lambda job: _write(job, _np_save),
     "numpy.read": lambda job: _read(job, _np_load),
     "numpy.prefix": lambda job: _read(job, _np_load_prefix),

@@ -19,6 +19,8 @@ LIMITS = {  # label: (raw op)
     "raw read into a touched buffer, hot": "read touched hot",
     "raw read into a touched buffer, cold": "read touched cold",
     "memcpy into a touched buffer (numpy)": "memcpy touched",
+    "BLAKE3 on every CPU (a page a call)": "blake3 both",
+    "read + BLAKE3 on every CPU, hot": "read blake3 both hot",
 }
 #: (name, stratastore's figure, the peer's row or a limit or "best peer", the peer's figure,
 #: target, higher is better); figures are keys of a row
@@ -52,6 +54,22 @@ POOL_TARGETS: list[tuple[str, str, str, str, float, bool]] = [
         "raw read into a touched buffer, hot",
         "",
         0.6,
+        True,
+    ),
+    (
+        "hot restore / BLAKE3 on every CPU",
+        "read_hot",
+        "BLAKE3 on every CPU (a page a call)",
+        "",
+        0.8,
+        True,
+    ),
+    (
+        "hot restore / read + BLAKE3 on every CPU",
+        "read_hot",
+        "read + BLAKE3 on every CPU, hot",
+        "",
+        0.8,
         True,
     ),
     ("cold restore / best peer", "read_cold", "best peer", "read_cold", 1.0, True),

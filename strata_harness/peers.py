@@ -181,6 +181,9 @@ def _raw(run: Run) -> None:
     for op, touched in reads:
         run.add("raw", f"{op} hot", run.spawn("raw.read", path=path, touched=touched))
     run.add("raw", "memcpy touched", run.spawn("raw.memcpy"))
+    run.add("raw", "blake3 both", run.spawn("raw.blake3"))
+    run.warm([path])
+    run.add("raw", "read blake3 both hot", run.spawn("raw.read_blake3", path=path))
     for op, touched in reads if run.cold else []:
         run.evict([path], "raw")
         run.add("raw", f"{op} cold", run.spawn("raw.read", path=path, touched=touched))

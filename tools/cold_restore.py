@@ -1,141 +1,174 @@
-"""A cold validated restore into the engine's pool, with and without the read pass's read-ahead,
-beside a raw cold read of the same bytes, rounds interleaved in one process: where a cold
-restore's time goes (the disk, or the two passes on the cores).
+"""A validated restore beside the machine's own rates (:mod:`strata_harness.restore_rates`: a
+cold and a hot restore into the engine's pool beside the raw cold read, numpy's load + scatter,
+BLAKE3 on both cores and a read + BLAKE3 on both cores; a durable park beside a raw write +
+fsync; medians of ``--rounds`` with their spread), or with ``--profile`` one cold and one hot
+restore traced stage by stage: per thread, CPU seconds reading (the kernel's copy), hashing,
+asking for read-ahead and applying, the rest of its CPU (bookkeeping), seconds waiting in a
+read (the disk), waiting for a CPU, and idle.
 
-The pool and the store are those of ``strata bench --peers``' engine-pool protocol
-(:mod:`strata_harness.peer_pool`: 8,192 tokens of Llama-3.1-8B's K/V geometry, 1 GiB, vLLM's
-paged layout, a shuffled block table, ``Store.park(conv, PagedKV(...))`` to a disk level).
-Each round evicts the store's data files (fsync + ``POSIX_FADV_DONTNEED``, checked with
-``mincore``) before each of:
-
-- **raw cold read**: ``pread`` of every data file into one touched buffer, 4 MiB a call, one
-  thread (the bytes a restore reads, unvalidated, in the file's order);
-- **restore cold**: ``Store.restore(prompt, PagedKV(pool))``, every page validated;
-- **restore cold, no read-ahead**: the same with the read pass's per-chunk ``WILLNEED``
-  switched off (:func:`stratastore.restore.reads.read_ahead`), as before it existed;
-
-and once the data is resident, **restore hot**, with and without the read-ahead (what the two
-passes cost the cores with no disk, and what asking for resident pages costs).
-For each restore the process's CPU seconds (user + system) over its wall seconds: 2.0 is both
-cores busy. Prints GB/s, medians of ``--rounds`` after one warmup round, and the ratios.
-
-    .venv/bin/python tools/cold_restore.py [--rounds 5] [--dir D]
+    .venv/bin/python tools/cold_restore.py [--rounds 5] [--tokens 8192] [--dir D] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import os
 import shutil
-import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import stratastore.restore.two_pass as two_pass
-from strata_harness.peer_pool import Pool
-from strata_harness.peer_protocol import TOKEN_BYTES, data_files, evict, fingerprint, warm
-from stratastore import Store
-from stratastore.chain import Checkpoint, Conversation
-
-TOKENS = 8192
-READ_BYTES = 4 << 20
+from strata_harness.peer_protocol import evict, warm
+from strata_harness.restore_rates import Bench, measure, render
 
 
-def raw_read(paths: list[str], buf: np.ndarray) -> int:
-    """Every file into ``buf`` (reused from its start for each file), 4 MiB a ``pread``."""
-    view, n = memoryview(buf), 0
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
+# -- the per-stage profile (--profile) ---------------------------------------------------------
+class _Trace:
+    """Seconds each thread spends in each stage of a restore (wall and the thread's own CPU),
+    from wrappers around the functions that do the work; off outside the traced call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wall: dict[tuple[str, str], float] = collections.defaultdict(float)
+        self.cpu: dict[tuple[str, str], float] = collections.defaultdict(float)
+        self.on = False
+
+    def wrap(self, fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def traced(*a: Any, **k: Any) -> Any:
+            if not self.on:
+                return fn(*a, **k)
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                w, c = time.perf_counter() - w0, time.thread_time() - c0
+                key = (threading.current_thread().name, stage)
+                with self.lock:
+                    self.wall[key] += w
+                    self.cpu[key] += c
+
+        return traced
+
+
+def _schedstat() -> dict[str, tuple[float, float]]:
+    """Per live thread of this process: seconds on a CPU and seconds waiting for one
+    (``/proc/self/task/*/schedstat``), by thread name."""
+    out = {}
+    for t in threading.enumerate():
         try:
-            off = 0
-            while got := os.preadv(fd, [view[: min(READ_BYTES, buf.size)]], off):
-                off += got
-            n += off
-        finally:
-            os.close(fd)
-    return n
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                run, wait, _ = f.read().split()
+        except (OSError, ValueError):
+            continue
+        out[t.name] = (int(run) / 1e9, int(wait) / 1e9)
+    return out
+
+
+def _trace_stages(trace: _Trace) -> None:
+    """Wrap the functions that do each stage's work (whichever of them this version has)."""
+    import numba_kernels
+    import stratastore.io.files as files
+    from stratastore.format.level_key import PageHasher
+    from stratastore.levels.reader import SegmentReader
+    from stratastore.restore.delivery import Delivery
+
+    for cls, name, stage in (
+        (SegmentReader, "_read_at", "read"),
+        (SegmentReader, "_readv_at", "read"),
+        (files, "advise_range", "advise"),
+        (numba_kernels, "hash_page", "hash"),
+        (Delivery, "take", "apply"),
+    ):
+        if hasattr(cls, name):
+            setattr(cls, name, trace.wrap(getattr(cls, name), stage))
+    new = PageHasher.new
+
+    class _Timed:
+        def __init__(self, h: Any) -> None:
+            self.h, self.update = h, trace.wrap(h.update, "hash")
+
+        def digest(self) -> bytes:
+            return bytes(self.h.digest())
+
+    PageHasher.new = lambda self: _Timed(new(self))  # type: ignore[method-assign]
+
+
+STAGES = ("read", "hash", "advise", "apply")
+
+
+def profile(run: Callable[[], int], nbytes: int, title: str, trace: _Trace) -> None:
+    """One traced restore: per thread, seconds on a CPU in each stage, the rest of its CPU
+    (bookkeeping), seconds waiting in a read (the disk), waiting for a CPU, and idle."""
+    trace.wall.clear()
+    trace.cpu.clear()
+    s0, c0 = _schedstat(), os.times()
+    trace.on = True
+    t0 = time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    trace.on = False
+    s1, c1 = _schedstat(), os.times()
+    process = (c1.user - c0.user) + (c1.system - c0.system)
+    print(f"{title}: {wall:.3f} s, {nbytes / wall / 1e9:.2f} GB/s")
+    head = "".join(f"{s + ' cpu':>12}" for s in STAGES)
+    print(
+        f"  {'thread':<26}{'on CPU':>8}{head}{'other cpu':>11}{'read wait':>11}"
+        f"{'runqueue':>10}{'idle':>8}"
+    )
+    for name in sorted(s1):
+        run0, q0 = s0.get(name, (0.0, 0.0))
+        on, queued = s1[name][0] - run0, s1[name][1] - q0
+        cpu = {s: trace.cpu.get((name, s), 0.0) for s in STAGES}
+        if on < 0.002 and not any(cpu.values()):
+            continue
+        read_wait = max(0.0, trace.wall.get((name, "read"), 0.0) - cpu["read"])
+        other = max(0.0, on - sum(cpu.values()))
+        idle = max(0.0, wall - on - queued - read_wait)
+        cells = "".join(f"{cpu[s]:12.3f}" for s in STAGES)
+        print(
+            f"  {name[:26]:<26}{on:8.3f}{cells}{other:11.3f}{read_wait:11.3f}"
+            f"{queued:10.3f}{idle:8.3f}"
+        )
+        process -= on
+    print(f"  {'(threads ended by now)':<26}{max(0.0, process):8.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=8192, help="128 KiB each (default: 1 GiB)")
     ap.add_argument("--dir", default=None, help="where the store lives (default: a temp dir)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the rounds: one cold and one hot restore, traced stage by stage",
+    )
     args = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="strata-cold-", dir=args.dir)
-    fp = fingerprint()
-    nbytes = TOKENS * TOKEN_BYTES
-    cfg = {"park": "disk", "ram_mib": 0, "cold_dir": root, "page_resume": True}
-    cfg["cold_mib"] = 2 * nbytes // 2**20 + 64
+    if not args.profile:
+        rates = measure(args.dir or tempfile.gettempdir(), tokens=args.tokens, rounds=args.rounds)
+        print(render(rates))
+        return
+    root = tempfile.mkdtemp(prefix="strata-profile-", dir=args.dir)
     try:
-        pool = Pool(TOKENS)
-        rng = np.random.default_rng(0)
-        for layer in pool.layers:  # bytes that differ page to page, as K/V does
-            layer.view(np.uint16)[:] = rng.integers(0, 1 << 16, layer.shape, dtype=np.uint16)
-        with Store.open(fp, cfg) as store:
-            conv = Conversation("cold", np.arange(TOKENS, dtype=np.uint32), [Checkpoint(TOKENS)])
-            store.park(conv, pool.destination(fp))
-            store.flush()
-        paths = [p for p in data_files([root]) if os.path.basename(p).startswith("strata-conv-")]
-        if sum(os.path.getsize(p) for p in paths) < nbytes:
-            raise SystemExit(f"the store's data files hold less than {nbytes:,} bytes")
-        target = Pool(TOKENS, seed=1)
-        buf = np.ones(READ_BYTES, np.uint8)
-        prompt = np.arange(TOKENS, dtype=np.uint32)
-        read_ahead = two_pass.read_ahead
-
-        def restore(ahead: bool) -> Callable[[], int]:
-            def run() -> int:
-                two_pass.read_ahead = read_ahead if ahead else (lambda *a: None)
-                try:
-                    with Store.open(fp, cfg) as s:
-                        return int(s.restore(prompt, target.destination(fp)).tokens) * TOKEN_BYTES
-                finally:
-                    two_pass.read_ahead = read_ahead
-
-            return run
-
-        ops: dict[str, tuple[Callable[[], int], bool]] = {
-            "raw cold read (1 thread, 4 MiB preads)": (lambda: raw_read(paths, buf), True),
-            "restore cold (validated)": (restore(True), True),
-            "restore cold, no read-ahead": (restore(False), True),
-            "restore hot (validated)": (restore(True), False),
-            "restore hot, no read-ahead": (restore(False), False),
-        }
-        gbps: dict[str, list[float]] = {name: [] for name in ops}
-        cores: dict[str, list[float]] = {name: [] for name in ops}
-        for rnd in range(args.rounds + 1):
-            for name, (op, cold) in ops.items():
-                if cold and evict(paths) > 0.01:
-                    raise SystemExit("the data files stayed in the page cache: not a cold read")
-                if not cold and warm(paths) < 0.99:
-                    raise SystemExit("the data files did not stay in the page cache")
-                c0, t0 = os.times(), time.perf_counter()
-                got = op()
-                t1, c1 = time.perf_counter(), os.times()
-                if got < nbytes:
-                    raise SystemExit(f"{name}: {got:,} bytes of {nbytes:,}")
-                if rnd:
-                    gbps[name].append(nbytes / (t1 - t0) / 1e9)
-                    cpu = (c1.user - c0.user) + (c1.system - c0.system)
-                    cores[name].append(cpu / (t1 - t0))
-        load = os.getloadavg()[0]
-        print(
-            f"{nbytes / 2**30:.2f} GiB, medians of {args.rounds} rounds, 1-minute load {load:.2f}"
-        )
-        med = {name: statistics.median(v) for name, v in gbps.items()}
-        for name in ops:
-            busy = statistics.median(cores[name])
-            print(f"  {name:<40} {med[name]:6.2f} GB/s   cores busy {busy:.2f}")
-        raw = med["raw cold read (1 thread, 4 MiB preads)"]
-        for name in ("restore cold (validated)", "restore cold, no read-ahead"):
-            print(f"  {name + ' / raw cold read':<60} {med[name] / raw:.2f}x")
+        bench = Bench(root, args.tokens)
+        trace = _Trace()
+        _trace_stages(trace)
+        bench.restore()  # the threads and the code warmed up, not traced
+        if evict(bench.paths) > 0.01:
+            raise SystemExit("the data files stayed in the page cache: not a cold read")
+        profile(bench.restore, bench.nbytes, "restore cold (validated)", trace)
+        if warm(bench.paths) < 0.99:
+            raise SystemExit("the data files did not stay in the page cache")
+        profile(bench.restore, bench.nbytes, "restore hot (validated)", trace)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

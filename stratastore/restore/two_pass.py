@@ -39,6 +39,7 @@ This module is the job and its read pass; the records it hands out (:class:`Piec
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -65,10 +66,11 @@ from stratastore.restore.capabilities import (
 from stratastore.restore.delivery import Delivery
 from stratastore.restore.device import device_staging, stage_and_validate
 from stratastore.restore.reads import (
-    read_ahead,
-    read_hashed,
+    READS_AHEAD,
+    Reading,
     read_plain,
-    read_scattered_hashed,
+    start_hashed,
+    start_scattered,
 )
 from stratastore.restore.records import (
     DAMAGE,
@@ -216,7 +218,7 @@ class Job:
             sc = seg.sidecar
             expected = np.frombuffer(sc.page_hashes, dtype=np.uint8).reshape(-1, 32)[:pages]
             nbytes = min(pages * sc.page_bytes, sc.payload_bytes)
-            direct, _, on_device = self._capabilities
+            on_device = self._capabilities[2]
             if on_device:
                 yield from self._device(seg, piece, pages, nbytes, expected)
             elif sc.codec is not Codec.RAW:  # decompressed into new memory, hashed there
@@ -227,37 +229,66 @@ class Job:
                     piece, 0, len(actual), _first_bad(actual, expected), data, None, 0, t0
                 )
             else:
-                per = max(1, self.chunk_bytes // sc.page_bytes)  # pages a chunk reads
-                placed = need if piece.start + need == piece.end else need // pt * pt
-                for p0 in range(0, pages, per):
-                    p1 = min(p0 + per, pages)
-                    t0 = time.perf_counter()
-                    read_ahead(seg, p0 * sc.page_bytes, per * sc.page_bytes, nbytes)
-                    try:
-                        if direct is not None:
-                            data, staging = None, None
-                            actual, n = self._read_direct(
-                                seg, piece, p0, p1, placed, nbytes, direct
-                            )
-                        else:
-                            a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
-                            staging, n = STAGING.take(b - a), 0
-                            data = staging[: b - a]
-                            try:
-                                actual = read_hashed(seg, data, a, sc.page_bytes)
-                            except BaseException:
-                                STAGING.give(staging)
-                                raise
-                    except DAMAGE as e:
-                        if p0:  # earlier chunks were handed out: the ladder stops at this one
-                            raise _Stop(
-                                Damage(piece.start + p0 * pt, str(e), piece.key, corrupt(e))
-                            ) from e
-                        raise
-                    bad = _first_bad(actual, expected[p0:p1])
-                    if direct is not None and 0 <= bad * pt < n:  # damage, or views unfit?
-                        self._fits(direct, piece, p0, p0 + bad, n)
-                    yield from self._checked(piece, p0, p1 - p0, bad, data, staging, n, t0)
+                yield from self._raw(seg, piece, need, pages, nbytes, expected)
+
+    def _raw(
+        self,
+        seg: OpenSegment,
+        piece: Piece,
+        need: int,
+        pages: int,
+        nbytes: int,
+        expected: npt.NDArray[np.uint8],
+    ) -> Iterator[Chunk]:
+        """The read pass over a RAW segment, a chunk at a time. Into a direct destination the
+        reads of :data:`READS_AHEAD` chunks are in flight past the one the read pass checks
+        (their page views built on this thread meanwhile), so the pool's threads never wait
+        for it between chunks; through staging one chunk is read at a time (the hand-off queue
+        bounds the staging held). A chunk read but not handed out (damage before it, an
+        error, an interrupt) is waited for, its staging given back and what it placed
+        zeroed before this ends."""
+        sc, pt = seg.sidecar, self.fp.page_tokens
+        per = max(1, self.chunk_bytes // sc.page_bytes)  # pages a chunk reads
+        placed = need if piece.start + need == piece.end else need // pt * pt
+        ahead = READS_AHEAD if self._capabilities[0] is not None else 0
+        flight: deque[_Flight] = deque()
+        since = time.perf_counter()  # a chunk's read_s: from the last hand-out (no overlap)
+        try:
+            for p0 in [*range(0, pages, per), pages]:  # the last: land what is in flight
+                if p0 < pages:
+                    flight.append(self._start(seg, piece, p0, min(p0 + per, pages), placed, nbytes))
+                while len(flight) > (ahead if p0 < pages else 0):
+                    f = flight.popleft()
+                    actual = self._land(f, piece)
+                    bad = _first_bad(actual, expected[f.p0 : f.p1])
+                    direct = self._capabilities[0]
+                    if direct is not None and 0 <= bad * pt < f.placed:  # damage, or unfit?
+                        self._fits(direct, piece, f.p0, f.p0 + bad, f.placed)
+                    t0, since = max(since, f.t0), time.perf_counter()
+                    yield from self._checked(
+                        piece, f.p0, f.p1 - f.p0, bad, f.data, f.staging, f.placed, t0
+                    )
+        finally:
+            while flight:
+                self._drop(flight.popleft(), piece)
+
+    def _start(
+        self, seg: OpenSegment, piece: Piece, p0: int, p1: int, placed: int, nbytes: int
+    ) -> _Flight:
+        """Start reading and hashing pages ``[p0, p1)`` of ``piece``: straight into a direct
+        destination (:meth:`_start_direct`), else into staging."""
+        direct, t0 = self._capabilities[0], time.perf_counter()
+        if direct is not None:
+            return self._start_direct(seg, piece, p0, p1, placed, nbytes, direct, t0)
+        pb = seg.sidecar.page_bytes
+        a, b = p0 * pb, min(p1 * pb, nbytes)
+        staging = STAGING.take(b - a)
+        try:
+            reading = start_hashed(seg, staging[: b - a], a, pb)
+        except BaseException:
+            STAGING.give(staging)
+            raise
+        return _Flight(p0, p1, t0, reading, staging[: b - a], staging)
 
     def _checked(
         self,
@@ -310,8 +341,6 @@ class Job:
             p1 = min(p0 + per, pages)
             a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
             t0 = time.perf_counter()
-            if raw:
-                read_ahead(seg, a, per * sc.page_bytes, nbytes)
             host, staging = None, device.take(b - a)
             try:
                 if raw:
@@ -335,7 +364,7 @@ class Job:
                 piece, p0, p1 - p0, bad, staging[: b - a], staging, 0, t0, device
             )
 
-    def _read_direct(
+    def _start_direct(
         self,
         seg: OpenSegment,
         piece: Piece,
@@ -344,53 +373,80 @@ class Job:
         placed: int,
         nbytes: int,
         dest: ScatterReads,
-    ) -> tuple[npt.NDArray[np.uint8], int]:
-        """Read pages ``[p0, p1)`` of ``piece`` straight into ``dest`` (its stored ``region``
-        in one read a group, or scattered into its ``page_views``, one ``preadv`` a page) and
-        hash them there: those of its first ``placed`` tokens (every wanted page, the
-        segment's short last page included); a page cut by what is wanted goes through a
-        one-page staging buffer, hashed and never delivered. Their digests, and the tokens
-        placed from page ``p0``. A failed read zeroes what it placed before it raises, once no
-        read into ``dest`` is running; views or a region that are not the pages raise
-        :class:`~.capabilities.DestinationRefused` (nothing is read into a region of the
-        wrong size; what views took is zeroed)."""
+        t0: float,
+    ) -> _Flight:
+        """Start reading pages ``[p0, p1)`` of ``piece`` straight into ``dest`` (its stored
+        ``region`` in one read a group, or scattered into its ``page_views``, one ``preadv`` a
+        page) and hashing them there: those of its first ``placed`` tokens (every wanted page,
+        the segment's short last page included); a page cut by what is wanted goes through a
+        one-page staging buffer, hashed and never delivered. A region of the wrong size raises
+        :class:`~.capabilities.DestinationRefused` before anything is read."""
         pt, pb, tb = self.fp.page_tokens, seg.sidecar.page_bytes, self.fp.token_bytes
         a, b = p0 * pt, max(p0 * pt, min(p1 * pt, placed))  # tokens of the piece placed
         start, region = piece.start, self._capabilities[1]
-        digests = []
-        if b > a and region is not None:
-            into = check_region(dest, region(start + a, b - a), start + a, b - a, self.fp)
-        views: list[list[memoryview]] = []
+        f = _Flight(p0, p1, t0, None, None, None, start + a)
+        end = min(p1 * pb, nbytes)
         try:
-            if b > a:
-                if region is not None:
-                    digests.append(read_hashed(seg, into, a * tb, pb))
-                else:
-                    views = [
-                        dest.page_views(t, min(pt, start + b - t))
-                        for t in range(start + a, start + b, pt)
-                    ]
-                    digests.append(read_scattered_hashed(seg, views, pb, p0))
+            if b > a and region is not None:
+                into = check_region(dest, region(start + a, b - a), start + a, b - a, self.fp)
+                f.reading, f.placed = start_hashed(seg, into, a * tb, pb), b - a
+            elif b > a:
+                f.views = [
+                    dest.page_views(t, min(pt, start + b - t))
+                    for t in range(start + a, start + b, pt)
+                ]
+                f.reading, f.placed = start_scattered(seg, f.views, pb, p0), b - a
+            if b * tb < end:
+                f.tail_staging = STAGING.take(end - b * tb)
+                f.tail = start_hashed(seg, f.tail_staging[: end - b * tb], b * tb, pb)
+        except BaseException:
+            self._drop(f, piece)
+            raise
+        return f
+
+    def _land(self, f: _Flight, piece: Piece) -> npt.NDArray[np.uint8]:
+        """The digests of the chunk in flight ``f``, once its reads ended. A failed read gives
+        its staging back and zeroes what it placed first (views that were not the page's
+        raise :class:`~.capabilities.DestinationRefused` instead: the segment is not
+        damaged); a damaged segment past the piece's first chunk stops the ladder there."""
+        try:
+            digests = [r.result() for r in (f.reading, f.tail) if r is not None]
         except BaseException as e:
-            dest.zero(start + a, b - a)
+            views, lo, end = f.views or [], f.lo, f.lo + f.placed
+            self._drop(f, piece)
+            pt, direct = self.fp.page_tokens, self._capabilities[0]
             for i, page in enumerate(views):  # a read that failed on views not the page's
-                t = start + a + i * pt
+                t = lo + i * pt
+                assert direct is not None
                 try:
-                    check_page_views(dest, t, min(pt, start + b - t), self.fp, views=page)
+                    check_page_views(direct, t, min(pt, end - t), self.fp, views=page)
                 except StrataError as unfit:
                     raise unfit from e
+            if f.p0 and isinstance(e, DAMAGE):  # earlier chunks were handed out
+                at = piece.start + f.p0 * self.fp.page_tokens
+                raise _Stop(Damage(at, str(e), piece.key, corrupt(e))) from e
             raise
-        end = min(p1 * pb, nbytes)
-        if b * tb < end:
-            tail = STAGING.take(end - b * tb)
-            try:
-                digests.append(read_hashed(seg, tail[: end - b * tb], b * tb, pb))
-            except BaseException:
-                dest.zero(start + a, b - a)
-                raise
-            finally:
-                STAGING.give(tail)
-        return np.concatenate(digests), b - a
+        if f.tail_staging is not None:
+            STAGING.give(f.tail_staging)
+            f.tail_staging = None
+        return digests[0] if len(digests) == 1 else np.concatenate(digests)
+
+    def _drop(self, f: _Flight, piece: Piece) -> None:
+        """Abandon the chunk in flight ``f``: wait for its reads, give its staging back and zero
+        what it placed in the destination (never handed out, so never delivered)."""
+        try:
+            for r in (f.reading, f.tail):
+                if r is not None:
+                    r.drop()
+        finally:
+            for buf in (f.staging, f.tail_staging):
+                if buf is not None:
+                    STAGING.give(buf)
+            f.staging = f.tail_staging = f.data = None
+            direct = self._capabilities[0]
+            if direct is not None and f.placed:
+                direct.zero(f.lo, f.placed)
+            f.placed = 0
 
     def _fits(self, dest: ScatterReads, piece: Piece, p0: int, page: int, placed: int) -> None:
         """Before page ``page`` of ``piece`` (read straight into ``dest`` from page ``p0``) is
@@ -431,6 +487,26 @@ class Job:
         for off in range(0, n, step):
             m = min(step, n - off)
             self.dest.write_pages(chunk.lo + off, m, chunk.data[off * tb : (off + m) * tb], pt)
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A chunk of a RAW segment being read (:meth:`Job._raw`): pages ``[p0, p1)`` of its piece,
+    started at ``t0``; ``reading`` into ``data`` (staging: ``staging``) or straight into the
+    destination, where it places ``placed`` tokens from token ``lo`` (through ``views``, when
+    scattered), and the page cut by what is wanted read into ``tail_staging``."""
+
+    p0: int
+    p1: int
+    t0: float
+    reading: Reading | None
+    data: Any
+    staging: Any
+    lo: int = 0
+    placed: int = 0
+    views: list[list[memoryview]] | None = None
+    tail: Reading | None = None
+    tail_staging: Any = None
 
 
 def _first_bad(actual: npt.NDArray[np.uint8], expected: npt.NDArray[np.uint8]) -> int:

@@ -57,7 +57,7 @@ def test_peers_small(benchmark: Any, tmp_path: Path) -> None:
         assert name == FLAT or ram or r["durable_write"] > 0, name
         assert r["rss_read"] > 0 and r["rss_write"] > 0, name
     assert rows[LAYER]["durable_write_without_pack_pages"] > rows[LAYER]["durable_write"]
-    assert len(doc["limits"]) == 6 and all(v > 0 for v in doc["limits"].values())
+    assert len(doc["limits"]) == 8 and all(v > 0 for v in doc["limits"].values())
     # the engine-pool protocol: the same engines, reading into and parking from one pool
     pool = {r["engine"]: r for r in doc["pool"]["rows"]}
     assert set(pool) == {PAGED, *(n for n in rows if n not in (LAYER, FLAT))}

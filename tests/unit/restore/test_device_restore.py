@@ -161,7 +161,7 @@ def test_the_host_never_hashes_on_the_device_path(
         flip(store, pieces[2].key, 9)
         for name in ("hash_page", "page_hashes", "start_page_hashes"):
             monkeypatch.setattr(numba_kernels, name, host_hash)
-        for name in ("read_hashed", "read_scattered_hashed"):
+        for name in ("start_hashed", "start_scattered"):
             monkeypatch.setattr(two_pass_module, name, host_hash)
         _, _, dev, _arrays = host_and_device("layer", 64)
         o = two_pass_restore(pieces, 64, dev, FP, resume_at=page_floor, chunk_bytes=3 * PT * TB)

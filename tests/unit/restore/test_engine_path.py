@@ -14,6 +14,7 @@ import pytest
 
 from stratastore import Checkpoint, Conversation, Store
 from stratastore.chain import InvalidRequest, as_tokens
+from stratastore.levels.reader import SegmentReader
 from stratastore.restore import LayerKV, pack_pages
 from tests.conftest import conversation_kv, tiny_fp, writer_held
 
@@ -197,15 +198,13 @@ def test_restores_on_two_threads_do_not_wait_for_each_others_reads(
     """A restore held inside its disk read does not hold the Store: another thread's restore
     of another conversation completes meanwhile (once, one lock held every restore,
     its reads and hashing included)."""
-    from stratastore.restore import two_pass
-
     with Store.open(FP, disk_cfg(tmp_path)) as store:
         a, kva = conversation("a", 64, 0)
         b, kvb = conversation("b", 64, 1000)
         store.park(a, kva.copy())
         store.park(b, kvb.copy())
         store.flush()
-        real = two_pass.read_hashed
+        real = SegmentReader._read_at
         release, entered = threading.Event(), threading.Event()
         held: list[int] = []
 
@@ -216,7 +215,7 @@ def test_restores_on_two_threads_do_not_wait_for_each_others_reads(
                 release.wait(60)
             return real(*args, **kw)
 
-        monkeypatch.setattr(two_pass, "read_hashed", slow)
+        monkeypatch.setattr(SegmentReader, "_read_at", slow)
         out_a = np.zeros(kva.size, np.uint8)
         ta, got_a = in_thread(lambda: store.restore(a.tokens, out_a))
         assert entered.wait(30)
@@ -237,13 +236,11 @@ def test_close_waits_for_a_restore_in_flight(
 ) -> None:
     """close() from another thread while a restore reads: the restore finishes on open levels
     (validated, whole), then the store closes; nothing is read from a closed level."""
-    from stratastore.restore import two_pass
-
     store = Store.open(FP, disk_cfg(tmp_path))
     a, kva = conversation("a", 64, 0)
     store.park(a, kva.copy())
     store.flush()
-    real = two_pass.read_hashed
+    real = SegmentReader._read_at
     release, entered = threading.Event(), threading.Event()
 
     def slow(*args: Any, **kw: Any) -> Any:
@@ -251,7 +248,7 @@ def test_close_waits_for_a_restore_in_flight(
         release.wait(60)
         return real(*args, **kw)
 
-    monkeypatch.setattr(two_pass, "read_hashed", slow)
+    monkeypatch.setattr(SegmentReader, "_read_at", slow)
     out = np.zeros(kva.size, np.uint8)
     ta, got = in_thread(lambda: store.restore(a.tokens, out))
     assert entered.wait(30)

@@ -21,12 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from stratastore.format import Codec
-from stratastore.levels.backend import OpenSegment
 from stratastore.levels.local import SegmentStore
+from stratastore.levels.reader import SegmentReader
 from stratastore.restore import FlatKV, Piece, two_pass_restore
 from stratastore.restore.two_pass import Delivery
 from tests.conftest import on_disk, tiny_fp
@@ -41,20 +40,17 @@ CUTS = [0, 40, 80, 120, 160]
 def test_a_read_error_on_the_last_page_drops_the_whole_segment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stratastore.restore.two_pass as tp
     from stratastore.io.errors import StrataIOError
 
-    real = tp.read_hashed
+    real = SegmentReader._read_at
 
-    def failing(
-        seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, pb: int
-    ) -> npt.NDArray[np.uint8]:
+    def failing(seg: SegmentReader, view: memoryview, offset: int) -> None:
         last = 9 * PT * TB  # page 9 of segment [40, 80): token 76
-        if seg.sidecar.token_start == 40 and offset <= last < offset + buf.size:
+        if seg.sidecar.token_start == 40 and offset <= last < offset + view.nbytes:
             raise StrataIOError("pread", "seg", 5, "injected")
-        return real(seg, buf, offset, pb)
+        real(seg, view, offset)
 
-    monkeypatch.setattr(tp, "read_hashed", failing)
+    monkeypatch.setattr(SegmentReader, "_read_at", failing)
     with SegmentStore.open(tmp_path / "s", FP) as store:
         pieces, _ = image(store, 5, CUTS)
         out = np.zeros(160 * TB, np.uint8)

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from stratastore.levels.backend import OpenSegment
 from stratastore.levels.local import SegmentStore
+from stratastore.levels.reader import SegmentReader
 from stratastore.levels.staging import STAGING
 from stratastore.restore import FlatKV, LayerKV, Outcome, Piece, restore_batch, two_pass_restore
 from stratastore.restore.agenda import DEPTH
@@ -141,15 +141,11 @@ def test_reading_overlaps_the_copy(
     out = np.zeros(160 * TB, np.uint8)
     flat = FlatKV(FP, out, read_direct=False)
     events: list[tuple[str, int]] = []
-    import stratastore.restore.two_pass as tp
+    real_read = SegmentReader._read_at
 
-    real_read = tp.read_hashed
-
-    def reading(
-        seg: object, buf: npt.NDArray[np.uint8], offset: int, pb: int
-    ) -> npt.NDArray[np.uint8]:
+    def reading(seg: SegmentReader, view: memoryview, offset: int) -> None:
         events.append(("read", offset))
-        return real_read(seg, buf, offset, pb)  # type: ignore[arg-type]
+        real_read(seg, view, offset)
 
     real_write = flat.write_pages
 
@@ -159,7 +155,7 @@ def test_reading_overlaps_the_copy(
         real_write(t0, n, data, pt)
         events.append(("copy end", t0))
 
-    monkeypatch.setattr(tp, "read_hashed", reading)
+    monkeypatch.setattr(SegmentReader, "_read_at", reading)
     flat.write_pages = writing  # type: ignore[method-assign]
     o = two_pass_restore(pieces, 160, flat, FP, resume_at=lambda t: 0, chunk_bytes=CHUNK)
     assert o.tokens == 160 and np.array_equal(out, kv)
@@ -231,19 +227,16 @@ def test_a_read_error_inside_a_segment_stops_at_its_chunk(
     """An I/O error on the third chunk of the second segment: the ladder stops at that chunk's
     first token (not the segment's), the chunks before it delivered."""
     _, pieces, kv = img
-    import stratastore.restore.two_pass as tp
     from stratastore.io.errors import StrataIOError
 
-    real = tp.read_hashed
+    real = SegmentReader._read_at
 
-    def failing(
-        seg: OpenSegment, buf: npt.NDArray[np.uint8], offset: int, pb: int
-    ) -> npt.NDArray[np.uint8]:
-        if seg.sidecar.token_start == 40 and offset <= 2 * CHUNK < offset + buf.size:
+    def failing(seg: SegmentReader, view: memoryview, offset: int) -> None:
+        if seg.sidecar.token_start == 40 and offset <= 2 * CHUNK < offset + view.nbytes:
             raise StrataIOError("pread", "seg", 5, "injected")
-        return real(seg, buf, offset, pb)
+        real(seg, view, offset)
 
-    monkeypatch.setattr(tp, "read_hashed", failing)
+    monkeypatch.setattr(SegmentReader, "_read_at", failing)
     for direct in (False, True):
         out = np.full(160 * TB, 0xEE, np.uint8)
         o = two_pass_restore(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stratastore import Conversation, Store
-from stratastore.restore import two_pass
+from stratastore.levels.reader import SegmentReader
 from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
@@ -79,7 +79,7 @@ def test_a_restore_does_not_wait_for_a_session_load_on_another_thread(
         store.park(b, kvb.copy())
         store.save_session("s", np.arange(5000, 5064), np.zeros(64 * FP.token_bytes, np.uint8))
         store.flush()
-        real = two_pass.read_hashed
+        real = SegmentReader._read_at
         entered, release = threading.Event(), threading.Event()
 
         def held(*args: Any, **kw: Any) -> Any:
@@ -88,7 +88,7 @@ def test_a_restore_does_not_wait_for_a_session_load_on_another_thread(
                 assert release.wait(30)
             return real(*args, **kw)
 
-        monkeypatch.setattr(two_pass, "read_hashed", held)
+        monkeypatch.setattr(SegmentReader, "_read_at", held)
         out = np.zeros(64 * FP.token_bytes, np.uint8)
         s = threading.Thread(
             target=lambda: store.load_session("s", out), name="loader", daemon=True

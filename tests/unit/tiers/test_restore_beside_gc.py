@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stratastore import Conversation, Store
-from stratastore.restore import two_pass
+from stratastore.levels.reader import SegmentReader
 from tests.conftest import conversation_kv, tiny_fp
 
 FP = tiny_fp()
@@ -39,7 +39,7 @@ def test_a_restore_racing_the_writers_gc_reports_no_damage(
         store.park(x, kvx.copy())
         store.flush()
 
-        real = two_pass.read_hashed
+        real = SegmentReader._read_at
         entered, release = threading.Event(), threading.Event()
 
         def held(*args: Any, **kw: Any) -> Any:
@@ -48,7 +48,7 @@ def test_a_restore_racing_the_writers_gc_reports_no_damage(
                 assert release.wait(30)
             return real(*args, **kw)
 
-        monkeypatch.setattr(two_pass, "read_hashed", held)
+        monkeypatch.setattr(SegmentReader, "_read_at", held)
         out = np.zeros(kvx.size, np.uint8)
         got: list[Any] = []
         t = threading.Thread(target=lambda: got.append(store.restore(x.tokens, out)), daemon=True)
