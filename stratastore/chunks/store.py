@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Literal
@@ -381,13 +381,6 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
             chunk.identity,
             chunk.reader.sidecar.sealed_at_ns,
         )
-
-    def watch_evictions(self, callback: Callable[[bytes], None] | None) -> None:
-        """Call ``callback`` with the stored key (:func:`~stratastore.chunks.stored_key` of the
-        chunk key) of every page this process's eviction deletes from the last level, on the
-        thread that made room, after the delete (None: stop). It must be quick and must not
-        call back into the store. What another process evicts is not seen."""
-        self.room.on_evicted = callback
 
     # -- pins, removal, GC --------------------------------------------------------------------
     def pin(self, key: bytes) -> bool:

@@ -33,7 +33,6 @@ a store reads primary slots, a load writes them (docs/engine.md, "vLLM: a tier o
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -67,6 +66,7 @@ from stratastore.adapters.vllm.tier_jobs import Finished, TierCounters, TierJobs
 from stratastore.adapters.vllm.tier_settings import TierSettings
 from stratastore.chunks import ChunkStore, stored_key
 from stratastore.errors import ConfigError, StrataError
+from stratastore.io.system import env_var
 from stratastore.levels.backend import SharedBackend
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class StrataTier(SecondaryTierManager):  # type: ignore[misc]
         self.locality = Locality(self.settings.locality) if self.settings.locality else None
         vcfg = get_current_vllm_config_or_none()
         self.hash_algo = _hash_algo(vcfg, self.settings.hash_algo)
-        problem = hash_problem(self.hash_algo, os.environ.get("PYTHONHASHSEED"))
+        problem = hash_problem(self.hash_algo, env_var("PYTHONHASHSEED"))
         if problem is not None:
             raise problem
         self._seed_checked = False
@@ -177,7 +177,7 @@ class StrataTier(SecondaryTierManager):  # type: ignore[misc]
         self._stored_as: dict[bytes, bytes] = {}  #: stored key -> vLLM key (events only)
         self._evicted: list[bytes] = []
         if self.events is not None:
-            self.store.watch_evictions(self._evicted.append)
+            self.store.room.on_evicted = self._evicted.append
         self._damaged_seen = 0
         self._closed = False
         log.info(
@@ -218,9 +218,7 @@ class StrataTier(SecondaryTierManager):  # type: ignore[misc]
         if not self._seed_checked:
             self._seed_checked = True
             seed = get_none_hash_seed()
-            problem = unstable_seed_problem(
-                seed, DEFAULT_NONE_HASH_SEED, os.environ.get("PYTHONHASHSEED")
-            )
+            problem = unstable_seed_problem(seed, DEFAULT_NONE_HASH_SEED, env_var("PYTHONHASHSEED"))
             if problem is not None:
                 log.error("%s", problem)
                 self._off = True

@@ -1,4 +1,4 @@
-"""``ChunkStore.watch_evictions``: the stored key of every page this process's eviction deletes
+"""A chunk store's ``room.on_evicted``: the stored key of every page this process's eviction deletes
 from the last level is handed to the callback (the vLLM tier's ``BlockRemoved`` events), and
 nothing else is (a page moved down a level is not deleted)."""
 
@@ -20,13 +20,13 @@ def test_evictions_from_the_last_level_are_seen(tmp_path: Path) -> None:
     )
     seen: list[bytes] = []
     with ChunkStore.open(config, FP) as store:
-        store.watch_evictions(seen.append)
+        store.room.on_evicted = seen.append
         keys = [chunk_key(f"page {i}") for i in range(6)]
         for k in keys:
             assert store.put(k, PAGE) == "stored"
         # 6 pages, 4 fit: the two oldest were degraded, then deleted from the last level
         assert seen == [stored_key(k) for k in keys[:2]]
         assert store.stats()["degradations"] >= 2
-        store.watch_evictions(None)
+        store.room.on_evicted = None
         store.put(chunk_key("page 6"), PAGE)
         assert len(seen) == 2
