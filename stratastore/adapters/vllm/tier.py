@@ -33,6 +33,7 @@ a store reads primary slots, a load writes them (docs/engine.md, "vLLM: a tier o
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -175,9 +176,10 @@ class StrataTier(SecondaryTierManager):  # type: ignore[misc]
             [] if self.settings.enable_kv_events and events_on else None
         )
         self._stored_as: dict[bytes, bytes] = {}  #: stored key -> vLLM key (events only)
-        self._evicted: list[bytes] = []
+        #: stored keys the levels let go of (appended on the store threads)
+        self._evicted: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         if self.events is not None:
-            self.store.room.on_evicted = self._evicted.append
+            self.store.room.on_evicted = self._evicted.put
         self._damaged_seen = 0
         self._closed = False
         log.info(
@@ -294,8 +296,11 @@ class StrataTier(SecondaryTierManager):  # type: ignore[misc]
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is None:
             return ()
-        evicted, self._evicted[:] = list(self._evicted), []
-        gone = [self._stored_as.pop(s) for s in evicted if s in self._stored_as]
+        gone = []
+        while not self._evicted.empty():
+            skey = self._evicted.get_nowait()
+            if skey in self._stored_as:
+                gone.append(self._stored_as.pop(skey))
         if gone:
             self._event(gone, removed=True)
         out, self.events = self.events, []
