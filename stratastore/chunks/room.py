@@ -74,6 +74,10 @@ class ChunkRoom:
         self._doomed: dict[bytes, int] = {}  #: keys being deleted: a pin of one fails
         #: the puts in flight that made room: (stored key, bytes) by put
         self._reserved: dict[object, tuple[bytes, int]] = {}
+        #: called with the stored key of each page this process's eviction deletes from the
+        #: last level, on the thread that made room, after the delete (the vLLM tier's
+        #: ``BlockRemoved`` events); quick, and never calling back into the store
+        self.on_evicted: Callable[[bytes], None] | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -173,6 +177,8 @@ class ChunkRoom:
             deleted = level.store.delete(key)
         if deleted:
             self._count("evictions")
+            if self.on_evicted is not None:
+                self.on_evicted(key)
         return deleted
 
     # -- pins ---------------------------------------------------------------------------------

