@@ -380,16 +380,18 @@ def advise_range(fd: int, offset: int, nbytes: int) -> None:
 
 
 def advise_willneed(path: str, nbytes: int) -> bool:
-    """Ask the kernel to start reading the first ``nbytes`` of ``path`` into the page cache
-    now (:func:`advise_range`). A hint only: any failure (a file already gone, a filesystem
-    without it) is ignored and reported as False, never raised, so it is not an I/O step of
-    the fault seam."""
+    """Have the first ``nbytes`` of ``path`` read into the page cache soon, off this thread
+    (:func:`stratastore.io.read_ahead.ask`). A hint only: any failure (a file already gone)
+    is ignored and reported as False, never raised, so it is not an I/O step of the fault
+    seam."""
+    from stratastore.io import read_ahead  # it builds on this module
+
     try:
         fd = _open_regular(path)
     except (OSError, StrataIOError):
         return False
     try:
-        advise_range(fd, 0, nbytes)
+        read_ahead.ask(fd, 0, nbytes)
         return True
     finally:
         os.close(fd)

@@ -49,7 +49,7 @@ from stratastore.format import (
     data_name,
     decode_segment_header,
 )
-from stratastore.io import files
+from stratastore.io import files, read_ahead
 from stratastore.levels.errors import StoreError
 from stratastore.levels.staging import STAGING
 
@@ -223,8 +223,9 @@ class PayloadReader:
 
     def advise(self, offset: int, nbytes: int) -> None:
         """A hint that stored bytes ``[offset, offset + nbytes)`` (clipped to the payload) are
-        read soon: a reader over a kernel's page cache starts reading them now, so the read
-        finds them there (the restore's read-ahead). Never raises; the base does nothing."""
+        read soon: a reader over a kernel's page cache has them read into it meanwhile, off the
+        calling thread (:mod:`stratastore.io.read_ahead`: the restore's read-ahead), so the
+        read finds them there. Never raises; the base does nothing."""
 
     def stored(self) -> npt.NDArray[np.uint8]:
         """The whole stored payload, in new memory."""
@@ -314,7 +315,7 @@ class SegmentReader(PayloadReader):
     def advise(self, offset: int, nbytes: int) -> None:
         end = min(offset + nbytes, self.sidecar.stored_bytes)
         if self._fd >= 0 and 0 <= offset < end:
-            files.advise_range(self._fd, self._start + offset, end - offset)
+            read_ahead.ask(self._fd, self._start + offset, end - offset)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -28,8 +28,10 @@ from stratastore.io.system import after_fork_in_child, cpu_count
 from stratastore.levels.backend import OpenSegment
 
 __all__ = [
+    "AHEAD_CHUNKS",
     "READS_AHEAD",
     "Reading",
+    "read_ahead",
     "read_hashed",
     "read_plain",
     "read_scattered_hashed",
@@ -38,6 +40,8 @@ __all__ = [
     "start_scattered",
 ]
 
+#: chunks past the one being read that the read pass asks to be read ahead (page cache only)
+AHEAD_CHUNKS = 2
 _GROUP_BYTES = 4 << 20  #: bytes read and hashed by one task (whole pages, at least one)
 #: bytes a task reads before it hashes them (whole pages, at least one): within a core's cache
 _CACHED_BYTES = 1 << 20
@@ -62,6 +66,17 @@ def _forget_pool() -> None:
 
 
 after_fork_in_child(_forget_pool)
+
+
+def read_ahead(seg: OpenSegment, offset: int, chunk: int, end: int) -> None:
+    """Before the read pass reads the chunk of ``chunk`` bytes at ``offset`` of the segment's
+    stored payload: ask for the :data:`AHEAD_CHUNKS` chunks after it to be read ahead (none
+    past ``end``), and at the first chunk (``offset`` 0) for that chunk too, so each byte is
+    asked for once. A hint, never raises, never waits (:meth:`OpenSegment.advise`)."""
+    a = offset + AHEAD_CHUNKS * chunk if offset else 0
+    b = min(end, offset + (1 + AHEAD_CHUNKS) * chunk)
+    if a < b:
+        seg.advise(a, b - a)
 
 
 class Reading:

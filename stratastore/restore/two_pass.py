@@ -68,6 +68,7 @@ from stratastore.restore.device import device_staging, stage_and_validate
 from stratastore.restore.reads import (
     READS_AHEAD,
     Reading,
+    read_ahead,
     read_plain,
     start_hashed,
     start_scattered,
@@ -256,6 +257,7 @@ class Job:
         try:
             for p0 in [*range(0, pages, per), pages]:  # the last: land what is in flight
                 if p0 < pages:
+                    read_ahead(seg, p0 * sc.page_bytes, per * sc.page_bytes, nbytes)
                     flight.append(self._start(seg, piece, p0, min(p0 + per, pages), placed, nbytes))
                 while len(flight) > (ahead if p0 < pages else 0):
                     f = flight.popleft()
@@ -341,6 +343,8 @@ class Job:
             p1 = min(p0 + per, pages)
             a, b = p0 * sc.page_bytes, min(p1 * sc.page_bytes, nbytes)
             t0 = time.perf_counter()
+            if raw:
+                read_ahead(seg, a, per * sc.page_bytes, nbytes)
             host, staging = None, device.take(b - a)
             try:
                 if raw:
