@@ -322,7 +322,8 @@ def render(doc: dict[str, Any]) -> str:
         f"Limits: raw write+fsync {_f(lim.get('raw write+fsync'))} GB/s; raw read into a "
         f"fresh buffer {reads('a fresh')}; into a touched buffer {reads('a touched')}; "
         f"memcpy into a touched buffer {_f(lim.get('memcpy into a touched buffer (numpy)'))}"
-        " (numpy)",
+        f" (numpy); BLAKE3 on every CPU {_f(lim.get('BLAKE3 on every CPU (a page a call)'))}, "
+        f"a read + BLAKE3 on every CPU {_f(lim.get('read + BLAKE3 on every CPU, hot'))} hot",
     ]
     out += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(out)

@@ -1,10 +1,11 @@
 """A validated restore beside the machine's own rates (:mod:`strata_harness.restore_rates`: a
 cold and a hot restore into the engine's pool beside the raw cold read, numpy's load + scatter,
 BLAKE3 on both cores and a read + BLAKE3 on both cores; a durable park beside a raw write +
-fsync; medians of ``--rounds`` with their spread), or with ``--profile`` one cold and one hot
-restore traced stage by stage: per thread, CPU seconds reading (the kernel's copy), hashing,
-asking for read-ahead and applying, the rest of its CPU (bookkeeping), seconds waiting in a
-read (the disk), waiting for a CPU, and idle.
+fsync; medians of ``--rounds`` with their spread), or with ``--profile`` ``--rounds`` cold and
+hot restores traced stage by stage (the median round shown): per thread, CPU seconds reading
+(the kernel's copy), hashing, asking for read-ahead and applying, the rest of its CPU
+(bookkeeping, and the tracer's own cost), seconds waiting in a read (the disk), waiting for a
+CPU, and idle (waiting for another thread or the GIL).
 
     .venv/bin/python tools/cold_restore.py [--rounds 5] [--tokens 8192] [--dir D] [--profile]
 """
@@ -105,9 +106,10 @@ def _trace_stages(trace: _Trace) -> None:
 STAGES = ("read", "hash", "advise", "apply")
 
 
-def profile(run: Callable[[], int], nbytes: int, title: str, trace: _Trace) -> None:
-    """One traced restore: per thread, seconds on a CPU in each stage, the rest of its CPU
-    (bookkeeping), seconds waiting in a read (the disk), waiting for a CPU, and idle."""
+def profile(run: Callable[[], int], nbytes: int, title: str, trace: _Trace) -> tuple[float, str]:
+    """One traced restore: its wall seconds and its table: per thread, seconds on a CPU in each
+    stage, the rest of its CPU (bookkeeping and the tracer's own cost), seconds waiting in a
+    read (the disk), waiting for a CPU, and idle (waiting for another thread or the GIL)."""
     trace.wall.clear()
     trace.cpu.clear()
     s0, c0 = _schedstat(), os.times()
@@ -118,12 +120,12 @@ def profile(run: Callable[[], int], nbytes: int, title: str, trace: _Trace) -> N
     trace.on = False
     s1, c1 = _schedstat(), os.times()
     process = (c1.user - c0.user) + (c1.system - c0.system)
-    print(f"{title}: {wall:.3f} s, {nbytes / wall / 1e9:.2f} GB/s")
     head = "".join(f"{s + ' cpu':>12}" for s in STAGES)
-    print(
+    lines = [
+        f"{title}: {wall:.3f} s, {nbytes / wall / 1e9:.2f} GB/s",
         f"  {'thread':<26}{'on CPU':>8}{head}{'other cpu':>11}{'read wait':>11}"
-        f"{'runqueue':>10}{'idle':>8}"
-    )
+        f"{'runqueue':>10}{'idle':>8}",
+    ]
     for name in sorted(s1):
         run0, q0 = s0.get(name, (0.0, 0.0))
         on, queued = s1[name][0] - run0, s1[name][1] - q0
@@ -134,12 +136,33 @@ def profile(run: Callable[[], int], nbytes: int, title: str, trace: _Trace) -> N
         other = max(0.0, on - sum(cpu.values()))
         idle = max(0.0, wall - on - queued - read_wait)
         cells = "".join(f"{cpu[s]:12.3f}" for s in STAGES)
-        print(
+        lines.append(
             f"  {name[:26]:<26}{on:8.3f}{cells}{other:11.3f}{read_wait:11.3f}"
             f"{queued:10.3f}{idle:8.3f}"
         )
         process -= on
-    print(f"  {'(threads ended by now)':<26}{max(0.0, process):8.2f}")
+    lines.append(f"  {'(threads ended by now)':<26}{max(0.0, process):8.2f}")
+    return wall, "\n".join(lines)
+
+
+def profiles(bench: Bench, rounds: int) -> None:
+    """``rounds`` traced cold and hot restores, alternating; prints, for each, the round whose
+    wall time is the median, and every round's GB/s."""
+    trace = _Trace()
+    _trace_stages(trace)
+    bench.restore()  # the threads and the code warmed up, not traced
+    got: dict[str, list[tuple[float, str]]] = {"cold": [], "hot": []}
+    for _ in range(rounds):
+        if evict(bench.paths) > 0.01:
+            raise SystemExit("the data files stayed in the page cache: not a cold read")
+        got["cold"].append(profile(bench.restore, bench.nbytes, "restore cold", trace))
+        if warm(bench.paths) < 0.99:
+            raise SystemExit("the data files did not stay in the page cache")
+        got["hot"].append(profile(bench.restore, bench.nbytes, "restore hot", trace))
+    for runs in got.values():
+        runs.sort()
+        each = ", ".join(f"{bench.nbytes / w / 1e9:.2f}" for w, _ in runs)
+        print(f"{runs[len(runs) // 2][1]}\n  (the median of {rounds} rounds: GB/s {each})")
 
 
 def main() -> None:
@@ -150,7 +173,7 @@ def main() -> None:
     ap.add_argument(
         "--profile",
         action="store_true",
-        help="instead of the rounds: one cold and one hot restore, traced stage by stage",
+        help="instead: --rounds cold and hot restores traced stage by stage (the median shown)",
     )
     args = ap.parse_args()
     if not args.profile:
@@ -158,18 +181,14 @@ def main() -> None:
         print(render(rates))
         return
     root = tempfile.mkdtemp(prefix="strata-profile-", dir=args.dir)
+    bench: Bench | None = None
     try:
         bench = Bench(root, args.tokens)
-        trace = _Trace()
-        _trace_stages(trace)
-        bench.restore()  # the threads and the code warmed up, not traced
-        if evict(bench.paths) > 0.01:
-            raise SystemExit("the data files stayed in the page cache: not a cold read")
-        profile(bench.restore, bench.nbytes, "restore cold (validated)", trace)
-        if warm(bench.paths) < 0.99:
-            raise SystemExit("the data files did not stay in the page cache")
-        profile(bench.restore, bench.nbytes, "restore hot (validated)", trace)
+        bench.open_store()
+        profiles(bench, args.rounds)
     finally:
+        if bench is not None:
+            bench.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

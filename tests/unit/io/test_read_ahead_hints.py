@@ -60,9 +60,7 @@ def test_a_cold_range_asked_for_is_read_in_after_the_asker_closed_its_descriptor
     assert have[0] == have[1], f"{have[0]} of {have[1]} pages resident after the hint"
 
 
-def test_a_resident_range_is_not_asked_for(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_resident_range_is_not_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _cold_file(tmp_path)
     asked = _record_advice(monkeypatch)
     assert warm([str(path)]) > 0.99
@@ -106,15 +104,24 @@ def test_a_reader_asked_to_read_ahead_returns_while_the_hint_is_blocked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fp = tiny_fp()
-    release = threading.Event()
-    monkeypatch.setattr(files, "advise_range", lambda *a: release.wait(60))
+    release, caller = threading.Event(), threading.current_thread()
+    on_the_caller: list[int] = []
+
+    def stuck(fd: int, offset: int, nbytes: int) -> None:  # a device whose queue is full
+        if threading.current_thread() is caller:
+            on_the_caller.append(offset)  # the reader itself would wait here
+            return
+        release.wait(60)
+
+    monkeypatch.setattr(files, "advise_range", stuck)
     with SegmentStore.open(tmp_path / "s", fp) as store:
         pieces, _ = image(store, 3, [0, 40])
         with store.open_reader(pieces[0].key) as seg:
             evict([str(p) for p in (tmp_path / "s").iterdir() if p.is_file()])
-            seg.advise(0, 40 * fp.token_bytes)  # returns: the hint waits on its own thread
+            seg.advise(0, 40 * fp.token_bytes)
             out = np.empty(40 * fp.token_bytes, np.uint8)
             seg.read_into(out, 0)
         assert store.prefetch(pieces[0].key) is True
         release.set()
     read_ahead.settle()
+    assert on_the_caller == [], "the reader's own thread asked the kernel for read-ahead"
