@@ -137,8 +137,8 @@ def raw_blake3(job: Job) -> Record:
 
 def raw_read_blake3(job: Job) -> Record:
     """A store page at a time ``pread`` from the (resident) file into its place in a buffer
-    touched beforehand and hashed there with BLAKE3, on every CPU at once: the least a
-    validated hot read costs (one copy, one hash, nothing scattered)."""
+    touched beforehand and hashed there with BLAKE3, on every CPU at once: the plain way to
+    read and validate it (one copy, one hash, nothing scattered)."""
     import blake3
 
     n = job["tokens"] * TOKEN_BYTES

@@ -13,12 +13,18 @@ them, run writes first, then the hot reads, then the cold ones):
 - **restore cold**, then **numpy cold**: ``np.load`` of the same K/V saved with ``np.save``
   (``[layers, 2, tokens, heads, head_dim]``) and its copy into the pool through the block
   table, what an engine keeping its K/V in numpy files pays;
-- **restore hot**, **numpy hot**: the same with the files resident;
+- **restore cold, flat page layout**: the same restore into a touched buffer in the stored
+  page layout (a stored region: one ``pread`` a run of pages, one hash call a page), what the
+  read pass does when the destination does not scatter;
+- **restore hot**, **numpy hot**, **restore hot, flat page layout**: the same with the files
+  resident;
 - **BLAKE3 on both cores**: the data files' pages (in memory already) hashed, one thread a
   core, each page in one call: the rate at which the cores hash these bytes and nothing else;
 - **read + BLAKE3 on both cores**: each page ``pread`` from the resident files into its place
-  in a touched buffer the size of the data and hashed there in one call, one thread a core:
-  the least a validated hot read of them costs (one copy, one hash, nothing scattered);
+  in a touched buffer the size of the data and hashed there in one call, groups of two pages
+  dealt to one thread a core: the plain way to read and validate them (one copy, one hash,
+  nothing scattered; a restore that hashes a run while it is still in the core's cache can
+  beat it);
 - **durable park** (into a new store) and **raw write + fsync** (the same bytes, one file, 4
   MiB writes, the file and its directory fsynced).
 
@@ -60,17 +66,21 @@ __all__ = ["OPS", "RATIOS", "Bench", "Rates", "measure", "render"]
 
 READ_BYTES = 4 << 20  #: bytes a raw read or write moves a call
 MAX_RESIDENT = 0.01  #: a cold read with more of its files resident stops the run
+GROUP = 2  #: pages a hashing thread takes at a time (4 MiB: a read group of the restore's pool)
 
 RAW_COLD, RESTORE_COLD, NUMPY_COLD = "raw cold read", "restore cold", "numpy load + scatter, cold"
 RESTORE_HOT, NUMPY_HOT = "restore hot", "numpy load + scatter, hot"
 BLAKE3_2, READ_BLAKE3_2 = "BLAKE3 on both cores", "read + BLAKE3 on both cores, hot"
 PARK, RAW_WRITE = "durable park", "raw write + fsync"
+FLAT_COLD, FLAT_HOT = "restore cold, flat page layout", "restore hot, flat page layout"
 OPS = (
     RAW_COLD,
     RESTORE_COLD,
     NUMPY_COLD,
+    FLAT_COLD,
     RESTORE_HOT,
     NUMPY_HOT,
+    FLAT_HOT,
     BLAKE3_2,
     READ_BLAKE3_2,
     PARK,
@@ -83,6 +93,7 @@ RATIOS: list[tuple[str, str, float | None]] = [
     (RESTORE_HOT, BLAKE3_2, 0.8),
     (RESTORE_HOT, READ_BLAKE3_2, None),
     (RESTORE_HOT, NUMPY_HOT, 1.0),
+    (FLAT_HOT, READ_BLAKE3_2, None),
     (PARK, RAW_WRITE, 0.8),
 ]
 
@@ -142,11 +153,17 @@ class Bench:
         self.pages = self._load_pages()
         self.cores = max(1, min(os.cpu_count() or 1, 8))
         self.hashers = ThreadPoolExecutor(self.cores, thread_name_prefix="rates-hash")
-        per = -(-len(self.pages) // self.cores)
-        #: the pages in one run a core, and each run's bytes in memory (for BLAKE3 alone)
-        self.parts = [self.pages[i : i + per] for i in range(0, len(self.pages), per)]
-        self.memory = {id(part): [_read(p, o, n) for p, o, n in part] for part in self.parts}
-        self.touched = np.ones(sum(n for _, _, n in self.pages), np.uint8)  #: read + BLAKE3's
+        #: each page's place in memory of the data's size (the stored pages end to end)
+        self.at = np.concatenate([[0], np.cumsum([n for _, _, n in self.pages])]).tolist()
+        #: the pages each hashing thread takes, by their index: groups of ``GROUP`` pages dealt
+        #: in turn, as the read pool deals a restore's groups
+        self.parts = [
+            [i for i in range(len(self.pages)) if i // GROUP % self.cores == k]
+            for k in range(self.cores)
+        ]
+        self.memory = [_read(p, o, n) for p, o, n in self.pages]  #: for BLAKE3 alone
+        self.touched = np.ones(int(self.at[-1]), np.uint8)  #: read + BLAKE3's
+        self.flat = np.ones(self.nbytes, np.uint8)  #: the flat page layout's restores
 
     def _config(self, where: str) -> dict[str, Any]:
         mib = 2 * self.nbytes // 2**20 + 64
@@ -188,6 +205,20 @@ class Bench:
         got = self.store.restore(self.prompt, self.target.destination(self.fp))
         return int(got.tokens) * TOKEN_BYTES
 
+    def restore_flat(self) -> int:
+        """Into a touched buffer in the stored page layout (a stored region: a ``pread`` a run
+        of pages, a hash call a page)."""
+        assert self.store is not None
+        return int(self.store.restore(self.prompt, self.flat).tokens) * TOKEN_BYTES
+
+    def check_flat(self) -> None:
+        """The flat restore holds the stored pages, bit for bit (outside the clock); refilled
+        with other bytes for the next one."""
+        for i, page in enumerate(self.memory):
+            if self.flat[self.at[i] : self.at[i + 1]].tobytes() != page:
+                raise PeersBenchError("a restore into the flat layout differs from the pages")
+        self.flat.fill(1)
+
     def open_store(self) -> None:
         """The store holding the parked pool, opened (outside the clock) if it is not."""
         from stratastore import Store
@@ -200,38 +231,35 @@ class Bench:
         self.target.scatter(kv, self.tokens)
         return int(kv.nbytes)
 
-    def _split(self, run: Callable[[list[tuple[str, int, int]]], None]) -> int:
+    def _split(self, run: Callable[[list[int]], None]) -> int:
         """``run`` over :attr:`parts` (one a core) on the hashing threads; the bytes."""
         list(self.hashers.map(run, self.parts))
-        return sum(n for _, _, n in self.pages)
+        return int(self.at[-1])
 
     def blake3_both(self) -> int:
         """Each page hashed in one call, from memory (read in before every clock)."""
 
-        def run(part: list[tuple[str, int, int]]) -> None:
-            for m in self.memory[id(part)]:
-                blake3.blake3(m).digest()
+        def run(part: list[int]) -> None:
+            for i in part:
+                blake3.blake3(self.memory[i]).digest()
 
         return self._split(run)
 
     def read_blake3_both(self) -> int:
         """Each page ``pread`` into its own place in a touched buffer the size of the data
         (as a restore writes every byte to memory of its own) and hashed there in one call."""
-        start = {
-            id(part): sum(n for _, _, n in self.pages[: self.pages.index(part[0])])
-            for part in self.parts
-        }
 
-        def run(part: list[tuple[str, int, int]]) -> None:
-            view, at = self.touched.data, start[id(part)]
+        def run(part: list[int]) -> None:
+            view = self.touched.data
             fds: dict[str, int] = {}
             try:
-                for path, off, n in part:
+                for i in part:
+                    path, off, _ = self.pages[i]
                     if path not in fds:
                         fds[path] = os.open(path, os.O_RDONLY)
-                    os.preadv(fds[path], [view[at : at + n]], off)
-                    blake3.blake3(view[at : at + n]).digest()
-                    at += n
+                    into = view[self.at[i] : self.at[i + 1]]
+                    os.preadv(fds[path], [into], off)
+                    blake3.blake3(into).digest()
             finally:
                 for fd in fds.values():
                     os.close(fd)
@@ -301,9 +329,11 @@ def measure(root: str, *, tokens: int = 8192, rounds: int = 5) -> Rates:
             READ_BLAKE3_2: (bench.read_blake3_both, bench.paths, False, _nothing),
             RESTORE_HOT: (bench.restore, bench.paths, False, bench.open_store),
             NUMPY_HOT: (bench.numpy, [bench.npy], False, _nothing),
+            FLAT_HOT: (bench.restore_flat, bench.paths, False, bench.open_store),
             RAW_COLD: (bench.raw_cold, bench.paths, True, _nothing),
             RESTORE_COLD: (bench.restore, bench.paths, True, bench.open_store),
             NUMPY_COLD: (bench.numpy, [bench.npy], True, _nothing),
+            FLAT_COLD: (bench.restore_flat, bench.paths, True, bench.open_store),
         }
         rates = Rates(bench.nbytes, rounds, load=(os.getloadavg()[0], 0.0))
         for rnd in range(rounds + 1):
@@ -318,7 +348,9 @@ def measure(root: str, *, tokens: int = 8192, rounds: int = 5) -> Rates:
                 t1, c1 = time.perf_counter(), os.times()
                 if got < bench.nbytes:
                     raise PeersBenchError(f"{name}: {got:,} bytes of {bench.nbytes:,}")
-                if name.startswith("restore"):
+                if name in (FLAT_HOT, FLAT_COLD):
+                    bench.check_flat()
+                elif name.startswith("restore"):
                     _check(bench)
                 if rnd:
                     cpu = (c1.user - c0.user) + (c1.system - c0.system)

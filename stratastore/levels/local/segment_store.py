@@ -121,7 +121,7 @@ __all__ = [
 
 WRITE_CHUNK = CHUNK  #: bytes a put writes at a time (and a streamed put gathers)
 #: bytes of a data file a prefetch asks the kernel for (a restore's first two 16 MiB chunks;
-#: the kernel's own read-ahead follows the read pass's sequential reads after them)
+#: the read pass asks for the rest as it goes, :data:`stratastore.restore.reads.AHEAD_CHUNKS`)
 PREFETCH_BYTES = 32 << 20
 
 
