@@ -6,15 +6,19 @@ call does part of the work itself (it allocates the pages and submits the reads)
 whose queue is full it blocks the caller until requests drain, and on resident pages it walks
 the page cache (docs/performance.md "Validated reads at the disk's rate" has both measured).
 :func:`ask` takes the range and returns: the read-ahead thread then skips it when its first and
-last pages are resident (a one-byte ``preadv2(RWF_NOWAIT)`` each, which never goes to the
-device) and asks the kernel for the rest a read-ahead window a call
-(:func:`~.files.advise_range`). The descriptor is duplicated for the thread, so the caller may
-close its own at once. A hint only: nothing here raises, and a hint that finds the queue full is
-dropped (the reads it was for still happen, only without the head start).
+last pages (within the file) are resident (a one-byte ``preadv2(RWF_NOWAIT)`` each, which
+never waits for the device; on a miss the kernel may start reading that page, which was to be
+asked for anyway) and asks the kernel for the rest a read-ahead window a call
+(:func:`~.files.advise_range`). The thread gets a descriptor of its own, the same file opened
+again through ``/proc/self/fd`` (so its probes leave the reader's own read-ahead state alone;
+a duplicate where ``/proc`` is not mounted), so the caller may close its own at once. A hint
+only: nothing here raises, and a hint that finds the queue full is dropped (the reads it was
+for still happen, only without the head start).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -39,9 +43,8 @@ class _ReadAhead:
     def ask(self, fd: int, offset: int, nbytes: int) -> None:
         if nbytes <= 0 or offset < 0:
             return
-        try:
-            dup = os.dup(fd)
-        except OSError:
+        dup = _own(fd)
+        if dup < 0:
             return  # a closed or bad descriptor: nothing to read ahead of
         try:
             self._start()
@@ -65,28 +68,45 @@ class _ReadAhead:
         while True:
             fd, offset, nbytes = self.hints.get()
             try:
-                if not (_resident(fd, offset) and _resident(fd, offset + nbytes - 1)):
-                    files.advise_range(fd, offset, nbytes)
+                last = min(offset + nbytes, os.fstat(fd).st_size) - 1
+                if last >= offset and not (_resident(fd, offset) and _resident(fd, last)):
+                    files.advise_range(fd, offset, last + 1 - offset)
             except Exception:  # a hint never fails anyone
                 pass
             finally:
-                os.close(fd)
+                _close(fd)
                 self.hints.task_done()
 
     def forget(self) -> None:
-        """In a forked child: the parent's thread is not here; close the hints it left."""
-        while True:
-            try:
-                fd, _, _ = self.hints.get_nowait()
-            except queue.Empty:
-                return
-            os.close(fd)
+        """In a forked child: the parent's thread is not here; close the child's copies of the
+        descriptors its queue held (read without its lock: a thread of the parent may have held
+        that at the fork, and no thread of the child uses this queue again)."""
+        for fd, _, _ in list(self.hints.queue):
+            _close(fd)
+
+
+def _own(fd: int) -> int:
+    """A descriptor of the thread's own for the file open as ``fd``: opened again through
+    ``/proc/self/fd`` (another open file description, read-ahead state included), else a
+    duplicate; -1 when ``fd`` is not open."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        try:
+            return os.dup(fd)
+        except OSError:
+            return -1
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _resident(fd: int, offset: int) -> bool:
-    """Whether the byte at ``offset`` of ``fd`` is in the page cache (or past the file's end):
-    a read of it that may not wait for the device. False where the kernel or the filesystem
-    cannot say (then the range is asked for)."""
+    """Whether the byte at ``offset`` of ``fd`` is in the page cache: a read of it that may not
+    wait for the device. False where the kernel or the filesystem cannot say (then the range
+    is asked for)."""
     try:
         return os.preadv(fd, [_PROBE], offset, os.RWF_NOWAIT) >= 0
     except (OSError, AttributeError):  # EAGAIN: not resident; no RWF_NOWAIT: cannot say
@@ -114,6 +134,6 @@ def ask(fd: int, offset: int, nbytes: int) -> None:
 
 
 def settle() -> None:
-    """Wait until every hint asked so far was served (for tests and benchmarks: a hint's own
-    reads may still be on their way from the device)."""
+    """Wait until every hint queued so far was served (for tests and benchmarks: a hint's own
+    reads may still be on their way from the device; one dropped on a full queue never is)."""
     _AHEAD.hints.join()

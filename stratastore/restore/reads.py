@@ -9,10 +9,12 @@ is read and then hashed by one thread (``pread`` and BLAKE3 both release the GIL
 are hashed while they are still in that core's cache, and on a cold segment one thread waits
 for the disk while the other hashes. A read is started (:func:`start_hashed`,
 :func:`start_scattered`, :func:`start_plain`) and collected later (:class:`Reading`), so the
-read pass builds the next chunk's reads while the pool works on the last one's; nothing asks
-the kernel for read-ahead beyond its own (a ``WILLNEED`` hint costs a page-cache walk on
-resident pages and, on a busy device, blocks the thread that asks: measured in
-docs/performance.md "Where a restore's time goes").
+read pass builds the next chunk's reads while the pool works on the last one's. Ahead of each
+chunk the read pass asks for the :data:`AHEAD_CHUNKS` after it (:func:`read_ahead`), so a cold
+segment's disk reads run while the chunks before are hashed; the asking is done on a thread of
+its own and skips what is resident (:mod:`stratastore.io.read_ahead`: a ``WILLNEED`` hint
+blocks the thread that makes it on a busy device, docs/performance.md "Validated reads at the
+disk's rate").
 """
 
 from __future__ import annotations
@@ -97,11 +99,15 @@ class Reading:
             f.result()
         return self._digests
 
+    def cancel(self) -> None:
+        """Groups not started never start (those running go on: :meth:`drop` waits for them)."""
+        for f in self._futures:
+            f.cancel()
+
     def drop(self) -> None:
         """Abandon the read: groups not started never start, and this returns once the running
         ones ended (their errors ignored), so the memory read into may be given back or zeroed."""
-        for f in self._futures:
-            f.cancel()
+        self.cancel()
         _settle(self._futures)
 
 
@@ -191,7 +197,16 @@ def _submit(run: Callable[[int, int], None], n: int, per: int) -> list[Future[No
     group: a done future holding its result or error)."""
     groups = [(lo, min(lo + per, n)) for lo in range(0, n, per)]
     if len(groups) > 1:
-        return [_get_pool().submit(run, lo, hi) for lo, hi in groups]
+        futures: list[Future[None]] = []
+        try:
+            for lo, hi in groups:
+                futures.append(_get_pool().submit(run, lo, hi))
+        except BaseException:  # interrupted between two: what was submitted ends first
+            for started in futures:
+                started.cancel()
+            _settle(futures)
+            raise
+        return futures
     done: list[Future[None]] = []
     for lo, hi in groups:
         f: Future[None] = Future()

@@ -253,23 +253,25 @@ class Job:
         placed = need if piece.start + need == piece.end else need // pt * pt
         ahead = READS_AHEAD if self._capabilities[0] is not None else 0
         flight: deque[_Flight] = deque()
-        since = time.perf_counter()  # a chunk's read_s: from the last hand-out (no overlap)
+        since = time.perf_counter()  # a chunk's read_s: from when the last one was taken
         try:
             for p0 in [*range(0, pages, per), pages]:  # the last: land what is in flight
                 if p0 < pages:
                     read_ahead(seg, p0 * sc.page_bytes, per * sc.page_bytes, nbytes)
                     flight.append(self._start(seg, piece, p0, min(p0 + per, pages), placed, nbytes))
                 while len(flight) > (ahead if p0 < pages else 0):
-                    f = flight.popleft()
-                    actual = self._land(f, piece)
+                    f = flight[0]  # it leaves the queue as it is handed out: until then an
+                    actual = self._land(f, piece)  # interrupt or an error drops it below
                     bad = _first_bad(actual, expected[f.p0 : f.p1])
                     direct = self._capabilities[0]
                     if direct is not None and 0 <= bad * pt < f.placed:  # damage, or unfit?
                         self._fits(direct, piece, f.p0, f.p0 + bad, f.placed)
-                    t0, since = max(since, f.t0), time.perf_counter()
+                    t0 = max(since, f.t0)
+                    flight.popleft()
                     yield from self._checked(
                         piece, f.p0, f.p1 - f.p0, bad, f.data, f.staging, f.placed, t0
                     )
+                    since = time.perf_counter()  # not the time the taker held this generator
         finally:
             while flight:
                 self._drop(flight.popleft(), piece)
@@ -393,13 +395,15 @@ class Job:
         try:
             if b > a and region is not None:
                 into = check_region(dest, region(start + a, b - a), start + a, b - a, self.fp)
-                f.reading, f.placed = start_hashed(seg, into, a * tb, pb), b - a
+                f.placed = b - a  # before any read lands: an interrupt zeroes what it placed
+                f.reading = start_hashed(seg, into, a * tb, pb)
             elif b > a:
                 f.views = [
                     dest.page_views(t, min(pt, start + b - t))
                     for t in range(start + a, start + b, pt)
                 ]
-                f.reading, f.placed = start_scattered(seg, f.views, pb, p0), b - a
+                f.placed = b - a
+                f.reading = start_scattered(seg, f.views, pb, p0)
             if b * tb < end:
                 f.tail_staging = STAGING.take(end - b * tb)
                 f.tail = start_hashed(seg, f.tail_staging[: end - b * tb], b * tb, pb)
@@ -437,20 +441,29 @@ class Job:
 
     def _drop(self, f: _Flight, piece: Piece) -> None:
         """Abandon the chunk in flight ``f``: wait for its reads, give its staging back and zero
-        what it placed in the destination (never handed out, so never delivered)."""
-        try:
-            for r in (f.reading, f.tail):
-                if r is not None:
-                    r.drop()
-        finally:
-            for buf in (f.staging, f.tail_staging):
-                if buf is not None:
-                    STAGING.give(buf)
-            f.staging = f.tail_staging = f.data = None
-            direct = self._capabilities[0]
-            if direct is not None and f.placed:
-                direct.zero(f.lo, f.placed)
-            f.placed = 0
+        what it placed in the destination (never handed out, so never delivered). Safe to call
+        twice. Each reading's groups have ended when its ``drop`` returns or raises (an
+        interrupt while it waits: :func:`~.reads._settle` waits on before raising), so what
+        follows runs after both, and the first interrupt is raised after it."""
+        readings = [r for r in (f.reading, f.tail) if r is not None]
+        for r in readings:
+            r.cancel()
+        error: BaseException | None = None
+        for r in readings:
+            try:
+                r.drop()
+            except BaseException as e:
+                error = error or e
+        for buf in (f.staging, f.tail_staging):
+            if buf is not None:
+                STAGING.give(buf)
+        f.staging = f.tail_staging = f.data = None
+        direct = self._capabilities[0]
+        if direct is not None and f.placed:
+            direct.zero(f.lo, f.placed)
+        f.placed = 0
+        if error is not None:
+            raise error
 
     def _fits(self, dest: ScatterReads, piece: Piece, p0: int, page: int, placed: int) -> None:
         """Before page ``page`` of ``piece`` (read straight into ``dest`` from page ``p0``) is

@@ -125,3 +125,18 @@ def test_a_reader_asked_to_read_ahead_returns_while_the_hint_is_blocked(
         release.set()
     read_ahead.settle()
     assert on_the_caller == [], "the reader's own thread asked the kernel for read-ahead"
+
+
+def test_a_range_past_the_files_end_is_judged_by_the_last_page_the_file_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefetch asks for more than a small file holds: its last page, not a byte past the
+    end (which reads nothing and so looks resident), decides whether it is asked for."""
+    path = _cold_file(tmp_path, 4 * MIB)
+    asked = _record_advice(monkeypatch)
+    assert warm([str(path)]) > 0.99
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 4096, 0, os.POSIX_FADV_DONTNEED)  # all but the first page
+        read_ahead.ask(f.fileno(), 0, 32 * MIB)
+        read_ahead.settle()
+    assert asked == [(0, 4 * MIB)], "the file's cold pages were not asked for"

@@ -139,3 +139,24 @@ def test_ctrl_c_during_the_hashing_wait_leaves_pool_threads_writing(
                 "a staging buffer was written after it was given back to STAGING (the next "
                 "take gets memory a pool thread is still writing)"
             )
+
+
+def test_ctrl_c_inside_an_inline_direct_read_leaves_nothing_it_read(
+    img: tuple[SegmentStore, list[Piece], npt.NDArray[np.uint8]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One chunk of one group is read on the calling thread: a Ctrl-C in the middle of its read
+    (half the bytes landed) leaves none of them in the destination."""
+    _, pieces, kv = img
+    real_read = SegmentReader._read_at
+
+    def half_then_interrupted(self: SegmentReader, view: memoryview, offset: int) -> None:
+        half = view.nbytes // 2
+        real_read(self, view[:half], offset)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SegmentReader, "_read_at", half_then_interrupted)
+    out = np.full(40 * TB, 0xEE, np.uint8)
+    with pytest.raises(KeyboardInterrupt):
+        two_pass_restore(pieces, 40, FlatKV(FP, out), FP, resume_at=lambda t: 0)
+    assert np.isin(out, [0, 0xEE]).all(), "bytes of an interrupted read stayed in the buffer"
+    assert not np.array_equal(kv[: 20 * TB], np.full(20 * TB, 0xEE, np.uint8))  # setup
