@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: chunks past the one being read that the read pass asks to be read ahead (page cache only)
-AHEAD_CHUNKS = 2
+AHEAD_CHUNKS = 4
 _GROUP_BYTES = 4 << 20  #: bytes read and hashed by one task (whole pages, at least one)
 #: bytes a task reads before it hashes them (whole pages, at least one): within a core's cache
 _CACHED_BYTES = 1 << 20
