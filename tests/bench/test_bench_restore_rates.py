@@ -16,21 +16,11 @@ from typing import Any
 
 import pytest
 
-from strata_harness.peer_protocol import evict
 from strata_harness.restore_rates import OPS, RATIOS, measure, render
+from tests.bench.test_bench_peers import _evicts
 
 FULL = os.environ.get("STRATA_BENCH_SCALE") == "full"
 TOKENS, ROUNDS = (8192, 5) if FULL else (256, 1)
-
-
-def _evicts(where: Path) -> bool:
-    """Whether this filesystem lets a file's pages leave the page cache (tmpfs does not)."""
-    probe = where / "probe"
-    probe.write_bytes(bytes(1 << 16))
-    try:
-        return evict([str(probe)]) == 0.0
-    finally:
-        probe.unlink()
 
 
 def test_restore_and_park_beside_the_machines_rates(benchmark: Any, tmp_path: Path) -> None:
