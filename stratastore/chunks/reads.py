@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
 from stratastore.format import (
     ChecksumMismatch,
     Codec,
@@ -27,7 +25,7 @@ from stratastore.format import (
 from stratastore.io.errors import ShortRead
 from stratastore.levels.backend import OpenSegment
 from stratastore.levels.errors import DataMissing, StoreError
-from stratastore.levels.reader import copy_validated, require_valid
+from stratastore.levels.reader import copy_validated, read_pages_checked
 from stratastore.levels.sealing import Buffer, byte_view
 
 __all__ = [
@@ -120,7 +118,6 @@ def fill_validated(chunk: OpenChunk, dst: memoryview) -> None:
                 f"{len(dst)}"
             )
         if seg.sidecar.codec is Codec.RAW:
-            seg.read_into(dst)
-            require_valid(seg.sidecar, np.frombuffer(dst, dtype=np.uint8))
+            read_pages_checked(seg, dst)
         else:  # written RAW by a chunk store; a compressed copy decodes through staging
             copy_validated(seg, dst, True)

@@ -29,6 +29,7 @@ from functools import partial
 
 from stratastore.format import DATA_OFFSET
 from stratastore.format.sidecar import SIDECAR_HEAD, TRAILER_BYTES
+from stratastore.levels.backend import SegmentBackend
 from stratastore.levels.sealing import STATE_PAGE_BYTES
 from stratastore.tiers import DiskLevel, LevelRefused
 
@@ -47,6 +48,15 @@ def stored_bytes(payload_bytes: int) -> int:
     upper bound there and exact on a directory."""
     pages = -(-payload_bytes // STATE_PAGE_BYTES)
     return DATA_OFFSET + payload_bytes + SIDECAR_HEAD.size + _DIGEST_BYTES * pages + TRAILER_BYTES
+
+
+def _held(store: SegmentBackend, keys: Sequence[bytes]) -> list[bool]:
+    """Whether ``store`` holds each of ``keys``: one call where the level answers many at once
+    (a directory's index, a shared level), else one look-up each."""
+    many = getattr(store, "contains_many", None)
+    if many is not None and keys:
+        return list(many(keys))
+    return [k in store for k in keys]
 
 
 class ChunkRoom:
@@ -103,9 +113,10 @@ class ChunkRoom:
         while True:
             with self._lock:
                 reserved = list(self._reserved.values())
-            before = [k in store for k, _ in reserved]
+            keys = [k for k, _ in reserved]
+            before = _held(store, keys)
             used = store.used()
-            after = [k in store for k, _ in reserved]
+            after = _held(store, keys)
             if before == after:
                 in_flight = (
                     n for (_, n), indexed in zip(reserved, after, strict=True) if not indexed

@@ -52,7 +52,8 @@ from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_valida
 from stratastore.chunks.room import ChunkRoom, stored_bytes
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
-from stratastore.levels.backend import SegmentBackend, SharedBackend
+from stratastore.levels.backend import PutResult, SegmentBackend, SharedBackend
+from stratastore.levels.common import SealedLevel
 from stratastore.levels.directory import shared_directory
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.reader import open_checked
@@ -106,6 +107,23 @@ def _refuse_one_directory_twice(cfg: ChunkConfig) -> None:
             f"({real}); give the level {second.shown!r} a directory of its own (or leave it "
             "out of the ChunkConfig)"
         )
+
+
+def _put_states(
+    store: SegmentBackend, items: Sequence[tuple[bytes, memoryview]]
+) -> list[PutResult | StrataError]:
+    """The running-state puts of ``items`` on ``store``, committed together where it can (a
+    :class:`~stratastore.levels.common.SealedLevel`: a directory's group commit); a backend
+    registered from outside gets them one at a time."""
+    if isinstance(store, SealedLevel):
+        return store.put_states(items, token_pos=0)
+    out: list[PutResult | StrataError] = []
+    for key, view in items:
+        try:
+            out.append(store.put_state(key, view, token_pos=0))
+        except StrataError as e:
+            out.append(e)
+    return out
 
 
 class ChunkStore(AbstractContextManager["ChunkStore"]):
@@ -212,39 +230,70 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         """Store the page ``data`` under the chunk key ``key``, durably as the first level is,
         making room first (the module docstring). ``data`` that is not bytes-like, not
         C-contiguous or empty is a :class:`~stratastore.levels.errors.StoreError`, before
-        anything is done."""
-        skey = stored_key(key)
-        view = buffer_view(data, writable=False)
-        if not view.nbytes:
-            raise StoreError(f"an empty page cannot be stored ({self.config.name} {key.hex()})")
-        self._check_open("put")
-        if self.failures.holds_whole(skey):  # before making room: a present page evicts nothing
-            self.count("puts_deduped")
-            return "present"
-        token = self.room.reserve(skey, stored_bytes(view.nbytes))
-        if token is None:
-            self.count("puts_refused")
-            return "refused"
-        try:
-            res = self.levels[0].store.put_state(key, view, token_pos=0)
-        finally:
-            self.room.release(token)
-        with self._lock:
-            if res.created:
-                self.counters.puts += 1
-                self.counters.put_bytes += view.nbytes
-            else:
-                self.counters.puts_deduped += 1
-        return "stored" if res.created else "present"
+        anything is done; a write that fails raises."""
+        (r,) = self.put_many([key], [data])
+        if isinstance(r, StrataError):
+            raise r
+        return r
 
     def batch_put(self, keys: Sequence[bytes], pages: Sequence[Buffer]) -> list[PutOutcome]:
-        """:meth:`put` of each page in turn; a write that fails raises (the pages before it
-        are stored). A key that is not a chunk key raises before any page is put."""
+        """:meth:`put_many`, raising the first write that failed once every page was put (the
+        others are stored)."""
+        out = self.put_many(keys, pages)
+        for r in out:
+            if isinstance(r, StrataError):
+                raise r
+        return [r for r in out if not isinstance(r, StrataError)]
+
+    def put_many(
+        self, keys: Sequence[bytes], pages: Sequence[Buffer]
+    ) -> list[PutOutcome | StrataError]:
+        """:meth:`put` of each page, room made for each in turn, committed together where the
+        first level can (a directory: each page's files written and fsynced, then one group
+        commit, spec F-DUR-2): for each page its outcome, or the
+        :class:`~stratastore.errors.StrataError` its write raised (nothing of that page left;
+        the others are put). A key that is not a chunk key, or a page that is not a bytes-like,
+        C-contiguous, non-empty buffer, raises before any page is put."""
         if len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
-        for k in keys:
-            stored_key(k)
-        return [self.put(k, p) for k, p in zip(keys, pages, strict=True)]
+        skeys = [stored_key(k) for k in keys]
+        views = [buffer_view(p, writable=False) for p in pages]
+        for k, v in zip(keys, views, strict=True):
+            if not v.nbytes:
+                raise StoreError(f"an empty page cannot be stored ({self.config.name} {k.hex()})")
+        self._check_open("put")
+        out: list[PutOutcome | StrataError | None] = [None] * len(keys)
+        todo: list[int] = []
+        tokens: list[object] = []
+        try:
+            for i, (skey, view) in enumerate(zip(skeys, views, strict=True)):
+                if self.failures.holds_whole(skey):  # before making room: it evicts nothing
+                    self.count("puts_deduped")
+                    out[i] = "present"
+                    continue
+                token = self.room.reserve(skey, stored_bytes(view.nbytes))
+                if token is None:
+                    self.count("puts_refused")
+                    out[i] = "refused"
+                    continue
+                tokens.append(token)
+                todo.append(i)
+            done = _put_states(self.levels[0].store, [(keys[i], views[i]) for i in todo])
+        finally:
+            for token in tokens:
+                self.room.release(token)
+        for i, res in zip(todo, done, strict=True):
+            if isinstance(res, StrataError):
+                out[i] = res
+                continue
+            with self._lock:
+                if res.created:
+                    self.counters.puts += 1
+                    self.counters.put_bytes += views[i].nbytes
+                else:
+                    self.counters.puts_deduped += 1
+            out[i] = "stored" if res.created else "present"
+        return [r for r in out if r is not None]
 
     # -- looking up ---------------------------------------------------------------------------
     def exists(self, key: bytes) -> bool:

@@ -25,7 +25,14 @@ from stratastore.io.errors import StrataIOError
 from stratastore.io.guard import remove_store_file
 from stratastore.io.modes import DEFAULT_FILE_MODE
 
-__all__ = ["WRITEBACK_MIN", "DurableFile", "durable_write", "durable_write_in", "temp_path_for"]
+__all__ = [
+    "WRITEBACK_MIN",
+    "DurableFile",
+    "durable_write",
+    "durable_write_in",
+    "prepared_file",
+    "temp_path_for",
+]
 
 #: writes at least this large start their writeback at once (see files.start_writeback)
 WRITEBACK_MIN = 1 << 20
@@ -81,6 +88,13 @@ class DurableFile:
 
     def publish(self) -> None:
         """Steps 4-5: give the prepared file its final name and fsync the directory."""
+        self.rename()
+        files.fsync_dir(self.dir)
+
+    def rename(self) -> None:
+        """Step 4 alone: give the prepared file its final name. The write is not acknowledged
+        until the caller has fsynced :attr:`dir` (step 5): a group commit renames several
+        prepared files and fsyncs their directory once (spec F-DUR-2)."""
         if self.exclusive:
             files.link(self.tmp, self.path)
             self.state = "done"
@@ -88,7 +102,6 @@ class DurableFile:
         else:
             files.replace(self.tmp, self.path)
             self.state = "done"
-        files.fsync_dir(self.dir)
 
     def commit(self) -> None:
         if self.state == "open":
@@ -120,6 +133,24 @@ class DurableFile:
         except BaseException:
             self.abort()
             raise
+
+
+def prepared_file(
+    path: str, data: bytes | memoryview, *, mode: int = DEFAULT_FILE_MODE
+) -> DurableFile:
+    """Steps 1-3 of a durable write of ``data`` to ``path``: the temp file written and fsynced,
+    the final name untouched. The caller then publishes it (:meth:`DurableFile.publish`, or
+    :meth:`DurableFile.rename` and an fsync of its directory) or aborts it; a failure here
+    leaves no temp file and raises."""
+    f = DurableFile(path, mode=mode)
+    f.__enter__()
+    try:
+        f.write(data)
+        f.prepare()
+    except BaseException:
+        f.abort()
+        raise
+    return f
 
 
 def durable_write(

@@ -310,11 +310,22 @@ def read_file(path: str, max_bytes: int) -> bytes:
     """The whole file, refusing one larger than ``max_bytes`` before reading it."""
 
     def run() -> bytes:
-        with open(_open_regular(path), "rb", closefd=True) as f:
-            size = os.fstat(f.fileno()).st_size
+        fd = _open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
             if size > max_bytes:
                 raise OSError(_errno.EFBIG, f"{size} bytes is over the {max_bytes}-byte limit")
-            return f.read(max_bytes + 1)
+            # reads of the size the file has (a buffer of max_bytes each time would cost an
+            # allocation as large); one that grew meanwhile is read on, up to the limit
+            out = bytearray()
+            while len(out) <= max_bytes:
+                more = os.read(fd, min(max(size + 1 - len(out), 1 << 16), max_bytes + 1 - len(out)))
+                if not more:
+                    break
+                out += more
+            return bytes(out)
+        finally:
+            os.close(fd)
 
     return _do("read", path, run)
 

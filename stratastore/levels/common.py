@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from stratastore.errors import StrataError
 from stratastore.format import (
     PLAIN,
     Codec,
@@ -64,6 +65,17 @@ class SealedLevel:
     def open_reader(self, key: bytes) -> OpenSegment:
         raise NotImplementedError
 
+    def _put_many(self, us: Sequence[Unsealed], codec: Codec) -> list[PutResult | StrataError]:
+        """``_put`` of each, a result or the error each raised; a backend that can commit
+        several puts together (a directory's group commit) overrides it."""
+        out: list[PutResult | StrataError] = []
+        for u in us:
+            try:
+                out.append(self._put(u, codec))
+            except StrataError as e:
+                out.append(e)
+        return out
+
     # -- writing (spec F-DUR-2, F-DUR-7) ------------------------------------------------------
     def put_kv(
         self,
@@ -108,6 +120,27 @@ class SealedLevel:
         """Store the running state saved at the checkpoint ``checkpoint_key`` (spec F-KEY-5)."""
         u = state_segment(checkpoint_key, payload, token_pos=token_pos)
         return self._put(u.keyed(self.hasher), codec)
+
+    def put_states(
+        self,
+        items: Sequence[tuple[bytes, Buffer]],
+        *,
+        token_pos: int,
+        codec: Codec = Codec.RAW,
+    ) -> list[PutResult | StrataError]:
+        """:meth:`put_state` of each ``(checkpoint_key, payload)``, committed together where the
+        backend can (a directory: one group commit, spec F-DUR-2): for each, its result or the
+        :class:`~stratastore.errors.StrataError` its put raised (the others go on)."""
+        us: list[Unsealed] = []
+        out: list[PutResult | StrataError | None] = []
+        for key, payload in items:
+            try:
+                us.append(state_segment(key, payload, token_pos=token_pos).keyed(self.hasher))
+                out.append(None)
+            except StrataError as e:
+                out.append(e)
+        done = iter(self._put_many(us, codec))
+        return [next(done) if r is None else r for r in out]
 
     # -- reading (spec F-SC-3) ----------------------------------------------------------------
     def read_into(self, key: bytes, offset: int, out: Buffer) -> int:

@@ -480,6 +480,23 @@ def require_valid(sc: Sidecar, payload: npt.NDArray[np.uint8]) -> None:
         _raise_page(sc, payload, bad)
 
 
+def read_pages_checked(seg: OpenSegment, dst: memoryview) -> None:
+    """Fill ``dst`` (exactly the payload's size) with the pages of the RAW segment ``seg``,
+    each page read and hashed at once on the calling thread, while its bytes are still in the
+    core's cache (spec F-SC-3): :class:`ChecksumMismatch` for the first page that fails, the
+    pages after it not read. For pages read by several threads at once (a tier's loads); one
+    large segment read by one thread hashes faster over the worker pool
+    (:func:`require_valid`)."""
+    sc = seg.sidecar
+    arr = np.frombuffer(dst, dtype=np.uint8)
+    for i in range(sc.page_count):
+        a = i * sc.page_bytes
+        page = dst[a : a + sc.page_len(i)]
+        seg.read_into(page, a)
+        if numba_kernels.hash_page(page, sc.hasher.key) != sc.page_hash(i):
+            _raise_page(sc, arr, i)
+
+
 def validate_stored(sc: Sidecar, stored: npt.NDArray[np.uint8]) -> None:
     """Raise :class:`ChecksumMismatch` for the first page of a segment's whole *stored*
     payload (RAW pages or ZSTD frames) that fails its digest (spec F-SC-3)."""

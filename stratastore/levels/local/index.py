@@ -27,7 +27,7 @@ import errno
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import lmdb
@@ -306,6 +306,11 @@ class SegmentIndex:
         with self._reading() as txn:
             raw = txn.get(key, db=self._segments)
         return IndexRecord.unpack(bytes(raw), f"index record {key.hex()}") if raw else None
+
+    def has_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each of ``keys`` has a record, in one read transaction (nothing unpacked)."""
+        with self._reading() as txn:
+            return [txn.get(k, db=self._segments) is not None for k in keys]
 
     def put(self, key: bytes, rec: IndexRecord) -> None:
         self._write(lambda txn: self._put_in(txn, key, rec, self._unput_in(txn, key) or 0))

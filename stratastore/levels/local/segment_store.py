@@ -53,7 +53,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -84,6 +84,7 @@ from stratastore.format import (
 )
 from stratastore.format.index_record import INDEX_SCHEMA
 from stratastore.io import DurableFile, durable_write, files, guard
+from stratastore.io.durable import prepared_file
 from stratastore.io.errors import NotARegularFile, NotAStoreName, StrataIOError, SymlinkRefused
 from stratastore.io.modes import DEFAULT_FILE_MODE, file_mode_problem
 from stratastore.io.quarantine import quarantine
@@ -93,6 +94,7 @@ from stratastore.levels.backend import PutResult, StoreStats
 from stratastore.levels.common import SealedLevel
 from stratastore.levels.errors import DataMissing, SegmentNotFound, StoreError
 from stratastore.levels.inspect import inspect_segment
+from stratastore.levels.local.group_commit import GroupCommit
 from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
 from stratastore.levels.reader import SegmentReader, require_valid
 from stratastore.levels.relocation import Relocated, relocate_by_copy, resealed
@@ -134,6 +136,31 @@ class Skipped:
     error: str  #: the error's class name (FormatError, ChecksumMismatch, ...)
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A put ready to commit: its data file and sidecar written to temp names and fsynced."""
+
+    data: DurableFile
+    side: DurableFile
+    sc: Sidecar
+    header: SegmentHeader
+
+    @property
+    def record(self) -> IndexRecord:
+        return IndexRecord.from_sidecar(self.sc, self.side.written, self.header.file_bytes)
+
+    def drop(self) -> None:
+        """Remove both temp files (best effort, as :meth:`DurableFile.abort`)."""
+        self.data.abort()
+        self.side.abort()
+
+
+def _one(r: PutResult | StrataError) -> PutResult:
+    if isinstance(r, StrataError):
+        raise r
+    return r
+
+
 class SegmentStore(SealedLevel):
     """Segments of one model in one directory; thread-safe, one writer at a time per directory
     across processes, readers never block. Use :meth:`open`. The module docstring is the order
@@ -166,6 +193,10 @@ class SegmentStore(SealedLevel):
         self.root_key = fingerprint.digest()
         self.skipped: list[Skipped] = []
         self._lock = threading.Lock()
+        #: the puts waiting for the write lock, committed together (F-DUR-2)
+        self._group: GroupCommit[_Prepared, PutResult] = GroupCommit(
+            self._write_lock, self._commit_group, f"segment store {path}"
+        )
         self._index = SegmentIndex(path, file_mode=file_mode)
         try:
             self._flock = files.FileLock(
@@ -395,6 +426,10 @@ class SegmentStore(SealedLevel):
 
     __contains__ = contains
 
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """:meth:`contains` of each of ``keys``, in one read of the index."""
+        return self._index.has_many(keys)
+
     def record(self, key: bytes) -> IndexRecord:
         rec = self._index.get(key)
         if rec is None:
@@ -492,18 +527,65 @@ class SegmentStore(SealedLevel):
         header = SegmentHeader(
             mine.kind, mine.codec, key, mine.page_count, mine.page_bytes, mine.stored_bytes
         )
-        with DurableFile(self._data_path(key), mode=self.file_mode) as f:
+        f = DurableFile(self._data_path(key), mode=self.file_mode).__enter__()
+        try:
             f.write(encode_segment_header(header))
             f.write(data.data)
             f.prepare()
-            return self._commit(f, mine, header)
+            side = prepared_file(self._sidecar_path(key), encode_sidecar(mine), mode=self.file_mode)
+        except BaseException:
+            f.abort()
+            raise
+        return _one(self._commit_prepared([_Prepared(f, side, mine, header)])[0])
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
+        return _one(self._put_many([u], codec)[0])
+
+    def _put_many(self, us: Sequence[Unsealed], codec: Codec) -> list[PutResult | StrataError]:
+        """Each put's data file and sidecar written to temp names and fsynced without the
+        lock, one after the other, then every one committed in one group commit (spec F-DUR-2;
+        :mod:`~stratastore.levels.local.group_commit`). A key already committed writes nothing
+        (``created=False``); a put that fails gets its error and the others go on."""
+        out: list[PutResult | StrataError | None] = [None] * len(us)
+        ready: list[tuple[int, _Prepared]] = []
+        try:
+            for i, u in enumerate(us):
+                try:
+                    r = self._prepare(u, codec)
+                except StrataError as e:
+                    out[i] = e
+                    continue
+                if isinstance(r, PutResult):
+                    out[i] = r
+                else:
+                    ready.append((i, r))
+        except BaseException:
+            for _, p in ready:
+                p.drop()
+            raise
+        for (i, _), res in zip(ready, self._commit_prepared([p for _, p in ready]), strict=True):
+            out[i] = res
+        return [r for r in out if r is not None]
+
+    def _commit_prepared(self, ready: Sequence[_Prepared]) -> list[PutResult | StrataError]:
+        """Commit ``ready`` in the directory's group commit (:meth:`_commit_group`); the temp
+        files of any put not committed are removed."""
+        try:
+            return self._group.commit_many(ready)
+        finally:
+            for p in ready:  # nothing for a put committed or dropped
+                p.drop()
+
+    def _prepare(self, u: Unsealed, codec: Codec) -> _Prepared | PutResult:
+        """Hash ``u``'s pages while writing its data file to a temp name, fsync it, and write
+        its sidecar to a temp name and fsync it (no lock held); ``created=False`` when the key
+        is committed already (nothing written)."""
         if self._committed(u.key) and self._index.get(u.key) is not None and self._has_data(u.key):
             return PutResult(u.key, False, 0)
         enc = encode(u, codec, write_chunk=WRITE_CHUNK)
         header = SegmentHeader(u.kind, codec, u.key, u.page_count, u.page_bytes, enc.stored_bytes)
-        with DurableFile(self._data_path(u.key), mode=self.file_mode) as data:
+        data = DurableFile(self._data_path(u.key), mode=self.file_mode).__enter__()
+        try:
             data.write(encode_segment_header(header))
             try:
                 for chunk in enc.chunks:
@@ -514,28 +596,84 @@ class SegmentStore(SealedLevel):
                     close()
             data.prepare()
             sc = sidecar_for(u, enc, enc.hashes(), self.fingerprint, self.level)
-            return self._commit(data, sc, header)
+            side = prepared_file(
+                self._sidecar_path(sc.key), encode_sidecar(sc), mode=self.file_mode
+            )
+        except BaseException:
+            data.abort()
+            raise
+        return _Prepared(data, side, sc, header)
 
-    def _commit(self, data: DurableFile, sc: Sidecar, header: SegmentHeader) -> PutResult:
-        """Under the write lock: drop ``data`` when the key is committed already (dedupe), else
-        publish it, write the sidecar durably and index it (spec F-DUR-2). A committed sidecar
-        whose data file is gone is set aside first (F-DUR-7): this put commits the segment
-        again."""
-        key = sc.key
-        side = encode_sidecar(sc)
-        with self._write_lock():
-            if self._committed(key) and not self._set_aside_if_data_missing(key):
-                data.abort()
-                self._ensure_indexed(key)
-                return PutResult(key, False, 0)
+    def _commit_group(self, group: Sequence[_Prepared]) -> list[PutResult | StrataError]:
+        """Under the write lock: commit ``group`` (the puts queued, each prepared) together,
+        each in the order of F-DUR-2: every data file renamed in, the directory fsynced, every
+        sidecar renamed in, the directory fsynced, every record indexed in one transaction.
+        Keys committed already (or twice in the group) write nothing. A put that fails is undone
+        and gets its error; a failure of the directory's fsync or of the index undoes every put
+        of the group it covers; an interrupt undoes every put not yet indexed, then raises."""
+        out: list[PutResult | StrataError | None] = [None] * len(group)
+        first: dict[bytes, int] = {}  #: key -> the put of the group that commits it
+        for i, p in enumerate(group):
+            key = p.sc.key
             try:
-                data.publish()
-                durable_write(self._sidecar_path(key), side, mode=self.file_mode)
-                self._index.put(key, IndexRecord.from_sidecar(sc, len(side), header.file_bytes))
-            except BaseException:
-                self._roll_back(key)
+                if key not in first and (
+                    not self._committed(key) or self._set_aside_if_data_missing(key)
+                ):
+                    first[key] = i
+                    continue
+                p.drop()
+                if key not in first:
+                    self._ensure_indexed(key)
+                    out[i] = PutResult(key, False, 0)
+            except StrataError as e:
+                p.drop()
+                out[i] = e
+        fresh = [i for i in first.values() if out[i] is None]
+        renamed: list[int] = []
+        try:
+            for i in fresh:
+                try:
+                    group[i].data.rename()
+                    renamed.append(i)
+                except StrataError as e:
+                    group[i].drop()
+                    out[i] = e
+            if renamed:
+                files.fsync_dir(self.path)
+            named = [i for i in renamed if self._rename_sidecar(group[i], out, i)]
+            if named:
+                files.fsync_dir(self.path)
+                self._index.apply({group[i].sc.key: group[i].record for i in named}, [])
+            for i in named:
+                out[i] = PutResult(group[i].sc.key, True, group[i].sc.stored_bytes)
+        except BaseException as e:  # nothing of the group is indexed: undo what was renamed
+            for i in renamed:
+                if out[i] is None:
+                    self._roll_back(group[i].sc.key)
+                    out[i] = e if isinstance(e, StrataError) else None
+            if not isinstance(e, StrataError):
                 raise
-        return PutResult(key, True, sc.stored_bytes)
+        done: list[PutResult | StrataError] = []
+        for i, (p, r) in enumerate(zip(group, out, strict=True)):
+            if r is None:  # a key put twice in the group: as its first put went
+                first_out = out[first[p.sc.key]]
+                assert first_out is not None and first[p.sc.key] != i
+                r = PutResult(p.sc.key, False, 0) if isinstance(first_out, PutResult) else first_out
+            done.append(r)
+        return done
+
+    def _rename_sidecar(
+        self, p: _Prepared, out: list[PutResult | StrataError | None], i: int
+    ) -> bool:
+        """Rename ``p``'s sidecar in (its data file is renamed in and fsynced): True, or its
+        error in ``out[i]`` and the put undone."""
+        try:
+            p.side.rename()
+            return True
+        except StrataError as e:
+            self._roll_back(p.sc.key)
+            out[i] = e
+            return False
 
     def _roll_back(self, key: bytes) -> None:
         """Make a put that failed after publishing its data file invisible again (best effort:
