@@ -109,6 +109,14 @@ def _refuse_one_directory_twice(cfg: ChunkConfig) -> None:
         )
 
 
+def _refuse_closed(store: ChunkStore, what: str) -> None:
+    """:class:`ChunkStoreClosed` for ``what`` (a put, pin, removal, GC) on a closed store."""
+    if store.closed:
+        raise ChunkStoreClosed(
+            f"{what} on a closed chunk store ({store.levels[0].store.path}); open it again"
+        )
+
+
 def _put_states(
     store: SegmentBackend, items: Sequence[tuple[bytes, memoryview]]
 ) -> list[PutResult | StrataError]:
@@ -219,12 +227,6 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         with self._lock:
             setattr(self.counters, counter, getattr(self.counters, counter) + n)
 
-    def _check_open(self, what: str) -> None:
-        if self.closed:
-            raise ChunkStoreClosed(
-                f"{what} on a closed chunk store ({self.levels[0].store.path}); open it again"
-            )
-
     # -- putting ------------------------------------------------------------------------------
     def put(self, key: bytes, data: Buffer) -> PutOutcome:
         """Store the page ``data`` under the chunk key ``key``, durably as the first level is,
@@ -261,7 +263,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         for k, v in zip(keys, views, strict=True):
             if not v.nbytes:
                 raise StoreError(f"an empty page cannot be stored ({self.config.name} {k.hex()})")
-        self._check_open("put")
+        _refuse_closed(self, "put")
         out: list[PutOutcome | StrataError | None] = [None] * len(keys)
         todo: list[int] = []
         tokens: list[object] = []
@@ -437,7 +439,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         ``remove(force=False)`` deletes it until unpinned; it may still move down a level);
         False when it is not held or is being deleted."""
         skey = stored_key(key)
-        self._check_open("pin")
+        _refuse_closed(self, "pin")
         return self.room.pin(skey)
 
     def unpin(self, key: bytes) -> bool:
@@ -453,7 +455,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         held or, without ``force``, is pinned (the check and the delete exclude a pin in
         between)."""
         skey = stored_key(key)
-        self._check_open("remove")
+        _refuse_closed(self, "remove")
         removed = False
         with self.room.deleting(skey, unless_pinned=not force) as marked:
             if not marked:
@@ -471,7 +473,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         """Run the levels' GC now: pages past their level's ``max_age_s`` move down (the last
         level deletes them), and every level is brought within its budget (what was shrunk
         or written by another process), pinned pages and kept keys aside."""
-        self._check_open("gc")
+        _refuse_closed(self, "gc")
         self.room.collect()
 
     # -- what it holds ------------------------------------------------------------------------
