@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from stratastore.format import (
     ChecksumMismatch,
     Codec,
@@ -25,7 +27,12 @@ from stratastore.format import (
 from stratastore.io.errors import ShortRead
 from stratastore.levels.backend import OpenSegment
 from stratastore.levels.errors import DataMissing, StoreError
-from stratastore.levels.reader import copy_validated, read_pages_checked
+from stratastore.levels.reader import (
+    SegmentReader,
+    copy_validated,
+    read_pages_checked,
+    require_valid,
+)
 from stratastore.levels.sealing import Buffer, byte_view
 
 __all__ = [
@@ -117,7 +124,10 @@ def fill_validated(chunk: OpenChunk, dst: memoryview) -> None:
                 f"page {seg.sidecar.key.hex()[:16]}: {chunk.payload_bytes} bytes, the buffer "
                 f"{len(dst)}"
             )
-        if seg.sidecar.codec is Codec.RAW:
-            read_pages_checked(seg, dst)
+        if seg.sidecar.codec is Codec.RAW and isinstance(seg, SegmentReader):
+            read_pages_checked(seg, dst)  # a file: each page hashed as soon as it is read
+        elif seg.sidecar.codec is Codec.RAW:  # one read of the whole page (a remote level)
+            seg.read_into(dst)
+            require_valid(seg.sidecar, np.frombuffer(dst, dtype=np.uint8))
         else:  # written RAW by a chunk store; a compressed copy decodes through staging
             copy_validated(seg, dst, True)

@@ -42,18 +42,17 @@ import threading
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Literal
 
 from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
 from stratastore.chunks.failures import ReadFailures
 from stratastore.chunks.keys import stored_key
+from stratastore.chunks.puts import PutOutcome, put_pages
 from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_validated
-from stratastore.chunks.room import ChunkRoom, stored_bytes
+from stratastore.chunks.room import ChunkRoom
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
-from stratastore.levels.backend import PutResult, SegmentBackend, SharedBackend
-from stratastore.levels.common import SealedLevel
+from stratastore.levels.backend import SegmentBackend, SharedBackend
 from stratastore.levels.directory import shared_directory
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.reader import open_checked
@@ -64,8 +63,6 @@ from stratastore.tiers import DiskLevel, open_cascade
 __all__ = ["ChunkStore", "ChunkStoreClosed", "PutOutcome"]
 
 log = logging.getLogger("stratastore.chunks")
-
-PutOutcome = Literal["stored", "present", "refused"]
 
 
 class ChunkStoreClosed(StrataError):
@@ -109,29 +106,12 @@ def _refuse_one_directory_twice(cfg: ChunkConfig) -> None:
         )
 
 
-def _refuse_closed(store: ChunkStore, what: str) -> None:
+def refuse_closed(store: ChunkStore, what: str) -> None:
     """:class:`ChunkStoreClosed` for ``what`` (a put, pin, removal, GC) on a closed store."""
     if store.closed:
         raise ChunkStoreClosed(
             f"{what} on a closed chunk store ({store.levels[0].store.path}); open it again"
         )
-
-
-def _put_states(
-    store: SegmentBackend, items: Sequence[tuple[bytes, memoryview]]
-) -> list[PutResult | StrataError]:
-    """The running-state puts of ``items`` on ``store``, committed together where it can (a
-    :class:`~stratastore.levels.common.SealedLevel`: a directory's group commit); a backend
-    registered from outside gets them one at a time."""
-    if isinstance(store, SealedLevel):
-        return store.put_states(items, token_pos=0)
-    out: list[PutResult | StrataError] = []
-    for key, view in items:
-        try:
-            out.append(store.put_state(key, view, token_pos=0))
-        except StrataError as e:
-            out.append(e)
-    return out
 
 
 class ChunkStore(AbstractContextManager["ChunkStore"]):
@@ -250,52 +230,15 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     def put_many(
         self, keys: Sequence[bytes], pages: Sequence[Buffer]
     ) -> list[PutOutcome | StrataError]:
-        """:meth:`put` of each page, room made for each in turn, committed together where the
-        first level can (a directory: each page's files written and fsynced, then one group
-        commit, spec F-DUR-2): for each page its outcome, or the
-        :class:`~stratastore.errors.StrataError` its write raised (nothing of that page left;
-        the others are put). A key that is not a chunk key, or a page that is not a bytes-like,
-        C-contiguous, non-empty buffer, raises before any page is put."""
-        if len(keys) != len(pages):
-            raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
-        skeys = [stored_key(k) for k in keys]
-        views = [buffer_view(p, writable=False) for p in pages]
-        for k, v in zip(keys, views, strict=True):
-            if not v.nbytes:
-                raise StoreError(f"an empty page cannot be stored ({self.config.name} {k.hex()})")
-        _refuse_closed(self, "put")
-        out: list[PutOutcome | StrataError | None] = [None] * len(keys)
-        todo: list[int] = []
-        tokens: list[object] = []
-        try:
-            for i, (skey, view) in enumerate(zip(skeys, views, strict=True)):
-                if self.failures.holds_whole(skey):  # before making room: it evicts nothing
-                    self.count("puts_deduped")
-                    out[i] = "present"
-                    continue
-                token = self.room.reserve(skey, stored_bytes(view.nbytes))
-                if token is None:
-                    self.count("puts_refused")
-                    out[i] = "refused"
-                    continue
-                tokens.append(token)
-                todo.append(i)
-            done = _put_states(self.levels[0].store, [(keys[i], views[i]) for i in todo])
-        finally:
-            for token in tokens:
-                self.room.release(token)
-        for i, res in zip(todo, done, strict=True):
-            if isinstance(res, StrataError):
-                out[i] = res
-                continue
-            with self._lock:
-                if res.created:
-                    self.counters.puts += 1
-                    self.counters.put_bytes += views[i].nbytes
-                else:
-                    self.counters.puts_deduped += 1
-            out[i] = "stored" if res.created else "present"
-        return [r for r in out if r is not None]
+        """:meth:`put` of each page, committed together where the first level can (a
+        directory: each page's files written and fsynced, then one group commit, spec
+        F-DUR-2): for each page its outcome, or the :class:`~stratastore.errors.StrataError`
+        its write raised (nothing of that page left; the others are put). Room is made for
+        each page in turn; when the batch's own pages in flight leave no room, those are
+        committed first, so a batch stores what puts one at a time would. A key twice is
+        put once (the later ones ``"present"``). A key that is not a chunk key, or a page that
+        is not a bytes-like, C-contiguous, non-empty buffer, raises before any page is put."""
+        return put_pages(self, keys, pages)
 
     # -- looking up ---------------------------------------------------------------------------
     def exists(self, key: bytes) -> bool:
@@ -439,7 +382,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         ``remove(force=False)`` deletes it until unpinned; it may still move down a level);
         False when it is not held or is being deleted."""
         skey = stored_key(key)
-        _refuse_closed(self, "pin")
+        refuse_closed(self, "pin")
         return self.room.pin(skey)
 
     def unpin(self, key: bytes) -> bool:
@@ -455,7 +398,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         held or, without ``force``, is pinned (the check and the delete exclude a pin in
         between)."""
         skey = stored_key(key)
-        _refuse_closed(self, "remove")
+        refuse_closed(self, "remove")
         removed = False
         with self.room.deleting(skey, unless_pinned=not force) as marked:
             if not marked:
@@ -473,7 +416,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         """Run the levels' GC now: pages past their level's ``max_age_s`` move down (the last
         level deletes them), and every level is brought within its budget (what was shrunk
         or written by another process), pinned pages and kept keys aside."""
-        _refuse_closed(self, "gc")
+        refuse_closed(self, "gc")
         self.room.collect()
 
     # -- what it holds ------------------------------------------------------------------------

@@ -484,9 +484,9 @@ def read_pages_checked(seg: OpenSegment, dst: memoryview) -> None:
     """Fill ``dst`` (exactly the payload's size) with the pages of the RAW segment ``seg``,
     each page read and hashed at once on the calling thread, while its bytes are still in the
     core's cache (spec F-SC-3): :class:`ChecksumMismatch` for the first page that fails, the
-    pages after it not read. For pages read by several threads at once (a tier's loads); one
-    large segment read by one thread hashes faster over the worker pool
-    (:func:`require_valid`)."""
+    pages after it not read. One read a page: for a file (:class:`SegmentReader`), read by
+    several threads at once (a tier's loads); a remote level reads the whole payload in one
+    call and validates it with :func:`require_valid`."""
     sc = seg.sidecar
     arr = np.frombuffer(dst, dtype=np.uint8)
     for i in range(sc.page_count):

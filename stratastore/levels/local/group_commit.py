@@ -72,47 +72,58 @@ class GroupCommit(Generic[T, R]):
         return r
 
     def commit_many(self, items: Sequence[T]) -> list[R | StrataError]:
-        """Commit ``items`` (with the puts queued beside them): a result or an error each."""
+        """Commit ``items`` (with the puts queued beside them): a result or an error each. A
+        failure to take the lock (the directory's ``flock``) is the error of each item no
+        thread had committed; an interrupt is raised, the items no thread took yet leaving
+        the queue."""
         if not items:
             return []
         slots: list[_Slot[T, R]] = [_Slot(item) for item in items]
-        with self._mu:
-            self._queue.extend(slots)
+        mine = {id(s) for s in slots}
         try:
+            with self._mu:
+                self._queue.extend(slots)
             with self._lock():
                 if not all(s.done for s in slots):
                     self._run_queued()
-        except BaseException:
-            mine = {id(s) for s in slots}
+        except BaseException as e:
             with self._mu:  # those no thread took yet leave the queue
                 self._queue = [s for s in self._queue if id(s) not in mine]
-            raise
-        out: list[R | StrataError] = []
-        for s in slots:
-            if s.error is not None:
-                out.append(s.error)
-            else:
-                assert s.result is not None
-                out.append(s.result)
-        return out
+            if not isinstance(e, StrataError):
+                raise
+            for s in slots:
+                if not s.done:
+                    s.error, s.done = e, True
+        return [self._outcome(s) for s in slots]
+
+    def _outcome(self, s: _Slot[T, R]) -> R | StrataError:
+        if s.error is not None:
+            return s.error
+        if s.result is None:  # taken by a commit that was interrupted before it reached it
+            return StoreError(
+                f"{self._what}: the group commit that took this put was interrupted: it is "
+                "not committed; put it again"
+            )
+        return s.result
 
     def _run_queued(self) -> None:
-        with self._mu:
-            group, self._queue = self._queue, []
+        group: list[_Slot[T, R]] = []
         try:
+            with self._mu:
+                self._queue, group = [], self._queue
             out = self.run([s.item for s in group])
-        except BaseException as e:
-            failed = StoreError(
-                f"{self._what}: the group commit this put joined was interrupted "
-                f"({type(e).__name__}): it is committed whole or not at all; put it again "
-                "(a put of a committed key writes nothing)"
-            )
+            for s, r in zip(group, out, strict=True):
+                if isinstance(r, StrataError):
+                    s.error = r
+                else:
+                    s.result = r
+                s.done = True
+        finally:  # an interrupt: every put of the group not yet answered gets an error
             for s in group:
-                s.error, s.done = failed, True
-            raise
-        for s, r in zip(group, out, strict=True):
-            if isinstance(r, StrataError):
-                s.error = r
-            else:
-                s.result = r
-            s.done = True
+                if not s.done:
+                    s.error = StoreError(
+                        f"{self._what}: the group commit this put joined was interrupted: it "
+                        "is committed whole or not at all; put it again (a put of a committed "
+                        "key writes nothing)"
+                    )
+                    s.done = True

@@ -161,6 +161,14 @@ def _one(r: PutResult | StrataError) -> PutResult:
     return r
 
 
+def _answered(out: list[PutResult | StrataError | None]) -> list[PutResult | StrataError]:
+    """``out`` with every put answered (a put left unanswered is a bug: said, never dropped,
+    so the answers stay aligned with the puts)."""
+    if any(r is None for r in out):
+        raise StoreError(f"{out.count(None)} of {len(out)} puts were not answered")
+    return [r for r in out if r is not None]
+
+
 class SegmentStore(SealedLevel):
     """Segments of one model in one directory; thread-safe, one writer at a time per directory
     across processes, readers never block. Use :meth:`open`. The module docstring is the order
@@ -533,10 +541,15 @@ class SegmentStore(SealedLevel):
             f.write(data.data)
             f.prepare()
             side = prepared_file(self._sidecar_path(key), encode_sidecar(mine), mode=self.file_mode)
+            try:
+                prepared = _Prepared(f, side, mine, header)
+            except BaseException:
+                side.abort()
+                raise
         except BaseException:
             f.abort()
             raise
-        return _one(self._commit_prepared([_Prepared(f, side, mine, header)])[0])
+        return _one(self._commit_prepared([prepared])[0])
 
     def _put(self, u: Unsealed, codec: Codec) -> PutResult:
         return _one(self._put_many([u], codec)[0])
@@ -548,8 +561,10 @@ class SegmentStore(SealedLevel):
         (``created=False``); a put that fails gets its error and the others go on."""
         out: list[PutResult | StrataError | None] = [None] * len(us)
         ready: list[tuple[int, _Prepared]] = []
+        r: _Prepared | PutResult | None = None
         try:
             for i, u in enumerate(us):
+                r = None
                 try:
                     r = self._prepare(u, codec)
                 except StrataError as e:
@@ -560,12 +575,14 @@ class SegmentStore(SealedLevel):
                 else:
                     ready.append((i, r))
         except BaseException:
+            if isinstance(r, _Prepared):  # prepared, perhaps not yet in ``ready``
+                r.drop()
             for _, p in ready:
                 p.drop()
             raise
         for (i, _), res in zip(ready, self._commit_prepared([p for _, p in ready]), strict=True):
             out[i] = res
-        return [r for r in out if r is not None]
+        return _answered(out)
 
     def _commit_prepared(self, ready: Sequence[_Prepared]) -> list[PutResult | StrataError]:
         """Commit ``ready`` in the directory's group commit (:meth:`_commit_group`); the temp
@@ -599,10 +616,14 @@ class SegmentStore(SealedLevel):
             side = prepared_file(
                 self._sidecar_path(sc.key), encode_sidecar(sc), mode=self.file_mode
             )
+            try:
+                return _Prepared(data, side, sc, header)
+            except BaseException:
+                side.abort()
+                raise
         except BaseException:
             data.abort()
             raise
-        return _Prepared(data, side, sc, header)
 
     def _commit_group(self, group: Sequence[_Prepared]) -> list[PutResult | StrataError]:
         """Under the write lock: commit ``group`` (the puts queued, each prepared) together,

@@ -223,3 +223,61 @@ def test_every_power_cut_of_a_batch_leaves_each_page_whole_or_invisible(tmp_path
             shutil.rmtree(state / "level")
             checked += 1
     assert checked > 10
+
+
+def test_a_put_taken_by_a_commit_interrupted_before_it_answered_gets_a_typed_error() -> None:
+    """The leader (the main thread) is interrupted after taking the queue: the put another
+    thread queued gets a StoreError, never an untyped failure or a silent success."""
+    lock = threading.Lock()
+    ran: list[list[str]] = []
+
+    def interrupted(items: list[str]) -> list[str | StrataError]:
+        ran.append(list(items))
+        raise KeyboardInterrupt
+
+    gc: GroupCommit[str, str] = GroupCommit(lambda: lock, interrupted, "test")  # type: ignore[arg-type,return-value]
+    got: dict[str, object] = {}
+
+    def other() -> None:
+        try:
+            got["b"] = gc.commit("b")
+        except BaseException as e:
+            got["b"] = e
+
+    with lock:  # this thread leads: the other put queues behind it
+        t = threading.Thread(target=other)
+        t.start()
+        while True:
+            with gc._mu:
+                if gc._queue:
+                    break
+        with pytest.raises(KeyboardInterrupt):
+            gc._run_queued()
+    t.join(10)
+    assert ran == [["b"]]
+    assert isinstance(got["b"], StoreError), got
+
+
+def test_a_lock_that_cannot_be_taken_is_each_puts_error_not_a_raise() -> None:
+    class Refused:
+        def __enter__(self) -> None:
+            raise StoreError("flock refused")
+
+        def __exit__(self, *a: object) -> None:
+            return None
+
+    gc: GroupCommit[int, int] = GroupCommit(Refused, lambda xs: list(xs), "t")  # type: ignore[arg-type]
+    out = gc.commit_many([1, 2])
+    assert all(isinstance(r, StoreError) for r in out) and gc._queue == []
+
+
+def test_a_batch_larger_than_the_level_stores_what_single_puts_would(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    from stratastore.chunks import stored_bytes
+
+    with ChunkStore.open([ChunkLevel(str(d), 3 * stored_bytes(PAGE))], tiny_fp()) as s:
+        out = s.put_many([key(i) for i in range(7)], [page(i) for i in range(7)])
+        assert out == ["stored"] * 7
+        assert bytes(s.get(key(6)) or b"") == page(6).tobytes()
+        assert s.entries() <= 3
+    assert errors(d) == [] and temps(d) == []
