@@ -92,6 +92,11 @@ def _open_regular(path: str) -> int:
     """``open(O_RDONLY | O_NOFOLLOW | O_NONBLOCK)`` then ``fstat``: a regular file's descriptor
     (blocking again), else :class:`SymlinkRefused` / :class:`NotARegularFile`. ``O_NONBLOCK``
     keeps the open of a FIFO from waiting for a writer; raises ``OSError`` for other failures."""
+    return _open_regular_sized(path)[0]
+
+
+def _open_regular_sized(path: str) -> tuple[int, int]:
+    """:func:`_open_regular`, with the file's size from the same ``fstat``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -99,14 +104,14 @@ def _open_regular(path: str) -> int:
             raise SymlinkRefused("open", path) from e
         raise
     try:
-        st_mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(st_mode):
-            raise refusal("open", path, st_mode)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refusal("open", path, st.st_mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st.st_size
 
 
 def open_read(path: str) -> int:
@@ -310,20 +315,22 @@ def read_file(path: str, max_bytes: int) -> bytes:
     """The whole file, refusing one larger than ``max_bytes`` before reading it."""
 
     def run() -> bytes:
-        fd = _open_regular(path)
+        fd, size = _open_regular_sized(path)
         try:
-            size = os.fstat(fd).st_size
             if size > max_bytes:
                 raise OSError(_errno.EFBIG, f"{size} bytes is over the {max_bytes}-byte limit")
             # reads of the size the file has (a buffer of max_bytes each time would cost an
             # allocation as large); one that grew meanwhile is read on, up to the limit
-            out = bytearray()
-            while len(out) <= max_bytes:
-                more = os.read(fd, min(max(size + 1 - len(out), 1 << 16), max_bytes + 1 - len(out)))
+            out = os.read(fd, size + 1)
+            if len(out) <= size:  # fewer bytes than asked for: the end of the file
+                return out
+            grown = bytearray(out)  # it grew since the fstat: read on, up to the limit
+            while len(grown) <= max_bytes:
+                more = os.read(fd, min(1 << 16, max_bytes + 1 - len(grown)))
                 if not more:
                     break
-                out += more
-            return bytes(out)
+                grown += more
+            return bytes(grown)
         finally:
             os.close(fd)
 
