@@ -6,13 +6,17 @@ The LMDB index in ``strata-index/`` maps key -> record and is derived state (spe
 
 Order of operations (spec F-DUR):
 
-* **put**: hash the pages while writing the data file to a temp name and fsyncing it (no lock
-  held); then, under the directory's write lock: if the key is already committed, drop the temp
-  file (dedupe); else rename the data file in, fsync the directory, write the sidecar with the
-  durable protocol, and index it. A crash before the sidecar's rename leaves at most an orphan
-  data or temp file, which no reader sees. A committed sidecar whose data file is gone (fsck's
-  ``DATA_MISSING``: no writer leaves one, so it is damage) is no copy to dedupe against: the put
-  sets it aside first (below) and commits its own (spec F-DUR-7).
+* **put**: hash the pages while writing the data file to a temp name and fsyncing it, then write
+  the sidecar to a temp name and fsync it (no lock held); then, under the directory's write
+  lock: if the key is already committed, drop both temp files (dedupe); else rename the data
+  file in, fsync the directory, rename the sidecar in, fsync the directory, and index it. The
+  puts waiting for the lock are committed together by whichever takes it (a group commit,
+  :mod:`~stratastore.levels.local.group_commit`: one pass of renames and two directory fsyncs
+  and one index transaction for the group, each put in this order). A crash before the sidecar's
+  rename leaves at most an orphan data or temp file, which no reader sees. A committed sidecar
+  whose data file is gone (fsck's ``DATA_MISSING``: no writer leaves one, so it is damage) is no
+  copy to dedupe against: the put sets it aside first (below) and commits its own (spec
+  F-DUR-7).
 * **delete**: unindex, unlink the sidecar, fsync the directory, unlink the data file, fsync.
   A sidecar whose data file is gone is *set aside* instead, as ``strata fsck --repair`` does for
   ``DATA_MISSING``: unindexed and moved into ``strata-quarantine/``
