@@ -106,10 +106,11 @@ def _commit(
 def _put_states(
     level: SegmentBackend, items: Sequence[tuple[bytes, memoryview]]
 ) -> list[PutResult | StrataError]:
-    """The running-state puts of ``items`` on ``level``, committed together where it can (a
-    :class:`~stratastore.levels.common.SealedLevel`: a directory's group commit); a backend
-    registered from outside gets them one at a time."""
-    if isinstance(level, SealedLevel):
+    """The running-state puts of ``items`` on ``level``: several committed together where it
+    can (a :class:`~stratastore.levels.common.SealedLevel`: a directory's group commit), one
+    through the level's ``put_state`` (which joins the same group commit); a backend registered
+    from outside gets them one at a time."""
+    if isinstance(level, SealedLevel) and len(items) > 1:
         return level.put_states(items, token_pos=0)
     out: list[PutResult | StrataError] = []
     for key, view in items:
