@@ -33,7 +33,18 @@ def tokens(i: int, n: int) -> np.ndarray:
 
 
 def kv(i: int, n: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, MAX * TB, dtype=np.uint8)[: n * TB]
+    """Conversation ``i``'s K/V of its first ``n`` tokens in the page layout (spec F-SEG-4: in
+    a page of ``p`` tokens, each layer's K then V block is ``[p, heads, dim]``), one value per
+    token and place: the same K/V whatever ``n``, as an engine's would be. A short last page is
+    not a byte prefix of the page it grows into, so ``kv(i, n)`` is not a prefix of
+    ``kv(i, m)``."""
+    rows = TB // (2 * FP.n_layers)  #: one token's K (or V) in one layer
+    values = np.random.default_rng(i).integers(0, 256, (MAX, FP.n_layers, 2, rows), np.uint8)
+    pages = [
+        values[s : min(s + FP.page_tokens, n)].transpose(1, 2, 0, 3).reshape(-1)
+        for s in range(0, n, FP.page_tokens)
+    ]
+    return np.concatenate(pages) if pages else np.zeros(0, np.uint8)
 
 
 def conversation(i: int, n: int) -> Conversation:
@@ -75,7 +86,7 @@ class StoreModel(RuleBasedStateMachine):
     def _restore_ok(self, i: int, n: int, got: int, out: np.ndarray) -> None:
         assert got <= n
         assert got == 0 or got % 16 == 0 or got in self.lengths.get(i, set()), got
-        images = [kv(i, n), *self.images.get(i, [])]
+        images = [kv(i, got), *self.images.get(i, [])]
         assert any(
             len(img) >= got * TB and np.array_equal(out[: got * TB], img[: got * TB])
             for img in images
