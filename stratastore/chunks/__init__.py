@@ -4,6 +4,7 @@ and remote level as :class:`~stratastore.Store` (docs/chunks.md).
 
 * :mod:`~stratastore.chunks.store`: :class:`ChunkStore` (put, get into the engine's buffer,
   exists, batches, pins, removal, GC, stats);
+* :mod:`~stratastore.chunks.puts`: puts, committed together on a directory level;
 * :mod:`~stratastore.chunks.config`: :class:`ChunkConfig`, :class:`ChunkLevel` (its levels);
 * :mod:`~stratastore.chunks.keys`: chunk keys and the segment a page is stored as;
 * :mod:`~stratastore.chunks.room`: the budgets and the cascade (``tiers``' disk levels), puts in
@@ -15,11 +16,13 @@ and remote level as :class:`~stratastore.Store` (docs/chunks.md).
 from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
 from stratastore.chunks.keys import ChunkKeyError, chunk_key, stored_key
+from stratastore.chunks.puts import BatchMismatch
 from stratastore.chunks.reads import OpenChunk
 from stratastore.chunks.room import stored_bytes
 from stratastore.chunks.store import ChunkStore, ChunkStoreClosed, PutOutcome
 
 __all__ = [
+    "BatchMismatch",
     "ChunkConfig",
     "ChunkCounters",
     "ChunkKeyError",

@@ -20,9 +20,21 @@ from stratastore.levels.sealing import Buffer
 if TYPE_CHECKING:
     from stratastore.chunks.store import ChunkStore
 
-__all__ = ["PutOutcome", "put_pages"]
+__all__ = ["BatchMismatch", "PutOutcome", "put_pages"]
 
 PutOutcome = Literal["stored", "present", "refused"]
+
+
+class BatchMismatch(StoreError, ValueError):
+    """A batch call given as many keys as pages (or buffers) it is not: nothing is done."""
+
+
+def check_batch(keys: Sequence[bytes], items: Sequence[object], what: str) -> None:
+    """:class:`BatchMismatch` unless ``keys`` and ``items`` (pages or buffers) pair up."""
+    if len(keys) != len(items):
+        raise BatchMismatch(
+            f"{len(keys)} keys for {len(items)} {what}: give one {what[:-1]} for each key"
+        )
 
 
 def put_pages(
@@ -32,8 +44,7 @@ def put_pages(
     the contract)."""
     from stratastore.chunks.store import refuse_closed
 
-    if len(keys) != len(pages):
-        raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
+    check_batch(keys, pages, "pages")
     skeys = [stored_key(k) for k in keys]
     views = [buffer_view(p, writable=False) for p in pages]
     for k, v in zip(keys, views, strict=True):

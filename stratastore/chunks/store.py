@@ -47,7 +47,7 @@ from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
 from stratastore.chunks.failures import ReadFailures
 from stratastore.chunks.keys import stored_key
-from stratastore.chunks.puts import PutOutcome, put_pages
+from stratastore.chunks.puts import PutOutcome, check_batch, put_pages
 from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_validated
 from stratastore.chunks.room import ChunkRoom
 from stratastore.errors import ConfigError, StrataError
@@ -236,8 +236,9 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         its write raised (nothing of that page left; the others are put). Room is made for
         each page in turn; when the batch's own pages in flight leave no room, those are
         committed first, so a batch stores what puts one at a time would. A key twice is
-        put once (the later ones ``"present"``). A key that is not a chunk key, or a page that
-        is not a bytes-like, C-contiguous, non-empty buffer, raises before any page is put."""
+        put once (the later ones ``"present"``). A key that is not a chunk key, a page that is
+        not a bytes-like, C-contiguous, non-empty buffer, or as many pages as keys it is not
+        (:class:`~stratastore.chunks.puts.BatchMismatch`), raises before any page is put."""
         return put_pages(self, keys, pages)
 
     # -- looking up ---------------------------------------------------------------------------
@@ -355,10 +356,10 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         return bytes(out) if self.read_into(chunk, out) else None
 
     def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Buffer]) -> list[int | None]:
-        """:meth:`get_into` of each key into its buffer (a key that is not a chunk key raises
+        """:meth:`get_into` of each key into its buffer (a key that is not a chunk key, or as
+        many buffers as keys it is not, :class:`~stratastore.chunks.puts.BatchMismatch`, raises
         before any page is read)."""
-        if len(keys) != len(outs):
-            raise ValueError(f"{len(keys)} keys for {len(outs)} buffers")
+        check_batch(keys, outs, "buffers")
         for k in keys:
             stored_key(k)
         return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
