@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,18 @@ def temps(d: Path) -> list[str]:
     return [p.name for p in d.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
+def queued(gc: GroupCommit[object, object], n: int) -> None:
+    """Wait until ``n`` puts are queued (their threads' own signal: the queue), failing rather
+    than hanging when a thread died before it queued."""
+    deadline = time.monotonic() + 120
+    while True:
+        with gc._mu:
+            if len(gc._queue) >= n:
+                return
+        assert time.monotonic() < deadline, f"{n} puts never queued"
+        time.sleep(0.001)
+
+
 # -- the queue ----------------------------------------------------------------------------------
 def test_puts_queued_behind_the_lock_are_committed_by_one_holder_in_one_group() -> None:
     lock = threading.Lock()
@@ -65,10 +78,7 @@ def test_puts_queued_behind_the_lock_are_committed_by_one_holder_in_one_group() 
     ]
     for t in threads:
         t.start()
-    while True:  # all six queued
-        with gc._mu:
-            if len(gc._queue) == 6:
-                break
+    queued(gc, 6)
     lock.release()
     for t in threads:
         t.join(10)
@@ -247,10 +257,7 @@ def test_a_put_taken_by_a_commit_interrupted_before_it_answered_gets_a_typed_err
     with lock:  # this thread leads: the other put queues behind it
         t = threading.Thread(target=other)
         t.start()
-        while True:
-            with gc._mu:
-                if gc._queue:
-                    break
+        queued(gc, 1)
         with pytest.raises(KeyboardInterrupt):
             gc._run_queued()
     t.join(10)
