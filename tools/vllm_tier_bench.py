@@ -10,9 +10,12 @@ For each tier, in a fresh directory: **store** GB/s (the cascade of every chunk 
 slots, submit to the last job's completion; stratastore's are fsynced, the fs tier's are not),
 **load hot** and **load cold** GB/s (the primary tier emptied with ``reset_cache``, every chunk
 looked up and promoted back; cold: the files dropped from the page cache first with
-``posix_fadvise(DONTNEED)``), then **one flipped byte** in one stored chunk and the wrong bytes
-each tier delivers into primary slots, and **files per GiB** stored. One JSON line a tier, then a
-table. Restart and kill -9 behaviour are held by tests/vllm/test_offload_tier.py.
+``posix_fadvise(DONTNEED)``; vLLM's fs tier writes and reads with ``O_DIRECT`` where the
+filesystem allows it, so its hot and cold loads both read the disk; stratastore reads from the
+page cache what is there and past it what is not), then **one flipped byte** in one stored
+chunk and the wrong bytes each tier delivers into primary slots, and **files per GiB** stored.
+One JSON line a tier, then a table. Restart and kill -9 behaviour are held by
+tests/vllm/test_offload_tier.py.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ def run_one(
         "served_after_flip": flip_n,
         "wrong_bytes_after_flip": wrong,
         "files_per_gib": round(files / (args.chunks * block / 2**30), 1),
+        "threads": args.threads or "defaults",
     }
 
 
@@ -211,7 +215,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=4, help="I/O threads each way, both tiers")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="I/O threads each way, both tiers (default: each tier's own defaults: stratastore's "
+        "store_threads 4 / load_threads 16, vLLM fs's n_write_threads / n_read_threads 16)",
+    )
     args = ap.parse_args()
     init_none_hash(sha256)
     base = Path(args.dir)
@@ -224,13 +234,14 @@ def main() -> None:
                 "type": "StrataTier",
                 "module_path": "stratastore.adapters.vllm.tier",
                 "levels": [{"spec": str(root), "budget_bytes": 4 * args.chunks * (4 << 20)}],
-                "store_threads": args.threads,
-                "load_threads": args.threads,
                 "max_pending_stores": 2 * args.chunks,
             }
+            if args.threads:
+                tier.update(store_threads=args.threads, load_threads=args.threads)
         else:
-            tier = {"type": "fs", "root_dir": str(root), "n_read_threads": args.threads,
-                    "n_write_threads": args.threads}  # fmt: skip
+            tier = {"type": "fs", "root_dir": str(root)}
+            if args.threads:
+                tier.update(n_read_threads=args.threads, n_write_threads=args.threads)
         try:
             row = run_one(name, tier, root, args)
         finally:

@@ -2,8 +2,9 @@
 hashed in the memory it is delivered from, before the caller is told it is there), and what
 counts as damage.
 
-The read goes straight into the caller's buffer (one positional read of the stored bytes) and
-is hashed there, page by page, against the digests of the sidecar the reader opened; a
+The read goes straight into the caller's buffer (one positional read of the stored bytes, with
+the data file's header, past the page cache when the bytes are not in it) and is hashed there,
+page by page, against the digests of the sidecar the reader opened; a
 compressed page is decoded and validated through staging above the seam
 (:func:`~stratastore.levels.reader.copy_validated`). The bytes hashed are the bytes
 delivered: a file changed between two reads cannot reach the caller.
@@ -14,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
-
-import numpy as np
 
 from stratastore.format import (
     ChecksumMismatch,
@@ -28,10 +27,8 @@ from stratastore.io.errors import ShortRead
 from stratastore.levels.backend import OpenSegment
 from stratastore.levels.errors import DataMissing, StoreError
 from stratastore.levels.reader import (
-    SegmentReader,
     copy_validated,
     read_pages_checked,
-    require_valid,
 )
 from stratastore.levels.sealing import Buffer, byte_view
 
@@ -124,10 +121,7 @@ def fill_validated(chunk: OpenChunk, dst: memoryview) -> None:
                 f"page {seg.sidecar.key.hex()[:16]}: {chunk.payload_bytes} bytes, the buffer "
                 f"{len(dst)}"
             )
-        if seg.sidecar.codec is Codec.RAW and isinstance(seg, SegmentReader):
-            read_pages_checked(seg, dst)  # a file: each page hashed as soon as it is read
-        elif seg.sidecar.codec is Codec.RAW:  # one read of the whole page (a remote level)
-            seg.read_into(dst)
-            require_valid(seg.sidecar, np.frombuffer(dst, dtype=np.uint8))
+        if seg.sidecar.codec is Codec.RAW:
+            read_pages_checked(seg, dst)  # one read, then each page hashed in ``dst``
         else:  # written RAW by a chunk store; a compressed copy decodes through staging
             copy_validated(seg, dst, True)

@@ -12,8 +12,9 @@ Safety contract (spec F-DIR-8, F-DIR-9):
   socket or directory raises :class:`NotARegularFile` (never a hang, never a read through a
   link);
 * data is read with ``pread`` into memory the caller owns (:func:`pread_exact`,
-  :func:`preadv_exact`), never through a mapping: a file truncated or failing under a reader is
-  a typed error at the read (:class:`ShortRead`, :class:`StrataIOError`), never a SIGBUS;
+  :func:`preadv_exact`, :func:`preadv_uncached`), never through a mapping: a file truncated or
+  failing under a reader is a typed error at the read (:class:`ShortRead`,
+  :class:`StrataIOError`), never a SIGBUS;
 * every destructive operation on the store's files goes through one guard,
   :mod:`stratastore.io.guard` (:func:`~stratastore.io.guard.remove_store_file`, ...);
   :func:`unlink` here is for files that are not the store's;
@@ -33,6 +34,7 @@ import functools
 import os
 import stat
 import struct
+import sys
 from collections.abc import Callable
 from typing import cast
 
@@ -46,6 +48,7 @@ __all__ = [
     "FileLock",
     "advise_range",
     "advise_willneed",
+    "cached_pages",
     "close",
     "exists",
     "is_dir",
@@ -68,10 +71,12 @@ __all__ = [
     "fd_version",
     "pread_exact",
     "preadv_exact",
+    "preadv_uncached",
     "pread_into",
     "read_file",
     "read_head",
     "replace",
+    "resident",
     "rmdir",
     "start_writeback",
     "subdirectories",
@@ -530,6 +535,122 @@ def preadv_exact(fd: int, bufs: list[memoryview], offset: int, path: str) -> Non
             take = min(n, views[i].nbytes)
             views[i], n = views[i][take:], n - take
             i += views[i].nbytes == 0
+
+
+#: what a read past the page cache (``O_DIRECT``) asks of the caller's memory, the file offset
+#: and each length: the page size, a multiple of every logical block size in use
+DIRECT_ALIGN = 4096
+
+
+def resident(fd: int, offset: int) -> bool:
+    """Whether the byte at ``offset`` of ``fd`` is in the page cache: a one-byte
+    ``preadv2(RWF_NOWAIT)``, which never waits for the device (on a miss the kernel may start
+    reading that page). False where the kernel or the filesystem cannot say."""
+    try:
+        return os.preadv(fd, [bytearray(1)], offset, os.RWF_NOWAIT) >= 0
+    except (OSError, AttributeError):  # EAGAIN: not resident; no RWF_NOWAIT: cannot say
+        return False
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("cache", "dirty", "writeback", "evicted", "recently_evicted")
+    ]
+
+
+_SYS_CACHESTAT = 451  #: Linux 6.5+, one number on every architecture (the generic table)
+_cachestat_works = sys.platform == "linux"
+
+
+def _cachestat() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "syscall", None)
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_long
+    return cast("Callable[..., int]", fn)
+
+
+_SYSCALL = _cachestat() if _cachestat_works else None
+
+
+def cached_pages(fd: int, offset: int, nbytes: int) -> int | None:
+    """How many pages of bytes ``[offset, offset + nbytes)`` of ``fd`` are in the page cache
+    (``cachestat``, Linux 6.5 and later: a look-up that reads nothing and starts no read), or
+    None where this kernel cannot say."""
+    global _cachestat_works
+    if not _cachestat_works or _SYSCALL is None or nbytes <= 0:
+        return None
+    rng, out = _CachestatRange(offset, nbytes), _Cachestat()
+    rc = _SYSCALL(
+        ctypes.c_long(_SYS_CACHESTAT),
+        ctypes.c_int(fd),
+        ctypes.byref(rng),
+        ctypes.byref(out),
+        ctypes.c_uint(0),
+    )
+    if rc != 0:
+        if ctypes.get_errno() in (_errno.ENOSYS, _errno.EPERM):  # an older kernel, a sandbox
+            _cachestat_works = False
+        return None
+    return int(out.cache)
+
+
+def _aligned(views: list[memoryview], offset: int) -> bool:
+    if offset % DIRECT_ALIGN:
+        return False
+    for v in views:
+        if v.nbytes % DIRECT_ALIGN or v.readonly:
+            return False
+        if ctypes.addressof(ctypes.c_char.from_buffer(v)) % DIRECT_ALIGN:
+            return False
+    return True
+
+
+def preadv_uncached(fd: int, bufs: list[memoryview], offset: int, path: str) -> bool:
+    """:func:`preadv_exact`, read past the page cache (``O_DIRECT``: the device writes straight
+    into the caller's memory, nothing is copied and the page cache is left as it was) when
+    fewer than half of the bytes' pages are in it (:func:`cached_pages`), every buffer, its
+    length and ``offset`` are :data:`DIRECT_ALIGN`-aligned and the filesystem does direct I/O;
+    a read through the page cache otherwise: cached bytes come from memory, and where the
+    kernel cannot say what is cached the read goes through the cache as any other. True when
+    it read direct. ``fd`` is a descriptor :func:`open_read` gave (no file status flags of its
+    own): it is left as it was, an interrupt included. Errors as :func:`preadv_exact`; a
+    descriptor whose flags cannot be set or put back is a :class:`StrataIOError`."""
+    views = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs if b.nbytes]
+    total = sum(v.nbytes for v in views)
+    cached = cached_pages(fd, offset, total) if total and _aligned(views, offset) else None
+    if cached is None or 2 * cached >= -(-total // DIRECT_ALIGN):
+        preadv_exact(fd, views, offset, path)
+        return False
+    direct = False
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_DIRECT)
+            direct = True
+        except OSError as e:
+            if e.errno != _errno.EINVAL:
+                raise StrataIOError("read", path, e.errno or _errno.EIO) from e
+        if direct:  # else: no direct I/O on this filesystem
+            try:
+                preadv_exact(fd, views, offset, path)
+            except StrataIOError as e:
+                if e.errno != _errno.EINVAL:
+                    raise
+                direct = False  # the device wants a larger alignment: read through the cache
+    finally:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, 0)
+        except OSError as e:
+            raise StrataIOError("read", path, e.errno or _errno.EIO) from e
+    if not direct:
+        preadv_exact(fd, views, offset, path)
+    return direct
 
 
 def realpath(path: str) -> str:

@@ -29,7 +29,6 @@ from stratastore.io.system import after_fork_in_child
 __all__ = ["ask", "settle"]
 
 QUEUE = 64  #: hints waiting for the read-ahead thread, at most (more are dropped)
-_PROBE = bytearray(1)  #: the residency probe's buffer (the byte read is never looked at)
 
 
 class _ReadAhead:
@@ -69,7 +68,7 @@ class _ReadAhead:
             fd, offset, nbytes = self.hints.get()
             try:
                 last = min(offset + nbytes, os.fstat(fd).st_size) - 1
-                if last >= offset and not (_resident(fd, offset) and _resident(fd, last)):
+                if last >= offset and not (files.resident(fd, offset) and files.resident(fd, last)):
                     files.advise_range(fd, offset, last + 1 - offset)
             except Exception:  # a hint never fails anyone
                 pass
@@ -101,16 +100,6 @@ def _own(fd: int) -> int:
 def _close(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-def _resident(fd: int, offset: int) -> bool:
-    """Whether the byte at ``offset`` of ``fd`` is in the page cache: a read of it that may not
-    wait for the device. False where the kernel or the filesystem cannot say (then the range
-    is asked for)."""
-    try:
-        return os.preadv(fd, [_PROBE], offset, os.RWF_NOWAIT) >= 0
-    except (OSError, AttributeError):  # EAGAIN: not resident; no RWF_NOWAIT: cannot say
-        return False
 
 
 _AHEAD = _ReadAhead()

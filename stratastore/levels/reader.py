@@ -28,6 +28,8 @@ and validation over one positional read that each backend implements (``pread`` 
 from __future__ import annotations
 
 import contextlib
+import mmap
+import threading
 from collections.abc import Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
@@ -283,34 +285,69 @@ class SegmentReader(PayloadReader):
     """A committed segment's data file held open for reads into memory the caller owns (spec
     F-SC-3; DESIGN "Delivered means validated").
 
-    Opening checks the data file ``path`` of the committed segment ``sidecar`` (its header and
-    size, :func:`check_data`) on the open descriptor (a rename over the name later cannot change
-    what is read). Reads ``pread`` into the caller's buffer: never a mapping, so a file
-    truncated, replaced or failing under the reader is a typed error at the read
-    (:class:`~stratastore.io.errors.ShortRead`, :class:`StrataIOError`), never a SIGBUS at a
-    later access.
+    Opening opens the data file ``path`` of the committed segment ``sidecar``; its header and
+    size (:func:`check_data`) are checked on that open descriptor (a rename over the name later
+    cannot change what is read) before any byte of the payload is handed back: at the open
+    when the file's size is not the usual header block and the payload, else at the first read,
+    which then reads the header and the pages in one call (:meth:`read_whole`). Reads ``pread``
+    into the caller's buffer: never a mapping, so a file truncated, replaced or failing under
+    the reader is a typed error at the read (:class:`~stratastore.io.errors.ShortRead`,
+    :class:`StrataIOError`), never a SIGBUS at a later access.
     """
 
     def __init__(self, sidecar: Sidecar, path: str) -> None:
         self.sidecar = sidecar
         self.path = path
         self._fd = files.open_read(self.path)
+        self._start = DATA_OFFSET
+        self._head_checked = False
         try:
-            size = files.fd_size(self._fd, self.path)
-            head = bytearray(min(DATA_OFFSET, size))
-            files.pread_exact(self._fd, memoryview(head), 0, self.path)
-            hdr = decode_segment_header(bytes(head), data_name(sidecar.key))
-            check_data(self.sidecar, hdr, size)
+            self._size = files.fd_size(self._fd, self.path)
+            if self._size - sidecar.stored_bytes != DATA_OFFSET:
+                # not the usual layout: the header says what it is, now
+                self._check_head(bytearray(min(DATA_OFFSET, self._size)))
         except BaseException:
             self.close()
             raise
+
+    def _check_head(self, head: bytearray | memoryview, *, read: bool = True) -> None:
+        """Check the header in ``head`` (read into it first with ``read``) against the sidecar
+        and the file's size."""
+        if read:
+            files.pread_exact(self._fd, memoryview(head), 0, self.path)
+        hdr = decode_segment_header(bytes(head), data_name(self.sidecar.key))
+        check_data(self.sidecar, hdr, self._size)
         self._start = hdr.data_offset
+        self._head_checked = True
 
     def _read_at(self, view: memoryview, offset: int) -> None:
+        if not self._head_checked:
+            self._check_head(bytearray(DATA_OFFSET))
         files.pread_exact(self._fd, view, self._start + offset, self.path)
 
     def _readv_at(self, views: list[memoryview], offset: int) -> None:
+        if not self._head_checked:
+            self._check_head(bytearray(DATA_OFFSET))
         files.preadv_exact(self._fd, views, self._start + offset, self.path)
+
+    def read_whole(self, dst: memoryview) -> None:
+        """Fill ``dst`` (exactly the stored payload's size) with the stored payload, not
+        validated, in one read with the header when it is not checked yet (checked before this
+        returns: a header that fails raises, and ``dst`` then holds bytes no one may use). The
+        read goes past the page cache when the bytes are not in it and ``dst`` allows it
+        (:func:`~stratastore.io.files.preadv_uncached`)."""
+        self._check_range(0, dst.nbytes)
+        if dst.nbytes != self.sidecar.stored_bytes:
+            raise OutOfRange(
+                f"segment {self.sidecar.key.hex()}: a whole read fills {self.sidecar.stored_bytes} "
+                f"bytes, not {dst.nbytes}"
+            )
+        if self._head_checked:
+            files.preadv_uncached(self._fd, [dst], self._start, self.path)
+            return
+        head = _head_block()
+        files.preadv_uncached(self._fd, [head, dst], 0, self.path)
+        self._check_head(head, read=False)
 
     def advise(self, offset: int, nbytes: int) -> None:
         end = min(offset + nbytes, self.sidecar.stored_bytes)
@@ -321,6 +358,21 @@ class SegmentReader(PayloadReader):
         if self._fd >= 0:
             files.close(self._fd)
             self._fd = -1
+
+
+_HEADS = threading.local()
+
+
+def _head_block() -> memoryview:
+    """This thread's page-aligned block the size of a data file's header block (a direct read
+    of the header with the pages needs aligned memory; an anonymous mapping is). Private: a
+    process forked from this thread gets its own copy at its first write, never the parent's
+    memory (a shared mapping would let a child's header land in a parent's check)."""
+    block: memoryview | None = getattr(_HEADS, "block", None)
+    if block is None:
+        mem = mmap.mmap(-1, DATA_OFFSET, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        block = _HEADS.block = memoryview(mem)
+    return block
 
 
 #: a verified read stages (and hashes) this many bytes at a time
@@ -481,19 +533,21 @@ def require_valid(sc: Sidecar, payload: npt.NDArray[np.uint8]) -> None:
 
 
 def read_pages_checked(seg: OpenSegment, dst: memoryview) -> None:
-    """Fill ``dst`` (exactly the payload's size) with the pages of the RAW segment ``seg``,
-    each page read and hashed at once on the calling thread, while its bytes are still in the
-    core's cache (spec F-SC-3): :class:`ChecksumMismatch` for the first page that fails, the
-    pages after it not read. One read a page: for a file (:class:`SegmentReader`), read by
-    several threads at once (a tier's loads); a remote level reads the whole payload in one
-    call and validates it with :func:`require_valid`."""
+    """Fill ``dst`` (exactly the payload's size) with the pages of the RAW segment ``seg`` and
+    hash each in that memory (spec F-SC-3): :class:`ChecksumMismatch` for the first page that
+    fails. A file (:class:`SegmentReader`) is read in one call with its header
+    (:meth:`SegmentReader.read_whole`: past the page cache when it is not there, so loads on
+    several threads at once keep the disk busy and copy nothing); a remote level reads the
+    whole payload in one call likewise."""
     sc = seg.sidecar
+    if isinstance(seg, SegmentReader):
+        seg.read_whole(dst)
+    else:
+        seg.read_into(dst)
     arr = np.frombuffer(dst, dtype=np.uint8)
     for i in range(sc.page_count):
         a = i * sc.page_bytes
-        page = dst[a : a + sc.page_len(i)]
-        seg.read_into(page, a)
-        if numba_kernels.hash_page(page, sc.hasher.key) != sc.page_hash(i):
+        if numba_kernels.hash_page(dst[a : a + sc.page_len(i)], sc.hasher.key) != sc.page_hash(i):
             _raise_page(sc, arr, i)
 
 

@@ -16,11 +16,12 @@ Contracts (vLLM's ``SecondaryTierManager``, ``tiering/base.py``):
   durable. **Backpressure**: a store job that would put more than ``max_pending`` chunks in the
   queue is not queued but fails at once (counted in ``stores_dropped`` and
   ``chunks_dropped``): the scheduler never waits on the tier.
-- **Loads** read each chunk straight into its primary slot and validate it there (every 1 MiB
-  page BLAKE3-checked in that memory as soon as it is read, F-SC-3). A chunk that is missing,
-  damaged (counted in the store's ``damaged``, removed from its level), of another size or
-  unreadable fails: its slot is zeroed (no byte that failed validation stays in primary memory)
-  and the chunks of the job after it are not loaded. The job's ``loaded`` keys are the ones
+- **Loads** read each chunk straight into its primary slot, with its data file's header in one
+  read (past the page cache when the chunk is not in it), and validate it there (every 1 MiB
+  page BLAKE3-checked in that memory, F-SC-3). A chunk that is missing, damaged (counted in
+  the store's ``damaged``, removed from its level), of another size or unreadable fails: its
+  slot is zeroed (no byte that failed validation stays in primary memory) and the chunks of the
+  job after it are not loaded. The job's ``loaded`` keys are the ones
   before the first failure, in job order (a request's prefix order): vLLM keeps those and
   recomputes the rest.
 - **Shutdown** (:meth:`TierJobs.close`): jobs not yet started fail; the caller waits for those

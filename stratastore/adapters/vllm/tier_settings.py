@@ -30,7 +30,7 @@ from stratastore.config import MAX_CONFIG_BYTES
 from stratastore.errors import ConfigError
 from stratastore.io import StrataIOError, files
 
-__all__ = ["HASH_ALGOS", "TierSettings"]
+__all__ = ["HASH_ALGOS", "LOAD_THREADS", "STORE_THREADS", "TierSettings"]
 
 #: vLLM's ``--prefix-caching-hash-algo`` values (``vllm/utils/hashing.py``)
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -47,11 +47,17 @@ def _positive_int(name: str, value: object, where: str, *, least: int = 1) -> in
     return value
 
 
+STORE_THREADS = 4  #: threads storing chunks (each group-commits its own: spec F-DUR-2)
+LOAD_THREADS = 16  #: threads loading chunks: the reads in flight at once on a cold load
+
+
 @dataclass(frozen=True, slots=True)
 class TierSettings:
     """What the tier is configured with (see the module). ``store_threads`` / ``load_threads``:
     the threads that write chunks into the levels and read them into primary slots (the
-    scheduler's thread never does I/O); ``max_pending_stores``: chunks a store may queue
+    scheduler's thread never does I/O). Loads default to :data:`LOAD_THREADS`: each thread has
+    one read at a time in flight, and a cold load is as fast as the reads the device is given at
+    once (vLLM's ``fs`` tier defaults to 16 too); ``max_pending_stores``: chunks a store may queue
     behind those in progress before a new store job is dropped (counted in
     ``stores_dropped``; vLLM recomputes nothing for it, the chunk is just not in this tier);
     ``shutdown_timeout_s``: how long ``shutdown`` waits for the stores in progress;
@@ -61,8 +67,8 @@ class TierSettings:
     different value here is a :class:`ConfigError`."""
 
     chunks: ChunkConfig
-    store_threads: int = 4
-    load_threads: int = 4
+    store_threads: int = STORE_THREADS
+    load_threads: int = LOAD_THREADS
     max_pending_stores: int = 1024
     shutdown_timeout_s: float = 60.0
     enable_kv_events: bool = False
@@ -139,8 +145,12 @@ class TierSettings:
             )
         return cls(
             chunks=chunks,
-            store_threads=_positive_int("store_threads", doc.get("store_threads", 4), where),
-            load_threads=_positive_int("load_threads", doc.get("load_threads", 4), where),
+            store_threads=_positive_int(
+                "store_threads", doc.get("store_threads", STORE_THREADS), where
+            ),
+            load_threads=_positive_int(
+                "load_threads", doc.get("load_threads", LOAD_THREADS), where
+            ),
             max_pending_stores=_positive_int(
                 "max_pending_stores", doc.get("max_pending_stores", 1024), where
             ),

@@ -100,6 +100,7 @@ from stratastore.levels.errors import DataMissing, SegmentNotFound, StoreError
 from stratastore.levels.inspect import inspect_segment
 from stratastore.levels.local.group_commit import GroupCommit
 from stratastore.levels.local.index import FINGERPRINT_KEY, SegmentIndex
+from stratastore.levels.local.sidecar_cache import SidecarCache
 from stratastore.levels.reader import SegmentReader, require_valid
 from stratastore.levels.relocation import Relocated, relocate_by_copy, resealed
 from stratastore.levels.sealing import (
@@ -210,6 +211,8 @@ class SegmentStore(SealedLevel):
             self._write_lock, self._commit_group, f"segment store {path}"
         )
         self._index = SegmentIndex(path, file_mode=file_mode)
+        #: sidecars checked or written here, by key and record: a read reads only the data file
+        self._sidecars = SidecarCache()
         try:
             self._flock = files.FileLock(
                 os.path.join(self._index.path, "write.lock"), mode=file_mode
@@ -483,8 +486,11 @@ class SegmentStore(SealedLevel):
         :class:`SegmentNotFound` when it is not here, or was deleted meanwhile;
         :class:`~stratastore.levels.errors.DataMissing` when its sidecar is here and its data
         file gone (damage: no read gets past it)."""
-        self.record(key)
-        sc = self._read_sidecar(key)[0]
+        rec = self.record(key)
+        sc = self._sidecars.get(key, rec)
+        if sc is None:
+            sc = self._read_sidecar(key)[0]
+            self._sidecars.put(key, rec, sc)
         try:
             return SegmentReader(sc, self._data_path(key))
         except StrataIOError as e:
@@ -671,6 +677,7 @@ class SegmentStore(SealedLevel):
                 self._index.apply({group[i].sc.key: group[i].record for i in named}, [])
             for i in named:
                 out[i] = PutResult(group[i].sc.key, True, group[i].sc.stored_bytes)
+                self._sidecars.put(group[i].sc.key, group[i].record, group[i].sc)
         except BaseException as e:  # nothing of the group is indexed: undo what was renamed
             for i in renamed:
                 if out[i] is None:
@@ -748,6 +755,7 @@ class SegmentStore(SealedLevel):
         if self._set_aside_if_data_missing(key):  # DATA_MISSING: as repair does, F-DUR-7
             return True
         had_record = self._index.delete(key)
+        self._sidecars.drop(key)
         had_sidecar = self._remove(self._sidecar_path(key))
         if had_sidecar:
             files.fsync_dir(self.path)

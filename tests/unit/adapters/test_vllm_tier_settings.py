@@ -30,7 +30,7 @@ def test_levels_inline() -> None:
     )
     assert [lv.budget_bytes for lv in s.chunks.levels] == [2 << 30, 1000]
     assert s.chunks.levels[1].settings == {"name": "kv"}
-    assert s.store_threads == 2 and s.load_threads == 4
+    assert s.store_threads == 2 and s.load_threads == 16  # the documented default
 
 
 def test_levels_from_a_toml_file(tmp_path: Path) -> None:
