@@ -7,8 +7,8 @@ and remote level as :class:`~stratastore.Store` (docs/chunks.md).
 * :mod:`~stratastore.chunks.puts`: puts, committed together on a directory level;
 * :mod:`~stratastore.chunks.config`: :class:`ChunkConfig`, :class:`ChunkLevel` (its levels);
 * :mod:`~stratastore.chunks.keys`: chunk keys and the segment a page is stored as;
-* :mod:`~stratastore.chunks.room`: the budgets and the cascade (``tiers``' disk levels), puts in
-  flight, pins;
+* :mod:`~stratastore.chunks.room`: the budgets and the cascade (the disk levels of
+  :mod:`stratastore.levels.cascade`), puts in flight, pins;
 * :mod:`~stratastore.chunks.reads`: the validated read into the caller's memory;
 * :mod:`~stratastore.chunks.counters`: what it counts.
 """

@@ -1,9 +1,9 @@
 """Room in a chunk store: its levels' budgets and the cascade
-(:class:`~stratastore.tiers.disk.DiskLevel`, the policy every user of the levels shares), the
+(:class:`~stratastore.levels.cascade.DiskLevel`, the policy every user of the levels shares), the
 puts in flight that reserved room, and the pins that exclude a deletion.
 
 - **Budget and cascade**: before a put, :meth:`ChunkRoom.reserve` has the first level make room
-  (:meth:`DiskLevel.make_room <stratastore.tiers.disk.DiskLevel.make_room>`) until the page
+  (:meth:`DiskLevel.make_room <stratastore.levels.cascade.DiskLevel.make_room>`) until the page
   fits its budget beside what it counts: the level's bytes (stored data and sidecars, spec
   F-IDX-1) plus the puts in flight not yet committed (:meth:`ChunkRoom.used`). A level with a
   next one *degrades* its oldest page into it (the next makes room the same way, then takes it
@@ -30,8 +30,8 @@ from functools import partial
 from stratastore.format import DATA_OFFSET
 from stratastore.format.sidecar import SIDECAR_HEAD, TRAILER_BYTES
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.cascade import DiskLevel, LevelRefused
 from stratastore.levels.sealing import STATE_PAGE_BYTES
-from stratastore.tiers import DiskLevel, LevelRefused
 
 __all__ = ["ChunkRoom", "stored_bytes"]
 

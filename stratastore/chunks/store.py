@@ -53,12 +53,12 @@ from stratastore.chunks.room import ChunkRoom
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import FormatError, IndexRecord, Kind, Level, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend, SharedBackend
+from stratastore.levels.cascade import DiskLevel, open_cascade
 from stratastore.levels.directory import shared_directory
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.reader import open_checked
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.levels.sealing import Buffer
-from stratastore.tiers import DiskLevel, open_cascade
 
 __all__ = ["ChunkStore", "ChunkStoreClosed", "PutOutcome"]
 

@@ -32,10 +32,10 @@ from stratastore.format.errors import (
     KeyMismatch,
 )
 from stratastore.io.errors import StrataIOError
+from stratastore.levels.cascade import LevelRefused
 from stratastore.levels.errors import StoreError
 from stratastore.ops.level_dirs import NoStoreLevels
 from stratastore.restore.two_pass import RestoreFailed
-from stratastore.tiers.disk import LevelRefused
 from stratastore.tiers.records import SpillRefused
 
 __all__ = ["STORE_CHECKS", "TABLE", "ExitCode", "Row", "epilog", "exit_code", "markdown_table"]

@@ -29,7 +29,7 @@ in the order the Prometheus text writes its families. From the two come:
 
 The counters of the Redis client (``backend_*``), of the RAM level's cache
 (:class:`~stratastore.chain.parking.ConversationCache`) and of a disk level
-(:class:`~stratastore.tiers.disk.LevelCounters`) are kept by code that names each of its own
+(:class:`~stratastore.levels.cascade.LevelCounters`) are kept by code that names each of its own
 (the levels do not import this surface); their rows here are held to them by the same test.
 A new counter is one row here (and, when it is a new Prometheus family, one row in
 :data:`FAMILIES`).

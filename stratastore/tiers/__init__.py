@@ -1,7 +1,8 @@
-"""Tiers and policy: admission, disk levels and the cascade."""
+"""Tiers and policy: admission, and the disk levels' cascade the conversation flow runs on (the
+cascade itself is :mod:`stratastore.levels.cascade`, shared with the chunk store)."""
 
+from stratastore.levels.cascade import DiskLevel, LevelCounters, LevelRefused, open_cascade
 from stratastore.tiers.admission import Admission, Admitted, admit
-from stratastore.tiers.disk import DiskLevel, LevelCounters, LevelRefused, open_cascade
 
 __all__ = [
     "Admission",

@@ -11,11 +11,11 @@ from stratastore.config import StoreConfig
 from stratastore.errors import StrataError
 from stratastore.format import Kind, ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.cascade import DiskLevel
 from stratastore.levels.reader import get_checked_bytes
 from stratastore.metrics.counts import Counts
 from stratastore.restore import Destination, Job, Outcome, Piece
 from stratastore.tiers.admission import MIB
-from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.records import MAX_STATE_BYTES, Restored
 from stratastore.tiers.view import DiskConv
 

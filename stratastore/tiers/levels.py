@@ -19,10 +19,10 @@ from stratastore.format import Level, ModelFingerprint
 from stratastore.io import files
 from stratastore.io.system import volume_bytes
 from stratastore.levels.backend import CatalogHost, SharedBackend
+from stratastore.levels.cascade import DiskLevel, open_cascade
 from stratastore.levels.directory import shared_directory
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.tiers.admission import MIB
-from stratastore.tiers.disk import DiskLevel, open_cascade
 from stratastore.tiers.remote import RemoteLevel
 from stratastore.tiers.writer import DiskWriter
 

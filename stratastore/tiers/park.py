@@ -26,13 +26,13 @@ import numpy as np
 
 from stratastore.catalog import Catalog, NameTaken
 from stratastore.chain import Conversation, RetainedChains
+from stratastore.levels.cascade import DiskLevel
 from stratastore.levels.streamed import CHUNK, DEPTH
 from stratastore.metrics.counts import Counts
 from stratastore.restore import recut_pages
 from stratastore.tiers.admission import log_admission
 from stratastore.tiers.checks import check_snapshot
 from stratastore.tiers.context import FlowContext
-from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.prompt_cache import PromptCache
 from stratastore.tiers.ram import RamLevel
 from stratastore.tiers.records import (

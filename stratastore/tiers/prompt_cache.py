@@ -34,12 +34,12 @@ from stratastore.errors import ConfigError, StrataError
 from stratastore.format import Level, ModelFingerprint
 from stratastore.io import files, pathnames
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.cascade import DiskLevel
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.metrics.counts import Counts
 from stratastore.metrics.logs import Voice
 from stratastore.restore import Outcome
 from stratastore.tiers.admission import MIB, Admission
-from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.levels import attach_catalog
 from stratastore.tiers.lookup import Read, SourceName

@@ -39,6 +39,7 @@ from stratastore.config import StoreConfig
 from stratastore.config.environment import at_open
 from stratastore.format import ModelFingerprint
 from stratastore.levels.backend import SegmentBackend
+from stratastore.levels.cascade import DiskLevel
 from stratastore.metrics.counters import Owner, owners_on, reported
 from stratastore.metrics.counts import total
 from stratastore.metrics.logs import Voice
@@ -46,7 +47,6 @@ from stratastore.restore import Destination
 from stratastore.tiers.admission import Admission, park_target
 from stratastore.tiers.context import FlowContext
 from stratastore.tiers.describe import LevelDescription, RamDescription, StoreDescription
-from stratastore.tiers.disk import DiskLevel
 from stratastore.tiers.disk_read import DiskReader
 from stratastore.tiers.levels import attach_catalog, open_levels, open_remote
 from stratastore.tiers.lookup import Hit, Lookup, Prompt, Source, deepest

@@ -23,7 +23,7 @@ from stratastore.format.manifest import ChainManifest, ManifestCheckpoint, encod
 from stratastore.format.naming import chain_name
 from stratastore.io.durable import durable_write_in
 from stratastore.levels.backend import SegmentBackend
-from stratastore.tiers.disk import DiskLevel, LevelRefused
+from stratastore.levels.cascade import DiskLevel, LevelRefused
 from stratastore.tiers.records import Snapshot
 
 __all__ = ["DiskWriter"]

@@ -1,9 +1,9 @@
 """The package's shape holds (docs/design.md, "Where things live"): a class is whole in its
 module (no module touches another class's private members; a large class is listed with the
 reason it is one class), the package root holds the engine's API only, the level seam imports
-nothing above it, the flow names no backend, only ``io/`` and the level implementations touch
-the filesystem through ``os``, and no text a user reads points at a tracker number instead of
-saying what a thing is."""
+nothing above it, the chunk store nothing of the conversation flow, the flow names no backend,
+only ``io/`` and the level implementations touch the filesystem through ``os``, and no text a
+user reads points at a tracker number instead of saying what a thing is."""
 
 from __future__ import annotations
 
@@ -204,6 +204,16 @@ def test_the_level_seam_imports_only_format_io_and_the_kernels() -> None:
             if m.startswith("stratastore") and not m.startswith(allowed):
                 bad.setdefault(_rel(p), []).append(m)
     assert not bad, bad
+
+
+def test_the_chunk_store_imports_nothing_of_the_conversation_flow() -> None:
+    """The chunk store and the conversation flow (``tiers/``) are two users of the same levels
+    and cascade (``levels/cascade.py``): neither is built on the other."""
+    bad = {
+        _rel(p): sorted(m for m in _imports(p) if m.startswith("stratastore.tiers"))
+        for p in _modules(PACKAGE / "chunks")
+    }
+    assert not {k: v for k, v in bad.items() if v}, bad
 
 
 def test_the_flow_names_no_backend() -> None:

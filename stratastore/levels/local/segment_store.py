@@ -820,7 +820,7 @@ class SegmentStore(SealedLevel):
                 # src is an orphan (invisible; fsck reports it)
         return how
 
-    adopt = relocate_from  #: the name of 0.1 (tiers/disk.py)
+    adopt = relocate_from  #: the name of 0.1 (levels/cascade.py, then tiers/disk.py)
 
     def _reindex(self, key: bytes) -> None:
         """Put back the record of a committed segment (after a failed move); best effort."""

@@ -12,7 +12,7 @@ import pytest
 
 from stratastore.adapters.lmcache.chunks import LAYOUT_ID
 from stratastore.format.keys import state_key
-from stratastore.tiers.disk import DiskLevel
+from stratastore.levels.cascade import DiskLevel
 from tests.unit.adapters.test_lmcache_chunks import cid, open_store, payload
 
 

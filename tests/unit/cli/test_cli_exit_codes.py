@@ -28,12 +28,12 @@ from stratastore.format.errors import (
     UnsupportedVersion,
 )
 from stratastore.io.errors import ShortRead, StrataIOError, SymlinkRefused
+from stratastore.levels.cascade import LevelRefused
 from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.local import SegmentStore
 from stratastore.levels.redis.backend import RemoteError
 from stratastore.ops.level_dirs import NoStoreLevels
 from stratastore.restore.two_pass import RestoreFailed
-from stratastore.tiers.disk import LevelRefused
 from stratastore.tiers.records import InvalidConversation, SpillRefused
 from tests.conftest import tiny_fp
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from stratastore.format import Level
+from stratastore.levels.cascade import DiskLevel, LevelRefused
 from stratastore.levels.local import SegmentStore
 from stratastore.levels.local.sizes import raw_segment_bytes
 from stratastore.levels.sealing import STATE_PAGE_BYTES
-from stratastore.tiers.disk import DiskLevel, LevelRefused
 from tests.conftest import tiny_fp
 
 PAYLOAD = 1000
