@@ -81,7 +81,7 @@ $(LLAMA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(LLAMA_VENV)
 	$(LLAMA_VENV)/bin/python -m pip install -q --upgrade pip
 	CMAKE_ARGS="-DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-		$(LLAMA_VENV)/bin/python -m pip install -q -e '.[llamacpp]' pytest hypothesis pytest-benchmark
+		$(LLAMA_VENV)/bin/python -m pip install -q -e '.[llamacpp]' pytest hypothesis pytest-benchmark openai
 	touch $(LLAMA_STAMP)
 
 test-llamacpp: $(LLAMA_STAMP)

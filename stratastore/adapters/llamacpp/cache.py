@@ -88,8 +88,9 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
 
     def __getitem__(self, key: Sequence[int]) -> Any:
         """The deepest stored prefix of ``key`` (at most ``len(key) - 1`` tokens) as a
-        ``LlamaState``; ``KeyError`` when the store holds no longer prefix of it than the
-        ``Llama`` holds already (``Llama`` would not load it: nothing is read)."""
+        ``LlamaState`` (logged at INFO: how many of the prompt's tokens it holds); ``KeyError``
+        when the store holds no longer prefix of it than the ``Llama`` holds already (``Llama``
+        would not load it: nothing is read)."""
         from llama_cpp.llama import LlamaState
 
         ids = as_tokens(list(key))
@@ -97,6 +98,7 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         n, data = self.store.prefix_state(ids, arch=self._arch, beyond=held)
         if n <= held:
             raise KeyError(f"no stored prefix of these {len(ids)} tokens beyond the {held} held")
+        log.info("stratastore: restored %d of %d prompt tokens from the store", n, len(ids))
         input_ids = np.full(self._llm.n_ctx(), -1, dtype=np.intc)  # -1: no token matches
         input_ids[:n] = ids[:n]
         # Llama.load_state broadcasts these into its own scores; the next decode replaces them

@@ -1,0 +1,231 @@
+"""llama-cpp-python's OpenAI-compatible server with its cache on stratastore
+(``python -m stratastore.adapters.llamacpp.server``), driven by the ``openai`` client as its
+users drive it: four conversations of two turns, the server stopped with SIGTERM and started
+again between the turns. The replies are those of the same server without a cache; the second
+turns are restored from the store (its log says so, and its counters when it stops); the store
+is one ``strata fsck --deep`` finds clean after the stop and after a kill -9, and a server
+started after the kill -9 is served from it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_S = 180.0  #: how long a server may take to listen before the test calls it hung
+N_CTX = 2048
+
+TOPICS = ["rivers", "bridges", "gardens", "harbours"]
+#: a server stopped by SIGTERM: uvicorn shuts down, then re-raises the signal (0.29 and later)
+STOPPED = (0, -signal.SIGTERM)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _server_extra() -> None:
+    missing = [m for m in ("uvicorn", "fastapi", "sse_starlette", "openai") if _absent(m)]
+    if missing:
+        msg = f"{', '.join(missing)} not installed here: `make test-llamacpp` installs them"
+        if os.environ.get("STRATA_REQUIRE_LLAMACPP") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+
+
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A server process, its port and its log."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.port = _free_port()
+        self.log = log
+        self._out = open(log, "ab")  # noqa: SIM115  (closed in stop)
+        self.proc = subprocess.Popen(
+            [*argv, "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(N_CTX)],
+            cwd=ROOT,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_listening()
+
+    def _wait_listening(self) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited at start:\n{self.text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=5):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        self.kill()
+        raise AssertionError(f"the server did not listen within {STARTUP_S} s:\n{self.text()}")
+
+    def client(self) -> Any:
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", timeout=120)
+
+    def text(self) -> str:
+        if not self._out.closed:
+            self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=120)
+        finally:
+            self._out.close()
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+        self._out.close()
+
+
+@contextmanager
+def serving(argv: list[str], log: Path) -> Iterator[Server]:
+    server = Server(argv, log)
+    try:
+        yield server
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+
+
+def strata_server(model: Path, store: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "stratastore.adapters.llamacpp.server",
+        "--model", str(model), "--strata_store", str(store), "--strata_store_mib", "256",
+    ]  # fmt: skip
+
+
+def plain_server(model: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--logits_all",
+        "false",
+    ]
+
+
+def first_turn(i: int) -> list[dict[str, str]]:
+    topic = TOPICS[i]
+    facts = " ".join(f"Note {k} about {topic}: item {k * 7 + i} is kept." for k in range(40))
+    return [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": f"Here are my notes on {topic}. {facts} Summarise them."},
+    ]
+
+
+def second_turn(i: int, reply: str) -> list[dict[str, str]]:
+    return [
+        *first_turn(i),
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": f"Now say which note on {TOPICS[i]} matters most."},
+    ]
+
+
+def ask(server: Server, messages: list[dict[str, str]]) -> str:
+    out = server.client().chat.completions.create(
+        model="local", messages=messages, max_tokens=12, temperature=0.0, seed=7
+    )
+    return str(out.choices[0].message.content)
+
+
+def fsck_deep(store: Path) -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_two_turns_across_a_sigterm_restart_are_served_from_the_store(
+    tiny: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    with serving(plain_server(tiny), tmp_path / "plain.log") as plain:
+        want1 = [ask(plain, first_turn(i)) for i in range(4)]
+        want2 = [ask(plain, second_turn(i, want1[i])) for i in range(4)]
+
+    with serving(strata_server(tiny, store), tmp_path / "first.log") as first:
+        got1 = [ask(first, first_turn(i)) for i in range(4)]
+        assert first.stop(signal.SIGTERM) in STOPPED
+    assert got1 == want1
+    assert "stratastore: " in first.text()  # the store closed, its counters logged
+    fsck_deep(store)
+
+    with serving(strata_server(tiny, store), tmp_path / "second.log") as second:
+        got2 = [ask(second, second_turn(i, got1[i])) for i in range(4)]
+        log = second.text()
+        assert got2 == want2
+        restored = [line for line in log.splitlines() if "stratastore: restored" in line]
+        assert len(restored) >= 4, log  # each second turn started from its first turn's state
+        second.proc.send_signal(signal.SIGKILL)
+        second.proc.wait(timeout=60)
+        second.kill()
+    fsck_deep(store)  # nothing acknowledged is half-written after a kill -9
+
+    with serving(strata_server(tiny, store), tmp_path / "third.log") as third:
+        assert ask(third, second_turn(0, got1[0])) == want2[0]
+        assert "stratastore: restored" in third.text()
+        assert third.stop(signal.SIGTERM) in STOPPED
+    fsck_deep(store)
+
+
+def test_a_bad_store_setting_is_one_line_and_status_2(tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    got = subprocess.run(
+        [*strata_server(tiny, tmp_path / "a-file"), "--port", str(_free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 2
+    assert "a file, not a directory" in got.stderr and "Traceback" not in got.stderr
+
+
+def test_a_model_the_adapter_cannot_serve_is_one_line_and_status_2(
+    tiny: Path, tmp_path: Path
+) -> None:
+    got = subprocess.run(
+        [*strata_server(tiny, tmp_path / "store"), "--logits_all", "true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 2
+    assert "logits_all" in got.stderr and "Traceback" not in got.stderr
