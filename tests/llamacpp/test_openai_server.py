@@ -8,6 +8,7 @@ started after the kill -9 is served from it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ N_CTX = 2048
 TOPICS = ["rivers", "bridges", "gardens", "harbours"]
 #: a server stopped by SIGTERM: uvicorn shuts down, then re-raises the signal (0.29 and later)
 STOPPED = (0, -signal.SIGTERM)
+CLOSED = "stratastore: strata: park="  #: the store's INFO line, logged as it closes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -183,7 +185,7 @@ def test_two_turns_across_a_sigterm_restart_are_served_from_the_store(
         got1 = [ask(first, first_turn(i)) for i in range(4)]
         assert first.stop(signal.SIGTERM) in STOPPED
     assert got1 == want1
-    assert "stratastore: " in first.text()  # the store closed, its counters logged
+    assert CLOSED in first.text()  # the store closed, its counters logged
     fsck_deep(store)
 
     with serving(strata_server(tiny, store), tmp_path / "second.log") as second:
@@ -201,31 +203,54 @@ def test_two_turns_across_a_sigterm_restart_are_served_from_the_store(
         assert ask(third, second_turn(0, got1[0])) == want2[0]
         assert "stratastore: restored" in third.text()
         assert third.stop(signal.SIGTERM) in STOPPED
+    assert CLOSED in third.text()
     fsck_deep(store)
 
 
-def test_a_bad_store_setting_is_one_line_and_status_2(tiny: Path, tmp_path: Path) -> None:
-    (tmp_path / "a-file").write_text("not a directory")
+def refused(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """Run the launcher with ``argv``, which it must refuse before it listens: its stderr."""
     got = subprocess.run(
-        [*strata_server(tiny, tmp_path / "a-file"), "--port", str(_free_port())],
+        [*argv, "--port", str(_free_port())],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
-    assert got.returncode == 2
-    assert "a file, not a directory" in got.stderr and "Traceback" not in got.stderr
+    assert got.returncode == 2, got.stderr
+    assert "Traceback" not in got.stderr
+    return got.stderr
 
 
-def test_a_model_the_adapter_cannot_serve_is_one_line_and_status_2(
+@pytest.mark.parametrize(
+    ("store", "said"),
+    [
+        ("a-file", "a file, not a directory"),
+        ("", "--strata_store is empty"),
+        ("missing.toml", "no such TOML file"),
+        ("bad.toml", "no_such_setting"),
+    ],
+)
+def test_a_bad_store_setting_is_an_error_line_and_status_2(
+    tiny: Path, tmp_path: Path, store: str, said: str
+) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    (tmp_path / "bad.toml").write_text("no_such_setting = 1\n")
+    spec = str(tmp_path / store) if store else ""
+    launcher = [sys.executable, "-m", "stratastore.adapters.llamacpp.server"]
+    err = refused([*launcher, "--model", str(tiny), "--strata_store", spec])
+    assert said in err and err.count("error:") == 1
+
+
+def test_a_model_the_adapter_cannot_serve_is_an_error_line_and_status_2(
     tiny: Path, tmp_path: Path
 ) -> None:
-    got = subprocess.run(
-        [*strata_server(tiny, tmp_path / "store"), "--logits_all", "true"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert got.returncode == 2
-    assert "logits_all" in got.stderr and "Traceback" not in got.stderr
+    err = refused([*strata_server(tiny, tmp_path / "store"), "--logits_all", "true"])
+    assert "logits_all" in err
+
+
+def test_a_config_file_of_several_models_is_refused(tiny: Path, tmp_path: Path) -> None:
+    config = tmp_path / "models.json"
+    config.write_text(json.dumps({"models": [{"model": str(tiny)}]}))
+    err = refused(strata_server(tiny, tmp_path / "store"), {"CONFIG_FILE": str(config)})
+    assert "one launcher a model" in err

@@ -1,6 +1,6 @@
 """llama-cpp-python's OpenAI-compatible server with its model's cache on stratastore: the server
-of ``python -m llama_cpp.server`` (llama-cpp-python 0.3.36, its ``server`` extra), every one of
-its flags, and ``--strata_store``::
+of ``python -m llama_cpp.server`` (llama-cpp-python 0.3.36, its ``server`` extra), its flags for
+one model, and ``--strata_store``::
 
     python -m stratastore.adapters.llamacpp.server --model model.gguf --strata_store /var/lib/kv
 
@@ -10,24 +10,28 @@ Contract:
   (``Llama.set_cache``): each completion's state is parked when the completion is served, and
   the deepest stored prefix of the next prompt is restored, validated, before llama.cpp
   evaluates the rest. The server's own ``cache`` / ``cache_type`` settings are replaced by it.
-- ``--strata_store`` is a TOML file of the store's settings (docs/configuration.md), or a
-  directory: then the store is that directory, ``--strata_store_mib`` MiB of it, each state
-  durable when its completion returns (``park = "disk"``) and prefixes restored to the last
-  whole page (``page_resume``).
-- A restore is logged (``stratastore: restored N of M prompt tokens``, logger
-  ``stratastore.adapters.llamacpp.cache``), and the store's counters (its INFO line) when the
-  server stops.
-- SIGTERM or SIGINT stop the server as llama-cpp-python's does: uvicorn finishes the requests
-  in progress, the store is closed (every parked state durable, its counters logged), and the
-  process ends by that signal (uvicorn re-raises it).
-- One model at a time: a request for another model alias closes the cache of the model it
-  replaces.
+- One model, one store: llama-cpp-python's config file of several models (``--config_file``,
+  ``CONFIG_FILE``) is refused; run a launcher a model, each with its own store (a store
+  directory holds one model's K/V, spec F-DIR-6).
+- ``--strata_store`` is a directory: the store is that directory, ``--strata_store_mib`` MiB of
+  it (default :data:`DEFAULT_STORE_MIB`), each state durable when its completion returns
+  (``park = "disk"``), prefixes restored to the last whole page (``page_resume``). Or a TOML
+  file of the store's settings (docs/configuration.md), checked before the model is loaded.
+- A restore is logged (``stratastore: restored N of M prompt tokens from the store``), and the
+  store's counters (its INFO line, ``stratastore: strata: ...``) when the server stops.
+- SIGTERM and SIGINT stop the server as llama-cpp-python's does: uvicorn lets the requests in
+  progress finish (sse-starlette cancels a streamed one: its state is not parked), the store
+  is closed (every parked state durable, its counters logged), then SIGTERM ends the process
+  by that signal (uvicorn re-raises it) and SIGINT with status 0. A second signal during the
+  shutdown skips it (uvicorn's forced exit): with a directory store every state it parked is
+  durable already.
 - ``--logits_all`` defaults to false here (llama-cpp-python's server keeps every token's
-  logits by default): a restored prefix has no logits for its tokens, so a request for the
-  prompt's logprobs is refused by llama-cpp-python rather than answered wrong; given true, the
-  adapter refuses the model at start.
-- A bad flag, a bad store setting or a model the adapter cannot serve (docs/engine.md,
-  "llama.cpp") is a one-line error and exit status 2, before the server listens.
+  logits by default): a restored prefix has no logits for its tokens, so llama-cpp-python
+  refuses a request for logprobs rather than answer it wrong; given true, the adapter refuses
+  the model at start.
+- A bad store setting or a model the adapter cannot serve (docs/engine.md, "llama.cpp") is an
+  ``error:`` line on stderr and exit status 2 before the server listens (a flag argparse does
+  not know: its usage and exit status 2).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
+from stratastore.io.system import env_var
 
 __all__ = ["main", "store_settings"]
 
@@ -51,30 +57,40 @@ log = logging.getLogger("stratastore.adapters.llamacpp.server")
 DEFAULT_STORE_MIB = 8192
 
 
-def store_settings(spec: str, mib: int) -> dict[str, Any] | str:
-    """What ``--strata_store`` names: a TOML file's path as it is, a directory as the settings
-    of a store on it (the module docstring). :class:`ConfigError` for anything else."""
+def store_settings(spec: str, mib: int | None) -> dict[str, Any] | str:
+    """What ``--strata_store`` names: a directory as the settings of a store on it (the module
+    docstring), a TOML file's path as it is once it parses as the store's settings.
+    :class:`ConfigError` for anything else."""
+    if not spec.strip():
+        raise ConfigError("--strata_store is empty: give the store's directory or TOML file")
     path = Path(spec)
-    if path.suffix == ".toml":
-        if not path.is_file():
-            raise ConfigError(
-                f"--strata_store {spec}: no such TOML file; give the store's settings file or a "
-                "directory"
-            )
-        return str(path)
-    if path.exists() and not path.is_dir():
+    if path.is_dir() or (not path.exists() and path.suffix.lower() != ".toml"):
+        budget = DEFAULT_STORE_MIB if mib is None else mib
+        if budget <= 0:
+            raise ConfigError(f"--strata_store_mib {budget}: give the store's MiB, above 0")
+        return {
+            "park": "disk",
+            "ram_mib": 0,
+            "cold_dir": str(path),
+            "cold_mib": budget,
+            "page_resume": True,
+        }
+    if path.suffix.lower() != ".toml":
         raise ConfigError(
             f"--strata_store {spec} is a file, not a directory or a .toml settings file"
         )
-    if mib <= 0:
-        raise ConfigError(f"--strata_store_mib {mib}: give the store's budget in MiB, above 0")
-    return {
-        "park": "disk",
-        "ram_mib": 0,
-        "cold_dir": str(path),
-        "cold_mib": mib,
-        "page_resume": True,
-    }
+    if not path.is_file():
+        raise ConfigError(
+            f"--strata_store {spec}: no such TOML file; give the store's settings file or a "
+            "directory"
+        )
+    if mib is not None:
+        raise ConfigError(
+            "--strata_store_mib is the budget of a directory store; give the levels' budgets "
+            f"in {spec}"
+        )
+    StoreConfig.of(str(path))  # its errors now, not after the model's weights are read
+    return str(path)
 
 
 class _Caches:
@@ -121,7 +137,8 @@ def _parser(settings_model: Any) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m stratastore.adapters.llamacpp.server",
         description="llama-cpp-python's OpenAI-compatible server, its model's cache on "
-        "stratastore (every flag of python -m llama_cpp.server, and --strata_store)",
+        "stratastore (the flags of python -m llama_cpp.server for one model, and "
+        "--strata_store)",
     )
     add_args_from_model(parser, settings_model)
     parser.add_argument(
@@ -132,7 +149,7 @@ def _parser(settings_model: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--strata_store_mib",
         type=int,
-        default=DEFAULT_STORE_MIB,
+        default=None,
         help=f"the store's budget in MiB when --strata_store is a directory "
         f"(default {DEFAULT_STORE_MIB})",
     )
@@ -147,6 +164,12 @@ def _log_to_stderr() -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+
+
+def _error(e: Exception) -> None:
+    """``e`` as one ``error:`` line (pydantic's validation errors span several)."""
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    print(f"error: {text}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         args.logits_all = False
     _log_to_stderr()
     try:
+        if env_var("CONFIG_FILE"):
+            raise ConfigError(
+                "CONFIG_FILE names a config file of several models: the launcher serves one "
+                "model on one store; run one launcher a model, each with its own --strata_store"
+            )
         caches = _Caches(store_settings(args.strata_store, args.strata_store_mib))
         server = parse_model_from_args(ServerSettings, args)
         model = parse_model_from_args(ModelSettings, args)
     except (StrataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(e)
         return 2
     load = LlamaProxy.load_llama_from_model_settings
 
@@ -184,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             app = create_app(server_settings=server, model_settings=[model])
         except (StrataError, ValueError) as e:  # the model the store cannot serve, a bad store
-            print(f"error: {e}", file=sys.stderr)
+            _error(e)
             return 2
         app.router.lifespan_context = _closing(app.router.lifespan_context, caches)
         uvicorn.run(
