@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from stratastore.errors import StrataError
+from tests.fsck_cli import fsck_deep
 
 from .engine import ROOT, get_seq, load
 
@@ -222,13 +223,7 @@ def test_a_kill_mid_park_leaves_a_store_fsck_finds_clean(tiny: Path, tmp_path: P
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
-    fsck = subprocess.run(
-        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    fsck = fsck_deep(store)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.fsck_cli import fsck_deep
+
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_S = 180.0  #: how long a server may take to listen before the test calls it hung
 N_CTX = 2048
@@ -162,14 +164,8 @@ def ask(server: Server, messages: list[dict[str, str]]) -> str:
     return str(out.choices[0].message.content)
 
 
-def fsck_deep(store: Path) -> None:
-    got = subprocess.run(
-        [sys.executable, "-m", "stratastore.cli", "fsck", "--deep", str(store)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def fsck_clean(store: Path) -> None:
+    got = fsck_deep(store)
     assert got.returncode == 0, got.stdout + got.stderr
 
 
@@ -186,7 +182,7 @@ def test_two_turns_across_a_sigterm_restart_are_served_from_the_store(
         assert first.stop(signal.SIGTERM) in STOPPED
     assert got1 == want1
     assert CLOSED in first.text()  # the store closed, its counters logged
-    fsck_deep(store)
+    fsck_clean(store)
 
     with serving(strata_server(tiny, store), tmp_path / "second.log") as second:
         got2 = [ask(second, second_turn(i, got1[i])) for i in range(4)]
@@ -197,14 +193,14 @@ def test_two_turns_across_a_sigterm_restart_are_served_from_the_store(
         second.proc.send_signal(signal.SIGKILL)
         second.proc.wait(timeout=60)
         second.kill()
-    fsck_deep(store)  # nothing acknowledged is half-written after a kill -9
+    fsck_clean(store)  # nothing acknowledged is half-written after a kill -9
 
     with serving(strata_server(tiny, store), tmp_path / "third.log") as third:
         assert ask(third, second_turn(0, got1[0])) == want2[0]
         assert "stratastore: restored" in third.text()
         assert third.stop(signal.SIGTERM) in STOPPED
     assert CLOSED in third.text()
-    fsck_deep(store)
+    fsck_clean(store)
 
 
 def refused(argv: list[str], env: dict[str, str] | None = None) -> str:

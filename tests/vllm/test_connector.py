@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.vllm.fsck import fsck_deep
+from tests.fsck_cli import fsck_deep
 from tests.vllm.models import make_llama
 
 REPO = Path(__file__).resolve().parents[2]

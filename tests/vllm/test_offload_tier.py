@@ -32,7 +32,7 @@ from stratastore.chunks import stored_key
 from stratastore.errors import ConfigError
 from stratastore.format import data_name
 from tests import redis_servers
-from tests.vllm.fsck import fsck_deep
+from tests.fsck_cli import fsck_deep
 from tests.vllm.tier_rig import Rig, leftover_regions, request_keys, tier_entry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.vllm.fsck import fsck_deep
+from tests.fsck_cli import fsck_deep
 from tests.vllm.models import make_llama
 from tests.vllm.server import Reply, Server, complete_all
 

@@ -1,4 +1,5 @@
-"""``strata fsck --deep`` of a store the vLLM tests left, as an operator runs it."""
+"""``strata fsck --deep`` of a store an engine's tests left (vLLM, llama.cpp), as an operator runs
+it."""
 
 from __future__ import annotations
 
