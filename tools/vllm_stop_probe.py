@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.vllm.fsck import fsck_deep  # noqa: E402
+from tests.fsck_cli import fsck_deep  # noqa: E402
 from tests.vllm.models import make_llama  # noqa: E402
 from tests.vllm.server import Server, complete_all  # noqa: E402
 from tests.vllm.test_server import (  # noqa: E402
