@@ -1,5 +1,7 @@
-"""Small random Llama models written as GGUF for llama.cpp (nothing is downloaded): the models of
-the llama.cpp tests, of ``strata demo``'s llama.cpp phase and of ``tools/llamacpp_bench.py``.
+"""Small random models written as GGUF for llama.cpp (nothing is downloaded): the Llama models of
+the llama.cpp tests, of ``strata demo``'s llama.cpp phase and of ``tools/llamacpp_bench.py``,
+and two models whose memory is not a plain K/V cache: a recurrent one (``mamba``) and one with a
+sliding-window cache (``gemma2``, every other layer windowed).
 
 The tokenizer is a minimal SentencePiece ("llama") vocabulary: ``<unk> <s> </s>``, the 256 byte
 tokens ``<0x00>..<0xFF>`` (byte fallback, so any text tokenizes, and llama.cpp finds its newline
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHAT_TEMPLATE", "make_gguf", "spm_vocab"]
+__all__ = ["CHAT_TEMPLATE", "make_gemma2_gguf", "make_gguf", "make_mamba_gguf", "spm_vocab"]
 
 #: a chat template for llama-cpp-python's Jinja2 chat formatter (``tokenizer.chat_template``)
 CHAT_TEMPLATE = (
@@ -86,17 +88,7 @@ def make_gguf(
     wr.add_head_count_kv(n_head_kv)
     wr.add_rope_dimension_count(head_dim)
     wr.add_layer_norm_rms_eps(1e-5)
-    wr.add_file_type(0)  # all float32
-    tokens, scores, types = spm_vocab(vocab)
-    wr.add_tokenizer_model("llama")
-    wr.add_token_list(tokens)
-    wr.add_token_scores(scores)
-    wr.add_token_types(types)
-    wr.add_unk_token_id(0)
-    wr.add_bos_token_id(1)
-    wr.add_eos_token_id(2)
-    wr.add_add_bos_token(True)
-    wr.add_chat_template(CHAT_TEMPLATE)
+    _tokenizer(wr, vocab)
     wr.add_tensor("token_embd.weight", w(vocab, n_embd))
     for i in range(layers):
         wr.add_tensor(f"blk.{i}.attn_norm.weight", ones)
@@ -110,8 +102,145 @@ def make_gguf(
         wr.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
     wr.add_tensor("output_norm.weight", ones)
     wr.add_tensor("output.weight", w(vocab, n_embd))
+    return _write(wr, path)
+
+
+def _tokenizer(wr: Any, vocab: int) -> None:
+    """The SentencePiece vocabulary, its special tokens and :data:`CHAT_TEMPLATE`; float32."""
+    wr.add_file_type(0)  # all float32
+    tokens, scores, types = spm_vocab(vocab)
+    wr.add_tokenizer_model("llama")
+    wr.add_token_list(tokens)
+    wr.add_token_scores(scores)
+    wr.add_token_types(types)
+    wr.add_unk_token_id(0)
+    wr.add_bos_token_id(1)
+    wr.add_eos_token_id(2)
+    wr.add_add_bos_token(True)
+    wr.add_chat_template(CHAT_TEMPLATE)
+
+
+def _write(wr: Any, path: Path) -> Path:
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
     wr.close()
     return path
+
+
+def _normals(seed: int, std: float) -> Any:
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray[Any, Any]:
+        # numpy (rows, cols) is ggml's ne = (cols, rows): out_features first, as in HF
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    return w
+
+
+def make_mamba_gguf(
+    path: Path,
+    *,
+    layers: int = 2,
+    n_embd: int = 64,
+    d_state: int = 16,
+    d_conv: int = 4,
+    vocab: int = 512,
+    ctx: int = 4096,
+    seed: int = 0,
+    std: float = 0.2,
+) -> Path:
+    """A random ``mamba`` model (recurrent: llama.cpp keeps one state a sequence, its size the
+    same at every length; no K/V) written to ``path``; returns ``path``. The inner size is
+    ``2 * n_embd``, the time-step rank ``n_embd // 16``."""
+    import gguf
+
+    w = _normals(seed, std)
+    d_inner, dt_rank = 2 * n_embd, max(1, n_embd // 16)
+    ones = np.ones(n_embd, dtype=np.float32)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wr = gguf.GGUFWriter(str(path), "mamba")
+    wr.add_name(f"strata-tiny-mamba-s{seed}")
+    wr.add_context_length(ctx)
+    wr.add_embedding_length(n_embd)
+    wr.add_block_count(layers)
+    wr.add_feed_forward_length(0)
+    wr.add_head_count(0)
+    wr.add_layer_norm_rms_eps(1e-5)
+    wr.add_ssm_conv_kernel(d_conv)
+    wr.add_ssm_inner_size(d_inner)
+    wr.add_ssm_state_size(d_state)
+    wr.add_ssm_time_step_rank(dt_rank)
+    _tokenizer(wr, vocab)
+    wr.add_tensor("token_embd.weight", w(vocab, n_embd))
+    for i in range(layers):
+        wr.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+        wr.add_tensor(f"blk.{i}.ssm_in.weight", w(2 * d_inner, n_embd))
+        wr.add_tensor(f"blk.{i}.ssm_conv1d.weight", w(d_inner, d_conv))
+        wr.add_tensor(f"blk.{i}.ssm_conv1d.bias", w(d_inner))
+        wr.add_tensor(f"blk.{i}.ssm_x.weight", w(dt_rank + 2 * d_state, d_inner))
+        wr.add_tensor(f"blk.{i}.ssm_dt.weight", w(d_inner, dt_rank))
+        wr.add_tensor(f"blk.{i}.ssm_dt.bias", w(d_inner))
+        wr.add_tensor(f"blk.{i}.ssm_a", -np.exp(w(d_inner, d_state)))  # A < 0: a decay
+        wr.add_tensor(f"blk.{i}.ssm_d", w(d_inner))
+        wr.add_tensor(f"blk.{i}.ssm_out.weight", w(n_embd, d_inner))
+    wr.add_tensor("output_norm.weight", ones)
+    wr.add_tensor("output.weight", w(vocab, n_embd))
+    return _write(wr, path)
+
+
+def make_gemma2_gguf(
+    path: Path,
+    *,
+    layers: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    window: int = 32,
+    vocab: int = 512,
+    ctx: int = 4096,
+    seed: int = 0,
+    std: float = 0.2,
+) -> Path:
+    """A random ``gemma2`` model (a sliding window of ``window`` tokens on every other layer,
+    llama.cpp's interleaved SWA cache) written to ``path``; returns ``path``. Its output is
+    tied to the token embeddings, which are drawn at a tenth of ``std``: gemma scales them by
+    ``sqrt(n_embd)``, and at full ``std`` the model repeats one token (measured)."""
+    import gguf
+
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError(f"n_embd {n_embd}, n_head {n_head}, n_head_kv {n_head_kv} do not divide")
+    w = _normals(seed, std)
+    head_dim, n_ff = n_embd // n_head, 4 * n_embd
+    ones = np.ones(n_embd, dtype=np.float32)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wr = gguf.GGUFWriter(str(path), "gemma2")
+    wr.add_name(f"strata-tiny-gemma2-s{seed}")
+    wr.add_context_length(ctx)
+    wr.add_embedding_length(n_embd)
+    wr.add_block_count(layers)
+    wr.add_feed_forward_length(n_ff)
+    wr.add_head_count(n_head)
+    wr.add_head_count_kv(n_head_kv)
+    wr.add_key_length(head_dim)
+    wr.add_value_length(head_dim)
+    wr.add_layer_norm_rms_eps(1e-6)
+    wr.add_sliding_window(window)
+    wr.add_attn_logit_softcapping(50.0)
+    wr.add_final_logit_softcapping(30.0)
+    _tokenizer(wr, vocab)
+    wr.add_tensor("token_embd.weight", w(vocab, n_embd) * 0.1)
+    for i in range(layers):
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            wr.add_tensor(f"blk.{i}.{norm}.weight", ones)
+        wr.add_tensor(f"blk.{i}.attn_q.weight", w(n_head * head_dim, n_embd))
+        wr.add_tensor(f"blk.{i}.attn_k.weight", w(n_head_kv * head_dim, n_embd))
+        wr.add_tensor(f"blk.{i}.attn_v.weight", w(n_head_kv * head_dim, n_embd))
+        wr.add_tensor(f"blk.{i}.attn_output.weight", w(n_embd, n_head * head_dim))
+        wr.add_tensor(f"blk.{i}.ffn_gate.weight", w(n_ff, n_embd))
+        wr.add_tensor(f"blk.{i}.ffn_up.weight", w(n_ff, n_embd))
+        wr.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
+    wr.add_tensor("output_norm.weight", ones)
+    return _write(wr, path)

@@ -48,3 +48,19 @@ def tiny_other(models_dir: Path, _llamacpp_installed: None) -> Path:
 def wide(models_dir: Path, _llamacpp_installed: None) -> Path:
     """Head dim 32, so q8_0 (blocks of 32) fits a head: the quantized K/V cache types."""
     return make_gguf(models_dir / "wide-s0.gguf", seed=0, n_embd=128, n_head=4, n_head_kv=2)
+
+
+@pytest.fixture(scope="session")
+def mamba(models_dir: Path, _llamacpp_installed: None) -> Path:
+    """A recurrent model: one state a sequence, no K/V."""
+    from .models import make_mamba_gguf
+
+    return make_mamba_gguf(models_dir / "mamba-s0.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def gemma2(models_dir: Path, _llamacpp_installed: None) -> Path:
+    """A sliding-window model: a window of 32 tokens on every other layer."""
+    from .models import make_gemma2_gguf
+
+    return make_gemma2_gguf(models_dir / "gemma2-s0.gguf", seed=0)

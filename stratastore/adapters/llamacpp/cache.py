@@ -9,24 +9,35 @@ gives the prefix before it. What ``Llama`` hands it (``cache[tokens] = llm.save_
 is parked, cut at every :data:`CUT_TOKENS` tokens so that the next turn's state shares the
 segments of this one; what it asks for (``cache[prompt]``) is the deepest stored prefix of the
 prompt, at most ``len(prompt) - 1`` tokens, as a ``LlamaState`` for ``Llama.load_state``.
+
+A model whose memory is not a plain K/V cache (sliding-window, recurrent, hybrid:
+:func:`~.identity.memory_kind`) has no prefix to cut out of a state, so its states are kept
+whole at checkpoints (:class:`~.checkpoints.LlamaCheckpointStore`): ``cache[prompt]`` loads the
+deepest stored checkpoint of the prompt into the ``Llama`` itself, evaluates the prompt on to
+its last checkpoint (the end of each message, every ``checkpoint_tokens`` tokens), parking the
+state at each, and raises ``KeyError``: the ``Llama`` then holds that prefix and has nothing to
+load, and ``generate`` goes on from it. ``cache[tokens] = state`` parks the state at the end of
+the completion.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import blake3
 import numpy as np
 
+from stratastore.adapters.llamacpp.checkpoints import LlamaCheckpointStore
+from stratastore.adapters.llamacpp.identity import memory_kind
 from stratastore.adapters.llamacpp.state import read_context_state
 from stratastore.adapters.llamacpp.store import LlamaCppStore
 from stratastore.chain import as_tokens
 from stratastore.config import StoreConfig
 from stratastore.errors import ConfigError, StrataError
 
-__all__ = ["CUT_TOKENS", "StrataLlamaCache"]
+__all__ = ["CHECKPOINT_TOKENS", "CUT_TOKENS", "StrataLlamaCache"]
 
 #: each state is cut into segments at the multiples of this many tokens (and at its end): a
 #: key is a new conversation to the store, so equal prefixes share segments up to the last
@@ -34,6 +45,11 @@ __all__ = ["CUT_TOKENS", "StrataLlamaCache"]
 #: (64 made a turn write less and a restore of 2K tokens of 8B's K/V geometry read at half the
 #: rate: a segment is a file opened and checked)
 CUT_TOKENS = 256
+
+#: a model kept at checkpoints (see the module) gets one every this many tokens of a prompt
+#: besides the end of each message: an edit inside a long message re-evaluates at most this
+#: many tokens before it, and each checkpoint stores the model's whole state again
+CHECKPOINT_TOKENS = 1024
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +61,40 @@ except ImportError:  # the package imports without the extra; the class needs it
 
 class StrataLlamaCache(_Base):  # type: ignore[misc]
     """A ``BaseLlamaCache`` for ``llm`` (``llm.set_cache(StrataLlamaCache(llm, config))``)
-    on a store opened for its fingerprint (:meth:`LlamaCppStore.open`'s arguments). Use it
-    from the thread that drives ``llm``; close it (or use it as a context manager) to close
-    the store."""
+    on a store opened for its fingerprint (:meth:`LlamaCppStore.open`'s arguments; for a
+    sliding-window, recurrent or hybrid model :meth:`LlamaCheckpointStore.open`'s, with a
+    checkpoint every ``checkpoint_tokens`` tokens of a prompt, 0 for the message ends only).
+    Use it from the thread that drives ``llm``; close it (or use it as a context manager) to
+    close the store."""
+
+    store: LlamaCppStore | LlamaCheckpointStore
 
     def __init__(
         self,
         llm: Any,
         store_config: StoreConfig | dict[str, Any] | str | None = None,
+        *,
+        checkpoint_tokens: int = CHECKPOINT_TOKENS,
         **open_kw: Any,
     ) -> None:
         if _Base is object:
             raise ConfigError(
                 "StrataLlamaCache needs llama-cpp-python: pip install 'stratastore[llamacpp]'"
             )
-        self.store = LlamaCppStore.open(llm, store_config, **open_kw)
+        if (
+            isinstance(checkpoint_tokens, bool)
+            or not isinstance(checkpoint_tokens, int)
+            or checkpoint_tokens < 0
+        ):
+            raise ConfigError(
+                f"StrataLlamaCache: checkpoint_tokens={checkpoint_tokens!r}: give a token count "
+                ">= 0 (0: a checkpoint at each message's end only)"
+            )
+        self.checkpoint_tokens = checkpoint_tokens
+        if memory_kind(llm) is None:
+            self.store = LlamaCppStore.open(llm, store_config, **open_kw)
+        else:
+            self.store = LlamaCheckpointStore.open(llm, store_config, **open_kw)
         try:
             super().__init__(capacity_bytes=self._budget())
         except BaseException:
@@ -90,10 +125,12 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         """The deepest stored prefix of ``key`` (at most ``len(key) - 1`` tokens) as a
         ``LlamaState`` (logged at INFO: how many of the prompt's tokens it holds); ``KeyError``
         when the store holds no longer prefix of it than the ``Llama`` holds already (``Llama``
-        would not load it: nothing is read)."""
+        would not load it: nothing is read). A model kept at checkpoints: see the module."""
         from llama_cpp.llama import LlamaState
 
         ids = as_tokens(list(key))
+        if isinstance(self.store, LlamaCheckpointStore):
+            self._checkpoints(ids)
         held = self.store.held(ids)  # Llama loads a state only when it holds less than it
         n, data = self.store.prefix_state(ids, arch=self._arch, beyond=held)
         if n <= held:
@@ -108,6 +145,20 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         seed = int(getattr(self._llm, "_seed", 0) or 0)
         return LlamaState(input_ids, scores, n, data, len(data), seed)
 
+    def _checkpoints(self, ids: Any) -> NoReturn:
+        """``cache[prompt]`` for a model kept at checkpoints (see the module): always raises
+        ``KeyError``, the ``Llama`` holding the restored and evaluated prefix itself."""
+        assert isinstance(self.store, LlamaCheckpointStore)
+        n = self.store.restore(ids)
+        if n:
+            log.info("stratastore: restored %d of %d prompt tokens from the store", n, len(ids))
+        try:
+            self.store.prefill(ids, every=self.checkpoint_tokens)
+        except StrataError as e:  # the prompt is evaluated on by generate: a park failed
+            self.errors += 1
+            log.warning("StrataLlamaCache: a checkpoint of the prompt was not stored: %s", e)
+        raise KeyError(f"the Llama holds the first {self.store.held(ids)} tokens of the prompt")
+
     def __setitem__(self, key: Sequence[int], value: Any) -> None:
         """Park the state ``Llama.save_state`` gave (its sequence's tokens are
         ``value.input_ids[:value.n_tokens]``), under a name derived from those tokens. A park
@@ -117,6 +168,17 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         if n <= 0:
             return
         ids = as_tokens(value.input_ids[:n], "the cached state's tokens")
+        if isinstance(self.store, LlamaCheckpointStore):
+            # the Llama's context holds this state now: its sequence is read from there
+            if self._llm.n_tokens != n or self.store.held(ids) != n:
+                return
+            try:
+                self.store.park(ids)
+            except StrataError as e:
+                self.errors += 1
+                log.warning("StrataLlamaCache: the state of %d tokens was not stored: %s", n, e)
+            return
+        assert isinstance(self.store, LlamaCppStore)
         conv_id = "llama-cache-" + blake3.blake3(ids.tobytes()).hexdigest()[:32]
         grid = list(range(CUT_TOKENS, n, CUT_TOKENS))
         try:

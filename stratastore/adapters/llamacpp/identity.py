@@ -26,7 +26,19 @@ from stratastore.errors import ConfigError
 from stratastore.format import DType, ModelFingerprint
 from stratastore.io import StrataIOError, files
 
-__all__ = ["GGUF_MAGIC", "context_layout", "fingerprint", "gguf_digest"]
+__all__ = [
+    "GGUF_MAGIC",
+    "STATE_TOKEN_BYTES",
+    "context_layout",
+    "fingerprint",
+    "gguf_digest",
+    "memory_kind",
+    "state_fingerprint",
+]
+
+#: bytes a token's page entry holds in a store of running states (:func:`state_fingerprint`):
+#: its id, as an unsigned 32-bit little-endian integer
+STATE_TOKEN_BYTES = 4
 
 GGUF_MAGIC = b"GGUF"  #: a GGUF file's first four bytes
 _GGUF_HEAD = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata count
@@ -135,17 +147,13 @@ def context_layout(llm: Any) -> Layout:
         )
     model = llm.model
     arch = str(llm.metadata.get("general.architecture", "?"))
-    memory = [
-        ("a sliding-window (SWA) cache", int(llama_cpp.llama_model_n_swa(model)) > 0),
-        ("a recurrent state", bool(llama_cpp.llama_model_is_recurrent(model))),
-        ("a hybrid (attention + recurrent) memory", bool(llama_cpp.llama_model_is_hybrid(model))),
-    ]
-    for what, has in memory:
-        if has:
-            raise ConfigError(
-                f"the model ({arch}) keeps {what}: the llama.cpp adapter reads a plain K/V "
-                "cache only (one stream, every layer alike)"
-            )
+    what = memory_kind(llm)
+    if what is not None:
+        raise ConfigError(
+            f"the model ({arch}) keeps {what}: LlamaCppStore stores a plain K/V cache as pages "
+            "(one stream, every layer alike); such a model's state is stored whole at "
+            "checkpoints: open LlamaCheckpointStore, or use StrataLlamaCache, which picks it"
+        )
     if getattr(llm, "_logits_all", False):  # llama-cpp-python keeps it in no public attribute
         raise ConfigError(
             "the Llama keeps every token's logits (logits_all=True, or a draft model): a "
@@ -177,25 +185,81 @@ def context_layout(llm: Any) -> Layout:
     )
 
 
-def fingerprint(llm: Any, layout: Layout, *, page_tokens: int = 16) -> ModelFingerprint:
-    """The store's fingerprint for ``llm`` (see the module). A token's rows are stored as bytes
-    (``int8`` items): per layer one "K" half and one "V" half of the token's K row followed by
-    its V row, so every K/V type llama.cpp keeps has one page layout."""
+def memory_kind(llm: Any) -> str | None:
+    """What ``llm``'s model keeps beside (or instead of) a plain K/V cache, in words: a
+    sliding-window cache, a recurrent state, a hybrid memory; ``None`` for a plain K/V cache.
+    A model that keeps one has no per-token K/V rows to store as pages: its sequence's state is
+    stored whole at checkpoints (:class:`~.checkpoints.LlamaCheckpointStore`)."""
+    import llama_cpp
+
+    model = llm.model
+    memory = [
+        ("a hybrid (attention + recurrent) memory", bool(llama_cpp.llama_model_is_hybrid(model))),
+        ("a recurrent state", bool(llama_cpp.llama_model_is_recurrent(model))),
+        ("a sliding-window (SWA) cache", int(llama_cpp.llama_model_n_swa(model)) > 0),
+    ]
+    return next((what for what, has in memory if has), None)
+
+
+def _model_path(llm: Any) -> str:
     path = getattr(llm, "model_path", None)
     if not path or not files.is_file(files.realpath(path)):
         raise ConfigError(f"the Llama's model_path {path!r} is not a file: the adapter reads it")
-    row = layout.k_row + layout.v_row
-    if row % 2:
-        raise ConfigError(f"a token's K and V rows are {row} bytes, an odd number")
+    return str(path)
+
+
+def _settings(llm: Any) -> str:
+    """The context settings that change a state's bytes, as ``name=value`` words: RoPE, and a
+    LoRA adapter (its file's digest and its scale)."""
     params = llm.context_params
     settings = {name: getattr(params, name) for name in _ROPE_FIELDS}
     lora = getattr(llm, "lora_path", None)
     if lora:  # an adapter changes every K/V: its file and its scale are the model too
         settings["lora"] = gguf_digest(lora).hex() if files.is_file(lora) else lora
         settings["lora_scale"] = getattr(llm, "lora_scale", None)
+    return " ".join(f"{k}={v!r}" for k, v in sorted(settings.items()))
+
+
+def state_fingerprint(llm: Any, *, page_tokens: int = 16) -> ModelFingerprint:
+    """The fingerprint of a store of ``llm``'s sequence states kept whole at checkpoints (a
+    model :func:`memory_kind` names): the GGUF's digest as for :func:`fingerprint`, and as the
+    further identity the state's format (llama-cpp-python's version, which vendors llama.cpp),
+    the K/V cache types, flash attention, the full-size sliding-window cache setting and the
+    RoPE and adapter settings. A token's page entry is its id (:data:`STATE_TOKEN_BYTES`: one
+    layer, one head of two ``int8`` items for K and two for V), so the chain's pages hold the
+    tokens and the running states hold the model's memory (spec F-KEY-5)."""
+    import llama_cpp
+
+    path = _model_path(llm)
+    params = llm.context_params
+    version = str(getattr(llama_cpp, "__version__", "?"))
+    extra = (
+        f"llama.cpp sequence state (llama-cpp-python {version}) k={int(params.type_k)} "
+        f"v={int(params.type_v)} flash_attn={int(params.flash_attn_type)} "
+        f"swa_full={bool(getattr(params, 'swa_full', False))} " + _settings(llm)
+    ).encode()
+    return ModelFingerprint.create(
+        "gguf-file:" + gguf_digest(path).hex(),
+        n_layers=1,
+        n_kv_heads=1,
+        head_dim=STATE_TOKEN_BYTES // 2,
+        page_tokens=page_tokens,
+        dtype=DType.INT8,
+        extra=extra,
+    )
+
+
+def fingerprint(llm: Any, layout: Layout, *, page_tokens: int = 16) -> ModelFingerprint:
+    """The store's fingerprint for ``llm`` (see the module). A token's rows are stored as bytes
+    (``int8`` items): per layer one "K" half and one "V" half of the token's K row followed by
+    its V row, so every K/V type llama.cpp keeps has one page layout."""
+    path = _model_path(llm)
+    row = layout.k_row + layout.v_row
+    if row % 2:
+        raise ConfigError(f"a token's K and V rows are {row} bytes, an odd number")
     extra = (
         f"llama.cpp k={layout.k_type}/{layout.k_row} v={layout.v_type}/{layout.v_row} "
-        + " ".join(f"{k}={v!r}" for k, v in sorted(settings.items()))
+        + _settings(llm)
     ).encode()
     return ModelFingerprint.create(
         "gguf-file:" + gguf_digest(path).hex(),
