@@ -4,7 +4,8 @@ users drive it: four conversations of two turns, the server stopped with SIGTERM
 again between the turns. The replies are those of the same server without a cache; the second
 turns are restored from the store (its log says so, and its counters when it stops); the store
 is one ``strata fsck --deep`` finds clean after the stop and after a kill -9, and a server
-started after the kill -9 is served from it."""
+started after the kill -9 is served from it. A recurrent model's second turn is served from a
+checkpoint of its first."""
 
 from __future__ import annotations
 
@@ -200,6 +201,24 @@ def test_two_turns_across_a_sigterm_restart_are_served_from_the_store(
         assert "stratastore: restored" in third.text()
         assert third.stop(signal.SIGTERM) in STOPPED
     assert CLOSED in third.text()
+    fsck_clean(store)
+
+
+def test_a_recurrent_model_is_served_from_its_checkpoints_across_a_restart(
+    mamba: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    with serving(plain_server(mamba), tmp_path / "plain.log") as plain:
+        want1 = ask(plain, first_turn(1))
+        want2 = ask(plain, second_turn(1, want1))
+    with serving(strata_server(mamba, store), tmp_path / "first.log") as first:
+        assert ask(first, first_turn(1)) == want1
+        assert first.stop(signal.SIGTERM) in STOPPED
+    fsck_clean(store)
+    with serving(strata_server(mamba, store), tmp_path / "second.log") as second:
+        assert ask(second, second_turn(1, want1)) == want2
+        assert "stratastore: restored" in second.text()  # from a checkpoint of the first turn
+        assert second.stop(signal.SIGTERM) in STOPPED
     fsck_clean(store)
 
 
