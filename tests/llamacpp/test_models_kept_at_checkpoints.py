@@ -125,6 +125,52 @@ def test_a_flipped_byte_in_a_state_restores_the_checkpoint_before_it(
     assert got == reply(load(model, n_ctx=1024))
 
 
+def test_one_llama_repeating_a_prompt_or_editing_it_replies_as_a_full_evaluation(
+    model: Path, tmp_path: Path
+) -> None:
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    rng = np.random.default_rng(9)
+    prompt = [1, *(int(x) for x in rng.integers(3, 500, 150))]
+    edited = prompt[:100] + [int(x) for x in rng.integers(3, 500, 30)]
+
+    def complete(llm: Any, p: list[int]) -> str:
+        return str(llm.create_completion(p, max_tokens=12, temperature=0.0)["choices"][0]["text"])
+
+    llm = load(model, n_ctx=1024)
+    cfg = {**store_config(str(tmp_path / "store")), "page_resume": True}
+    with StrataLlamaCache(llm, cfg, checkpoint_tokens=40) as cache:
+        llm.set_cache(cache)
+        first = complete(llm, prompt)
+        # the same prompt again: the Llama holds it and its reply; a memory that cannot be
+        # cut back to the prompt (recurrent) restores the checkpoint at 120
+        before = cache.store.store.stats()["tokens_restored"]
+        assert complete(llm, prompt) == first
+        again = cache.store.store.stats()["tokens_restored"] - before
+        reads = []
+        real = cache.store.store.restore
+        cache.store.store.restore = lambda *a, **k: reads.append(1) or real(*a, **k)
+        got = complete(llm, edited)  # the Llama holds the old prompt: cut back, or restored
+        restored = cache.store.store.stats()["tokens_restored"] - before - again
+    assert first == complete(load(model, n_ctx=1024), prompt)
+    assert got == complete(load(model, n_ctx=1024), edited)
+    if "mamba" in model.name:
+        assert again == 120
+        assert restored == 80 and len(reads) == 1  # one read: page_resume is off here
+    else:  # a sliding-window cache is cut back to what it holds of the prompt
+        assert again == restored == 0
+
+
+def test_a_llama_keeping_every_tokens_logits_is_refused(mamba: Path, tmp_path: Path) -> None:
+    import llama_cpp
+
+    from stratastore.adapters.llamacpp import LlamaCheckpointStore
+
+    llm = llama_cpp.Llama(str(mamba), n_ctx=256, logits_all=True, verbose=False)
+    with pytest.raises(ConfigError, match="logits_all"):
+        LlamaCheckpointStore.open(llm, store_config(str(tmp_path / "store")))
+
+
 def test_the_page_store_and_the_checkpoint_store_refuse_each_others_models(
     tiny: Path, mamba: Path, gemma2: Path, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ system-prompt cache) a park is durable when it returns; otherwise after :meth:`f
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -94,17 +95,36 @@ class LlamaCheckpointStore:
     ) -> LlamaCheckpointStore:
         """Open the Store for ``llm``'s state fingerprint (:func:`~.identity.state_fingerprint`);
         a store directory holding another model's states refuses it (spec F-DIR-6).
+        A state resumes only at its checkpoint, so the store's ``page_resume`` is off here
+        whatever the settings say (a page inside a checkpoint has no state to resume with).
         :class:`ConfigError` for a model that keeps a plain K/V cache
-        (:class:`~.store.LlamaCppStore` stores those as pages)."""
+        (:class:`~.store.LlamaCppStore` stores those as pages), a ``Llama`` that keeps every
+        token's logits (``logits_all``, a draft model: a rejected draft leaves a recurrent
+        memory ahead of the tokens it holds) and a sliding-window cache of the window only
+        (``swa_full=False``: cut back, it no longer holds the window below the cut)."""
         if memory_kind(llm) is None:
             raise ConfigError(
                 "the model keeps a plain K/V cache: LlamaCppStore stores it as pages (any "
                 "prefix restores, and equal prefixes share them); LlamaCheckpointStore is for "
                 "sliding-window, recurrent and hybrid models"
             )
+        if getattr(llm, "_logits_all", False) or getattr(llm, "draft_model", None) is not None:
+            raise ConfigError(
+                "the Llama keeps every token's logits (logits_all=True, or a draft model): a "
+                "restored checkpoint has no logits for its tokens, and a rejected draft cannot "
+                "be cut out of a recurrent memory; create it with logits_all=False and no "
+                "draft model"
+            )
+        if not bool(getattr(llm.context_params, "swa_full", True)):
+            raise ConfigError(
+                "the Llama keeps only the sliding window (swa_full=False): a state cut back to "
+                "an earlier length lacks the window below it; create it with swa_full=True "
+                "(llama-cpp-python's default)"
+            )
         fp = state_fingerprint(llm, page_tokens=page_tokens)
+        cfg = dataclasses.replace(StoreConfig.of(store_config), page_resume=False)
         try:
-            store = Store.open(fp, store_config, **store_kw)
+            store = Store.open(fp, cfg, **store_kw)
         except IncompatibleFingerprint as e:
             raise explain_refusal(e) from None
         return cls(llm, store, fp)
@@ -172,6 +192,7 @@ class LlamaCheckpointStore:
 
         if self.llm.n_tokens <= n:
             return int(self.llm.n_tokens)
+        self.llm._requires_eval = True  # the logits held are of a token past the cut
         mem = llama_cpp.llama_get_memory(self.llm.ctx)
         if n > 0 and llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
             self.llm.n_tokens = n
@@ -199,7 +220,8 @@ class LlamaCheckpointStore:
     def park_state(self, token_ids: TokenIds, state: bytes) -> ParkReport:
         """Store ``state`` (llama.cpp's state of a sequence holding ``token_ids``, as
         ``llama_state_seq_get_data`` wrote it) as the checkpoint at ``len(token_ids)``, a
-        conversation named from the tokens."""
+        conversation named from the tokens. A state the store refuses to keep (over its
+        budget: ``where == "discard"``) is counted by the store, not raised."""
         ids = as_tokens(token_ids, "park: token_ids")
         n = len(ids)
         if n == 0 or not state:
@@ -219,19 +241,21 @@ class LlamaCheckpointStore:
 
     def restore(self, prompt: TokenIds, *, seq: int = 0, max_tokens: int | None = None) -> int:
         """Load the deepest stored checkpoint that is a prefix of ``prompt`` into sequence
-        ``seq`` and return its length ``n`` (0: none; the sequence untouched); evaluate
+        ``seq`` and return its length ``n`` (0: none); evaluate
         ``prompt[n:]`` after it. ``n`` is at most ``max_tokens``, by default ``len(prompt) -
         1`` (the model needs the last prompt token's logits), and for sequence 0 never more.
         A checkpoint whose state or tokens fail validation, or whose state llama.cpp refuses,
-        is passed over for the deepest one below it. For sequence 0, when the ``Llama``
-        already holds at least as long a prefix, nothing is read and 0 is returned."""
+        is passed over for the deepest one below it (a refused state leaves the sequence
+        empty). For sequence 0 the ``Llama`` is first cut back to the prompt's prefix it holds
+        (to nothing, for a memory that cannot be cut there); when it then holds at least as
+        long a prefix as the store, nothing is read and 0 is returned."""
         self._check_seq(seq)
         ids = as_tokens(prompt)
         cap = min(_cap(len(ids), max_tokens), int(self.llm.n_ctx()))
         held = 0
-        if seq == 0:
+        if seq == 0:  # what the Llama holds of the prompt and can keep (cut back to it now)
             cap = min(cap, len(ids) - 1)
-            held = self.held(ids)
+            held = self._keep(min(self.held(ids), cap))
         while cap > held:
             want = self.lookup(ids, max_tokens=cap)
             if want <= held:
@@ -244,6 +268,9 @@ class LlamaCheckpointStore:
                 if seq == 0:  # what Llama evaluates next goes on from these tokens
                     self.llm.input_ids[:n] = ids[:n]
                     self.llm.n_tokens = n
+                    self.llm._requires_eval = True  # no logits: the next token is evaluated
+                if got.source in ("ram", "pending"):  # a whole restore from RAM took it out
+                    self.park_state(ids[:n], got.state)
                 return n
             if seq == 0 and n > held and got.state is not None:  # refused: the sequence is empty
                 self.llm.n_tokens = held = 0
@@ -265,7 +292,7 @@ class LlamaCheckpointStore:
         cap = min(_cap(len(ids), max_tokens), len(ids) - 1, int(self.llm.n_ctx()))
         vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         eog = [t for t in np.unique(ids[:cap]) if llama_cpp.llama_vocab_is_eog(vocab, int(t))]
-        start = self._keep(self.held(ids))
+        start = self._keep(min(self.held(ids), cap))
         marks = [c for c in checkpoint_lengths(ids[:cap], eog, every) if c > start]
         parked = []
         for c in marks:
