@@ -192,7 +192,6 @@ class LlamaCheckpointStore:
 
         if self.llm.n_tokens <= n:
             return int(self.llm.n_tokens)
-        self.llm._requires_eval = True  # the logits held are of a token past the cut
         mem = llama_cpp.llama_get_memory(self.llm.ctx)
         if n > 0 and llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
             self.llm.n_tokens = n
@@ -268,7 +267,6 @@ class LlamaCheckpointStore:
                 if seq == 0:  # what Llama evaluates next goes on from these tokens
                     self.llm.input_ids[:n] = ids[:n]
                     self.llm.n_tokens = n
-                    self.llm._requires_eval = True  # no logits: the next token is evaluated
                 if got.source in ("ram", "pending"):  # a whole restore from RAM took it out
                     self.park_state(ids[:n], got.state)
                 return n
