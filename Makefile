@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extras test-vllm test-llamacpp lint typecheck unit bench soak clean
+.PHONY: demo test test-extras test-vllm test-llamacpp test-sglang lint typecheck unit bench soak clean
 
 DEMO_STAMP := $(VENV)/.installed-demo
 
@@ -87,6 +87,29 @@ $(LLAMA_STAMP): pyproject.toml
 test-llamacpp: $(LLAMA_STAMP)
 	STRATA_REQUIRE_LLAMACPP=1 STRATA_RELIABILITY_ENFORCE=0 \
 		$(LLAMA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/llamacpp
+
+# SGLang HiCache's storage backend (stratastore.adapters.sglang) through SGLang's own backend
+# factory, in an environment of its own, .venv-sglang: sglang pins a torch this machine's CPU
+# wheels do not have, so it goes in without its dependencies beside torch's CPU wheel, with the
+# packages its storage modules import (docs/testing.md). `make test` skips these tests, naming
+# this target.
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_DEPS := orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
+	pyzmq tqdm IPython aiohttp
+
+$(SGLANG_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps sglang==0.5.23
+	$(SGLANG_VENV)/bin/python -m pip install -q $(SGLANG_DEPS) -e '.[redis]' pytest hypothesis \
+		pytest-benchmark
+	touch $(SGLANG_STAMP)
+
+test-sglang: $(SGLANG_STAMP)
+	STRATA_REQUIRE_SGLANG=1 STRATA_RELIABILITY_ENFORCE=0 \
+		$(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sglang
 
 # The reliability suite at 10x the work of a CI run (and 10x its floors); prints the counts.
 soak: $(STAMP)

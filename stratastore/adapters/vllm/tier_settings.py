@@ -19,26 +19,20 @@ refused (two values for one setting). A level is a :class:`~stratastore.chunks.C
 
 from __future__ import annotations
 
-import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stratastore.chunks import ChunkConfig, ChunkLevel
-from stratastore.config import MAX_CONFIG_BYTES
+from stratastore.adapters.chunk_levels import chunk_levels, read_toml
+from stratastore.chunks import ChunkConfig
 from stratastore.errors import ConfigError
-from stratastore.io import StrataIOError, files
 
 __all__ = ["HASH_ALGOS", "LOAD_THREADS", "STORE_THREADS", "TierSettings"]
 
 #: vLLM's ``--prefix-caching-hash-algo`` values (``vllm/utils/hashing.py``)
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
-_GIB = 1 << 30
 _WHERE = "the StrataTier entry of secondary_tiers"
-#: the keys of one level
-_LEVEL_KEYS = frozenset({"spec", "budget_bytes", "budget_gib", "max_age_s", "settings"})
 
 
 def _positive_int(name: str, value: object, where: str, *, least: int = 1) -> int:
@@ -86,7 +80,7 @@ class TierSettings:
         if path is not None:
             if not isinstance(path, str) or not path:
                 raise ConfigError(f"{_WHERE}: config must name a TOML file, not {path!r}")
-            from_file = _read_toml(path)
+            from_file = read_toml(path, _WHERE)
             both = sorted(set(from_file) & set(given))
             if both:
                 raise ConfigError(
@@ -116,13 +110,7 @@ class TierSettings:
                 f"{where}: unknown setting(s) {', '.join(unknown)}; the tier takes "
                 f"{', '.join(sorted(known | {'config'}))}"
             )
-        raw_levels = doc.get("levels")
-        if not isinstance(raw_levels, list) or not raw_levels:
-            raise ConfigError(
-                f'{where}: "levels" must list at least one level, e.g. [{{"spec": '
-                '"/var/lib/strata-kv", "budget_gib": 100}]'
-            )
-        levels = tuple(_level(i, lv, where) for i, lv in enumerate(raw_levels))
+        levels = chunk_levels(doc.get("levels"), where)
         when_full = doc.get("when_full", "evict")
         try:
             chunks = ChunkConfig(levels, when_full=when_full, name=doc.get("name", "vLLM chunk"))
@@ -160,49 +148,3 @@ class TierSettings:
             hash_algo=algo,
             source=where,
         )
-
-
-def _level(i: int, raw: object, where: str) -> ChunkLevel:
-    """Level ``i`` of ``levels`` as a :class:`ChunkLevel`."""
-    at = f"{where}: levels[{i}]"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f'{at} must be a table like {{"spec": DIR, "budget_gib": 100}}')
-    unknown = sorted(set(raw) - _LEVEL_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{at}: unknown key(s) {', '.join(unknown)}; a level takes "
-            f"{', '.join(sorted(_LEVEL_KEYS))}"
-        )
-    spec = raw.get("spec")
-    if not isinstance(spec, str) or not spec:
-        raise ConfigError(f"{at}: spec must name a directory or a level URL, not {spec!r}")
-    if ("budget_bytes" in raw) == ("budget_gib" in raw):
-        raise ConfigError(f"{at}: give exactly one of budget_bytes and budget_gib")
-    if "budget_gib" in raw:
-        gib = raw["budget_gib"]
-        if isinstance(gib, bool) or not isinstance(gib, int | float) or not gib > 0:
-            raise ConfigError(f"{at}: budget_gib = {gib!r}; give a number of GiB > 0")
-        if not math.isfinite(gib):
-            raise ConfigError(f"{at}: budget_gib = {gib!r}; give a finite number of GiB")
-        budget = max(1, int(gib * _GIB))
-    else:
-        budget = raw["budget_bytes"]
-    settings = raw.get("settings", {})
-    if not isinstance(settings, Mapping):
-        raise ConfigError(f"{at}: settings must be a table of the level's own settings")
-    try:
-        return ChunkLevel(spec, budget, raw.get("max_age_s", 0), dict(settings))
-    except ConfigError as e:
-        raise ConfigError(f"{at}: {e}") from None
-
-
-def _read_toml(path: str) -> dict[str, Any]:
-    """The TOML file ``path`` as a dict (at most :data:`MAX_CONFIG_BYTES`)."""
-    try:
-        data = files.read_file(files.realpath(path), MAX_CONFIG_BYTES)
-    except StrataIOError as e:
-        raise ConfigError(f"{_WHERE}: the config {path} cannot be read ({e})") from None
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{_WHERE}: {path} is not valid TOML ({e})") from None

@@ -1,0 +1,328 @@
+"""SGLang HiCache's storage backend on stratastore's chunk store: ``StrataHiCacheStorage``, loaded
+by SGLang's ``dynamic`` backend (``--hicache-storage-backend dynamic`` and
+``--hicache-storage-backend-extra-config`` naming this module and class: docs/engine.md,
+"SGLang HiCache: a storage backend").
+
+SGLang's ``HiCacheController`` keeps K/V in GPU memory, then in its host pool (``HostKVCache``),
+then in a storage backend, page by page, each page named by a chain of SHA-256 hashes over its
+tokens and every token before it (``get_storage_hash_str``). A backend sees host memory only.
+This one (the ``HiCacheStorage`` contract of SGLang 0.5.23):
+
+- **Keys.** SGLang's page hashes carry no model, so a page's chunk key is its hash under the
+  namespace ``sglang-hicache-v1``, the pool (``kv``; a sidecar pool's name) and the shard it
+  holds (the TP rank of ``tp_size``, or ``mla`` where every rank holds the same page; the
+  pipeline and context-parallel ranks), through :func:`~stratastore.chunks.chunk_key`; the
+  levels are opened for a fingerprint of the weights (every byte:
+  :func:`~stratastore.adapters.vllm.identity.weights_identity`), the host pool's dtype,
+  layout, page size and bytes a token, and the parallel layout, so a level written for another
+  model or layout refuses to open (:class:`~stratastore.format.IncompatibleFingerprint`) and no
+  page of it reaches this host pool. The store is opened when SGLang registers the host pool
+  (``register_mem_pool_host``, right after it builds the backend): its geometry is part of the
+  identity.
+- **Reads are validated.** ``get``, ``batch_get``, ``batch_get_v1`` read a page into host
+  memory only after every byte of it was BLAKE3-checked in the memory it is read into
+  (:meth:`~stratastore.chunks.ChunkStore.get_into`); a damaged page is a miss (``None`` /
+  ``False``: SGLang recomputes it) and is removed from its level; a batch stops at its first
+  miss, as SGLang counts only the leading pages read.
+- **Writes are durable when they return True**: ``set``, ``batch_set``, ``batch_set_v1`` put
+  the pages with one group commit a batch (written, fsynced, renamed in, the directory fsynced:
+  spec F-DUR); a page already held is not written again; a page the levels cannot fit is
+  ``False``.
+- ``batch_exists`` is the leading pages held on some level (a Redis level asked once for the
+  batch); ``exists`` one page.
+- ``get_stats`` gives SGLang's ``StorageMetrics`` (pages and GB/s of each batch read and write
+  since the last call) where SGLang's metrics module imports; ``clear`` removes nothing (a page
+  acknowledged is never deleted: the levels' budgets and ``strata gc`` age pages out) and
+  returns ``False``; ``close`` closes the store.
+- The host pool is used through the methods every ``HostKVCache`` has (``get_data_page``,
+  ``get_dummy_flat_data_page``, ``set_from_flat_data_page``): any layout SGLang's pool
+  supports (``layer_first``, ``page_first``, ``page_first_direct``) is a flat page of bytes
+  here, copied once each way between the page and the pool.
+- The sidecar pools' calls (``batch_exists_v2``, ``batch_get_v2``, ``batch_set_v2``, for
+  hybrid models' Mamba and sliding-window pools) are not served: they raise as
+  ``HiCacheStorage``'s own do, and SGLang then runs without this backend for those models.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from stratastore.adapters.sglang.settings import BackendSettings
+from stratastore.adapters.vllm.identity import weights_identity
+from stratastore.chunks import ChunkStore, chunk_key
+from stratastore.errors import ConfigError, StrataError
+from stratastore.format import DType, ModelFingerprint
+
+__all__ = ["StrataHiCacheStorage", "page_namespace"]
+
+log = logging.getLogger("stratastore.adapters.sglang")
+
+try:
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+except ImportError:  # the package imports without SGLang; the class needs it
+    _Base = object
+
+_DTYPES = {
+    "float16": DType.FLOAT16,
+    "bfloat16": DType.BFLOAT16,
+    "float32": DType.FLOAT32,
+    "float8_e4m3fn": DType.FLOAT8_E4M3,
+    "float8_e5m2": DType.FLOAT8_E5M2,
+    "int8": DType.INT8,
+    "uint8": DType.INT8,
+}
+
+
+def page_namespace(config: Any, pool: str = "kv") -> str:
+    """The chunk-key namespace of ``pool``'s pages under SGLang's ``HiCacheStorageConfig``
+    ``config`` (see the module): the pages one shard of one pool holds."""
+    shard = "mla" if config.is_mla_model else f"tp{config.tp_rank}/{config.tp_size}"
+    if config.pp_size > 1:
+        shard += f";pp{config.pp_rank}/{config.pp_size}"
+    if config.attn_cp_size > 1:
+        shard += f";cp{config.attn_cp_rank}/{config.attn_cp_size}"
+    return f"sglang-hicache-v1;pool={pool};{shard}"
+
+
+def _bytes_of(tensor: Any) -> memoryview:
+    """A CPU tensor's bytes, without a copy where it is contiguous."""
+    return memoryview(tensor.contiguous().view(-1).view(_uint8()).numpy())
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+class StrataHiCacheStorage(_Base):  # type: ignore[misc]
+    """A ``HiCacheStorage`` on a :class:`~stratastore.chunks.ChunkStore` (see the module), as
+    SGLang's factory builds a dynamic backend: ``StrataHiCacheStorage(storage_config,
+    kwargs)``. Thread-safe: SGLang's prefetch and backup threads call it at once."""
+
+    def __init__(self, storage_config: Any, kwargs: Any = None) -> None:
+        if _Base is object:
+            raise ConfigError(
+                "StrataHiCacheStorage needs SGLang (sglang.srt.mem_cache.hicache_storage): "
+                "install SGLang beside stratastore"
+            )
+        self.storage_config = storage_config
+        self.settings = BackendSettings.from_extra_config(storage_config.extra_config)
+        self.namespace = page_namespace(storage_config)
+        self.store: ChunkStore | None = None
+        self.mem_pool_host: Any = None
+        self._lock = threading.Lock()
+        self._metrics: dict[str, list[float]] = _empty_metrics()
+
+    # -- set-up --------------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Take SGLang's host pool and open the store for the model and this pool's geometry
+        (see the module). Raises what :meth:`ChunkStore.open` raises: another model's level,
+        a level that cannot be reached."""
+        with self._lock:
+            if self.store is not None:
+                if mem_pool_host is self.mem_pool_host:
+                    return
+                raise ConfigError(
+                    "StrataHiCacheStorage: a second host pool registered; the backend serves "
+                    "one (build one backend a pool)"
+                )
+            self.mem_pool_host = mem_pool_host
+            self.store = ChunkStore.open(self.settings.chunks, self.fingerprint(mem_pool_host))
+
+    def fingerprint(self, pool: Any) -> ModelFingerprint:
+        """The levels' fingerprint for ``pool`` (SGLang's ``HostKVCache``) under this backend's
+        storage config (see the module)."""
+        cfg = self.storage_config
+        model = self.settings.model or cfg.model_name
+        if not model:
+            raise ConfigError(
+                f"{self.settings.source}: SGLang gave no model_name; name the weights "
+                '("model": "/models/Llama-3.1-8B")'
+            )
+        dtype = str(pool.dtype).removeprefix("torch.")
+        per_token = int(pool.get_size_per_token())
+        page_size = int(pool.page_size)
+        extra = (
+            f"sglang-hicache-v1;dtype={dtype};layout={pool.layout};page_size={page_size};"
+            f"bytes_per_token={per_token};pool={type(pool).__name__};"
+            f"{page_namespace(cfg)};tp_size={cfg.tp_size};mla={int(cfg.is_mla_model)}"
+        ).encode()
+        return ModelFingerprint.create(
+            weights_identity(model, None),
+            n_layers=max(1, int(getattr(pool, "layer_num", 1) or 1)),
+            n_kv_heads=1,
+            head_dim=1,
+            page_tokens=max(1, page_size),
+            dtype=_DTYPES.get(dtype, DType.INT8),
+            extra=extra,
+        )
+
+    def _store(self) -> ChunkStore:
+        store = self.store
+        if store is None:
+            raise ConfigError(
+                "StrataHiCacheStorage: no host pool registered yet (SGLang registers it right "
+                "after building the backend: call register_mem_pool_host(pool) first)"
+            )
+        return store
+
+    def _key(self, key: str) -> bytes:
+        return chunk_key(key, namespace=self.namespace)
+
+    # -- lookups -------------------------------------------------------------------------------
+    def exists(self, key: str) -> bool:
+        return self._store().exists(self._key(key))
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        """How many of ``keys``, from the first, some level holds."""
+        return self._store().batch_exists([self._key(k) for k in keys])
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any | None:
+        """The page into ``target_location`` (a CPU tensor of the page's size; default a new
+        flat page of the host pool), validated: that tensor, or ``None`` for a miss."""
+        dst = target_location
+        if dst is None:
+            dst = self._pool().get_dummy_flat_data_page()
+        got = self._store().get_into(self._key(key), _bytes_of(dst))
+        return dst if got is not None else None
+
+    def batch_get(
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
+    ) -> list[Any | None]:
+        """:meth:`get` of each key (``None`` from the first miss on)."""
+        start = time.perf_counter()
+        locations = list(target_locations) if target_locations is not None else [None] * len(keys)
+        out: list[Any | None] = []
+        for key, dst in zip(keys, locations, strict=True):
+            page = self.get(key, dst) if (not out or out[-1] is not None) else None
+            out.append(page)
+        self._measure("prefetch", out, start)
+        return out
+
+    def batch_get_v1(
+        self, keys: list[str], host_indices: Any, extra_info: Any = None
+    ) -> list[bool]:
+        """Read each page into the host pool at ``host_indices[i * page_size]``, validated
+        first; ``False`` from the first miss on."""
+        pool = self._pool()
+        store = self._store()
+        start = time.perf_counter()
+        done: list[bool] = []
+        for i, key in enumerate(keys):
+            if done and not done[-1]:
+                done.append(False)
+                continue
+            page = pool.get_dummy_flat_data_page()
+            ok = store.get_into(self._key(key), _bytes_of(page)) is not None
+            if ok:
+                pool.set_from_flat_data_page(int(host_indices[i * pool.page_size]), page)
+            done.append(ok)
+        self._measure("prefetch", done, start)
+        return done
+
+    # -- writes --------------------------------------------------------------------------------
+    def set(
+        self,
+        key: str,
+        value: Any = None,
+        target_location: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        """Put ``value`` (a CPU tensor: the page) under ``key``; True once durable."""
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any = None,
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        """Put every page, one group commit; True when all are durable (or held already)."""
+        if values is None:
+            return False
+        return all(self._put(keys, [_bytes_of(v) for v in values]))
+
+    def batch_set_v1(
+        self, keys: list[str], host_indices: Any, extra_info: Any = None
+    ) -> list[bool]:
+        """Put the pages of the host pool at ``host_indices[i * page_size]``, one group commit:
+        for each, whether it is durable (or held already)."""
+        pool = self._pool()
+        pages = [
+            _bytes_of(pool.get_data_page(int(host_indices[i * pool.page_size]), flat=True))
+            for i in range(len(keys))
+        ]
+        return self._put(keys, pages)
+
+    def _put(self, keys: Sequence[str], pages: Sequence[memoryview]) -> list[bool]:
+        start = time.perf_counter()
+        try:
+            outcomes = self._store().put_many([self._key(k) for k in keys], pages)
+        except StrataError as e:  # a key or page the store refuses: nothing was put
+            log.warning("stratastore: %d HiCache pages not stored: %s", len(keys), e)
+            return [False] * len(keys)
+        done = []
+        for key, r in zip(keys, outcomes, strict=True):
+            if isinstance(r, StrataError):
+                log.warning("stratastore: the HiCache page %s was not stored: %s", key, r)
+            done.append(r in ("stored", "present"))
+        self._measure("backup", done, start)
+        return done
+
+    # -- the rest of the contract ---------------------------------------------------------------
+    def clear(self) -> bool:
+        """Removes nothing (see the module) and says so; ``False``."""
+        log.warning(
+            "stratastore: clear asked of the HiCache backend; nothing removed (acknowledged "
+            "pages are kept: the levels' budgets and `strata gc` age them out)"
+        )
+        return False
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` of the batches since the last call (``None`` where
+        SGLang's metrics module does not import)."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+        except ImportError:
+            return None
+        with self._lock:
+            m, self._metrics = self._metrics, _empty_metrics()
+        return StorageMetrics(
+            prefetch_pgs=[int(x) for x in m["prefetch_pgs"]],
+            backup_pgs=[int(x) for x in m["backup_pgs"]],
+            prefetch_bandwidth=m["prefetch_bandwidth"],
+            backup_bandwidth=m["backup_bandwidth"],
+        )
+
+    def close(self) -> None:
+        """Close the store (idempotent)."""
+        with self._lock:
+            store, self.store = self.store, None
+        if store is not None:
+            store.close()
+
+    def _pool(self) -> Any:
+        if self.mem_pool_host is None:
+            self._store()  # raises, naming the fix
+        return self.mem_pool_host
+
+    def _measure(self, what: str, done: Sequence[object], start: float) -> None:
+        pages = sum(1 for d in done if d is not None and d is not False)
+        if not pages or self.mem_pool_host is None:
+            return
+        seconds = max(time.perf_counter() - start, 1e-9)
+        per_page = int(self.mem_pool_host.get_size_per_token()) * int(self.mem_pool_host.page_size)
+        with self._lock:
+            self._metrics[f"{what}_pgs"].append(pages)
+            self._metrics[f"{what}_bandwidth"].append(pages * per_page / seconds / 1e9)
+
+
+def _empty_metrics() -> dict[str, list[float]]:
+    return {k: [] for k in ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
