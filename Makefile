@@ -122,4 +122,4 @@ bench: $(STAMP)
 	STRATA_BENCH_SCALE=full $(BIN)/python -m pytest tests/bench -q -s --benchmark-only
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks

@@ -67,9 +67,11 @@ def hashes(tokens: list[int], page_size: int) -> list[str]:
 
 
 def zero_copy(b: Any) -> bool:
-    return bool((getattr(b, "storage_config", None) and b.storage_config.extra_config or {}).get(
-        "interface_v1"
-    ))
+    return bool(
+        ((getattr(b, "storage_config", None) and b.storage_config.extra_config) or {}).get(
+            "interface_v1"
+        )
+    )
 
 
 def indices(first_page: int, pages: int, page_size: int) -> torch.Tensor:

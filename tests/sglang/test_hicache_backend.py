@@ -22,9 +22,6 @@ import pytest
 from tests import redis_servers
 from tests.fsck_cli import fsck_deep
 
-from .harness import backend, backup, hashes, prefetch
-from .host_pool import CpuHostPool
-
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = list(range(3, 3 + 64 * 40))  #: 40 pages of 64 tokens
 
@@ -62,7 +59,8 @@ def test_pages_read_back_byte_identical(
 ) -> None:
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-    from .harness import STRATA, storage_config
+    from .harness import STRATA, backup, hashes, prefetch, storage_config
+    from .host_pool import CpuHostPool
 
     pool = CpuHostPool(layout=layout, size=64 * 16)
     for i in range(8):
@@ -172,6 +170,9 @@ def test_two_processes_share_one_redis_level(tmp_path: Path, model: str) -> None
 def test_another_models_level_refuses_to_open(tmp_path: Path, model: str) -> None:
     from stratastore.format import IncompatibleFingerprint
 
+    from .harness import backend, backup, hashes
+    from .host_pool import CpuHostPool
+
     where = levels(tmp_path / "l")
     pool = CpuHostPool()
     b = backend("strata", where, pool, model)
@@ -185,6 +186,9 @@ def test_another_models_level_refuses_to_open(tmp_path: Path, model: str) -> Non
 
 def test_settings_it_cannot_use_are_refused_by_name(tmp_path: Path, model: str) -> None:
     from stratastore.errors import ConfigError
+
+    from .harness import backend
+    from .host_pool import CpuHostPool
 
     pool = CpuHostPool()
     with pytest.raises(ConfigError, match="levels"):
