@@ -85,6 +85,29 @@ def test_pages_read_back_byte_identical(
         b.close()
 
 
+def test_the_generic_calls_serve_pages_before_any_host_pool_is_registered(
+    tmp_path: Path, model: str
+) -> None:
+    import torch
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    from .harness import STRATA, hashes, storage_config
+
+    cfg = storage_config({**STRATA, "levels": levels(tmp_path / "l")}, model)
+    b = StorageBackendFactory.create_backend("dynamic", cfg, None)
+    keys = hashes(TOKENS, 64)[:3]
+    pages = [torch.randn(4096, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    try:
+        assert b.batch_set(keys, pages) and b.set(keys[0], pages[0])
+        assert b.batch_exists(keys) == 3 and not b.exists("another page")
+        into = [torch.empty(4096) for _ in keys]
+        got = b.batch_get(keys, into)
+        assert all(g is t and g.equal(p) for g, t, p in zip(got, into, pages, strict=True))
+        assert b.get(keys[1]).view(torch.float32).equal(pages[1])  # as bytes, no pool to shape
+    finally:
+        b.close()
+
+
 def test_a_fresh_process_is_served_what_the_last_one_wrote(tmp_path: Path, model: str) -> None:
     where = levels(tmp_path / "l")
     common = {"kind": "strata", "where": where, "model": model, "tokens": TOKENS, "seed": 7}

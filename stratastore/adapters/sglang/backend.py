@@ -9,16 +9,16 @@ tokens and every token before it (``get_storage_hash_str``). A backend sees host
 This one (the ``HiCacheStorage`` contract of SGLang 0.5.23):
 
 - **Keys.** SGLang's page hashes carry no model, so a page's chunk key is its hash under the
-  namespace ``sglang-hicache-v1``, the pool (``kv``; a sidecar pool's name) and the shard it
+  namespace ``sglang-hicache-v1``, the pool (``kv``; a sidecar pool's name), the shard it
   holds (the TP rank of ``tp_size``, or ``mla`` where every rank holds the same page; the
-  pipeline and context-parallel ranks), through :func:`~stratastore.chunks.chunk_key`; the
-  levels are opened for a fingerprint of the weights (every byte:
-  :func:`~stratastore.adapters.vllm.identity.weights_identity`), the host pool's dtype,
-  layout, page size and bytes a token, and the parallel layout, so a level written for another
-  model or layout refuses to open (:class:`~stratastore.format.IncompatibleFingerprint`) and no
-  page of it reaches this host pool. The store is opened when SGLang registers the host pool
-  (``register_mem_pool_host``, right after it builds the backend): its geometry is part of the
-  identity.
+  pipeline and context-parallel ranks) and, once SGLang registers its host pool
+  (``register_mem_pool_host``, right after it builds the backend), the pool's dtype, layout,
+  page size and bytes a token, through :func:`~stratastore.chunks.chunk_key`: a page written
+  for another shard or layout is another key, never read into this pool. The levels are opened
+  when the backend is built, for a fingerprint of the weights (every byte:
+  :func:`~stratastore.adapters.vllm.identity.weights_identity`) and the parallel layout, so a
+  level written for another model refuses to open
+  (:class:`~stratastore.format.IncompatibleFingerprint`).
 - **Reads are validated.** ``get``, ``batch_get``, ``batch_get_v1`` read a page into host
   memory only after every byte of it was BLAKE3-checked in the memory it is read into
   (:meth:`~stratastore.chunks.ChunkStore.get_into`); a damaged page is a miss (``None`` /
@@ -54,7 +54,7 @@ from typing import Any
 
 from stratastore.adapters.sglang.settings import BackendSettings
 from stratastore.adapters.vllm.identity import weights_identity
-from stratastore.chunks import ChunkStore, chunk_key
+from stratastore.chunks import ChunkStore, ChunkStoreClosed, chunk_key
 from stratastore.errors import ConfigError, StrataError
 from stratastore.format import DType, ModelFingerprint
 
@@ -98,6 +98,12 @@ def _bytes_of(tensor: Any) -> memoryview:
     return memoryview(tensor.contiguous().view(-1).view(_uint8()).numpy())
 
 
+def _tensor_of(data: bytes) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 def _uint8() -> Any:
     import torch
 
@@ -118,32 +124,30 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
         self.storage_config = storage_config
         self.settings = BackendSettings.from_extra_config(storage_config.extra_config)
         self.namespace = page_namespace(storage_config)
-        self.store: ChunkStore | None = None
         self.mem_pool_host: Any = None
         self._lock = threading.Lock()
         self._metrics: dict[str, list[float]] = _empty_metrics()
-        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="strata-hicache")
         self._pages = threading.local()  #: each reader's page buffer, kept between reads
+        self.store: ChunkStore | None = ChunkStore.open(self.settings.chunks, self.fingerprint())
+        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="strata-hicache")
 
     # -- set-up --------------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """Take SGLang's host pool and open the store for the model and this pool's geometry
-        (see the module). Raises what :meth:`ChunkStore.open` raises: another model's level,
-        a level that cannot be reached."""
+        """Take SGLang's host pool: its pages are what the zero-copy calls move, and its
+        geometry goes into every page's key from now on (see the module)."""
+        dtype = str(mem_pool_host.dtype).removeprefix("torch.")
+        geometry = (
+            f";dtype={dtype};layout={mem_pool_host.layout};page_size="
+            f"{int(mem_pool_host.page_size)};bytes_per_token="
+            f"{int(mem_pool_host.get_size_per_token())}"
+        )
         with self._lock:
-            if self.store is not None:
-                if mem_pool_host is self.mem_pool_host:
-                    return
-                raise ConfigError(
-                    "StrataHiCacheStorage: a second host pool registered; the backend serves "
-                    "one (build one backend a pool)"
-                )
             self.mem_pool_host = mem_pool_host
-            self.store = ChunkStore.open(self.settings.chunks, self.fingerprint(mem_pool_host))
+            self.namespace = page_namespace(self.storage_config) + geometry
+            self._pages = threading.local()  # buffers of the pool's page shape from now on
 
-    def fingerprint(self, pool: Any) -> ModelFingerprint:
-        """The levels' fingerprint for ``pool`` (SGLang's ``HostKVCache``) under this backend's
-        storage config (see the module)."""
+    def fingerprint(self) -> ModelFingerprint:
+        """The levels' fingerprint under this backend's storage config (see the module)."""
         cfg = self.storage_config
         model = self.settings.model or cfg.model_name
         if not model:
@@ -151,31 +155,24 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
                 f"{self.settings.source}: SGLang gave no model_name; name the weights "
                 '("model": "/models/Llama-3.1-8B")'
             )
-        dtype = str(pool.dtype).removeprefix("torch.")
-        per_token = int(pool.get_size_per_token())
-        page_size = int(pool.page_size)
         extra = (
-            f"sglang-hicache-v1;dtype={dtype};layout={pool.layout};page_size={page_size};"
-            f"bytes_per_token={per_token};pool={type(pool).__name__};"
-            f"{page_namespace(cfg)};tp_size={cfg.tp_size};mla={int(cfg.is_mla_model)}"
+            f"sglang-hicache-v1;tp_size={cfg.tp_size};pp_size={cfg.pp_size};"
+            f"cp_size={cfg.attn_cp_size};mla={int(cfg.is_mla_model)}"
         ).encode()
         return ModelFingerprint.create(
             weights_identity(model, None),
-            n_layers=max(1, int(getattr(pool, "layer_num", 1) or 1)),
+            n_layers=1,
             n_kv_heads=1,
             head_dim=1,
-            page_tokens=max(1, page_size),
-            dtype=_DTYPES.get(dtype, DType.INT8),
+            page_tokens=1,
+            dtype=DType.INT8,
             extra=extra,
         )
 
     def _store(self) -> ChunkStore:
         store = self.store
         if store is None:
-            raise ConfigError(
-                "StrataHiCacheStorage: no host pool registered yet (SGLang registers it right "
-                "after building the backend: call register_mem_pool_host(pool) first)"
-            )
+            raise ChunkStoreClosed("StrataHiCacheStorage: the backend is closed")
         return store
 
     def _key(self, key: str) -> bytes:
@@ -192,10 +189,14 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any | None:
         """The page into ``target_location`` (a CPU tensor of the page's size; default a new
-        flat page of the host pool), validated: that tensor, or ``None`` for a miss."""
+        flat page of the host pool, or without one a new ``uint8`` tensor of the page),
+        validated: that tensor, or ``None`` for a miss."""
         dst = target_location
+        if dst is None and self.mem_pool_host is None:  # no pool: the page as bytes
+            data = self._store().get(self._key(key))
+            return None if data is None else _tensor_of(data)
         if dst is None:
-            dst = self._pool().get_dummy_flat_data_page()
+            dst = self.mem_pool_host.get_dummy_flat_data_page()
         got = self._store().get_into(self._key(key), _bytes_of(dst))
         return dst if got is not None else None
 
@@ -331,7 +332,11 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
 
     def _pool(self) -> Any:
         if self.mem_pool_host is None:
-            self._store()  # raises, naming the fix
+            raise ConfigError(
+                "StrataHiCacheStorage: no host pool registered (SGLang registers it right after "
+                "building the backend): call register_mem_pool_host(pool) before the calls "
+                "that move pages by host indices"
+            )
         return self.mem_pool_host
 
     def _measure(self, what: str, done: Sequence[object], start: float) -> None:
