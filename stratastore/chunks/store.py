@@ -59,6 +59,8 @@ from stratastore.levels.errors import SegmentNotFound, StoreError
 from stratastore.levels.reader import open_checked
 from stratastore.levels.registry import open_level, scheme_of
 from stratastore.levels.sealing import Buffer
+from stratastore.metrics.counters import CHUNKS, COUNTERS
+from stratastore.metrics.prometheus import prometheus_text
 
 __all__ = ["ChunkStore", "ChunkStoreClosed", "PutOutcome"]
 
@@ -439,6 +441,19 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         doc["budget_bytes"] = sum(lvl.budget for lvl in self.levels)
         doc["degradations"] = sum(lvl.counters.degradations for lvl in self.levels)
         return doc
+
+    def info_line(self) -> str:
+        """One line for a log: the store's name and each figure of :meth:`stats` as
+        ``key=value``, in the counter table's order (the chunk store's rows:
+        :mod:`stratastore.metrics.counters`)."""
+        doc = self.stats()
+        figures = " ".join(f"{c.key}={doc[c.key]}" for c in COUNTERS if c.owner == CHUNKS)
+        return f"{self.config.name}: {figures}"
+
+    def prometheus(self) -> str:
+        """:meth:`stats` in the Prometheus text exposition format: the counter table's
+        ``strata_chunk_*`` families (:func:`~stratastore.metrics.prometheus.prometheus_text`)."""
+        return prometheus_text(self.stats())
 
     def describe(self) -> list[dict[str, int | str]]:
         """Each level, first to last: ``level`` (its backend's name for it, which shows no

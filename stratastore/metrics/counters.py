@@ -45,6 +45,7 @@ __all__ = [
     "COUNTERS",
     "FAMILIES",
     "Counter",
+    "CHUNKS",
     "Family",
     "Series",
     "counter_keys",
@@ -64,7 +65,9 @@ Kind = Literal["counter", "gauge", "histogram", "info", "list", "table"]
 #: every level (in each level's table), the RAM level, a disk level (any: the catalog, the
 #: spill writer, the parks in flight and the monitor's snapshot come with it), the remote
 #: level or the system-prompt cache, each only while it is configured
-Owner = Literal["store", "level", "ram level", "disk level", "remote level", "prompt cache"]
+Owner = Literal[
+    "store", "level", "ram level", "disk level", "remote level", "prompt cache", "chunk store"
+]
 #: where ``Store.stats()`` holds it: its top level, or the owner's table(s) of ``levels``
 Place = Literal["top", "levels"]
 #: who starts it at zero and counts, or reports it (``catalog``: the GC of the catalog, there
@@ -80,6 +83,7 @@ Keeper = Literal[
     "remote level",
     "prompt cache",
     "backend",
+    "chunk store",
 ]
 #: ``always``: in ``Store.stats()`` while its owner is configured; ``sometimes``: only in the
 #: state its help names
@@ -89,6 +93,8 @@ Presence = Literal["always", "sometimes"]
 DISK: Owner = "disk level"
 #: the owner (and keeper) of the system-prompt cache's rows
 CACHE: Owner = "prompt cache"
+#: the owner (and keeper) of a chunk store's rows (:meth:`~stratastore.chunks.ChunkStore.stats`)
+CHUNKS: Owner = "chunk store"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,13 @@ def _backend(key: str, unit: str, help_: str) -> Counter:
     return Counter(
         f"backend_{key}", "counter", unit, help_, "remote level", "backend", place="levels"
     )
+
+
+def _chunk(
+    key: str, kind: Kind, unit: str, help_: str, family: str, kept_by: Keeper = CHUNKS
+) -> Counter:
+    """A figure of ``ChunkStore.stats()``: ``strata_chunk_<family>``, unlabelled."""
+    return Counter(key, kind, unit, help_, CHUNKS, kept_by, (Series(f"chunk_{family}"),))
 
 
 def _level(
@@ -339,6 +352,38 @@ COUNTERS: tuple[Counter, ...] = (
     _level("dir", "info", "", "the system-prompt cache's directory", CACHE),
     _level("evictions", "counter", "entries",
            "entries its own budget removed (the oldest first, whole)", CACHE, "evictions_total"),
+    # -- a chunk store: ChunkStore.stats() (this process's calls; the levels' holdings now) ----
+    _chunk("puts", "counter", "pages", "pages committed (durable where the first level is)",
+           "puts_total"),
+    _chunk("put_bytes", "counter", "bytes", "the payload bytes of the pages committed",
+           "put_bytes_total"),
+    _chunk("puts_deduped", "counter", "pages", "puts of a page already held (nothing written)",
+           "puts_deduped_total"),
+    _chunk("puts_refused", "counter", "pages",
+           "puts not stored: no room beside pinned pages, or refused by a caller",
+           "puts_refused_total"),
+    _chunk("hits", "counter", "pages", "pages delivered, each validated first", "hits_total"),
+    _chunk("hit_bytes", "counter", "bytes", "the payload bytes of the pages delivered",
+           "hit_bytes_total"),
+    _chunk("misses", "counter", "pages", "gets of a page not held (or removed meanwhile)",
+           "misses_total"),
+    _chunk("damaged", "counter", "pages",
+           "pages whose stored copy failed validation or lost its data file: a miss, logged, "
+           "removed", "damaged_total"),
+    _chunk("read_errors", "counter", "pages",
+           "gets that failed otherwise (an I/O error, closing): a miss, the page kept",
+           "read_errors_total"),
+    _chunk("removes", "counter", "pages", "pages removed by the engine", "removes_total"),
+    _chunk("evictions", "counter", "pages",
+           "pages the last level let go of, oldest first, to keep its budget", "evictions_total"),
+    _chunk("in_flight_bytes", "gauge", "bytes", "bytes of puts being written now",
+           "in_flight_bytes"),
+    _chunk("pinned", "gauge", "pages", "pages pinned against eviction now", "pinned"),
+    _chunk("entries", "gauge", "pages", "pages the levels hold", "entries"),
+    _chunk("used_bytes", "gauge", "bytes", "bytes the levels hold", "bytes"),
+    _chunk("budget_bytes", "gauge", "bytes", "the levels' byte budgets, summed", "budget_bytes"),
+    _chunk("degradations", "counter", "pages",
+           "pages a level handed to the next one (the cascade)", "degradations_total", "level"),
 )
 
 FAMILIES: tuple[Family, ...] = (
@@ -380,6 +425,8 @@ FAMILIES: tuple[Family, ...] = (
     *(Family(s.family, f"Remote level: {c.help}.")
       for c in COUNTERS if c.owner == "remote level" and c.place == "levels"
       for s in c.series),
+    *(Family(s.family, f"Chunk store: {c.help}.")
+      for c in COUNTERS if c.owner == CHUNKS for s in c.series),
 )
 # fmt: on
 

@@ -60,6 +60,12 @@ LARGE_CLASSES: dict[str, str] = {
         "answers (one read transaction each) and the decisions (one write transaction each) that "
         "keep reference counts and work in flight true across processes"
     ),
+    "stratastore.chunks.store.ChunkStore": (
+        "the chunk store's API, as Store's is: an engine's page cache reads one class for put, "
+        "get, exists, pins, removal, GC, stats, its info line and Prometheus text and close; "
+        "each method states its contract and hands the work to the module that owns it (puts, "
+        "reads, room, failures)"
+    ),
     "stratastore.facade.Store": (
         "the library's API: an engine reads one class for park, lookup, restore, sessions, "
         "stats, publish and close; each method states its contract and hands the work to the "

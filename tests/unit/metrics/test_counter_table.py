@@ -16,6 +16,7 @@ import pytest
 from stratastore import Store
 from stratastore.cli import main
 from stratastore.metrics.counters import (
+    CHUNKS,
     COUNTERS,
     FAMILIES,
     Counter,
@@ -42,6 +43,7 @@ THERE_WITH = {
     "disk level": "a disk level",
     "remote level": "the remote level",
     "prompt cache": "the system-prompt cache",
+    "chunk store": "a chunk store",
 }
 
 
@@ -204,7 +206,8 @@ def test_a_store_with_every_level_reports_the_tables_rows(
         in_process = store.prometheus()
     assert main(["monitor", str(tmp_path), "--prometheus"]) == 0
     from_monitor = capsys.readouterr().out
-    assert _families(in_process) == {f.name for f in FAMILIES}, "every family is written"
+    stores = {f.name for f in FAMILIES if family_rows(f.name)[0][0].owner != CHUNKS}
+    assert _families(in_process) == stores, "every family of a Store is written"
     assert _families(from_monitor) == _families(in_process), "the monitor writes the same"
 
 
@@ -238,6 +241,31 @@ def _families(text: str) -> set[str]:
             histogram = family in seen and family_type(known[family].name) == "histogram"
             assert name in seen or histogram, f"{line!r}: a sample outside the table's families"
     return {n.removeprefix("strata_") for n in seen}
+
+
+def test_a_chunk_store_reports_its_rows_in_stats_the_info_line_and_prometheus(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import fields
+
+    from stratastore.chunks import ChunkCounters, ChunkLevel, ChunkStore
+
+    rows = [c for c in COUNTERS if c.owner == CHUNKS]
+    assert tuple(f.name for f in fields(ChunkCounters)) == counter_keys(CHUNKS)
+    levels = [ChunkLevel(str(tmp_path / "a"), 1 << 20), ChunkLevel(str(tmp_path / "b"), 1 << 20)]
+    with ChunkStore.open(levels, FP) as store:
+        store.put(b"k" * 32, b"a page")
+        assert store.get(b"k" * 32) == b"a page" and store.get(b"x" * 32) is None
+        stats = store.stats()
+        line = store.info_line()
+        text = store.prometheus()
+    assert list(stats) == [c.key for c in rows], "the chunk store reports its rows, in order"
+    for c in rows:
+        _check_kind(c, stats[c.key])
+        assert f" {c.key}={stats[c.key]}" in line
+    assert stats["puts"] == stats["hits"] == stats["misses"] == 1
+    assert _families(text) == {s.family for c in rows for s in c.series}
+    assert "strata_chunk_hits_total 1\n" in text
 
 
 def test_prometheus_writes_only_what_the_stats_hold() -> None:
