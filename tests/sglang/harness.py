@@ -24,12 +24,15 @@ STRATA = {
 }
 
 
-def storage_config(extra: dict[str, Any], model: str, *, page_first: bool = True) -> Any:
+def storage_config(
+    extra: dict[str, Any], model: str, *, page_first: bool = True, tp: tuple[int, int] = (0, 1)
+) -> Any:
+    """SGLang's storage config of a rank (``tp``: its TP rank and size)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     return HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
+        tp_rank=tp[0],
+        tp_size=tp[1],
         pp_rank=0,
         pp_size=1,
         attn_cp_rank=0,
@@ -42,19 +45,30 @@ def storage_config(extra: dict[str, Any], model: str, *, page_first: bool = True
     )
 
 
-def backend(kind: str, where: Path | list[dict[str, Any]], pool: CpuHostPool, model: str) -> Any:
+def backend(
+    kind: str,
+    where: Path | list[dict[str, Any]],
+    pool: CpuHostPool,
+    model: str,
+    *,
+    tp: tuple[int, int] = (0, 1),
+    **extra: Any,
+) -> Any:
     """SGLang's factory's backend ``kind`` (``strata``: this project's, on the levels
-    ``where``; ``file``: SGLang's, in the directory ``where``), its host pool registered."""
+    ``where``, with the further settings ``extra``; ``file``: SGLang's, in the directory
+    ``where``), its host pool registered as the controller registers it."""
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     page_first = pool.layout == "page_first"
     if kind == "strata":
-        cfg = storage_config({**STRATA, "levels": where}, model, page_first=page_first)
+        settings = {**STRATA, "levels": where, **extra}
+        cfg = storage_config(settings, model, page_first=page_first, tp=tp)
         made = StorageBackendFactory.create_backend("dynamic", cfg, pool)
     else:
         cfg = storage_config({"file_storage_path": str(where)}, model, page_first=page_first)
         made = StorageBackendFactory.create_backend("file", cfg, pool)
     made.register_mem_pool_host(pool)
+    made.on_host_pools_registered()
     return made
 
 

@@ -34,6 +34,7 @@ class CpuHostPool:
         head_dim: int = 64,
         dtype: torch.dtype = torch.bfloat16,
     ) -> None:
+        # dtype uint8: how SGLang keeps an fp8 K/V cache (every fp8 format alike)
         if layout not in ("layer_first", "page_first"):
             raise ValueError(f"layout {layout!r}")
         self.layout, self.size, self.page_size = layout, size, page_size
@@ -71,4 +72,7 @@ class CpuHostPool:
         """Page ``index`` set to values drawn from ``seed`` (a page's content in the tests)."""
         g = torch.Generator().manual_seed(seed)
         page = self._page(index)
-        page[...] = torch.randn(page.shape, generator=g).to(self.dtype)
+        if self.dtype == torch.uint8:
+            page[...] = torch.randint(0, 256, page.shape, generator=g, dtype=torch.uint8)
+        else:
+            page[...] = torch.randn(page.shape, generator=g).to(self.dtype)

@@ -4,8 +4,9 @@ N``) and a JSON result on its last line.
 
 - ``set``: fills ``pages`` pages of a host pool (page ``i`` from seed ``seed + i``) and backs
   them up in batches of ``batch`` under the page hashes of ``tokens``;
-- ``get``: prefetches those page hashes into a fresh pool; returns how many were read and how
-  many of those differ from the pages ``set`` wrote.
+- ``get``: prefetches those page hashes into a fresh pool; returns how many were read, how
+  many of those differ from the pages ``set`` wrote, and (when one missed) whether the slot of
+  the page that missed is untouched.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
             not torch.equal(pool.get_data_page(i * 64), want.get_data_page(i * 64))
             for i in range(read)
         )
-        return {"read": read, "wrong": wrong}
+        result = {"read": read, "wrong": wrong}
+        if read < args["pages"]:  # the slot of the page that missed: nothing copied into it
+            result["miss_slot_untouched"] = not pool.get_data_page(read * 64).any().item()
+        return result
     finally:
         if hasattr(b, "close"):  # SGLang's file backend has none
             b.close()

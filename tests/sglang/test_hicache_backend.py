@@ -142,7 +142,7 @@ def test_a_flipped_byte_is_a_miss_where_the_file_backend_delivers_it(
         assert len(data) == 12, sorted(p.name for p in root.rglob("*"))
         _flip_in([data[5]])  # the sixth page written
         got[kind] = phase(op="get", pages=12, **common)
-    assert got["strata"] == {"read": 5, "wrong": 0}
+    assert got["strata"] == {"read": 5, "wrong": 0, "miss_slot_untouched": True}
     assert got["file"] == {"read": 12, "wrong": 1}
 
 
@@ -188,6 +188,65 @@ def test_two_processes_share_one_redis_level(tmp_path: Path, model: str) -> None
         # another instance, its own disk level above the same Redis level, is served from it
         other = [{"spec": str(tmp_path / "b"), "budget_bytes": 64 << 20}, shared]
         assert phase(op="get", where=other, **one) == {"read": 10, "wrong": 0}
+
+
+def test_pages_of_another_shard_or_format_are_other_keys(tmp_path: Path, model: str) -> None:
+    import torch
+
+    from stratastore.errors import ConfigError
+
+    from .harness import backend, backup, hashes
+    from .host_pool import CpuHostPool
+
+    where = levels(tmp_path / "l")
+    keys = hashes(TOKENS, 64)[:2]
+
+    def written(pool: CpuHostPool, **kw: Any) -> Any:
+        b = backend("strata", where, pool, model, **kw)
+        assert backup(b, pool, keys)
+        return b
+
+    b = written(CpuHostPool(dtype=torch.bfloat16))
+    assert b.batch_exists(keys) == 2
+    b.close()
+    for pool, kw in [
+        (CpuHostPool(dtype=torch.float16), {}),  # another dtype
+        (CpuHostPool(layout="layer_first"), {}),  # another layout
+        (CpuHostPool(), {"tp": (1, 2)}),  # another shard
+    ]:
+        other = backend("strata", where, pool, model, **kw)
+        assert other.batch_exists(keys) == 0, kw or pool.layout
+        other.close()
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):  # bytes, format unknown: refused
+        backend("strata", where, CpuHostPool(dtype=torch.uint8), model)
+    e4m3 = written(CpuHostPool(dtype=torch.uint8), kv_cache_dtype="fp8_e4m3")
+    e4m3.close()
+    e5m2 = backend(
+        "strata", where, CpuHostPool(dtype=torch.uint8), model, kv_cache_dtype="fp8_e5m2"
+    )
+    assert e5m2.batch_exists(keys) == 0  # another fp8 format: another key
+    e5m2.close()
+
+
+def test_a_hybrid_models_state_pools_fail_the_attach_and_clear_removes_nothing(
+    tmp_path: Path, model: str
+) -> None:
+    from stratastore.errors import ConfigError
+
+    from .harness import backend, backup, hashes
+    from .host_pool import CpuHostPool
+
+    pool = CpuHostPool()
+    b = backend("strata", levels(tmp_path / "l"), pool, model)
+    keys = hashes(TOKENS, 64)[:2]
+    assert backup(b, pool, keys)
+    with pytest.raises(NotImplementedError, match="keeps every acknowledged page"):
+        b.clear()
+    assert b.batch_exists(keys) == 2
+    b.register_mem_host_pool_v2(CpuHostPool(), "mamba")
+    with pytest.raises(ConfigError, match="mamba"):
+        b.on_host_pools_registered()
+    b.close()
 
 
 def test_another_models_level_refuses_to_open(tmp_path: Path, model: str) -> None:

@@ -9,38 +9,44 @@ tokens and every token before it (``get_storage_hash_str``). A backend sees host
 This one (the ``HiCacheStorage`` contract of SGLang 0.5.23):
 
 - **Keys.** SGLang's page hashes carry no model, so a page's chunk key is its hash under the
-  namespace ``sglang-hicache-v1``, the pool (``kv``; a sidecar pool's name), the shard it
-  holds (the TP rank of ``tp_size``, or ``mla`` where every rank holds the same page; the
-  pipeline and context-parallel ranks) and, once SGLang registers its host pool
-  (``register_mem_pool_host``, right after it builds the backend), the pool's dtype, layout,
-  page size and bytes a token, through :func:`~stratastore.chunks.chunk_key`: a page written
-  for another shard or layout is another key, never read into this pool. The levels are opened
-  when the backend is built, for a fingerprint of the weights (every byte:
-  :func:`~stratastore.adapters.vllm.identity.weights_identity`) and the parallel layout, so a
+  namespace ``sglang-hicache-v1``, the pool (``kv``), the shard it holds (the TP rank of
+  ``tp_size``, or ``mla`` where every rank holds the same page; the pipeline and
+  context-parallel ranks) and, once SGLang registers its host pool (``register_mem_pool_host``,
+  right after it builds the backend), the pool's dtype (with ``kv_cache_dtype`` for a pool of
+  bytes: SGLang keeps every fp8 format as ``uint8``), layout, page size, bytes a token and
+  layers, through :func:`~stratastore.chunks.chunk_key`: a page written for another shard,
+  format or layout is another key, never read into this pool. The levels are opened when the
+  backend is built, for a fingerprint of the weights (every byte of the weight files:
+  :func:`~stratastore.adapters.vllm.identity.weights_identity`; a model name with no weight
+  files found is the identity by itself, with a warning naming the ``model`` setting), so a
   level written for another model refuses to open
-  (:class:`~stratastore.format.IncompatibleFingerprint`).
+  (:class:`~stratastore.format.IncompatibleFingerprint`); deployments of every parallel
+  layout share a level.
 - **Reads are validated.** ``get``, ``batch_get``, ``batch_get_v1`` read a page into host
   memory only after every byte of it was BLAKE3-checked in the memory it is read into
-  (:meth:`~stratastore.chunks.ChunkStore.get_into`); a damaged page is a miss (``None`` /
-  ``False``: SGLang recomputes it) and is removed from its level; a batch stops at its first
-  miss, as SGLang counts only the leading pages read.
-- **Writes are durable when they return True**: ``set``, ``batch_set``, ``batch_set_v1`` put
-  the pages with one group commit a batch (written, fsynced, renamed in, the directory fsynced:
-  spec F-DUR); a page already held is not written again; a page the levels cannot fit is
-  ``False``.
+  (:meth:`~stratastore.chunks.ChunkStore.get_into`) and found the page's size; a damaged page
+  is a miss (``None`` / ``False``: SGLang recomputes it) and is removed from its level; a batch
+  starts no read after its first miss, as SGLang counts only the leading pages read, and
+  every read of a batch has ended when the call returns.
+- **Writes are durable when they return True** where the first level is a directory: ``set``,
+  ``batch_set``, ``batch_set_v1`` put the pages with one group commit a batch (written,
+  fsynced, renamed in, the directory fsynced: spec F-DUR); a page already held (on any
+  level) is not written again; a page the levels cannot fit is ``False``. A first level in
+  memory or on Redis is as durable as that level.
 - ``batch_exists`` is the leading pages held on some level (a Redis level asked once for the
   batch); ``exists`` one page.
 - ``get_stats`` gives SGLang's ``StorageMetrics`` (pages and GB/s of each batch read and write
-  since the last call) where SGLang's metrics module imports; ``clear`` removes nothing (a page
-  acknowledged is never deleted: the levels' budgets and ``strata gc`` age pages out) and
-  returns ``False``; ``close`` closes the store.
+  since the last call) where SGLang collects them (``enable_storage_metrics``) and its metrics
+  module imports; ``clear`` raises ``NotImplementedError`` (a page acknowledged is never
+  deleted: the levels' budgets and ``strata gc`` age pages out), so SGLang reports it failed;
+  ``close`` closes the store.
 - The host pool is used through the methods every ``HostKVCache`` has (``get_data_page``,
   ``get_dummy_flat_data_page``, ``set_from_flat_data_page``): any layout SGLang's pool
   supports (``layer_first``, ``page_first``, ``page_first_direct``) is a flat page of bytes
-  here, copied once each way between the page and the pool.
-- The sidecar pools' calls (``batch_exists_v2``, ``batch_get_v2``, ``batch_set_v2``, for
-  hybrid models' Mamba and sliding-window pools) are not served: they raise as
-  ``HiCacheStorage``'s own do, and SGLang then runs without this backend for those models.
+  here, read into a buffer each reader thread keeps and copied into the pool after its check.
+- The sidecar pools of hybrid models (Mamba and sliding-window state, ``batch_*_v2``) are not
+  served: SGLang's attach of such a model fails at ``on_host_pools_registered`` with a
+  :class:`ConfigError` naming them, rather than losing every backup to ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -70,16 +76,6 @@ try:
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
 except ImportError:  # the package imports without SGLang; the class needs it
     _Base = object
-
-_DTYPES = {
-    "float16": DType.FLOAT16,
-    "bfloat16": DType.BFLOAT16,
-    "float32": DType.FLOAT32,
-    "float8_e4m3fn": DType.FLOAT8_E4M3,
-    "float8_e5m2": DType.FLOAT8_E5M2,
-    "int8": DType.INT8,
-    "uint8": DType.INT8,
-}
 
 
 def page_namespace(config: Any, pool: str = "kv") -> str:
@@ -134,20 +130,48 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
     # -- set-up --------------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Take SGLang's host pool: its pages are what the zero-copy calls move, and its
-        geometry goes into every page's key from now on (see the module)."""
+        geometry goes into every page's key from now on (see the module).
+        :class:`ConfigError` for a pool of bytes (``uint8``: SGLang keeps every fp8 K/V format
+        so) without the ``kv_cache_dtype`` setting that says which format they are."""
         dtype = str(mem_pool_host.dtype).removeprefix("torch.")
+        if dtype == "uint8":
+            if self.settings.kv_cache_dtype is None:
+                raise ConfigError(
+                    f"{self.settings.source}: SGLang's host pool holds the K/V as bytes "
+                    '(uint8, as it keeps every fp8 format): say which, "kv_cache_dtype": '
+                    '"fp8_e4m3" (SGLang\'s --kv-cache-dtype), so that pages of another format '
+                    "are never read into this pool"
+                )
+            dtype = f"uint8:{self.settings.kv_cache_dtype}"
+        layers = ""
+        if getattr(mem_pool_host, "start_layer", None) is not None:
+            layers = f";layers={mem_pool_host.start_layer}-{mem_pool_host.end_layer}"
         geometry = (
             f";dtype={dtype};layout={mem_pool_host.layout};page_size="
             f"{int(mem_pool_host.page_size)};bytes_per_token="
-            f"{int(mem_pool_host.get_size_per_token())}"
+            f"{int(mem_pool_host.get_size_per_token())}{layers}"
         )
         with self._lock:
             self.mem_pool_host = mem_pool_host
             self.namespace = page_namespace(self.storage_config) + geometry
             self._pages = threading.local()  # buffers of the pool's page shape from now on
 
+    def on_host_pools_registered(self) -> None:
+        """SGLang registered every host pool: :class:`ConfigError` (which fails the attach)
+        when one is a sidecar pool (a hybrid model's Mamba or sliding-window state), whose
+        calls this backend does not serve."""
+        others = sorted(str(n) for n in getattr(self, "registered_pools", {}) if str(n) != "kv")
+        if others:
+            raise ConfigError(
+                f"StrataHiCacheStorage serves the K/V pool only; SGLang registered {others} "
+                "too (a hybrid model's state pools): use another HiCache storage backend for "
+                "this model"
+            )
+
     def fingerprint(self) -> ModelFingerprint:
-        """The levels' fingerprint under this backend's storage config (see the module)."""
+        """The levels' fingerprint under this backend's storage config (see the module): the
+        weights' identity only, so that deployments of every parallel layout share a level
+        (the shard is in each page's key)."""
         cfg = self.storage_config
         model = self.settings.model or cfg.model_name
         if not model:
@@ -155,18 +179,22 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
                 f"{self.settings.source}: SGLang gave no model_name; name the weights "
                 '("model": "/models/Llama-3.1-8B")'
             )
-        extra = (
-            f"sglang-hicache-v1;tp_size={cfg.tp_size};pp_size={cfg.pp_size};"
-            f"cp_size={cfg.attn_cp_size};mla={int(cfg.is_mla_model)}"
-        ).encode()
+        identity = weights_identity(model, self.settings.revision)
+        if not identity.startswith("weights:"):
+            log.warning(
+                "stratastore: no weight files found for %r: the HiCache pages are keyed by "
+                'that name alone; give the weights\' directory as "model" in the extra '
+                "config so that another model served under the same name never shares them",
+                model,
+            )
         return ModelFingerprint.create(
-            weights_identity(model, None),
+            identity,
             n_layers=1,
             n_kv_heads=1,
             head_dim=1,
             page_tokens=1,
             dtype=DType.INT8,
-            extra=extra,
+            extra=b"sglang-hicache-v1",
         )
 
     def _store(self) -> ChunkStore:
@@ -197,8 +225,12 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
             return None if data is None else _tensor_of(data)
         if dst is None:
             dst = self.mem_pool_host.get_dummy_flat_data_page()
-        got = self._store().get_into(self._key(key), _bytes_of(dst))
-        return dst if got is not None else None
+        if not dst.is_contiguous():  # read where the bytes lie, then copy them in
+            page = self.get(key, dst.contiguous())
+            return None if page is None else dst.copy_(page)
+        view = _bytes_of(dst)
+        got = self._store().get_into(self._key(key), view)
+        return dst if got == view.nbytes else None
 
     def batch_get(
         self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
@@ -217,20 +249,32 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
         self, keys: list[str], host_indices: Any, extra_info: Any = None
     ) -> list[bool]:
         """Read each page into the host pool at ``host_indices[i * page_size]``, validated
-        first (the pages read at once on :data:`READ_THREADS` threads); ``False`` from the
-        first miss on."""
+        first and of the pool's page size (the pages read at once on :data:`READ_THREADS`
+        threads, in order; none is started after the first miss, and every read has ended
+        when this returns); ``False`` from the first miss on."""
         pool = self._pool()
         store = self._store()
         start = time.perf_counter()
+        missed = threading.Event()
 
         def read(i: int) -> bool:
-            page = self._page_buffer(pool)
-            if store.get_into(self._key(keys[i]), _bytes_of(page)) is None:
+            if missed.is_set():  # a page before it missed: SGLang uses none after it
                 return False
-            pool.set_from_flat_data_page(int(host_indices[i * pool.page_size]), page)
-            return True
+            try:
+                page = self._page_buffer(pool)
+                view = _bytes_of(page)
+                if store.get_into(self._key(keys[i]), view) != view.nbytes:
+                    missed.set()
+                    return False
+                pool.set_from_flat_data_page(int(host_indices[i * pool.page_size]), page)
+                return True
+            except Exception as e:  # a read that fails is a miss; never a write after return
+                log.warning("stratastore: the HiCache page %s was not read: %s", keys[i], e)
+                missed.set()
+                return False
 
-        done = list(self._readers.map(read, range(len(keys))))
+        futures = [self._readers.submit(read, i) for i in range(len(keys))]
+        done = [f.result() for f in futures]  # read() raises nothing: every future is waited
         first_miss = done.index(False) if False in done else len(done)
         done[first_miss:] = [False] * (len(done) - first_miss)
         self._measure("prefetch", done, start)
@@ -288,12 +332,12 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
 
     # -- the rest of the contract ---------------------------------------------------------------
     def clear(self) -> bool:
-        """Removes nothing (see the module) and says so; ``False``."""
-        log.warning(
-            "stratastore: clear asked of the HiCache backend; nothing removed (acknowledged "
-            "pages are kept: the levels' budgets and `strata gc` age them out)"
+        """Not served (see the module): raises ``NotImplementedError``, so that SGLang reports
+        the clear as failed rather than done."""
+        raise NotImplementedError(
+            "StrataHiCacheStorage keeps every acknowledged page: the levels' budgets and "
+            "`strata gc` age pages out; remove a level's directory to drop it"
         )
-        return False
 
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` of the batches since the last call (``None`` where
@@ -340,8 +384,12 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
         return self.mem_pool_host
 
     def _measure(self, what: str, done: Sequence[object], start: float) -> None:
+        """Record a batch for :meth:`get_stats`, only where SGLang collects storage metrics
+        (``enable_storage_metrics``: it calls ``get_stats`` then, which empties the lists)."""
         pages = sum(1 for d in done if d is not None and d is not False)
         if not pages or self.mem_pool_host is None:
+            return
+        if not self.storage_config.enable_storage_metrics:
             return
         seconds = max(time.perf_counter() - start, 1e-9)
         per_page = int(self.mem_pool_host.get_size_per_token()) * int(self.mem_pool_host.page_size)

@@ -17,9 +17,12 @@ backend's. This backend reads these and leaves every other key to SGLang::
   refused);
 - ``when_full`` (``evict``, the default, or ``reject``) and ``name`` (the store's name in its
   log lines) as a :class:`~stratastore.chunks.ChunkConfig` takes them;
-- ``model``: the weights the K/V comes from, a directory or a file (default: SGLang's
-  ``model_name``, which SGLang sets to ``--model-path``), read for the identity
-  (:func:`~stratastore.adapters.vllm.identity.weights_identity`).
+- ``model``: the weights the K/V comes from, a directory, a file or a hub id (default: SGLang's
+  storage model name, its served model name), read for the identity
+  (:func:`~stratastore.adapters.vllm.identity.weights_identity`; a name without weight files
+  found is the identity by itself, and the backend warns), ``revision`` the hub revision;
+- ``kv_cache_dtype``: SGLang's ``--kv-cache-dtype`` where the host pool holds bytes (every fp8
+  format is kept as ``uint8``), so that pages of another format are other keys.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ __all__ = ["BackendSettings", "OURS"]
 
 _WHERE = "the stratastore HiCache backend's extra config"
 #: the extra config's keys this backend reads (every other key is SGLang's)
-OURS = frozenset({"levels", "strata_config", "when_full", "name", "model"})
+OURS = frozenset(
+    {"levels", "strata_config", "when_full", "name", "model", "revision", "kv_cache_dtype"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,8 @@ class BackendSettings:
 
     chunks: ChunkConfig
     model: str | None = None
+    revision: str | None = None
+    kv_cache_dtype: str | None = None
     source: str = _WHERE
 
     @classmethod
@@ -78,7 +85,10 @@ class BackendSettings:
             )
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
-        model = given.get("model")
-        if model is not None and (not isinstance(model, str) or not model):
-            raise ConfigError(f"{where}: model = {model!r}; give the weights' directory or file")
-        return cls(chunks=chunks, model=model, source=where)
+        text = {}
+        for key in ("model", "revision", "kv_cache_dtype"):
+            value = given.get(key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{where}: {key} = {value!r}; give a non-empty string")
+            text[key] = value
+        return cls(chunks=chunks, source=where, **text)
