@@ -136,6 +136,7 @@ def run_one(kind: str, root: Path, model: str, args: argparse.Namespace) -> dict
         "served_after_flip": flip_n,
         "wrong_pages_after_flip": flip_wrong,
         "files_per_gib": round(files / (n * page_bytes / 2**30), 1),
+        "read_threads": args.read_threads or "default" if kind == "strata" else "-",
     }
 
 
@@ -147,7 +148,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument(
+        "--read-threads",
+        type=int,
+        default=None,
+        help="stratastore's reader threads a batch (default: the backend's READ_THREADS, 4)",
+    )
     args = ap.parse_args()
+    if args.read_threads:
+        import stratastore.adapters.sglang.backend as strata_backend
+
+        strata_backend.READ_THREADS = args.read_threads
     base = Path(args.dir)
     base.mkdir(parents=True, exist_ok=True)
     model = base / "weights.bin"
