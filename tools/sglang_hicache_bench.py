@@ -136,7 +136,7 @@ def run_one(kind: str, root: Path, model: str, args: argparse.Namespace) -> dict
         "served_after_flip": flip_n,
         "wrong_pages_after_flip": flip_wrong,
         "files_per_gib": round(files / (n * page_bytes / 2**30), 1),
-        "read_threads": args.read_threads or "default" if kind == "strata" else "-",
+        "read_threads": (args.read_threads or "default") if kind == "strata" else "-",
     }
 
 
