@@ -161,14 +161,23 @@ def test_one_llama_repeating_a_prompt_or_editing_it_replies_as_a_full_evaluation
         assert again == restored == 0
 
 
-def test_a_llama_keeping_every_tokens_logits_is_refused(mamba: Path, tmp_path: Path) -> None:
+def test_a_llama_keeping_every_tokens_logits_or_only_the_window_is_refused(
+    mamba: Path, gemma2: Path, tmp_path: Path
+) -> None:
     import llama_cpp
 
     from stratastore.adapters.llamacpp import LlamaCheckpointStore
 
+    cfg = store_config(str(tmp_path / "store"))
     llm = llama_cpp.Llama(str(mamba), n_ctx=256, logits_all=True, verbose=False)
     with pytest.raises(ConfigError, match="logits_all"):
-        LlamaCheckpointStore.open(llm, store_config(str(tmp_path / "store")))
+        LlamaCheckpointStore.open(llm, cfg)
+    llm = llama_cpp.Llama(str(gemma2), n_ctx=256, swa_full=False, verbose=False)
+    with pytest.raises(ConfigError, match="swa_full"):
+        LlamaCheckpointStore.open(llm, cfg)
+    # a model with no sliding window: the setting changes nothing, and is taken
+    llm = llama_cpp.Llama(str(mamba), n_ctx=256, swa_full=False, verbose=False)
+    LlamaCheckpointStore.open(llm, cfg).close()
 
 
 def test_the_page_store_and_the_checkpoint_store_refuse_each_others_models(

@@ -115,7 +115,10 @@ class LlamaCheckpointStore:
                 "be cut out of a recurrent memory; create it with logits_all=False and no "
                 "draft model"
             )
-        if not bool(getattr(llm.context_params, "swa_full", True)):
+        import llama_cpp
+
+        windowed = int(llama_cpp.llama_model_n_swa(llm.model)) > 0
+        if windowed and not bool(getattr(llm.context_params, "swa_full", True)):
             raise ConfigError(
                 "the Llama keeps only the sliding window (swa_full=False): a state cut back to "
                 "an earlier length lacks the window below it; create it with swa_full=True "

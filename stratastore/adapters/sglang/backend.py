@@ -255,28 +255,32 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
         pool = self._pool()
         store = self._store()
         start = time.perf_counter()
-        missed = threading.Event()
+        first_miss = [len(keys)]  # the first page that missed so far (SGLang uses none after)
+        lock = threading.Lock()
+
+        def miss(i: int) -> bool:
+            with lock:
+                first_miss[0] = min(first_miss[0], i)
+            return False
 
         def read(i: int) -> bool:
-            if missed.is_set():  # a page before it missed: SGLang uses none after it
+            if i > first_miss[0]:  # a page before it missed: not started
                 return False
             try:
                 page = self._page_buffer(pool)
                 view = _bytes_of(page)
                 if store.get_into(self._key(keys[i]), view) != view.nbytes:
-                    missed.set()
-                    return False
+                    return miss(i)
                 pool.set_from_flat_data_page(int(host_indices[i * pool.page_size]), page)
                 return True
             except Exception as e:  # a read that fails is a miss; never a write after return
                 log.warning("stratastore: the HiCache page %s was not read: %s", keys[i], e)
-                missed.set()
-                return False
+                return miss(i)
 
         futures = [self._readers.submit(read, i) for i in range(len(keys))]
         done = [f.result() for f in futures]  # read() raises nothing: every future is waited
-        first_miss = done.index(False) if False in done else len(done)
-        done[first_miss:] = [False] * (len(done) - first_miss)
+        cut = done.index(False) if False in done else len(done)
+        done[cut:] = [False] * (len(done) - cut)
         self._measure("prefetch", done, start)
         return done
 
