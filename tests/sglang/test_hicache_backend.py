@@ -127,20 +127,25 @@ def test_a_flipped_byte_is_a_miss_where_the_file_backend_delivers_it(
 ) -> None:
     """Page 5 of 12 damaged in each backend's files: stratastore serves the 5 before it and
     recomputes from there; SGLang's ``file`` backend serves all 12, one of them wrong."""
+    from stratastore.chunks import stored_key
+    from stratastore.format import data_name
+
+    from .harness import backend, hashes
+    from .host_pool import CpuHostPool
+
+    damaged = hashes(TOKENS, 64)[5]
     got = {}
     for kind, where in [("strata", levels(tmp_path / "l")), ("file", tmp_path / "f")]:
         common = {"kind": kind, "where": where, "model": model, "tokens": TOKENS, "seed": 3}
         phase(op="set", pages=12, batch=1, **common)
-        root = tmp_path / ("l" if kind == "strata" else "f")
-        if kind == "strata":
-            data = sorted(
-                root.rglob("strata-conv-*.seg"),
-                key=lambda p: p.stat().st_mtime_ns,
-            )
-        else:
-            data = sorted(root.glob("*.bin"), key=lambda p: p.stat().st_mtime_ns)
-        assert len(data) == 12, sorted(p.name for p in root.rglob("*"))
-        _flip_in([data[5]])  # the sixth page written
+        if kind == "strata":  # the page's data file, by the key it is stored under
+            b = backend(kind, where, CpuHostPool(size=12 * 64), model)
+            target = tmp_path / "l" / data_name(stored_key(b.chunk_key_of(damaged)))
+            b.close()
+        else:  # SGLang's file backend names a page's file by its hash and a suffix
+            (target,) = (tmp_path / "f").glob(f"{damaged}*.bin")
+        assert target.is_file(), sorted(p.name for p in target.parent.iterdir())
+        _flip_in([target])
         got[kind] = phase(op="get", pages=12, **common)
     assert got["strata"] == {"read": 5, "wrong": 0, "miss_slot_untouched": True}
     assert got["file"] == {"read": 12, "wrong": 1}

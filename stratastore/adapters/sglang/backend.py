@@ -203,16 +203,19 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
             raise ChunkStoreClosed("StrataHiCacheStorage: the backend is closed")
         return store
 
-    def _key(self, key: str) -> bytes:
+    def chunk_key_of(self, key: str) -> bytes:
+        """The chunk key SGLang's page hash ``key`` is stored under here (see the module):
+        :func:`~stratastore.format.data_name` of its ``state_key`` names the page's data file
+        in a directory level, for an operator (or a test) looking for one page."""
         return chunk_key(key, namespace=self.namespace)
 
     # -- lookups -------------------------------------------------------------------------------
     def exists(self, key: str) -> bool:
-        return self._store().exists(self._key(key))
+        return self._store().exists(self.chunk_key_of(key))
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many of ``keys``, from the first, some level holds."""
-        return self._store().batch_exists([self._key(k) for k in keys])
+        return self._store().batch_exists([self.chunk_key_of(k) for k in keys])
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any | None:
@@ -221,7 +224,7 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
         validated: that tensor, or ``None`` for a miss."""
         dst = target_location
         if dst is None and self.mem_pool_host is None:  # no pool: the page as bytes
-            data = self._store().get(self._key(key))
+            data = self._store().get(self.chunk_key_of(key))
             return None if data is None else _tensor_of(data)
         if dst is None:
             dst = self.mem_pool_host.get_dummy_flat_data_page()
@@ -229,7 +232,7 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
             page = self.get(key, dst.contiguous())
             return None if page is None else dst.copy_(page)
         view = _bytes_of(dst)
-        got = self._store().get_into(self._key(key), view)
+        got = self._store().get_into(self.chunk_key_of(key), view)
         return dst if got == view.nbytes else None
 
     def batch_get(
@@ -269,7 +272,7 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
             try:
                 page = self._page_buffer(pool)
                 view = _bytes_of(page)
-                if store.get_into(self._key(keys[i]), view) != view.nbytes:
+                if store.get_into(self.chunk_key_of(keys[i]), view) != view.nbytes:
                     return miss(i)
                 pool.set_from_flat_data_page(int(host_indices[i * pool.page_size]), page)
                 return True
@@ -322,7 +325,7 @@ class StrataHiCacheStorage(_Base):  # type: ignore[misc]
     def _put(self, keys: Sequence[str], pages: Sequence[memoryview]) -> list[bool]:
         start = time.perf_counter()
         try:
-            outcomes = self._store().put_many([self._key(k) for k in keys], pages)
+            outcomes = self._store().put_many([self.chunk_key_of(k) for k in keys], pages)
         except StrataError as e:  # a key or page the store refuses: nothing was put
             log.warning("stratastore: %d HiCache pages not stored: %s", len(keys), e)
             return [False] * len(keys)
