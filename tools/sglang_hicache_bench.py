@@ -35,30 +35,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from strata_harness.bench_files import drop_cache, flip_one
 from tests.sglang.harness import backend, backup, hashes, prefetch
 from tests.sglang.host_pool import CpuHostPool
 
 BATCH = 128  #: SGLang's STORAGE_BATCH_SIZE
-
-
-def _drop_cache(root: Path) -> None:
-    for p in root.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def _flip_one(root: Path, size: int) -> None:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size >= size)
-    target = files[len(files) // 2]
-    with open(target, "r+b") as f:
-        f.seek(target.stat().st_size - size // 2)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0x01]))
 
 
 def _get(b: Any, pool: CpuHostPool, keys: list[str], n: int) -> tuple[float, int, int]:
@@ -110,7 +91,7 @@ def run_one(kind: str, root: Path, model: str, args: argparse.Namespace) -> dict
         set_s = time.perf_counter() - start
         os.sync()  # the file backend's writes are not fsynced: their writeback not in the gets
         hot_s, hot_n, hot_wrong = _get(b, pool, keys, n)
-        _drop_cache(root)
+        drop_cache(root)
         cold_s, cold_n, cold_wrong = _get(b, pool, keys, n)
     finally:
         if hasattr(b, "close"):
@@ -118,7 +99,7 @@ def run_one(kind: str, root: Path, model: str, args: argparse.Namespace) -> dict
     b = backend(kind, where, pool, model)  # reopened: what a restart finds
     try:
         _, reopen_n, _ = _get(b, pool, keys, n)
-        _flip_one(root, page_bytes)
+        flip_one(root, page_bytes)
         _, flip_n, flip_wrong = _get(b, pool, keys, n)
     finally:
         if hasattr(b, "close"):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import time
 import uuid
@@ -42,6 +41,8 @@ from vllm.v1.kv_offload.config import (
     OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+from strata_harness.bench_files import drop_cache, flip_one
 
 BLOCK_TOKENS = 16
 
@@ -155,26 +156,6 @@ def _load(m: Any, keys: list[bytes], row: int, name: str) -> tuple[float, int, i
     return seconds, len(served), wrong
 
 
-def _drop_cache(root: Path) -> None:
-    for p in root.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def _flip_one(root: Path, size: int) -> None:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size >= size)
-    target = files[len(files) // 2]
-    with open(target, "r+b") as f:
-        f.seek(target.stat().st_size - size // 2)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0x01]))
-
-
 def run_one(
     name: str, tier: dict[str, Any], root: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -185,9 +166,9 @@ def run_one(
     try:
         store_s = _store(m, keys, block)
         hot_s, hot_n, _ = _load(m, keys, block, "hot")
-        _drop_cache(root)
+        drop_cache(root)
         cold_s, cold_n, _ = _load(m, keys, block, "cold")
-        _flip_one(root, block)
+        flip_one(root, block)
         _, flip_n, wrong = _load(m, keys, block, "flipped")
     finally:
         m.shutdown()
