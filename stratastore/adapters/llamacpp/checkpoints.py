@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stratastore.adapters.llamacpp.identity import memory_kind, state_fingerprint
+from stratastore.adapters.llamacpp.store import check_seq, held_prefix
 from stratastore.adapters.weights_digest import explain_refusal
 from stratastore.chain import Checkpoint, Conversation, as_tokens
 from stratastore.config import StoreConfig
@@ -150,15 +151,7 @@ class LlamaCheckpointStore:
 
     # -- the sequence's state ------------------------------------------------------------------
     def _check_seq(self, seq: int) -> None:
-        import llama_cpp
-
-        n_seq = int(llama_cpp.llama_n_seq_max(self.llm.ctx))
-        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < n_seq:
-            raise StrataError(
-                f"sequence {seq!r} is not one of this context's 0..{n_seq - 1} (its n_seq_max "
-                f"is {n_seq}): `Llama` evaluates sequence 0; others are for callers that drive "
-                "llama.cpp's batches themselves"
-            )
+        check_seq(self.llm, seq)
 
     def _get(self, seq: int) -> bytes:
         import llama_cpp
@@ -182,11 +175,7 @@ class LlamaCheckpointStore:
 
     def held(self, prompt: TokenIds) -> int:
         """How many leading tokens of ``prompt`` sequence 0 of the ``Llama`` holds now."""
-        ids = as_tokens(prompt)
-        held = np.asarray(self.llm.input_ids[: self.llm.n_tokens])
-        n = min(len(held), len(ids))
-        differ = np.flatnonzero(held[:n] != ids[:n])
-        return int(differ[0]) if len(differ) else n
+        return held_prefix(self.llm, prompt)
 
     def _keep(self, n: int) -> int:
         """Cut sequence 0 back to its first ``n`` tokens; where its memory cannot be cut there

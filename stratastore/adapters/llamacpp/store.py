@@ -131,15 +131,7 @@ class LlamaCppStore:
             )
 
     def _check_seq(self, seq: int) -> None:
-        import llama_cpp
-
-        n_seq = int(llama_cpp.llama_n_seq_max(self.llm.ctx))
-        if not isinstance(seq, int) or not 0 <= seq < n_seq:
-            raise StrataError(
-                f"sequence {seq!r} is not one of this context's 0..{n_seq - 1} (its n_seq_max "
-                f"is {n_seq}): `Llama` evaluates sequence 0; others are for callers that drive "
-                "llama.cpp's batches themselves"
-            )
+        check_seq(self.llm, seq)
 
     def _halves(
         self, rows: npt.NDArray[np.uint8]
@@ -151,8 +143,7 @@ class LlamaCppStore:
 
     def held(self, prompt: TokenIds) -> int:
         """How many leading tokens of ``prompt`` sequence 0 of the ``Llama`` holds now."""
-        ids = as_tokens(prompt)
-        return _held_prefix(np.asarray(self.llm.input_ids[: self.llm.n_tokens]), ids)
+        return held_prefix(self.llm, prompt)
 
     # -- the engine's calls --------------------------------------------------------------------
     def park(
@@ -320,8 +311,23 @@ class LlamaCppStore:
         return n
 
 
-def _held_prefix(held: npt.NDArray[Any], ids: npt.NDArray[Any]) -> int:
-    """How many leading tokens of ``ids`` the context's ``held`` tokens are."""
+def check_seq(llm: Any, seq: int) -> None:
+    """:class:`StrataError` unless ``seq`` is one of ``llm``'s context's sequences."""
+    import llama_cpp
+
+    n_seq = int(llama_cpp.llama_n_seq_max(llm.ctx))
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < n_seq:
+        raise StrataError(
+            f"sequence {seq!r} is not one of this context's 0..{n_seq - 1} (its n_seq_max "
+            f"is {n_seq}): `Llama` evaluates sequence 0; others are for callers that drive "
+            "llama.cpp's batches themselves"
+        )
+
+
+def held_prefix(llm: Any, prompt: TokenIds) -> int:
+    """How many leading tokens of ``prompt`` sequence 0 of ``llm`` holds now."""
+    ids = as_tokens(prompt)
+    held = np.asarray(llm.input_ids[: llm.n_tokens])
     n = min(len(held), len(ids))
     differ = np.flatnonzero(held[:n] != ids[:n])
     return int(differ[0]) if len(differ) else n
