@@ -221,3 +221,14 @@ def _template_tokens(model: Path, messages: list[dict[str, str]]) -> int:
 
 def _data_files(store: Path) -> set[Path]:
     return {p for p in store.rglob("strata-conv-*") if p.suffix != ".sidecar"}
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "64"])
+def test_a_checkpoint_interval_that_is_not_a_token_count_is_refused(
+    mamba: Path, tmp_path: Path, bad: Any
+) -> None:
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    with pytest.raises(ConfigError, match="checkpoint_tokens"):
+        StrataLlamaCache(load(mamba), store_config(str(tmp_path / "store")), checkpoint_tokens=bad)
+    assert not (tmp_path / "store").exists()  # refused before the store was opened

@@ -282,3 +282,7 @@ def test_settings_it_cannot_use_are_refused_by_name(tmp_path: Path, model: str) 
         backend("strata", [], pool, model)
     with pytest.raises(ConfigError, match="budget"):
         backend("strata", [{"spec": str(tmp_path / "l")}], pool, model)
+    with pytest.raises(ConfigError, match="cannot be read"):  # a settings file that is not there
+        backend("strata", levels(tmp_path / "l"), pool, model, strata_config="/no/such.toml")
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        backend("strata", levels(tmp_path / "l"), pool, model, kv_cache_dtype=8)
