@@ -27,11 +27,24 @@ understates what a cache saves on the real model. For each size N:
    ``--edit-sizes`` (default: every size over 6,144): the same, each kind once (every kind
    evaluates the 6,144 tokens after the edit).
 
+4. **random K/V** (``--random-sizes``): the build parks a state of N tokens whose K/V bytes are
+   drawn at random (llama.cpp's own whole-context format, small f16 values) instead of
+   evaluating N tokens, which takes 20 minutes at 32K on this machine; the turns are as in 2.
+   for the caches, whose work does not depend on what the K/V holds. No cache's turn (an
+   evaluation of those tokens) has nothing to compare with: it is not run, and each cache's
+   first token is compared with the disk cache's.
+5. **a recurrent model** (``--recurrent-sizes``): a random ``mamba`` model (24 layers,
+   ``n_embd`` 1024: a state of about 13 MiB, the same at every length) whose memory is not a
+   K/V cache, which ``StrataLlamaCache`` keeps at checkpoints
+   (:class:`~stratastore.adapters.llamacpp.checkpoints.LlamaCheckpointStore`); the build
+   evaluates the conversation and hands its state to each cache, the turns are as in 2.
+
 Greedy decoding; every cache's first token is compared with no cache's. Prints each turn as it
 ends (standard error), then a table and, with ``--json``, the figures.
 
-    .venv-llama/bin/python tools/llamacpp_bench.py --sizes 4096,16384,32768 \
-        [--edit-sizes 16384] [--repeat 3] [--lock FILE] [--dir D] [--json]
+    .venv-llama/bin/python tools/llamacpp_bench.py --sizes 4096,16384 --random-sizes 32768 \
+        --recurrent-sizes 4096,16384 [--edit-sizes 16384] [--repeat 3] [--lock FILE] \
+        [--dir D] [--json]
 
 ``--lock FILE``: each timed turn (its copy included) holds an exclusive ``flock`` on FILE, the
 builds do not: other work run as ``flock FILE command`` runs beside the builds' evaluations
@@ -120,6 +133,28 @@ def strata_config(d: Path) -> dict[str, Any]:
     }
 
 
+def random_state(model: Any, n: int) -> Any:
+    """A ``LlamaState`` of ``model`` holding the conversation's ``n`` tokens, its K/V drawn at
+    random (f16 values of standard deviation 0.5), in llama.cpp's whole-context format."""
+    from llama_cpp.llama import LlamaState
+
+    from stratastore.adapters.llamacpp.state import state_buffer
+    from stratastore.adapters.llamacpp.store import LlamaCppStore
+
+    with LlamaCppStore.open(model, {"park": "ram", "ram_mib": 1}) as probe:
+        layout = probe.layout
+    arch = str(model.metadata.get("general.architecture", ""))
+    state, ks, vs = state_buffer(n, layout, arch=arch)
+    rng = np.random.default_rng(n)
+    for region in ks + vs:
+        half = region.view(np.float16)
+        half[...] = (rng.standard_normal(half.shape, np.float32) * 0.5).astype(np.float16)
+    ids = np.full(model.n_ctx(), -1, np.intc)
+    ids[:n] = conversation(n)
+    scores = np.zeros((1, model.n_vocab()), np.single)
+    return LlamaState(ids, scores, n, state.tobytes(), len(state), 0)
+
+
 def phase_build(a: dict[str, Any]) -> dict[str, Any]:
 
     from stratastore.adapters.llamacpp import StrataLlamaCache
@@ -127,9 +162,12 @@ def phase_build(a: dict[str, Any]) -> dict[str, Any]:
     n, d = a["n"], Path(a["dir"])
     model = llm(a["model"], n)
     t = time.perf_counter()
-    model.eval(conversation(n))
+    if a.get("random"):
+        state = random_state(model, n)
+    else:
+        model.eval(conversation(n))
+        state = model.save_state()
     evaluated = time.perf_counter() - t
-    state = model.save_state()
     disk = disk_cache(d)
     t = time.perf_counter()
     disk[conversation(n)] = state
@@ -141,6 +179,7 @@ def phase_build(a: dict[str, Any]) -> dict[str, Any]:
         strata_s = time.perf_counter() - t
     return {
         "eval_s": evaluated,
+        "random": bool(a.get("random")),
         "state_bytes": state.llama_state_size,
         "disk_put_s": disk_s,
         "strata_put_s": strata_s,
@@ -226,9 +265,15 @@ def turn(d: Path, n: int, model: str, kind: str, which: str) -> dict[str, Any]:
     return run_phase(a)
 
 
+def sizes_of(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4096,16384")
+    ap.add_argument("--random-sizes", default="", help="sizes whose build parks random K/V")
+    ap.add_argument("--recurrent-sizes", default="", help="sizes of the recurrent model's rows")
     ap.add_argument("--edit-sizes", default=None, help="sizes with the edit turn (default: > 6144)")
     ap.add_argument("--repeat", type=int, default=3, help="turns of each cache kind")
     ap.add_argument("--lock", help="a file each timed turn holds an exclusive flock on")
@@ -240,48 +285,51 @@ def main() -> None:
         a = json.loads(args.phase)
         print(json.dumps(phase_build(a) if a["op"] == "build" else phase_turn(a)))
         return
-    from strata_harness.gguf_model import make_gguf
+    from strata_harness.gguf_model import make_gguf, make_mamba_gguf
 
     root = Path(tempfile.mkdtemp(prefix="strata-llama-bench-", dir=args.dir))
     doc: dict[str, Any] = {"load": os.getloadavg()[0], "sizes": {}}
     try:
-        sizes = [int(s) for s in args.sizes.split(",")]
+        sizes, rand = sizes_of(args.sizes), sizes_of(args.random_sizes)
+        recurrent = sizes_of(args.recurrent_sizes)
         edit_sizes = (
             [n for n in sizes if n > EDIT_BACK]
             if args.edit_sizes is None
-            else [int(s) for s in args.edit_sizes.split(",") if s]
+            else sizes_of(args.edit_sizes)
         )
         if args.repeat < 1 or not set(edit_sizes) <= {n for n in sizes if n > EDIT_BACK}:
             ap.error(f"--repeat must be at least 1, --edit-sizes sizes of --sizes over {EDIT_BACK}")
-        model = str(
+        ctx = max(sizes + rand + recurrent) + 256
+        kv8b = str(
             make_gguf(
-                root / "kv8b.gguf",
-                layers=32,
-                n_embd=1024,
-                n_head=8,
-                n_head_kv=8,
-                n_ff=512,
-                ctx=max(sizes) + 256,
+                root / "kv8b.gguf", layers=32, n_embd=1024, n_head=8, n_head_kv=8, n_ff=512, ctx=ctx
             )
         )
-        for n in sizes:
-            d = root / f"n{n}"
+        rows = [(f"{n:,}", n, kv8b, False) for n in sizes]
+        rows += [(f"{n:,} (random K/V)", n, kv8b, True) for n in rand]
+        if recurrent:
+            mamba = str(make_mamba_gguf(root / "mamba.gguf", layers=24, n_embd=1024, ctx=ctx))
+            rows += [(f"{n:,} (recurrent)", n, mamba, False) for n in recurrent]
+        for label, n, model, random_kv in rows:
+            d = root / f"n{n}-{len(doc['sizes'])}"
             d.mkdir()
             built = {"op": "build", "n": n, "dir": str(d / "built"), "model": model}
-            row: dict[str, Any] = {"build": run_phase(built)}
-            print(json.dumps({"n": n, "build": row["build"]}), file=sys.stderr, flush=True)
+            row: dict[str, Any] = {"build": run_phase({**built, "random": random_kv})}
+            print(json.dumps({"row": label, "build": row["build"]}), file=sys.stderr, flush=True)
             for which in prompts(n):
-                if which == "edit" and n not in edit_sizes:
+                if which == "edit" and (n not in edit_sizes or model != kv8b or random_kv):
                     continue
                 for kind in KINDS:
+                    if kind == "none" and random_kv:  # nothing evaluated to compare with
+                        continue
                     rounds = 1 if kind == "none" or which == "edit" else args.repeat
                     row[f"{which}/{kind}"] = runs = []
                     for _ in range(rounds):
                         with locked(args.lock):
                             runs.append(turn(d, n, model, kind, which))
-                        print(json.dumps({"n": n, which: kind, **runs[-1]}), file=sys.stderr)
-            doc["sizes"][n] = row
-            print(render({**doc, "sizes": {n: row}}), file=sys.stderr, flush=True)
+                        print(json.dumps({"row": label, which: kind, **runs[-1]}), file=sys.stderr)
+            doc["sizes"][label] = row
+            print(render({**doc, "sizes": {label: row}}), file=sys.stderr, flush=True)
             shutil.rmtree(d, ignore_errors=True)
         doc["load_end"] = os.getloadavg()[0]
     finally:
@@ -303,32 +351,34 @@ def render(doc: dict[str, Any]) -> str:
         "stratastore | strata vs none | strata vs disk | written/turn disk | written/turn strata |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for n, row in doc["sizes"].items():
+    for label, row in doc["sizes"].items():
         for which in ("turn", "edit"):
-            if f"{which}/none" not in row:
+            if f"{which}/disk" not in row:
                 continue
-            runs = {k: row[f"{which}/{k}"] for k in KINDS}
-            secs = {k: statistics.median(r["ttft_s"] for r in runs[k]) for k in KINDS}
-            same = all(r["first"] == runs["none"][0]["first"] for k in KINDS for r in runs[k])
-            mib = {k: statistics.median(r["written"] for r in runs[k]) / 2**20 for k in KINDS}
+            kinds = [k for k in KINDS if f"{which}/{k}" in row]
+            runs = {k: row[f"{which}/{k}"] for k in kinds}
+            secs = {k: statistics.median(r["ttft_s"] for r in runs[k]) for k in kinds}
+            base = runs["none" if "none" in runs else "disk"][0]["first"]
+            same = all(r["first"] == base for k in kinds for r in runs[k])
+            mib = {k: statistics.median(r["written"] for r in runs[k]) / 2**20 for k in kinds}
             cells = [
-                f"{int(n):,}",
+                label,
                 which + ("" if same else " (first tokens differ!)"),
-                *(spread(secs[k], [r["ttft_s"] for r in runs[k]]) for k in KINDS),
-                f"{secs['none'] / secs['strata']:.1f}x",
-                f"{secs['disk'] / secs['strata']:.1f}x",
+                spread(secs["none"], [r["ttft_s"] for r in runs["none"]])
+                if "none" in runs
+                else "-",
+                *(spread(secs[k], [r["ttft_s"] for r in runs[k]]) for k in KINDS[1:]),
+                f"{secs['none'] / secs['strata']:.1f}x" if "none" in secs else "-",
+                f"{secs['disk'] / secs['strata']:.2f}x",
                 f"{mib['disk']:,.0f} MiB",
                 f"{mib['strata']:,.1f} MiB",
             ]
             lines.append("| " + " | ".join(cells) + " |")
         b = row["build"]
         note = (
-            f"(build: eval {b['eval_s']:.1f} s, state {b['state_bytes'] / 2**20:,.0f} MiB; first "
+            f"(build: {'random K/V' if b.get('random') else 'eval'} {b['eval_s']:.1f} s, "
+            f"state {b['state_bytes'] / 2**20:,.0f} MiB; first "
             f"put: disk {b['disk_put_s']:.2f} s, strata {b['strata_put_s']:.2f} s)"
         )
         lines.append(f"|  | {note} |" + " |" * 8)
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

@@ -81,3 +81,53 @@ def test_a_park_that_fails_is_logged_and_the_completion_served(
         llm.set_cache(cache)
         assert complete(llm, FIRST) == complete(load(tiny), FIRST)
         assert cache.errors == 1 and "injected" in caplog.text
+
+
+def test_a_hit_is_loaded_into_the_context_and_no_state_handed_to_load_state(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cache[prompt]`` loads the stored prefix into the ``Llama`` itself and raises
+    ``KeyError``: ``Llama.load_state`` (a copy of the whole state) never runs."""
+    from llama_cpp import Llama
+
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    a = load(tiny)
+    with StrataLlamaCache(a, config(tmp_path)) as cache:
+        a.set_cache(cache)
+        complete(a, FIRST)
+    loads: list[int] = []
+    monkeypatch.setattr(Llama, "load_state", lambda self, state: loads.append(state.n_tokens))
+    b = load(tiny)
+    with StrataLlamaCache(b, config(tmp_path)) as cache:
+        with pytest.raises(KeyError):
+            cache[SECOND]
+        held = b.n_tokens
+        assert 48 <= held <= len(SHARED)
+        assert list(b.input_ids[:held]) == SECOND[:held]
+        b.set_cache(cache)
+        got = complete(b, SECOND)
+        restored = cache.store.store.stats()["tokens_restored"]
+    assert restored == held  # the completion read nothing more: the Llama held the prefix
+    assert loads == []
+    assert got == complete(load(tiny), SECOND)
+
+
+def test_a_restore_llama_cpp_refuses_is_logged_and_the_prompt_evaluated_whole(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import llama_cpp
+
+    from stratastore.adapters.llamacpp import StrataLlamaCache
+
+    a = load(tiny)
+    with StrataLlamaCache(a, config(tmp_path)) as cache:
+        a.set_cache(cache)
+        complete(a, FIRST)
+    b = load(tiny)
+    with StrataLlamaCache(b, config(tmp_path)) as cache:
+        monkeypatch.setattr(llama_cpp, "llama_state_seq_set_data", lambda *args: 0)
+        b.set_cache(cache)
+        got = complete(b, SECOND)
+        assert cache.errors == 1 and "refused the restored state" in caplog.text
+    assert got == complete(load(tiny), SECOND)

@@ -8,7 +8,13 @@ share a prefix share its pages, every page is validated before it is used, and a
 gives the prefix before it. What ``Llama`` hands it (``cache[tokens] = llm.save_state()``)
 is parked, cut at every :data:`CUT_TOKENS` tokens so that the next turn's state shares the
 segments of this one; what it asks for (``cache[prompt]``) is the deepest stored prefix of the
-prompt, at most ``len(prompt) - 1`` tokens, as a ``LlamaState`` for ``Llama.load_state``.
+prompt, at most ``len(prompt) - 1`` tokens, which it loads into the ``Llama``'s context itself
+(:meth:`LlamaCppStore.restore <.store.LlamaCppStore.restore>`: one sequence state, built in the
+memory the pages were validated in and read by llama.cpp from there) before it raises
+``KeyError``: the ``Llama`` then holds that prefix and ``generate`` goes on from it. Handing
+``Llama`` a ``LlamaState`` instead would cost a copy of the whole state (``Llama.load_state``
+copies it into a ctypes buffer before llama.cpp reads it: a third buffer of the context's size
+beside the K/V cache and the restored state, 4 GiB each at 32K tokens of an 8B model's K/V).
 
 A model whose memory is not a plain K/V cache (sliding-window, recurrent, hybrid:
 :func:`~.identity.memory_kind`) has no prefix to cut out of a state, so its states are kept
@@ -27,7 +33,6 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import blake3
-import numpy as np
 
 from stratastore.adapters.llamacpp.checkpoints import LlamaCheckpointStore
 from stratastore.adapters.llamacpp.identity import memory_kind
@@ -102,7 +107,8 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
             raise
         self._llm = llm
         self._arch = str(llm.metadata.get("general.architecture", ""))
-        #: parks that failed (logged, never raised: a completion is not failed by its cache)
+        #: parks and restores that failed (logged, never raised: a completion is not failed by
+        #: its cache)
         self.errors = 0
 
     def _levels(self, counter: str) -> int:
@@ -121,29 +127,28 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
     def __contains__(self, key: Sequence[int]) -> bool:
         return self.store.lookup(list(key)) > 0
 
-    def __getitem__(self, key: Sequence[int]) -> Any:
-        """The deepest stored prefix of ``key`` (at most ``len(key) - 1`` tokens) as a
-        ``LlamaState`` (logged at INFO: how many of the prompt's tokens it holds); ``KeyError``
-        when the store holds no longer prefix of it than the ``Llama`` holds already (``Llama``
-        would not load it: nothing is read). A model kept at checkpoints: see the module."""
-        from llama_cpp.llama import LlamaState
-
+    def __getitem__(self, key: Sequence[int]) -> NoReturn:
+        """Load the deepest stored prefix of ``key`` (at most ``len(key) - 1`` tokens, every
+        page validated) into the ``Llama``'s context (logged at INFO: how many of the prompt's
+        tokens it holds), then raise ``KeyError``: the ``Llama`` holds the prefix and has
+        nothing to load, and ``generate`` goes on from it. Nothing is read when the ``Llama``
+        holds as long a prefix already. A restore that fails (a read error, a state llama.cpp
+        refuses) is logged and counted (:attr:`errors`), and leaves the ``Llama`` holding no
+        tokens: the prompt is evaluated whole, as without a cache. A model kept at
+        checkpoints: see the module."""
         ids = as_tokens(list(key))
         if isinstance(self.store, LlamaCheckpointStore):
             self._checkpoints(ids)
-        held = self.store.held(ids)  # Llama loads a state only when it holds less than it
-        n, data = self.store.prefix_state(ids, arch=self._arch, beyond=held)
-        if n <= held:
-            raise KeyError(f"no stored prefix of these {len(ids)} tokens beyond the {held} held")
-        log.info("stratastore: restored %d of %d prompt tokens from the store", n, len(ids))
-        input_ids = np.full(self._llm.n_ctx(), -1, dtype=np.intc)  # -1: no token matches
-        input_ids[:n] = ids[:n]
-        # Llama.load_state broadcasts these into its own scores; the next decode replaces them
-        scores = np.zeros((1, self._llm.n_vocab()), np.single)
-        # load_state replaces the Llama's sampling seed with the state's: hand it its own, so a
-        # hit samples as a miss would (llama-cpp-python keeps it in no public attribute)
-        seed = int(getattr(self._llm, "_seed", 0) or 0)
-        return LlamaState(input_ids, scores, n, data, len(data), seed)
+        try:
+            n = self.store.restore(ids)
+        except StrataError as e:
+            self.errors += 1
+            self._llm.n_tokens = 0
+            log.warning("StrataLlamaCache: the prompt's stored prefix was not restored: %s", e)
+            n = 0
+        if n:
+            log.info("stratastore: restored %d of %d prompt tokens from the store", n, len(ids))
+        raise KeyError(f"the Llama holds the first {self.store.held(ids)} tokens of the prompt")
 
     def _checkpoints(self, ids: Any) -> NoReturn:
         """``cache[prompt]`` for a model kept at checkpoints (see the module): always raises
