@@ -10,6 +10,7 @@ and remote level as :class:`~stratastore.Store` (docs/chunks.md).
 * :mod:`~stratastore.chunks.room`: the budgets and the cascade (the disk levels of
   :mod:`stratastore.levels.cascade`), puts in flight, pins;
 * :mod:`~stratastore.chunks.reads`: the validated read into the caller's memory;
+* :mod:`~stratastore.chunks.kept`: records an adapter keeps beside its pages (never evicted);
 * :mod:`~stratastore.chunks.counters`: what it counts.
 """
 

@@ -31,6 +31,10 @@ Contracts:
   closing) is a miss counted in ``read_errors``; nothing is removed.
 - **Pins** hold a page against eviction and ``remove(force=False)`` until unpinned (in this
   process); a pin of a page not held, or being deleted, fails.
+- **Kept records** (:mod:`~stratastore.chunks.kept`): a record an adapter keeps beside its
+  pages under a ``keep`` key (the LMCache plugin's chunk layout) is put and read through the
+  store (:meth:`ChunkStore.put_kept`, :meth:`ChunkStore.get_kept`) on whichever level holds
+  it; no eviction takes it and no failed read removes it.
 - **Thread-safe**: any method from any thread; no lock is held over I/O but the one that makes
   room (one put's eviction at a time).
 """
@@ -46,6 +50,7 @@ from types import TracebackType
 from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
 from stratastore.chunks.failures import ReadFailures
+from stratastore.chunks.kept import get_record, put_record
 from stratastore.chunks.keys import stored_key
 from stratastore.chunks.puts import PutOutcome, check_batch, put_pages
 from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_validated
@@ -132,7 +137,8 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         self.levels = tuple(levels)  #: first (puts) to last (deletes)
         self.counters = ChunkCounters()
         self._lock = threading.Lock()  #: the counters (never held over I/O)
-        self._keep = keep
+        #: the stored keys of the records kept beside the pages (``keep`` at open)
+        self.kept = keep
         #: the budgets, the cascade, the puts in flight and the pins
         self.room = ChunkRoom(self.levels, keep=keep, count=self.count)
         self.closed = False
@@ -150,7 +156,8 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         """Open the levels of ``config`` (a :class:`ChunkConfig`, or its levels), first to last,
         for the model ``fingerprint``, each through the registry: the last seals its segments as
         the cold level, the others as warm (spec F-SC-5). A shared level (Redis) is reached once,
-        now. ``keep``: chunk keys no eviction takes (a record an adapter keeps beside its pages).
+        now. ``keep``: the chunk keys of records an adapter keeps beside its pages
+        (:meth:`put_kept`, :meth:`get_kept`), which no eviction takes.
         Raises what ``open_level`` raises (:class:`~stratastore.errors.ConfigError` for a spec
         no backend serves, :class:`~stratastore.format.IncompatibleFingerprint` for another
         model's level, :class:`~stratastore.io.StrataIOError` for a level that cannot be
@@ -242,6 +249,25 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
         not a bytes-like, C-contiguous, non-empty buffer, or as many pages as keys it is not
         (:class:`~stratastore.chunks.puts.BatchMismatch`), raises before any page is put."""
         return put_pages(self, keys, pages)
+
+    # -- records kept beside the pages (:mod:`~stratastore.chunks.kept`) ----------------------
+    def put_kept(self, key: bytes, data: Buffer) -> PutOutcome:
+        """Store the record ``data`` under ``key``, one of the ``keep`` keys given at open: on the
+        first level, durably as that level is, room made as for a page; ``"present"`` when some
+        level holds it already (nothing written or replaced), ``"refused"`` when it cannot fit.
+        Not counted as a page. No eviction takes it, a read that fails removes nothing, and
+        the cascade may move it down a level (:meth:`get_kept` reads it there). A key not kept
+        is a :class:`~stratastore.chunks.ChunkKeyError`; a write that fails raises."""
+        return put_record(self, key, data)
+
+    def get_kept(self, key: bytes, *, max_bytes: int) -> bytes | None:
+        """The record kept at ``key`` (a ``keep`` key), validated (F-SC-3, F-READ-1), from the
+        first level holding a valid copy, whatever level the cascade moved it to; None when no
+        level holds it or the store is closed. When no copy can be read, what the first failed
+        read raised (a :class:`~stratastore.errors.StrataError`: a damaged copy's
+        ``ChecksumMismatch`` or ``FormatError``, a level's I/O error); nothing is counted or
+        removed (``strata fsck --repair`` sets a damaged copy aside)."""
+        return get_record(self, key, max_bytes)
 
     # -- looking up ---------------------------------------------------------------------------
     def exists(self, key: bytes) -> bool:
@@ -425,7 +451,7 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     # -- what it holds ------------------------------------------------------------------------
     def entries(self) -> int:
         """How many pages the levels hold (kept keys aside)."""
-        kept = sum(k in lvl.store for lvl in self.levels for k in self._keep)
+        kept = sum(k in lvl.store for lvl in self.levels for k in self.kept)
         return sum(len(lvl.store) for lvl in self.levels) - kept
 
     def stats(self) -> dict[str, int]:

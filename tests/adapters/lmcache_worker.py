@@ -25,15 +25,17 @@ MODEL = "test/lmcache-plugin"
 
 
 def engine(
-    path: str, instance: str, *, budget_mib: int = 64, chunk: int = CHUNK, **extra: Any
+    path: str | None, instance: str, *, budget_mib: int = 64, chunk: int = CHUNK, **extra: Any
 ) -> Any:
     """An LMCache engine on the CPU whose only storage is the stratastore plugin in ``path``
-    (``local_cpu`` off: nothing is served from RAM)."""
+    (``local_cpu`` off: nothing is served from RAM); ``path`` None: on the ``levels`` (or the
+    ``strata_config``) given in ``extra`` instead."""
     from lmcache.v1.config import LMCacheEngineConfig
 
     from stratastore.adapters.lmcache.cpu import cpu_engine
 
     p = "storage_plugin.stratastore."
+    where = {} if path is None else {p + "dir": path, p + "budget_mib": budget_mib}
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=chunk,
         local_cpu=False,
@@ -42,8 +44,7 @@ def engine(
         extra_config={
             p + "module_path": "stratastore.adapters.lmcache",
             p + "class_name": "StrataStoragePlugin",
-            p + "dir": path,
-            p + "budget_mib": budget_mib,
+            **where,
             **{p + k: v for k, v in extra.items()},
         },
     )

@@ -300,7 +300,8 @@ def test_settings_name_the_entry_and_the_fix() -> None:
     with pytest.raises(ConfigError, match=re.escape(f"{p}budget_mib = 'lots': use a whole")):
         PluginSettings.from_config({**base, p + "dir": "/x", p + "budget_mib": "lots"}, None)
     s = PluginSettings.from_config({**base, p + "dir": "/x", p + "budget_mib": 3}, None)
-    assert (s.name, s.path, s.budget_bytes, s.put_threads) == ("stratastore", "/x", 3 << 20, 4)
+    levels = [(lv.spec, lv.budget_bytes) for lv in s.chunks.levels]
+    assert (s.name, levels, s.put_threads) == ("stratastore", [("/x", 3 << 20)], 4)
 
 
 def test_flush_reports_a_failed_put_once(
@@ -313,7 +314,7 @@ def test_flush_reports_a_failed_put_once(
     def fail(*a: Any, **k: Any) -> Any:
         raise StrataIOError("write", str(tmp_path / "d"), 28, "No space left on device")
 
-    monkeypatch.setattr(p.chunks.store, "put_state", fail)
+    monkeypatch.setattr(p.chunks.pages.backends[0], "put_state", fail)
     eng.store(prompt(0), kvcaches=kv(0))
     with pytest.raises(PutsFailed, match="8 LMCache chunk put"):
         p.flush()

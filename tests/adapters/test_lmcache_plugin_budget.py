@@ -25,7 +25,7 @@ def test_a_chunk_that_fits_evicts_nothing_while_another_put_commits(
     store = open_store(tmp_path / "d", 3)  # room for 3 chunks
     try:
         assert store.put(cid(0), payload(0)) == "stored"
-        real = store.store.put_state
+        real = store.pages.backends[0].put_state
         outcomes: list[str] = []
         armed = [True]
 
@@ -35,7 +35,7 @@ def test_a_chunk_that_fits_evicts_nothing_while_another_put_commits(
                 outcomes.append(store.put(cid(2), payload(2)))
             return res
 
-        monkeypatch.setattr(store.store, "put_state", put_state)
+        monkeypatch.setattr(store.pages.backends[0], "put_state", put_state)
         assert store.put(cid(1), payload(1)) == "stored"
         assert outcomes == ["stored"]
         assert store.stats()["evictions"] == 0 and store.contains(cid(0)), (

@@ -26,7 +26,7 @@ def test_a_pin_that_succeeded_holds_against_a_concurrent_eviction(
     try:
         for i in range(2):
             assert store.put(cid(i), payload(i)) == "stored"
-        real = store.store.delete
+        real = store.pages.backends[0].delete
         pinned: list[bool] = []
 
         def delete(key: bytes) -> Any:  # the lookup thread runs between check and delete
@@ -34,7 +34,7 @@ def test_a_pin_that_succeeded_holds_against_a_concurrent_eviction(
                 pinned.append(store.pin(cid(0)))
             return real(key)
 
-        monkeypatch.setattr(store.store, "delete", delete)
+        monkeypatch.setattr(store.pages.backends[0], "delete", delete)
         assert store.put(cid(2), payload(2)) == "stored"  # makes room: evicts the oldest
         assert len(pinned) == 1  # the lookup ran between the eviction's check and its delete
         # a pin landing while its chunk is being evicted may fail (the chunk is going), but a

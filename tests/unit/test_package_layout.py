@@ -62,9 +62,9 @@ LARGE_CLASSES: dict[str, str] = {
     ),
     "stratastore.chunks.store.ChunkStore": (
         "the chunk store's API, as Store's is: an engine's page cache reads one class for put, "
-        "get, exists, pins, removal, GC, stats, its info line and Prometheus text and close; "
-        "each method states its contract and hands the work to the module that owns it (puts, "
-        "reads, room, failures)"
+        "get, exists, pins, removal, GC, kept records, stats, its info line and Prometheus text "
+        "and close; each method states its contract and hands the work to the module that owns "
+        "it (puts, reads, room, failures, kept)"
     ),
     "stratastore.facade.Store": (
         "the library's API: an engine reads one class for park, lookup, restore, sessions, "

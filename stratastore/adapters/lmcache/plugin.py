@@ -64,8 +64,8 @@ class FlushTimeout(StrataError):
 
 class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     """LMCache's ``StoragePluginInterface`` over the plugin's chunks (:class:`LMCacheChunks`, a
-    :class:`~stratastore.chunks.ChunkStore` on one directory level; the module docstring says
-    what each call promises)."""
+    :class:`~stratastore.chunks.ChunkStore` on the levels of its settings: one directory, or
+    ``levels`` first to last; the module docstring says what each call promises)."""
 
     def __init__(
         self,
@@ -86,18 +86,11 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             getattr(config, "extra_config", None), getattr(config, "storage_plugins", None)
         )
         fingerprint = fingerprint_of(metadata)
-        need = stored_bytes(chunk_bytes_of(metadata))
-        if self.settings.budget_bytes < need:
-            raise ConfigError(
-                f"extra_config storage_plugin.{self.settings.name}.budget_mib = "
-                f"{self.settings.budget_bytes >> 20} is smaller than one chunk "
-                f"({need:,} bytes stored, kv_shape {tuple(metadata.kv_shape)} x "
-                f"{metadata.kv_dtype}): nothing could be stored; use at least "
-                f"{-(-need >> 20) + 1} MiB"
-            )
-        self.chunks = LMCacheChunks.open(
-            self.settings.path, fingerprint, self.settings.budget_bytes
+        self.settings.check_room(
+            stored_bytes(chunk_bytes_of(metadata)),
+            f"kv_shape {tuple(metadata.kv_shape)} x {metadata.kv_dtype}",
         )
+        self.chunks = LMCacheChunks.open_levels(self.settings.chunks, fingerprint)
         self._writers = ThreadPoolExecutor(self.settings.put_threads, "strata-lmcache-put")
         self._readers = ThreadPoolExecutor(self.settings.read_threads, "strata-lmcache-read")
         self._lock = Lock()
@@ -108,10 +101,10 @@ class StrataStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._refusing_puts = False  #: close() stopped accepting puts
         self._reading = 0  #: gets in flight (close waits for them)
         self._reads_done = Condition(self._lock)
+        levels = self.settings.chunks.levels
         log.info(
-            "stratastore: LMCache chunks in %s (budget %d MiB)",
-            self.settings.path,
-            self.settings.budget_bytes >> 20,
+            "stratastore: LMCache chunks in %s",
+            ", ".join(f"{lv.shown} ({lv.budget_bytes >> 20} MiB)" for lv in levels),
         )
 
     def __str__(self) -> str:

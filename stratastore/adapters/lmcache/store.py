@@ -1,21 +1,27 @@
-"""The LMCache plugin's chunks: a :class:`~stratastore.chunks.ChunkStore` on one directory
-level, plus the directory's chunk layout record and the counters only the plugin keeps (no
+"""The LMCache plugin's chunks: a :class:`~stratastore.chunks.ChunkStore` on the plugin's levels
+(one directory, or several levels first to last: directories, ``memory://``, a Redis level
+several engines share), plus the chunk layout record and the counters only the plugin keeps (no
 lmcache or torch import; :mod:`stratastore.adapters.lmcache` is the LMCache side).
 
 A chunk is addressed by its **chunk id** (:func:`~stratastore.adapters.lmcache.chunks.chunk_id`
 of its LMCache key), the chunk store's 32-byte chunk key, and stored as the running-state
-segment ``state_key(chunk id)`` (spec F-KEY-5) of the directory, opened through the level
-registry: the directory's durable put protocol (F-DUR), its LMDB index rebuilt from the sidecars
-at open (F-IDX), BLAKE3 per page (F-SC-3). Budget, oldest-first eviction, pins, validated reads
-and what counts as damage are the chunk store's (:mod:`stratastore.chunks.store`); this module
-adds:
+segment ``state_key(chunk id)`` (spec F-KEY-5) of its level, each level opened through the
+level registry: a directory's durable put protocol (F-DUR), its LMDB index rebuilt from the
+sidecars at open (F-IDX), BLAKE3 per page (F-SC-3). Budgets, the cascade, oldest-first
+eviction, pins, validated reads and what counts as damage are the chunk store's
+(:mod:`stratastore.chunks.store`); this module adds:
 
 - **the layout record**: what the bytes of every chunk mean (:class:`ChunkLayout`), recorded
-  once, durably, at the first put, as a page of its own at :data:`LAYOUT_ID` that no eviction
-  takes. One directory holds the chunks of one layout; a chunk of another is refused.
-- **reads through the layout**: a chunk read while this process does not know the directory's
-  layout (the record is re-read first: another process may have written it) is a plain miss,
-  never damage; a chunk whose size is no whole number of tokens of the layout is damage.
+  once, durably, at the first put, before any chunk of it, as a record the chunk store keeps at
+  :data:`LAYOUT_ID` (:meth:`ChunkStore.put_kept <stratastore.chunks.ChunkStore.put_kept>`): no
+  eviction takes it, the cascade may move it down a level, and it is read from whichever level
+  holds it (:meth:`ChunkStore.get_kept <stratastore.chunks.ChunkStore.get_kept>`). One chunk
+  store holds the chunks of one layout; a chunk of another is refused (logged once).
+- **reads through the layout**: a chunk read while this process does not know the layout (the
+  record is re-read first: another process may have written it) is a plain miss, never
+  damage; a chunk whose size is no whole number of tokens of the layout is damage. A record
+  that cannot be read makes every get a miss (logged once; no chunk is removed) until
+  ``strata fsck --repair`` sets it aside and a put records the layout again.
 - the plugin's own counters (``put_errors``, ``alloc_failures``) beside the store's, as
   :class:`~stratastore.adapters.lmcache.chunks.PluginCounters` lists them.
 """
@@ -28,6 +34,7 @@ from dataclasses import fields
 
 import stratastore.chunks as chunk_layer
 from stratastore.adapters.lmcache.chunks import LAYOUT_ID, ChunkLayout, PluginCounters
+from stratastore.adapters.lmcache.config import CHUNK_NAME
 from stratastore.chunks import (
     ChunkConfig,
     ChunkCounters,
@@ -37,12 +44,10 @@ from stratastore.chunks import (
     stored_bytes,
     stored_key,
 )
-from stratastore.chunks.room import ChunkRoom
 from stratastore.errors import StrataError
-from stratastore.format import FormatError, Kind, ModelFingerprint, data_name
+from stratastore.format import FormatError, ModelFingerprint, data_name
 from stratastore.io.modes import DEFAULT_FILE_MODE
-from stratastore.levels.backend import SegmentBackend
-from stratastore.levels.reader import get_checked_bytes
+from stratastore.levels.registry import scheme_of
 
 __all__ = ["ChunkStore", "LMCacheChunks", "OpenChunk", "PutOutcome", "stored_bytes"]
 
@@ -53,10 +58,11 @@ _STORE_COUNTERS = frozenset(f.name for f in fields(ChunkCounters))
 
 
 class LMCacheChunks:
-    """The plugin's chunks in the directory ``path``; thread-safe. Use :meth:`open`."""
+    """The plugin's chunks on the levels of a chunk store; thread-safe. Use :meth:`open` (one
+    directory) or :meth:`open_levels`."""
 
     def __init__(self, pages: chunk_layer.ChunkStore) -> None:
-        #: the chunk store the chunks live in (one directory level)
+        #: the chunk store the chunks live in (its levels, first to last)
         self.pages = pages
         self.layout: ChunkLayout | None = None
         self._own = PluginCounters()  #: put_errors, alloc_failures (the rest: the store's)
@@ -74,44 +80,59 @@ class LMCacheChunks:
         *,
         file_mode: int = DEFAULT_FILE_MODE,
     ) -> LMCacheChunks:
-        """Open (create) the directory and read its layout record if it has one. Raises what
-        opening the level raises (:class:`~stratastore.format.IncompatibleFingerprint`: another
-        model's directory) and :class:`~stratastore.format.FormatError` naming the layout
-        record and the fix when that record cannot be read (``strata fsck --repair``
-        quarantines a damaged one; the next put records the layout again, and the chunks
-        stay)."""
+        """:meth:`open_levels` on one directory level ``path`` of ``budget_bytes`` (the
+        plugin's ``dir`` + ``budget_mib``)."""
         level = ChunkLevel(path, budget_bytes, settings={"file_mode": file_mode})
-        cfg = ChunkConfig((level,), name="LMCache chunk")
-        pages = chunk_layer.ChunkStore.open(cfg, fingerprint, keep=(LAYOUT_ID,))
+        return cls.open_levels(ChunkConfig((level,), name=CHUNK_NAME), fingerprint)
+
+    @classmethod
+    def open_levels(cls, config: ChunkConfig, fingerprint: ModelFingerprint) -> LMCacheChunks:
+        """Open (create) the levels of ``config`` and read the layout record if one of them
+        holds it. Raises what opening the chunk store raises
+        (:class:`~stratastore.format.IncompatibleFingerprint`: another model's level) and
+        :class:`~stratastore.format.FormatError` naming the layout record and the fix when that
+        record cannot be read (``strata fsck --repair`` quarantines a damaged one; the next put
+        records the layout again, and the chunks stay)."""
+        pages = chunk_layer.ChunkStore.open(config, fingerprint, keep=(LAYOUT_ID,))
         try:
             chunks = cls(pages)
-            if stored_key(LAYOUT_ID) in chunks.store:
-                try:
-                    chunks.layout = chunks._read_layout()
-                except StrataError as e:
-                    raise FormatError(
-                        f"the LMCache chunk layout record {data_name(stored_key(LAYOUT_ID))} in "
-                        f"{path} cannot be read ({type(e).__name__}: {e}); run `strata fsck "
-                        f"--repair --yes {path}`: it quarantines a damaged record, the chunks "
-                        "stay, and the next put records the layout again"
-                    ) from e
+            try:
+                chunks.layout = chunks._read_layout()
+            except StrataError as e:
+                raise FormatError(
+                    f"the LMCache chunk layout record {data_name(stored_key(LAYOUT_ID))} in "
+                    f"{chunks.where} cannot be read ({type(e).__name__}: {e}); "
+                    f"{chunks.repair_hint}: it quarantines a damaged record, the chunks stay, "
+                    "and the next put records the layout again"
+                ) from e
         except BaseException:
             pages.close()
             raise
         return chunks
 
     @property
-    def store(self) -> SegmentBackend:
-        """The directory level the chunks are in."""
-        return self.pages.levels[0].store
+    def where(self) -> str:
+        """The levels as messages name them, first to last (a URL by its scheme alone)."""
+        return ", ".join(lv.shown for lv in self.pages.config.levels)
 
     @property
-    def room(self) -> ChunkRoom:
-        """The directory's budget, puts in flight and pins."""
-        return self.pages.room
+    def repair_hint(self) -> str:
+        """What repairs a damaged layout record: ``strata fsck --repair`` of the directory
+        levels; of a shared level, its own check (``--remote``)."""
+        dirs = [
+            b.path
+            for lv, b in zip(self.pages.config.levels, self.pages.backends, strict=True)
+            if scheme_of(str(lv.spec)) in ("", "file")
+        ]
+        hint = f"run `strata fsck --repair --yes {' '.join(dirs)}`" if dirs else ""
+        if len(dirs) < len(self.pages.backends):
+            shared = "`strata fsck --remote --repair --yes --config FILE` for a Redis level"
+            hint = f"{hint} ({shared})" if hint else f"run {shared}"
+        return hint
 
     @property
     def budget_bytes(self) -> int:
+        """The first level's budget: what a put makes room in."""
         return self.pages.room.budget_bytes
 
     @property
@@ -141,26 +162,22 @@ class LMCacheChunks:
             setattr(self._own, counter, getattr(self._own, counter) + n)
 
     # -- the layout ---------------------------------------------------------------------------
-    def _read_layout(self) -> ChunkLayout:
-        key = stored_key(LAYOUT_ID)
-        raw = get_checked_bytes(  # the level's answer checked above the seam (F-READ-1)
-            self.store,
-            key,
-            self.pages.fingerprint,
-            max_bytes=_MAX_LAYOUT_BYTES,
-            kind=Kind.STATE,
-            tokens=(0, 0),
-        )
-        return ChunkLayout.decode(raw, f"the chunk layout record {key.hex()} in {self.store.path}")
+    def _read_layout(self) -> ChunkLayout | None:
+        """The layout the record holds, from whichever level holds it; None when none does."""
+        raw = self.pages.get_kept(LAYOUT_ID, max_bytes=_MAX_LAYOUT_BYTES)
+        if raw is None:
+            return None
+        name = f"the chunk layout record {stored_key(LAYOUT_ID).hex()} in {self.where}"
+        return ChunkLayout.decode(raw, name)
 
     def known_layout(self) -> ChunkLayout | None:
-        """The directory's layout, re-read from its record when this process does not know it
-        yet (another process may have recorded it since this one opened the directory); None
-        when there is no readable record (a miss for every chunk, never damage)."""
+        """The layout, re-read from its record when this process does not know it yet (another
+        process may have recorded it since this one opened the levels); None when there is no
+        readable record (a miss for every chunk, never damage)."""
         if self.layout is not None:
             return self.layout
         with self._layout_lock:
-            if self.layout is None and stored_key(LAYOUT_ID) in self.store:
+            if self.layout is None:
                 try:
                     self.layout = self._read_layout()
                 except StrataError as e:
@@ -168,23 +185,26 @@ class LMCacheChunks:
                         self._layout_warned = True
                         log.error(
                             "stratastore: the LMCache chunk layout record %s in %s cannot "
-                            "be read (%s: %s): every get is a miss (no chunk is removed); "
-                            "run `strata fsck --repair --yes %s`",
+                            "be read (%s: %s): every get is a miss (no chunk is removed); %s",
                             data_name(stored_key(LAYOUT_ID)),
-                            self.store.path,
+                            self.where,
                             type(e).__name__,
                             e,
-                            self.store.path,
+                            self.repair_hint,
                         )
             return self.layout
 
     def accepts(self, layout: ChunkLayout) -> bool:
-        """Whether chunks of ``layout`` may be stored here: the directory's layout, or the
-        first (then recorded durably, before any chunk of it). Another layout is refused, and
-        logged once: one directory holds the chunks of one engine configuration."""
+        """Whether chunks of ``layout`` may be stored here: the recorded layout, or the first
+        (then recorded durably, before any chunk of it, on the first level; when that level
+        has no room for the record the chunk is refused, counted in ``puts_refused``). Another
+        layout is refused, and logged once: one chunk store holds the chunks of one engine
+        configuration. A record that cannot be read raises (the put fails)."""
         with self._layout_lock:
             if self.layout is None:
-                self.store.put_state(LAYOUT_ID, layout.encode(), token_pos=0)
+                if self.pages.put_kept(LAYOUT_ID, layout.encode()) == "refused":
+                    self.count("puts_refused")
+                    return False
                 self.layout = self._read_layout()  # another process may have recorded first
             if self.layout == layout:
                 return True
@@ -194,9 +214,9 @@ class LMCacheChunks:
         if first:
             log.error(
                 "stratastore: %s holds LMCache chunks of layout %s; chunks of layout %s "
-                "are not stored: give each engine configuration its own directory",
-                self.store.path,
-                self.layout.encode().decode(),
+                "are not stored: give each engine configuration its own levels",
+                self.where,
+                None if self.layout is None else self.layout.encode().decode(),
                 layout.encode().decode(),
             )
         return False
@@ -226,7 +246,7 @@ class LMCacheChunks:
             self.pages.reject(
                 chunk,
                 f"{chunk.payload_bytes} bytes are no whole number of tokens of the chunk layout "
-                f"of {self.store.path}",
+                f"of {self.where}",
             )
             return None
         return chunk
@@ -264,11 +284,13 @@ class LMCacheChunks:
         return self.pages.entries()
 
     def stats(self) -> dict[str, int]:
-        """:class:`PluginCounters` (the store's and the plugin's own) and what the directory
-        holds."""
+        """:class:`PluginCounters` (the store's and the plugin's own) and what the levels hold
+        (all levels: ``entries``, ``used_bytes``, ``budget_bytes``; ``degradations``: chunks
+        moved down a level)."""
         doc = self.pages.stats()
         out = self._counts()
-        for name in ("in_flight_bytes", "pinned", "entries", "used_bytes", "budget_bytes"):
+        held = ("in_flight_bytes", "pinned", "entries", "used_bytes", "budget_bytes")
+        for name in (*held, "degradations"):
             out[name] = doc[name]
         return out
 

@@ -127,7 +127,7 @@ def test_the_budget_is_kept_exactly_oldest_first_never_a_pinned_chunk(tmp_path: 
     store = open_store(tmp_path / "d", 3)
     for i in range(3):
         assert store.put(cid(i), payload(i)) == "stored"
-    assert store.store.used() == store.budget_bytes  # full, exactly
+    assert store.pages.backends[0].used() == store.budget_bytes  # full, exactly
     assert store.pin(cid(0))
     assert store.put(cid(3), payload(3)) == "stored"  # evicts 1, the oldest not pinned
     assert [store.contains(cid(i)) for i in range(4)] == [True, False, True, True]
@@ -136,7 +136,7 @@ def test_the_budget_is_kept_exactly_oldest_first_never_a_pinned_chunk(tmp_path: 
     assert store.put(cid(4), payload(4)) == "stored"  # now 0 goes
     assert [store.contains(cid(i)) for i in range(5)] == [False, False, True, True, True]
     on_disk = sum(os.path.getsize(p) for p in (tmp_path / "d").iterdir() if p.is_file())
-    assert store.store.used() == on_disk == store.budget_bytes
+    assert store.pages.backends[0].used() == on_disk == store.budget_bytes
     assert read(store, 3) == bytes(payload(3))
     s = store.stats()
     assert (s["puts"], s["puts_deduped"], s["evictions"], s["entries"]) == (5, 1, 2, 3)
