@@ -118,7 +118,8 @@ class LMCacheChunks:
     @property
     def repair_hint(self) -> str:
         """What repairs a damaged layout record: ``strata fsck --repair`` of the directory
-        levels; of a shared level, its own check (``--remote``)."""
+        levels (it quarantines the record); a shared level's copy no tool repairs, so the fix
+        there is a fresh namespace (another ``name`` in the level's settings)."""
         dirs = [
             b.path
             for lv, b in zip(self.pages.config.levels, self.pages.backends, strict=True)
@@ -126,8 +127,11 @@ class LMCacheChunks:
         ]
         hint = f"run `strata fsck --repair --yes {' '.join(dirs)}`" if dirs else ""
         if len(dirs) < len(self.pages.backends):
-            shared = "`strata fsck --remote --repair --yes --config FILE` for a Redis level"
-            hint = f"{hint} ({shared})" if hint else f"run {shared}"
+            shared = (
+                "a copy on a Redis level strata fsck cannot set aside: give that level another "
+                "`name` in its settings, a fresh namespace"
+            )
+            hint = f"{hint} ({shared})" if hint else shared
         return hint
 
     @property
