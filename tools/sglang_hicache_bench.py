@@ -1,11 +1,11 @@
 """stratastore's SGLang HiCache backend (``StrataHiCacheStorage``) side by side with SGLang's own
 ``file`` backend, through the same harness: SGLang 0.5.23's ``StorageBackendFactory`` builds each
 (the ``dynamic`` backend for stratastore, ``file`` for SGLang's), both driven as its
-``HiCacheController`` drives a backend (``tests/sglang/harness.py``: page hashes from SGLang's
-``get_hash_str``, ``batch_exists``, then the zero-copy calls for stratastore and the generic ones
-for ``file``), on the same pages of a CPU host pool (Llama-3-8B's K/V geometry by default: 32
-layers x 8 kv heads x 128 dims x K and V in bf16, 64-token pages = 8 MiB a page), in batches of
-SGLang's ``STORAGE_BATCH_SIZE`` (128). Needs SGLang (``make .venv-sglang/.installed``)::
+``HiCacheController`` drives a backend (``strata_harness/sglang_hicache.py``: page hashes from
+SGLang's ``get_hash_str``, ``batch_exists``, then the zero-copy calls for stratastore and the
+generic ones for ``file``), on the same pages of a CPU host pool (Llama-3-8B's K/V geometry by
+default: 32 layers x 8 kv heads x 128 dims x K and V in bf16, 64-token pages = 8 MiB a page), in
+batches of SGLang's ``STORAGE_BATCH_SIZE`` (128). Needs SGLang (``make .venv-sglang/.installed``)::
 
     .venv-sglang/bin/python tools/sglang_hicache_bench.py --dir /nvme/bench --pages 128
 
@@ -36,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata_harness.bench_files import drop_cache, flip_one
-from tests.sglang.harness import backend, backup, hashes, prefetch
-from tests.sglang.host_pool import CpuHostPool
+from strata_harness.sglang_hicache import backend, backup, hashes, prefetch
+from strata_harness.sglang_host_pool import CpuHostPool
 
 BATCH = 128  #: SGLang's STORAGE_BATCH_SIZE
 

@@ -34,6 +34,7 @@ from tests.adapters.lmcache_worker import (  # noqa: E402
     prompt,
     retrieve,
 )
+from tests.remote.conftest import import_or_skip, redis_binaries_or_skip  # noqa: E402
 
 CHUNK_BYTES = stored_bytes(CHUNK * 1024)  #: what one chunk takes on a directory level
 RECORD = stored_bytes(4096)  #: at least what the layout record takes (its JSON is shorter)
@@ -123,12 +124,8 @@ def test_the_last_level_evicts_chunks_but_never_the_layout_record(
 
 
 def test_two_plugins_share_a_redis_level(engines: Engines, tmp_path: Path) -> None:
-    found = redis_servers.find_redis()
-    if found is None:
-        if os.environ.get("STRATA_REQUIRE_REDIS") == "1":
-            pytest.fail("redis-server not found (STRATA_REQUIRE_REDIS=1 requires it)")
-        pytest.skip("redis-server not found: apt-get install redis-server")
-    pytest.importorskip("redis", reason="the redis extra: pip install -e '.[redis]'")
+    found = redis_binaries_or_skip()  # fails instead with STRATA_REQUIRE_REDIS=1
+    import_or_skip("redis")
     with redis_servers.RedisServer(tmp_path / "redis", binaries=found) as server:
         shared = {"spec": server.url, "budget_bytes": 64 << 20, "settings": {"name": "lmcache"}}
         one = engines([{"spec": str(tmp_path / "a"), "budget_bytes": FIRST}, shared])

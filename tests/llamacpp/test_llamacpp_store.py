@@ -7,7 +7,6 @@ the others durable; a kill -9 mid-park leaves a store fsck finds clean."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from stratastore.errors import StrataError
+from tests.fresh_process import run_step
 from tests.fsck_cli import fsck_deep
 
 from .engine import ROOT, get_seq, load
@@ -31,17 +31,7 @@ MESSAGES = [
 
 def phase(**args: Any) -> dict[str, Any]:
     """One phase of :mod:`tests.llamacpp.phases` in a fresh process."""
-    args = {k: str(v) if isinstance(v, Path) else v for k, v in args.items()}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.llamacpp.phases", json.dumps(args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_step("tests.llamacpp.phases", args)
 
 
 def _store(llm: Any, path: Path) -> Any:

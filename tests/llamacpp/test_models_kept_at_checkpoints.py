@@ -8,9 +8,6 @@ with the same reply; fsck finds the store clean."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +15,11 @@ import numpy as np
 import pytest
 
 from stratastore.errors import ConfigError
+from tests.fresh_process import run_step
 from tests.fsck_cli import fsck_deep
 
 from .chat_turn import store_config
-from .engine import ROOT, load
+from .engine import load
 
 SYSTEM = {"role": "system", "content": "You answer in one line."}
 FIRST = {"role": "user", "content": "Tell me about the tides of the northern sea. " * 4}
@@ -35,16 +33,7 @@ def turn(model: Path, store: Path | None, **prompt: Any) -> dict[str, Any]:
     args = {"model": str(model), "every": EVERY, **prompt}
     if store is not None:
         args["store"] = str(store)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.llamacpp.chat_turn", json.dumps(args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_step("tests.llamacpp.chat_turn", args)
 
 
 @pytest.fixture(params=["mamba", "gemma2"])

@@ -19,13 +19,13 @@ import torch
 
 
 def pool_of(args: dict[str, Any]) -> Any:
-    from tests.sglang.host_pool import CpuHostPool
+    from strata_harness.sglang_host_pool import CpuHostPool
 
     return CpuHostPool(layout=args.get("layout", "page_first"), size=args["pages"] * 64)
 
 
 def run(args: dict[str, Any]) -> dict[str, Any]:
-    from tests.sglang.harness import backend, backup, hashes, prefetch
+    from strata_harness.sglang_hicache import backend, backup, hashes, prefetch
 
     pool = pool_of(args)
     keys = hashes(args["tokens"], pool.page_size)[: args["pages"]]

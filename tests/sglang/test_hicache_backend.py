@@ -1,11 +1,11 @@
 """SGLang HiCache's storage backend on stratastore (``stratastore.adapters.sglang``), built by
 SGLang 0.5.23's own ``StorageBackendFactory`` (the ``dynamic`` backend) and driven as its
-``HiCacheController`` drives a backend (:mod:`tests.sglang.harness`), beside SGLang's ``file``
-backend on the same pages: pages written and read back byte-identical in both host layouts, by
-the zero-copy and the generic calls; a fresh process served what the last one wrote; a flipped
+``HiCacheController`` drives a backend (:mod:`strata_harness.sglang_hicache`), beside SGLang's
+``file`` backend on the same pages: pages written and read back byte-identical in both host layouts,
+by the zero-copy and the generic calls; a fresh process served what the last one wrote; a flipped
 byte is a miss from that page on (the ``file`` backend delivers it as it is); a kill -9 during
-writes leaves a store ``strata fsck --deep`` finds clean with every acknowledged page served;
-two processes share one Redis level; another model's level refuses to open."""
+writes leaves a store ``strata fsck --deep`` finds clean with every acknowledged page served; two
+processes share one Redis level; another model's level refuses to open."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from tests import redis_servers
+from tests.fresh_process import run_step
 from tests.fsck_cli import fsck_deep
+from tests.remote.conftest import import_or_skip, redis_binaries_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = list(range(3, 3 + 64 * 40))  #: 40 pages of 64 tokens
@@ -39,17 +41,7 @@ def levels(path: Path) -> list[dict[str, Any]]:
 
 
 def phase(**args: Any) -> dict[str, Any]:
-    args = {k: str(v) if isinstance(v, Path) else v for k, v in args.items()}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.sglang.phases", json.dumps(args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_step("tests.sglang.phases", args)
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
@@ -59,8 +51,8 @@ def test_pages_read_back_byte_identical(
 ) -> None:
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-    from .harness import STRATA, backup, hashes, prefetch, storage_config
-    from .host_pool import CpuHostPool
+    from strata_harness.sglang_hicache import STRATA, backup, hashes, prefetch, storage_config
+    from strata_harness.sglang_host_pool import CpuHostPool
 
     pool = CpuHostPool(layout=layout, size=64 * 16)
     for i in range(8):
@@ -91,7 +83,7 @@ def test_the_generic_calls_serve_pages_before_any_host_pool_is_registered(
     import torch
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-    from .harness import STRATA, hashes, storage_config
+    from strata_harness.sglang_hicache import STRATA, hashes, storage_config
 
     cfg = storage_config({**STRATA, "levels": levels(tmp_path / "l")}, model)
     b = StorageBackendFactory.create_backend("dynamic", cfg, None)
@@ -127,11 +119,10 @@ def test_a_flipped_byte_is_a_miss_where_the_file_backend_delivers_it(
 ) -> None:
     """Page 5 of 12 damaged in each backend's files: stratastore serves the 5 before it and
     recomputes from there; SGLang's ``file`` backend serves all 12, one of them wrong."""
+    from strata_harness.sglang_hicache import backend, hashes
+    from strata_harness.sglang_host_pool import CpuHostPool
     from stratastore.chunks import stored_key
     from stratastore.format import data_name
-
-    from .harness import backend, hashes
-    from .host_pool import CpuHostPool
 
     damaged = hashes(TOKENS, 64)[5]
     got = {}
@@ -180,12 +171,8 @@ def test_a_kill_during_writes_leaves_a_clean_store_serving_every_acknowledged_pa
 
 
 def test_two_processes_share_one_redis_level(tmp_path: Path, model: str) -> None:
-    found = redis_servers.find_redis()
-    if found is None:
-        if os.environ.get("STRATA_REQUIRE_REDIS") == "1":
-            pytest.fail("redis-server not found (STRATA_REQUIRE_REDIS=1 requires it)")
-        pytest.skip("redis-server not found: apt-get install redis-server")
-    pytest.importorskip("redis", reason="the redis extra: pip install -e '.[redis]'")
+    found = redis_binaries_or_skip()  # fails instead with STRATA_REQUIRE_REDIS=1
+    import_or_skip("redis")
     with redis_servers.RedisServer(tmp_path / "redis", binaries=found) as server:
         shared = {"spec": server.url, "budget_bytes": 64 << 20, "settings": {"name": "hicache"}}
         one = {"kind": "strata", "model": model, "tokens": TOKENS, "seed": 5, "pages": 10}
@@ -198,10 +185,9 @@ def test_two_processes_share_one_redis_level(tmp_path: Path, model: str) -> None
 def test_pages_of_another_shard_or_format_are_other_keys(tmp_path: Path, model: str) -> None:
     import torch
 
+    from strata_harness.sglang_hicache import backend, backup, hashes
+    from strata_harness.sglang_host_pool import CpuHostPool
     from stratastore.errors import ConfigError
-
-    from .harness import backend, backup, hashes
-    from .host_pool import CpuHostPool
 
     where = levels(tmp_path / "l")
     keys = hashes(TOKENS, 64)[:2]
@@ -236,10 +222,9 @@ def test_pages_of_another_shard_or_format_are_other_keys(tmp_path: Path, model: 
 def test_a_hybrid_models_state_pools_fail_the_attach_and_clear_removes_nothing(
     tmp_path: Path, model: str
 ) -> None:
+    from strata_harness.sglang_hicache import backend, backup, hashes
+    from strata_harness.sglang_host_pool import CpuHostPool
     from stratastore.errors import ConfigError
-
-    from .harness import backend, backup, hashes
-    from .host_pool import CpuHostPool
 
     pool = CpuHostPool()
     b = backend("strata", levels(tmp_path / "l"), pool, model)
@@ -255,10 +240,9 @@ def test_a_hybrid_models_state_pools_fail_the_attach_and_clear_removes_nothing(
 
 
 def test_another_models_level_refuses_to_open(tmp_path: Path, model: str) -> None:
+    from strata_harness.sglang_hicache import backend, backup, hashes
+    from strata_harness.sglang_host_pool import CpuHostPool
     from stratastore.format import IncompatibleFingerprint
-
-    from .harness import backend, backup, hashes
-    from .host_pool import CpuHostPool
 
     where = levels(tmp_path / "l")
     pool = CpuHostPool()
@@ -272,10 +256,9 @@ def test_another_models_level_refuses_to_open(tmp_path: Path, model: str) -> Non
 
 
 def test_settings_it_cannot_use_are_refused_by_name(tmp_path: Path, model: str) -> None:
+    from strata_harness.sglang_hicache import backend
+    from strata_harness.sglang_host_pool import CpuHostPool
     from stratastore.errors import ConfigError
-
-    from .harness import backend
-    from .host_pool import CpuHostPool
 
     pool = CpuHostPool()
     with pytest.raises(ConfigError, match="levels"):

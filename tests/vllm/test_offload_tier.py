@@ -33,6 +33,7 @@ from stratastore.errors import ConfigError
 from stratastore.format import data_name
 from tests import redis_servers
 from tests.fsck_cli import fsck_deep
+from tests.remote.conftest import import_or_skip, redis_binaries_or_skip
 from tests.vllm.tier_rig import Rig, leftover_regions, request_keys, tier_entry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,12 +237,8 @@ def test_an_unknown_setting_is_refused_at_start(tmp_path: Path) -> None:
 def test_two_processes_on_one_redis_level(tmp_path: Path) -> None:
     """A Redis level shared by two vLLM instances: what one stored the other serves; lookups on
     a shared level are asked on a thread (RETRY meanwhile)."""
-    found = redis_servers.find_redis()
-    if found is None:
-        if os.environ.get("STRATA_REQUIRE_REDIS") == "1":
-            pytest.fail("redis-server not found (STRATA_REQUIRE_REDIS=1 requires it)")
-        pytest.skip("redis-server not found: apt-get install redis-server")
-    pytest.importorskip("redis", reason="the redis extra: pip install -e '.[vllm,redis]'")
+    found = redis_binaries_or_skip()  # fails instead with STRATA_REQUIRE_REDIS=1
+    import_or_skip("redis")
     with redis_servers.RedisServer(tmp_path / "redis", binaries=found) as server:
         shared = {"spec": server.url, "budget_bytes": 16 << 20, "settings": {"name": "tier"}}
         tier = tier_entry(levels=[shared])

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .host_pool import CpuHostPool
+from strata_harness.sglang_host_pool import CpuHostPool
 
 STRATA = {
     "backend_name": "strata",

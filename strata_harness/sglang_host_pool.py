@@ -57,7 +57,7 @@ class CpuHostPool:
         return self.kv_buffer[:, index : index + self.page_size, :, :, :]
 
     def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        page = self._page(index)
+        page: torch.Tensor = self._page(index)
         return page.flatten() if flat else page
 
     def get_dummy_flat_data_page(self) -> torch.Tensor:
