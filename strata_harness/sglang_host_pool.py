@@ -49,7 +49,7 @@ class CpuHostPool:
         self.kv_buffer = torch.zeros((2, *dims, head_num, head_dim), dtype=dtype)
 
     def get_size_per_token(self) -> int:
-        return 2 * self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize
+        return int(2 * self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize)
 
     def _page(self, index: int) -> Any:
         if self.layout == "layer_first":

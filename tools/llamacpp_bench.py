@@ -152,7 +152,7 @@ def random_state(model: Any, n: int) -> Any:
     ids = np.full(model.n_ctx(), -1, np.intc)
     ids[:n] = conversation(n)
     scores = np.zeros((1, model.n_vocab()), np.single)
-    return LlamaState(ids, scores, n, state, len(state), 0)  # the array: no second copy
+    return LlamaState(ids, scores, n, state.tobytes(), len(state), 0)  # bytes, as save_state
 
 
 def phase_build(a: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ store's levels as a page is, but never let go of.
 - **Never deleted by the store**: an eviction (budget or age, the last level's) passes over
   it (:class:`~stratastore.chunks.room.ChunkRoom`); the cascade may move it down a level as it
   moves the oldest page (a level with a next one holds nothing back: it would stop making
-  room), so it is read from whichever level holds it. A read that fails counts and removes
+  room), so it is read from whichever level holds it. A read that fails counts nothing and removes
   nothing: a damaged record is the operator's to repair (``strata fsck --repair``), never
   replaced by this module. (A copy the cascade cannot read as it moves it is discarded, as any
   unreadable segment is: :meth:`~stratastore.levels.cascade.DiskLevel.degrade_to_next`.)

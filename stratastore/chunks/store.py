@@ -51,7 +51,7 @@ from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
 from stratastore.chunks.failures import ReadFailures
 from stratastore.chunks.kept import get_record, put_record
-from stratastore.chunks.keys import stored_key
+from stratastore.chunks.keys import ChunkKeyError, stored_key
 from stratastore.chunks.puts import PutOutcome, check_batch, put_pages
 from stratastore.chunks.reads import DAMAGE, OpenChunk, buffer_view, fill_validated
 from stratastore.chunks.room import ChunkRoom
@@ -425,8 +425,14 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
     def remove(self, key: bytes, *, force: bool = True) -> bool:
         """Delete a page from every level (with ``force``, pins and all); False when it was not
         held or, without ``force``, is pinned (the check and the delete exclude a pin in
-        between)."""
+        between). A kept record's key (``keep``) is a :class:`~.keys.ChunkKeyError`: the store
+        never deletes one."""
         skey = stored_key(key)
+        if skey in self.kept:
+            raise ChunkKeyError(
+                f"chunk key {key.hex()[:16]} is a record the {self.config.name} store keeps "
+                "(keep= at open): it is never removed; remove pages only"
+            )
         refuse_closed(self, "remove")
         removed = False
         with self.room.deleting(skey, unless_pinned=not force) as marked:

@@ -106,9 +106,15 @@ def test_a_hit_is_loaded_into_the_context_and_no_state_handed_to_load_state(
         assert 48 <= held <= len(SHARED)
         assert list(b.input_ids[:held]) == SECOND[:held]
         b.set_cache(cache)
+        evaluated: list[int] = []
+        eval_ = Llama.eval
+        monkeypatch.setattr(
+            Llama, "eval", lambda self, t: (evaluated.append(len(t)), eval_(self, t))
+        )
         got = complete(b, SECOND)
         restored = cache.store.store.stats()["tokens_restored"]
     assert restored == held  # the completion read nothing more: the Llama held the prefix
+    assert evaluated[0] == len(SECOND) - held  # and evaluated the prompt from there on
     assert loads == []
     assert got == complete(load(tiny), SECOND)
 

@@ -132,10 +132,10 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
         page validated) into the ``Llama``'s context (logged at INFO: how many of the prompt's
         tokens it holds), then raise ``KeyError``: the ``Llama`` holds the prefix and has
         nothing to load, and ``generate`` goes on from it. Nothing is read when the ``Llama``
-        holds as long a prefix already. A restore that fails (a read error, a state llama.cpp
-        refuses) is logged and counted (:attr:`errors`), and leaves the ``Llama`` holding no
-        tokens: the prompt is evaluated whole, as without a cache. A model kept at
-        checkpoints: see the module."""
+        holds as long a prefix already. A restore that fails is logged and counted
+        (:attr:`errors`): a read error leaves the ``Llama`` holding what it held, a state
+        llama.cpp refuses leaves it holding no tokens (the prompt is evaluated whole, as
+        without a cache). A model kept at checkpoints: see the module."""
         ids = as_tokens(list(key))
         if isinstance(self.store, LlamaCheckpointStore):
             self._checkpoints(ids)
@@ -143,7 +143,6 @@ class StrataLlamaCache(_Base):  # type: ignore[misc]
             n = self.store.restore(ids)
         except StrataError as e:
             self.errors += 1
-            self._llm.n_tokens = 0
             log.warning("StrataLlamaCache: the prompt's stored prefix was not restored: %s", e)
             n = 0
         if n:

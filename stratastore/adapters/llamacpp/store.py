@@ -297,7 +297,7 @@ class LlamaCppStore:
             max_tokens = min(_cap(len(ids), max_tokens), len(ids) - 1)
             held = self.held(ids)
         n, state = self.prefix_state(ids, max_tokens=max_tokens, seq=seq, beyond=held)
-        if n == 0:
+        if n <= held:  # nothing stored, or a damaged page left no more than the Llama holds
             return 0
         try:
             self._set(state, seq)

@@ -3,7 +3,8 @@ layout) is put and read through the store: written once on the first level (a se
 "present", never a replacement), not counted as a page, refused when it cannot fit; the cascade
 moves it down like the oldest page, but no eviction (by budget or by age) deletes it, and it is
 read back validated from whichever level holds it, after a reopen too; a damaged copy raises and
-is neither counted nor removed; a key the store does not keep is refused."""
+is neither counted nor removed, and `remove` refuses it; a key the store does not keep is
+refused."""
 
 from __future__ import annotations
 
@@ -110,3 +111,11 @@ def test_a_damaged_kept_record_raises_and_is_neither_counted_nor_removed(
         assert s.stats()["damaged"] == 0 and s.stats()["read_errors"] == 0
         assert held(s, RECORD) == [True, False] and data.exists()
         assert s.put_kept(RECORD, BODY) == "present"  # the operator's to repair (fsck)
+
+
+def test_a_kept_record_is_never_removed(tmp_path: Path) -> None:
+    with ChunkStore.open(levels(tmp_path, 1, 1), tiny_fp(), keep=[RECORD]) as s:
+        assert s.put_kept(RECORD, BODY) == "stored"
+        with pytest.raises(ChunkKeyError, match="never removed"):
+            s.remove(RECORD)
+        assert s.get_kept(RECORD, max_bytes=1 << 16) == BODY
