@@ -16,6 +16,7 @@ and remote level as :class:`~stratastore.Store` (docs/chunks.md).
 
 from stratastore.chunks.config import ChunkConfig, ChunkLevel
 from stratastore.chunks.counters import ChunkCounters
+from stratastore.chunks.kept import KeptRecordConflict
 from stratastore.chunks.keys import ChunkKeyError, chunk_key, stored_key
 from stratastore.chunks.puts import BatchMismatch
 from stratastore.chunks.reads import OpenChunk
@@ -30,6 +31,7 @@ __all__ = [
     "ChunkLevel",
     "ChunkStore",
     "ChunkStoreClosed",
+    "KeptRecordConflict",
     "OpenChunk",
     "PutOutcome",
     "chunk_key",

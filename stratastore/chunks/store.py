@@ -252,21 +252,26 @@ class ChunkStore(AbstractContextManager["ChunkStore"]):
 
     # -- records kept beside the pages (:mod:`~stratastore.chunks.kept`) ----------------------
     def put_kept(self, key: bytes, data: Buffer) -> PutOutcome:
-        """Store the record ``data`` under ``key``, one of the ``keep`` keys given at open: on the
-        first level, durably as that level is, room made as for a page; ``"present"`` when some
-        level holds it already (nothing written or replaced), ``"refused"`` when it cannot fit.
-        Not counted as a page. No eviction takes it, a read that fails removes nothing, and
-        the cascade may move it down a level (:meth:`get_kept` reads it there). A key not kept
-        is a :class:`~stratastore.chunks.ChunkKeyError`; a write that fails raises."""
+        """Store the record ``data`` under ``key``, one of the ``keep`` keys given at open, on
+        every level, the last first, each durably as that level is (room made on the first as
+        for a page): ``"stored"`` when some level took it; ``"present"`` when every level held
+        it already, or when a level holds another record under ``key`` (nothing is written
+        above that level, nothing replaced: :meth:`get_kept` then raises
+        :class:`~stratastore.chunks.kept.KeptRecordConflict` where the levels differ);
+        ``"refused"`` when the first level, the only one, has no room. Not counted as a page.
+        No eviction takes it, ``remove`` refuses it, a read that fails removes nothing, and the
+        cascade may move a copy down a level. A key not kept is a
+        :class:`~stratastore.chunks.ChunkKeyError`; a write that fails raises."""
         return put_record(self, key, data)
 
     def get_kept(self, key: bytes, *, max_bytes: int) -> bytes | None:
-        """The record kept at ``key`` (a ``keep`` key), validated (F-SC-3, F-READ-1), from the
-        first level holding a valid copy, whatever level the cascade moved it to; None when no
-        level holds it or the store is closed. When no copy can be read, what the first failed
-        read raised (a :class:`~stratastore.errors.StrataError`: a damaged copy's
-        ``ChecksumMismatch`` or ``FormatError``, a level's I/O error); nothing is counted or
-        removed (``strata fsck --repair`` sets a damaged copy aside)."""
+        """The record kept at ``key`` (a ``keep`` key), every level's copy read validated
+        (F-SC-3, F-READ-1); None when no level holds it or the store is closed. Copies that
+        differ raise :class:`~stratastore.chunks.kept.KeptRecordConflict` (a ``ConfigError``
+        naming the levels: stores of two configurations share one). When no copy can be read,
+        what the first failed read raised (a :class:`~stratastore.errors.StrataError`: a
+        damaged copy's ``ChecksumMismatch`` or ``FormatError``, a level's I/O error); nothing
+        is counted or removed (``strata fsck --repair`` sets a damaged copy aside)."""
         return get_record(self, key, max_bytes)
 
     # -- looking up ---------------------------------------------------------------------------

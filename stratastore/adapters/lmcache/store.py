@@ -13,10 +13,12 @@ eviction, pins, validated reads and what counts as damage are the chunk store's
 
 - **the layout record**: what the bytes of every chunk mean (:class:`ChunkLayout`), recorded
   once, durably, at the first put, before any chunk of it, as a record the chunk store keeps at
-  :data:`LAYOUT_ID` (:meth:`ChunkStore.put_kept <stratastore.chunks.ChunkStore.put_kept>`): no
-  eviction takes it, the cascade may move it down a level, and it is read from whichever level
-  holds it (:meth:`ChunkStore.get_kept <stratastore.chunks.ChunkStore.get_kept>`). One chunk
-  store holds the chunks of one layout; a chunk of another is refused (logged once).
+  :data:`LAYOUT_ID` (:meth:`ChunkStore.put_kept <stratastore.chunks.ChunkStore.put_kept>`) on
+  every level, the last first, so that engines sharing a level keep the layout it took first:
+  no eviction takes it, and every level's copy is read and compared
+  (:meth:`ChunkStore.get_kept <stratastore.chunks.ChunkStore.get_kept>`; copies that differ
+  are a :class:`~stratastore.chunks.KeptRecordConflict`). One chunk store holds the chunks of
+  one layout; a chunk of another is refused (logged once).
 - **reads through the layout**: a chunk read while this process does not know the layout (the
   record is re-read first: another process may have written it) is a plain miss, never
   damage; a chunk whose size is no whole number of tokens of the layout is damage. A record
@@ -39,6 +41,7 @@ from stratastore.chunks import (
     ChunkConfig,
     ChunkCounters,
     ChunkLevel,
+    KeptRecordConflict,
     OpenChunk,
     PutOutcome,
     stored_bytes,
@@ -89,7 +92,9 @@ class LMCacheChunks:
     def open_levels(cls, config: ChunkConfig, fingerprint: ModelFingerprint) -> LMCacheChunks:
         """Open (create) the levels of ``config`` and read the layout record if one of them
         holds it. Raises what opening the chunk store raises
-        (:class:`~stratastore.format.IncompatibleFingerprint`: another model's level) and
+        (:class:`~stratastore.format.IncompatibleFingerprint`: another model's level),
+        :class:`~stratastore.chunks.KeptRecordConflict` when levels hold the layouts of two
+        engine configurations, and
         :class:`~stratastore.format.FormatError` naming the layout record and the fix when that
         record cannot be read (``strata fsck --repair`` quarantines a damaged one; the next put
         records the layout again, and the chunks stay)."""
@@ -98,6 +103,8 @@ class LMCacheChunks:
             chunks = cls(pages)
             try:
                 chunks.layout = chunks._read_layout()
+            except KeptRecordConflict:
+                raise  # engines of two configurations share a level: its message names the fix
             except StrataError as e:
                 raise FormatError(
                     f"the LMCache chunk layout record {data_name(stored_key(LAYOUT_ID))} in "
@@ -200,10 +207,11 @@ class LMCacheChunks:
 
     def accepts(self, layout: ChunkLayout) -> bool:
         """Whether chunks of ``layout`` may be stored here: the recorded layout, or the first
-        (then recorded durably, before any chunk of it, on the first level; when that level
-        has no room for the record the chunk is refused, counted in ``puts_refused``). Another
-        layout is refused, and logged once: one chunk store holds the chunks of one engine
-        configuration. A record that cannot be read raises (the put fails)."""
+        (then recorded durably, before any chunk of it, on every level, the last first; when
+        no level took it the chunk is refused, counted in ``puts_refused``). Another layout,
+        this process's or one a shared level took first, is refused, and logged once: one
+        chunk store holds the chunks of one engine configuration. A record that cannot be read
+        raises (the put fails)."""
         with self._layout_lock:
             if self.layout is None:
                 if self.pages.put_kept(LAYOUT_ID, layout.encode()) == "refused":

@@ -199,3 +199,45 @@ def test_strata_bench_lmcache_without_the_extra_names_it(
     assert main(["bench", "--lmcache"]) == 2
     err = capsys.readouterr().err
     assert "stratastore[lmcache]" in err and "Traceback" not in err
+
+
+def test_engines_of_two_memory_formats_sharing_a_redis_level_never_mix_chunks(
+    tmp_path: Path,
+) -> None:
+    """Each engine's first level is its own and the last (Redis) is shared: the layout the
+    shared level took first is the one every engine keeps, so the second engine's chunks of
+    another memory format are refused, never stored under keys the first reads."""
+    from stratastore.chunks import ChunkConfig, ChunkLevel, KeptRecordConflict
+    from tests.redis_servers import RedisServer
+    from tests.remote.conftest import import_or_skip, redis_binaries_or_skip
+
+    import_or_skip("redis")
+    other, _ = ChunkLayout.of("KV_T2D", 1, ["torch.float16"], [2], [(16, 2, 2, 32)])
+    assert other != LAYOUT
+    with RedisServer(tmp_path / "redis", binaries=redis_binaries_or_skip()) as server:
+        shared = ChunkLevel(server.url, 1 << 24, settings={"name": "lmcache"})
+
+        def engine(own: str) -> ChunkStore:
+            first = ChunkLevel(str(tmp_path / own), 1 << 24)
+            return ChunkStore.open_levels(ChunkConfig((first, shared)), tiny_fp())
+
+        a, b = engine("a"), engine("b")  # both open before anything is recorded
+        try:
+            assert a.accepts(LAYOUT) and a.put(cid(0), payload(0)) == "stored"
+            assert not b.accepts(other)  # the shared level holds a's layout: refused
+            assert b.counters.puts_refused == 1 and b.layout == LAYOUT
+        finally:
+            a.close()
+            b.close()
+        b = engine("b")  # its own level took nothing of its own
+        assert b.known_layout() == LAYOUT
+        b.close()
+        c = ChunkStore.open_levels(
+            ChunkConfig((ChunkLevel(str(tmp_path / "c"), 1 << 24),)), tiny_fp()
+        )
+        assert c.accepts(other)  # c's own level records the other format
+        c.close()
+        with pytest.raises(KeptRecordConflict, match="share a level"):
+            ChunkStore.open_levels(
+                ChunkConfig((ChunkLevel(str(tmp_path / "c"), 1 << 24), shared)), tiny_fp()
+            )

@@ -56,10 +56,9 @@ def test_a_kept_record_is_put_once_and_read_back_not_counted_as_a_page(tmp_path:
         assert s.put_kept(RECORD, BODY) == "stored"
         assert s.put_kept(RECORD, b"another body") == "present"  # never replaced
         assert s.get_kept(RECORD, max_bytes=1 << 16) == BODY
-        assert held(s, RECORD) == [True, False]
+        assert held(s, RECORD) == [True, True]  # every level, the last first
         st = s.stats()
         assert (st["puts"], st["put_bytes"], st["entries"]) == (0, 0, 0)
-        assert st["used_bytes"] == RECORD_ROOM
         with pytest.raises(StrataError, match="over the"):
             s.get_kept(RECORD, max_bytes=len(BODY) - 1)
         for call in (lambda: s.put_kept(key(0), BODY), lambda: s.get_kept(key(0), max_bytes=9)):
@@ -101,15 +100,24 @@ def test_a_damaged_kept_record_raises_and_is_neither_counted_nor_removed(
 ) -> None:
     with ChunkStore.open(levels(tmp_path, 1, 1), tiny_fp(), keep=[RECORD]) as s:
         assert s.put_kept(RECORD, BODY) == "stored"
-    data = tmp_path / "fast" / data_name(stored_key(RECORD))
-    raw = bytearray(data.read_bytes())
-    raw[DATA_OFFSET + 3] ^= 1
-    data.write_bytes(bytes(raw))
+
+    def damage(level: str) -> Path:
+        data = tmp_path / level / data_name(stored_key(RECORD))
+        raw = bytearray(data.read_bytes())
+        raw[DATA_OFFSET + 3] ^= 1
+        data.write_bytes(bytes(raw))
+        return data
+
+    fast = damage("fast")
+    with ChunkStore.open(levels(tmp_path, 1, 1), tiny_fp(), keep=[RECORD]) as s:
+        assert s.get_kept(RECORD, max_bytes=1 << 16) == BODY  # the other level's copy
+        assert s.put_kept(RECORD, BODY) == "present"  # the damaged copy is not replaced
+    slow = damage("slow")
     with ChunkStore.open(levels(tmp_path, 1, 1), tiny_fp(), keep=[RECORD]) as s:
         with pytest.raises(ChecksumMismatch):
             s.get_kept(RECORD, max_bytes=1 << 16)
         assert s.stats()["damaged"] == 0 and s.stats()["read_errors"] == 0
-        assert held(s, RECORD) == [True, False] and data.exists()
+        assert held(s, RECORD) == [True, True] and fast.exists() and slow.exists()
         assert s.put_kept(RECORD, BODY) == "present"  # the operator's to repair (fsck)
 
 
@@ -119,3 +127,36 @@ def test_a_kept_record_is_never_removed(tmp_path: Path) -> None:
         with pytest.raises(ChunkKeyError, match="never removed"):
             s.remove(RECORD)
         assert s.get_kept(RECORD, max_bytes=1 << 16) == BODY
+
+
+def test_stores_sharing_a_level_keep_the_record_the_shared_level_took_first(
+    tmp_path: Path,
+) -> None:
+    """Two stores whose first levels are their own and whose last level (Redis) is shared: the
+    second keeps the first's record (nothing of its own written); a store whose own level
+    kept another record before it shared the level finds the two told apart."""
+    from stratastore.chunks import KeptRecordConflict
+    from tests.redis_servers import RedisServer
+    from tests.remote.conftest import import_or_skip, redis_binaries_or_skip
+
+    import_or_skip("redis")
+    other = b'{"layout": "KV_T2D", "shapes": [[0, 2, 2, 32]]}'
+    with RedisServer(tmp_path / "redis", binaries=redis_binaries_or_skip()) as server:
+        shared = ChunkLevel(server.url, 1 << 20, settings={"name": "kept"})
+
+        def store(first: str, last: ChunkLevel) -> ChunkStore:
+            return ChunkStore.open(
+                [ChunkLevel(str(tmp_path / first), 1 << 20), last], tiny_fp(), keep=[RECORD]
+            )
+
+        with store("a", shared) as a, store("b", shared) as b:
+            assert a.put_kept(RECORD, BODY) == "stored"
+            assert b.put_kept(RECORD, other) == "present"  # the shared level took a's
+            assert held(b, RECORD) == [False, True]
+            assert b.get_kept(RECORD, max_bytes=1 << 16) == BODY
+        with store("c", ChunkLevel(str(tmp_path / "c-own"), 1 << 20)) as c:
+            assert c.put_kept(RECORD, other) == "stored"  # c's own levels keep its record
+        with store("c", shared) as c:  # then c shares the level a recorded first
+            with pytest.raises(KeptRecordConflict, match="share a level") as e:
+                c.get_kept(RECORD, max_bytes=1 << 16)
+            assert [level for level, _ in e.value.holders] == [str(tmp_path / "c"), "redis://..."]
