@@ -143,6 +143,19 @@ class PluginSettings:
                     f"{', '.join(p + k for k in both)} given both in extra_config and in "
                     f"{toml}: keep one"
                 )
+            split = [
+                (a, b)
+                for a, b in (("dir", "levels"), ("budget_mib", "levels"))
+                if (a in given and b in from_file) or (b in given and a in from_file)
+            ]
+            if split:
+                a, b = split[0]
+                inline, filed = (a, b) if a in given else (b, a)
+                raise ConfigError(
+                    f"extra_config {p}{inline} and {filed} in {toml} are both set: give levels "
+                    "(each level with its budget_gib or budget_bytes) or the one-directory "
+                    "shorthand dir + budget_mib, in one place"
+                )
             given.update(from_file)
             source, prefix = f"{toml} (extra_config {p}strata_config)", f"{toml}: "
         return cls._read(name, given, source, prefix, p if toml is None else "")
