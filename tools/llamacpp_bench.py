@@ -297,9 +297,10 @@ def main() -> None:
             if args.edit_sizes is None
             else sizes_of(args.edit_sizes)
         )
-        every = sizes + rand + recurrent
-        if not every or len(set(every)) < len(every):
-            ap.error("give each size once, in --sizes, --random-sizes or --recurrent-sizes")
+        if not sizes + rand + recurrent or any(
+            len(set(x)) < len(x) for x in (sizes, rand, recurrent)
+        ):
+            ap.error("give at least one size, each once in its list")
         if args.repeat < 1 or not set(edit_sizes) <= {n for n in sizes if n > EDIT_BACK}:
             ap.error(f"--repeat must be at least 1, --edit-sizes sizes of --sizes over {EDIT_BACK}")
         ctx = max(sizes + rand + recurrent) + 256
