@@ -24,6 +24,20 @@ from stratastore.adapters.lmcache import PluginSettings, StrataStoragePlugin  # 
 from stratastore.errors import ConfigError  # noqa: E402
 
 
+def big_chunks() -> LMCacheMetadata:
+    """Metadata of 32 MiB chunks: 32 layers x 2 x 256 tokens x 8 heads x 128 x fp16."""
+    return LMCacheMetadata(
+        model_name="m",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.float16,
+        kv_shape=(32, 2, 256, 8, 128),
+        chunk_size=256,
+    )
+
+
 def test_a_budget_below_one_chunk_is_a_config_error(tmp_path: Path) -> None:
     p = "storage_plugin.stratastore."
     cfg = LMCacheEngineConfig.from_defaults(
@@ -38,17 +52,7 @@ def test_a_budget_below_one_chunk_is_a_config_error(tmp_path: Path) -> None:
             p + "budget_mib": 1,
         },
     )
-    # a chunk: 32 layers x 2 x 256 tokens x 8 heads x 128 x fp16 = 32 MiB, over 1 MiB
-    meta = LMCacheMetadata(
-        model_name="m",
-        world_size=1,
-        local_world_size=1,
-        worker_id=0,
-        local_worker_id=0,
-        kv_dtype=torch.float16,
-        kv_shape=(32, 2, 256, 8, 128),
-        chunk_size=256,
-    )
+    meta = big_chunks()  # a chunk of 32 MiB, over 1 MiB
     plugin = None
     try:
         with pytest.raises(ConfigError, match="budget_mib"):
@@ -169,16 +173,7 @@ def test_the_plugin_refuses_a_second_level_below_one_chunk(tmp_path: Path) -> No
             ],
         },
     )
-    meta = LMCacheMetadata(
-        model_name="m",
-        world_size=1,
-        local_world_size=1,
-        worker_id=0,
-        local_worker_id=0,
-        kv_dtype=torch.float16,
-        kv_shape=(32, 2, 256, 8, 128),
-        chunk_size=256,
-    )
+    meta = big_chunks()
     with pytest.raises(ConfigError, match=r"levels\[1\] .* smaller than one chunk"):
         StrataStoragePlugin(config=cfg, metadata=meta, local_cpu_backend=None)
     assert not (tmp_path / "a").exists()  # refused before any level was made
