@@ -24,6 +24,18 @@ from stratastore.adapters.lmcache import PluginSettings, StrataStoragePlugin  # 
 from stratastore.errors import ConfigError  # noqa: E402
 
 
+def engine_config(extra: dict[str, object]) -> LMCacheEngineConfig:
+    """LMCache's config of an engine with the stratastore plugin and ``extra`` as its
+    ``extra_config`` (no local CPU backend)."""
+    return LMCacheEngineConfig.from_defaults(
+        chunk_size=256,
+        local_cpu=False,
+        max_local_cpu_size=0.03,
+        storage_plugins=["stratastore"],
+        extra_config=extra,
+    )
+
+
 def big_chunks() -> LMCacheMetadata:
     """Metadata of 32 MiB chunks: 32 layers x 2 x 256 tokens x 8 heads x 128 x fp16."""
     return LMCacheMetadata(
@@ -40,17 +52,13 @@ def big_chunks() -> LMCacheMetadata:
 
 def test_a_budget_below_one_chunk_is_a_config_error(tmp_path: Path) -> None:
     p = "storage_plugin.stratastore."
-    cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=256,
-        local_cpu=False,
-        max_local_cpu_size=0.03,
-        storage_plugins=["stratastore"],
-        extra_config={
+    cfg = engine_config(
+        {
             p + "module_path": "stratastore.adapters.lmcache",
             p + "class_name": "StrataStoragePlugin",
             p + "dir": str(tmp_path / "d"),
             p + "budget_mib": 1,
-        },
+        }
     )
     meta = big_chunks()  # a chunk of 32 MiB, over 1 MiB
     plugin = None
@@ -160,18 +168,14 @@ def test_every_level_must_hold_one_chunk() -> None:
 
 
 def test_the_plugin_refuses_a_second_level_below_one_chunk(tmp_path: Path) -> None:
-    cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=256,
-        local_cpu=False,
-        max_local_cpu_size=0.03,
-        storage_plugins=["stratastore"],
-        extra_config={
+    cfg = engine_config(
+        {
             **LOAD,
             P + "levels": [
                 {"spec": str(tmp_path / "a"), "budget_gib": 1},
                 {"spec": str(tmp_path / "b"), "budget_bytes": 1 << 20},
             ],
-        },
+        }
     )
     meta = big_chunks()
     with pytest.raises(ConfigError, match=r"levels\[1\] .* smaller than one chunk"):
